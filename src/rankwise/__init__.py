@@ -1,0 +1,10 @@
+"""rankwise: learn embeddings, similarities and binary codes by directly optimizing the ranking
+metrics they are judged by (AUPRC / average precision, ROC AUC, tie-aware AP and NDCG, TPR at a
+fixed FPR).
+
+Subpackages: ``metrics`` (exact, tie-aware evaluation; no training code), ``losses`` (SOPRC, AP,
+AUC, Wilcoxon, Smooth-AP, DIR, BlackBox-AP and pytorch-metric-learning baselines), ``sampling``
+(P x K batch sampler), ``models``, ``data``, ``training`` and ``experiments``.
+"""
+
+__version__ = "0.1.0"

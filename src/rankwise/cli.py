@@ -1,0 +1,31 @@
+"""The ``rankwise`` command line: ``evaluate`` (exact tie-aware retrieval report of saved
+embeddings), ``train`` (one training run from a YAML config) and ``bench`` (every loss on one
+dataset, Table 1 style). Each sub-command lives in :mod:`rankwise.commands`.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from .commands.bench import bench
+from .commands.evaluate import evaluate
+from .commands.train import train
+
+app = typer.Typer(
+    name="rankwise",
+    help="Learn and evaluate embeddings by directly optimizing ranking metrics.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("evaluate")(evaluate)
+app.command("train")(train)
+app.command("bench")(bench)
+
+
+def main() -> None:  # console-script entry point
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""rankwise.data (being implemented)."""

@@ -1,0 +1,1 @@
+"""rankwise.experiments (being implemented)."""

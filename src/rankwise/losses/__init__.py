@@ -1,0 +1,35 @@
+"""Ranking-metric losses: SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss,
+the Wilcoxon loss, Smooth-AP, DIR (histogram AP), BlackBox-AP, the semi-variance regularizer, and
+pytorch-metric-learning baselines through :func:`baseline`.
+
+Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,
+ref_labels=None)`` and returns a scalar; see :mod:`rankwise.losses.base`.
+"""
+
+from .auc import AUCLoss, WilcoxonLoss, auc_slope
+from .base import PairBatch, RankingLoss, similarity_matrix
+from .baselines import BASELINES, baseline
+from .blackbox_ap import BlackBoxAPLoss
+from .dir import DIRLoss
+from .registry import LOSSES, build_loss
+from .smooth_ap import SmoothAPLoss
+from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
+
+__all__ = [
+    "APLoss",
+    "AUCLoss",
+    "BASELINES",
+    "BlackBoxAPLoss",
+    "DIRLoss",
+    "LOSSES",
+    "PairBatch",
+    "RankingLoss",
+    "SOPRCLoss",
+    "SemiVarianceRegularizer",
+    "SmoothAPLoss",
+    "WilcoxonLoss",
+    "auc_slope",
+    "baseline",
+    "build_loss",
+    "similarity_matrix",
+]

@@ -1,0 +1,4 @@
+"""Placeholder: being implemented."""
+AUCLoss = None  # placeholder
+WilcoxonLoss = None  # placeholder
+auc_slope = None  # placeholder

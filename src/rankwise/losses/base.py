@@ -1,0 +1,169 @@
+"""Common machinery of every rankwise loss: input validation, the score matrix, positive / negative
+masks and the bookkeeping of skipped anchors.
+
+All ranking losses in rankwise follow the pytorch-metric-learning call signature
+``loss(embeddings, labels, ref_embeddings=None, ref_labels=None)``. Each row of ``embeddings`` is a
+query (anchor); it is ranked against ``ref_embeddings`` (a memory bank, a gallery) or, by default,
+against the other rows of the batch (its own row excluded). Scores are cosine similarities of the
+L2-normalized embeddings unless ``similarity="dot"`` (or ``"neg_euclidean"``) is configured.
+Anchors without a positive or without a negative cannot be ranked; they are skipped and counted in
+``loss.last_stats``, and a batch where no anchor can be ranked raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._validation import check_embeddings, check_labels
+
+__all__ = ["RankingLoss", "PairBatch", "similarity_matrix", "SIMILARITIES"]
+
+SIMILARITIES = ("cosine", "dot", "neg_euclidean")
+
+
+def similarity_matrix(
+    queries: torch.Tensor, refs: torch.Tensor, similarity: str = "cosine"
+) -> torch.Tensor:
+    """Score matrix (n_queries, n_refs): higher means more similar."""
+    if similarity == "cosine":
+        return F.normalize(queries, dim=1) @ F.normalize(refs, dim=1).T
+    if similarity == "dot":
+        return queries @ refs.T
+    if similarity == "neg_euclidean":
+        # cdist has an unstable gradient at 0 distance; expand the square instead and clamp.
+        sq = (queries * queries).sum(1, keepdim=True) + (refs * refs).sum(1) - 2 * queries @ refs.T
+        return -sq.clamp_min(1e-12).sqrt()
+    raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
+
+
+@dataclass
+class PairBatch:
+    """Everything a ranking loss needs about one batch.
+
+    Attributes:
+        scores: (B, M) similarity of every anchor to every reference item.
+        pos_mask: (B, M) bool, True where the reference shares the anchor's label (self excluded).
+        neg_mask: (B, M) bool, True where the reference has a different label.
+        labels: (B,) int64 anchor labels.
+        ref_labels: (M,) int64 reference labels.
+        valid: (B,) bool, anchors with at least one positive and one negative.
+        self_reference: True when the references are the batch itself.
+    """
+
+    scores: torch.Tensor
+    pos_mask: torch.Tensor
+    neg_mask: torch.Tensor
+    labels: torch.Tensor
+    ref_labels: torch.Tensor
+    valid: torch.Tensor
+    self_reference: bool
+
+    def restrict_to_valid(self) -> PairBatch:
+        """The same batch with only the valid anchors kept (rows of scores and masks)."""
+        v = self.valid
+        return PairBatch(
+            self.scores[v], self.pos_mask[v], self.neg_mask[v], self.labels[v],
+            self.ref_labels, torch.ones(int(v.sum()), dtype=torch.bool, device=v.device),
+            self.self_reference,
+        )
+
+
+class RankingLoss(nn.Module):
+    """Base class: subclasses implement :meth:`compute` on a validated :class:`PairBatch`.
+
+    Args:
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+    """
+
+    def __init__(self, similarity: str = "cosine") -> None:
+        super().__init__()
+        if similarity not in SIMILARITIES:
+            raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
+        self.similarity = similarity
+        self.last_stats: dict[str, float] = {}
+
+    # -- subclasses override -------------------------------------------------------------------
+    def compute(self, batch: PairBatch) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- shared path -----------------------------------------------------------------------------
+    def prepare(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_embeddings: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> PairBatch:
+        """Validate inputs, build the score matrix and masks, count skipped anchors."""
+        emb = check_embeddings(embeddings, "embeddings")
+        lab = check_labels(labels, emb.shape[0], "labels", device=emb.device, allow_multi_hot=False)
+        if (ref_embeddings is None) != (ref_labels is None):
+            raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
+        self_reference = ref_embeddings is None
+        if self_reference:
+            ref, ref_lab = emb, lab
+        else:
+            ref = check_embeddings(ref_embeddings, "ref_embeddings")
+            if ref.shape[1] != emb.shape[1]:
+                raise ValueError(
+                    f"`ref_embeddings` has dimension {ref.shape[1]} but `embeddings` has "
+                    f"{emb.shape[1]}; they must live in the same space."
+                )
+            ref = ref.to(device=emb.device, dtype=emb.dtype)
+            ref_lab = check_labels(
+                ref_labels, ref.shape[0], "ref_labels", device=emb.device, allow_multi_hot=False
+            )
+        scores = similarity_matrix(emb, ref, self.similarity)
+        same = lab[:, None] == ref_lab[None, :]
+        pos_mask = same.clone()
+        if self_reference:
+            pos_mask.fill_diagonal_(False)
+        neg_mask = ~same
+        has_pos = pos_mask.any(1)
+        has_neg = neg_mask.any(1)
+        valid = has_pos & has_neg
+        n_valid = int(valid.sum())
+        self.last_stats = {
+            "n_anchors": int(emb.shape[0]),
+            "n_anchors_used": n_valid,
+            "n_skipped_no_positive": int((~has_pos).sum()),
+            "n_skipped_no_negative": int((has_pos & ~has_neg).sum()),
+            "n_positive_pairs": int(pos_mask[valid].sum()),
+            "n_negative_pairs": int(neg_mask[valid].sum()),
+        }
+        if n_valid == 0:
+            raise ValueError(
+                f"{type(self).__name__}: no anchor in this batch has both a positive and a negative "
+                f"(batch of {emb.shape[0]} with {int(torch.unique(lab).numel())} distinct labels); "
+                "sample at least 2 classes with at least 2 samples each, e.g. with "
+                "rankwise.sampling.MPerClassBatchSampler(labels, m=4, batch_size=...)."
+            )
+        return PairBatch(scores, pos_mask, neg_mask, lab, ref_lab, valid, self_reference)
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_embeddings: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Loss of one batch.
+
+        Args:
+            embeddings: (B, d) float tensor, one row per anchor.
+            labels: (B,) integer class ids.
+            ref_embeddings: optional (M, d) reference set to rank against (memory bank, gallery).
+            ref_labels: (M,) integer class ids of the reference set.
+
+        Returns:
+            A scalar tensor.
+        """
+        batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
+        return self.compute(batch)
+
+    def extra_repr(self) -> str:
+        return f"similarity={self.similarity!r}"

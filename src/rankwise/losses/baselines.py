@@ -1,0 +1,3 @@
+"""Placeholder: being implemented."""
+BASELINES = None  # placeholder
+baseline = None  # placeholder

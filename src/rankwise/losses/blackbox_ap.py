@@ -1,0 +1,2 @@
+"""Placeholder: being implemented."""
+BlackBoxAPLoss = None  # placeholder

@@ -1,0 +1,2 @@
+"""Placeholder: being implemented."""
+DIRLoss = None  # placeholder

@@ -1,0 +1,3 @@
+"""Placeholder: being implemented."""
+LOSSES = None  # placeholder
+build_loss = None  # placeholder

@@ -1,0 +1,4 @@
+"""Placeholder: being implemented."""
+APLoss = None  # placeholder
+SemiVarianceRegularizer = None  # placeholder
+SOPRCLoss = None  # placeholder

@@ -1,0 +1,1 @@
+"""rankwise.training (being implemented)."""
