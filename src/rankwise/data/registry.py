@@ -1,0 +1,127 @@
+"""``load_dataset``: one entry point for every benchmark rankwise trains and evaluates on.
+
+Protocols: open-set metric learning (Wen et al., NeurIPS 2022, Sec. 6: official test split,
+the rest split 9:1 into train / validation; Gajić et al., Sec. 4.1) and closed-set hashing
+(He et al., CVPR 2018, Sec. 5.1, CIFAR-10 settings 1 and 2). Nothing is ever downloaded: data is
+read from ``data_dir``, ``$RANKWISE_DATA`` or system dataset packages.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+from .array_datasets import load_cifar10_dataset, load_digits_dataset, load_mnist_family_dataset
+from .base import RetrievalSplits
+from .image_datasets import IMAGE_DATASETS, load_image_dataset, read_vehicleid
+
+__all__ = ["DATASETS", "DATASET_ALIASES", "PROTOCOLS", "load_dataset", "dataset_protocols"]
+
+DATASETS: tuple[str, ...] = (
+    "digits", "mnist", "fashion-mnist", "cifar10",
+    "cub200", "cars196", "sop", "inshop", "inaturalist", "vehicleid",
+)
+PROTOCOLS: tuple[str, ...] = ("open-set", "closed-set")
+
+DATASET_ALIASES: dict[str, str] = {
+    "fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist",
+    "cifar-10": "cifar10", "cifar_10": "cifar10",
+    "cub": "cub200", "cub-200": "cub200", "cub-200-2011": "cub200", "cub200-2011": "cub200",
+    "cars": "cars196", "cars-196": "cars196",
+    "stanford-online-products": "sop", "online-products": "sop",
+    "in-shop": "inshop", "deepfashion-inshop": "inshop",
+    "inat": "inaturalist", "inaturalist2018": "inaturalist", "inat2018": "inaturalist",
+    "pku-vehicleid": "vehicleid", "vehicle-id": "vehicleid",
+}
+
+_CLOSED_SET_KWARGS = ("n_query", "n_train")
+_IMAGE_KWARGS = ("transform", "train_transform")
+
+
+def dataset_protocols(name: str) -> tuple[str, ...]:
+    """The protocols ``name`` supports (first = its usual one)."""
+    name = _canonical(name)
+    if name in IMAGE_DATASETS:
+        return (IMAGE_DATASETS[name]["protocol"],)
+    return PROTOCOLS
+
+
+def _canonical(name: str) -> str:
+    key = str(name).strip().lower()
+    key = DATASET_ALIASES.get(key, key)
+    if key not in DATASETS:
+        raise ValueError(
+            f"unknown dataset {name!r}; available: {', '.join(DATASETS)} "
+            f"(aliases: {', '.join(sorted(DATASET_ALIASES))})."
+        )
+    return key
+
+
+def _check_kwargs(name: str, kw: dict[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(kw) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"dataset {name!r} does not take option(s) {unknown}; it accepts "
+            f"{list(allowed) or 'no extra options'}."
+        )
+
+
+def load_dataset(
+    name: str = "digits",
+    *,
+    protocol: str | None = None,
+    data_dir: str | os.PathLike | None = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    image_size: int = 224,
+    **kw: Any,
+) -> RetrievalSplits:
+    """Load a retrieval benchmark and split it for training and evaluation.
+
+    Args:
+        name: one of :data:`DATASETS` (or an alias in :data:`DATASET_ALIASES`).
+        protocol: ``"open-set"`` (test classes disjoint from training classes; the test set is
+            queried leave-one-out) or ``"closed-set"`` (queries vs a database of the same
+            classes). ``None`` (default) picks the dataset's usual protocol: open-set for all but
+            ``inshop``. ``inshop`` is closed-set
+            (query vs gallery) only; the other folder datasets are open-set only.
+        data_dir: folder holding the dataset (or holding it under its conventional folder name);
+            defaults to ``$RANKWISE_DATA``, then system locations
+            (``/usr/share/datasets/fashion-mnist``).
+        val_fraction: share of the training data held out as a stratified validation split
+            (``0`` -> ``val=None``).
+        seed: seed of every random choice (validation and closed-set splits).
+        image_size: side of the square image tensors of the folder datasets.
+        **kw: ``n_query``, ``n_train`` (closed-set per-class counts, ``None`` = all; defaults
+            100 / 500, digits 20 / 100) for digits / mnist / fashion-mnist / cifar10;
+            ``transform``, ``train_transform`` for folder datasets; ``test_size``
+            ("small" | "medium" | "large") for vehicleid.
+
+    Returns:
+        :class:`RetrievalSplits`.
+
+    Raises:
+        ValueError: unknown name, protocol or option.
+        rankwise.data.DatasetNotFoundError: the files are not there (the message shows the
+            expected layout).
+        rankwise.data.CorruptDatasetError: a file is truncated or malformed (names the file).
+    """
+    key = _canonical(name)
+    if protocol is None:
+        protocol = dataset_protocols(key)[0]
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"`protocol` must be one of {PROTOCOLS}, got {protocol!r}.")
+    common = {"protocol": protocol, "val_fraction": float(val_fraction), "seed": int(seed)}
+    if key == "digits":
+        _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
+        return load_digits_dataset(**common, **kw)
+    if key in ("mnist", "fashion-mnist"):
+        _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
+        return load_mnist_family_dataset(key, data_dir=data_dir, **common, **kw)
+    if key == "cifar10":
+        _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
+        return load_cifar10_dataset(data_dir=data_dir, **common, **kw)
+    extra = tuple(p for p in inspect.signature(read_vehicleid).parameters if p != "data_dir")
+    _check_kwargs(key, kw, _IMAGE_KWARGS + (extra if key == "vehicleid" else ()))
+    return load_image_dataset(key, data_dir=data_dir, image_size=image_size, **common, **kw)

@@ -1,0 +1,105 @@
+"""``build_model``: construct an :class:`EmbeddingModel` from a backbone name.
+
+Backbones: ``resnet50`` (the ImageNet-pretrained, frozen-BN ResNet-50 of Wen et al., NeurIPS 2022,
+Sec. 6, and Gajić et al., Sec. 4.2), and ``small_cnn`` / ``mlp`` for small inputs (digits, MNIST
+family, CIFAR-10 at 32x32). The head projects to ``embedding_dim`` and L2-normalizes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from torch import nn
+
+from .backbones import MLPBackbone, SmallCNN, resnet50_backbone
+from .embedding import EmbeddingHead, EmbeddingModel
+
+__all__ = ["BACKBONES", "build_model", "build_backbone"]
+
+BACKBONES: tuple[str, ...] = ("small_cnn", "mlp", "resnet50")
+_BACKBONE_KWARGS = {
+    "small_cnn": ("width",),
+    "mlp": ("hidden", "dropout"),
+    "resnet50": (),
+}
+_HEAD_KWARGS = ("normalize",)
+
+
+def build_backbone(
+    backbone: str,
+    input_shape: tuple[int, ...],
+    *,
+    weights_path: str | os.PathLike | None = None,
+    frozen_bn: bool = True,
+    **kw: Any,
+) -> nn.Module:
+    """Backbone module for ``input_shape`` (one item, e.g. ``(1, 28, 28)``); has ``out_features``.
+
+    ``kw``: ``width`` (small_cnn), ``hidden`` and ``dropout`` (mlp).
+    """
+    key = str(backbone).strip().lower().replace("-", "_")
+    if key not in BACKBONES:
+        raise ValueError(f"unknown backbone {backbone!r}; available: {', '.join(BACKBONES)}.")
+    unknown = sorted(set(kw) - set(_BACKBONE_KWARGS[key]))
+    if unknown:
+        raise ValueError(
+            f"backbone {key!r} does not take option(s) {unknown}; it accepts "
+            f"{list(_BACKBONE_KWARGS[key]) or 'no extra options'}."
+        )
+    shape = tuple(int(s) for s in input_shape)
+    if not shape or any(s < 1 for s in shape):
+        raise ValueError(f"`input_shape` must be a non-empty tuple of positive ints, got {input_shape}.")
+    if weights_path is not None and key != "resnet50":
+        raise ValueError(
+            f"`weights_path` is only used by the resnet50 backbone, not {key!r}; drop it."
+        )
+    if key == "mlp":
+        return MLPBackbone(math.prod(shape), **kw)
+    if len(shape) != 3:
+        raise ValueError(
+            f"backbone {key!r} needs image input_shape (C, H, W), got {shape}; use 'mlp' for "
+            "vectors."
+        )
+    channels, height, width = shape
+    if key == "small_cnn":
+        if height != width:
+            raise ValueError(f"small_cnn needs square inputs, got input_shape {shape}.")
+        return SmallCNN(in_channels=channels, input_size=height, **kw)
+    if channels != 3:
+        raise ValueError(
+            f"resnet50 needs 3-channel images, got input_shape {shape}; use 'small_cnn' for "
+            "grayscale data."
+        )
+    return resnet50_backbone(weights_path=weights_path, frozen_bn=frozen_bn)
+
+
+def build_model(
+    backbone: str,
+    input_shape: tuple[int, ...],
+    embedding_dim: int,
+    *,
+    weights_path: str | os.PathLike | None = None,
+    frozen_bn: bool = True,
+    **kw: Any,
+) -> EmbeddingModel:
+    """Backbone + :class:`EmbeddingHead` (``embedding_dim`` outputs, L2-normalized).
+
+    Args:
+        backbone: one of :data:`BACKBONES`.
+        input_shape: shape of one input item, e.g. ``(1, 8, 8)`` or ``(3, 224, 224)``.
+        embedding_dim: ``d``.
+        weights_path: local ResNet-50 weights (resnet50 only); never downloaded.
+        frozen_bn: freeze the backbone's BatchNorm layers (resnet50; the others have none).
+        **kw: backbone options (``width``; ``hidden``, ``dropout``) and ``normalize`` (head).
+
+    Returns:
+        :class:`EmbeddingModel` mapping ``(B, *input_shape)`` to ``(B, embedding_dim)``.
+    """
+    if int(embedding_dim) < 1:
+        raise ValueError(f"`embedding_dim` must be a positive integer, got {embedding_dim}.")
+    head_kw = {k: kw.pop(k) for k in _HEAD_KWARGS if k in kw}
+    net = build_backbone(backbone, input_shape, weights_path=weights_path, frozen_bn=frozen_bn, **kw)
+    head = EmbeddingHead(net.out_features, int(embedding_dim), **head_kw)
+    return EmbeddingModel(net, head)
