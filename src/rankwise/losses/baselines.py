@@ -1,3 +1,365 @@
-"""Placeholder: being implemented."""
-BASELINES = None  # placeholder
-baseline = None  # placeholder
+"""Metric-learning baselines built from pytorch-metric-learning (PML, Musgrave et al., "A Metric
+Learning Reality Check", ECCV 2020), wrapped in the rankwise call contract
+``loss(embeddings, labels, ref_embeddings=None, ref_labels=None)``. Nothing is re-implemented:
+the contrastive loss (Hadsell et al., CVPR 2006, in its cosine form with the margins of the XBM
+paper), the triplet loss with batch-hard mining (Hermans et al., 2017) or semi-hard mining
+(Schroff et al., CVPR 2015), the multi-similarity loss and miner (Wang et al., CVPR 2019),
+FastAP (Cakir et al., CVPR 2019) and the cross-batch memory (XBM, Wang et al., CVPR 2020)
+around the contrastive loss all come from PML.
+Inputs are validated like every rankwise loss, anchors that cannot be ranked are counted in
+``last_stats`` (a batch where none can be ranked raises ``ValueError``), and the XBM queue
+position is kept in registered buffers so ``state_dict()`` and ``.to()`` carry the whole memory.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from pytorch_metric_learning import distances, losses, miners
+from torch import nn
+
+from .._validation import check_embeddings, check_labels
+
+__all__ = ["BASELINES", "PMLBaseline", "CrossBatchMemoryBaseline", "baseline",
+           "baseline_parameters"]
+
+BASELINES = ("contrastive", "triplet", "triplet_semihard", "multi_similarity", "fastap", "xbm")
+
+# Constructor keywords every PML loss accepts through its base classes.
+_PML_COMMON_KEYS = ("distance", "reducer", "embedding_regularizer", "embedding_reg_weight",
+                    "collect_stats")
+# Cosine contrastive margins of the XBM paper (Wang et al. 2020, Sec. 4.1): positives are pulled
+# to similarity 1, negatives are pushed below 0.5.
+_CONTRASTIVE_DEFAULTS = {"pos_margin": 1.0, "neg_margin": 0.5}
+_LOSS_CLASSES: dict[str, type] = {
+    "contrastive": losses.ContrastiveLoss,
+    "triplet": losses.TripletMarginLoss,
+    "triplet_semihard": losses.TripletMarginLoss,
+    "multi_similarity": losses.MultiSimilarityLoss,
+    "fastap": losses.FastAPLoss,
+    "xbm": losses.ContrastiveLoss,
+}
+_MINER_CLASSES: dict[str, type] = {
+    "triplet": miners.BatchHardMiner,
+    "triplet_semihard": miners.TripletMarginMiner,
+    "multi_similarity": miners.MultiSimilarityMiner,
+}
+_NO_REFERENCE_SET = {
+    "fastap": "PML's FastAPLoss ranks each batch against itself only",
+    "xbm": "the cross-batch memory is the reference set",
+}
+
+
+def baseline_parameters(name: str) -> tuple[str, ...]:
+    """Keyword arguments :func:`baseline` accepts for baseline ``name`` (sorted)."""
+    _check_name(name)
+    signature = inspect.signature(_LOSS_CLASSES[name].__init__)
+    keys = {
+        p.name for p in signature.parameters.values()
+        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
+    keys.update(_PML_COMMON_KEYS)
+    if name in _MINER_CLASSES:
+        keys.add("miner_kwargs")
+    if name == "xbm":
+        keys.update({"embedding_size", "memory_size"})
+    return tuple(sorted(keys))
+
+
+def _check_miner_kwargs(name: str, miner_kwargs: dict[str, Any]) -> None:
+    signature = inspect.signature(_MINER_CLASSES[name].__init__)
+    valid = {
+        p.name for p in signature.parameters.values()
+        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    } | {"distance", "collect_stats"}
+    for key in miner_kwargs:
+        if key not in valid:
+            raise ValueError(
+                f"baseline {name!r} got an unknown miner parameter {key!r} in `miner_kwargs`; "
+                f"valid miner parameters: {', '.join(sorted(valid))}."
+            )
+
+
+def _check_name(name: str) -> None:
+    if name not in BASELINES:
+        raise ValueError(f"unknown baseline {name!r}; valid names: {', '.join(BASELINES)}.")
+
+
+class PMLBaseline(nn.Module):
+    """A PML loss (and optional miner) behind the rankwise loss call contract.
+
+    Args:
+        name: baseline name (one of :data:`BASELINES`), used in messages and ``repr``.
+        loss: the PML loss module, called as ``loss(emb, labels, indices_tuple, ref_emb,
+            ref_labels)``.
+        miner: optional PML miner whose output is passed to ``loss`` as ``indices_tuple``.
+        reference_set_error: when set, passing ``ref_embeddings`` raises ``ValueError`` with this
+            reason (the PML loss cannot rank against an external set).
+
+    ``last_stats`` after each call: ``n_anchors``, ``n_anchors_used`` (anchors with a positive and
+    a negative among the references), ``n_skipped_no_positive``, ``n_skipped_no_negative``,
+    ``n_positive_pairs``, ``n_negative_pairs`` and, with a miner, ``n_mined_triplets`` or
+    ``n_mined_positive_pairs`` / ``n_mined_negative_pairs``.
+    """
+
+    def __init__(
+        self, name: str, loss: nn.Module, miner: nn.Module | None = None,
+        reference_set_error: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.loss = loss
+        self.miner = miner
+        self.reference_set_error = reference_set_error
+        self.last_stats: dict[str, float] = {}
+
+    def _validate(
+        self, embeddings, labels, ref_embeddings, ref_labels
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        emb = check_embeddings(embeddings, "embeddings")
+        lab = check_labels(labels, emb.shape[0], "labels", device=emb.device,
+                           allow_multi_hot=False)
+        if (ref_embeddings is None) != (ref_labels is None):
+            raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
+        if ref_embeddings is None:
+            return emb, lab, None, None
+        if self.reference_set_error is not None:
+            raise ValueError(
+                f"baseline {self.name!r} does not accept `ref_embeddings`/`ref_labels`: "
+                f"{self.reference_set_error}. Call it with the batch only."
+            )
+        ref = check_embeddings(ref_embeddings, "ref_embeddings")
+        if ref.shape[1] != emb.shape[1]:
+            raise ValueError(
+                f"`ref_embeddings` has dimension {ref.shape[1]} but `embeddings` has "
+                f"{emb.shape[1]}; they must live in the same space."
+            )
+        ref = ref.to(device=emb.device, dtype=emb.dtype)
+        ref_lab = check_labels(ref_labels, ref.shape[0], "ref_labels", device=emb.device,
+                               allow_multi_hot=False)
+        return emb, lab, ref, ref_lab
+
+    def _count_anchors(
+        self, labels: torch.Tensor, ref_labels: torch.Tensor, self_index: torch.Tensor | None
+    ) -> int:
+        """Record the anchor / pair counts; ``self_index[i]`` is anchor i's own column or -1."""
+        same = labels[:, None] == ref_labels[None, :]
+        pos = same.clone()
+        neg = ~same
+        if self_index is not None:
+            rows = torch.arange(labels.shape[0], device=labels.device)
+            own = self_index >= 0
+            pos[rows[own], self_index[own]] = False
+        has_pos, has_neg = pos.any(1), neg.any(1)
+        valid = has_pos & has_neg
+        n_valid = int(valid.sum())
+        self.last_stats = {
+            "n_anchors": int(labels.shape[0]),
+            "n_anchors_used": n_valid,
+            "n_skipped_no_positive": int((~has_pos).sum()),
+            "n_skipped_no_negative": int((has_pos & ~has_neg).sum()),
+            "n_positive_pairs": int(pos[valid].sum()),
+            "n_negative_pairs": int(neg[valid].sum()),
+        }
+        return n_valid
+
+    def _raise_if_nothing_to_rank(self, n_valid: int, labels: torch.Tensor) -> None:
+        if n_valid == 0:
+            raise ValueError(
+                f"baseline {self.name!r}: no anchor in this batch has both a positive and a "
+                f"negative (batch of {labels.shape[0]} with {int(torch.unique(labels).numel())} "
+                "distinct labels); sample at least 2 classes with at least 2 samples each, e.g. "
+                "with rankwise.sampling.MPerClassBatchSampler(labels, m=4, batch_size=...)."
+            )
+
+    def _record_mining(self, indices_tuple: tuple[torch.Tensor, ...]) -> None:
+        if len(indices_tuple) == 3:
+            self.last_stats["n_mined_triplets"] = int(indices_tuple[0].numel())
+        else:
+            self.last_stats["n_mined_positive_pairs"] = int(indices_tuple[0].numel())
+            self.last_stats["n_mined_negative_pairs"] = int(indices_tuple[2].numel())
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_embeddings: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Loss of one batch.
+
+        Args:
+            embeddings: (B, d) float tensor, one row per anchor.
+            labels: (B,) integer class ids.
+            ref_embeddings: optional (M, d) reference set (PML's ``ref_emb``); when given, the
+                anchors are compared with it only, never with each other.
+            ref_labels: (M,) integer class ids of the reference set.
+
+        Returns:
+            A scalar tensor.
+        """
+        emb, lab, ref, ref_lab = self._validate(embeddings, labels, ref_embeddings, ref_labels)
+        if ref is None:
+            self_index = torch.arange(lab.shape[0], device=lab.device)
+            n_valid = self._count_anchors(lab, lab, self_index)
+        else:
+            n_valid = self._count_anchors(lab, ref_lab, None)
+        self._raise_if_nothing_to_rank(n_valid, lab)
+        indices_tuple = None
+        if self.miner is not None:
+            indices_tuple = self.miner(emb, lab, ref, ref_lab)
+            self._record_mining(indices_tuple)
+        return self.loss(emb, lab, indices_tuple, ref, ref_lab)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}"
+
+
+class CrossBatchMemoryBaseline(PMLBaseline):
+    """PML ``CrossBatchMemory`` (XBM) around a loss, with its whole state in the module state.
+
+    PML 2.9 already keeps the memory (``loss.embedding_memory`` (memory_size, embedding_size),
+    ``loss.label_memory`` (memory_size,)) in registered buffers, but its queue position and
+    "memory full" flag are plain Python attributes that ``state_dict()`` would lose: after a
+    checkpoint reload PML would treat a full memory as empty. This wrapper mirrors them in the
+    int64 buffers ``memory_queue_index`` and ``memory_filled`` and restores them into PML before
+    every call, so ``state_dict()``, ``load_state_dict()`` and ``.to()`` carry the full state.
+    ``reference_set_error`` is fixed: the memory is the reference set.
+
+    ``last_stats`` adds ``n_memory_items``; the anchor counts are taken against the memory actually
+    used (after this batch is enqueued, the anchor's own slot excluded). A batch where no anchor
+    has both a positive and a negative in the memory raises ``ValueError`` after it was enqueued.
+    """
+
+    def __init__(self, name: str, memory: losses.CrossBatchMemory) -> None:
+        super().__init__(name, memory, None, _NO_REFERENCE_SET["xbm"])
+        self.register_buffer("memory_queue_index", torch.zeros((), dtype=torch.int64))
+        self.register_buffer("memory_filled", torch.zeros((), dtype=torch.int64))
+
+    def reset_memory(self) -> None:
+        """Empty the memory (zeros, queue at 0), keeping its device and dtype."""
+        self.loss.embedding_memory.zero_()
+        self.loss.label_memory.zero_()
+        self.loss.queue_idx = 0
+        self.loss.has_been_filled = False
+        self.memory_queue_index.zero_()
+        self.memory_filled.zero_()
+
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_embeddings: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Enqueue the batch and compute the loss of its anchors against the memory.
+
+        Args:
+            embeddings: (B, embedding_size) float tensor, B <= memory_size.
+            labels: (B,) integer class ids.
+            ref_embeddings, ref_labels: not supported (``ValueError``); the memory is the
+                reference set.
+
+        Returns:
+            A scalar tensor.
+        """
+        emb, lab, _, _ = self._validate(embeddings, labels, ref_embeddings, ref_labels)
+        xbm = self.loss
+        if emb.shape[1] != xbm.embedding_size:
+            raise ValueError(
+                f"`embeddings` has dimension {emb.shape[1]} but the XBM memory was built with "
+                f"embedding_size={xbm.embedding_size}; pass embedding_size={emb.shape[1]}."
+            )
+        if emb.shape[0] > xbm.memory_size:
+            raise ValueError(
+                f"`embeddings` has {emb.shape[0]} rows, more than the XBM memory_size="
+                f"{xbm.memory_size}; use memory_size >= batch size."
+            )
+        xbm.queue_idx = int(self.memory_queue_index)
+        xbm.has_been_filled = bool(self.memory_filled)
+        value = xbm(emb, lab)
+        self.memory_queue_index.fill_(int(xbm.queue_idx))
+        self.memory_filled.fill_(int(xbm.has_been_filled))
+        n_memory = xbm.memory_size if xbm.has_been_filled else xbm.queue_idx
+        # curr_batch_idx holds the memory slots this batch was written to (anchor i -> slot i).
+        n_valid = self._count_anchors(
+            lab, xbm.label_memory[:n_memory], xbm.curr_batch_idx.to(lab.device)
+        )
+        self.last_stats["n_memory_items"] = int(n_memory)
+        self._raise_if_nothing_to_rank(n_valid, lab)
+        return value
+
+
+def baseline(name: str, **kw: Any) -> nn.Module:
+    """Build a pytorch-metric-learning baseline with the rankwise call contract.
+
+    Args:
+        name: one of :data:`BASELINES`:
+
+            - ``"contrastive"``: ``ContrastiveLoss(pos_margin=1.0, neg_margin=0.5,
+              distance=CosineSimilarity())`` (cosine form, XBM paper margins).
+            - ``"triplet"``: ``TripletMarginLoss()`` (PML defaults: margin 0.05 on the L2 distance
+              of normalized embeddings) on ``BatchHardMiner()`` triplets.
+            - ``"triplet_semihard"``: ``TripletMarginLoss()`` on
+              ``TripletMarginMiner(margin=<loss margin>, type_of_triplets="semihard")``.
+            - ``"multi_similarity"``: ``MultiSimilarityLoss()`` (alpha 2, beta 50, base 0.5) on
+              ``MultiSimilarityMiner()`` (epsilon 0.1), the paper's settings.
+            - ``"fastap"``: ``FastAPLoss()`` (10 bins). No reference set.
+            - ``"xbm"``: ``CrossBatchMemory(<contrastive as above>, embedding_size,
+              memory_size=1024)``. No reference set; ``embedding_size`` is required.
+        **kw: keyword arguments of the PML loss constructor (they override the defaults above);
+            ``miner_kwargs`` (dict) for the miner of the mined baselines; ``embedding_size`` and
+            ``memory_size`` for ``"xbm"``. :func:`baseline_parameters` lists them.
+
+    Returns:
+        A :class:`PMLBaseline` (``.loss``, ``.miner`` are the PML objects) or, for ``"xbm"``, a
+        :class:`CrossBatchMemoryBaseline`.
+    """
+    _check_name(name)
+    valid = baseline_parameters(name)
+    for key in kw:
+        if key not in valid:
+            raise ValueError(
+                f"baseline {name!r} got an unknown parameter {key!r}; valid parameters: "
+                f"{', '.join(valid)}."
+            )
+    kw = dict(kw)
+    miner_kwargs = kw.pop("miner_kwargs", None) or {}
+    if not isinstance(miner_kwargs, dict):
+        raise ValueError(f"`miner_kwargs` must be a dict, got {type(miner_kwargs).__name__}.")
+    miner_kwargs = dict(miner_kwargs)
+    if name in ("contrastive", "xbm"):
+        loss_kwargs = {**_CONTRASTIVE_DEFAULTS, "distance": distances.CosineSimilarity()}
+    else:
+        loss_kwargs = {}
+    if name == "xbm":
+        embedding_size = kw.pop("embedding_size", None)
+        memory_size = kw.pop("memory_size", 1024)
+        if isinstance(embedding_size, bool) or not isinstance(embedding_size, int) \
+                or embedding_size < 1:
+            raise ValueError(
+                f"baseline 'xbm' needs `embedding_size`, a positive int (the embedding "
+                f"dimension), got {embedding_size!r}."
+            )
+        if isinstance(memory_size, bool) or not isinstance(memory_size, int) or memory_size < 1:
+            raise ValueError(f"`memory_size` must be a positive int, got {memory_size!r}.")
+    loss_kwargs.update(kw)
+    loss = _LOSS_CLASSES[name](**loss_kwargs)
+    if name == "xbm":
+        memory = losses.CrossBatchMemory(loss, embedding_size, memory_size=memory_size)
+        return CrossBatchMemoryBaseline(name, memory)
+    miner = None
+    if miner_kwargs:
+        _check_miner_kwargs(name, miner_kwargs)
+    if name == "triplet":
+        miner = miners.BatchHardMiner(**miner_kwargs)
+    elif name == "triplet_semihard":
+        # Semi-hard is defined relative to the loss margin, so the miner uses the same margin.
+        miner_kwargs.setdefault("margin", loss.margin)
+        miner_kwargs.setdefault("type_of_triplets", "semihard")
+        miner = miners.TripletMarginMiner(**miner_kwargs)
+    elif name == "multi_similarity":
+        miner = miners.MultiSimilarityMiner(**miner_kwargs)
+    return PMLBaseline(name, loss, miner, _NO_REFERENCE_SET.get(name))

@@ -1,3 +1,222 @@
-"""Placeholder: being implemented."""
-LOSSES = None  # placeholder
-build_loss = None  # placeholder
+"""Name-based construction of every loss the trainer can use: the rankwise ranking losses (SOPRC
+with its semi-variance regularizer, Wen et al., NeurIPS 2022, Alg. 1 and Eq. 9; the biased AP
+baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon loss, Eq. 11; Smooth-AP;
+DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020) and the
+pytorch-metric-learning baselines of :mod:`rankwise.losses.baselines`. Parameters are checked
+against the constructor signature, so a misspelt key fails with a ``ValueError`` naming the loss,
+the key and the valid keys instead of being ignored. Loss modules are imported inside the
+factories, so this module imports even while one of them is being rewritten.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import nn
+
+from .baselines import BASELINES, baseline, baseline_parameters
+
+__all__ = ["LOSSES", "build_loss", "loss_parameters"]
+
+RANKWISE_LOSSES = ("soprc", "ap", "auc", "wilcoxon", "smooth_ap", "dir", "blackbox_ap")
+LOSSES = RANKWISE_LOSSES + BASELINES
+
+# Released SOPRC configs: weight 1 on positives below their mean, 5 on negatives above it.
+DEFAULT_SEMI_VARIANCE_WEIGHTS = (1.0, 5.0)
+# Context arguments of build_loss, passed to a constructor that names them and is not given them.
+_CONTEXT_NAMES = {
+    "num_classes": "num_classes",
+    "embedding_dim": "embedding_dim",
+    "embedding_size": "embedding_dim",
+}
+
+
+def _loss_class(name: str) -> type:
+    if name in ("soprc", "ap"):
+        from .soprc import APLoss, SOPRCLoss
+
+        return SOPRCLoss if name == "soprc" else APLoss
+    if name in ("auc", "wilcoxon"):
+        from .auc import AUCLoss, WilcoxonLoss
+
+        return AUCLoss if name == "auc" else WilcoxonLoss
+    if name == "smooth_ap":
+        from .smooth_ap import SmoothAPLoss
+
+        return SmoothAPLoss
+    if name == "dir":
+        from .dir import DIRLoss
+
+        return DIRLoss
+    if name == "blackbox_ap":
+        from .blackbox_ap import BlackBoxAPLoss
+
+        return BlackBoxAPLoss
+    raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(LOSSES)}.")
+
+
+def _check_name(name: str) -> None:
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(LOSSES)}.")
+
+
+def _keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspect.Parameter], bool]:
+    """Named parameters of ``func`` after the first ``skip`` ones, and whether it takes **kwargs."""
+    params = list(inspect.signature(func).parameters.values())
+    named = {
+        p.name: p for p in params[skip:]
+        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
+    return named, any(p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
+    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded) and, through its **kwargs,
+    by ``SOPRCLoss.__init__``; ``semi_variance`` is replaced by ``semi_variance_weights``."""
+    named, var_kw = _keyword_parameters(cls.from_labels, skip=1)
+    if var_kw:
+        init_named, var_kw = _keyword_parameters(cls.__init__)
+        named = {**init_named, **named}
+    named.pop("semi_variance", None)
+    named.pop("prior", None)  # from_labels computes the class priors from the labels
+    return named, var_kw
+
+
+def loss_parameters(name: str) -> tuple[str, ...]:
+    """Keyword parameters :func:`build_loss` accepts for loss ``name`` (sorted).
+
+    For ``"soprc"`` these are the keys of ``SOPRCLoss.from_labels`` / ``SOPRCLoss`` plus
+    ``semi_variance_weights``; for baselines,
+    :func:`~rankwise.losses.baselines.baseline_parameters`.
+    """
+    _check_name(name)
+    if name in BASELINES:
+        return baseline_parameters(name)
+    cls = _loss_class(name)
+    if name == "soprc":
+        named, _ = _soprc_parameters(cls)
+        return tuple(sorted({*named, "semi_variance_weights"}))
+    named, _ = _keyword_parameters(cls.__init__)
+    return tuple(sorted(named))
+
+
+def _reject_unknown(name: str, params: dict[str, Any], valid: Sequence[str]) -> None:
+    for key in params:
+        if key not in valid:
+            raise ValueError(
+                f"loss {name!r} got an unknown parameter {key!r}; valid parameters: "
+                f"{', '.join(sorted(valid))}."
+            )
+
+
+def _with_context(
+    name: str, named: dict[str, inspect.Parameter], params: dict[str, Any],
+    context: dict[str, Any], required_from: dict[str, inspect.Parameter] | None = None,
+) -> dict[str, Any]:
+    """Fill constructor parameters named like a context argument, then check that the required
+    parameters of ``required_from`` (default ``named``) are all given."""
+    filled = dict(params)
+    for param_name, context_name in _CONTEXT_NAMES.items():
+        if param_name in named and param_name not in filled and context[context_name] is not None:
+            filled[param_name] = context[context_name]
+    missing = [
+        p.name for p in (named if required_from is None else required_from).values()
+        if p.default is inspect.Parameter.empty and p.name not in filled
+    ]
+    if missing:
+        hint = {"num_classes": "num_classes=", "embedding_dim": "embedding_dim=",
+                "embedding_size": "embedding_dim="}
+        fixes = ", ".join(hint.get(m, f"{m}=") + "..." for m in missing)
+        raise ValueError(f"loss {name!r} needs {', '.join(map(repr, missing))}; pass {fixes}.")
+    return filled
+
+
+def build_loss(
+    name: str,
+    *,
+    train_labels: Any = None,
+    num_classes: int | None = None,
+    embedding_dim: int | None = None,
+    **params: Any,
+) -> nn.Module:
+    """Build the loss called ``name`` with keyword ``params``.
+
+    Args:
+        name: one of :data:`LOSSES`.
+        train_labels: (N,) integer class ids of the whole training set; required by ``"soprc"``,
+            which sets its per-class state and class priors from them
+            (``SOPRCLoss.from_labels(train_labels, **params)``).
+        num_classes: passed to a constructor that has a ``num_classes`` parameter.
+        embedding_dim: passed as ``embedding_dim`` / ``embedding_size`` to a constructor that has
+            one (e.g. ``"xbm"``'s ``embedding_size``).
+        **params: constructor keywords of the loss (see :func:`loss_parameters`). For ``"soprc"``,
+            ``semi_variance_weights=(lambda_pos, lambda_neg)`` (default ``(1.0, 5.0)``) builds
+            ``SemiVarianceRegularizer(lambda_pos, lambda_neg)`` into the loss; ``None`` disables it.
+
+    Returns:
+        The loss ``nn.Module``, called as ``loss(embeddings, labels, ref_embeddings=None,
+        ref_labels=None)``.
+
+    Raises:
+        ValueError: unknown name, unknown parameter (naming the key and listing the valid ones),
+            missing required context (e.g. ``train_labels`` for ``"soprc"``).
+    """
+    _check_name(name)
+    context = {"num_classes": num_classes, "embedding_dim": embedding_dim}
+    if name in BASELINES:
+        valid = baseline_parameters(name)
+        _reject_unknown(name, params, valid)
+        kw = dict(params)
+        if "embedding_size" in valid and "embedding_size" not in kw and embedding_dim is not None:
+            kw["embedding_size"] = embedding_dim
+        if name == "xbm" and "embedding_size" not in kw:
+            raise ValueError("loss 'xbm' needs the embedding dimension; pass embedding_dim=...")
+        return baseline(name, **kw)
+
+    cls = _loss_class(name)
+    if name == "soprc":
+        return _build_soprc(cls, train_labels, params, context)
+    named, var_kw = _keyword_parameters(cls.__init__)
+    if not var_kw:
+        _reject_unknown(name, params, tuple(named))
+    return cls(**_with_context(name, named, params, context))
+
+
+def _build_soprc(
+    cls: type, train_labels: Any, params: dict[str, Any], context: dict[str, Any]
+) -> nn.Module:
+    if train_labels is None:
+        raise ValueError(
+            "loss 'soprc' needs the training labels to size its per-class state and class "
+            "priors; pass build_loss('soprc', train_labels=<(N,) class ids of the training set>)."
+        )
+    from .soprc import SemiVarianceRegularizer
+
+    params = dict(params)
+    weights = params.pop("semi_variance_weights", DEFAULT_SEMI_VARIANCE_WEIGHTS)
+    named, var_kw = _soprc_parameters(cls)
+    if "semi_variance" in params:
+        raise ValueError(
+            "loss 'soprc': pass `semi_variance_weights=(lambda_pos, lambda_neg)` or None instead "
+            "of `semi_variance`."
+        )
+    if not var_kw:
+        _reject_unknown("soprc", params, (*named, "semi_variance_weights"))
+    if weights is None:
+        regularizer = None
+    else:
+        try:
+            lambda_pos, lambda_neg = (float(w) for w in weights)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                "loss 'soprc': `semi_variance_weights` must be a pair (lambda_pos, lambda_neg) "
+                f"of numbers or None, got {weights!r}."
+            ) from exc
+        regularizer = SemiVarianceRegularizer(lambda_pos, lambda_neg)
+    # from_labels derives the rest of SOPRCLoss's required arguments from the labels.
+    from_labels_named, _ = _keyword_parameters(cls.from_labels, skip=1)
+    from_labels_named.pop("semi_variance", None)
+    kw = _with_context("soprc", named, params, context, required_from=from_labels_named)
+    return cls.from_labels(train_labels, semi_variance=regularizer, **kw)
