@@ -1,4 +1,620 @@
-"""Placeholder: being implemented."""
-APLoss = None  # placeholder
-SemiVarianceRegularizer = None  # placeholder
-SOPRCLoss = None  # placeholder
+"""SOPRC, the biased mini-batch AP loss and the semi-variance regularizer of Wen, Xu, Yang, He and
+Huang, *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
+(NeurIPS 2022): the surrogates ℓ1 (one-sided Huber) and ℓ2 (one-sided sigmoid) of Eq. (7), the biased
+estimator AP↓ of Eq. (5) (:class:`APLoss`), the sampling-rate-invariant estimator of Eq. (8) whose
+TPR term is read from an auxiliary per-class vector ``v`` updated by the moving average of Eq. (10)
+with the score interpolation φ of Alg. 2 (:class:`SOPRCLoss`, Alg. 1), and the semi-variance
+regularizer of Eq. (9) (:class:`SemiVarianceRegularizer`). Garbled formulas are read as in the
+project errata (``shared/seeds/README.md``): ℓ1(x) = 1 − 2x/τ1 for x < 0, ℓ2(x) = tanh(−x/(2τ2)) for
+x < 0, the TPR term (1 + Σ_j ℓ2(s⁺ − v_j)) / (|v| + 1), one row of ``v`` per class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .._validation import as_tensor
+from .base import PairBatch, RankingLoss
+
+__all__ = [
+    "APLoss",
+    "SOPRCLoss",
+    "SemiVarianceRegularizer",
+    "huber_surrogate",
+    "sigmoid_surrogate",
+    "score_interpolation",
+]
+
+V_INITS = ("grid", "uniform")
+
+
+# -- surrogates of Eq. (7) ---------------------------------------------------------------------------
+def huber_surrogate(x: torch.Tensor, tau1: float) -> torch.Tensor:
+    """One-sided Huber ℓ1 of Eq. (7), an upper bound of the step 1[x ≤ 0], applied to s⁺ − s⁻.
+
+    ℓ1(x) = 1 − 2x/τ1 for x < 0, (1 − x/τ1)² for 0 ≤ x < τ1, 0 for x ≥ τ1 (continuous with a
+    continuous derivative; the paper's "−2x/τ1" branch misses the 1, see the errata).
+
+    Args:
+        x: float tensor of any shape.
+        tau1: margin τ1 > 0.
+    """
+    # clamp before squaring so the unused branch of `where` stays finite and has zero gradient
+    inside = (1 - x.clamp(min=0, max=tau1) / tau1) ** 2
+    return torch.where(x < 0, 1 - 2 * x / tau1, inside)
+
+
+def sigmoid_surrogate(x: torch.Tensor, tau2: float) -> torch.Tensor:
+    """One-sided sigmoid ℓ2 of Eq. (7), a lower bound of the step 1[x ≤ 0], applied to s⁺ − s.
+
+    ℓ2(x) = (exp(−x/τ2) − 1) / (exp(−x/τ2) + 1) = tanh(−x/(2τ2)) for x < 0, 0 for x ≥ 0.
+
+    Args:
+        x: float tensor of any shape.
+        tau2: temperature τ2 > 0; ℓ2 → 1[x < 0] as τ2 → 0.
+    """
+    return torch.tanh(-x.clamp(max=0) / (2 * tau2))
+
+
+# -- score interpolation φ of Alg. 2 -------------------------------------------------------------
+def _grouped_score_interpolation(
+    values: torch.Tensor,
+    groups: torch.Tensor,
+    num_points: int,
+    score_range: tuple[float, float] | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """φ of Alg. 2 applied separately to the values of every group, fully vectorised.
+
+    For a group with sorted values u_1 ≤ … ≤ u_n, u_i sits at quantile position i/(n+1) (the
+    expected CDF value of the i-th order statistic). Two extrapolated points close the curve:
+    u_0 = 2u_1 − u_2 at position 0 and u_{n+1} = 2u_n − u_{n−1} at position 1 (Alg. 2, line 2),
+    clipped to ``score_range`` but never past u_1 / u_n (so φ stays monotone even for scores outside
+    the range). The curve is read by linear interpolation at the ``num_points`` positions
+    j/(num_points + 1), j = 1..num_points.
+
+    Returns:
+        (present_groups, phi): the distinct group ids (G,) and their interpolated rows (G, num_points).
+    """
+    present, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
+    n_groups = present.numel()
+    # sort by value, then stably by group: values end up sorted within each group
+    order = torch.argsort(values, stable=True)
+    order = order[torch.argsort(inverse[order], stable=True)]
+    sorted_values = values[order]
+    sorted_groups = inverse[order]
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(values.numel(), device=values.device) - starts[sorted_groups]
+
+    rows = torch.arange(n_groups, device=values.device)
+    curve = values.new_zeros(n_groups, int(counts.max()) + 2)
+    curve[sorted_groups, rank + 1] = sorted_values
+    first = curve[:, 1]
+    second = curve[rows, counts.clamp(max=2)]  # = first when the group has a single value
+    last = curve[rows, counts]
+    before_last = curve[rows, (counts - 1).clamp(min=1)]
+    low = 2 * first - second
+    high = 2 * last - before_last
+    if score_range is not None:
+        low = torch.maximum(low, first.clamp(max=score_range[0]))
+        high = torch.minimum(high, last.clamp(min=score_range[1]))
+    curve[:, 0] = low
+    curve[rows, counts + 1] = high
+
+    # position j/(K+1) on the index scale of a group of n values is j(n+1)/(K+1); integer
+    # arithmetic keeps positions that coincide with a data point exact
+    j = torch.arange(1, num_points + 1, device=values.device)
+    numerator = j[None, :] * (counts[:, None] + 1)
+    left = torch.div(numerator, num_points + 1, rounding_mode="floor")
+    frac = (numerator - left * (num_points + 1)).to(values.dtype) / (num_points + 1)
+    right = torch.minimum(left + 1, (counts + 1)[:, None])
+    lower, upper = curve.gather(1, left), curve.gather(1, right)
+    # lower + frac·(upper − lower) is exact where lower == upper; the minimum keeps rounding from
+    # stepping past the next knot, so φ is non-decreasing in floating point too
+    phi = torch.minimum(lower + frac * (upper - lower), upper)
+    return present, phi
+
+
+def score_interpolation(
+    scores: torch.Tensor, num_points: int, score_range: tuple[float, float] | None = (-1.0, 1.0)
+) -> torch.Tensor:
+    """φ of Alg. 2: summarise n scores by ``num_points`` interpolated quantiles (ascending).
+
+    The sorted scores u_1 ≤ … ≤ u_n are placed at quantile positions i/(n+1), extended by
+    u_0 = 2u_1 − u_2 at 0 and u_{n+1} = 2u_n − u_{n−1} at 1 (clipped to ``score_range``), and the
+    piecewise-linear curve is read at j/(num_points+1), j = 1..num_points. When
+    num_points + 1 is a multiple of n + 1 the output contains every input score exactly.
+
+    Args:
+        scores: (n,) float tensor, n ≥ 1, any order.
+        num_points: number of output values (|v|), ≥ 1.
+        score_range: (low, high) bounds for the two extrapolated points, or None for no clipping.
+
+    Returns:
+        (num_points,) tensor, same dtype and device as ``scores``, non-decreasing.
+    """
+    s = as_tensor(scores, "scores")
+    if s.ndim != 1 or s.numel() == 0 or not s.is_floating_point():
+        raise ValueError(
+            f"`scores` must be a non-empty 1-D float tensor, got shape {tuple(s.shape)} "
+            f"and dtype {s.dtype}."
+        )
+    _check_num_points(num_points, "num_points")
+    rng = _check_score_range(score_range)
+    groups = torch.zeros(s.numel(), dtype=torch.long, device=s.device)
+    return _grouped_score_interpolation(s, groups, num_points, rng)[1][0]
+
+
+# -- argument checks --------------------------------------------------------------------------------
+def _check_num_points(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
+    return value
+
+
+def _check_positive(value: float, name: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
+    return float(value)
+
+
+def _check_score_range(score_range: Sequence[float] | None) -> tuple[float, float] | None:
+    if score_range is None:
+        return None
+    try:
+        low, high = (float(x) for x in score_range)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"`score_range` must be a pair (low, high) or None, got {score_range!r}."
+        ) from exc
+    if not low < high:
+        raise ValueError(f"`score_range` must satisfy low < high, got {score_range!r}.")
+    return low, high
+
+
+def _check_semi_variance(reg: Any) -> SemiVarianceRegularizer | None:
+    if reg is not None and not isinstance(reg, SemiVarianceRegularizer):
+        raise ValueError(
+            "`semi_variance` must be a SemiVarianceRegularizer or None, got "
+            f"{type(reg).__name__}; add other regularizers to the loss value yourself."
+        )
+    return reg
+
+
+# -- shared pieces of Eq. (5) and Eq. (8) -----------------------------------------------------------
+def _positive_pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(anchor index, reference index, score) of every positive pair of a valid anchor."""
+    pos_mask = batch.pos_mask & batch.valid[:, None]
+    anchor, ref = pos_mask.nonzero(as_tuple=True)
+    return anchor, ref, batch.scores[anchor, ref]
+
+
+def _negative_huber_sum(
+    batch: PairBatch, anchor: torch.Tensor, s_pos: torch.Tensor, tau1: float
+) -> torch.Tensor:
+    """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,)."""
+    terms = huber_surrogate(s_pos[:, None] - batch.scores[anchor], tau1)
+    return torch.where(batch.neg_mask[anchor], terms, 0).sum(1)
+
+
+def _other_positive_sigmoid_sum(
+    scores: torch.Tensor,
+    pos_mask: torch.Tensor,
+    anchor: torch.Tensor,
+    ref: torch.Tensor,
+    s_pos: torch.Tensor,
+    tau2: float,
+) -> torch.Tensor:
+    """Σ_{x ∈ z⁺(anchor), x ≠ x⁺} ℓ2(s⁺ − s(x)) for every positive pair: (P,).
+
+    The positive itself is left out: it is counted exactly, as the "1 +" of the TPR term
+    (ℓ_{0,1}(0) = 1, whereas the surrogate ℓ2(0) = 0 would make the top positive's TPR zero).
+    With ℓ2(0) = 0 the exclusion does not change the value; it states which terms are meant.
+    """
+    others = pos_mask[anchor].clone()
+    others[torch.arange(anchor.numel(), device=anchor.device), ref] = False
+    terms = sigmoid_surrogate(s_pos[:, None] - scores[anchor], tau2)
+    return torch.where(others, terms, 0).sum(1)
+
+
+def _sigma(x: torch.Tensor) -> torch.Tensor:
+    """σ(x) = x / (1 + x): the map from FPR/TPR odds to 1 − precision in Eq. (3)."""
+    return x / (1 + x)
+
+
+# -- semi-variance regularizer, Eq. (9) -------------------------------------------------------------
+class SemiVarianceRegularizer(RankingLoss):
+    """Semi-variance regularizer L_var of Eq. (9).
+
+    λ1/n⁺ Σ_{s⁺ < μ⁺} (s⁺ − μ⁺)² + λ2/n⁻ Σ_{s⁻ > μ⁻} (s⁻ − μ⁻)², where s⁺ (s⁻) runs over the
+    scores of all positive (negative) pairs of the batch, pooled over anchors as in the authors'
+    released configs, and μ± are their means (differentiated through). Only the low tail of the
+    positives and the high tail of the negatives are penalised, so well-ranked pairs are not pulled
+    towards the mean.
+
+    Use it alone (``reg(embeddings, labels)``, a :class:`RankingLoss`), add it to any loss, or pass
+    it as ``semi_variance=`` to :class:`SOPRCLoss` / :class:`APLoss`, which call
+    :meth:`from_batch` on their own score matrix (then this module's ``similarity`` is not used).
+
+    Args:
+        lambda_pos: λ1 ≥ 0, weight on positives below their mean (released configs: 1).
+        lambda_neg: λ2 ≥ 0, weight on negatives above their mean (released configs: 5).
+        similarity: ``"cosine"``, ``"dot"`` or ``"neg_euclidean"`` (standalone use only).
+    """
+
+    def __init__(
+        self, lambda_pos: float = 1.0, lambda_neg: float = 5.0, similarity: str = "cosine"
+    ) -> None:
+        super().__init__(similarity)
+        for name, value in (("lambda_pos", lambda_pos), ("lambda_neg", lambda_neg)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"`{name}` must be a non-negative number, got {value!r}.")
+        self.lambda_pos = float(lambda_pos)
+        self.lambda_neg = float(lambda_neg)
+
+    def from_batch(self, batch: PairBatch) -> torch.Tensor:
+        """L_var of an already prepared batch (every positive and negative pair of its masks).
+
+        Args:
+            batch: a :class:`PairBatch`; ``scores`` (B, M) float, masks (B, M) bool.
+
+        Returns:
+            Scalar tensor. The two terms are also stored in ``last_stats`` (``semi_variance_pos``,
+            ``semi_variance_neg``).
+        """
+        pos = batch.scores[batch.pos_mask]
+        neg = batch.scores[batch.neg_mask]
+        zero = batch.scores.new_zeros(())
+        pos_term = ((pos - pos.mean()).clamp(max=0) ** 2).mean() if pos.numel() else zero
+        neg_term = ((neg - neg.mean()).clamp(min=0) ** 2).mean() if neg.numel() else zero
+        self.last_stats.update(
+            semi_variance_pos=float(pos_term.detach()),
+            semi_variance_neg=float(neg_term.detach()),
+            semi_variance_positive_pairs=int(pos.numel()),
+            semi_variance_negative_pairs=int(neg.numel()),
+        )
+        return self.lambda_pos * pos_term + self.lambda_neg * neg_term
+
+    def compute(self, batch: PairBatch) -> torch.Tensor:
+        return self.from_batch(batch)
+
+    def extra_repr(self) -> str:
+        return f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, " + super().extra_repr()
+
+
+# -- biased mini-batch AP loss, Eq. (5) -------------------------------------------------------------
+class APLoss(RankingLoss):
+    """The biased mini-batch AP↓ estimator of Eq. (5), the baseline SOPRC is compared with (Fig. 1).
+
+    For every anchor (query) and each of its positives x⁺ with score s⁺, both rates come from the
+    batch::
+
+        σ( Σ_{x ∈ z⁻} ℓ1(s⁺ − s(x)) / (1 + Σ_{x ∈ z⁺, x ≠ x⁺} ℓ2(s⁺ − s(x))) ),  σ(t) = t/(1+t),
+
+    averaged over all (anchor, positive) pairs. The "1 +" counts x⁺ itself exactly (ℓ_{0,1}(0) = 1).
+    Written as FPR/TPR odds this is ((1 − π0)/π0) · FPR/TPR with π0 = n⁺/(n⁺ + n⁻) the anchor's
+    sampling rate in the batch, which is why it is biased when π0 differs from the class prior
+    (Prop. 2); it equals ``SOPRCLoss(unbiased=False, use_v=False)``.
+
+    Args:
+        tau1: ℓ1 margin τ1 > 0 (default 0.1).
+        tau2: ℓ2 temperature τ2 > 0 (default 0.001).
+        semi_variance: optional :class:`SemiVarianceRegularizer` added to the loss (Eq. 9).
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+
+    Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``.
+    """
+
+    def __init__(
+        self,
+        tau1: float = 0.1,
+        tau2: float = 0.001,
+        semi_variance: SemiVarianceRegularizer | None = None,
+        similarity: str = "cosine",
+    ) -> None:
+        super().__init__(similarity)
+        self.tau1 = _check_positive(tau1, "tau1")
+        self.tau2 = _check_positive(tau2, "tau2")
+        self.semi_variance = _check_semi_variance(semi_variance)
+
+    def compute(self, batch: PairBatch) -> torch.Tensor:
+        anchor, ref, s_pos = _positive_pairs(batch)
+        numerator = _negative_huber_sum(batch, anchor, s_pos, self.tau1)
+        denominator = 1 + _other_positive_sigmoid_sum(
+            batch.scores, batch.pos_mask, anchor, ref, s_pos, self.tau2
+        )
+        ap_term = _sigma(numerator / denominator).mean()
+        n_pos = batch.pos_mask[anchor].sum(1).to(s_pos.dtype)
+        self.last_stats.update(
+            n_pairs=int(anchor.numel()),
+            loss_ap=float(ap_term.detach()),
+            tpr_mean=float((denominator / n_pos).detach().mean()),
+        )
+        loss = ap_term
+        if self.semi_variance is not None:
+            reg = self.semi_variance.from_batch(batch)
+            self.last_stats["semi_variance"] = float(reg.detach())
+            loss = loss + reg
+        return loss
+
+    def extra_repr(self) -> str:
+        return f"tau1={self.tau1}, tau2={self.tau2}, " + super().extra_repr()
+
+
+# -- SOPRC, Eq. (8) + Alg. 1 ------------------------------------------------------------------------
+class SOPRCLoss(RankingLoss):
+    """SOPRC: the sampling-rate-invariant stochastic AUPRC estimator of Eq. (8), trained by Alg. 1.
+
+    Every sample is a query. For an anchor of class c and each of its positives (score s⁺)::
+
+        σ( (1 − π_c)/π_c · mean_{x ∈ z⁻} ℓ1(s⁺ − s(x)) / TPR(s⁺) ),  σ(t) = t / (1 + t),
+        TPR(s⁺) = (1 + Σ_j ℓ2(s⁺ − v_{c,j})) / (|v| + 1),
+
+    averaged over all (anchor, positive) pairs; anchors without a positive or a negative are skipped
+    and counted in ``last_stats``. ``v`` (buffer, never differentiated) holds, per class, ``num_v``
+    interpolated quantiles of the positive-pair scores. In training mode, before the loss is
+    computed (Alg. 1 uses v_{t+1}), every class c present among the anchors gets
+    v_c ← (1 − β) v_c + β φ(scores of all positive pairs whose anchor has class c) (Eq. 10), with
+    detached scores and φ = :func:`score_interpolation` (Alg. 2). Pooling all anchors of a class
+    makes the update independent of the batch order. Eval mode never changes any buffer.
+
+    ``v`` starts (``v_init="grid"``, the released code) at the evenly spaced values
+    lo + (hi − lo)·j/num_v, j = 0..num_v−1 on ``v_init_range`` = [0, 1) for every class, or
+    (``"uniform"``) at sorted i.i.d. uniform draws on that range from a generator seeded with
+    ``seed``. [0, 1) rather than ``score_range``: positive-pair cosine similarities of a trained
+    embedding lie mostly in [0, 1], and v only has to bracket the positive scores; the start is
+    forgotten geometrically, or at once with ``warm_start=True`` (v_c := φ at the first update of
+    class c, the choice v_1 = E[φ] of Remark 1).
+
+    Args:
+        num_classes: number of classes C ≥ 2; labels must lie in [0, C).
+        prior: (C,) class priors π_c ∈ [0, 1] (fraction of the reference set sharing a query's
+            class), or None for balanced classes π_c = 1/C. Build it from training labels with
+            :meth:`from_labels`. A class with π_c = 0 raises when one of its anchors is used.
+        num_v: |v|, values kept per class (default 100).
+        beta: moving-average rate β ∈ [0, 1] of Eq. (10) (configs 0.1; paper text 0.001).
+        tau1: ℓ1 margin τ1 > 0 (default 0.1).
+        tau2: ℓ2 temperature τ2 > 0 (default 0.001).
+        unbiased: False replaces π_c by the anchor's batch sampling rate n⁺/(n⁺ + n⁻) (Table 2,
+            row 1).
+        use_v: False estimates TPR from the anchor's batch positives instead of v, as
+            (1 + Σ_{x ∈ z⁺, x ≠ x⁺} ℓ2(s⁺ − s(x))) / n⁺ (Table 2, rows 1–2); v is then neither read
+            nor updated.
+        detach_tpr: True computes the TPR denominator without gradient, as the released code does;
+            False (default) differentiates through it w.r.t. s⁺, as Alg. 1 is written.
+        score_range: (low, high) clip for the extrapolated ends of φ, or None (default (−1, 1), the
+            range of cosine similarity).
+        semi_variance: optional :class:`SemiVarianceRegularizer` added to the loss (Eq. 9, Alg. 1
+            line 6), evaluated on this loss's score matrix.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+        v_init: ``"grid"`` (default) or ``"uniform"``, see above.
+        v_init_range: (low, high) interval of the initial v (default (0, 1)).
+        seed: seed of the generator used by ``v_init="uniform"`` (default 0).
+        warm_start: copy φ into v_c at the first update of class c instead of averaging.
+
+    Buffers (carried by ``state_dict()``, ``.to()``, ``.double()``): ``v`` (C, num_v),
+    ``prior`` (C,), ``v_updates`` (C,) int64 number of moving-average updates of every row.
+
+    Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``; with
+    a reference set (memory bank) every anchor is ranked against it and v is fed with the
+    anchor–reference positive scores.
+    """
+
+    v: torch.Tensor
+    prior: torch.Tensor
+    v_updates: torch.Tensor
+
+    def __init__(
+        self,
+        num_classes: int,
+        prior: torch.Tensor | Sequence[float] | None = None,
+        num_v: int = 100,
+        beta: float = 0.1,
+        tau1: float = 0.1,
+        tau2: float = 0.001,
+        unbiased: bool = True,
+        use_v: bool = True,
+        detach_tpr: bool = False,
+        score_range: tuple[float, float] | None = (-1.0, 1.0),
+        semi_variance: SemiVarianceRegularizer | None = None,
+        similarity: str = "cosine",
+        v_init: str = "grid",
+        v_init_range: tuple[float, float] = (0.0, 1.0),
+        seed: int = 0,
+        warm_start: bool = False,
+    ) -> None:
+        super().__init__(similarity)
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+            raise ValueError(
+                f"`num_classes` must be an integer ≥ 2 (a query needs negatives), got {num_classes!r}."
+            )
+        self.num_classes = num_classes
+        self.num_v = _check_num_points(num_v, "num_v")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
+            raise ValueError(f"`beta` must be a number in [0, 1], got {beta!r}.")
+        self.beta = float(beta)
+        self.tau1 = _check_positive(tau1, "tau1")
+        self.tau2 = _check_positive(tau2, "tau2")
+        self.unbiased = bool(unbiased)
+        self.use_v = bool(use_v)
+        self.detach_tpr = bool(detach_tpr)
+        self.warm_start = bool(warm_start)
+        self.score_range = _check_score_range(score_range)
+        self.semi_variance = _check_semi_variance(semi_variance)
+        if v_init not in V_INITS:
+            raise ValueError(f"`v_init` must be one of {V_INITS}, got {v_init!r}.")
+        self.v_init = v_init
+        init_range = _check_score_range(v_init_range)
+        if init_range is None:
+            raise ValueError("`v_init_range` must be a pair (low, high), got None.")
+
+        self.register_buffer("prior", self._check_prior(prior, num_classes))
+        low, high = init_range
+        if v_init == "grid":
+            grid = torch.arange(self.num_v, dtype=torch.float32) / self.num_v
+            v = (low + (high - low) * grid).expand(num_classes, -1).clone()
+        else:
+            generator = torch.Generator().manual_seed(int(seed))
+            draws = torch.rand(num_classes, self.num_v, generator=generator)
+            v = (low + (high - low) * draws).sort(dim=1).values
+        self.register_buffer("v", v)
+        self.register_buffer("v_updates", torch.zeros(num_classes, dtype=torch.long))
+
+    # -- construction helpers ------------------------------------------------------------------
+    @staticmethod
+    def _check_prior(prior: Any, num_classes: int) -> torch.Tensor:
+        if prior is None:
+            return torch.full((num_classes,), 1.0 / num_classes)
+        p = as_tensor(prior, "prior")
+        if p.ndim != 1 or p.shape[0] != num_classes:
+            raise ValueError(
+                f"`prior` must have shape (num_classes,) = ({num_classes},), got {tuple(p.shape)}."
+            )
+        p = p.to(torch.get_default_dtype())
+        if not bool(torch.isfinite(p).all()) or bool((p < 0).any()) or bool((p > 1).any()):
+            raise ValueError("`prior` must hold class priors in [0, 1] (no NaN/inf).")
+        return p.clone()
+
+    @classmethod
+    def from_labels(
+        cls,
+        train_labels: Any,
+        num_classes: int | None = None,
+        prior_scale: float | None = None,
+        **kwargs: Any,
+    ) -> SOPRCLoss:
+        """Build the loss with class priors counted from the training labels.
+
+        By default π_c = (n_c − 1)/(N − 1): the fraction of the other N − 1 training samples that
+        are positives of a query of class c (the raw ratio the theory uses). With ``prior_scale``
+        the released code's ``prior_mul`` rule is used instead: π_c = prior_scale · n_c / max_c n_c,
+        so the largest class gets ``prior_scale`` (0.01 for SOP, 0.1 elsewhere). Classes absent
+        from ``train_labels`` (and singletons, by default) get π_c = 0.
+
+        Args:
+            train_labels: (N,) integer class ids of the training set, N ≥ 2.
+            num_classes: C, default ``max(train_labels) + 1``.
+            prior_scale: None, or the prior of the largest class, in (0, 1].
+            **kwargs: any other :class:`SOPRCLoss` argument (not ``prior``).
+        """
+        if "prior" in kwargs:
+            raise ValueError("`from_labels` computes `prior`; pass it to SOPRCLoss(...) instead.")
+        labels = as_tensor(train_labels, "train_labels")
+        if labels.ndim != 1 or labels.numel() < 2:
+            raise ValueError(
+                f"`train_labels` must be a 1-D array of at least 2 class ids, got shape "
+                f"{tuple(labels.shape)}."
+            )
+        if labels.is_floating_point() or labels.dtype == torch.bool or labels.is_complex():
+            raise ValueError(f"`train_labels` must hold integer class ids, got {labels.dtype}.")
+        labels = labels.to(torch.long).cpu()
+        if bool((labels < 0).any()):
+            raise ValueError("`train_labels` must be non-negative class ids.")
+        top = int(labels.max()) + 1
+        if num_classes is None:
+            num_classes = top
+        elif num_classes < top:
+            raise ValueError(
+                f"`train_labels` holds class id {top - 1} but `num_classes` = {num_classes}; "
+                "pass num_classes > max(train_labels)."
+            )
+        counts = torch.bincount(labels, minlength=num_classes).to(torch.float64)
+        if prior_scale is None:
+            prior = (counts - 1).clamp(min=0) / (labels.numel() - 1)
+        else:
+            if not isinstance(prior_scale, (int, float)) or not 0 < prior_scale <= 1:
+                raise ValueError(f"`prior_scale` must be in (0, 1], got {prior_scale!r}.")
+            prior = prior_scale * counts / counts.max()
+        return cls(num_classes, prior=prior, **kwargs)
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _check_batch(self, batch: PairBatch) -> None:
+        for name, lab in (("labels", batch.labels), ("ref_labels", batch.ref_labels)):
+            bad = (lab < 0) | (lab >= self.num_classes)
+            if bool(bad.any()):
+                raise ValueError(
+                    f"`{name}` must be class ids in [0, num_classes) = [0, {self.num_classes}); "
+                    f"got {int(bad.sum())} out of range (e.g. {int(lab[bad][0])}). Build the loss "
+                    "with a larger `num_classes` or remap the labels."
+                )
+        if self.v.device != batch.scores.device:
+            raise ValueError(
+                f"SOPRCLoss buffers are on {self.v.device} but `embeddings` are on "
+                f"{batch.scores.device}; move the loss with loss.to(device)."
+            )
+
+    @torch.no_grad()
+    def _update_v(self, batch: PairBatch) -> int:
+        """Moving average of Eq. (10) on the rows of the classes present among the anchors."""
+        anchor, ref = batch.pos_mask.nonzero(as_tuple=True)
+        scores = batch.scores[anchor, ref].detach().to(self.v.dtype)
+        classes, phi = _grouped_score_interpolation(
+            scores, batch.labels[anchor], self.num_v, self.score_range
+        )
+        beta = torch.full((classes.numel(), 1), self.beta, dtype=self.v.dtype, device=self.v.device)
+        if self.warm_start:
+            beta[self.v_updates[classes] == 0] = 1.0
+        self.v[classes] = (1 - beta) * self.v[classes] + beta * phi
+        self.v_updates[classes] += 1
+        return int(classes.numel())
+
+    def compute(self, batch: PairBatch) -> torch.Tensor:
+        self._check_batch(batch)
+        rows_updated = self._update_v(batch) if self.training and self.use_v else 0
+
+        anchor, ref, s_pos = _positive_pairs(batch)
+        anchor_labels = batch.labels[anchor]
+        n_pos = batch.pos_mask[anchor].sum(1).to(s_pos.dtype)
+        n_neg = batch.neg_mask[anchor].sum(1).to(s_pos.dtype)
+        fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
+
+        s_tpr = s_pos.detach() if self.detach_tpr else s_pos
+        if self.use_v:
+            v_rows = self.v[anchor_labels].to(s_pos.dtype)
+            tpr = (1 + sigmoid_surrogate(s_tpr[:, None] - v_rows, self.tau2).sum(1)) / (
+                self.num_v + 1
+            )
+        else:
+            scores = batch.scores.detach() if self.detach_tpr else batch.scores
+            others = _other_positive_sigmoid_sum(
+                scores, batch.pos_mask, anchor, ref, s_tpr, self.tau2
+            )
+            tpr = (1 + others) / n_pos
+
+        if self.unbiased:
+            prior = self.prior.to(s_pos.dtype)[anchor_labels]
+            if bool((prior <= 0).any()):
+                zero = torch.unique(anchor_labels[prior <= 0]).tolist()
+                raise ValueError(
+                    f"`prior` is 0 for class(es) {zero[:10]} used in this batch (a class with a "
+                    "single training sample, or absent from `train_labels`); pass a positive "
+                    "prior for them, use from_labels(..., prior_scale=...), or unbiased=False."
+                )
+            odds = (1 - prior) / prior
+        else:
+            odds = n_neg / n_pos  # (1 − π0)/π0 with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
+
+        auprc_term = _sigma(odds * fpr / tpr).mean()
+        self.last_stats.update(
+            n_pairs=int(anchor.numel()),
+            loss_auprc=float(auprc_term.detach()),
+            tpr_mean=float(tpr.detach().mean()),
+            fpr_mean=float(fpr.detach().mean()),
+            n_v_rows_updated=rows_updated,
+        )
+        loss = auprc_term
+        if self.semi_variance is not None:
+            reg = self.semi_variance.from_batch(batch)
+            self.last_stats["semi_variance"] = float(reg.detach())
+            loss = loss + reg
+        return loss
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_classes={self.num_classes}, num_v={self.num_v}, beta={self.beta}, "
+            f"tau1={self.tau1}, tau2={self.tau2}, unbiased={self.unbiased}, use_v={self.use_v}, "
+            f"detach_tpr={self.detach_tpr}, score_range={self.score_range}, "
+            f"warm_start={self.warm_start}, " + super().extra_repr()
+        )

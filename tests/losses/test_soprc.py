@@ -1,0 +1,583 @@
+"""Tests of SOPRCLoss, APLoss and SemiVarianceRegularizer against direct re-derivations of Wen et al.
+(NeurIPS 2022) Eq. (5), (7)-(10) and Alg. 1-2 written here with explicit Python loops, plus hand
+computed moving-average updates of the auxiliary vector v."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rankwise.losses import APLoss, SemiVarianceRegularizer, SOPRCLoss
+from rankwise.losses.soprc import huber_surrogate, score_interpolation, sigmoid_surrogate
+
+# -- independent re-derivation (loops over pairs, scalar ops only) ---------------------------------
+
+
+def ref_l1(x, tau1):
+    """Eq. (7) ℓ1 with the errata's x < 0 branch 1 − 2x/τ1."""
+    if x < 0:
+        return 1 - 2 * x / tau1
+    if x < tau1:
+        return (1 - x / tau1) ** 2
+    return x * 0
+
+
+def ref_l2(x, tau2):
+    """Eq. (7) ℓ2 = (e^{−x/τ2} − 1)/(e^{−x/τ2} + 1), rewritten with e^{x/τ2} to avoid overflow."""
+    if x < 0:
+        e = torch.exp(x / tau2)
+        return (1 - e) / (1 + e)
+    return x * 0
+
+
+def ref_scores(emb, ref, similarity="cosine"):
+    """Score matrix as nested lists of 0-d tensors, one pair at a time."""
+    out = []
+    for i in range(emb.shape[0]):
+        row = []
+        for j in range(ref.shape[0]):
+            dot = torch.dot(emb[i], ref[j])
+            if similarity == "cosine":
+                dot = dot / (torch.linalg.norm(emb[i]) * torch.linalg.norm(ref[j]))
+            row.append(dot)
+        out.append(row)
+    return out
+
+
+def ref_pairs(labels, ref_labels, self_ref):
+    """Positive and negative reference indices of every anchor, loops only."""
+    lab = [int(x) for x in labels]
+    rlab = [int(x) for x in ref_labels]
+    pos, neg = [], []
+    for i, c in enumerate(lab):
+        pos.append([j for j, d in enumerate(rlab) if d == c and not (self_ref and i == j)])
+        neg.append([j for j, d in enumerate(rlab) if d != c])
+    return lab, pos, neg
+
+
+def ref_soprc(emb, labels, v, prior, tau1, tau2, *, unbiased=True, use_v=True, detach_tpr=False,
+              ref_emb=None, ref_labels=None, similarity="cosine"):
+    """Eq. (8) with the errata's TPR term; returns (loss, number of skipped anchors)."""
+    self_ref = ref_emb is None
+    S = ref_scores(emb, emb if self_ref else ref_emb, similarity)
+    lab, pos, neg = ref_pairs(labels, labels if self_ref else ref_labels, self_ref)
+    terms, skipped = [], 0
+    for i, c in enumerate(lab):
+        if not pos[i] or not neg[i]:
+            skipped += 1
+            continue
+        for j in pos[i]:
+            s = S[i][j]
+            fpr = sum(ref_l1(s - S[i][k], tau1) for k in neg[i]) / len(neg[i])
+            st = s.detach() if detach_tpr else s
+            if use_v:
+                tpr = (1 + sum(ref_l2(st - float(vj), tau2) for vj in v[c])) / (len(v[c]) + 1)
+            else:
+                others = [S[i][p].detach() if detach_tpr else S[i][p] for p in pos[i] if p != j]
+                tpr = (1 + sum(ref_l2(st - o, tau2) for o in others)) / len(pos[i])
+            if unbiased:
+                odds = (1 - float(prior[c])) / float(prior[c])
+            else:
+                pi0 = len(pos[i]) / (len(pos[i]) + len(neg[i]))
+                odds = (1 - pi0) / pi0
+            x = odds * fpr / tpr
+            terms.append(x / (1 + x))
+    return sum(terms) / len(terms), skipped
+
+
+def ref_ap(emb, labels, tau1, tau2):
+    """Eq. (5): Σ_neg ℓ1 / (1 + Σ_{other pos} ℓ2), σ, averaged over (anchor, positive) pairs."""
+    S = ref_scores(emb, emb)
+    lab, pos, neg = ref_pairs(labels, labels, True)
+    terms = []
+    for i in range(len(lab)):
+        if not pos[i] or not neg[i]:
+            continue
+        for j in pos[i]:
+            s = S[i][j]
+            num = sum(ref_l1(s - S[i][k], tau1) for k in neg[i])
+            den = 1 + sum(ref_l2(s - S[i][p], tau2) for p in pos[i] if p != j)
+            terms.append((num / den) / (1 + num / den))
+    return sum(terms) / len(terms)
+
+
+def ref_semi_variance(emb, labels, lam_pos, lam_neg):
+    """Eq. (9) over every positive and negative pair of the batch."""
+    S = ref_scores(emb, emb)
+    lab, pos, neg = ref_pairs(labels, labels, True)
+    ps = [S[i][j] for i in range(len(lab)) for j in pos[i]]
+    ns = [S[i][j] for i in range(len(lab)) for j in neg[i]]
+    mp = sum(ps) / len(ps)
+    mn = sum(ns) / len(ns)
+    sp = sum((s - mp) ** 2 for s in ps if s < mp) / len(ps)
+    sn = sum((s - mn) ** 2 for s in ns if s > mn) / len(ns)
+    return lam_pos * sp + lam_neg * sn
+
+
+def ref_phi(values, k, score_range):
+    """Alg. 2 (errata): sorted values at i/(n+1), extrapolated ends at 0 and 1, read at j/(k+1)."""
+    u = sorted(float(x) for x in values)
+    n = len(u)
+    lo = 2 * u[0] - u[1] if n > 1 else u[0]
+    hi = 2 * u[-1] - u[-2] if n > 1 else u[-1]
+    if score_range is not None:
+        lo = max(lo, min(score_range[0], u[0]))
+        hi = min(hi, max(score_range[1], u[-1]))
+    xp = [i / (n + 1) for i in range(n + 2)]
+    return np.interp([j / (k + 1) for j in range(1, k + 1)], xp, [lo, *u, hi])
+
+
+def ref_v_update(emb, labels, v, beta, k, score_range, ref_emb=None, ref_labels=None,
+                 similarity="cosine"):
+    """Eq. (10) per class, fed with every positive-pair score of that class's anchors."""
+    self_ref = ref_emb is None
+    S = ref_scores(emb, emb if self_ref else ref_emb, similarity)
+    lab, pos, _ = ref_pairs(labels, labels if self_ref else ref_labels, self_ref)
+    new = v.detach().double().cpu().numpy().copy()
+    for c in sorted(set(lab)):
+        vals = [float(S[i][j].detach()) for i in range(len(lab)) if lab[i] == c for j in pos[i]]
+        if vals:
+            new[c] = (1 - beta) * new[c] + beta * ref_phi(vals, k, score_range)
+    return new
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+
+# classes with 5, 2, 1 and 3 samples: anchor 7 (class 2) has no positive and must be skipped
+UNEVEN = [0, 1, 0, 2, 0, 3, 1, 0, 3, 0, 3]
+
+
+def batch(device, dtype, seed=0, labels=UNEVEN, dim=4):
+    g = torch.Generator().manual_seed(seed)
+    emb = torch.randn(len(labels), dim, generator=g, dtype=torch.float64)
+    return emb.to(device=device, dtype=dtype), torch.tensor(labels, device=device)
+
+
+def tol(dtype):
+    return {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-9, "atol": 1e-10}
+
+
+def trained_soprc(device, dtype, steps=2, **kw):
+    """A SOPRCLoss whose v has been fed a few random batches (so v is not the initial grid)."""
+    kw = {"num_v": 9, "beta": 0.5, **kw}
+    loss = SOPRCLoss(4, prior=torch.tensor([0.3, 0.1, 0.05, 0.2]), **kw).to(device, dtype)
+    for s in range(steps):
+        e, y = batch(device, dtype, seed=100 + s)
+        loss(e, y)
+    return loss
+
+
+# -- surrogates and φ ------------------------------------------------------------------------------
+
+
+def test_surrogates_match_eq7(device):
+    x = torch.linspace(-0.5, 0.5, 101, dtype=torch.float64, device=device)
+    for tau in (0.1, 0.03):
+        exp1 = torch.stack([torch.as_tensor(ref_l1(xi, tau)) for xi in x])
+        exp2 = torch.stack([torch.as_tensor(ref_l2(xi, tau)) for xi in x])
+        torch.testing.assert_close(huber_surrogate(x, tau), exp1)
+        torch.testing.assert_close(sigmoid_surrogate(x, tau), exp2)
+    step = (x <= 0).double()
+    assert bool((huber_surrogate(x, 0.1) >= step).all())  # ℓ1 ≥ ℓ01
+    assert bool((sigmoid_surrogate(x, 0.1) <= step).all())  # ℓ2 ≤ ℓ01
+    # ℓ1 continuous at 0 and τ1 (errata)
+    assert huber_surrogate(torch.tensor([-1e-12, 0.0]), 0.1).tolist() == pytest.approx([1, 1])
+
+
+def test_score_interpolation_by_hand():
+    # sorted [1, 2, 4] at positions 1/4, 2/4, 3/4; ends 2*1-2 = 0 at 0 and 2*4-2 = 6 at 1
+    phi = score_interpolation(torch.tensor([4.0, 1.0, 2.0]), 7, score_range=None)
+    assert phi.tolist() == pytest.approx([0.5, 1, 1.5, 2, 3, 4, 5])
+    # upper end clipped to 4.5: last point 4 + (4.5 - 4)/2
+    phi = score_interpolation(torch.tensor([4.0, 1.0, 2.0]), 7, score_range=(-1.0, 4.5))
+    assert phi.tolist() == pytest.approx([0.5, 1, 1.5, 2, 3, 4, 4.25])
+    assert score_interpolation(torch.tensor([0.3]), 4).tolist() == pytest.approx([0.3] * 4)
+
+
+@pytest.mark.parametrize("n,k", [(1, 5), (2, 100), (5, 100), (7, 3), (40, 100), (150, 100)])
+def test_score_interpolation_matches_np_interp_and_is_monotone(device, n, k):
+    g = torch.Generator().manual_seed(n * 1000 + k)
+    scores = (torch.rand(n, generator=g, dtype=torch.float64) * 1.8 - 0.9).to(device)
+    phi = score_interpolation(scores, k)
+    np.testing.assert_allclose(phi.cpu().numpy(), ref_phi(scores.tolist(), k, (-1, 1)), atol=1e-12)
+    assert bool((phi.diff() >= 0).all())
+    assert float(phi.min()) >= -1 and float(phi.max()) <= 1
+
+
+@pytest.mark.parametrize("n,m", [(1, 3), (4, 2), (6, 5), (9, 10)])
+def test_score_interpolation_hits_scores_at_their_quantiles(n, m):
+    # with |v| + 1 = m (n + 1), position j/(|v|+1) = i/(n+1) for j = m i: φ returns u_i exactly
+    scores = torch.randn(n, dtype=torch.float64) * 0.3
+    k = m * (n + 1) - 1
+    phi = score_interpolation(scores, k, score_range=None)
+    hits = phi[m - 1 :: m][:n]
+    assert torch.equal(hits, scores.sort().values)
+
+
+def test_score_interpolation_rejects_bad_input():
+    with pytest.raises(ValueError, match="scores"):
+        score_interpolation(torch.zeros(0), 5)
+    with pytest.raises(ValueError, match="num_points"):
+        score_interpolation(torch.zeros(3), 0)
+    with pytest.raises(ValueError, match="score_range"):
+        score_interpolation(torch.zeros(3), 4, score_range=(1, -1))
+
+
+# -- v: moving average, eval mode, permutation -----------------------------------------------------
+
+
+def test_v_moving_average_by_hand(device):
+    # 1-D embeddings, dot similarity: class 0 = {1, 2, 3} -> positive scores 2, 3, 6 (each twice,
+    # once per anchor); class 1 = {-1, -0.5} -> 0.5 twice; class 2 absent
+    emb = torch.tensor([[1.0], [2.0], [3.0], [-1.0], [-0.5]], device=device)
+    lab = torch.tensor([0, 0, 0, 1, 1], device=device)
+    loss = SOPRCLoss(3, num_v=4, beta=0.25, score_range=None, similarity="dot").to(device)
+    v0 = [0.0, 0.25, 0.5, 0.75]
+    assert loss.v.tolist() == [v0] * 3
+    loss(emb, lab)
+    # class 0: u = [2,2,3,3,6,6] at i/7, read at j/5 -> x = 1.4, 2.8, 4.2, 5.6 -> [2, 2.8, 3.6, 6]
+    phi0 = [2.0, 2.8, 3.6, 6.0]
+    exp0 = [0.75 * a + 0.25 * b for a, b in zip(v0, phi0, strict=True)]
+    exp1 = [0.75 * a + 0.25 * 0.5 for a in v0]
+    assert exp0 == pytest.approx([0.5, 0.8875, 1.275, 2.0625])
+    torch.testing.assert_close(loss.v.cpu(), torch.tensor([exp0, exp1, v0]))
+    assert loss.v_updates.tolist() == [1, 1, 0]
+    assert loss.last_stats["n_v_rows_updated"] == 2
+    loss(emb, lab)
+    exp0 = [0.75 * a + 0.25 * b for a, b in zip(exp0, phi0, strict=True)]
+    exp1 = [0.75 * a + 0.25 * 0.5 for a in exp1]
+    torch.testing.assert_close(loss.v.cpu(), torch.tensor([exp0, exp1, v0]))
+    assert loss.v_updates.tolist() == [2, 2, 0]
+
+
+def test_warm_start_copies_phi_first(device):
+    emb = torch.tensor([[1.0], [2.0], [3.0], [-1.0], [-0.5]], device=device)
+    lab = torch.tensor([0, 0, 0, 1, 1], device=device)
+    loss = SOPRCLoss(3, num_v=4, beta=0.25, score_range=None, similarity="dot", warm_start=True)
+    loss.to(device)(emb, lab)
+    assert loss.v[0].tolist() == pytest.approx([2.0, 2.8, 3.6, 6.0])
+    loss(emb, lab)  # second update averages: φ is unchanged so v stays
+    assert loss.v[0].tolist() == pytest.approx([2.0, 2.8, 3.6, 6.0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_v_update_matches_rederivation(device, dtype):
+    loss = SOPRCLoss(4, num_v=13, beta=0.3).to(device, dtype)
+    for seed in range(3):
+        e, y = batch(device, dtype, seed=seed)
+        expected = ref_v_update(e.double(), y, loss.v, 0.3, 13, (-1, 1))
+        loss(e, y)
+        np.testing.assert_allclose(loss.v.double().cpu().numpy(), expected, **tol(dtype))
+    # class 2 has a single sample: its anchor has no positive, so its row never moves
+    assert loss.v_updates.tolist() == [3, 3, 0, 3]
+
+
+def test_v_update_with_memory_bank(device):
+    dtype = torch.float64
+    e, y = batch(device, dtype, seed=5, labels=[0, 1, 2, 0])
+    ref, ref_y = batch(device, dtype, seed=6, labels=[0, 0, 1, 1, 1, 2, 3, 3])
+    loss = SOPRCLoss(4, num_v=6, beta=0.4).to(device, dtype)
+    expected = ref_v_update(e, y, loss.v, 0.4, 6, (-1, 1), ref_emb=ref, ref_labels=ref_y)
+    value = loss(e, y, ref, ref_y)
+    np.testing.assert_allclose(loss.v.cpu().numpy(), expected, rtol=1e-10)
+    exp_value, _ = ref_soprc(e, y, loss.v, loss.prior, 0.1, 0.001, ref_emb=ref, ref_labels=ref_y)
+    torch.testing.assert_close(value, exp_value)
+
+
+def test_eval_mode_does_not_change_state(device):
+    loss = trained_soprc(device, torch.float64)
+    state = {k: t.clone() for k, t in loss.state_dict().items()}
+    loss.eval()
+    e, y = batch(device, torch.float64, seed=7)
+    loss(e, y)
+    for k, t in loss.state_dict().items():
+        assert torch.equal(t, state[k]), k
+    assert loss.last_stats["n_v_rows_updated"] == 0
+
+
+def test_permutation_invariance(device):
+    dtype = torch.float64
+    e, y = batch(device, dtype, seed=3)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(1)).to(device)
+    # training mode: the v update and the loss
+    a, b = (SOPRCLoss(4, num_v=11).to(device, dtype) for _ in range(2))
+    torch.testing.assert_close(a(e, y), b(e[perm], y[perm]))
+    assert torch.equal(a.v, b.v)
+    # eval mode with a trained v
+    loss = trained_soprc(device, dtype).eval()
+    torch.testing.assert_close(loss(e, y), loss(e[perm], y[perm]))
+
+
+# -- loss values against the re-derivation --------------------------------------------------------
+
+ABLATIONS = [
+    {},
+    {"unbiased": False},
+    {"use_v": False},
+    {"unbiased": False, "use_v": False},
+    {"detach_tpr": True},
+    {"detach_tpr": True, "use_v": False},
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("options", ABLATIONS)
+@pytest.mark.parametrize("train", [True, False])
+def test_soprc_matches_rederivation(device, dtype, options, train):
+    loss = trained_soprc(device, dtype, tau2=0.02, **options)
+    loss.train(train)
+    e, y = batch(device, dtype, seed=11)
+    e64 = e.detach().double().requires_grad_(True)
+    if train and loss.use_v:  # Alg. 1: the loss uses v_{t+1}, updated from this batch first
+        v = torch.as_tensor(ref_v_update(e64, y, loss.v, 0.5, 9, (-1, 1)))
+    else:
+        v = loss.v.double().cpu()
+    flags = {k: getattr(loss, k) for k in ("unbiased", "use_v", "detach_tpr")}
+    expected, skipped = ref_soprc(e64, y, v, loss.prior.double(), 0.1, 0.02, **flags)
+    e_in = e.detach().clone().requires_grad_(True)
+    value = loss(e_in, y)
+    torch.testing.assert_close(value.double(), expected.detach(), **tol(dtype))
+    assert loss.last_stats["n_skipped_no_positive"] == skipped == 1
+    assert loss.last_stats["n_anchors_used"] == len(y) - 1
+    # gradients (detach_tpr changes them, not the value)
+    (grad_ref,) = torch.autograd.grad(expected, e64)
+    (grad,) = torch.autograd.grad(value, e_in)
+    torch.testing.assert_close(grad.double(), grad_ref, rtol=1e-3 if dtype == torch.float32
+                               else 1e-7, atol=1e-4 if dtype == torch.float32 else 1e-9)
+
+
+def test_detach_tpr_changes_gradient_not_value(device):
+    e, y = batch(device, torch.float64, seed=2)
+    grads, values = [], []
+    for detach in (False, True):
+        loss = trained_soprc(device, torch.float64, tau2=0.05, detach_tpr=detach).eval()
+        x = e.clone().requires_grad_(True)
+        value = loss(x, y)
+        values.append(value)
+        grads.append(torch.autograd.grad(value, x)[0])
+    torch.testing.assert_close(values[0], values[1])
+    assert not torch.allclose(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ap_loss_matches_eq5(device, dtype):
+    e, y = batch(device, dtype, seed=4)
+    loss = APLoss(tau2=0.01)
+    expected = ref_ap(e.double(), y, 0.1, 0.01)
+    torch.testing.assert_close(loss(e, y).double(), expected, **tol(dtype))
+    assert loss.last_stats["n_skipped_no_positive"] == 1
+    # Eq. (5) is Eq. (8) with the batch sampling rate and batch TPR (Table 2, row 1)
+    ablation = SOPRCLoss(4, unbiased=False, use_v=False, tau2=0.01).to(device, dtype)
+    torch.testing.assert_close(ablation(e, y), loss(e, y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_semi_variance_matches_eq9(device, dtype):
+    e, y = batch(device, dtype, seed=8)
+    reg = SemiVarianceRegularizer(lambda_pos=1.0, lambda_neg=5.0)
+    expected = ref_semi_variance(e.double(), y, 1.0, 5.0)
+    torch.testing.assert_close(reg(e, y).double(), expected, **tol(dtype))
+    reg_b = SemiVarianceRegularizer(lambda_pos=0.5, lambda_neg=0.0)
+    torch.testing.assert_close(
+        reg_b(e, y).double(), ref_semi_variance(e.double(), y, 0.5, 0.0), **tol(dtype)
+    )
+
+
+def test_semi_variance_composes_without_recomputing(device):
+    e, y = batch(device, torch.float64, seed=9)
+    reg = SemiVarianceRegularizer(lambda_pos=1.0, lambda_neg=5.0)
+    plain = trained_soprc(device, torch.float64).eval()
+    combined = trained_soprc(device, torch.float64, semi_variance=reg).eval()
+    torch.testing.assert_close(combined(e, y), plain(e, y) + reg(e, y))
+    assert combined.last_stats["semi_variance"] == pytest.approx(float(reg(e, y)))
+    ap = APLoss(semi_variance=reg)
+    torch.testing.assert_close(ap(e, y), APLoss()(e, y) + reg(e, y))
+
+
+# -- gradcheck -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [{}, {"unbiased": False}, {"unbiased": False, "use_v": False}])
+def test_gradcheck_soprc(device, options):
+    loss = trained_soprc(device, torch.float64, tau2=0.05, **options).eval()
+    e, y = batch(device, torch.float64, seed=12, dim=3)
+    e.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: loss(x, y), (e,))
+
+
+@pytest.mark.parametrize("detach_tpr", [False, True])
+def test_gradcheck_soprc_detach_tpr(device, detach_tpr):
+    # detaching the TPR denominator is exact only where the TPR is locally constant: put every
+    # v value far below (ℓ2 = 0) or far above (ℓ2 saturated at 1) all cosine scores
+    loss = SOPRCLoss(4, num_v=6, tau2=0.001, detach_tpr=detach_tpr).to(device, torch.float64)
+    loss.v.copy_(torch.tensor([-3.0, -2.0, -1.5, 1.5, 2.0, 3.0]).expand(4, -1))
+    loss.eval()
+    e, y = batch(device, torch.float64, seed=12, dim=3)
+    e.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: loss(x, y), (e,))
+    assert loss.last_stats["tpr_mean"] == pytest.approx(4 / 7)
+
+
+def test_gradcheck_soprc_beta_zero_training_mode(device):
+    loss = SOPRCLoss(4, num_v=7, beta=0.0, tau2=0.05).to(device, torch.float64)
+    e, y = batch(device, torch.float64, seed=13, dim=3)
+    e.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: loss(x, y), (e,))
+
+
+def test_gradcheck_ap_and_semi_variance(device):
+    e, y = batch(device, torch.float64, seed=14, dim=3)
+    e.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: APLoss(tau2=0.05)(x, y), (e,))
+    assert torch.autograd.gradcheck(lambda x: SemiVarianceRegularizer()(x, y), (e,))
+
+
+# -- priors, labels, buffers -----------------------------------------------------------------------
+
+
+def test_from_labels_priors():
+    train = np.array([0, 0, 0, 1, 1, 2, 0, 1])  # counts 4, 3, 1 of N = 8
+    loss = SOPRCLoss.from_labels(train, num_v=5)
+    assert loss.num_classes == 3 and loss.num_v == 5
+    assert loss.prior.tolist() == pytest.approx([3 / 7, 2 / 7, 0.0])
+    scaled = SOPRCLoss.from_labels(train, prior_scale=0.1, num_classes=5)
+    assert scaled.num_classes == 5
+    assert scaled.prior.tolist() == pytest.approx([0.1, 0.075, 0.025, 0.0, 0.0])
+    with pytest.raises(ValueError, match="num_classes"):
+        SOPRCLoss.from_labels(train, num_classes=2)
+    with pytest.raises(ValueError, match="prior_scale"):
+        SOPRCLoss.from_labels(train, prior_scale=0.0)
+
+
+def test_zero_prior_of_used_class_raises():
+    loss = SOPRCLoss(3, prior=torch.tensor([0.2, 0.0, 0.1]))
+    e, _ = batch("cpu", torch.float32, labels=[0, 0, 1, 1])
+    with pytest.raises(ValueError, match="prior"):
+        loss(e, torch.tensor([0, 0, 1, 1]))
+    # a zero-prior class that is only a negative is fine
+    loss(e, torch.tensor([0, 0, 2, 2]))
+
+
+def test_default_prior_is_balanced():
+    assert SOPRCLoss(4).prior.tolist() == pytest.approx([0.25] * 4)
+
+
+def test_labels_out_of_range_raise(device):
+    loss = SOPRCLoss(3).to(device)
+    e, _ = batch(device, torch.float32, labels=[0, 0, 1, 1])
+    with pytest.raises(ValueError, match=r"`labels`.*num_classes"):
+        loss(e, torch.tensor([0, 0, 3, 3], device=device))
+    with pytest.raises(ValueError, match=r"`labels`.*num_classes"):
+        loss(e, torch.tensor([0, 0, -1, -1], device=device))
+    with pytest.raises(ValueError, match=r"`ref_labels`.*num_classes"):
+        loss(e, torch.tensor([0, 0, 1, 1], device=device), e, torch.tensor([0, 5, 1, 1]))
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"num_classes": 1}, "num_classes"),
+        ({"num_classes": 3, "prior": [0.5, 0.5]}, "prior"),
+        ({"num_classes": 2, "prior": [0.5, 1.5]}, "prior"),
+        ({"num_classes": 2, "num_v": 0}, "num_v"),
+        ({"num_classes": 2, "beta": 1.5}, "beta"),
+        ({"num_classes": 2, "tau1": 0}, "tau1"),
+        ({"num_classes": 2, "tau2": -1}, "tau2"),
+        ({"num_classes": 2, "score_range": (1, 0)}, "score_range"),
+        ({"num_classes": 2, "semi_variance": APLoss()}, "semi_variance"),
+        ({"num_classes": 2, "v_init": "zeros"}, "v_init"),
+        ({"num_classes": 2, "similarity": "l1"}, "similarity"),
+    ],
+)
+def test_constructor_validation(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        SOPRCLoss(**kwargs)
+
+
+def test_uniform_v_init_is_seeded():
+    a = SOPRCLoss(3, num_v=20, v_init="uniform", seed=3)
+    b = SOPRCLoss(3, num_v=20, v_init="uniform", seed=3)
+    c = SOPRCLoss(3, num_v=20, v_init="uniform", seed=4)
+    assert torch.equal(a.v, b.v) and not torch.equal(a.v, c.v)
+    assert bool((a.v.diff(dim=1) >= 0).all()) and 0 <= float(a.v.min()) and float(a.v.max()) < 1
+    grid = SOPRCLoss(2, num_v=4, v_init_range=(-1.0, 1.0))
+    assert grid.v.tolist() == [[-1.0, -0.5, 0.0, 0.5]] * 2
+
+
+def test_state_dict_round_trip_and_dtype(device):
+    loss = trained_soprc(device, torch.float32, steps=3)
+    state = loss.state_dict()
+    assert set(state) == {"v", "prior", "v_updates"}
+    fresh = SOPRCLoss(4, num_v=9, beta=0.5).to(device)
+    fresh.load_state_dict(state)
+    for key in state:
+        assert torch.equal(fresh.state_dict()[key], state[key])
+    e, y = batch(device, torch.float32, seed=20)
+    torch.testing.assert_close(fresh.eval()(e, y), loss.eval()(e, y))
+    double = fresh.double()
+    assert double.v.dtype == torch.float64 and double.prior.dtype == torch.float64
+    assert double.v_updates.dtype == torch.long
+    assert double(e.double(), y).dtype == torch.float64
+
+
+@pytest.mark.cuda
+def test_buffers_on_wrong_device_raise():
+    loss = SOPRCLoss(4)
+    e, y = batch("cuda", torch.float32)
+    with pytest.raises(ValueError, match="loss.to"):
+        loss(e, y)
+
+
+def test_last_stats_and_no_valid_anchor(device):
+    loss = SOPRCLoss(4, num_v=5).to(device)
+    e, y = batch(device, torch.float32)
+    loss(e, y)
+    stats = loss.last_stats
+    assert stats["n_pairs"] == stats["n_positive_pairs"] == 5 * 4 + 2 * 1 + 3 * 2
+    assert stats["n_v_rows_updated"] == 3
+    assert 0 < stats["tpr_mean"] <= 1 and stats["loss_auprc"] > 0
+    with pytest.raises(ValueError, match="no anchor"):
+        loss(e[:3], torch.tensor([0, 1, 2], device=device))
+
+
+def test_loss_decreases_when_ranking_improves(device):
+    # a well separated embedding must have a lower SOPRC and AP loss than a mixed one
+    y = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2], device=device)
+    centers = torch.eye(3, device=device, dtype=torch.float64)
+    noise = 0.05 * torch.randn(9, 3, generator=torch.Generator().manual_seed(0),
+                               dtype=torch.float64).to(device)
+    good = centers[y] + noise
+    bad = centers[(y + torch.arange(9, device=device)) % 3] + noise
+    for make in (lambda: SOPRCLoss(3, warm_start=True), APLoss):
+        loss = make().to(device, torch.float64)
+        assert float(loss(good, y)) < float(loss(bad, y))
+    assert math.isfinite(float(SOPRCLoss(3).to(device)(good.float(), y)))
+
+
+def test_soprc_is_sampling_rate_invariant_unlike_ap():
+    # Prop. 2 / Fig. 1 on binormal scores (s- ~ N(0,1), s+ ~ N(1,1), pi = 0.1): one query ranked
+    # against batches of 200 drawn at positive sampling rates 0.02 and 0.3. With v and the prior
+    # taken from the full data, SOPRC's mean barely moves; the biased AP estimator drops sharply.
+    rng = np.random.default_rng(1)
+    pos, neg = rng.normal(1, 1, 300), rng.normal(0, 1, 2700)
+    soprc = SOPRCLoss(2, prior=[0.1, 0.9], tau2=0.01, score_range=None, similarity="dot")
+    soprc.double().eval()
+    soprc.v.copy_(score_interpolation(torch.tensor(pos), 100, None).expand(2, -1))
+    ap = APLoss(tau2=0.01, similarity="dot")
+    query, query_label = torch.ones(1, 1, dtype=torch.float64), torch.tensor([0])
+    means = {}
+    for rate in (0.02, 0.3):
+        k = round(rate * 200)
+        values = []
+        for _ in range(30):
+            scores = np.concatenate([rng.choice(pos, k, replace=False),
+                                     rng.choice(neg, 200 - k, replace=False)])
+            ref, ref_labels = torch.tensor(scores)[:, None], torch.tensor([0] * k + [1] * (200 - k))
+            values.append([float(f(query, query_label, ref, ref_labels)) for f in (soprc, ap)])
+        means[rate] = np.mean(values, axis=0)
+    soprc_drift, ap_drift = np.abs(means[0.02] - means[0.3])
+    assert ap_drift > 0.08
+    assert soprc_drift < 0.4 * ap_drift
