@@ -1,2 +1,83 @@
-"""Placeholder: being implemented."""
-SmoothAPLoss = None  # placeholder
+"""Smooth-AP of Brown, Xie, Kalogeiton and Zisserman, *Smooth-AP: Smoothing the Path Towards
+Large-Scale Image Retrieval* (ECCV 2020): the average precision of each anchor's ranking, AP_q =
+(1/|P_q|) Σ_{i∈P_q} R(i, P_q) / R(i, Ω_q) (Eq. 3), with the indicator of "j ranked above i" in both
+ranks replaced by the sigmoid G(s_j − s_i; τ) = sigmoid((s_j − s_i)/τ) (Eq. 5–6). This version is
+label based: it reads positives and negatives from the masks of :class:`RankingLoss`, so it works for
+any batch layout (labels in any order, any and uneven numbers of samples per class, a reference
+set); the implementation in pytorch-metric-learning 2.9.0 assumes sorted blocks whose count equals
+the samples per class and includes each query in its own ranking.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import PairBatch, RankingLoss
+
+__all__ = ["SmoothAPLoss"]
+
+
+class SmoothAPLoss(RankingLoss):
+    """Smooth-AP loss: 1 − mean over valid anchors q of the sigmoid-relaxed AP of q's ranking.
+
+    For anchor q with positives P_q and negatives N_q (self excluded without a reference set) and
+    each positive i:
+
+        R_P(i) = 1 + Σ_{j∈P_q, j≠i} sigmoid((s_qj − s_qi) / τ)
+        R_all(i) = R_P(i) + Σ_{j∈N_q} sigmoid((s_qj − s_qi) / τ)
+        AP_q = (1 / |P_q|) Σ_{i∈P_q} R_P(i) / R_all(i)
+
+    As τ → 0, AP_q tends to the exact average precision of q's ranking (for tie-free scores).
+
+    Memory: one (n_positive_pairs, M) block of sigmoids (plus autograd's copy), M the number of
+    reference items — linear in the number of (anchor, positive) pairs, B·(m−1) for m samples per
+    class, instead of the (B, B, B) tensor of the original implementation.
+
+    Args:
+        temperature: τ > 0; 0.01 in the paper.
+        similarity: ``"cosine"`` (default, as in the paper), ``"dot"`` or ``"neg_euclidean"``.
+
+    Call: ``loss(embeddings (B, d) float, labels (B,) int, ref_embeddings (M, d) | None,
+    ref_labels (M,) | None)`` → scalar tensor. ``last_stats["mean_smooth_ap"]`` holds mean_q AP_q.
+    """
+
+    def __init__(self, temperature: float = 0.01, similarity: str = "cosine") -> None:
+        super().__init__(similarity)
+        try:
+            tau = float(temperature)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"`temperature` must be a positive number, got {temperature!r}.") from exc
+        if not (math.isfinite(tau) and tau > 0):
+            raise ValueError(f"`temperature` must be a finite number > 0, got {temperature!r}.")
+        self.temperature = tau
+
+    def smooth_average_precision(self, batch: PairBatch) -> torch.Tensor:
+        """(N,) relaxed AP of each valid anchor, in the order of ``batch.valid``'s True entries."""
+        valid = batch.restrict_to_valid()
+        scores, pos_mask, neg_mask = valid.scores, valid.pos_mask, valid.neg_mask
+        # One row per (anchor q, positive i) pair.
+        anchor_idx, pos_idx = pos_mask.nonzero(as_tuple=True)
+        n_pairs = anchor_idx.numel()
+        pair_score = scores[anchor_idx, pos_idx]
+        # above[p, j] ≈ 1 when reference j scores above positive i for anchor q (pair p = (q, i)).
+        above = torch.sigmoid((scores[anchor_idx] - pair_score[:, None]) / self.temperature)
+        other_pos = pos_mask[anchor_idx]
+        # The positive itself is not ranked above itself (sigmoid(0) = ½ would be added otherwise).
+        other_pos[torch.arange(n_pairs, device=scores.device), pos_idx] = False
+        zero = above.new_zeros(())
+        rank_pos = 1.0 + torch.where(other_pos, above, zero).sum(dim=1)
+        rank_all = rank_pos + torch.where(neg_mask[anchor_idx], above, zero).sum(dim=1)
+        precision = rank_pos / rank_all
+        ap_sum = scores.new_zeros(scores.shape[0]).index_add(0, anchor_idx, precision)
+        return ap_sum / pos_mask.sum(dim=1).to(scores.dtype)
+
+    def compute(self, batch: PairBatch) -> torch.Tensor:
+        ap = self.smooth_average_precision(batch)
+        mean_ap = ap.mean()
+        self.last_stats["mean_smooth_ap"] = float(mean_ap.detach())
+        return 1.0 - mean_ap
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature:g}, similarity={self.similarity!r}"
