@@ -1,6 +1,239 @@
-"""Placeholder: being implemented."""
+"""``rankwise evaluate``: exact, tie-aware retrieval report of saved embeddings.
+
+Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery (or,
+leave-one-out, against the other samples) and prints mAP (the tie-aware AP_T of He et al., *Hashing
+as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with the errata's corrected Eq. 6), recall@k,
+precision@k, MAP@R and R-precision as computed by
+:func:`rankwise.metrics.retrieval.retrieval_metrics`. Optionally writes the report as JSON and the
+mean precision-recall curve as a PNG. Bad input ends with a one-line error and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+__all__ = ["evaluate", "load_array", "parse_ks"]
+
+EXIT_BAD_INPUT = 2
+_EXTENSIONS = (".npy", ".npz", ".pt", ".pth")
 
 
-def evaluate() -> None:
-    """Not implemented yet."""
-    raise SystemExit("not implemented yet")
+def _split_key(spec: str) -> tuple[Path, str | None]:
+    """``"file.npz:key"`` -> (Path("file.npz"), "key"); a plain path -> (Path, None)."""
+    path = Path(spec)
+    if path.exists() or ":" not in spec:
+        return path, None
+    head, _, key = spec.rpartition(":")
+    if Path(head).suffix.lower() in _EXTENSIONS and key:
+        return Path(head), key
+    return path, None
+
+
+def load_array(spec: str, name: str) -> torch.Tensor:
+    """Load one array from ``.npy``, ``.npz`` (``file.npz:key`` or a single-array archive) or
+    ``.pt`` / ``.pth`` (a tensor, or ``file.pt:key`` for a dict of tensors).
+
+    Args:
+        spec: the path, optionally followed by ``:key``.
+        name: what the array is (used in error messages), e.g. ``"EMBEDDINGS"``.
+
+    Returns:
+        The array as a CPU tensor.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: unsupported extension, missing key, or content that is not one numeric array.
+    """
+    path, key = _split_key(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"{name}: file not found: {path}")
+    try:
+        return _load(path, key, name)
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{name}: could not read {path.name}: {exc}") from exc
+
+
+def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
+    suffix = path.suffix.lower()
+    if suffix == ".npy":
+        if key is not None:
+            raise ValueError(f"{name}: a .npy file holds one array; drop the ':{key}' suffix.")
+        try:
+            array = np.load(path, allow_pickle=False)
+        except ValueError as exc:  # pickled objects or a corrupt header
+            raise ValueError(f"{name}: could not read {path.name} as a .npy array: {exc}") from exc
+    elif suffix == ".npz":
+        with np.load(path, allow_pickle=False) as archive:
+            keys = list(archive.keys())
+            if key is None:
+                if len(keys) != 1:
+                    raise ValueError(
+                        f"{name}: {path.name} holds {len(keys)} arrays ({', '.join(keys) or 'none'}); "
+                        f"choose one with {path.name}:KEY."
+                    )
+                key = keys[0]
+            if key not in keys:
+                raise ValueError(
+                    f"{name}: {path.name} has no array {key!r}; available: {', '.join(keys)}."
+                )
+            array = archive[key]
+    elif suffix in (".pt", ".pth"):
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise ValueError(
+                f"{name}: could not read {path.name} with torch.load(weights_only=True); save "
+                "a plain tensor (torch.save(tensor, path)) or a dict of tensors."
+            ) from exc
+        if isinstance(obj, dict):
+            if key is None or key not in obj:
+                keys = ", ".join(map(str, obj.keys()))
+                raise ValueError(
+                    f"{name}: {path.name} holds a dict ({keys}); choose a tensor with "
+                    f"{path.name}:KEY."
+                )
+            obj = obj[key]
+        elif key is not None:
+            raise ValueError(f"{name}: {path.name} holds a single tensor; drop ':{key}'.")
+        if not isinstance(obj, torch.Tensor):
+            raise ValueError(f"{name}: {path.name} must hold a tensor, got {type(obj).__name__}.")
+        return obj
+    else:
+        raise ValueError(
+            f"{name}: unsupported file type {suffix or '(none)'!r} for {path.name}; use one of "
+            f"{', '.join(_EXTENSIONS)}."
+        )
+    if array.dtype == object or array.dtype.kind not in "biuf":
+        raise ValueError(f"{name}: {path.name} must hold a numeric array, got dtype {array.dtype}.")
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    """``"1,10,100"`` -> (1, 10, 100); raises ValueError on anything but positive integers."""
+    try:
+        ks = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise ValueError(f"--ks must be comma-separated positive integers, got {text!r}.") from exc
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"--ks must be comma-separated positive integers, got {text!r}.")
+    return ks
+
+
+def _check_device(device: str | None) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"--device: unknown device {device!r} (try cpu or cuda).") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA device is available on this machine.")
+    return dev
+
+
+def _report_table(report: Any) -> Table:
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("mAP", f"{report.map:.4f}")
+    for k, value in report.recall_at.items():
+        table.add_row(f"recall@{k}", f"{value:.4f}")
+    for k, value in report.precision_at.items():
+        table.add_row(f"precision@{k}", f"{value:.4f}")
+    table.add_row("MAP@R", f"{report.map_at_r:.4f}")
+    table.add_row("R-precision", f"{report.r_precision:.4f}")
+    return table
+
+
+def evaluate(
+    embeddings: str = typer.Argument(
+        ..., help="Query embeddings (n, d): .npy, .npz (file.npz:key), .pt/.pth (a tensor)."
+    ),
+    labels: str = typer.Argument(..., help="Labels (n,) class ids or (n, C) multi-hot, same formats."),
+    gallery: str | None = typer.Option(
+        None, "--gallery", help="Gallery embeddings; default: leave-one-out over EMBEDDINGS."
+    ),
+    gallery_labels: str | None = typer.Option(
+        None, "--gallery-labels", help="Gallery labels (required with --gallery)."
+    ),
+    ks: str = typer.Option("1,10,100", "--ks", help="Cut-offs for recall@k / precision@k."),
+    similarity: str = typer.Option("cosine", "--similarity", help="cosine, dot or euclidean."),
+    ties: str = typer.Option(
+        "expected", "--ties", help="expected (tie-aware), optimistic or pessimistic."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+    plot_pr: Path | None = typer.Option(
+        None, "--plot-pr", help="Write the mean precision-recall curve as a PNG."
+    ),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ..."),
+) -> None:
+    """Exact tie-aware retrieval metrics (mAP, recall@k, MAP@R) of saved embeddings."""
+    from ..metrics.retrieval import pr_curve, retrieval_metrics
+    from ..plots import plot_pr_curves
+
+    console = Console()
+    errors = Console(stderr=True)
+    try:
+        ks_tuple = parse_ks(ks)
+        dev = _check_device(device)
+        if (gallery is None) != (gallery_labels is None):
+            raise ValueError("pass both --gallery and --gallery-labels, or neither.")
+        if plot_pr is not None and plot_pr.suffix.lower() != ".png":
+            raise ValueError(f"--plot-pr must name a .png file, got {plot_pr}.")
+        query = load_array(embeddings, "EMBEDDINGS")
+        query_labels = load_array(labels, "LABELS")
+        gallery_t = load_array(gallery, "--gallery") if gallery is not None else None
+        gallery_labels_t = (
+            load_array(gallery_labels, "--gallery-labels") if gallery_labels is not None else None
+        )
+        options = dict(similarity=similarity, ties=ties, device=dev)
+        report = retrieval_metrics(
+            query, query_labels, gallery_t, gallery_labels_t, ks=ks_tuple, **options
+        )
+        curve = (
+            pr_curve(query, query_labels, gallery_t, gallery_labels_t, **options)
+            if plot_pr is not None
+            else None
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        errors.print(
+            f"[bold red]error:[/bold red] [red]{escape(str(exc).splitlines()[0])}[/red]",
+            soft_wrap=True,
+        )
+        raise typer.Exit(code=EXIT_BAD_INPUT) from None
+
+    mode = "leave-one-out" if gallery is None else f"gallery {gallery}"
+    console.print(
+        f"[bold]{escape(embeddings)}[/bold]: {escape(mode)}, {report.similarity} similarity, "
+        f"ties={report.ties}",
+        soft_wrap=True,
+    )
+    console.print(_report_table(report))
+    console.print(
+        f"queries: {report.n_queries}, gallery items: {report.n_gallery}, "
+        f"excluded queries (no relevant item in the gallery): {report.n_queries_without_relevant}",
+        soft_wrap=True,
+    )
+    for k, used in report.clamped_ks.items():
+        console.print(f"k={k} exceeds the ranked list; evaluated at k={used}.", soft_wrap=True)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        console.print(f"wrote {json_out}", soft_wrap=True)
+    if curve is not None:
+        name = Path(_split_key(embeddings)[0]).stem
+        written = plot_pr_curves(
+            {name: curve}, plot_pr, title=f"Precision-recall ({mode})", labels={name: report.map}
+        )
+        console.print(f"wrote {written}", soft_wrap=True)

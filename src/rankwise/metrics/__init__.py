@@ -1,1 +1,29 @@
-"""rankwise.metrics (being implemented)."""
+"""Exact, tie-aware evaluation of rankings and retrieval (no training code).
+
+Tie-aware AP and NDCG follow He et al., "Hashing as Tie-Aware Learning to Rank" (CVPR 2018),
+Prop. 1 / App. A (McSherry & Najork 2008); MAP@R and R-precision follow Musgrave et al., "A Metric
+Learning Reality Check" (ECCV 2020); ROC curves, ROC AUC and TPR at a fixed FPR (Vogel et al.,
+ICML 2018) live in :mod:`rankwise.metrics.curves`, the accumulating ``RetrievalMetric`` in
+:mod:`rankwise.metrics.module`.
+"""
+
+from .curves import pair_scores, roc_auc, roc_curve, tpr_at_fpr
+from .module import RetrievalMetric
+from .ranking import average_precision, batched_average_precision, batched_ndcg, ndcg
+from .retrieval import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
+
+__all__ = [
+    "average_precision",
+    "batched_average_precision",
+    "ndcg",
+    "batched_ndcg",
+    "retrieval_metrics",
+    "RetrievalReport",
+    "pr_curve",
+    "PRCurve",
+    "roc_curve",
+    "roc_auc",
+    "tpr_at_fpr",
+    "pair_scores",
+    "RetrievalMetric",
+]

@@ -1,0 +1,601 @@
+"""Verification (pair) view of an embedding: exact, tie-aware ROC curve, ROC AUC and TPR at a fixed
+FPR over all (query, item) pairs.
+
+Every pair of samples is a binary example: positive when the two share a label, negative otherwise,
+scored by their similarity. This is the view of Gajić et al., *Area Under the ROC Curve
+Maximization for Metric Learning* (TPR T(t) and FPR F(t) of Eq. 2-3 with the Heaviside step, the
+area of Eq. 1), and of Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity
+Learning for Pointwise ROC Curve Optimization* (ICML 2018): the empirical risks of Eq. (4)/(5) are
+U-statistics over the unordered pairs i < j, and pointwise ROC optimization is "max TPR subject to
+FPR <= alpha". Ties are handled exactly: a threshold t predicts "positive" for every score >= t, so
+tied pairs always move together (one ROC point per distinct score, no randomized tie-splitting),
+and the AUC is the Mann-Whitney statistic with tied positive/negative pairs counted 1/2 -- the area
+under the tie-aware ROC curve whose points are joined by straight lines. For pair counts too large
+to materialize, :func:`roc_curve_from_embeddings` accepts ``bins=`` and streams a histogram.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .._validation import as_tensor, check_embeddings, check_labels
+
+__all__ = [
+    "RocCurve",
+    "OperatingPoint",
+    "PAIR_SIMILARITIES",
+    "pair_scores",
+    "roc_curve",
+    "roc_curve_from_embeddings",
+    "roc_auc",
+    "tpr_at_fpr",
+    "operating_point",
+]
+
+PAIR_SIMILARITIES = ("cosine", "dot", "euclidean")
+
+# Score-matrix elements materialized per chunk when ``chunk_size`` is not given (~64 MB in fp32).
+_DEFAULT_CHUNK_ELEMENTS = 16_000_000
+
+
+@dataclass(frozen=True)
+class RocCurve:
+    """A ROC curve, one point per distinct score (or per non-empty bin when built from a histogram).
+
+    Attributes:
+        fpr: (n_points,) float64, non-decreasing, starting at 0 and ending at 1.
+        tpr: (n_points,) float64, non-decreasing, starting at 0 and ending at 1.
+        thresholds: (n_points,) float64, strictly decreasing; point ``k`` predicts "positive" for
+            every score ``>= thresholds[k]``. ``thresholds[0] = +inf`` (nothing predicted positive),
+            as in scikit-learn >= 1.3.
+        n_positive: number of positive pairs / examples.
+        n_negative: number of negative pairs / examples.
+        bin_width: ``None`` for an exact curve; for a histogram curve the bin width (the points
+            then sit at the bin edges and the thresholds are the lower bin edges).
+        max_auc_error: 0 for an exact curve; for a histogram curve an upper bound on
+            ``|auc - exact AUC|`` (half the fraction of positive/negative pairs sharing a bin).
+    """
+
+    fpr: np.ndarray
+    tpr: np.ndarray
+    thresholds: np.ndarray
+    n_positive: int
+    n_negative: int
+    bin_width: float | None = None
+    max_auc_error: float = 0.0
+
+    @property
+    def auc(self) -> float:
+        """Trapezoidal area under the curve; equals the tie-aware Mann-Whitney AUC when exact."""
+        return float((np.diff(self.fpr) * (self.tpr[1:] + self.tpr[:-1])).sum() / 2.0)
+
+    @property
+    def exact(self) -> bool:
+        return self.bin_width is None
+
+    def __len__(self) -> int:
+        return int(self.fpr.shape[0])
+
+
+class OperatingPoint(NamedTuple):
+    """The threshold chosen by :func:`operating_point`: predict positive iff ``score >= threshold``.
+
+    ``threshold = +inf`` means no threshold reaches the FPR budget except predicting nothing
+    positive (``tpr = fpr = 0``).
+    """
+
+    tpr: float
+    fpr: float
+    threshold: float
+
+
+# ----------------------------------------------------------------------------------------------
+# validation
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_binary_scores(scores: Any, is_positive: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate 1-D scores and 1-D boolean targets of the same length with both classes present."""
+    s = as_tensor(scores, "scores")
+    y = as_tensor(is_positive, "is_positive", device=s.device)
+    if s.ndim != 1:
+        raise ValueError(
+            f"`scores` must be 1-D (one score per example/pair), got shape {tuple(s.shape)}; "
+            "flatten a score matrix together with its mask, or use pair_scores()."
+        )
+    if y.ndim != 1:
+        raise ValueError(f"`is_positive` must be 1-D, got shape {tuple(y.shape)}.")
+    if s.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"`scores` has length {s.shape[0]} but `is_positive` has length {y.shape[0]}; "
+            "pass one target per score."
+        )
+    if s.is_complex() or s.dtype == torch.bool:
+        raise ValueError(f"`scores` must be real numbers, got dtype {s.dtype}.")
+    if not s.is_floating_point():
+        s = s.to(torch.float64)
+    if bool(torch.isnan(s).any()):
+        raise ValueError(
+            f"`scores` contains {int(torch.isnan(s).sum())} NaN value(s); NaN cannot be ranked. "
+            "Check the model output or drop those examples (and their targets) first."
+        )
+    if y.dtype != torch.bool:
+        if y.is_complex() or not bool(((y == 0) | (y == 1)).all()):
+            raise ValueError(
+                "`is_positive` must be boolean or 0/1 (True for a positive pair / example)."
+            )
+        y = y != 0
+    n_pos = int(y.sum())
+    if n_pos == 0:
+        raise ValueError(
+            "`is_positive` has no positive entry: TPR (and the ROC curve) is undefined without "
+            "positives."
+        )
+    if n_pos == y.shape[0]:
+        raise ValueError(
+            "`is_positive` has no negative entry: FPR (and the ROC curve) is undefined without "
+            "negatives."
+        )
+    return s, y
+
+
+def _distinct_score_counts(
+    scores: torch.Tensor, is_positive: torch.Tensor, descending: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Distinct scores (sorted) with the number of positives and negatives at each of them."""
+    sorted_scores, order = torch.sort(scores, descending=descending)
+    sorted_pos = is_positive[order]
+    distinct, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
+    group_end = torch.cumsum(counts, 0)
+    pos_cum = torch.cumsum(sorted_pos.to(torch.int64), 0)[group_end - 1]
+    pos_per_group = torch.diff(pos_cum, prepend=pos_cum.new_zeros(1))
+    neg_per_group = counts - pos_per_group
+    return distinct, pos_per_group, neg_per_group
+
+
+# ----------------------------------------------------------------------------------------------
+# scores -> curve / scalar
+# ----------------------------------------------------------------------------------------------
+
+
+def _drop_collinear(fpr: np.ndarray, tpr: np.ndarray) -> np.ndarray:
+    """Indices of the corners of the curve (the rule of scikit-learn's ``drop_intermediate``)."""
+    if fpr.shape[0] <= 2:
+        return np.arange(fpr.shape[0])
+    corner = np.logical_or(np.diff(fpr, 2) != 0, np.diff(tpr, 2) != 0)
+    return np.flatnonzero(np.r_[True, corner, True])
+
+
+def roc_curve(scores: Any, is_positive: Any, *, drop_intermediate: bool = False) -> RocCurve:
+    """Exact, tie-aware ROC curve of scored binary examples (Gajić et al., Eq. 2-3).
+
+    One point per distinct score: tied examples always enter together, so a run of ties is one
+    diagonal segment and not a staircase whose shape depends on the input order. Equal to
+    ``sklearn.metrics.roc_curve(is_positive, scores, drop_intermediate=False)``.
+
+    Args:
+        scores: (n,) real scores, higher means "more likely positive"; tensor or array, any device.
+        is_positive: (n,) bool or 0/1 targets.
+        drop_intermediate: drop points lying on a straight segment between their neighbours
+            (scikit-learn's default); the area is unchanged.
+
+    Returns:
+        :class:`RocCurve` with (fpr, tpr, thresholds) float64 numpy arrays.
+
+    Raises:
+        ValueError: mismatched lengths, NaN scores, or no positive / no negative.
+    """
+    s, y = _check_binary_scores(scores, is_positive)
+    distinct, pos, neg = _distinct_score_counts(s, y, descending=True)
+    n_pos, n_neg = int(pos.sum()), int(neg.sum())
+    tps = np.r_[0, torch.cumsum(pos, 0).cpu().numpy()].astype(np.float64)
+    fps = np.r_[0, torch.cumsum(neg, 0).cpu().numpy()].astype(np.float64)
+    thresholds = np.r_[np.inf, distinct.to(torch.float64).cpu().numpy()]
+    tpr, fpr = tps / n_pos, fps / n_neg
+    if drop_intermediate:
+        keep = _drop_collinear(fpr, tpr)
+        fpr, tpr, thresholds = fpr[keep], tpr[keep], thresholds[keep]
+    return RocCurve(fpr=fpr, tpr=tpr, thresholds=thresholds, n_positive=n_pos, n_negative=n_neg)
+
+
+def roc_auc(scores: Any, is_positive: Any) -> float:
+    """Exact ROC AUC: the Mann-Whitney statistic with ties counted 1/2, in O(n log n).
+
+    AUC = P(s+ > s-) + 1/2 P(s+ = s-) over all (positive, negative) pairs, computed from the
+    per-distinct-score counts in integer arithmetic (no rank sums in floating point), so it is exact
+    for any n that fits in memory. Equals ``sklearn.metrics.roc_auc_score(is_positive, scores)``.
+
+    Args:
+        scores: (n,) real scores (tensor or array, any device).
+        is_positive: (n,) bool or 0/1 targets.
+
+    Raises:
+        ValueError: mismatched lengths, NaN scores, or no positive / no negative.
+    """
+    s, y = _check_binary_scores(scores, is_positive)
+    _, pos, neg = _distinct_score_counts(s, y, descending=False)
+    negatives_below = torch.cumsum(neg, 0) - neg
+    # 2 x (wins + ties/2), kept in int64: at most 2 * n_pos * n_neg < 2^63 for n < ~4e9.
+    twice_wins = int((pos * (2 * negatives_below + neg)).sum())
+    n_pos, n_neg = int(pos.sum()), int(neg.sum())
+    return twice_wins / (2.0 * n_pos * n_neg)
+
+
+def operating_point(scores: Any, is_positive: Any, fpr: float) -> OperatingPoint:
+    """The threshold with the largest TPR whose FPR is at most ``fpr`` (pointwise ROC, Vogel et al.).
+
+    The rule is "positive iff score >= threshold" and thresholds are the distinct scores, so tied
+    examples are accepted or rejected together: no randomized splitting of a tie to hit the budget
+    exactly. The achieved FPR is therefore at most ``fpr`` and can be smaller.
+
+    Args:
+        scores: (n,) real scores.
+        is_positive: (n,) bool or 0/1 targets.
+        fpr: the FPR budget alpha, in (0, 1).
+
+    Returns:
+        :class:`OperatingPoint` (tpr, fpr achieved, threshold); threshold ``+inf`` when even the
+        highest score has too many negatives (then tpr = fpr = 0).
+    """
+    alpha = _check_alpha(fpr)
+    s, y = _check_binary_scores(scores, is_positive)
+    distinct, pos, neg = _distinct_score_counts(s, y, descending=True)
+    n_pos, n_neg = int(pos.sum()), int(neg.sum())
+    false_pos = torch.cumsum(neg, 0)
+    # FPR is non-decreasing as the threshold goes down, and so is TPR: the best admissible
+    # threshold is the lowest distinct score whose FPR is still within the budget.
+    admissible = false_pos.to(torch.float64) / n_neg <= alpha
+    n_admissible = int(admissible.sum())
+    if n_admissible == 0:
+        return OperatingPoint(tpr=0.0, fpr=0.0, threshold=math.inf)
+    k = n_admissible - 1
+    true_pos = int(torch.cumsum(pos, 0)[k])
+    return OperatingPoint(
+        tpr=true_pos / n_pos,
+        fpr=int(false_pos[k]) / n_neg,
+        threshold=float(distinct[k]),
+    )
+
+
+def tpr_at_fpr(
+    scores: Any, is_positive: Any, fpr: float, *, return_threshold: bool = False
+) -> float | tuple[float, float]:
+    """Largest TPR reachable by a threshold whose FPR is at most ``fpr`` (ties move together).
+
+    See :func:`operating_point` for the rule. With ``return_threshold=True`` returns
+    ``(tpr, threshold)``: predict positive iff ``score >= threshold``.
+    """
+    point = operating_point(scores, is_positive, fpr)
+    return (point.tpr, point.threshold) if return_threshold else point.tpr
+
+
+def _check_alpha(fpr: Any) -> float:
+    try:
+        alpha = float(fpr)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"`fpr` must be a number in (0, 1), got {fpr!r}.") from exc
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(
+            f"`fpr` must lie strictly between 0 and 1 (a false positive rate budget), got {fpr!r}."
+        )
+    return alpha
+
+
+# ----------------------------------------------------------------------------------------------
+# embeddings -> pairs
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _PairProblem:
+    query: torch.Tensor
+    query_labels: torch.Tensor
+    gallery: torch.Tensor
+    gallery_labels: torch.Tensor
+    leave_one_out: bool
+    exclude_self: bool
+    similarity: str
+    chunk_size: int
+
+    @property
+    def n_pairs(self) -> int:
+        nq, ng = self.query.shape[0], self.gallery.shape[0]
+        if self.leave_one_out:
+            return nq * (nq - 1) // 2 if self.exclude_self else nq * (nq + 1) // 2
+        return nq * ng - (nq if self.exclude_self else 0)
+
+
+def _check_pair_labels(labels: Any, n: int, name: str, device: torch.device) -> torch.Tensor:
+    """Class ids or multi-hot; integer multi-hot must be 0/1 (check_labels only checks floats)."""
+    t = as_tensor(labels, name)
+    if t.ndim == 2 and not t.is_floating_point() and t.dtype != torch.bool:
+        if not bool(((t == 0) | (t == 1)).all()):
+            raise ValueError(
+                f"multi-hot `{name}` must contain only 0 and 1; got other values "
+                "(pass a bool / 0-1 matrix, one column per label)."
+            )
+    return check_labels(t, n, name, device=device)
+
+
+def _prepare_pairs(
+    query: Any,
+    query_labels: Any,
+    gallery: Any,
+    gallery_labels: Any,
+    similarity: str,
+    exclude_self: bool | None,
+    chunk_size: int | None,
+    device: torch.device | str | None,
+) -> _PairProblem:
+    if similarity not in PAIR_SIMILARITIES:
+        raise ValueError(f"`similarity` must be one of {PAIR_SIMILARITIES}, got {similarity!r}.")
+    if exclude_self is not None and not isinstance(exclude_self, (bool, np.bool_)):
+        raise ValueError(
+            f"`exclude_self` must be None, True or False for pair scores, got {exclude_self!r}."
+        )
+    q = check_embeddings(query, "query", device=device)
+    dev = q.device
+    ql = _check_pair_labels(query_labels, q.shape[0], "query_labels", dev)
+    if (gallery is None) != (gallery_labels is None):
+        raise ValueError("pass both `gallery` and `gallery_labels`, or neither (leave-one-out).")
+    leave_one_out = gallery is None
+    if leave_one_out:
+        g, gl = q, ql
+        exclude = True if exclude_self is None else bool(exclude_self)
+    else:
+        g = check_embeddings(gallery, "gallery", device=dev)
+        if g.shape[1] != q.shape[1]:
+            raise ValueError(
+                f"`gallery` has dimension {g.shape[1]} but `query` has {q.shape[1]}; "
+                "they must live in the same embedding space."
+            )
+        gl = _check_pair_labels(gallery_labels, g.shape[0], "gallery_labels", dev)
+        if (ql.ndim == 2) != (gl.ndim == 2):
+            raise ValueError(
+                "`query_labels` and `gallery_labels` must be of the same kind: both 1-D class ids "
+                "or both (n, C) multi-hot matrices."
+            )
+        if ql.ndim == 2 and ql.shape[1] != gl.shape[1]:
+            raise ValueError(
+                f"multi-hot `query_labels` has {ql.shape[1]} columns but `gallery_labels` has "
+                f"{gl.shape[1]}; they must index the same label set."
+            )
+        exclude = bool(exclude_self) if exclude_self is not None else False
+        if exclude and g.shape[0] != q.shape[0]:
+            raise ValueError(
+                "`exclude_self=True` drops the pairs (i, i), so `gallery` must have as many rows "
+                f"as `query` (got {g.shape[0]} and {q.shape[0]})."
+            )
+    dtype = torch.promote_types(q.dtype, g.dtype)
+    q, g = q.to(dtype), g.to(dtype)
+    if similarity == "cosine":
+        q, g = F.normalize(q, dim=1), F.normalize(g, dim=1)
+    if leave_one_out:
+        g = q
+    if chunk_size is None:
+        chunk_size = max(1, _DEFAULT_CHUNK_ELEMENTS // max(1, g.shape[0]))
+    elif int(chunk_size) < 1:
+        raise ValueError(f"`chunk_size` must be a positive number of query rows, got {chunk_size}.")
+    return _PairProblem(q, ql, g, gl, leave_one_out, exclude, similarity, int(chunk_size))
+
+
+def _block_scores(q: torch.Tensor, g: torch.Tensor, similarity: str) -> torch.Tensor:
+    """(b, m) similarity block; inputs are already normalized for cosine."""
+    if similarity == "euclidean":
+        return -torch.cdist(q, g)
+    return q @ g.T
+
+
+def _block_relevance(ql: torch.Tensor, gl: torch.Tensor) -> torch.Tensor:
+    """(b, m) bool: same class id, or (multi-hot) at least one shared label."""
+    if ql.ndim == 2:
+        return (ql.to(torch.float32) @ gl.to(torch.float32).T) > 0
+    return ql[:, None] == gl[None, :]
+
+
+def _iter_pair_blocks(p: _PairProblem) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Yield (scores, is_positive) 1-D blocks covering every pair exactly once, row-chunk by chunk."""
+    nq = p.query.shape[0]
+    for start in range(0, nq, p.chunk_size):
+        stop = min(nq, start + p.chunk_size)
+        rows = torch.arange(start, stop, device=p.query.device)
+        if p.leave_one_out:
+            # Only columns >= start can hold pairs with j > i (or j >= i) for these rows.
+            cols = torch.arange(start, nq, device=p.query.device)
+            scores = _block_scores(p.query[start:stop], p.gallery[start:], p.similarity)
+            rel = _block_relevance(p.query_labels[start:stop], p.gallery_labels[start:])
+            keep = cols[None, :] > rows[:, None] if p.exclude_self else cols[None, :] >= rows[:, None]
+            yield scores[keep], rel[keep]
+        else:
+            scores = _block_scores(p.query[start:stop], p.gallery, p.similarity)
+            rel = _block_relevance(p.query_labels[start:stop], p.gallery_labels)
+            if p.exclude_self:
+                cols = torch.arange(p.gallery.shape[0], device=p.query.device)
+                keep = cols[None, :] != rows[:, None]
+                yield scores[keep], rel[keep]
+            else:
+                yield scores.reshape(-1), rel.reshape(-1)
+
+
+def pair_scores(
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    similarity: str = "cosine",
+    exclude_self: bool | None = None,
+    max_pairs: int = 50_000_000,
+    chunk_size: int | None = None,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Similarity and same-label flag of every (query, item) pair, the examples of the pair view.
+
+    Leave-one-out (``gallery=None``): each unordered pair {i, j}, i < j, exactly once, as in the
+    U-statistics of Vogel et al. (Eq. 4/5) -- n(n-1)/2 pairs (``exclude_self=False`` adds the n
+    self-pairs (i, i)). With a gallery: every (query, gallery) pair, n_q * n_g of them
+    (``exclude_self=True`` drops the pairs (i, i) when the gallery is the query set passed again).
+
+    Args:
+        query: (n_q, d) float embeddings (any device; computed there unless ``device`` is given).
+        query_labels: (n_q,) integer class ids or (n_q, C) multi-hot; a pair is positive when the
+            two share at least one label.
+        gallery: optional (n_g, d) embeddings; ``None`` pairs the queries with each other.
+        gallery_labels: (n_g,) or (n_g, C), same kind as ``query_labels``.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (negative distance).
+        exclude_self: see above; default True for leave-one-out, False with a gallery.
+        max_pairs: refuse to materialize more pairs than this (memory guard).
+        chunk_size: query rows per block of the score matrix (default: ~16M scores per block).
+        device: where to compute; default the device of ``query``.
+
+    Returns:
+        ``(scores, is_positive)``: (n_pairs,) tensor of the query dtype and (n_pairs,) bool tensor,
+        leave-one-out pairs in row-major order of the upper triangle.
+
+    Raises:
+        ValueError: bad shapes / NaN / label kinds, or more than ``max_pairs`` pairs (pass
+            ``bins=`` to :func:`roc_curve_from_embeddings` instead).
+    """
+    p = _prepare_pairs(
+        query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
+    )
+    n_pairs = p.n_pairs
+    if n_pairs > max_pairs:
+        raise ValueError(
+            f"{n_pairs:,} pairs exceed `max_pairs`={max_pairs:,} (about "
+            f"{n_pairs * (p.query.element_size() + 1) / 2**30:.1f} GiB); pass `bins=` (e.g. "
+            "bins=10_000) to roc_curve_from_embeddings() for a memory-bounded histogram ROC, "
+            "subsample the queries, or raise `max_pairs`."
+        )
+    scores = torch.empty(n_pairs, dtype=p.query.dtype, device=p.query.device)
+    is_positive = torch.empty(n_pairs, dtype=torch.bool, device=p.query.device)
+    offset = 0
+    for block_scores, block_pos in _iter_pair_blocks(p):
+        n = block_scores.shape[0]
+        scores[offset : offset + n] = block_scores
+        is_positive[offset : offset + n] = block_pos
+        offset += n
+    return scores, is_positive
+
+
+# ----------------------------------------------------------------------------------------------
+# embeddings -> curve
+# ----------------------------------------------------------------------------------------------
+
+
+def _score_range(p: _PairProblem) -> tuple[float, float]:
+    """Min and max pair score, one streaming pass (used for histograms of dot / euclidean)."""
+    lo, hi = math.inf, -math.inf
+    for block_scores, _ in _iter_pair_blocks(p):
+        if block_scores.numel():
+            lo = min(lo, float(block_scores.min()))
+            hi = max(hi, float(block_scores.max()))
+    if hi == lo:  # every pair has the same score: one bin holds them all
+        hi = lo + 1.0
+    return lo, hi
+
+
+def _histogram_roc(p: _PairProblem, bins: int, score_range: tuple[float, float] | None) -> RocCurve:
+    if score_range is None:
+        score_range = (-1.0, 1.0) if p.similarity == "cosine" else _score_range(p)
+    lo, hi = float(score_range[0]), float(score_range[1])
+    if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+        raise ValueError(f"`score_range` must be two finite numbers lo < hi, got {score_range!r}.")
+    width = (hi - lo) / bins
+    dev = p.query.device
+    pos_hist = torch.zeros(bins, dtype=torch.int64, device=dev)
+    neg_hist = torch.zeros(bins, dtype=torch.int64, device=dev)
+    for block_scores, block_pos in _iter_pair_blocks(p):
+        # Scores outside the range (fp rounding of cosine above 1, or a user range) are clamped
+        # into the end bins: counted, never dropped.
+        idx = ((block_scores.to(torch.float64) - lo) / width).floor().clamp_(0, bins - 1).long()
+        pos_hist += torch.bincount(idx[block_pos], minlength=bins)
+        neg_hist += torch.bincount(idx[~block_pos], minlength=bins)
+    n_pos, n_neg = int(pos_hist.sum()), int(neg_hist.sum())
+    if n_pos == 0 or n_neg == 0:
+        missing = "positive (same-label)" if n_pos == 0 else "negative (different-label)"
+        raise ValueError(
+            f"the labels give no {missing} pair, so the ROC curve is undefined; check "
+            "`query_labels` / `gallery_labels`."
+        )
+    pos_np = pos_hist.cpu().numpy()[::-1]
+    neg_np = neg_hist.cpu().numpy()[::-1]
+    nonempty = (pos_np + neg_np) > 0
+    lower_edges = (lo + width * np.arange(bins, dtype=np.float64))[::-1]
+    tps = np.r_[0, np.cumsum(pos_np)[nonempty]].astype(np.float64)
+    fps = np.r_[0, np.cumsum(neg_np)[nonempty]].astype(np.float64)
+    thresholds = np.r_[np.inf, lower_edges[nonempty]]
+    # Within a bin the order of positives and negatives is unknown; the curve joins the bin's
+    # corners linearly (as if tied), so the AUC can be off by at most half the pairs sharing a bin.
+    shared = float((pos_np.astype(np.float64) * neg_np.astype(np.float64)).sum())
+    return RocCurve(
+        fpr=fps / n_neg,
+        tpr=tps / n_pos,
+        thresholds=thresholds,
+        n_positive=n_pos,
+        n_negative=n_neg,
+        bin_width=width,
+        max_auc_error=0.5 * shared / (float(n_pos) * float(n_neg)),
+    )
+
+
+def roc_curve_from_embeddings(
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    similarity: str = "cosine",
+    exclude_self: bool | None = None,
+    bins: int | None = None,
+    score_range: tuple[float, float] | None = None,
+    drop_intermediate: bool = False,
+    max_pairs: int = 50_000_000,
+    chunk_size: int | None = None,
+    device: torch.device | str | None = None,
+) -> RocCurve:
+    """ROC curve of the pair view of embeddings: exact, or streamed through a histogram.
+
+    ``bins=None`` (default): exact and tie-aware, through :func:`pair_scores` and
+    :func:`roc_curve` (memory O(n_pairs); refused above ``max_pairs``).
+
+    ``bins=int``: approximate, memory O(bins + chunk): the pair scores are streamed chunk by chunk
+    into a positive and a negative histogram of ``bins`` equal bins over ``score_range`` (default
+    [-1, 1] for cosine; for dot / euclidean one extra streaming pass finds the min and max). Each
+    point is the exact (FPR, TPR) of the threshold "score >= lower bin edge" (up to fp rounding
+    of scores within ~1e-7 of an edge); only the points between edges are missing, replaced by a
+    straight segment. The error is therefore bounded by the bin width in score, and the AUC error
+    by ``curve.max_auc_error`` (reported on the result).
+
+    Args:
+        query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device:
+            as in :func:`pair_scores`.
+        bins: number of histogram bins (>= 2), or ``None`` for the exact curve.
+        score_range: ``(lo, hi)`` of the histogram; scores outside are clamped into the end bins.
+        drop_intermediate: exact curve only; see :func:`roc_curve`.
+        max_pairs: exact curve only; memory guard of :func:`pair_scores`.
+
+    Returns:
+        :class:`RocCurve` (``bin_width`` and ``max_auc_error`` set for the histogram form).
+    """
+    if bins is None:
+        scores, is_positive = pair_scores(
+            query, query_labels, gallery, gallery_labels, similarity=similarity,
+            exclude_self=exclude_self, max_pairs=max_pairs, chunk_size=chunk_size, device=device,
+        )
+        if scores.numel() == 0:
+            raise ValueError("`query` has fewer than 2 rows: there is no pair to score.")
+        return roc_curve(scores, is_positive, drop_intermediate=drop_intermediate)
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 2:
+        raise ValueError(f"`bins` must be an integer >= 2 (or None for the exact curve), got {bins!r}.")
+    p = _prepare_pairs(
+        query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
+    )
+    return _histogram_roc(p, int(bins), score_range)

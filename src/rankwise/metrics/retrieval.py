@@ -1,0 +1,529 @@
+"""Exact, tie-aware, memory-bounded retrieval evaluation of embeddings (MAP, R@k, P@k, MAP@R, RP).
+
+Every query is ranked against the gallery by similarity; the metrics are the expectations over all
+orderings of tied items (McSherry & Najork 2008; He et al., "Hashing as Tie-Aware Learning to
+Rank", CVPR 2018, Prop. 1, Eq. 6 as corrected in the seeds errata). MAP@R and R-precision follow
+Musgrave, Belongie & Lim, "A Metric Learning Reality Check" (ECCV 2020): with R the number of items
+relevant to the query, MAP@R = (1/R) sum_{i<=R} P(i) rel(i) and RP = (#relevant in the top R) / R;
+their tie-aware forms are the AP_T per-position terms truncated to positions <= R and the
+hypergeometric expectation of the relevant items in the top R. The mean PR curve is the one plotted
+by Wen et al. (NeurIPS 2022, SOPRC, Fig. 2): the mean over queries of interpolated precision.
+
+Scores are computed chunk-wise over queries (one matmul against the whole gallery per chunk, never
+an N x N matrix); each chunk is reduced to per-relevant-group counts by the kernels of
+:mod:`rankwise.metrics._kernels` and then to metrics in closed form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .._validation import as_tensor, check_embeddings, check_labels
+from ._kernels import (
+    RelevantGroupCounts,
+    relevant_group_counts,
+    relevant_group_counts_from_lists,
+)
+from .ranking import (
+    average_precision_from_counts,
+    check_ties,
+    expected_relevant_in_top,
+    hit_probability_at,
+    precision_weighted_sum,
+    relevant_above,
+)
+
+__all__ = ["RetrievalReport", "PRCurve", "retrieval_metrics", "pr_curve", "SIMILARITIES"]
+
+SIMILARITIES = ("cosine", "dot", "euclidean")
+# Memory budget of one chunk's score block (the numba path). The torch path sorts the block and
+# keeps about ten int64 index / cumulative-sum arrays of the same shape (~100 bytes per score), so
+# it takes proportionally fewer rows.
+_CHUNK_BYTES = 256 * 2**20
+_TORCH_WORK_FACTOR = 24
+
+
+@dataclass
+class RetrievalReport:
+    """Retrieval metrics averaged over the queries that have at least one relevant item.
+
+    Attributes:
+        map: mean over queries of AP over the full ranking (not truncated).
+        recall_at: {k: fraction of queries with >= 1 relevant item in the top k}.
+        precision_at: {k: mean of (expected #relevant in the top k) / k}. Keys are the requested
+            cutoffs; a cutoff beyond the ranked list is evaluated at the list length (see
+            ``clamped_ks``).
+        map_at_r: mean MAP@R (Musgrave et al. 2020).
+        r_precision: mean R-precision.
+        per_query_ap: (n_queries,) float64 tensor, NaN for queries without a relevant item.
+        n_queries: number of queries (including those without a relevant item).
+        n_queries_without_relevant: queries with no relevant gallery item, excluded from the means.
+        n_gallery: gallery rows (a query's own row, when excluded, is still counted here).
+        ties: tie handling used.
+        similarity: similarity used.
+        ks: the requested cutoffs (duplicates removed).
+        clamped_ks: {requested k: k used} for cutoffs larger than the ranked list.
+    """
+
+    map: float
+    recall_at: dict[int, float]
+    precision_at: dict[int, float]
+    map_at_r: float
+    r_precision: float
+    per_query_ap: torch.Tensor
+    n_queries: int
+    n_queries_without_relevant: int
+    n_gallery: int
+    ties: str
+    similarity: str
+    ks: tuple[int, ...]
+    clamped_ks: dict[int, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (per-query AP as a list with None for NaN)."""
+        return {
+            "map": self.map,
+            "recall_at": {str(k): v for k, v in self.recall_at.items()},
+            "precision_at": {str(k): v for k, v in self.precision_at.items()},
+            "map_at_r": self.map_at_r,
+            "r_precision": self.r_precision,
+            "per_query_ap": [None if math.isnan(v) else v for v in self.per_query_ap.tolist()],
+            "n_queries": self.n_queries,
+            "n_queries_without_relevant": self.n_queries_without_relevant,
+            "n_gallery": self.n_gallery,
+            "ties": self.ties,
+            "similarity": self.similarity,
+            "ks": list(self.ks),
+            "clamped_ks": {str(k): v for k, v in self.clamped_ks.items()},
+        }
+
+    def __str__(self) -> str:
+        rows = [("MAP", self.map), ("MAP@R", self.map_at_r), ("R-precision", self.r_precision)]
+        rows += [(f"R@{k}", v) for k, v in self.recall_at.items()]
+        rows += [(f"P@{k}", v) for k, v in self.precision_at.items()]
+        width = max(len(name) for name, _ in rows)
+        lines = [
+            f"Retrieval ({self.similarity} similarity, ties={self.ties}): "
+            f"{self.n_queries} queries x {self.n_gallery} gallery items",
+        ]
+        lines += [f"  {name:<{width}}  {value:.4f}" for name, value in rows]
+        evaluated = self.n_queries - self.n_queries_without_relevant
+        if self.n_queries_without_relevant:
+            lines.append(
+                f"  {self.n_queries_without_relevant} queries without any relevant gallery item "
+                f"were excluded; the means are over {evaluated} queries."
+            )
+        for k, used in self.clamped_ks.items():
+            lines.append(f"  k={k} exceeds the {used} ranked items; R@{k} and P@{k} were evaluated "
+                         f"at k={used}.")
+        return "\n".join(lines)
+
+
+@dataclass
+class PRCurve:
+    """Mean interpolated precision-recall curve.
+
+    Attributes:
+        recall: (num_points,) float64, recall levels linspace(0, 1, num_points).
+        precision: (num_points,) float64, mean over queries of max precision at recall >= level.
+        n_queries: queries averaged (those with at least one relevant item).
+        n_queries_without_relevant: queries excluded for lack of a relevant item.
+    """
+
+    recall: np.ndarray
+    precision: np.ndarray
+    n_queries: int
+    n_queries_without_relevant: int = 0
+
+
+@dataclass
+class _Prepared:
+    query: torch.Tensor
+    gallery: torch.Tensor
+    query_labels: torch.Tensor
+    gallery_labels: torch.Tensor
+    self_index: torch.Tensor | None
+    multi_hot: bool
+    similarity: str
+    backend: str
+    chunk_size: int
+    n_ranked: int  # items in each ranked list (gallery minus the excluded row, if any)
+    classes: _ClassIndex | None = None  # class id labels on the numba path
+
+
+@dataclass
+class _ClassIndex:
+    """Gallery rows grouped by class, so a query's relevant items are listed without a mask."""
+
+    query_class: np.ndarray  # (n_q,) int64 compact class of each query, -1 if not in the gallery
+    class_ptr: np.ndarray  # (C + 1,) int64, class c's rows are members[class_ptr[c]:class_ptr[c+1]]
+    members: np.ndarray  # (n_g,) int64 gallery rows sorted by class
+
+    @staticmethod
+    def build(query_labels: torch.Tensor, gallery_labels: torch.Tensor) -> _ClassIndex:
+        gl = gallery_labels.cpu().numpy()
+        ql = query_labels.cpu().numpy()
+        classes, g_class = np.unique(gl, return_inverse=True)
+        members = np.argsort(g_class, kind="stable").astype(np.int64)
+        class_ptr = np.zeros(classes.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.bincount(g_class, minlength=classes.shape[0]), out=class_ptr[1:])
+        pos = np.minimum(np.searchsorted(classes, ql), classes.shape[0] - 1)
+        query_class = np.where(classes[pos] == ql, pos, -1).astype(np.int64)
+        return _ClassIndex(query_class, class_ptr, members)
+
+    def relevant_lists(self, lo: int, hi: int, self_index: np.ndarray | None):
+        """(rel_ptr, rel_cols) of queries lo..hi-1: their class's gallery rows, self removed."""
+        c = self.query_class[lo:hi]
+        n_rows = hi - lo
+        first = np.where(c >= 0, self.class_ptr[np.maximum(c, 0)], 0)
+        lengths = np.where(c >= 0, self.class_ptr[np.maximum(c, 0) + 1], 0) - first
+        out_start = np.cumsum(lengths) - lengths
+        row = np.repeat(np.arange(n_rows), lengths)
+        cols = self.members[first[row] + np.arange(row.shape[0]) - out_start[row]]
+        if self_index is not None:
+            keep = cols != self_index[row]
+            cols, row = cols[keep], row[keep]
+        rel_ptr = np.zeros(n_rows + 1, dtype=np.int64)
+        np.cumsum(np.bincount(row, minlength=n_rows), out=rel_ptr[1:])
+        return rel_ptr, cols
+
+
+def _check_labels_kind(y: Any, n: int, name: str, device) -> torch.Tensor:
+    t = as_tensor(y, name)
+    if t.ndim == 2 and not t.is_floating_point() and t.dtype != torch.bool:
+        if not bool(((t == 0) | (t == 1)).all()):
+            raise ValueError(
+                f"multi-hot `{name}` must contain only 0 and 1; got other values "
+                "(pass a bool / 0-1 matrix, one column per label)."
+            )
+    return check_labels(t, n, name, device)
+
+
+def _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size,
+             device, backend) -> _Prepared:
+    if similarity == "neg_euclidean":
+        similarity = "euclidean"
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
+    if backend not in ("auto", "numba", "torch"):
+        raise ValueError(f"`backend` must be 'auto', 'numba' or 'torch', got {backend!r}.")
+    if device is None:
+        device = query.device if isinstance(query, torch.Tensor) else torch.device("cpu")
+    device = torch.device(device)
+    q = check_embeddings(query, "query", device)
+    ql = _check_labels_kind(query_labels, q.shape[0], "query_labels", device)
+    if gallery is None:
+        if gallery_labels is not None:
+            raise ValueError("`gallery_labels` was given without `gallery`; pass both or neither.")
+        g, gl = q, ql
+    else:
+        if gallery_labels is None:
+            raise ValueError("`gallery` was given without `gallery_labels`; pass both.")
+        g = check_embeddings(gallery, "gallery", device)
+        gl = _check_labels_kind(gallery_labels, g.shape[0], "gallery_labels", device)
+        if g.shape[1] != q.shape[1]:
+            raise ValueError(
+                f"`gallery` has dimension {g.shape[1]} but `query` has {q.shape[1]}; embed both "
+                "with the same model."
+            )
+    if ql.ndim != gl.ndim:
+        raise ValueError(
+            "`query_labels` and `gallery_labels` must be the same kind: both 1-D class ids or "
+            f"both (n, C) multi-hot; got {ql.ndim}-D and {gl.ndim}-D."
+        )
+    if ql.ndim == 2 and ql.shape[1] != gl.shape[1]:
+        raise ValueError(
+            f"multi-hot `query_labels` has {ql.shape[1]} columns but `gallery_labels` has "
+            f"{gl.shape[1]}; use the same label vocabulary."
+        )
+    # scores in float32 on the CPU (exact widening of fp16, so fp16 ties persist), input dtype else
+    work_dtype = q.dtype if q.dtype == g.dtype else torch.promote_types(q.dtype, g.dtype)
+    if device.type == "cpu" and work_dtype not in (torch.float32, torch.float64):
+        work_dtype = torch.float32
+    q = q.detach().to(work_dtype)
+    g = g.detach().to(work_dtype)
+
+    if exclude_self is None:
+        exclude_self = gallery is None
+    self_index = None
+    if isinstance(exclude_self, (bool, np.bool_)):
+        if exclude_self:
+            if g.shape[0] != q.shape[0]:
+                raise ValueError(
+                    f"`exclude_self=True` needs the query rows to be the gallery rows, but "
+                    f"`query` has {q.shape[0]} rows and `gallery` {g.shape[0]}; pass an index "
+                    "array (gallery row of each query, -1 for none) instead."
+                )
+            self_index = torch.arange(q.shape[0], device=device)
+    else:
+        idx = as_tensor(exclude_self, "exclude_self", device)
+        if idx.ndim != 1 or idx.shape[0] != q.shape[0] or idx.is_floating_point() or \
+                idx.dtype == torch.bool:
+            raise ValueError(
+                "`exclude_self` must be None, a bool, or a 1-D integer array with the gallery "
+                f"row of each of the {q.shape[0]} queries (-1 for none)."
+            )
+        idx = idx.to(torch.int64)
+        if bool(((idx < -1) | (idx >= g.shape[0])).any()):
+            raise ValueError(f"`exclude_self` indices must lie in [-1, {g.shape[0] - 1}].")
+        self_index = idx
+    n_ranked = g.shape[0] - (1 if self_index is not None and bool((self_index >= 0).any()) else 0)
+    if n_ranked < 1:
+        raise ValueError(
+            "the gallery is empty once each query's own row is excluded; pass a `gallery` with at "
+            "least one other item."
+        )
+    if backend == "auto":
+        backend = "numba" if device.type == "cpu" else "torch"
+    if chunk_size is None:
+        bytes_per_row = g.shape[0] * 4 * (_TORCH_WORK_FACTOR if backend == "torch" else 1)
+        chunk_size = max(1, min(q.shape[0], _CHUNK_BYTES // max(bytes_per_row, 1)))
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or \
+            chunk_size < 1:
+        raise ValueError(f"`chunk_size` must be a positive integer or None, got {chunk_size!r}.")
+    if similarity == "cosine":
+        q = F.normalize(q, dim=1)
+        g = F.normalize(g, dim=1)
+    classes = _ClassIndex.build(ql, gl) if backend == "numba" and ql.ndim == 1 else None
+    return _Prepared(q, g, ql, gl, self_index, ql.ndim == 2, similarity, backend,
+                     int(chunk_size), n_ranked, classes)
+
+
+def _iterate_counts(p: _Prepared) -> Iterator[tuple[int, int, RelevantGroupCounts]]:
+    """Yield (first row, last row + 1, group counts) for each chunk of queries."""
+    n_query = p.query.shape[0]
+    gallery_sq = (p.gallery * p.gallery).sum(1) if p.similarity == "euclidean" else None
+    gallery_hot = p.gallery_labels.to(torch.float32) if p.multi_hot else None
+    for lo in range(0, n_query, p.chunk_size):
+        hi = min(n_query, lo + p.chunk_size)
+        q = p.query[lo:hi]
+        if q.shape[0] == 1:
+            # BLAS computes a one-row product with gemv, whose rounding differs from gemm's: mirror
+            # the row so that a last chunk of one query scores exactly like the other chunks.
+            scores = (torch.cat([q, q]) @ p.gallery.T)[:1]
+        else:
+            scores = q @ p.gallery.T
+        if p.similarity == "euclidean":
+            # -||q - g||^2 ranks like -||q - g||; the clamp ties rounding-negative distances at 0
+            scores = -((q * q).sum(1, keepdim=True) + gallery_sq - 2 * scores).clamp_min_(0)
+        self_index = None if p.self_index is None else p.self_index[lo:hi]
+        if p.classes is not None:
+            si = None if self_index is None else self_index.cpu().numpy()
+            rel_ptr, rel_cols = p.classes.relevant_lists(lo, hi, si)
+            yield lo, hi, relevant_group_counts_from_lists(scores.cpu().numpy(), rel_ptr, rel_cols, si)
+            continue
+        if p.multi_hot:
+            relevant = (p.query_labels[lo:hi].to(torch.float32) @ gallery_hot.T) > 0
+        else:
+            relevant = p.query_labels[lo:hi, None] == p.gallery_labels[None, :]
+        yield lo, hi, relevant_group_counts(scores, relevant, self_index, p.backend)
+
+
+def _check_ks(ks: Any) -> tuple[int, ...]:
+    if isinstance(ks, (int, np.integer)) and not isinstance(ks, bool):
+        ks = (ks,)
+    try:
+        ks = tuple(ks)
+    except TypeError:
+        raise ValueError(f"`ks` must be a sequence of positive integers, got {ks!r}.") from None
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"`ks` must hold positive integers, got {k!r} in {ks!r}.")
+    return tuple(int(k) for k in ks)
+
+
+def retrieval_metrics(
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    ks: Any = (1, 10, 100),
+    similarity: str = "cosine",
+    ties: str = "expected",
+    exclude_self: Any = None,
+    chunk_size: int | None = None,
+    device: Any = None,
+    backend: str = "auto",
+) -> RetrievalReport:
+    """Exact (tie-aware) retrieval metrics of embeddings, memory-bounded and linear per query.
+
+    Args:
+        query: (n_q, d) float embeddings (fp16 / bf16 / integer codes accepted).
+        query_labels: (n_q,) integer class ids or (n_q, C) multi-hot 0/1 matrix; an item is
+            relevant to a query when the class is the same / at least one label is shared.
+        gallery: (n_g, d) embeddings, or None to rank the queries against each other with each
+            query's own row excluded (leave-one-out, the SOP / CUB protocol).
+        gallery_labels: labels of the gallery, same kind as ``query_labels``.
+        ks: cutoffs of recall@k and precision@k; cutoffs above the list length are clamped.
+        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (ranked by increasing distance).
+        ties: ``"expected"`` (mean over all orderings of tied items), ``"optimistic"`` or
+            ``"pessimistic"``.
+        exclude_self: None (= True iff ``gallery`` is None), a bool (True: query i is gallery row
+            i), or a (n_q,) integer array with the gallery row of each query (-1 for none).
+        chunk_size: queries per chunk; default keeps a chunk's score block near 256 MB.
+        device: where the scores are computed; default the query's device.
+        backend: ``"auto"`` (numba on the CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
+
+    Raises:
+        ValueError: bad input (naming the argument), or no query has a relevant gallery item.
+    """
+    check_ties(ties)
+    ks = tuple(dict.fromkeys(_check_ks(ks)))
+    p = _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_self,
+                 chunk_size, device, backend)
+    used_ks = []
+    clamped = {}
+    for k in ks:
+        used = min(k, p.n_ranked)
+        if used != k:
+            clamped[k] = used
+        if used not in used_ks:
+            used_ks.append(used)
+    n_query = p.query.shape[0]
+    ap = np.full(n_query, np.nan)
+    map_at_r = np.full(n_query, np.nan)
+    r_prec = np.full(n_query, np.nan)
+    recall = {k: np.full(n_query, np.nan) for k in used_ks}
+    precision = {k: np.full(n_query, np.nan) for k in used_ks}
+    for lo, hi, counts in _iterate_counts(p):
+        n_rows = hi - lo
+        rows = counts.row_ids()
+        n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows)
+        has_rel = n_rel > 0
+        above = relevant_above(counts)
+        ap[lo:hi] = average_precision_from_counts(counts, ties)
+        r_of_entry = n_rel[rows].astype(np.int64)
+        at_r = np.bincount(rows, precision_weighted_sum(counts, r_of_entry, ties, above),
+                           minlength=n_rows)
+        top_r = np.bincount(rows, expected_relevant_in_top(counts, r_of_entry, ties),
+                            minlength=n_rows)
+        safe_r = np.where(has_rel, n_rel, 1)
+        map_at_r[lo:hi] = np.where(has_rel, at_r / safe_r, np.nan)
+        r_prec[lo:hi] = np.where(has_rel, top_r / safe_r, np.nan)
+        first = counts.offsets()[:-1][has_rel]
+        for k in used_ks:
+            hits = np.full(n_rows, np.nan)
+            hits[has_rel] = hit_probability_at(
+                counts.greater[first], counts.size[first], counts.relevant[first], k, ties
+            )
+            recall[k][lo:hi] = hits
+            in_top = np.bincount(rows, expected_relevant_in_top(counts, k, ties),
+                                 minlength=n_rows)
+            precision[k][lo:hi] = np.where(has_rel, in_top / k, np.nan)
+    valid = ~np.isnan(ap)
+    n_without = int((~valid).sum())
+    if not valid.any():
+        raise ValueError(
+            "no query has a relevant item in the gallery (no shared label in `query_labels` / "
+            "`gallery_labels`, after excluding each query's own row); the metrics are undefined. "
+            "Check the labels, or pass a gallery that contains the query classes."
+        )
+    return RetrievalReport(
+        map=float(ap[valid].mean()),
+        recall_at={k: float(recall[clamped.get(k, k)][valid].mean()) for k in ks},
+        precision_at={k: float(precision[clamped.get(k, k)][valid].mean()) for k in ks},
+        map_at_r=float(map_at_r[valid].mean()),
+        r_precision=float(r_prec[valid].mean()),
+        per_query_ap=torch.from_numpy(ap),
+        n_queries=n_query,
+        n_queries_without_relevant=n_without,
+        n_gallery=int(p.gallery.shape[0]),
+        ties=ties,
+        similarity=p.similarity,
+        ks=ks,
+        clamped_ks=clamped,
+    )
+
+
+def _segment_suffix_max(values: np.ndarray, n_per_segment: np.ndarray) -> np.ndarray:
+    """Suffix maximum within consecutive segments of ``values`` (all values in [0, 1])."""
+    seg = np.repeat(np.arange(n_per_segment.shape[0]), n_per_segment)
+    # Reversed, later segments come first; raising segment s by 2 * (n_seg - s) lifts every segment
+    # above all those visited before it, so the running maximum restarts at each segment.
+    shift = 2.0 * (n_per_segment.shape[0] - seg)
+    rev = (values + shift)[::-1]
+    return np.maximum.accumulate(rev)[::-1] - shift
+
+
+def pr_curve(
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    similarity: str = "cosine",
+    ties: str = "expected",
+    num_points: int = 101,
+    exclude_self: Any = None,
+    chunk_size: int | None = None,
+    device: Any = None,
+    backend: str = "auto",
+) -> PRCurve:
+    """Mean interpolated precision-recall curve over the queries (SOPRC paper, Fig. 2).
+
+    For each query with R relevant items, the i-th relevant item (in rank order) has recall i / R
+    and precision i / pos_i. Within a tie group spanning positions g+1..g+n that holds r relevant
+    items, the j-th of them sits at pos = g + j (``"optimistic"``), g + n - r + j
+    (``"pessimistic"``) or, for ``"expected"``, at its expected position g + j (n + 1) / (r + 1)
+    under a random order of the tie (the mean of the j-th order statistic): precision is then taken
+    at the expected position. The interpolated precision at recall level rho is the maximum
+    precision over relevant items with recall >= rho; the curve is its mean over queries at
+    ``linspace(0, 1, num_points)``.
+
+    Args: as :func:`retrieval_metrics`; ``num_points`` >= 2 recall levels.
+    """
+    check_ties(ties)
+    if isinstance(num_points, bool) or not isinstance(num_points, (int, np.integer)) or \
+            num_points < 2:
+        raise ValueError(f"`num_points` must be an integer >= 2, got {num_points!r}.")
+    p = _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_self,
+                 chunk_size, device, backend)
+    levels = np.arange(num_points, dtype=np.int64)
+    intervals = num_points - 1
+    total = np.zeros(num_points, dtype=np.float64)
+    n_used = 0
+    n_without = 0
+    for lo, hi, counts in _iterate_counts(p):
+        n_rows = hi - lo
+        rows = counts.row_ids()
+        n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows).astype(np.int64)
+        has_rel = n_rel > 0
+        n_without += int((~has_rel).sum())
+        if not has_rel.any():
+            continue
+        above = relevant_above(counts)
+        # expand every group into its relevant items: j = 1..r within the group
+        item_group = np.repeat(np.arange(counts.relevant.shape[0]), counts.relevant)
+        group_first_item = np.cumsum(counts.relevant) - counts.relevant
+        j = np.arange(item_group.shape[0]) - group_first_item[item_group] + 1
+        g = counts.greater[item_group].astype(np.float64)
+        n = counts.size[item_group].astype(np.float64)
+        r = counts.relevant[item_group].astype(np.float64)
+        if ties == "expected":
+            pos = g + j * (n + 1.0) / (r + 1.0)
+        elif ties == "optimistic":
+            pos = g + j
+        else:
+            pos = g + n - r + j
+        item_precision = (above[item_group] + j) / pos
+        best_after = _segment_suffix_max(item_precision, n_rel[has_rel])
+        first_item = np.cumsum(n_rel[has_rel]) - n_rel[has_rel]
+        # smallest i with i / R >= level / intervals, i.e. ceil(level * R / intervals), at least 1
+        r_valid = n_rel[has_rel]
+        need = np.maximum((levels[None, :] * r_valid[:, None] + intervals - 1) // intervals, 1)
+        total += best_after[first_item[:, None] + need - 1].sum(0)
+        n_used += int(has_rel.sum())
+    if n_used == 0:
+        raise ValueError(
+            "no query has a relevant item in the gallery (no shared label in `query_labels` / "
+            "`gallery_labels`); the PR curve is undefined."
+        )
+    return PRCurve(np.linspace(0.0, 1.0, num_points), total / n_used, n_used, n_without)

@@ -1,0 +1,140 @@
+"""PNG figures of evaluation curves: precision-recall curves of the retrieval view (the AP that
+SOPRC, Wen et al. NeurIPS 2022, and tie-aware AP_T, He et al. CVPR 2018, optimize) and ROC curves
+of the pair view (Gajić et al., Eq. 1-3; Vogel et al., ICML 2018, pointwise ROC at FPR = alpha).
+
+Figures are drawn with matplotlib's object API on an Agg canvas: no pyplot state, no window, no
+backend switch in the caller's process, so the helpers are safe on headless machines and inside
+training loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+__all__ = ["plot_pr_curves", "plot_roc_curves"]
+
+
+def _legend_text(name: str, labels: Mapping[str, float | str] | None, default: str) -> str:
+    if labels is None or name not in labels:
+        return default
+    value = labels[name]
+    if isinstance(value, str):
+        return value
+    return f"{name} (mAP {float(value):.4f})"
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    out = Path(path)
+    if out.suffix.lower() != ".png":
+        raise ValueError(f"`path` must end in .png, got {str(path)!r}.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(out, dpi=120)
+    return out
+
+
+def plot_pr_curves(
+    curves: Mapping[str, Any],
+    path: str | Path,
+    title: str | None = None,
+    labels: Mapping[str, float | str] | None = None,
+) -> Path:
+    """Draw several precision-recall curves on one figure and save it as a PNG.
+
+    Args:
+        curves: method name -> ``PRCurve`` (anything with 1-D ``recall`` and ``precision`` arrays
+            of the same length, e.g. the result of :func:`rankwise.metrics.retrieval.pr_curve`).
+        path: output ``.png`` file (parent folders are created).
+        title: figure title.
+        labels: optional method name -> mAP (a float, shown as "name (mAP 0.1234)") or a full
+            legend string.
+
+    Returns:
+        The path written, as a :class:`pathlib.Path`.
+    """
+    if not curves:
+        raise ValueError("`curves` is empty; pass at least one name -> PRCurve.")
+    fig = Figure(figsize=(6.4, 4.8))
+    ax = fig.add_subplot()
+    for name, curve in curves.items():
+        recall = np.asarray(curve.recall, dtype=np.float64)
+        precision = np.asarray(curve.precision, dtype=np.float64)
+        if recall.shape != precision.shape or recall.ndim != 1:
+            raise ValueError(
+                f"curve {name!r}: `recall` and `precision` must be 1-D of the same length, got "
+                f"{recall.shape} and {precision.shape}."
+            )
+        ax.plot(recall, precision, linewidth=1.8, label=_legend_text(name, labels, name))
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.02)
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision (mean over queries)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title(title or "Precision-recall")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_roc_curves(
+    curves: Mapping[str, Any],
+    path: str | Path,
+    title: str | None = None,
+    log_fpr: bool = True,
+) -> Path:
+    """Draw several ROC curves (pair view) on one figure and save it as a PNG.
+
+    Args:
+        curves: method name -> :class:`rankwise.metrics.curves.RocCurve` (``fpr``, ``tpr`` arrays;
+            the legend shows its ``auc``).
+        path: output ``.png`` file (parent folders are created).
+        title: figure title.
+        log_fpr: logarithmic FPR axis (the low-FPR region verification systems operate in). The
+            point FPR = 0 cannot be drawn on a log axis; the axis starts at the smallest non-zero
+            FPR over all curves.
+
+    Returns:
+        The path written, as a :class:`pathlib.Path`.
+    """
+    if not curves:
+        raise ValueError("`curves` is empty; pass at least one name -> RocCurve.")
+    fig = Figure(figsize=(6.4, 4.8))
+    ax = fig.add_subplot()
+    smallest_fpr = 1.0
+    for name, curve in curves.items():
+        fpr = np.asarray(curve.fpr, dtype=np.float64)
+        tpr = np.asarray(curve.tpr, dtype=np.float64)
+        if fpr.shape != tpr.shape or fpr.ndim != 1:
+            raise ValueError(
+                f"curve {name!r}: `fpr` and `tpr` must be 1-D of the same length, got "
+                f"{fpr.shape} and {tpr.shape}."
+            )
+        positive = fpr[fpr > 0]
+        if positive.size:
+            smallest_fpr = min(smallest_fpr, float(positive.min()))
+        auc = getattr(curve, "auc", None)
+        label = f"{name} (AUC {auc:.4f})" if isinstance(auc, float) else name
+        ax.plot(fpr, tpr, linewidth=1.8, label=label)
+    if log_fpr:
+        low = min(smallest_fpr, 0.1)
+        chance = np.geomspace(low, 1.0, 100)
+        ax.plot(chance, chance, "k:", linewidth=1.0, label="chance")
+        ax.set_xscale("log")
+        ax.set_xlim(low, 1.0)
+    else:
+        ax.plot([0.0, 1.0], [0.0, 1.0], "k:", linewidth=1.0, label="chance")
+        ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.02)
+    ax.set_xlabel("false positive rate" + (" (log scale)" if log_fpr else ""))
+    ax.set_ylabel("true positive rate")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right", fontsize="small")
+    ax.set_title(title or "ROC (pairs)")
+    fig.tight_layout()
+    return _save(fig, path)
