@@ -1,1 +1,9 @@
-"""rankwise.sampling (being implemented)."""
+"""Batch samplers for ranking losses: :class:`MPerClassBatchSampler` builds seeded, resumable
+P x K batches (``batch_size / m`` distinct classes with ``m`` samples each), the batch layout
+used to train the stochastic AUPRC estimator of Wen et al. (NeurIPS 2022, App. D) and the AUC loss
+of Gajić et al.
+"""
+
+from .m_per_class import MPerClassBatchSampler
+
+__all__ = ["MPerClassBatchSampler"]

@@ -1,0 +1,442 @@
+"""Speed and memory of the rankwise ranking losses beside their pytorch-metric-learning peers.
+
+Times forward + backward of every loss in ``rankwise.losses.LOSSES`` (built with
+``rankwise.losses.build_loss``) and of pytorch-metric-learning's FastAP (Cakir et al., CVPR 2019,
+Eq. 7), multi-similarity loss + miner (Wang et al., CVPR 2019, Eq. 12 and Eq. 4-5) and triplet
+loss + batch-hard miner (Hermans et al., 2017, Eq. 5), called directly, on one P x K batch
+(56 classes x 4 samples = 224, dimension 512, float32, CPU) in the same process with the calls
+interleaved, so machine load affects every loss alike. It checks the target that the SOPRC
+estimator (Wen et al., NeurIPS 2022, Alg. 1), the AP loss and the AUC loss (Gajić et al., Eq. 9)
+are no slower than PML FastAP, and measures the peak memory of Smooth-AP (Brown et al., ECCV 2020,
+Eq. 5; ours vs PML's ``SmoothAPLoss``) against the batch size in fresh subprocesses.
+
+Usage::
+
+    python benchmarks/bench_losses.py            # full run, rewrites the "## Losses" section of
+                                                 # docs/benchmarks.md
+    python benchmarks/bench_losses.py --quick    # smoke run, prints the section only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SECTION_START = "<!-- losses:start -->"
+SECTION_END = "<!-- losses:end -->"
+SECTION_HEADING = "## Losses"
+DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+# Losses the speed target is about, and the reference they must not be slower than.
+TARGET_LOSSES = ("soprc", "ap", "auc")
+TARGET_REFERENCE = "PML FastAPLoss"
+SMOOTH_AP_IMPLEMENTATIONS = ("rankwise", "pml")
+
+
+@dataclass
+class Case:
+    """One timed loss: ``run(embeddings, labels)`` returns the scalar loss."""
+
+    name: str
+    source: str
+    run: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    error: str | None = None
+
+
+def pk_labels(n_classes: int, m: int) -> torch.Tensor:
+    """Class-contiguous P x K labels ``[0]*m + [1]*m + ...``, the layout PML's Smooth-AP needs."""
+    return torch.arange(n_classes).repeat_interleave(m)
+
+
+def sop_like_train_labels(n_classes: int, seed: int) -> np.ndarray:
+    """Training labels shaped like Stanford Online Products (2 to 12 images per class)."""
+    rng = np.random.default_rng(seed)
+    return np.repeat(np.arange(n_classes), rng.integers(2, 13, size=n_classes))
+
+
+def rankwise_cases(train_labels: np.ndarray, dim: int) -> list[Case]:
+    """Every loss of the registry; one that fails to build is reported, not skipped."""
+    from rankwise.losses import BASELINES, LOSSES, build_loss
+
+    if not LOSSES:
+        return [Case("rankwise.losses.LOSSES", "rankwise", None, f"LOSSES is {LOSSES!r}")]
+    cases = []
+    for name in LOSSES:
+        try:
+            loss = build_loss(name, train_labels=train_labels, embedding_dim=dim)
+        except Exception as exc:  # reported in the table and in the exit status
+            cases.append(Case(name, "rankwise", None, f"build failed: {type(exc).__name__}: {exc}"))
+            continue
+        source = "rankwise (PML wrapper)" if name in BASELINES else "rankwise"
+        cases.append(Case(name, source, loss))
+    return cases
+
+
+def pml_cases() -> list[Case]:
+    """PML losses called directly (no rankwise wrapper), with their usual miners."""
+    from pytorch_metric_learning import losses, miners
+
+    fastap = losses.FastAPLoss()
+    multi_similarity, ms_miner = losses.MultiSimilarityLoss(), miners.MultiSimilarityMiner()
+    triplet, batch_hard = losses.TripletMarginLoss(), miners.BatchHardMiner()
+    return [
+        Case(TARGET_REFERENCE, "PML", fastap),
+        Case(
+            "PML MultiSimilarityLoss + MultiSimilarityMiner",
+            "PML",
+            lambda e, y: multi_similarity(e, y, ms_miner(e, y)),
+        ),
+        Case(
+            "PML TripletMarginLoss + BatchHardMiner",
+            "PML",
+            lambda e, y: triplet(e, y, batch_hard(e, y)),
+        ),
+    ]
+
+
+def time_cases(
+    cases: list[Case], embeddings: torch.Tensor, labels: torch.Tensor, repeats: int, warmup: int
+) -> dict[str, list[float]]:
+    """Seconds per forward + backward for every runnable case, calls interleaved across cases."""
+    times: dict[str, list[float]] = {c.name: [] for c in cases if c.run is not None}
+    leaf = embeddings.detach().clone().requires_grad_(True)
+    for round_index in range(warmup + repeats):
+        for case in cases:
+            if case.run is None:
+                continue
+            leaf.grad = None
+            try:
+                start = time.perf_counter()
+                case.run(leaf, labels).backward()
+                elapsed = time.perf_counter() - start
+            except Exception as exc:  # reported in the table and in the exit status
+                case.error = f"call failed: {type(exc).__name__}: {exc}"
+                case.run = None
+                times.pop(case.name, None)
+                continue
+            if round_index >= warmup:
+                times[case.name].append(elapsed)
+    return times
+
+
+# -- peak memory, one fresh subprocess per (implementation, batch size) -------------------------
+def _proc_status_bytes(field: str) -> int | None:
+    """``VmRSS`` / ``VmHWM`` of this process from /proc (Linux), or None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's resident high-water mark (Linux >= 4.0, ``clear_refs`` value 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _proc_status_bytes("VmHWM") is not None
+
+
+def _ru_maxrss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def memory_probe(implementation: str, batch_size: int, m: int, dim: int) -> dict[str, float]:
+    """Run in a fresh process: peak resident-memory growth of one Smooth-AP forward + backward.
+
+    Imports, the loss, the inputs and a warm-up call on a batch of 2 classes (which loads the
+    kernels) come first; then the resident high-water mark is reset to the current resident size,
+    so its growth during the call is the call's own peak: intermediates and autograd's saved
+    tensors. Where the mark cannot be reset, ``ru_maxrss`` is used and the number is an upper
+    bound when the call stayed below the process's earlier peak.
+    """
+    if implementation == "rankwise":
+        from rankwise.losses import build_loss
+
+        loss = build_loss("smooth_ap")
+    else:
+        from pytorch_metric_learning.losses import SmoothAPLoss
+
+        loss = SmoothAPLoss()
+    generator = torch.Generator().manual_seed(0)
+    warm = torch.randn(2 * m, dim, generator=generator, requires_grad=True)
+    loss(warm, pk_labels(2, m)).backward()
+    embeddings = torch.randn(batch_size, dim, generator=generator, requires_grad=True)
+    labels = pk_labels(batch_size // m, m)
+    exact = _reset_peak_rss()
+    if exact:
+        rss_before = peak_before = _proc_status_bytes("VmRSS")
+    else:
+        rss_before = _proc_status_bytes("VmRSS") or _ru_maxrss_bytes()
+        peak_before = _ru_maxrss_bytes()
+    start = time.perf_counter()
+    loss(embeddings, labels).backward()
+    elapsed = time.perf_counter() - start
+    peak_after = _proc_status_bytes("VmHWM") if exact else _ru_maxrss_bytes()
+    return {
+        "peak_growth_mib": max(0, peak_after - rss_before) / 2**20,
+        "upper_bound": (not exact) and peak_after <= peak_before,
+        "seconds": elapsed,
+    }
+
+
+def measure_memory(
+    batch_sizes: list[int], m: int, dim: int, threads: int
+) -> dict[tuple[str, int], dict[str, float] | str]:
+    results: dict[tuple[str, int], dict[str, float] | str] = {}
+    for batch_size in batch_sizes:
+        for implementation in SMOOTH_AP_IMPLEMENTATIONS:
+            command = [
+                sys.executable, str(Path(__file__).resolve()), "--memory-probe", implementation,
+                "--probe-batch", str(batch_size), "--m", str(m), "--dim", str(dim),
+                "--threads", str(threads),
+            ]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                results[(implementation, batch_size)] = f"probe failed: {tail}"
+            else:
+                results[(implementation, batch_size)] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+# -- report ------------------------------------------------------------------------------------
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def render_section(
+    args: argparse.Namespace,
+    cases: list[Case],
+    times: dict[str, list[float]],
+    memory: dict[tuple[str, int], dict[str, float] | str],
+    n_train_classes: int,
+) -> tuple[str, list[str]]:
+    """The markdown of the "## Losses" section, and the target check lines."""
+    import pytorch_metric_learning
+
+    medians = {name: statistics.median(v) for name, v in times.items() if v}
+    reference = medians.get(TARGET_REFERENCE)
+    # The heading stays outside the markers: the retrieval benchmark replaces its own section up
+    # to the next "## " heading, which must not swallow the start marker.
+    lines = [
+        SECTION_HEADING,
+        "",
+        SECTION_START,
+        f"Generated by `python benchmarks/bench_losses.py{' --quick' if args.quick else ''}` on "
+        f"{time.strftime('%Y-%m-%d')}: torch {torch.__version__}, pytorch-metric-learning "
+        f"{pytorch_metric_learning.__version__}, {_cpu_name()}, "
+        f"`torch.set_num_threads({torch.get_num_threads()})`.",
+        "",
+        f"### Forward + backward time, batch {args.classes * args.m} "
+        f"({args.classes} classes x {args.m}), dimension {args.dim}, float32, CPU",
+        "",
+        f"Median of {args.repeats} repeats after {args.warmup} warm-up call(s); the calls of all "
+        "losses are interleaved in one process. rankwise losses come from "
+        "`rankwise.losses.build_loss(name, train_labels=..., embedding_dim="
+        f"{args.dim})` (SOPRC's per-class state sized by a {n_train_classes}-class "
+        "training set shaped like Stanford Online Products); PML losses are called directly.",
+        "",
+        "| loss | source | median ms | min ms | ratio to PML FastAP |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for case in cases:
+        if case.name in medians:
+            ratio = f"{medians[case.name] / reference:.2f}" if reference else "n/a"
+            lines.append(
+                f"| {case.name} | {case.source} | {_fmt_ms(medians[case.name])} | "
+                f"{_fmt_ms(min(times[case.name]))} | {ratio} |"
+            )
+        else:
+            lines.append(f"| {case.name} | {case.source} | {case.error} | | |")
+
+    checks = []
+    for name in TARGET_LOSSES:
+        if name in medians and reference:
+            ratio = medians[name] / reference
+            verdict = "met" if ratio <= 1.0 else "NOT met"
+            checks.append(
+                f"target: {name} no slower than {TARGET_REFERENCE}: time ratio {ratio:.2f} "
+                f"({_fmt_ms(medians[name])} ms vs {_fmt_ms(reference)} ms) -- {verdict}"
+            )
+        else:
+            checks.append(f"target: {name} no slower than {TARGET_REFERENCE}: not measured")
+    lines += ["", "Target: SOPRC, AP and AUC losses no slower than PML FastAP.", ""]
+    lines += [f"- {c}" for c in checks]
+
+    lines += [
+        "",
+        f"### Smooth-AP peak memory vs batch size (m = {args.m}, dimension {args.dim})",
+        "",
+        "Each cell is one forward + backward in a fresh subprocess, after imports, input "
+        "creation and a warm-up call on 2 classes: the growth of the peak resident set size "
+        "during the call (`VmHWM` reset to the current size through `/proc/self/clear_refs` "
+        "just before it; `ru_maxrss` where that is unavailable, `<=` marking an upper bound). "
+        "This counts every byte the call really touches at its peak (intermediates and "
+        "autograd's saved tensors), which `torch.profiler`'s per-operator allocation counts do "
+        "not add up to. "
+        "PML's Smooth-AP materialises (B, B, B) tensors; ours works on (anchor, positive, "
+        "reference) triples, B x (m - 1) x B for a fixed m.",
+        "",
+        "| batch | rankwise SmoothAPLoss MiB | PML SmoothAPLoss MiB | rankwise ms (1 call) "
+        "| PML ms (1 call) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for batch_size in args.memory_batch_sizes:
+        cells_mem, cells_time = [], []
+        for implementation in SMOOTH_AP_IMPLEMENTATIONS:
+            result = memory.get((implementation, batch_size))
+            if isinstance(result, dict):
+                prefix = "<= " if result["upper_bound"] else ""
+                cells_mem.append(f"{prefix}{result['peak_growth_mib']:.1f}")
+                cells_time.append(_fmt_ms(result["seconds"]))
+            else:
+                cells_mem.append(str(result))
+                cells_time.append("")
+        lines.append(f"| {batch_size} | {' | '.join(cells_mem)} | {' | '.join(cells_time)} |")
+    exponents = []
+    sizes = args.memory_batch_sizes
+    for implementation in SMOOTH_AP_IMPLEMENTATIONS:
+        first, last = memory.get((implementation, sizes[0])), memory.get((implementation, sizes[-1]))
+        if (
+            len(sizes) > 1
+            and isinstance(first, dict)
+            and isinstance(last, dict)
+            and min(first["peak_growth_mib"], last["peak_growth_mib"]) > 0
+        ):
+            slope = np.log(last["peak_growth_mib"] / first["peak_growth_mib"]) / np.log(
+                sizes[-1] / sizes[0]
+            )
+            exponents.append(f"{implementation} ~ B^{slope:.2f}")
+    if exponents:
+        lines += [
+            "",
+            f"Growth from batch {sizes[0]} to {sizes[-1]}: {', '.join(exponents)} "
+            "(memory ~ B^k; with m fixed, B x (m - 1) x B is k = 2, (B, B, B) tensors k = 3; "
+            "small batches are dominated by fixed overheads, so k is an underestimate).",
+        ]
+    lines.append(SECTION_END)
+    return "\n".join(lines) + "\n", checks
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace the losses section (its heading and the text between its markers), or append it;
+    the rest of the file is kept."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(
+        rf"(^{re.escape(SECTION_HEADING)}\n+)?{re.escape(SECTION_START)}.*?"
+        rf"{re.escape(SECTION_END)}\n?",
+        re.S | re.M,
+    )
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: few repeats, small memory sweep, print only")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per loss")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed calls per loss first")
+    parser.add_argument("--classes", type=int, default=56, help="classes per batch")
+    parser.add_argument("--m", type=int, default=4, help="samples per class")
+    parser.add_argument("--dim", type=int, default=512, help="embedding dimension")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads value (default: torch's own choice)")
+    parser.add_argument("--memory-batch-sizes", type=int, nargs="*", default=None,
+                        help="batch sizes of the Smooth-AP memory sweep (multiples of --m)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"markdown file to update (default {DEFAULT_OUTPUT}; --quick: none)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory-probe", choices=SMOOTH_AP_IMPLEMENTATIONS, default=None,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--probe-batch", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 30
+    if args.warmup is None:
+        args.warmup = 1 if args.quick else 5
+    if args.memory_batch_sizes is None:
+        args.memory_batch_sizes = [64, 128] if args.quick else [64, 128, 224, 448]
+    if args.output is None and not args.quick:
+        args.output = DEFAULT_OUTPUT
+    for name in ("repeats", "classes", "m", "dim"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if args.classes < 2:
+        parser.error("--classes must be >= 2 (ranking needs negatives)")
+    bad = [b for b in args.memory_batch_sizes if b < 2 * args.m or b % args.m]
+    if bad:
+        parser.error(f"--memory-batch-sizes {bad}: each must be a multiple of --m and >= 2 * m")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.memory_probe is not None:
+        print(json.dumps(memory_probe(args.memory_probe, args.probe_batch, args.m, args.dim)))
+        return 0
+
+    n_train_classes = 11318  # Stanford Online Products training classes
+    train_labels = sop_like_train_labels(n_train_classes, args.seed)
+    generator = torch.Generator().manual_seed(args.seed)
+    embeddings = torch.randn(args.classes * args.m, args.dim, generator=generator)
+    labels = pk_labels(args.classes, args.m)
+
+    cases = rankwise_cases(train_labels, args.dim) + pml_cases()
+    times = time_cases(cases, embeddings, labels, args.repeats, args.warmup)
+    memory = measure_memory(args.memory_batch_sizes, args.m, args.dim, torch.get_num_threads())
+    section, checks = render_section(args, cases, times, memory, n_train_classes)
+
+    print(section)
+    for line in checks:
+        print(line)
+    failures = [c for c in cases if c.error] + [v for v in memory.values() if isinstance(v, str)]
+    if failures:
+        print(f"{len(failures)} measurement(s) failed (see the table); "
+              f"{'not writing ' + str(args.output) if args.output else 'nothing written'}.",
+              file=sys.stderr)
+        return 1
+    if args.output is not None:
+        write_section(args.output, section)
+        print(f"wrote the losses section of {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
