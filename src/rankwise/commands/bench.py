@@ -1,6 +1,119 @@
-"""Placeholder: being implemented."""
+"""``rankwise bench``: every loss trained with the same backbone, sampler, budget and seeds on one
+dataset, reported Table 1-style (mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds),
+or, with ``--ablation``, Table 2's SOPRC ablation (Wen et al., *Exploring the Algorithm-Dependent
+Generalization of AUPRC Optimization with List Stability*, NeurIPS 2022, Sec. 5.2-5.3). Writes
+``bench.json``, ``bench.md`` and ``pr_curves.png`` (Fig. 2 style) to the output directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+
+__all__ = ["bench", "default_config_path"]
+
+EXIT_CONFIG = 2
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
 
 
-def bench() -> None:
-    """Not implemented yet."""
-    raise SystemExit("not implemented yet")
+def default_config_path(dataset: str) -> Path:
+    """``configs/<dataset>.yaml`` (``-`` read as ``_``), looked up in the working directory, then
+    in the source checkout rankwise is installed from."""
+    name = f"{dataset.lower().replace('-', '_')}.yaml"
+    candidates = [Path("configs") / name, Path(__file__).resolve().parents[3] / "configs" / name]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"--dataset {dataset}: no default config {name} in ./configs or "
+        f"{candidates[1].parent}; pass --config base.yaml."
+    )
+
+
+def bench(
+    overrides: list[str] | None = typer.Argument(
+        None, help="KEY=VALUE overrides of the base config, applied to every run.",
+        show_default=False,
+    ),
+    dataset: str | None = typer.Option(
+        None, "--dataset", "-d", help="digits, fashion-mnist, ... (selects configs/<dataset>.yaml)."
+    ),
+    losses: str | None = typer.Option(
+        None, "--losses", help="Comma-separated losses (default: the config's bench.losses)."
+    ),
+    seeds: int | None = typer.Option(
+        None, "--seeds", min=1, help="Number of seeds 0..n-1 (default 3; 1 with --quick)."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Short budget (bench.quick in the config)."),
+    ablation: bool = typer.Option(False, "--ablation", help="Table 2 SOPRC ablation rows."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Output directory (default runs/bench/<dataset>)."
+    ),
+    config: Path | None = typer.Option(None, "--config", "-c", help="Base YAML config."),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Dataset directory."),
+    device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda."),
+    num_workers: int | None = typer.Option(None, "--num-workers", min=0),
+) -> None:
+    """Compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset."""
+    from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted
+    from ..training.bench import run_bench
+    from ..training.config import apply_overrides, parse_overrides
+
+    console = Console()
+    if not console.is_terminal:  # piped / captured: do not squeeze the table into 80 columns
+        console = Console(width=140)
+    err = Console(stderr=True)
+    try:
+        if config is None and dataset is None:
+            raise ConfigError("pass --dataset NAME or --config base.yaml.")
+        try:
+            path = config if config is not None else default_config_path(dataset)
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        if not path.is_file():
+            raise ConfigError(f"--config: file {str(path)!r} does not exist.")
+        try:
+            base = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(base, dict):
+            raise ConfigError(f"{path}: a config must be a mapping of sections.")
+        extra = parse_overrides(list(overrides or []))
+        # `loss.*` overrides target the loss of every run, so they are applied after each run's
+        # loss is chosen (applied to the base config they would be dropped with its loss).
+        loss_overrides = {k: v for k, v in extra.items() if k == "loss" or k.startswith("loss.")}
+        extra = {k: v for k, v in extra.items() if k not in loss_overrides}
+        if dataset is not None:
+            extra["dataset.name"] = dataset
+        if data_dir is not None:
+            extra["dataset.data_dir"] = data_dir
+        if device is not None:
+            extra["device"] = device
+        if num_workers is not None:
+            extra["num_workers"] = num_workers
+        base = apply_overrides(base, extra)
+        loss_list = None
+        if losses is not None:
+            loss_list = [name.strip() for name in losses.split(",") if name.strip()]
+        n_seeds = seeds if seeds is not None else (1 if quick else 3)
+        name = str((base.get("dataset") or {}).get("name", "bench")).replace("_", "-")
+        out = output if output is not None else (
+            Path("runs") / "bench" / f"{name}{'-ablation' if ablation else ''}"
+        )
+        run_bench(base, losses=loss_list, seeds=list(range(n_seeds)), quick=quick,
+                  ablation=ablation, output=out, console=console,
+                  run_overrides=loss_overrides)
+    except ConfigError as exc:
+        err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+    except TrainingInterrupted as exc:
+        err.print(f"[yellow]bench interrupted: {escape(str(exc))}[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except NonFiniteLossError as exc:
+        err.print(f"[red]bench failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(EXIT_FAILED) from None

@@ -1,0 +1,335 @@
+"""Loss comparison and ablation sweeps: the Table 1 and Table 2 protocol of Wen et al.,
+*Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
+(NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale.
+
+Every loss is trained with the same backbone, sampler, budget and seeds (only its own parameters
+and, where configured, its optimizer differ) and reported as mean ± std over seeds of the test
+mAUPRC (tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The
+ablation reproduces Table 2's rows for SOPRC: biased estimator (class prior pi replaced by the
+batch ratio), without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the
+semi-variance regularizer L_var (Eq. 9), and SGD versus Adam.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .checkpoint import atomic_write_text
+from .config import Config, ConfigError, apply_overrides, config_from_dict
+from .trainer import RunResult, Trainer, load_splits, preflight
+
+__all__ = [
+    "ABLATION_ROWS",
+    "BenchRow",
+    "BenchRun",
+    "aggregate_rows",
+    "bench_table_markdown",
+    "plan_bench",
+    "run_bench",
+]
+
+# Table 2 of the paper: (No., unbiased estimator, with v, with L_var, optimizer).
+ABLATION_ROWS: tuple[tuple[int, bool, bool, bool, str], ...] = (
+    (1, False, False, False, "sgd"),
+    (2, True, False, False, "sgd"),
+    (3, True, True, False, "sgd"),
+    (4, True, True, True, "sgd"),
+    (5, True, True, True, "adam"),
+)
+# metrics aggregated per row: (bench.json key prefix, getter on a RetrievalReport)
+_METRICS = (
+    ("map", lambda r: r.map),
+    ("recall_at_1", lambda r: r.recall_at[1]),
+    ("recall_at_10", lambda r: r.recall_at[10]),
+    ("map_at_r", lambda r: r.map_at_r),
+    ("r_precision", lambda r: r.r_precision),
+)
+
+
+@dataclass
+class BenchRun:
+    """One planned training run of a sweep."""
+
+    label: str  # the row it belongs to ("soprc", or "soprc #3" in the ablation)
+    seed: int
+    config: Config
+    row_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BenchRow:
+    """Aggregated results of one row (one loss or ablation variant over all seeds)."""
+
+    label: str
+    info: dict[str, Any]
+    results: list[RunResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"loss": self.info.get("loss", self.label)}
+        for key, getter in _METRICS:
+            values = [float(getter(r.test)) for r in self.results]
+            out[f"{key}_mean"] = float(np.mean(values))
+            # sample standard deviation over seeds (0 for a single seed)
+            out[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        out["seconds"] = float(np.mean([r.seconds for r in self.results]))
+        out.update({k: v for k, v in self.info.items() if k != "loss"})
+        out["label"] = self.label
+        out["seeds"] = [int(r.config["seed"]) for r in self.results]
+        out["map_per_seed"] = [float(r.test.map) for r in self.results]
+        out["steps"] = int(self.results[0].steps)
+        out["run_dirs"] = [str(r.run_dir) for r in self.results]
+        return out
+
+
+def _loss_data(base: Mapping[str, Any], loss: str) -> dict[str, Any]:
+    """The base config switched to ``loss``: its params are kept only for the same loss."""
+    base_loss = base.get("loss") or {}
+    params = dict(base_loss.get("params") or {}) if base_loss.get("name") == loss else {}
+    return apply_overrides(base, {"loss": {"name": loss, "params": params}})
+
+
+def plan_bench(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    quick: bool = False,
+    ablation: bool = False,
+    output: str | Path,
+    run_overrides: Mapping[str, Any] | None = None,
+) -> list[BenchRun]:
+    """Resolve and validate every run of a sweep before any training.
+
+    Args:
+        base: the base config as a plain mapping (e.g. ``yaml.safe_load`` of configs/digits.yaml).
+        losses: losses to compare (default ``base["bench"]["losses"]``); ignored by ``ablation``.
+        seeds: training seeds; every row uses all of them.
+        quick: apply ``bench.quick.overrides`` (a short budget) to every run.
+        ablation: plan Table 2's five SOPRC rows instead of the loss comparison.
+        output: sweep directory; run ``<label>/seed<k>`` goes below it.
+        run_overrides: dotted ``{key: value}`` overrides applied to every run AFTER its loss is
+            chosen, e.g. ``{"loss.params.lambda_val": 50}`` from the command line (a parameter a
+            run's loss does not take is reported as a config error naming the run).
+
+    Raises:
+        ConfigError: naming the run and the offending key.
+    """
+    base_config = config_from_dict(base)  # reports errors of the base file itself first
+    bench = base_config.bench
+    # the table reports R@1 and R@10 whatever the base config evaluates
+    common: dict[str, Any] = {"progress": False,
+                              "eval_ks": sorted({*base_config.eval_ks, 1, 10})}
+    if quick:
+        common.update(bench.quick.overrides)
+    plans: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    if ablation:
+        for number, unbiased, use_v, with_var, optimizer in ABLATION_ROWS:
+            data = apply_overrides(_loss_data(base, "soprc"), bench.overrides.get("soprc", {}))
+            opt = bench.ablation.sgd if optimizer == "sgd" else bench.ablation.adam
+            data = apply_overrides(data, {
+                "loss.params.unbiased": unbiased,
+                "loss.params.use_v": use_v,
+                **({} if with_var else {"loss.params.semi_variance_weights": None}),
+                "optimizer": opt.model_dump(mode="json"),
+            })
+            info = {"loss": "soprc", "variant": number, "unbiased_estimator": unbiased,
+                    "with_v": use_v, "with_semi_variance": with_var, "optimizer": optimizer}
+            plans.append((f"soprc-ablation-{number}", data, info))
+    else:
+        for loss in losses if losses is not None else bench.losses:
+            data = apply_overrides(_loss_data(base, loss), bench.overrides.get(loss, {}))
+            plans.append((loss, data, {"loss": loss}))
+    runs = []
+    run_overrides = dict(run_overrides or {})
+    if "loss.name" in run_overrides or "loss" in run_overrides:
+        raise ConfigError("bench: choose losses with --losses, not a loss.name override.")
+    for label, data, info in plans:
+        data = apply_overrides(data, run_overrides)
+        for seed in seeds:
+            resolved = apply_overrides(
+                data, {**common, "seed": int(seed),
+                       "output_dir": str(Path(output) / label / f"seed{seed}")},
+            )
+            try:
+                config = config_from_dict(resolved)
+            except ConfigError as exc:
+                raise ConfigError(f"bench run {label} (seed {seed}): {exc}") from None
+            runs.append(BenchRun(label, int(seed), config, info))
+    if not runs:
+        raise ConfigError("bench: nothing to run (empty --losses or --seeds).")
+    return runs
+
+
+def aggregate_rows(runs: Sequence[BenchRun], results: Sequence[RunResult]) -> list[BenchRow]:
+    """Group finished runs by row label (in planning order)."""
+    rows: dict[str, BenchRow] = {}
+    for run, result in zip(runs, results, strict=True):
+        row = rows.setdefault(run.label, BenchRow(run.label, dict(run.row_info), []))
+        row.results.append(result)
+    return list(rows.values())
+
+
+def _pct(mean: float, std: float) -> str:
+    return f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def _check(flag: bool) -> str:
+    return "✓" if flag else "✗"
+
+
+def _table_columns(ablation: bool) -> list[str]:
+    head = ["No.", "Unb. Est.", "with v", "with L_var", "Opt."] if ablation else ["Loss"]
+    return head + ["mAUPRC", "R@1", "R@10", "MAP@R", "s / run"]
+
+
+def _table_cells(row: Mapping[str, Any], ablation: bool) -> list[str]:
+    if ablation:
+        head = [str(row["variant"]), _check(row["unbiased_estimator"]), _check(row["with_v"]),
+                _check(row["with_semi_variance"]), "SGD" if row["optimizer"] == "sgd" else "Adam"]
+    else:
+        head = [row["loss"]]
+    return head + [
+        _pct(row["map_mean"], row["map_std"]),
+        _pct(row["recall_at_1_mean"], row["recall_at_1_std"]),
+        _pct(row["recall_at_10_mean"], row["recall_at_10_std"]),
+        _pct(row["map_at_r_mean"], row["map_at_r_std"]),
+        f"{row['seconds']:.1f}",
+    ]
+
+
+def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> str:
+    """Markdown table of a ``bench.json`` summary (values in %, mean ± std over seeds)."""
+    columns = _table_columns(ablation)
+    lines = [
+        f"# rankwise bench: {summary['dataset']} ({summary['protocol']})",
+        "",
+        f"Seeds: {summary['seeds']}. Test metrics of the checkpoint with the best validation "
+        "mAP, in %, mean ± sample std over seeds; mAUPRC is the tie-aware mAP.",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
+    for row in summary["rows"]:
+        lines.append("| " + " | ".join(_table_cells(row, ablation)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_bench_table(summary: Mapping[str, Any], console: Any, ablation: bool = False) -> None:
+    """Rich table of a ``bench.json`` summary; the best mAUPRC row is bold."""
+    from rich.table import Table
+
+    title = (
+        f"{'Ablation (Table 2)' if ablation else 'Table 1'}: {summary['dataset']} "
+        f"({summary['protocol']}), {len(summary['seeds'])} seed(s), test metrics in %"
+    )
+    table = Table(title=title)
+    for i, name in enumerate(_table_columns(ablation)):
+        table.add_column(name, justify="left" if i == 0 and not ablation else "right")
+    best = max((row["map_mean"] for row in summary["rows"]), default=math.nan)
+    for row in summary["rows"]:
+        style = "bold" if row["map_mean"] == best else None
+        table.add_row(*_table_cells(row, ablation), style=style)
+    console.print(table)
+
+
+def _mean_curve(results: Sequence[RunResult]) -> Any:
+    from ..metrics import PRCurve
+
+    curves = [r.pr_curve for r in results]
+    return PRCurve(
+        recall=np.asarray(curves[0].recall, dtype=np.float64),
+        precision=np.mean([np.asarray(c.precision, dtype=np.float64) for c in curves], axis=0),
+        n_queries=int(curves[0].n_queries),
+    )
+
+
+def run_bench(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    quick: bool = False,
+    ablation: bool = False,
+    output: str | Path,
+    console: Any = None,
+    run_overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train every planned run, then write ``bench.json``, ``bench.md`` and ``pr_curves.png``.
+
+    Arguments as in :func:`plan_bench`. All configuration errors (including the data-dependent
+    ones: unknown loss parameter, too many classes per batch) are raised before the first run.
+
+    Returns:
+        The ``bench.json`` content: ``{"dataset", "protocol", "seeds", "rows"}``, one row per
+        loss (or ablation variant) with ``map_mean``, ``map_std``, ``recall_at_1_mean``, ...,
+        ``seconds`` (mean wall-clock seconds per run) and bookkeeping fields.
+    """
+    from rich.console import Console
+
+    from ..plots import plot_pr_curves
+
+    console = console if console is not None else Console()
+    output = Path(output)
+    runs = plan_bench(base, losses=losses, seeds=seeds, quick=quick, ablation=ablation,
+                      output=output, run_overrides=run_overrides)
+    # one data load for the whole sweep (every run shares the dataset section)
+    dataset_key = json.dumps(runs[0].config.dataset.model_dump(mode="json"), sort_keys=True)
+    if any(json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != dataset_key
+           for r in runs):
+        raise ConfigError("bench: per-loss overrides must not change the dataset section.")
+    splits = load_splits(runs[0].config)
+    checked: set[str] = set()
+    for run in runs:
+        key = json.dumps(run.config.to_dict(), sort_keys=True)
+        if key in checked:
+            continue
+        try:
+            preflight(run.config, splits)
+        except ConfigError as exc:
+            raise ConfigError(f"bench run {run.label} (seed {run.seed}): {exc}") from None
+        checked.add(key)
+
+    console.print(
+        f"[bold]rankwise bench[/bold]: {len(runs)} runs on {runs[0].config.dataset.name} "
+        f"({splits.protocol}) -> {output}", soft_wrap=True
+    )
+    results: list[RunResult] = []
+    for i, run in enumerate(runs, 1):
+        result = Trainer(run.config, splits=splits, overwrite=True, console=console).fit()
+        results.append(result)
+        console.print(
+            f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
+            f"{100 * result.test.map:.2f}  R@1 {100 * result.test.recall_at[1]:.2f}  "
+            f"({result.seconds:.1f} s, best val step {result.best_step})", soft_wrap=True
+        )
+
+    rows = aggregate_rows(runs, results)
+    summary = {
+        "dataset": runs[0].config.dataset.name,
+        "protocol": str(splits.protocol),
+        "seeds": [int(s) for s in seeds],
+        "rows": [row.to_dict() for row in rows],
+    }
+    output.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(json.dumps(summary, indent=2) + "\n", output / "bench.json")
+    atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
+    curves = {row.label: _mean_curve(row.results) for row in rows}
+    plot_pr_curves(
+        curves, output / "pr_curves.png",
+        title=f"mean PR curves on {summary['dataset']} test "
+              f"({'SOPRC ablation' if ablation else 'all losses'})",
+        labels={row.label: row.to_dict()["map_mean"] for row in rows},
+    )
+    print_bench_table(summary, console, ablation)
+    # soft_wrap: paths are printed whole, never broken across lines
+    console.print(f"results: {output / 'bench.json'}, {output / 'bench.md'}", soft_wrap=True)
+    console.print(f"plots: {output / 'pr_curves.png'} (per run: <run>/pr_curve.png, "
+                  "<run>/training_curves.png)", soft_wrap=True)
+    return summary

@@ -1,0 +1,125 @@
+"""Crash-safe checkpoints and random-number-generator snapshots for bit-exact resumption.
+
+A training run of the SOPRC protocol (Wen et al., NeurIPS 2022, Sec. 5.1 / Alg. 1) carries state
+beyond the network weights: the auxiliary score vector ``v`` of Eq. (10) (a loss buffer), the
+optimizer moments, the sampler position and the RNG streams. This module writes that state
+atomically (temporary file in the destination directory, ``fsync``, ``os.replace``, ``fsync`` of
+the directory) so an interruption never leaves a truncated checkpoint, and it stores only tensors
+and primitive containers so checkpoints load with ``torch.load(..., weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "atomic_save",
+    "atomic_write_text",
+    "capture_rng_state",
+    "load_checkpoint",
+    "restore_rng_state",
+]
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        # interrupted or failed: remove the partial file, keep the previous checkpoint intact
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to ``path`` atomically: readers see the old file or the complete new one."""
+    _atomic_write(Path(path), lambda handle: torch.save(obj, handle))
+
+
+def atomic_write_text(text: str, path: str | Path) -> None:
+    """Write a text file atomically (same protocol as :func:`atomic_save`)."""
+    _atomic_write(Path(path), lambda handle: handle.write(text.encode()))
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint written by the trainer with ``weights_only=True`` (no arbitrary code)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist.")
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Torch (CPU and every CUDA device), numpy-global and python ``random`` states as tensors."""
+    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()  # noqa: NPY002
+    py_version, py_internal, py_gauss = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": str(np_kind),
+            "keys": torch.from_numpy(np.asarray(np_keys, dtype=np.int64)),
+            "pos": int(np_pos),
+            "has_gauss": int(np_has_gauss),
+            "cached_gaussian": float(np_gauss),
+        },
+        "python": {
+            "version": int(py_version),
+            "internal": torch.tensor(py_internal, dtype=torch.int64),
+            "gauss_next": py_gauss,
+        },
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"].cpu())
+    npy = state["numpy"]
+    np.random.set_state(  # noqa: NPY002
+        (
+            npy["kind"],
+            npy["keys"].numpy().astype(np.uint32),
+            int(npy["pos"]),
+            int(npy["has_gauss"]),
+            float(npy["cached_gaussian"]),
+        )
+    )
+    py = state["python"]
+    random.setstate((int(py["version"]), tuple(int(x) for x in py["internal"].tolist()),
+                     py["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda_states])

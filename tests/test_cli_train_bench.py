@@ -1,0 +1,100 @@
+"""`rankwise train` and `rankwise bench` through typer's CliRunner on the bundled digits data:
+exit codes, config errors naming their key, resume, and the exact bench.json schema."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from rankwise.cli import app
+
+runner = CliRunner()
+
+BASE = {
+    "dataset": {"name": "digits"},
+    "model": {"backbone": "small_cnn", "embedding_dim": 16},
+    "loss": {"name": "soprc", "params": {}},
+    "sampler": {"m": 4, "batch_size": 20},
+    "optimizer": {"name": "adam", "lr": 1e-3},
+    "budget": {"iterations": 6},
+    "eval_every": 3,
+    "eval_ks": [1, 10],
+    "threads": 1,
+    "bench": {"quick": {"overrides": {"budget.iterations": 4, "eval_every": 2}}},
+}
+
+
+def write_config(tmp_path, data=BASE):
+    path = tmp_path / "base.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_train_then_report(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
+                                 "--output", str(out), "loss.name=triplet", "seed=1"])
+    assert result.exit_code == 0, result.output
+    assert "run directory" in result.output
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["loss"]["name"] == "triplet" and saved["seed"] == 1
+    assert json.loads((out / "report.json").read_text())["steps"] == 6
+
+
+def test_train_config_error_names_the_key_and_exits_2(tmp_path):
+    result = runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
+                                 "--output", str(tmp_path / "r"), "sampler.batch_size=30"])
+    assert result.exit_code == 2
+    assert "sampler.batch_size: 30 is not divisible by sampler.m=4" in result.output
+    result = runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
+                                 "--output", str(tmp_path / "r"), "loss.params.bta=1"])
+    assert result.exit_code == 2 and "'bta'" in result.output
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_train_resume_refuses_overrides_and_finishes_a_completed_run(tmp_path):
+    out = tmp_path / "run"
+    assert runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
+                               "--output", str(out)]).exit_code == 0
+    refused = runner.invoke(app, ["train", "--resume", str(out), "seed=2"])
+    assert refused.exit_code == 2 and "--resume" in refused.output
+    again = runner.invoke(app, ["train", "--resume", str(out)])
+    assert again.exit_code == 0, again.output
+    assert "resuming" in again.output
+
+
+def test_bench_quick_writes_bench_json_with_the_exact_schema(tmp_path):
+    out = tmp_path / "bench"
+    result = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
+                                 "--losses", "triplet,soprc", "--seeds", "2",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "bench.json").read_text())
+    assert set(summary) == {"dataset", "protocol", "seeds", "rows"}
+    assert summary["dataset"] == "digits" and summary["protocol"] == "open-set"
+    assert summary["seeds"] == [0, 1]
+    assert [row["loss"] for row in summary["rows"]] == ["triplet", "soprc"]
+    types = {"loss": str, "map_mean": float, "map_std": float, "recall_at_1_mean": float,
+             "recall_at_1_std": float, "seconds": float}
+    for row in summary["rows"]:
+        for key, kind in types.items():
+            assert isinstance(row[key], kind), key
+        # the aggregate is the mean of the per-seed test reports written by each run
+        per_seed = [json.loads((out / row["loss"] / f"seed{s}" / "report.json").read_text())
+                    for s in (0, 1)]
+        maps = [r["test"]["map"] for r in per_seed]
+        assert abs(row["map_mean"] - sum(maps) / 2) < 1e-12
+        assert abs(row["map_std"] - abs(maps[0] - maps[1]) / 2**0.5) < 1e-12
+        assert per_seed[0]["steps"] == 4  # the quick budget
+    assert (out / "bench.md").is_file() and (out / "pr_curves.png").is_file()
+    assert "pr_curves.png" in result.output
+
+
+def test_bench_reports_a_bad_loss_before_training(tmp_path):
+    out = tmp_path / "bench"
+    result = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
+                                 "--losses", "triplet,nope", "--output", str(out)])
+    assert result.exit_code == 2 and "loss.name: unknown loss 'nope'" in result.output
+    assert not out.exists()

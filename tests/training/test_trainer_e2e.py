@@ -1,0 +1,186 @@
+"""End-to-end training on the bundled digits data with a tiny budget: determinism, bit-exact
+resumption (weights, SOPRC's v buffer, optimizer, metrics), weights_only checkpoints, atomic
+writes, Ctrl-C and NaN handling."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rankwise.training import (
+    NonFiniteLossError,
+    Trainer,
+    TrainingInterrupted,
+    atomic_save,
+    config_from_dict,
+    load_checkpoint,
+)
+from rankwise.training.config import apply_overrides
+
+STEPS = 12
+
+
+def make_config(run_dir, **extra):
+    data = {
+        "dataset": {"name": "digits"},
+        "model": {"backbone": "small_cnn", "embedding_dim": 16},
+        # SOPRC: its per-class vector v is a loss buffer that must survive a resume
+        "loss": {"name": "soprc", "params": {}},
+        "sampler": {"m": 4, "batch_size": 20},
+        "optimizer": {"name": "adam", "lr": 2e-3, "weight_decay": 1e-4},
+        "schedule": {"name": "cosine"},
+        "budget": {"iterations": STEPS},
+        "eval_every": 4,
+        "eval_ks": [1, 10],
+        "log_every": 2,
+        "seed": 3,
+        "progress": False,
+        "threads": 1,
+        "output_dir": str(run_dir),
+    }
+    return config_from_dict(apply_overrides(data, extra))
+
+
+def final_state(run_dir):
+    last = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    best = load_checkpoint(run_dir / "checkpoints" / "best.pt")
+    return last, best
+
+
+def assert_same_tensors(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def records(run_dir, kind):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    drop = ("samples_per_s",)
+    return [{k: v for k, v in r.items() if k not in drop} for r in rows if r["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference")
+    result = Trainer(make_config(run_dir)).fit()
+    return run_dir, result
+
+
+def test_run_writes_the_run_directory(reference_run):
+    run_dir, result = reference_run
+    assert result.status == "completed" and result.steps == STEPS
+    for name in ("config.yaml", "metrics.jsonl", "report.json", "training_curves.png",
+                 "pr_curve.png", "checkpoints/last.pt", "checkpoints/best.pt"):
+        assert (run_dir / name).is_file(), name
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["steps"] == STEPS and report["test"]["map"] == result.test.map
+    assert report["best_step"] in (4, 8, 12)
+    assert [r["step"] for r in records(run_dir, "val")] == [4, 8, 12]
+    assert [r["step"] for r in records(run_dir, "train")] == list(range(2, STEPS + 1, 2))
+    # digits open-set: the test split (classes 5-9) is ranked leave-one-out
+    assert result.test.n_queries == 896
+
+
+def test_checkpoints_load_with_weights_only_and_no_tmp_files_remain(reference_run):
+    run_dir, _ = reference_run
+    for name in ("last.pt", "best.pt"):
+        state = torch.load(run_dir / "checkpoints" / name, weights_only=True)
+        assert "model" in state
+    last = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert last["step"] == STEPS
+    assert "v" in "".join(last["loss"].keys())  # SOPRC's auxiliary vector is checkpointed
+    leftovers = [p.name for p in run_dir.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+def test_same_seed_gives_identical_metrics_and_weights(reference_run, tmp_path):
+    run_dir, result = reference_run
+    again = Trainer(make_config(tmp_path / "again")).fit()
+    assert again.test.to_dict() == result.test.to_dict()
+    assert records(tmp_path / "again", "val") == records(run_dir, "val")
+    assert_same_tensors(final_state(tmp_path / "again")[0]["model"], final_state(run_dir)[0]["model"])
+
+
+def test_another_seed_gives_other_weights(reference_run, tmp_path):
+    run_dir, _ = reference_run
+    Trainer(make_config(tmp_path / "other", seed=4, budget={"iterations": 2}, eval_every=2)).fit()
+    other = load_checkpoint(tmp_path / "other" / "checkpoints" / "last.pt")["model"]
+    reference = final_state(run_dir)[0]["model"]
+    assert any(not torch.equal(other[k], reference[k]) for k in reference)
+
+
+@pytest.mark.parametrize("stop_at", [6, 8])
+def test_interrupted_and_resumed_run_matches_uninterrupted_run(reference_run, tmp_path, stop_at):
+    run_dir, result = reference_run
+    interrupted = tmp_path / "interrupted"
+
+    def ctrl_c(trainer):
+        if trainer.step == stop_at:
+            raise KeyboardInterrupt
+
+    with pytest.raises(TrainingInterrupted) as info:
+        Trainer(make_config(interrupted)).fit(callbacks=[ctrl_c])
+    assert info.value.step == stop_at
+    assert f"rankwise train --resume {interrupted}" in str(info.value)
+    assert load_checkpoint(interrupted / "checkpoints" / "last.pt")["step"] == stop_at
+
+    resumed = Trainer.from_run_dir(interrupted)
+    assert resumed.step == stop_at
+    resumed_result = resumed.fit()
+    assert resumed_result.test.to_dict() == result.test.to_dict()
+    assert resumed_result.best_step == result.best_step
+    (last_a, best_a), (last_b, best_b) = final_state(run_dir), final_state(interrupted)
+    assert_same_tensors(last_a["model"], last_b["model"])
+    assert_same_tensors(last_a["loss"], last_b["loss"])
+    assert_same_tensors(best_a["model"], best_b["model"])
+    assert records(interrupted, "val") == records(run_dir, "val")
+    assert records(interrupted, "train") == records(run_dir, "train")
+
+
+def test_max_steps_stops_with_a_checkpoint_and_resume_finishes(reference_run, tmp_path):
+    run_dir, result = reference_run
+    stopped = Trainer(make_config(tmp_path / "r")).fit(max_steps=5)
+    assert stopped.status == "stopped" and stopped.steps == 5 and stopped.test is None
+    finished = Trainer.from_run_dir(tmp_path / "r").fit()
+    assert finished.test.to_dict() == result.test.to_dict()
+    assert_same_tensors(final_state(run_dir)[0]["model"], final_state(tmp_path / "r")[0]["model"])
+
+
+def test_existing_run_directory_is_not_overwritten(reference_run):
+    run_dir, _ = reference_run
+    from rankwise.training import ConfigError
+
+    with pytest.raises(ConfigError, match="already holds a run"):
+        Trainer(make_config(run_dir))
+
+
+def test_nan_loss_stops_with_the_step_number_and_keeps_the_last_good_checkpoint(
+    tmp_path, monkeypatch
+):
+    trainer = Trainer(make_config(tmp_path / "nan"))
+    real_forward = trainer.loss_fn.forward
+    calls = {"n": 0}
+
+    def poisoned(embeddings, labels, *args, **kwargs):
+        calls["n"] += 1
+        loss = real_forward(embeddings, labels, *args, **kwargs)
+        return loss * float("nan") if calls["n"] == 6 else loss
+
+    monkeypatch.setattr(trainer.loss_fn, "forward", poisoned)
+    with pytest.raises(NonFiniteLossError, match="at step 6") as info:
+        trainer.fit()
+    assert info.value.step == 6
+    kept = load_checkpoint(tmp_path / "nan" / "checkpoints" / "last.pt")
+    assert kept["step"] == 4  # the checkpoint of the last evaluation, untouched
+    assert all(torch.isfinite(v).all() for v in kept["model"].values())
+
+
+def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    atomic_save({"w": torch.ones(3)}, path)
+    with pytest.raises(Exception):  # noqa: B017 - pickling a lambda fails inside torch.save
+        atomic_save({"w": torch.zeros(3), "bad": lambda: None}, path)
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]

@@ -1,0 +1,170 @@
+"""Config validation of rankwise.training: every error names its dotted key and is raised before
+any training step; overrides are typed; the learning-rate schedule matches torch's schedulers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from rankwise.training import ConfigError, Trainer, config_from_dict, learning_rate_at, load_config
+from rankwise.training.config import apply_overrides, parse_overrides
+
+
+def base(**extra):
+    data = {
+        "dataset": {"name": "digits"},
+        "model": {"backbone": "small_cnn", "embedding_dim": 16},
+        "loss": {"name": "soprc", "params": {}},
+        "sampler": {"m": 4, "batch_size": 20},
+        "optimizer": {"name": "adam", "lr": 1e-3},
+        "budget": {"iterations": 4},
+        "eval_every": 2,
+        "progress": False,
+        "threads": 1,
+    }
+    return apply_overrides(data, extra)
+
+
+def test_unknown_top_level_key_is_named():
+    with pytest.raises(ConfigError, match=r"learning_rate: unknown key"):
+        config_from_dict({**base(), "learning_rate": 0.1})
+
+
+def test_unknown_nested_key_is_named_with_its_path():
+    with pytest.raises(ConfigError, match=r"optimizer\.momentun: unknown key"):
+        config_from_dict(base(**{"optimizer.momentun": 0.9}))
+
+
+def test_unknown_loss_is_named():
+    with pytest.raises(ConfigError, match=r"loss\.name: unknown loss 'sopcr'"):
+        config_from_dict(base(**{"loss.name": "sopcr"}))
+
+
+def test_unknown_dataset_is_named():
+    with pytest.raises(ConfigError, match=r"dataset\.name: unknown dataset 'digitz'"):
+        config_from_dict(base(**{"dataset.name": "digitz"}))
+
+
+def test_dataset_alias_is_normalized():
+    assert config_from_dict(base(**{"dataset.name": "fashion_mnist"})).dataset.name == (
+        "fashion-mnist"
+    )
+
+
+def test_batch_not_divisible_by_m():
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(base(**{"sampler.batch_size": 30}))
+    assert "sampler.batch_size: 30 is not divisible by sampler.m=4" in str(info.value)
+
+
+def test_budget_needs_exactly_one_of_epochs_or_iterations():
+    with pytest.raises(ConfigError, match="budget"):
+        config_from_dict(base(**{"budget.epochs": 2}))
+
+
+def test_unknown_loss_param_raises_before_training(tmp_path):
+    config = config_from_dict(base(**{"loss.params.betta": 0.1, "output_dir": str(tmp_path / "r")}))
+    with pytest.raises(ConfigError, match=r"loss\.params.*'betta'"):
+        Trainer(config)
+    assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_more_classes_per_batch_than_the_training_split_has(tmp_path):
+    # digits (open-set) trains on 5 classes: 32 / 4 = 8 classes per batch cannot be drawn
+    config = config_from_dict(base(**{"sampler.batch_size": 32, "output_dir": str(tmp_path)}))
+    with pytest.raises(ConfigError, match=r"sampler\.batch_size: 32 / sampler\.m=4 = 8 classes"):
+        Trainer(config)
+
+
+def test_milestones_past_the_budget(tmp_path):
+    config = config_from_dict(base(**{
+        "optimizer.name": "sgd", "schedule": {"name": "multistep", "milestones": [2, 9]},
+        "output_dir": str(tmp_path),
+    }))
+    with pytest.raises(ConfigError, match=r"schedule\.milestones"):
+        Trainer(config)
+
+
+def test_overrides_are_typed_by_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(base()))
+    config = load_config(path, [
+        "loss.params.beta=0.1", "model.frozen_bn=false", "optimizer.name=SGD",
+        "loss.params.semi_variance_weights=[1, 5]", "budget.iterations=7",
+    ])
+    assert config.loss.params == {"beta": 0.1, "semi_variance_weights": [1, 5]}
+    assert config.model.frozen_bn is False
+    assert config.optimizer.name == "sgd"
+    assert config.budget.iterations == 7
+
+
+def test_malformed_override_and_value_into_a_scalar():
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_overrides(["optimizer.lr"])
+    with pytest.raises(ConfigError, match=r"eval_every\.x: eval_every is a value"):
+        apply_overrides(base(), {"eval_every.x": 1})
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize("name", ["multistep", "cosine", "none"])
+def test_learning_rate_schedule_matches_torch_schedulers(name):
+    total = 40
+    schedule = {"name": name}
+    if name == "multistep":
+        schedule.update(milestones=[10, 25], gamma=0.1)
+    if name == "cosine":
+        schedule.update(min_lr=1e-4)
+    config = config_from_dict(base(**{"optimizer": {"name": "sgd", "lr": 0.01},
+                                      "schedule": schedule}))
+    param = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([param], lr=0.01)
+    if name == "multistep":
+        ref = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[10, 25], gamma=0.1)
+    elif name == "cosine":
+        ref = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total, eta_min=1e-4)
+    else:
+        ref = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    for step in range(total):
+        assert learning_rate_at(config, step, total) == pytest.approx(
+            opt.param_groups[0]["lr"], rel=1e-9, abs=1e-12
+        )
+        opt.step()
+        ref.step()
+
+
+def test_ablation_plan_reproduces_table_2_rows(tmp_path):
+    from rankwise.training.bench import plan_bench
+    from rankwise.training.trainer import load_splits, preflight
+
+    data = base(**{"bench.ablation.sgd": {"name": "sgd", "lr": 0.05},
+                   "bench.ablation.adam": {"name": "adam", "lr": 0.002}})
+    runs = plan_bench(data, seeds=[0], ablation=True, output=tmp_path)
+    got = [(r.config.loss.params.get("unbiased"), r.config.loss.params.get("use_v"),
+            "semi_variance_weights" not in r.config.loss.params, r.config.optimizer.name,
+            r.config.optimizer.lr) for r in runs]
+    # Table 2: (unbiased estimator, with v, with L_var, optimizer)
+    assert got == [(False, False, False, "sgd", 0.05), (True, False, False, "sgd", 0.05),
+                   (True, True, False, "sgd", 0.05), (True, True, True, "sgd", 0.05),
+                   (True, True, True, "adam", 0.002)]
+    assert all(r.config.loss.name == "soprc" for r in runs)
+    splits = load_splits(runs[0].config)
+    for run in runs:  # every variant is accepted by build_loss on the real training labels
+        assert preflight(run.config, splits) == 4
+
+
+def test_bench_plan_keeps_base_params_only_for_the_base_loss(tmp_path):
+    from rankwise.training.bench import plan_bench
+
+    data = base(**{"loss.params.tau1": 0.2, "bench.overrides": {"triplet": {
+        "loss.params.margin": 0.3}}})
+    runs = plan_bench(data, losses=["triplet", "soprc"], seeds=[0, 1], output=tmp_path)
+    params = {(r.label, r.seed): r.config.loss.params for r in runs}
+    assert params[("triplet", 1)] == {"margin": 0.3}
+    assert params[("soprc", 0)] == {"tau1": 0.2}
+    assert {r.config.output_dir for r in runs} == {
+        str(tmp_path / lab / f"seed{s}") for lab in ("triplet", "soprc") for s in (0, 1)}
