@@ -98,3 +98,18 @@ def test_bench_reports_a_bad_loss_before_training(tmp_path):
                                  "--losses", "triplet,nope", "--output", str(out)])
     assert result.exit_code == 2 and "loss.name: unknown loss 'nope'" in result.output
     assert not out.exists()
+
+
+def test_bench_loss_param_override_reaches_every_run(tmp_path):
+    out = tmp_path / "bench"
+    result = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
+                                 "--losses", "auc", "--output", str(out),
+                                 "loss.params.delta_s=0.1"])
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load((out / "auc" / "seed0" / "config.yaml").read_text())
+    assert resolved["loss"] == {"name": "auc", "params": {"delta_s": 0.1}}
+    # a parameter the loss does not take is a config error naming it, before training
+    bad = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
+                              "--losses", "auc", "--output", str(tmp_path / "b2"),
+                              "loss.params.lambda_val=3"])
+    assert bad.exit_code == 2 and "lambda_val" in bad.output

@@ -168,3 +168,14 @@ def test_bench_plan_keeps_base_params_only_for_the_base_loss(tmp_path):
     assert params[("soprc", 0)] == {"tau1": 0.2}
     assert {r.config.output_dir for r in runs} == {
         str(tmp_path / lab / f"seed{s}") for lab in ("triplet", "soprc") for s in (0, 1)}
+
+
+def test_bench_plan_applies_run_overrides_to_every_loss_after_the_switch(tmp_path):
+    from rankwise.training.bench import plan_bench
+
+    runs = plan_bench(base(), losses=["blackbox_ap"], seeds=[0], output=tmp_path,
+                      run_overrides={"loss.params.lambda_val": 50.0})
+    assert runs[0].config.loss.params == {"lambda_val": 50.0}
+    with pytest.raises(ConfigError, match="--losses"):
+        plan_bench(base(), losses=["soprc"], seeds=[0], output=tmp_path,
+                   run_overrides={"loss.name": "auc"})
