@@ -81,14 +81,23 @@ def test_rank_function_backward_matches_blackbox_formula():
 def loop_blackbox_grad(scores, pos, ranked, lam, margin):
     """d(1 - mean AP)/d scores via blackbox differentiation, derived by hand with loops.
 
-    AP_a = 1/|P_a| Σ_{i ∈ P_a} rp_i / r_i, with r, rp normalised by the row length M; so
-    dL/dr_i = (1/B) (1/|P_a|) rp_i / r_i² for positives and 0 elsewhere, B = number of anchors
-    with a positive and a negative; the other anchors get no gradient."""
+    AP_a = 1/|P_a| Σ_{i ∈ P_a} rp_i / r_i with r, rp normalised by the row length M and
+    r_i = rp_i + n_i, n_i = (negatives above i) / M; rp is a constant, so per anchor
+    d(1 - AP_a)/dn_i = rp_i / (|P_a| r_i²) for positives. That vector times λ perturbs the row
+    (independently of the number of anchors B), the blackbox gradient of 1 - AP_a is
+    -(m - m')/λ with m = n on positives and m = r on the other columns, and the mean over the B
+    anchors with a positive and a negative scales it by 1/B; the other anchors get no gradient."""
     M = len(scores[0])
     usable = [any(pos[a]) and any(r and not p for r, p in zip(ranked[a], pos[a], strict=True))
               for a in range(len(scores))]
     B = sum(usable)
     grad = [[0.0] * M for _ in range(len(scores))]
+
+    def moved(row, a):
+        r = loop_ranks(row)
+        return [sum(1 for j in range(M) if ranked[a][j] and not pos[a][j] and r[j] < r[i]) / M
+                if pos[a][i] else r[i] for i in range(M)]
+
     for a in range(len(scores)):
         if not usable[a]:
             continue
@@ -96,15 +105,15 @@ def loop_blackbox_grad(scores, pos, ranked, lam, margin):
                    else -np.inf for j in range(M)]
         r = loop_ranks(shifted)
         n_pos = sum(pos[a])
-        dl_dr = [0.0] * M
+        dl_dn = [0.0] * M
         for i in range(M):
             if pos[a][i]:
                 rank_among_pos = sum(1 for j in range(M) if pos[a][j] and r[j] <= r[i]) / M
-                dl_dr[i] = rank_among_pos / r[i] ** 2 / n_pos / B
-        perturbed = [shifted[j] + lam * dl_dr[j] for j in range(M)]
-        rp = loop_ranks(perturbed)
+                dl_dn[i] = rank_among_pos / r[i] ** 2 / n_pos
+        perturbed = [shifted[j] + lam * dl_dn[j] for j in range(M)]
+        m, mp = moved(shifted, a), moved(perturbed, a)
         for j in range(M):
-            grad[a][j] = -(r[j] - rp[j]) / lam if ranked[a][j] else 0.0
+            grad[a][j] = -(m[j] - mp[j]) / lam / B if ranked[a][j] else 0.0
     return grad
 
 
@@ -114,8 +123,8 @@ def test_loss_backward_matches_loop_rederivation(self_reference):
     B, M = 6, 6 if self_reference else 11
     labels = torch.tensor([0, 0, 1, 1, 1, 2])
     ref_labels = labels if self_reference else torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2, 3, 3])
-    # Large lambda so that the perturbation moves positives past several negatives.
-    lam, margin = 20.0, 0.05
+    # Lambda large enough that the perturbation moves positives past several negatives.
+    lam, margin = 2.0, 0.05
     scores = torch.rand(B, M, generator=g, dtype=torch.float64).mul(2).sub(1).requires_grad_()
     pos = labels[:, None] == ref_labels[None, :]
     if self_reference:
@@ -156,6 +165,79 @@ def test_single_step_along_negative_gradient_raises_ap():
     BlackBoxAPLoss(margin=0.0)(emb, labels).backward()
     stepped = (emb - 1.0 * emb.grad).detach()
     assert sklearn_mean_ap(stepped, labels) > sklearn_mean_ap(emb, labels)
+
+
+def test_swaps_among_positives_give_no_gradient():
+    # One anchor whose positives all lie below its negatives; λ is too small for any positive to
+    # reach a negative, but large enough to reverse the positives among themselves. AP cannot
+    # change, so the gradient must be zero. Differentiating the full rank r (with rp frozen)
+    # instead rewards that reversal: check that it would give a non-zero gradient here.
+    lam = 1.0
+    scores = torch.tensor([[0.0, 0.001, 0.002, 0.5, 0.6, 0.7]], dtype=torch.float64,
+                          requires_grad=True)
+    pos = torch.tensor([[True, True, True, False, False, False]])
+    labels, ref_labels = torch.tensor([0]), torch.tensor([0, 0, 0, 1, 1, 1])
+    batch = PairBatch(scores, pos, ~pos, labels, ref_labels, torch.tensor([True]), False)
+    BlackBoxAPLoss(lambda_val=lam, margin=0.0).compute(batch).backward()
+    assert scores.grad.abs().sum() == 0
+
+    full_rank_scores = scores.detach().clone().requires_grad_()
+    ranks = BlackBoxRank.apply(full_rank_scores, lam)
+    rank_pos = torch.tensor([[3.0, 2.0, 1.0, 0.0, 0.0, 0.0]], dtype=torch.float64) / 6
+    (1 - (torch.where(pos, rank_pos / ranks, 0).sum() / 3)).backward()
+    assert full_rank_scores.grad.abs().sum() > 0
+
+
+def test_interpolation_strength_does_not_depend_on_number_of_anchors():
+    # Averaging the same anchors twice halves each copy's weight but must not change the
+    # perturbation: the gradient of each copy is exactly half the gradient of the single batch.
+    g = torch.Generator().manual_seed(7)
+    labels = torch.tensor([0, 1, 2, 0, 1])
+    ref_labels = torch.arange(12) % 3
+    scores = torch.rand(5, 12, generator=g, dtype=torch.float64).mul(2).sub(1)
+    pos = labels[:, None] == ref_labels[None, :]
+
+    def grad_of(rows):
+        s = scores[rows].clone().requires_grad_()
+        p = pos[rows]
+        batch = PairBatch(s, p, ~p, labels[rows], ref_labels, torch.ones(len(rows), dtype=bool),
+                          False)
+        BlackBoxAPLoss(lambda_val=0.5, margin=0.02).compute(batch).backward()
+        return s.grad
+
+    single = grad_of(list(range(5)))
+    doubled = grad_of(list(range(5)) * 2)
+    assert single.abs().sum() > 0
+    assert torch.allclose(doubled[:5], single / 2, atol=1e-15)
+    assert torch.allclose(doubled[5:], single / 2, atol=1e-15)
+
+
+def score_spread(emb):
+    emb = emb.detach()
+    s = F.normalize(emb, dim=1) @ F.normalize(emb, dim=1).T
+    return float(s[~torch.eye(len(emb), dtype=torch.bool)].std())
+
+
+def test_optimizing_embeddings_directly_raises_ap_without_collapse():
+    # Regression: a network's first embeddings are nearly identical (cosines ~0.997, far closer
+    # than the 0.02 margin), so every positive starts below every negative. The loss must still
+    # separate the classes from there, not shrink the score spread towards a collapse.
+    g = torch.Generator().manual_seed(8)
+    labels = torch.arange(3).repeat_interleave(6)
+    center = torch.randn(1, 16, generator=g, dtype=torch.float64)
+    emb = (center + 0.05 * torch.randn(18, 16, generator=g, dtype=torch.float64))
+    emb.requires_grad_(True)
+    start_ap, start_spread = sklearn_mean_ap(emb, labels), score_spread(emb)
+    loss = BlackBoxAPLoss()
+    opt = torch.optim.Adam([emb], lr=0.01)
+    for _ in range(40):
+        opt.zero_grad()
+        loss(emb, labels).backward()
+        opt.step()
+    end_ap, end_spread = sklearn_mean_ap(emb, labels), score_spread(emb)
+    assert start_ap < 0.6
+    assert end_ap > start_ap + 0.3
+    assert end_spread > 2 * start_spread
 
 
 def test_device_follow_input(device):
