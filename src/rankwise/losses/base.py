@@ -30,7 +30,10 @@ def similarity_matrix(
 ) -> torch.Tensor:
     """Score matrix (n_queries, n_refs): higher means more similar."""
     if similarity == "cosine":
-        return F.normalize(queries, dim=1) @ F.normalize(refs, dim=1).T
+        unit_queries = F.normalize(queries, dim=1)
+        # a batch ranked against itself is normalized once (half the work, forward and backward)
+        unit_refs = unit_queries if refs is queries else F.normalize(refs, dim=1)
+        return unit_queries @ unit_refs.T
     if similarity == "dot":
         return queries @ refs.T
     if similarity == "neg_euclidean":
@@ -123,17 +126,27 @@ class RankingLoss(nn.Module):
         if self_reference:
             pos_mask.fill_diagonal_(False)
         neg_mask = ~same
-        has_pos = pos_mask.any(1)
-        has_neg = neg_mask.any(1)
+        positives_per_anchor = pos_mask.sum(1)
+        negatives_per_anchor = neg_mask.sum(1)
+        has_pos = positives_per_anchor > 0
+        has_neg = negatives_per_anchor > 0
         valid = has_pos & has_neg
-        n_valid = int(valid.sum())
+        # every count in one tensor: a single device-to-host transfer
+        counts = torch.stack([
+            valid.sum(),
+            (~has_pos).sum(),
+            (has_pos & ~has_neg).sum(),
+            (positives_per_anchor * valid).sum(),
+            (negatives_per_anchor * valid).sum(),
+        ]).tolist()
+        n_valid = counts[0]
         self.last_stats = {
             "n_anchors": int(emb.shape[0]),
             "n_anchors_used": n_valid,
-            "n_skipped_no_positive": int((~has_pos).sum()),
-            "n_skipped_no_negative": int((has_pos & ~has_neg).sum()),
-            "n_positive_pairs": int(pos_mask[valid].sum()),
-            "n_negative_pairs": int(neg_mask[valid].sum()),
+            "n_skipped_no_positive": counts[1],
+            "n_skipped_no_negative": counts[2],
+            "n_positive_pairs": counts[3],
+            "n_negative_pairs": counts[4],
         }
         if n_valid == 0:
             raise ValueError(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._validation import as_tensor
 from .base import PairBatch, RankingLoss
@@ -42,9 +43,18 @@ def huber_surrogate(x: torch.Tensor, tau1: float) -> torch.Tensor:
         x: float tensor of any shape.
         tau1: margin τ1 > 0.
     """
-    # clamp before squaring so the unused branch of `where` stays finite and has zero gradient
-    inside = (1 - x.clamp(min=0, max=tau1) / tau1) ** 2
-    return torch.where(x < 0, 1 - 2 * x / tau1, inside)
+    return _huber_of_margin(1 - x / tau1)
+
+
+def _huber_of_margin(u: torch.Tensor) -> torch.Tensor:
+    """ℓ1 as a function of u = 1 − x/τ1: 2u − 1 for u > 1, u² on [0, 1], 0 for u < 0.
+
+    With c = clamp(u, 0, 1) all three branches are c·(2u − c), and so is the derivative: 2c. One
+    clamp replaces two `where` masks, forward and backward; at the knots u = 1 and u = 0 (x = 0 and
+    x = τ1) the gradient is the common value of both sides, as ℓ1 is continuously differentiable.
+    """
+    inside = u.clamp(min=0, max=1)
+    return inside * (2 * u - inside)
 
 
 def sigmoid_surrogate(x: torch.Tensor, tau2: float) -> torch.Tensor:
@@ -56,7 +66,7 @@ def sigmoid_surrogate(x: torch.Tensor, tau2: float) -> torch.Tensor:
         x: float tensor of any shape.
         tau2: temperature τ2 > 0; ℓ2 → 1[x < 0] as τ2 → 0.
     """
-    return torch.tanh(-x.clamp(max=0) / (2 * tau2))
+    return torch.tanh(x.clamp(max=0) / (-2 * tau2))
 
 
 # -- score interpolation φ of Alg. 2 -------------------------------------------------------------
@@ -185,7 +195,11 @@ def _check_semi_variance(reg: Any) -> SemiVarianceRegularizer | None:
 
 # -- shared pieces of Eq. (5) and Eq. (8) -----------------------------------------------------------
 def _positive_pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(anchor index, reference index, score) of every positive pair of a valid anchor."""
+    """(anchor index, reference index, score) of every positive pair of a valid anchor, (P,) each.
+
+    The pairs come in row-major order (ascending anchor), so the pairs of one anchor are contiguous;
+    :func:`_other_pairs_of_same_anchor` relies on it.
+    """
     pos_mask = batch.pos_mask & batch.valid[:, None]
     anchor, ref = pos_mask.nonzero(as_tuple=True)
     return anchor, ref, batch.scores[anchor, ref]
@@ -194,14 +208,64 @@ def _positive_pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor, torch
 def _negative_huber_sum(
     batch: PairBatch, anchor: torch.Tensor, s_pos: torch.Tensor, tau1: float
 ) -> torch.Tensor:
-    """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,)."""
-    terms = huber_surrogate(s_pos[:, None] - batch.scores[anchor], tau1)
-    return torch.where(batch.neg_mask[anchor], terms, 0).sum(1)
+    """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,).
+
+    This (P, M) block is the bulk of the loss's cost, so it is built in as few passes as possible:
+    the margin u = 1 − (s⁺ − s)/τ1 = s/τ1 − (s⁺/τ1 − 1) divides the (B, M) scores once instead of
+    the (P, M) differences, and :class:`_MaskedHuberSum` sums ℓ1 over the negatives.
+    """
+    margin = (batch.scores / tau1)[anchor] - (s_pos / tau1 - 1)[:, None]
+    is_negative = batch.neg_mask.to(batch.scores.dtype)[anchor]
+    return _MaskedHuberSum.apply(margin, is_negative)
+
+
+class _MaskedHuberSum(torch.autograd.Function):
+    """Row sums Σ_m mask[p, m] · ℓ1(margin[p, m]) of :func:`_huber_of_margin`: (P, M) → (P,).
+
+    Differentiated by hand because this block dominates the loss: autograd would save and replay
+    the clamp, the product and the mask (several passes over the block), whereas the derivative is
+    just dℓ1/du = 2·clamp(u, 0, 1), so backward is one product with a saved slope. ``mask`` is a
+    0/1 float tensor (ℓ1 is finite, so a 0 drops the entry, gradient included). Not twice
+    differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, margin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        inside = margin.clamp(min=0, max=1)
+        row_sums = (inside * (2 * margin - inside) * mask).sum(1)
+        ctx.save_for_backward(inside.mul_(mask).mul_(2))  # the slope 2·clamp(u, 0, 1) · mask
+        return row_sums
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (slope,) = ctx.saved_tensors
+        return grad[:, None] * slope, None
+
+
+def _other_pairs_of_same_anchor(anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every pair p, the indices of the other pairs with the same anchor: (P, W) each.
+
+    ``anchor`` (P,) int64 must list the pairs of one anchor contiguously in ascending anchor order,
+    as :func:`_positive_pairs` returns them. Row p holds the W = (most pairs of one anchor) − 1
+    slots ``first + j`` for j < n − 1, skipping p itself (j ≥ p − first moves one further), where
+    ``first`` is the anchor's first pair and n its number of pairs. Returns (indices, is_real):
+    padding slots (is_real False) hold a valid index so the gather stays in bounds.
+    """
+    n_pairs = anchor.numel()
+    pairs_per_anchor = torch.bincount(anchor)
+    first = (torch.cumsum(pairs_per_anchor, 0) - pairs_per_anchor)[anchor]
+    n_others = pairs_per_anchor[anchor] - 1
+    width = int(n_others.max()) if n_pairs else 0
+    slot = torch.arange(width, device=anchor.device)
+    position = torch.arange(n_pairs, device=anchor.device) - first
+    others = first[:, None] + slot + (slot >= position[:, None])
+    is_real = slot < n_others[:, None]
+    return others.clamp(max=max(n_pairs - 1, 0)), is_real
 
 
 def _other_positive_sigmoid_sum(
     scores: torch.Tensor,
-    pos_mask: torch.Tensor,
     anchor: torch.Tensor,
     ref: torch.Tensor,
     s_pos: torch.Tensor,
@@ -209,14 +273,17 @@ def _other_positive_sigmoid_sum(
 ) -> torch.Tensor:
     """Σ_{x ∈ z⁺(anchor), x ≠ x⁺} ℓ2(s⁺ − s(x)) for every positive pair: (P,).
 
+    ``anchor``, ``ref`` (P,) are all positive pairs of the anchors used, from
+    :func:`_positive_pairs`, so the other positives of a pair are the other pairs of its anchor:
+    a (P, W) block with W + 1 the most positives of one anchor, instead of a (P, M) one.
     The positive itself is left out: it is counted exactly, as the "1 +" of the TPR term
     (ℓ_{0,1}(0) = 1, whereas the surrogate ℓ2(0) = 0 would make the top positive's TPR zero).
     With ℓ2(0) = 0 the exclusion does not change the value; it states which terms are meant.
     """
-    others = pos_mask[anchor].clone()
-    others[torch.arange(anchor.numel(), device=anchor.device), ref] = False
-    terms = sigmoid_surrogate(s_pos[:, None] - scores[anchor], tau2)
-    return torch.where(others, terms, 0).sum(1)
+    others, is_real = _other_pairs_of_same_anchor(anchor)
+    other_scores = scores[anchor, ref][others]
+    terms = sigmoid_surrogate(s_pos[:, None] - other_scores, tau2)
+    return torch.where(is_real, terms, 0).sum(1)
 
 
 def _sigma(x: torch.Tensor) -> torch.Tensor:
@@ -264,16 +331,24 @@ class SemiVarianceRegularizer(RankingLoss):
             Scalar tensor. The two terms are also stored in ``last_stats`` (``semi_variance_pos``,
             ``semi_variance_neg``).
         """
-        pos = batch.scores[batch.pos_mask]
-        neg = batch.scores[batch.neg_mask]
-        zero = batch.scores.new_zeros(())
+        scores = batch.scores
+        zero = scores.new_zeros(())
+        # positives are a few entries per row: gather them
+        pos = scores[batch.pos_mask]
         pos_term = ((pos - pos.mean()).clamp(max=0) ** 2).mean() if pos.numel() else zero
-        neg_term = ((neg - neg.mean()).clamp(min=0) ** 2).mean() if neg.numel() else zero
+        # negatives are nearly every entry: a dense 0/1 mask is cheaper than gathering them
+        is_negative = batch.neg_mask.to(scores.dtype)
+        n_neg = int(batch.neg_mask.sum())
+        if n_neg:
+            neg_mean = (scores * is_negative).sum() / n_neg
+            neg_term = ((scores - neg_mean).clamp(min=0) ** 2 * is_negative).sum() / n_neg
+        else:
+            neg_term = zero
         self.last_stats.update(
             semi_variance_pos=float(pos_term.detach()),
             semi_variance_neg=float(neg_term.detach()),
             semi_variance_positive_pairs=int(pos.numel()),
-            semi_variance_negative_pairs=int(neg.numel()),
+            semi_variance_negative_pairs=n_neg,
         )
         return self.lambda_pos * pos_term + self.lambda_neg * neg_term
 
@@ -322,11 +397,9 @@ class APLoss(RankingLoss):
     def compute(self, batch: PairBatch) -> torch.Tensor:
         anchor, ref, s_pos = _positive_pairs(batch)
         numerator = _negative_huber_sum(batch, anchor, s_pos, self.tau1)
-        denominator = 1 + _other_positive_sigmoid_sum(
-            batch.scores, batch.pos_mask, anchor, ref, s_pos, self.tau2
-        )
+        denominator = 1 + _other_positive_sigmoid_sum(batch.scores, anchor, ref, s_pos, self.tau2)
         ap_term = _sigma(numerator / denominator).mean()
-        n_pos = batch.pos_mask[anchor].sum(1).to(s_pos.dtype)
+        n_pos = batch.pos_mask.sum(1)[anchor].to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
             loss_ap=float(ap_term.detach()),
@@ -566,8 +639,8 @@ class SOPRCLoss(RankingLoss):
 
         anchor, ref, s_pos = _positive_pairs(batch)
         anchor_labels = batch.labels[anchor]
-        n_pos = batch.pos_mask[anchor].sum(1).to(s_pos.dtype)
-        n_neg = batch.neg_mask[anchor].sum(1).to(s_pos.dtype)
+        n_pos = batch.pos_mask.sum(1)[anchor].to(s_pos.dtype)
+        n_neg = batch.neg_mask.sum(1)[anchor].to(s_pos.dtype)
         fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
 
         s_tpr = s_pos.detach() if self.detach_tpr else s_pos
@@ -578,9 +651,7 @@ class SOPRCLoss(RankingLoss):
             )
         else:
             scores = batch.scores.detach() if self.detach_tpr else batch.scores
-            others = _other_positive_sigmoid_sum(
-                scores, batch.pos_mask, anchor, ref, s_tpr, self.tau2
-            )
+            others = _other_positive_sigmoid_sum(scores, anchor, ref, s_tpr, self.tau2)
             tpr = (1 + others) / n_pos
 
         if self.unbiased:
