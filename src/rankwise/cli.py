@@ -1,6 +1,7 @@
 """The ``rankwise`` command line: ``evaluate`` (exact tie-aware retrieval report of saved
-embeddings), ``train`` (one training run from a YAML config) and ``bench`` (every loss on one
-dataset, Table 1 style). Each sub-command lives in :mod:`rankwise.commands`.
+embeddings), ``train`` (one training run from a YAML config), ``bench`` (every loss on one
+dataset, Table 1 style) and ``tune`` (hyper-parameter selection on the validation split). Each
+sub-command lives in :mod:`rankwise.commands`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import typer
 from .commands.bench import bench
 from .commands.evaluate import evaluate
 from .commands.train import train
+from .commands.tune import tune
 
 app = typer.Typer(
     name="rankwise",
@@ -21,6 +23,7 @@ app = typer.Typer(
 app.command("evaluate")(evaluate)
 app.command("train")(train)
 app.command("bench")(bench)
+app.command("tune")(tune)
 
 
 def main() -> None:  # console-script entry point

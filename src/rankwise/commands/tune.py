@@ -1,0 +1,112 @@
+"""``rankwise tune``: hyper-parameter selection on the validation split, as Wen et al., *Exploring
+the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
+Sec. 5.1 and App. D.1, tuned every loss before its test report. Every point of a ``--grid`` of
+dotted overrides is trained per loss with the ``rankwise bench`` protocol and scored by the mean
+validation mAUPRC (tie-aware mAP) over the seeds; writes ``tune.json`` (every trial, the winners)
+and ``tuned.yaml`` (the base config with the winners as ``bench.overrides``) for
+``rankwise bench --config tuned.yaml``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+
+from .bench import default_config_path
+
+__all__ = ["tune"]
+
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+
+def tune(
+    overrides: list[str] | None = typer.Argument(
+        None, help="KEY=VALUE overrides of the base config (not loss.*: use --grid KEY=VALUE "
+        "for a fixed loss parameter).", show_default=False,
+    ),
+    dataset: str | None = typer.Option(
+        None, "--dataset", "-d", help="digits, fashion-mnist, ... (selects configs/<dataset>.yaml)."
+    ),
+    config: Path | None = typer.Option(None, "--config", "-c", help="Base YAML config."),
+    losses: str | None = typer.Option(
+        None, "--losses", help="Comma-separated losses (default: the config's bench.losses)."
+    ),
+    grid: list[str] | None = typer.Option(
+        None, "--grid", "-g", help="KEY=V1,V2,... (values parsed as YAML), repeatable; e.g. "
+        "optimizer.lr=0.0003,0.001,0.003 or loss.params.beta=0.01,0.1. A loss.params key is "
+        "skipped for losses that do not take it.",
+    ),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Number of tuning seeds 0..n-1."),
+    quick: bool = typer.Option(False, "--quick", help="Short budget (bench.quick in the config)."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Output directory (default runs/tune/<dataset>)."
+    ),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Dataset directory."),
+    device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda."),
+    num_workers: int | None = typer.Option(None, "--num-workers", min=0),
+) -> None:
+    """Select each loss's hyper-parameters on validation mAP; write tune.json and tuned.yaml."""
+    from ..training import ConfigError, TrainingInterrupted
+    from ..training.config import apply_overrides, parse_overrides
+    from ..training.tune import parse_grid_values
+    from ..training.tune import tune as run_tune
+
+    console = Console()
+    if not console.is_terminal:  # piped / captured: do not squeeze the table into 80 columns
+        console = Console(width=160)
+    err = Console(stderr=True)
+    try:
+        if config is None and dataset is None:
+            raise ConfigError("pass --dataset NAME or --config base.yaml.")
+        try:
+            path = config if config is not None else default_config_path(dataset)
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        if not path.is_file():
+            raise ConfigError(f"--config: file {str(path)!r} does not exist.")
+        try:
+            base = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(base, dict):
+            raise ConfigError(f"{path}: a config must be a mapping of sections.")
+        extra = parse_overrides(list(overrides or []))
+        for key in extra:
+            if key == "loss" or key.startswith("loss."):
+                raise ConfigError(
+                    f"{key}: the loss is chosen per trial; pass --losses, and a fixed loss "
+                    f"parameter as --grid {key}=VALUE."
+                )
+        if dataset is not None:
+            extra["dataset.name"] = dataset
+        if data_dir is not None:
+            extra["dataset.data_dir"] = data_dir
+        if device is not None:
+            extra["device"] = device
+        if num_workers is not None:
+            extra["num_workers"] = num_workers
+        base = apply_overrides(base, extra)
+        parsed_grid: dict[str, list] = {}
+        for item in grid or []:
+            key, values = parse_grid_values(item)
+            if key in parsed_grid:
+                raise ConfigError(f"--grid {key} is given twice; list all its values once.")
+            parsed_grid[key] = values
+        loss_list = None
+        if losses is not None:
+            loss_list = [name.strip() for name in losses.split(",") if name.strip()]
+        name = str((base.get("dataset") or {}).get("name", "tune")).replace("_", "-")
+        out = output if output is not None else Path("runs") / "tune" / name
+        run_tune(base, losses=loss_list, grid=parsed_grid, seeds=list(range(seeds)),
+                 quick=quick, output=out, console=console)
+    except ConfigError as exc:
+        err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(EXIT_CONFIG) from None
+    except TrainingInterrupted as exc:
+        err.print(f"[yellow]tune interrupted: {escape(str(exc))}[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -1,0 +1,238 @@
+"""`rankwise tune` on the bundled digits data with a tiny budget: the winners are the argmax of the
+validation mAP read back from each run's own metrics log, test metrics are never read (the test
+report is replaced by an object that fails on any access), tuned.yaml reproduces the winning runs
+through `plan_bench`, loss parameters a loss does not take are skipped and recorded, and every
+grid error is reported before any training."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rankwise.cli import app
+from rankwise.training import ConfigError, NonFiniteLossError, RunResult, Trainer
+from rankwise.training.bench import plan_bench
+from rankwise.training.config import config_from_dict
+from rankwise.training.tune import parse_grid_values, tune
+
+runner = CliRunner()
+
+BASE = {
+    "dataset": {"name": "digits"},
+    "model": {"backbone": "small_cnn", "embedding_dim": 16},
+    "loss": {"name": "soprc", "params": {}},
+    "sampler": {"m": 4, "batch_size": 20},
+    "optimizer": {"name": "adam", "lr": 1e-3},
+    "budget": {"iterations": 10},
+    "eval_every": 5,
+    "eval_ks": [1, 10],
+    "threads": 1,
+    # an existing per-loss override that tuning must keep
+    "bench": {"overrides": {"triplet": {"optimizer.weight_decay": 1e-4}}},
+}
+GRID = {"optimizer.lr": [3e-4, 3e-3], "loss.params.margin": [0.1]}
+
+
+class ReadTestReportError(AssertionError):
+    pass
+
+
+class Poison:
+    """Stands in for the test report: any use of it fails the test."""
+
+    def __getattr__(self, name):
+        raise ReadTestReportError(f"tuning read the test report ({name})")
+
+    def __float__(self):
+        raise ReadTestReportError("tuning read the test report")
+
+    def __getitem__(self, key):
+        raise ReadTestReportError("tuning read the test report")
+
+
+def poisoned_finish(self):
+    # the test split is never evaluated, and the result's test slots are booby-trapped
+    return self._result("completed", Poison(), Poison())
+
+
+@pytest.fixture(scope="module")
+def tuned_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tune") / "sweep"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Trainer, "_finish", poisoned_finish)
+        summary = tune(BASE, losses=["triplet", "auc"], grid=GRID, seeds=(0, 1), output=out)
+    return out, summary
+
+
+def best_val_map_from_log(run_dir):
+    """The validation mAP of the selected checkpoint, re-read from the run's metrics log."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return max(r["map"] for r in records if r["kind"] == "val")
+
+
+def test_winner_is_the_argmax_of_the_logged_validation_map(tuned_sweep):
+    out, summary = tuned_sweep
+    on_disk = json.loads((out / "tune.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    assert on_disk["complete"] is True and on_disk["seeds"] == [0, 1]
+    trials = on_disk["trials"]
+    assert [t["loss"] for t in trials] == ["triplet", "triplet", "auc", "auc"]
+    means = {}
+    for trial in trials:
+        logged = [best_val_map_from_log(out / "trials" / f"trial{trial['trial']:03d}" /
+                                        trial["loss"] / f"seed{s}") for s in (0, 1)]
+        assert trial["val_map_per_seed"] == pytest.approx(logged, abs=1e-12)
+        assert trial["val_map_mean"] == pytest.approx(np.mean(logged), abs=1e-12)
+        assert trial["seconds"] > 0 and len(trial["seconds_per_seed"]) == 2
+        means.setdefault(trial["loss"], []).append((float(np.mean(logged)), trial))
+    for loss, scored in means.items():
+        best = max(scored, key=lambda pair: pair[0])[1]
+        assert on_disk["winners"][loss]["trial"] == best["trial"]
+        assert on_disk["winners"][loss]["params"] == best["params"]
+
+
+def test_overrides_reach_the_runs_and_unknown_params_are_skipped(tuned_sweep):
+    out, summary = tuned_sweep
+    for trial in summary["trials"]:
+        for run_dir in trial["run_dirs"]:
+            used = yaml.safe_load(open(f"{run_dir}/config.yaml"))
+            assert used["optimizer"]["lr"] == trial["params"]["optimizer.lr"]
+            assert used["loss"]["name"] == trial["loss"]
+            if trial["loss"] == "triplet":
+                assert used["loss"]["params"] == {"margin": 0.1}
+                assert used["optimizer"]["weight_decay"] == 1e-4  # base bench override kept
+                assert trial["skipped"] == {}
+            else:
+                # auc has no margin: the key is left out (not crossed into duplicate trials)
+                assert used["loss"]["params"] == {}
+                assert list(trial["skipped"]) == ["loss.params.margin"]
+                assert "margin" in trial["skipped"]["loss.params.margin"]
+                assert "loss.params.margin" not in trial["params"]
+    assert list(summary["winners"]["auc"]["skipped"]) == ["loss.params.margin"]
+
+
+def test_tuned_yaml_validates_and_reproduces_the_winning_runs(tuned_sweep, tmp_path):
+    out, summary = tuned_sweep
+    tuned = yaml.safe_load((out / "tuned.yaml").read_text())
+    config = config_from_dict(tuned)
+    assert config.bench.losses == ["triplet", "auc"]
+    for loss, winner in summary["winners"].items():
+        assert winner["params"].items() <= config.bench.overrides[loss].items()
+    assert config.bench.overrides["triplet"]["optimizer.weight_decay"] == 1e-4
+    # `rankwise bench --config tuned.yaml` plans exactly the winning runs (bar directories)
+    runs = plan_bench(tuned, seeds=(0, 1), output=tmp_path / "bench")
+    for run in runs:
+        winner = summary["winners"][run.label]
+        used = yaml.safe_load((out / "trials" / f"trial{winner['trial']:03d}" / run.label /
+                               f"seed{run.seed}" / "config.yaml").read_text())
+        planned = run.config.to_dict()
+        for key in ("output_dir", "bench"):
+            used.pop(key), planned.pop(key)
+        assert planned == used
+
+
+def test_selection_ignores_test_metrics_and_skips_diverged_points(tmp_path, monkeypatch):
+    """Synthetic runs: validation mAP peaks at lr=1e-3, test mAP at lr=1e-4, lr=1e-2 diverges."""
+    val = {1e-4: 0.2, 1e-3: 0.9, 1e-2: None}
+
+    def fake_fit(self, **kwargs):
+        lr = self.config.optimizer.lr
+        if val[lr] is None:
+            raise NonFiniteLossError("loss is nan", 3, None)
+        test = type("Report", (), {"map": 1.0 if lr == 1e-4 else 0.0})()
+        return RunResult(self.run_dir, "completed", 10, 0.01, 10, {"map": val[lr]}, test=test)
+
+    monkeypatch.setattr(Trainer, "fit", fake_fit)
+    summary = tune(BASE, losses=["auc"], grid={"optimizer.lr": [1e-4, 1e-3, 1e-2]},
+                   seeds=(0, 1), output=tmp_path / "t", console=None)
+    assert summary["winners"]["auc"]["params"] == {"optimizer.lr": 1e-3}
+    diverged = summary["trials"][2]
+    assert diverged["val_map_mean"] is None and "nan" in diverged["errors"][0]
+    assert diverged["val_map_per_seed"] == [None]  # stopped at its first seed
+
+    # every point diverging leaves the loss without a winner and its overrides untouched
+    val.update({1e-4: None, 1e-3: None})
+    summary = tune(BASE, losses=["triplet"], grid={"optimizer.lr": [1e-4, 1e-3]},
+                   output=tmp_path / "t2")
+    assert summary["winners"] == {"triplet": None}
+    tuned = yaml.safe_load((tmp_path / "t2" / "tuned.yaml").read_text())
+    assert tuned["bench"]["overrides"]["triplet"] == {"optimizer.weight_decay": 1e-4}
+
+
+def never_train(self, **kwargs):
+    raise AssertionError("training started before every config error was reported")
+
+
+@pytest.mark.parametrize(
+    ("grid", "quick", "fragment"),
+    [
+        ({"optimizer.lrr": [1e-3]}, False, "optimizer.lrr"),
+        ({"optimizer.lr": [1e-3, -1.0]}, False, "optimizer.lr"),
+        ({"loss.params.margn": [0.1]}, False, "loss.params.margn"),
+        # data-dependent: 100 / 4 = 25 classes per batch, the open-set split has 5
+        ({"sampler.batch_size": [20, 100]}, False, "sampler.batch_size"),
+        ({"seed": [0, 1]}, False, "seed"),
+        ({"loss.name": ["ap"]}, False, "loss.name"),
+        ({"budget.iterations": [5, 10]}, True, "budget.iterations"),
+        ({"optimizer.lr": []}, False, "optimizer.lr"),
+        ({"optimizer": [{"lr": 0.1}], "optimizer.lr": [0.1]}, False, "overlap"),
+        ({}, False, "grid is empty"),
+    ],
+)
+def test_grid_errors_are_reported_before_any_training(tmp_path, monkeypatch, grid, quick,
+                                                      fragment):
+    monkeypatch.setattr(Trainer, "fit", never_train)
+    with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
+        tune(BASE, losses=["triplet", "auc"], grid=grid, quick=quick, output=tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+
+
+def test_parse_grid_values_reads_yaml_lists():
+    assert parse_grid_values("optimizer.lr=0.0003,0.001") == ("optimizer.lr", [0.0003, 0.001])
+    assert parse_grid_values("loss.params.semi_variance_weights=[1,5],null") == (
+        "loss.params.semi_variance_weights", [[1, 5], None])
+    assert parse_grid_values("optimizer.name=sgd,adam") == ("optimizer.name", ["sgd", "adam"])
+    for bad in ("optimizer.lr", "optimizer.lr=", "=1,2", "optimizer.lr=[1,"):
+        with pytest.raises(ConfigError):
+            parse_grid_values(bad)
+
+
+def test_cli_tune_writes_results_and_marks_the_winner(tmp_path):
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump(BASE))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["tune", "--config", str(config), "--losses", "auc",
+                                 "--grid", "optimizer.lr=0.0003,0.003", "--seeds", "1",
+                                 "--output", str(out), "budget.iterations=6", "eval_every=3"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "tune.json").read_text())
+    assert [t["params"] for t in summary["trials"]] == [{"optimizer.lr": 0.0003},
+                                                        {"optimizer.lr": 0.003}]
+    assert summary["trials"][0]["best_step_per_seed"][0] in (3, 6)
+    winner = summary["winners"]["auc"]
+    assert "★" in result.output and "tuned.yaml" in result.output
+    tuned = yaml.safe_load((out / "tuned.yaml").read_text())
+    assert tuned["bench"]["overrides"]["auc"] == winner["params"]
+    assert tuned["budget"] == {"iterations": 6}  # the command-line overrides are kept
+
+
+def test_cli_tune_config_errors_exit_2(tmp_path):
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump(BASE))
+    cases = [
+        (["--grid", "optimizer.lrr=0.1"], "optimizer.lrr"),
+        (["--grid", "optimizer.lr"], "--grid"),
+        (["--grid", "optimizer.lr=0.1", "--grid", "optimizer.lr=0.2"], "twice"),
+        (["--grid", "optimizer.lr=0.1", "loss.params.margin=0.1"], "loss.params.margin"),
+        (["--grid", "optimizer.lr=0.1", "--losses", "auc,nope"], "unknown loss 'nope'"),
+    ]
+    for args, fragment in cases:
+        result = runner.invoke(app, ["tune", "--config", str(config), "--losses", "auc",
+                                     "--output", str(tmp_path / "o"), *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert "config error" in result.output and fragment in result.output, result.output
+    assert not (tmp_path / "o").exists()
