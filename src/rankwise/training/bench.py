@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from .checkpoint import atomic_write_text
 from .config import Config, ConfigError, apply_overrides, config_from_dict
@@ -218,6 +219,9 @@ def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> 
     ]
     for row in summary["rows"]:
         lines.append("| " + " | ".join(_table_cells(row, ablation)) + " |")
+    for row in summary.get("reference_rows", []) if not ablation else []:
+        cells = _table_cells(row, ablation)
+        lines.append("| " + " | ".join([f"*{cells[0]}*", *cells[1:-1], "—"]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -236,7 +240,65 @@ def print_bench_table(summary: Mapping[str, Any], console: Any, ablation: bool =
     for row in summary["rows"]:
         style = "bold" if row["map_mean"] == best else None
         table.add_row(*_table_cells(row, ablation), style=style)
+    references = summary.get("reference_rows", []) if not ablation else []
+    if references:
+        table.add_section()  # a rule between the trained rows and the no-learning references
+    for row in references:
+        table.add_row(*_table_cells(row, ablation)[:-1], "—", style="dim italic")
     console.print(table)
+
+
+def reference_rows(runs: Sequence[BenchRun], splits: Any, seeds: Sequence[int],
+                   output: Path) -> list[dict[str, Any]]:
+    """What the table must be read against: the same test protocol with no learning at all.
+
+    * ``input (no training)``: cosine retrieval on the flattened raw inputs (only for in-memory
+      array datasets; image folders are skipped, and the skip is reported in the row list's
+      absence, never silently replaced).
+    * ``untrained network``: the benchmark's backbone + head at its seeded initialisation, one
+      evaluation per seed, through the same :meth:`Trainer.evaluate` as the trained rows.
+
+    A loss that does not beat these rows has not learned anything that transfers to the test
+    classes; on tiny open-set problems (5 training classes) that happens, and the table says so.
+    """
+    from ..metrics import retrieval_metrics
+
+    def row(name: str, reports: Sequence[Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {"loss": name, "label": name, "seconds": 0.0}
+        values = {
+            "map": [r.map for r in reports],
+            "recall_at_1": [r.recall_at[1] for r in reports],
+            "recall_at_10": [r.recall_at[10] for r in reports],
+            "map_at_r": [r.map_at_r for r in reports],
+            "r_precision": [r.r_precision for r in reports],
+        }
+        for key, vals in values.items():
+            out[f"{key}_mean"] = float(np.mean(vals))
+            out[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        return out
+
+    def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:
+        x = dataset.inputs.reshape(len(dataset.labels), -1).to(torch.float32)
+        return x, np.asarray(dataset.labels)
+
+    rows = []
+    ks = (1, 10)
+    if all(hasattr(d, "inputs") for d in (splits.test, splits.gallery) if d is not None):
+        query, query_labels = flat(splits.test)
+        if splits.protocol == "closed-set":
+            gallery, gallery_labels = flat(splits.gallery)
+            report = retrieval_metrics(query, query_labels, gallery, gallery_labels, ks=ks)
+        else:
+            report = retrieval_metrics(query, query_labels, ks=ks)
+        rows.append(row("input (no training)", [report]))
+    reports = []
+    for seed in seeds:
+        config = runs[0].config.model_copy(update={
+            "seed": int(seed), "output_dir": str(output / "untrained" / f"seed{seed}")})
+        trainer = Trainer(config, splits=splits, overwrite=True)
+        reports.append(trainer.evaluate("test"))
+    rows.append(row("untrained network", reports))
+    return rows
 
 
 def _mean_curve(results: Sequence[RunResult]) -> Any:
@@ -316,6 +378,7 @@ def run_bench(
         "protocol": str(splits.protocol),
         "seeds": [int(s) for s in seeds],
         "rows": [row.to_dict() for row in rows],
+        "reference_rows": reference_rows(runs, splits, seeds, output),
     }
     output.mkdir(parents=True, exist_ok=True)
     atomic_write_text(json.dumps(summary, indent=2) + "\n", output / "bench.json")
