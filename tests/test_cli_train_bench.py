@@ -72,7 +72,7 @@ def test_bench_quick_writes_bench_json_with_the_exact_schema(tmp_path):
                                  "--output", str(out)])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "bench.json").read_text())
-    assert set(summary) == {"dataset", "protocol", "seeds", "rows"}
+    assert set(summary) == {"dataset", "protocol", "seeds", "rows", "reference_rows"}
     assert summary["dataset"] == "digits" and summary["protocol"] == "open-set"
     assert summary["seeds"] == [0, 1]
     assert [row["loss"] for row in summary["rows"]] == ["triplet", "soprc"]
@@ -113,3 +113,27 @@ def test_bench_loss_param_override_reaches_every_run(tmp_path):
                               "--losses", "auc", "--output", str(tmp_path / "b2"),
                               "loss.params.lambda_val=3"])
     assert bad.exit_code == 2 and "lambda_val" in bad.output
+
+
+def test_bench_command_line_budget_wins_over_quick(tmp_path):
+    out = tmp_path / "bench"
+    result = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
+                                 "--losses", "triplet", "--output", str(out),
+                                 "budget.iterations=3", "eval_every=3"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "bench.json").read_text())
+    assert summary["rows"][0]["steps"] == 3
+    refused = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
+                                  "--losses", "triplet", "--output", str(out), "seed=4"])
+    assert refused.exit_code == 2 and "--seeds" in refused.output
+
+
+def test_train_stops_cleanly_when_the_model_diverges(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
+                                 "--output", str(out), "optimizer.name=sgd",
+                                 "optimizer.lr=1e30"])
+    assert result.exit_code == 1, result.output
+    assert "step" in result.output and "optimizer.lr" in result.output
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["kind"] == "error"

@@ -84,10 +84,11 @@ def bench(
         if not isinstance(base, dict):
             raise ConfigError(f"{path}: a config must be a mapping of sections.")
         extra = parse_overrides(list(overrides or []))
-        # `loss.*` overrides target the loss of every run, so they are applied after each run's
-        # loss is chosen (applied to the base config they would be dropped with its loss).
-        loss_overrides = {k: v for k, v in extra.items() if k == "loss" or k.startswith("loss.")}
-        extra = {k: v for k, v in extra.items() if k not in loss_overrides}
+        # Command-line KEY=VALUE overrides are applied to every run last: after each run's loss
+        # is chosen (applied to the base config, `loss.*` values would be dropped with the base
+        # loss) and after the --quick budget. Only `bench.*` keys shape the plan itself.
+        run_overrides = {k: v for k, v in extra.items() if not k.startswith("bench.")}
+        extra = {k: v for k, v in extra.items() if k not in run_overrides}
         if dataset is not None:
             extra["dataset.name"] = dataset
         if data_dir is not None:
@@ -107,7 +108,7 @@ def bench(
         )
         run_bench(base, losses=loss_list, seeds=list(range(n_seeds)), quick=quick,
                   ablation=ablation, output=out, console=console,
-                  run_overrides=loss_overrides)
+                  run_overrides=run_overrides)
     except ConfigError as exc:
         err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(EXIT_CONFIG) from None

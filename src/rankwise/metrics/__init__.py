@@ -7,7 +7,16 @@ ICML 2018) live in :mod:`rankwise.metrics.curves`, the accumulating ``RetrievalM
 :mod:`rankwise.metrics.module`.
 """
 
-from .curves import pair_scores, roc_auc, roc_curve, tpr_at_fpr
+from .curves import (
+    OperatingPoint,
+    RocCurve,
+    operating_point,
+    pair_scores,
+    roc_auc,
+    roc_curve,
+    roc_curve_from_embeddings,
+    tpr_at_fpr,
+)
 from .module import RetrievalMetric
 from .ranking import average_precision, batched_average_precision, batched_ndcg, ndcg
 from .retrieval import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
@@ -25,5 +34,9 @@ __all__ = [
     "roc_auc",
     "tpr_at_fpr",
     "pair_scores",
+    "roc_curve_from_embeddings",
+    "RocCurve",
+    "operating_point",
+    "OperatingPoint",
     "RetrievalMetric",
 ]

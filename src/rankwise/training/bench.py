@@ -115,9 +115,10 @@ def plan_bench(
         quick: apply ``bench.quick.overrides`` (a short budget) to every run.
         ablation: plan Table 2's five SOPRC rows instead of the loss comparison.
         output: sweep directory; run ``<label>/seed<k>`` goes below it.
-        run_overrides: dotted ``{key: value}`` overrides applied to every run AFTER its loss is
-            chosen, e.g. ``{"loss.params.lambda_val": 50}`` from the command line (a parameter a
-            run's loss does not take is reported as a config error naming the run).
+        run_overrides: dotted ``{key: value}`` overrides applied to every run last (after its loss
+            is chosen and after the ``--quick`` budget), e.g. ``{"loss.params.lambda_val": 50}`` or
+            ``{"budget.iterations": 20}`` from the command line (a parameter a run's loss does not
+            take is reported as a config error naming the run).
 
     Raises:
         ConfigError: naming the run and the offending key.
@@ -151,13 +152,18 @@ def plan_bench(
     run_overrides = dict(run_overrides or {})
     if "loss.name" in run_overrides or "loss" in run_overrides:
         raise ConfigError("bench: choose losses with --losses, not a loss.name override.")
+    reserved = {"seed": "--seeds", "output_dir": "--output"}
+    for key, flag in reserved.items():
+        if key in run_overrides:
+            raise ConfigError(f"bench: set {key} with {flag}, not a {key}= override.")
     for label, data, info in plans:
-        data = apply_overrides(data, run_overrides)
         for seed in seeds:
             resolved = apply_overrides(
                 data, {**common, "seed": int(seed),
                        "output_dir": str(Path(output) / label / f"seed{seed}")},
             )
+            # last, so that command-line values win over the --quick budget too
+            resolved = apply_overrides(resolved, run_overrides)
             try:
                 config = config_from_dict(resolved)
             except ConfigError as exc:

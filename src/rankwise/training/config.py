@@ -49,11 +49,15 @@ class DatasetConfig(_Strict):
     """Which data to train on (see :func:`rankwise.data.load_dataset`)."""
 
     name: str
-    protocol: Literal["open-set", "closed-set"] = "open-set"
+    # None = the dataset's usual protocol (closed-set for In-Shop, open-set for the others)
+    protocol: Literal["open-set", "closed-set"] | None = None
     data_dir: str | None = None
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     image_size: int = Field(224, gt=0)
     split_seed: int = 0  # fixed across training seeds, so seeds vary only the optimization
+    # extra keyword arguments of rankwise.data.load_dataset for this dataset, e.g.
+    # {test_size: large} for VehicleID or {n_query: 100, n_train: 500} for closed-set splits
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class ModelConfig(_Strict):

@@ -33,6 +33,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader, Dataset
 
+from .._threads import preserve_torch_threads
 from .checkpoint import (
     atomic_save,
     atomic_write_text,
@@ -298,7 +299,7 @@ def load_splits(config: Config) -> Any:
     try:
         return load_dataset(
             ds.name, protocol=ds.protocol, data_dir=ds.data_dir, val_fraction=ds.val_fraction,
-            seed=ds.split_seed, image_size=ds.image_size,
+            seed=ds.split_seed, image_size=ds.image_size, **ds.options,
         )
     except FileNotFoundError as exc:
         raise ConfigError(f"dataset.data_dir: {exc}") from None
@@ -593,6 +594,10 @@ class Trainer:
 
     def evaluate(self, split: str = "val") -> Any:
         """:class:`~rankwise.metrics.RetrievalReport` of the current model on ``val`` or ``test``."""
+        with preserve_torch_threads():
+            return self._evaluate(split)
+
+    def _evaluate(self, split: str) -> Any:
         from ..metrics import retrieval_metrics
 
         query_set = self.splits.val if split == "val" else self.splits.test
@@ -608,6 +613,10 @@ class Trainer:
 
     def test_pr_curve(self) -> Any:
         """Mean precision-recall curve of the current model on the test split."""
+        with preserve_torch_threads():
+            return self._test_pr_curve()
+
+    def _test_pr_curve(self) -> Any:
         from ..metrics import pr_curve
 
         query, query_labels = self.embed(self.splits.test)
@@ -719,6 +728,10 @@ class Trainer:
                     for group in self.optimizer.param_groups:
                         group["lr"] = lr
                     embeddings = self.model(x.to(self.device, non_blocking=True))
+                    if not bool(torch.isfinite(embeddings).all()):
+                        # a diverged model: stop like a non-finite loss (the loss would only
+                        # reject its input), keeping the last good checkpoint
+                        self._raise_non_finite(None)
                     loss = self.loss_fn(embeddings, y.to(self.device, non_blocking=True))
                     if not torch.isfinite(loss):
                         self._raise_non_finite(loss)
@@ -795,18 +808,21 @@ class Trainer:
         )
         return TrainingInterrupted(message, self.step, self.run_dir, self.last_checkpoint_step)
 
-    def _raise_non_finite(self, loss: torch.Tensor) -> None:
+    def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
         last = self.checkpoint_dir / "last.pt" if self.last_checkpoint_step is not None else None
         kept = (
             f"the last good checkpoint ({last}, step {self.last_checkpoint_step}) is kept"
             if last is not None else "no checkpoint had been written yet"
         )
+        what = (f"the loss is {float(loss.detach())}" if loss is not None
+                else "the model's embeddings contain NaN/inf")
         message = (
-            f"the loss is {float(loss.detach())} at step {self.step + 1} "
+            f"{what} at step {self.step + 1} "
             f"(epoch {self.next_epoch}, loss {self.config.loss.name}); training stopped without "
             f"applying that step and {kept}. Lower optimizer.lr or check the loss parameters."
         )
-        self._log({"kind": "error", "step": self.step + 1, "error": "non-finite loss"})
+        self._log({"kind": "error", "step": self.step + 1,
+                   "error": "non-finite loss" if loss is not None else "non-finite embeddings"})
         raise NonFiniteLossError(message, self.step + 1, last)
 
     def _result(self, status: str, test: Any = None, curve: Any = None) -> RunResult:
