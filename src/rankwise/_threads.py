@@ -9,12 +9,17 @@ reproducible — e.g. an interrupted-and-resumed run would differ from an uninte
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import ParamSpec, TypeVar
 
 import torch
 
-__all__ = ["preserve_torch_threads"]
+__all__ = ["keeps_torch_threads", "preserve_torch_threads"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @contextmanager
@@ -26,3 +31,14 @@ def preserve_torch_threads() -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+def keeps_torch_threads(function: Callable[P, R]) -> Callable[P, R]:
+    """Decorator form of :func:`preserve_torch_threads` for entry points that run numba kernels."""
+
+    @functools.wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with preserve_torch_threads():
+            return function(*args, **kwargs)
+
+    return wrapper

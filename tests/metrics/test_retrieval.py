@@ -11,7 +11,11 @@ import pytest
 import torch
 
 from rankwise.metrics import pr_curve, retrieval_metrics
-from rankwise.metrics._kernels import relevant_group_counts_numba, relevant_group_counts_torch
+from rankwise.metrics._kernels import (
+    relevant_group_counts_numba,
+    relevant_group_counts_torch,
+    relevant_lists_from_classes,
+)
 
 # ---------------------------------------------------------------- naive references (one ordering)
 
@@ -190,13 +194,13 @@ def test_float16_embeddings_keep_their_ties():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numba_sort_path_binary_search_path_and_torch_path_give_identical_counts(dtype):
+def test_numba_bucket_table_binary_search_and_torch_path_give_identical_counts(dtype):
     rng = np.random.default_rng(5)
     scores = rng.integers(0, 6, size=(25, 80)).astype(dtype)
     relevant = rng.random((25, 80)) < np.linspace(0.0, 0.6, 25)[:, None]
     self_index = rng.integers(-1, 80, size=25)
-    a = relevant_group_counts_numba(scores, relevant, self_index, sort_fraction=2.0)
-    b = relevant_group_counts_numba(scores, relevant, self_index, sort_fraction=0.0)
+    a = relevant_group_counts_numba(scores, relevant, self_index)
+    b = relevant_group_counts_numba(scores, relevant, self_index, buckets_per_value=0)
     c = relevant_group_counts_torch(torch.tensor(scores), torch.tensor(relevant),
                                     torch.tensor(self_index))
     for other in (b, c):
@@ -212,6 +216,70 @@ def test_numba_sort_path_binary_search_path_and_torch_path_give_identical_counts
         assert a.greater[start + j] == (s > v).sum()
         assert a.size[start + j] == (s == v).sum()
         assert a.relevant[start + j] == (r & (s == v)).sum()
+
+
+def brute_force_group_counts(scores, relevant, self_index):
+    """(n_groups, greater, size, relevant) straight from the definition, one row at a time."""
+    n_groups, greater, size, n_rel = [], [], [], []
+    for i in range(scores.shape[0]):
+        keep = np.arange(scores.shape[1]) != self_index[i]
+        s, r = scores[i, keep], relevant[i, keep]
+        values = sorted(set(s[r].tolist()), reverse=True)
+        n_groups.append(len(values))
+        for v in values:
+            greater.append(int((s > v).sum()))
+            size.append(int((s == v).sum()))
+            n_rel.append(int((r & (s == v)).sum()))
+    return [np.array(x, dtype=np.int64) for x in (n_groups, greater, size, n_rel)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_many_relevant_items_with_ties_and_outliers_count_exactly_on_every_path(dtype):
+    # Rows with 10-90 % relevant items, heavy ties, values packed near the bucket edges and far
+    # outliers (one bucket then holds almost every value), plus signed zeros and subnormal spreads.
+    rng = np.random.default_rng(11)
+    n_rows, n_items = 12, 400
+    scores = np.round(rng.normal(size=(n_rows, n_items)), 2).astype(dtype)
+    scores[1] = rng.integers(0, 3, size=n_items)  # three values only
+    scores[2, :5] = [1e6, -1e6, 1e-3, -1e-3, 0.0]  # outliers stretch the table
+    scores[3] = np.where(rng.random(n_items) < 0.5, 0.0, -0.0)  # every item tied (+0 == -0)
+    tiny = np.finfo(dtype).smallest_subnormal
+    scores[4] = rng.integers(-3, 4, size=n_items) * tiny  # a value span of a few subnormals
+    scores[5] = np.linspace(-1, 1, n_items).astype(dtype)  # all distinct, evenly spread
+    relevant = rng.random((n_rows, n_items)) < np.linspace(0.1, 0.9, n_rows)[:, None]
+    relevant[6] = True  # every item relevant
+    relevant[7] = False  # none
+    self_index = rng.integers(-1, n_items, size=n_rows)
+    expected = brute_force_group_counts(scores, relevant, self_index)
+    torch_counts = relevant_group_counts_torch(torch.tensor(scores), torch.tensor(relevant),
+                                               torch.tensor(self_index))
+    paths = [relevant_group_counts_numba(scores, relevant, self_index, buckets_per_value=b)
+             for b in (0, 1, 4, 64)]
+    for counts in [torch_counts, *paths]:
+        for name, want in zip(("n_groups", "greater", "size", "relevant"), expected,
+                              strict=True):
+            np.testing.assert_array_equal(getattr(counts, name), want, err_msg=name)
+
+
+def test_class_member_lists_equal_the_relevance_mask():
+    rng = np.random.default_rng(12)
+    gallery_labels = rng.integers(0, 7, size=60)
+    query_labels = rng.integers(0, 9, size=20)  # classes 7 and 8 are absent from the gallery
+    self_index = rng.integers(-1, 60, size=20)
+    classes = np.unique(gallery_labels)
+    members = np.argsort(np.searchsorted(classes, gallery_labels), kind="stable")
+    class_ptr = np.concatenate([[0], np.cumsum(np.bincount(gallery_labels, minlength=7))])
+    query_class = np.where(np.isin(query_labels, classes), query_labels, -1)
+    rel_ptr, rel_cols = relevant_lists_from_classes(query_class, class_ptr, members, self_index)
+    for i in range(20):
+        want = [j for j in range(60) if gallery_labels[j] == query_labels[i] and j != self_index[i]]
+        assert sorted(rel_cols[rel_ptr[i]:rel_ptr[i + 1]].tolist()) == want
+
+
+def test_negative_buckets_per_value_raises():
+    with pytest.raises(ValueError, match="buckets_per_value"):
+        relevant_group_counts_numba(np.zeros((1, 3)), np.ones((1, 3), dtype=bool),
+                                    buckets_per_value=-1)
 
 
 def test_numba_and_torch_backends_and_chunk_sizes_agree_exactly():

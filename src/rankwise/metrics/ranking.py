@@ -59,17 +59,26 @@ def check_ties(ties: str) -> str:
 
 def harmonic_difference(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """H(hi) - H(lo) = sum_{t=lo+1}^{hi} 1/t elementwise, for int arrays with 0 <= lo <= hi."""
-    lo = np.asarray(lo, dtype=np.int64)
-    hi = np.asarray(hi, dtype=np.int64)
+    lo, hi = np.broadcast_arrays(np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64))
     span = hi - lo
-    out = digamma(hi + 1.0) - digamma(lo + 1.0)
+    out = np.empty(span.shape, dtype=np.float64)
     short = span <= _DIRECT_HARMONIC_TERMS
+    long_spans = ~short
+    if long_spans.any():
+        # digamma only where the span is long: it dominates the cost of few-class evaluations
+        out[long_spans] = digamma(hi[long_spans] + 1.0) - digamma(lo[long_spans] + 1.0)
     if short.any():
+        # short spans summed directly, in the same order as always (adding 0.0 never changed a
+        # value, so skipping finished entries keeps the result bit-identical)
         lo_s = lo[short].astype(np.float64)
         span_s = span[short]
         acc = np.zeros(lo_s.shape, dtype=np.float64)
-        for i in range(1, _DIRECT_HARMONIC_TERMS + 1):
-            acc += np.where(i <= span_s, 1.0 / (lo_s + i), 0.0)
+        active = np.flatnonzero(span_s >= 1)
+        term = 1
+        while active.size:
+            acc[active] += 1.0 / (lo_s[active] + term)
+            term += 1
+            active = active[span_s[active] >= term]
         out[short] = acc
     return out
 

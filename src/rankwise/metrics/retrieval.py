@@ -25,11 +25,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .._threads import keeps_torch_threads
 from .._validation import as_tensor, check_embeddings, check_labels
 from ._kernels import (
     RelevantGroupCounts,
     relevant_group_counts,
     relevant_group_counts_from_lists,
+    relevant_lists_from_classes,
 )
 from .ranking import (
     average_precision_from_counts,
@@ -180,19 +182,8 @@ class _ClassIndex:
 
     def relevant_lists(self, lo: int, hi: int, self_index: np.ndarray | None):
         """(rel_ptr, rel_cols) of queries lo..hi-1: their class's gallery rows, self removed."""
-        c = self.query_class[lo:hi]
-        n_rows = hi - lo
-        first = np.where(c >= 0, self.class_ptr[np.maximum(c, 0)], 0)
-        lengths = np.where(c >= 0, self.class_ptr[np.maximum(c, 0) + 1], 0) - first
-        out_start = np.cumsum(lengths) - lengths
-        row = np.repeat(np.arange(n_rows), lengths)
-        cols = self.members[first[row] + np.arange(row.shape[0]) - out_start[row]]
-        if self_index is not None:
-            keep = cols != self_index[row]
-            cols, row = cols[keep], row[keep]
-        rel_ptr = np.zeros(n_rows + 1, dtype=np.int64)
-        np.cumsum(np.bincount(row, minlength=n_rows), out=rel_ptr[1:])
-        return rel_ptr, cols
+        return relevant_lists_from_classes(self.query_class[lo:hi], self.class_ptr, self.members,
+                                           self_index)
 
 
 def _check_labels_kind(y: Any, n: int, name: str, device) -> torch.Tensor:
@@ -339,6 +330,7 @@ def _check_ks(ks: Any) -> tuple[int, ...]:
     return tuple(int(k) for k in ks)
 
 
+@keeps_torch_threads
 def retrieval_metrics(
     query: Any,
     query_labels: Any,
@@ -453,6 +445,7 @@ def _segment_suffix_max(values: np.ndarray, n_per_segment: np.ndarray) -> np.nda
     return np.maximum.accumulate(rev)[::-1] - shift
 
 
+@keeps_torch_threads
 def pr_curve(
     query: Any,
     query_labels: Any,

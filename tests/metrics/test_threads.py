@@ -1,0 +1,24 @@
+"""The numba kernels must not change torch's intra-op thread count: numba's OpenMP layer shares
+the runtime with torch, and a changed count breaks bit-for-bit reproducible training."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_retrieval_metrics_keeps_torch_threads_in_a_fresh_process():
+    # a fresh interpreter: numba's first parallel launch is the one that resets the runtime
+    code = textwrap.dedent("""
+        import numpy as np, torch
+        torch.set_num_threads(1)
+        from rankwise.metrics import pr_curve, retrieval_metrics
+        x = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
+        y = np.arange(300) % 7
+        retrieval_metrics(x, y)
+        pr_curve(x, y)
+        print(torch.get_num_threads())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
