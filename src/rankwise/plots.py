@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -39,6 +40,16 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return out
 
 
+def _line_styles(n: int) -> list[dict[str, object]]:
+    """A distinct colour per curve (tab20: the 10 dark shades, then the 10 light ones), solid for
+    the first 10 curves and dashed after: matplotlib's default cycle repeats after 10 colours, and
+    a benchmark plots 11 methods on one figure."""
+    order = [*range(0, 20, 2), *range(1, 20, 2)]
+    cmap = matplotlib.colormaps["tab20"]
+    return [{"color": cmap(order[i % 20]), "linestyle": "-" if i < 10 else "--"}
+            for i in range(n)]
+
+
 def plot_pr_curves(
     curves: Mapping[str, Any],
     path: str | Path,
@@ -62,7 +73,7 @@ def plot_pr_curves(
         raise ValueError("`curves` is empty; pass at least one name -> PRCurve.")
     fig = Figure(figsize=(6.4, 4.8))
     ax = fig.add_subplot()
-    for name, curve in curves.items():
+    for style, (name, curve) in zip(_line_styles(len(curves)), curves.items(), strict=True):
         recall = np.asarray(curve.recall, dtype=np.float64)
         precision = np.asarray(curve.precision, dtype=np.float64)
         if recall.shape != precision.shape or recall.ndim != 1:
@@ -70,7 +81,7 @@ def plot_pr_curves(
                 f"curve {name!r}: `recall` and `precision` must be 1-D of the same length, got "
                 f"{recall.shape} and {precision.shape}."
             )
-        ax.plot(recall, precision, linewidth=1.8, label=_legend_text(name, labels, name))
+        ax.plot(recall, precision, linewidth=1.8, label=_legend_text(name, labels, name), **style)
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.02)
     ax.set_xlabel("recall")
@@ -107,7 +118,7 @@ def plot_roc_curves(
     fig = Figure(figsize=(6.4, 4.8))
     ax = fig.add_subplot()
     smallest_fpr = 1.0
-    for name, curve in curves.items():
+    for style, (name, curve) in zip(_line_styles(len(curves)), curves.items(), strict=True):
         fpr = np.asarray(curve.fpr, dtype=np.float64)
         tpr = np.asarray(curve.tpr, dtype=np.float64)
         if fpr.shape != tpr.shape or fpr.ndim != 1:
@@ -120,7 +131,7 @@ def plot_roc_curves(
             smallest_fpr = min(smallest_fpr, float(positive.min()))
         auc = getattr(curve, "auc", None)
         label = f"{name} (AUC {auc:.4f})" if isinstance(auc, float) else name
-        ax.plot(fpr, tpr, linewidth=1.8, label=label)
+        ax.plot(fpr, tpr, linewidth=1.8, label=label, **style)
     if log_fpr:
         low = min(smallest_fpr, 0.1)
         chance = np.geomspace(low, 1.0, 100)
