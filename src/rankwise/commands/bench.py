@@ -14,7 +14,9 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["bench", "default_config_path"]
+__all__ = [
+    "bench", "default_config_path", "option_overrides", "read_base_config", "sweep_console",
+]
 
 EXIT_CONFIG = 2
 EXIT_FAILED = 1
@@ -33,6 +35,56 @@ def default_config_path(dataset: str) -> Path:
         f"--dataset {dataset}: no default config {name} in ./configs or "
         f"{candidates[1].parent}; pass --config base.yaml."
     )
+
+
+def read_base_config(dataset: str | None, config: Path | None) -> dict:
+    """The base config of a sweep (``bench`` / ``tune``): ``--config FILE``, else the dataset's
+    default ``configs/<dataset>.yaml``, parsed with ``yaml.safe_load``.
+
+    Raises:
+        ConfigError: neither option given, a missing file, invalid YAML, or not a mapping.
+    """
+    from ..training import ConfigError
+
+    if config is None and dataset is None:
+        raise ConfigError("pass --dataset NAME or --config base.yaml.")
+    try:
+        path = config if config is not None else default_config_path(dataset)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    if not path.is_file():
+        raise ConfigError(f"--config: file {str(path)!r} does not exist.")
+    try:
+        base = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(base, dict):
+        raise ConfigError(f"{path}: a config must be a mapping of sections.")
+    return base
+
+
+def option_overrides(
+    dataset: str | None, data_dir: str | None, device: str | None, num_workers: int | None
+) -> dict:
+    """The dotted overrides that the shared ``--dataset/--data-dir/--device/--num-workers``
+    options stand for."""
+    extra: dict = {}
+    if dataset is not None:
+        extra["dataset.name"] = dataset
+    if data_dir is not None:
+        extra["dataset.data_dir"] = data_dir
+    if device is not None:
+        extra["device"] = device
+    if num_workers is not None:
+        extra["num_workers"] = num_workers
+    return extra
+
+
+def sweep_console(width: int) -> Console:
+    """A rich console; piped or captured output gets ``width`` columns so tables are not
+    squeezed into 80."""
+    console = Console()
+    return console if console.is_terminal else Console(width=width)
 
 
 def bench(
@@ -64,39 +116,17 @@ def bench(
     from ..training.bench import run_bench
     from ..training.config import apply_overrides, parse_overrides
 
-    console = Console()
-    if not console.is_terminal:  # piped / captured: do not squeeze the table into 80 columns
-        console = Console(width=140)
+    console = sweep_console(140)
     err = Console(stderr=True)
     try:
-        if config is None and dataset is None:
-            raise ConfigError("pass --dataset NAME or --config base.yaml.")
-        try:
-            path = config if config is not None else default_config_path(dataset)
-        except FileNotFoundError as exc:
-            raise ConfigError(str(exc)) from None
-        if not path.is_file():
-            raise ConfigError(f"--config: file {str(path)!r} does not exist.")
-        try:
-            base = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(base, dict):
-            raise ConfigError(f"{path}: a config must be a mapping of sections.")
+        base = read_base_config(dataset, config)
         extra = parse_overrides(list(overrides or []))
         # Command-line KEY=VALUE overrides are applied to every run last: after each run's loss
         # is chosen (applied to the base config, `loss.*` values would be dropped with the base
         # loss) and after the --quick budget. Only `bench.*` keys shape the plan itself.
         run_overrides = {k: v for k, v in extra.items() if not k.startswith("bench.")}
         extra = {k: v for k, v in extra.items() if k not in run_overrides}
-        if dataset is not None:
-            extra["dataset.name"] = dataset
-        if data_dir is not None:
-            extra["dataset.data_dir"] = data_dir
-        if device is not None:
-            extra["device"] = device
-        if num_workers is not None:
-            extra["num_workers"] = num_workers
+        extra.update(option_overrides(dataset, data_dir, device, num_workers))
         base = apply_overrides(base, extra)
         loss_list = None
         if losses is not None:

@@ -12,11 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from .bench import default_config_path
+from .bench import option_overrides, read_base_config, sweep_console
 
 __all__ = ["tune"]
 
@@ -56,25 +55,10 @@ def tune(
     from ..training.tune import parse_grid_values
     from ..training.tune import tune as run_tune
 
-    console = Console()
-    if not console.is_terminal:  # piped / captured: do not squeeze the table into 80 columns
-        console = Console(width=160)
+    console = sweep_console(160)
     err = Console(stderr=True)
     try:
-        if config is None and dataset is None:
-            raise ConfigError("pass --dataset NAME or --config base.yaml.")
-        try:
-            path = config if config is not None else default_config_path(dataset)
-        except FileNotFoundError as exc:
-            raise ConfigError(str(exc)) from None
-        if not path.is_file():
-            raise ConfigError(f"--config: file {str(path)!r} does not exist.")
-        try:
-            base = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(base, dict):
-            raise ConfigError(f"{path}: a config must be a mapping of sections.")
+        base = read_base_config(dataset, config)
         extra = parse_overrides(list(overrides or []))
         for key in extra:
             if key == "loss" or key.startswith("loss."):
@@ -82,14 +66,7 @@ def tune(
                     f"{key}: the loss is chosen per trial; pass --losses, and a fixed loss "
                     f"parameter as --grid {key}=VALUE."
                 )
-        if dataset is not None:
-            extra["dataset.name"] = dataset
-        if data_dir is not None:
-            extra["dataset.data_dir"] = data_dir
-        if device is not None:
-            extra["device"] = device
-        if num_workers is not None:
-            extra["num_workers"] = num_workers
+        extra.update(option_overrides(dataset, data_dir, device, num_workers))
         base = apply_overrides(base, extra)
         parsed_grid: dict[str, list] = {}
         for item in grid or []:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,6 +254,37 @@ def print_bench_table(summary: Mapping[str, Any], console: Any, ablation: bool =
     console.print(table)
 
 
+def prepare_splits(runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]) -> Any:
+    """One data load for a whole sweep, then every data-dependent check of every distinct run.
+
+    Args:
+        runs: the planned runs; they must share their ``dataset`` section.
+        describe: names a run in error messages (e.g. ``"bench run soprc (seed 0)"``).
+
+    Raises:
+        ConfigError: runs that disagree on the dataset, or the first run that fails
+            :func:`~rankwise.training.trainer.preflight`, named by ``describe``.
+    """
+    dataset_key = json.dumps(runs[0].config.dataset.model_dump(mode="json"), sort_keys=True)
+    if any(json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != dataset_key
+           for r in runs):
+        raise ConfigError("per-loss bench.overrides must not change the dataset section.")
+    splits = load_splits(runs[0].config)
+    checked: set[str] = set()
+    for run in runs:
+        # seed and output directory change no data-dependent check
+        key = json.dumps({**run.config.to_dict(), "output_dir": None, "seed": None},
+                         sort_keys=True)
+        if key in checked:
+            continue
+        try:
+            preflight(run.config, splits)
+        except ConfigError as exc:
+            raise ConfigError(f"{describe(run)}: {exc}") from None
+        checked.add(key)
+    return splits
+
+
 def reference_rows(runs: Sequence[BenchRun], splits: Any, seeds: Sequence[int],
                    output: Path) -> list[dict[str, Any]]:
     """What the table must be read against: the same test protocol with no learning at all.
@@ -347,22 +378,7 @@ def run_bench(
     output = Path(output)
     runs = plan_bench(base, losses=losses, seeds=seeds, quick=quick, ablation=ablation,
                       output=output, run_overrides=run_overrides)
-    # one data load for the whole sweep (every run shares the dataset section)
-    dataset_key = json.dumps(runs[0].config.dataset.model_dump(mode="json"), sort_keys=True)
-    if any(json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != dataset_key
-           for r in runs):
-        raise ConfigError("bench: per-loss overrides must not change the dataset section.")
-    splits = load_splits(runs[0].config)
-    checked: set[str] = set()
-    for run in runs:
-        key = json.dumps(run.config.to_dict(), sort_keys=True)
-        if key in checked:
-            continue
-        try:
-            preflight(run.config, splits)
-        except ConfigError as exc:
-            raise ConfigError(f"bench run {run.label} (seed {run.seed}): {exc}") from None
-        checked.add(key)
+    splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
 
     console.print(
         f"[bold]rankwise bench[/bold]: {len(runs)} runs on {runs[0].config.dataset.name} "

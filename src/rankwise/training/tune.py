@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .bench import BenchRun, plan_bench
+from .bench import BenchRun, plan_bench, prepare_splits
 from .checkpoint import atomic_write_text
 from .config import ConfigError, config_from_dict
-from .trainer import NonFiniteLossError, RunResult, Trainer, load_splits, preflight
+from .trainer import NonFiniteLossError, RunResult, Trainer
 
 __all__ = [
     "SeedOutcome",
@@ -287,26 +287,13 @@ def _without_run_prefix(exc: ConfigError) -> str:
 
 def _shared_splits(trials: Sequence[TuneTrial]) -> Any:
     """One data load for the sweep, then every data-dependent check of every distinct run."""
-    runs = [run for trial in trials for run in trial.runs]
-    key = json.dumps(runs[0].config.dataset.model_dump(mode="json"), sort_keys=True)
-    if any(json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != key
-           for r in runs):
-        raise ConfigError("tune: per-loss bench.overrides must not change the dataset section.")
-    splits = load_splits(runs[0].config)
-    checked: set[str] = set()
-    for trial in trials:
-        for run in trial.runs:
-            config_key = json.dumps({**run.config.to_dict(), "output_dir": None, "seed": None},
-                                    sort_keys=True)
-            if config_key in checked:
-                continue
-            try:
-                preflight(run.config, splits)
-            except ConfigError as exc:
-                raise ConfigError(f"tune trial {_describe(trial.loss, trial.params)}: "
-                                  f"{exc}") from None
-            checked.add(config_key)
-    return splits
+    trial_of = {id(run): trial for trial in trials for run in trial.runs}
+
+    def describe(run: Any) -> str:
+        trial = trial_of[id(run)]
+        return f"tune trial {_describe(trial.loss, trial.params)}"
+
+    return prepare_splits([run for trial in trials for run in trial.runs], describe)
 
 
 def _run_trial(trial: TuneTrial, splits: Any, console: Any) -> None:
