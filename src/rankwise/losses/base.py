@@ -20,7 +20,15 @@ from torch import nn
 
 from .._validation import check_embeddings, check_labels
 
-__all__ = ["RankingLoss", "PairBatch", "similarity_matrix", "SIMILARITIES"]
+__all__ = [
+    "SIMILARITIES",
+    "PairBatch",
+    "RankingLoss",
+    "anchor_statistics",
+    "raise_if_nothing_to_rank",
+    "similarity_matrix",
+    "validate_pair_inputs",
+]
 
 SIMILARITIES = ("cosine", "dot", "neg_euclidean")
 
@@ -41,6 +49,83 @@ def similarity_matrix(
         sq = (queries * queries).sum(1, keepdim=True) + (refs * refs).sum(1) - 2 * queries @ refs.T
         return -sq.clamp_min(1e-12).sqrt()
     raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
+
+
+def validate_pair_inputs(
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    ref_embeddings: torch.Tensor | None = None,
+    ref_labels: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Checked ``(embeddings (B, d), labels (B,) int64, ref (M, d) | None, ref_labels | None)``.
+
+    The reference set is cast to the embeddings' device and dtype. Every problem is a
+    ``ValueError`` naming the argument (NaN/inf, shapes, label dtype, a lone ``ref_*``).
+    """
+    emb = check_embeddings(embeddings, "embeddings")
+    lab = check_labels(labels, emb.shape[0], "labels", device=emb.device, allow_multi_hot=False)
+    if (ref_embeddings is None) != (ref_labels is None):
+        raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
+    if ref_embeddings is None:
+        return emb, lab, None, None
+    ref = check_embeddings(ref_embeddings, "ref_embeddings")
+    if ref.shape[1] != emb.shape[1]:
+        raise ValueError(
+            f"`ref_embeddings` has dimension {ref.shape[1]} but `embeddings` has "
+            f"{emb.shape[1]}; they must live in the same space."
+        )
+    ref = ref.to(device=emb.device, dtype=emb.dtype)
+    ref_lab = check_labels(
+        ref_labels, ref.shape[0], "ref_labels", device=emb.device, allow_multi_hot=False
+    )
+    return emb, lab, ref, ref_lab
+
+
+def anchor_statistics(
+    pos_mask: torch.Tensor, neg_mask: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, int]]:
+    """Which anchors can be ranked, and the counts every loss reports in ``last_stats``.
+
+    Args:
+        pos_mask, neg_mask: (B, M) bool masks of each anchor's positives / negatives.
+
+    Returns:
+        ``valid`` (B,) bool (at least one positive and one negative) and the dict
+        ``n_anchors, n_anchors_used, n_skipped_no_positive, n_skipped_no_negative,
+        n_positive_pairs, n_negative_pairs`` (pairs of the valid anchors only).
+    """
+    positives_per_anchor = pos_mask.sum(1)
+    negatives_per_anchor = neg_mask.sum(1)
+    has_pos = positives_per_anchor > 0
+    has_neg = negatives_per_anchor > 0
+    valid = has_pos & has_neg
+    # every count in one tensor: a single device-to-host transfer
+    counts = torch.stack([
+        valid.sum(),
+        (~has_pos).sum(),
+        (has_pos & ~has_neg).sum(),
+        (positives_per_anchor * valid).sum(),
+        (negatives_per_anchor * valid).sum(),
+    ]).tolist()
+    return valid, {
+        "n_anchors": int(pos_mask.shape[0]),
+        "n_anchors_used": counts[0],
+        "n_skipped_no_positive": counts[1],
+        "n_skipped_no_negative": counts[2],
+        "n_positive_pairs": counts[3],
+        "n_negative_pairs": counts[4],
+    }
+
+
+def raise_if_nothing_to_rank(owner: str, n_valid: int, labels: torch.Tensor) -> None:
+    """The error of a batch in which no anchor has both a positive and a negative."""
+    if n_valid == 0:
+        raise ValueError(
+            f"{owner}: no anchor in this batch has both a positive and a negative "
+            f"(batch of {labels.shape[0]} with {int(torch.unique(labels).numel())} distinct "
+            "labels); sample at least 2 classes with at least 2 samples each, e.g. with "
+            "rankwise.sampling.MPerClassBatchSampler(labels, m=4, batch_size=...)."
+        )
 
 
 @dataclass
@@ -102,59 +187,20 @@ class RankingLoss(nn.Module):
         ref_labels: torch.Tensor | None = None,
     ) -> PairBatch:
         """Validate inputs, build the score matrix and masks, count skipped anchors."""
-        emb = check_embeddings(embeddings, "embeddings")
-        lab = check_labels(labels, emb.shape[0], "labels", device=emb.device, allow_multi_hot=False)
-        if (ref_embeddings is None) != (ref_labels is None):
-            raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
-        self_reference = ref_embeddings is None
+        emb, lab, ref, ref_lab = validate_pair_inputs(
+            embeddings, labels, ref_embeddings, ref_labels
+        )
+        self_reference = ref is None
         if self_reference:
             ref, ref_lab = emb, lab
-        else:
-            ref = check_embeddings(ref_embeddings, "ref_embeddings")
-            if ref.shape[1] != emb.shape[1]:
-                raise ValueError(
-                    f"`ref_embeddings` has dimension {ref.shape[1]} but `embeddings` has "
-                    f"{emb.shape[1]}; they must live in the same space."
-                )
-            ref = ref.to(device=emb.device, dtype=emb.dtype)
-            ref_lab = check_labels(
-                ref_labels, ref.shape[0], "ref_labels", device=emb.device, allow_multi_hot=False
-            )
         scores = similarity_matrix(emb, ref, self.similarity)
         same = lab[:, None] == ref_lab[None, :]
         pos_mask = same.clone()
         if self_reference:
             pos_mask.fill_diagonal_(False)
         neg_mask = ~same
-        positives_per_anchor = pos_mask.sum(1)
-        negatives_per_anchor = neg_mask.sum(1)
-        has_pos = positives_per_anchor > 0
-        has_neg = negatives_per_anchor > 0
-        valid = has_pos & has_neg
-        # every count in one tensor: a single device-to-host transfer
-        counts = torch.stack([
-            valid.sum(),
-            (~has_pos).sum(),
-            (has_pos & ~has_neg).sum(),
-            (positives_per_anchor * valid).sum(),
-            (negatives_per_anchor * valid).sum(),
-        ]).tolist()
-        n_valid = counts[0]
-        self.last_stats = {
-            "n_anchors": int(emb.shape[0]),
-            "n_anchors_used": n_valid,
-            "n_skipped_no_positive": counts[1],
-            "n_skipped_no_negative": counts[2],
-            "n_positive_pairs": counts[3],
-            "n_negative_pairs": counts[4],
-        }
-        if n_valid == 0:
-            raise ValueError(
-                f"{type(self).__name__}: no anchor in this batch has both a positive and a negative "
-                f"(batch of {emb.shape[0]} with {int(torch.unique(lab).numel())} distinct labels); "
-                "sample at least 2 classes with at least 2 samples each, e.g. with "
-                "rankwise.sampling.MPerClassBatchSampler(labels, m=4, batch_size=...)."
-            )
+        valid, self.last_stats = anchor_statistics(pos_mask, neg_mask)
+        raise_if_nothing_to_rank(type(self).__name__, self.last_stats["n_anchors_used"], lab)
         return PairBatch(scores, pos_mask, neg_mask, lab, ref_lab, valid, self_reference)
 
     def forward(

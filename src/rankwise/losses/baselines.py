@@ -20,7 +20,7 @@ import torch
 from pytorch_metric_learning import distances, losses, miners
 from torch import nn
 
-from .._validation import check_embeddings, check_labels
+from .base import anchor_statistics, raise_if_nothing_to_rank, validate_pair_inputs
 
 __all__ = ["BASELINES", "PMLBaseline", "CrossBatchMemoryBaseline", "baseline",
            "baseline_parameters"]
@@ -118,28 +118,12 @@ class PMLBaseline(nn.Module):
     def _validate(
         self, embeddings, labels, ref_embeddings, ref_labels
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        emb = check_embeddings(embeddings, "embeddings")
-        lab = check_labels(labels, emb.shape[0], "labels", device=emb.device,
-                           allow_multi_hot=False)
-        if (ref_embeddings is None) != (ref_labels is None):
-            raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
-        if ref_embeddings is None:
-            return emb, lab, None, None
-        if self.reference_set_error is not None:
+        if ref_embeddings is not None and self.reference_set_error is not None:
             raise ValueError(
                 f"baseline {self.name!r} does not accept `ref_embeddings`/`ref_labels`: "
                 f"{self.reference_set_error}. Call it with the batch only."
             )
-        ref = check_embeddings(ref_embeddings, "ref_embeddings")
-        if ref.shape[1] != emb.shape[1]:
-            raise ValueError(
-                f"`ref_embeddings` has dimension {ref.shape[1]} but `embeddings` has "
-                f"{emb.shape[1]}; they must live in the same space."
-            )
-        ref = ref.to(device=emb.device, dtype=emb.dtype)
-        ref_lab = check_labels(ref_labels, ref.shape[0], "ref_labels", device=emb.device,
-                               allow_multi_hot=False)
-        return emb, lab, ref, ref_lab
+        return validate_pair_inputs(embeddings, labels, ref_embeddings, ref_labels)
 
     def _count_anchors(
         self, labels: torch.Tensor, ref_labels: torch.Tensor, self_index: torch.Tensor | None
@@ -152,27 +136,12 @@ class PMLBaseline(nn.Module):
             rows = torch.arange(labels.shape[0], device=labels.device)
             own = self_index >= 0
             pos[rows[own], self_index[own]] = False
-        has_pos, has_neg = pos.any(1), neg.any(1)
-        valid = has_pos & has_neg
-        n_valid = int(valid.sum())
-        self.last_stats = {
-            "n_anchors": int(labels.shape[0]),
-            "n_anchors_used": n_valid,
-            "n_skipped_no_positive": int((~has_pos).sum()),
-            "n_skipped_no_negative": int((has_pos & ~has_neg).sum()),
-            "n_positive_pairs": int(pos[valid].sum()),
-            "n_negative_pairs": int(neg[valid].sum()),
-        }
+        valid, self.last_stats = anchor_statistics(pos, neg)
+        n_valid = self.last_stats["n_anchors_used"]
         return n_valid
 
     def _raise_if_nothing_to_rank(self, n_valid: int, labels: torch.Tensor) -> None:
-        if n_valid == 0:
-            raise ValueError(
-                f"baseline {self.name!r}: no anchor in this batch has both a positive and a "
-                f"negative (batch of {labels.shape[0]} with {int(torch.unique(labels).numel())} "
-                "distinct labels); sample at least 2 classes with at least 2 samples each, e.g. "
-                "with rankwise.sampling.MPerClassBatchSampler(labels, m=4, batch_size=...)."
-            )
+        raise_if_nothing_to_rank(f"baseline {self.name!r}", n_valid, labels)
 
     def _record_mining(self, indices_tuple: tuple[torch.Tensor, ...]) -> None:
         if len(indices_tuple) == 3:
