@@ -184,3 +184,34 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
         atomic_save({"w": torch.zeros(3), "bad": lambda: None}, path)
     assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(3))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.pt"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkeypatch,
+                                                                 num_workers):
+    """The loop fetches samples item by item through the sampler's batches: over one epoch no
+    more items than one copy of the training split (plus the sampler's within-class padding of
+    each class's last chunk), exactly batch_size per step."""
+    from rankwise.training.trainer import load_splits
+
+    config = make_config(tmp_path / "run", **{"budget.iterations": None, "budget.epochs": 1,
+                                              "eval_every": 10_000, "num_workers": num_workers})
+    splits = load_splits(config)
+    train = splits.train
+    counting = type("CountingDataset", (type(train),), {})
+    fetched: list[int] = []
+    original = type(train).__getitem__
+
+    def getitem(self, index):
+        fetched.append(int(index))
+        return original(self, index)
+
+    counting.__getitem__ = getitem
+    monkeypatch.setattr(train, "__class__", counting)
+    trainer = Trainer(config, splits=splits)
+    trainer.fit()
+    n_classes = len(set(train.labels.tolist()))
+    if num_workers == 0:  # worker processes count in their own copy of the list
+        assert 0 < len(fetched) <= len(train) + n_classes * (config.sampler.m - 1)
+        assert len(fetched) == trainer.steps_per_epoch * config.sampler.batch_size
+    assert trainer.step == trainer.steps_per_epoch
