@@ -215,3 +215,55 @@ def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkey
         assert 0 < len(fetched) <= len(train) + n_classes * (config.sampler.m - 1)
         assert len(fetched) == trainer.steps_per_epoch * config.sampler.batch_size
     assert trainer.step == trainer.steps_per_epoch
+
+
+def test_resume_between_two_train_log_records_logs_the_same_window_mean(reference_run, tmp_path):
+    """log_every=2 and a stop at step 5: the record of step 6 averages the losses of steps 5 and
+    6 in an uninterrupted run, so the resumed run must carry step 5's loss in its checkpoint."""
+    run_dir, _ = reference_run
+    Trainer(make_config(tmp_path / "odd")).fit(max_steps=5)
+    Trainer.from_run_dir(tmp_path / "odd").fit()
+    assert records(tmp_path / "odd", "train") == records(run_dir, "train")
+
+
+def test_resuming_a_completed_run_keeps_a_single_test_record(reference_run, tmp_path):
+    Trainer(make_config(tmp_path / "done", **{"budget.iterations": 4})).fit()
+    Trainer.from_run_dir(tmp_path / "done").fit()
+    assert [r["step"] for r in records(tmp_path / "done", "test")] == [4]
+
+
+def test_rng_state_restores_from_a_checkpoint_mapped_to_the_training_device(device):
+    """``_load_last`` maps the checkpoint to the training device, RNG tensors included."""
+    import numpy as np
+
+    from rankwise.training.checkpoint import capture_rng_state, restore_rng_state
+
+    np.random.seed(11)  # noqa: NPY002
+    state = capture_rng_state()
+    expected = np.random.random(4)  # noqa: NPY002
+
+    def to_device(value):
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, dict):
+            return {k: to_device(v) for k, v in value.items()}
+        return value
+
+    restore_rng_state(to_device(state))
+    assert np.array_equal(np.random.random(4), expected)  # noqa: NPY002
+
+
+def test_overwrite_removes_the_previous_runs_checkpoints(tmp_path):
+    """A crash of an --overwrite run before its first checkpoint must not leave the old run's
+    last.pt next to the new config.yaml, where --resume would pick it up."""
+    run_dir = tmp_path / "run"
+    Trainer(make_config(run_dir, **{"budget.iterations": 4})).fit()
+
+    def crash(trainer):
+        raise RuntimeError("simulated crash")
+
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        Trainer(make_config(run_dir, seed=5), overwrite=True).fit(callbacks=[crash])
+    assert not (run_dir / "checkpoints" / "last.pt").exists()
+    assert not (run_dir / "checkpoints" / "best.pt").exists()
+    assert not (run_dir / "report.json").exists()

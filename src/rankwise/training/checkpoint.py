@@ -110,7 +110,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(  # noqa: NPY002
         (
             npy["kind"],
-            npy["keys"].numpy().astype(np.uint32),
+            npy["keys"].cpu().numpy().astype(np.uint32),
             int(npy["pos"]),
             int(npy["has_gauss"]),
             float(npy["cached_gaussian"]),

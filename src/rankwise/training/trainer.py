@@ -467,6 +467,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._stop_requested = False
         self._in_step = False
+        # losses of the steps since the last train log record: checkpointed, so a run resumed
+        # between two records logs the same window mean as an uninterrupted run
+        self._window_losses: list[float] = []
         if resume:
             self._load_last()
 
@@ -519,6 +522,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "sampler": {"epoch": self.next_epoch, "position": self.next_position},
             "rng": capture_rng_state(),
+            "window_losses": list(self._window_losses),
         }
 
     def save_checkpoint(self) -> Path:
@@ -544,8 +548,13 @@ class Trainer:
         self.best_val = state["best_val"]
         self.last_checkpoint_step = self.step
         restore_rng_state(state["rng"])
-        # records written after the checkpoint (a crash between checkpoints) are replayed anyway
-        self.history = [r for r in self._read_metrics() if int(r.get("step", 0)) <= self.step]
+        self._window_losses = [float(v) for v in state.get("window_losses", [])]
+        # records written after the checkpoint (a crash between checkpoints) are replayed anyway;
+        # the test record is rewritten by the final test, which a resumed run always runs again
+        self.history = [
+            r for r in self._read_metrics()
+            if int(r.get("step", 0)) <= self.step and r.get("kind") != "test"
+        ]
         self._rewrite_metrics()
 
     # -- metrics log ------------------------------------------------------------------------
@@ -671,6 +680,11 @@ class Trainer:
             yaml.safe_dump(self.config.to_dict(), sort_keys=False), self.run_dir / "config.yaml"
         )
         if self.step == 0:
+            # a fresh run (possibly --overwrite): drop the previous run's checkpoints and report,
+            # so a crash before the first checkpoint cannot leave them to a later --resume
+            for stale in (self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt",
+                          self.run_dir / "report.json"):
+                stale.unlink(missing_ok=True)
             self.history = []
             self._rewrite_metrics()
 
@@ -709,7 +723,6 @@ class Trainer:
         )
         window_start = time.perf_counter()
         window_steps = 0
-        window_losses: list[float] = []
         tick = time.perf_counter()
         with _determinism(cfg.deterministic, self.device), _graceful_sigint(self), progress:
             task = progress.add_task(
@@ -749,7 +762,7 @@ class Trainer:
                     tick = now
 
                     window_steps += 1
-                    window_losses.append(float(loss.detach()))
+                    self._window_losses.append(float(loss.detach()))
                     if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                         elapsed = max(now - window_start, 1e-9)
                         rate = window_steps * cfg.sampler.batch_size / elapsed
@@ -759,11 +772,11 @@ class Trainer:
                         }
                         self._log({
                             "kind": "train", "step": self.step, "epoch": epoch,
-                            "loss": float(np.mean(window_losses)), "lr": lr,
+                            "loss": float(np.mean(self._window_losses)), "lr": lr,
                             "samples_per_s": rate, "loss_stats": stats,
                         })
-                        progress.update(task, loss=float(np.mean(window_losses)), rate=rate)
-                        window_start, window_steps, window_losses = now, 0, []
+                        progress.update(task, loss=float(np.mean(self._window_losses)), rate=rate)
+                        window_start, window_steps, self._window_losses = now, 0, []
                     progress.update(task, completed=self.step)
                     if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
                         self._validate_and_checkpoint()
