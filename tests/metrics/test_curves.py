@@ -304,3 +304,13 @@ def test_plot_roc_and_pr_curves_write_pngs(tmp_path):
         plot_roc_curves(curves, tmp_path / "roc.pdf")
     with pytest.raises(ValueError, match="empty"):
         plot_pr_curves({}, tmp_path / "x.png")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_euclidean_pair_scores_accept_half_precision_on_cpu(dtype):
+    x = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]], dtype=dtype)
+    scores, is_positive = pair_scores(x, torch.tensor([0, 0, 1]), similarity="euclidean")
+    assert scores.dtype == dtype
+    # pairs (0,1), (0,2), (1,2): distances 5, 1, sqrt(18)
+    np.testing.assert_allclose(scores.float().numpy(), [-5.0, -1.0, -math.sqrt(18.0)], rtol=1e-2)
+    assert is_positive.tolist() == [True, False, False]

@@ -166,3 +166,9 @@ def test_multi_hot_batches():
     _assert_same_report(metric.compute(), retrieval_metrics(x, multi_hot, ks=(1, 5)))
     with pytest.raises(ValueError, match="6 columns"):
         metric.update(x[:3], multi_hot[:3, :5])
+
+
+def test_retrieval_metric_rejects_non_integer_ks_and_accepts_a_single_k():
+    with pytest.raises(ValueError, match="ks"):
+        RetrievalMetric(ks=(1.7,))
+    assert RetrievalMetric(ks=10).ks == (10,)

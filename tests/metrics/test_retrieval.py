@@ -431,3 +431,18 @@ def test_embeddings_that_require_grad_are_accepted():
     y = torch.arange(20) % 4
     report = retrieval_metrics(x, y)
     assert 0.0 < report.map <= 1.0
+
+
+def test_exclude_self_index_array_clamps_each_query_to_its_own_list_length():
+    # Query 0 keeps its 3-item list (-1), query 1 loses gallery row 0 (2 items). k = 3 is within
+    # query 0's list, so its P@3 is 1/3 (one relevant item in all three), not P@2 = 1/2.
+    gallery = torch.tensor([[3.0], [2.0], [1.0]])
+    gallery_labels = torch.tensor([0, 1, 1])
+    query = torch.tensor([[1.0], [1.0]])
+    query_labels = torch.tensor([0, 1])
+    report = retrieval_metrics(query, query_labels, gallery, gallery_labels, ks=(3,),
+                               similarity="dot", exclude_self=np.array([-1, 0]))
+    # by hand: query 0 ranks [0 (rel), 1, 2] -> P@3 = 1/3; query 1 ranks [1 (rel), 2 (rel)] -> 1
+    assert report.precision_at[3] == pytest.approx((1 / 3 + 1.0) / 2)
+    assert report.recall_at[3] == pytest.approx(1.0)
+    assert report.clamped_ks == {3: 2}

@@ -389,6 +389,9 @@ def _prepare_pairs(
 def _block_scores(q: torch.Tensor, g: torch.Tensor, similarity: str) -> torch.Tensor:
     """(b, m) similarity block; inputs are already normalized for cosine."""
     if similarity == "euclidean":
+        if q.device.type == "cpu" and q.dtype not in (torch.float32, torch.float64):
+            # CPU cdist has no fp16 / bf16 kernel: compute in float32, return the input dtype
+            return -torch.cdist(q.float(), g.float()).to(q.dtype)
         return -torch.cdist(q, g)
     return q @ g.T
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from .._validation import check_embeddings, check_labels
 from .ranking import check_ties
-from .retrieval import SIMILARITIES, RetrievalReport, retrieval_metrics
+from .retrieval import SIMILARITIES, RetrievalReport, _check_ks, retrieval_metrics
 
 __all__ = ["RetrievalMetric"]
 
@@ -120,7 +120,7 @@ class RetrievalMetric(nn.Module):
         if similarity not in SIMILARITIES:
             raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
         check_ties(ties)
-        ks = tuple(int(k) for k in ks)
+        ks = _check_ks(ks)  # ValueError for non-integers (1.7 is not silently cut to 1)
         if not ks or any(k < 1 for k in ks):
             raise ValueError(f"`ks` must be a non-empty sequence of positive integers, got {ks}.")
         self.ks = ks

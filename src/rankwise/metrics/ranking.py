@@ -139,8 +139,8 @@ def expected_relevant_in_top(
 
 
 def hit_probability_at(
-    first_greater: np.ndarray, first_size: np.ndarray, first_relevant: np.ndarray, k: int,
-    ties: str,
+    first_greater: np.ndarray, first_size: np.ndarray, first_relevant: np.ndarray,
+    k: int | np.ndarray, ties: str,
 ) -> np.ndarray:
     """Probability that at least one relevant item is ranked at positions <= k.
 

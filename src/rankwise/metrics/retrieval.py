@@ -71,7 +71,10 @@ class RetrievalReport:
         ties: tie handling used.
         similarity: similarity used.
         ks: the requested cutoffs (duplicates removed).
-        clamped_ks: {requested k: k used} for cutoffs larger than the ranked list.
+        clamped_ks: {requested k: k used} for cutoffs larger than the ranked list. Each query
+            is evaluated at min(k, its own list length); with an ``exclude_self`` index array
+            holding -1 for some queries, those queries' lists are one item longer than the
+            length reported here.
     """
 
     map: float
@@ -371,15 +374,13 @@ def retrieval_metrics(
     ks = tuple(dict.fromkeys(_check_ks(ks)))
     p = _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_self,
                  chunk_size, device, backend)
-    used_ks = []
-    clamped = {}
-    for k in ks:
-        used = min(k, p.n_ranked)
-        if used != k:
-            clamped[k] = used
-        if used not in used_ks:
-            used_ks.append(used)
     n_query = p.query.shape[0]
+    # each query's list length: an `exclude_self` index array may leave some queries' rows in
+    list_length = np.full(n_query, p.gallery.shape[0], dtype=np.int64)
+    if p.self_index is not None:
+        list_length -= (p.self_index >= 0).cpu().numpy()
+    clamped = {k: min(k, p.n_ranked) for k in ks if k > p.n_ranked}
+    used_ks = list(ks)
     ap = np.full(n_query, np.nan)
     map_at_r = np.full(n_query, np.nan)
     r_prec = np.full(n_query, np.nan)
@@ -402,14 +403,16 @@ def retrieval_metrics(
         r_prec[lo:hi] = np.where(has_rel, top_r / safe_r, np.nan)
         first = counts.offsets()[:-1][has_rel]
         for k in used_ks:
+            k_of_row = np.minimum(k, list_length[lo:hi])  # a cutoff past a list is its length
             hits = np.full(n_rows, np.nan)
             hits[has_rel] = hit_probability_at(
-                counts.greater[first], counts.size[first], counts.relevant[first], k, ties
+                counts.greater[first], counts.size[first], counts.relevant[first],
+                k_of_row[has_rel], ties,
             )
             recall[k][lo:hi] = hits
-            in_top = np.bincount(rows, expected_relevant_in_top(counts, k, ties),
+            in_top = np.bincount(rows, expected_relevant_in_top(counts, k_of_row[rows], ties),
                                  minlength=n_rows)
-            precision[k][lo:hi] = np.where(has_rel, in_top / k, np.nan)
+            precision[k][lo:hi] = np.where(has_rel, in_top / k_of_row, np.nan)
     valid = ~np.isnan(ap)
     n_without = int((~valid).sum())
     if not valid.any():
@@ -420,8 +423,8 @@ def retrieval_metrics(
         )
     return RetrievalReport(
         map=float(ap[valid].mean()),
-        recall_at={k: float(recall[clamped.get(k, k)][valid].mean()) for k in ks},
-        precision_at={k: float(precision[clamped.get(k, k)][valid].mean()) for k in ks},
+        recall_at={k: float(recall[k][valid].mean()) for k in ks},
+        precision_at={k: float(precision[k][valid].mean()) for k in ks},
         map_at_r=float(map_at_r[valid].mean()),
         r_precision=float(r_prec[valid].mean()),
         per_query_ap=torch.from_numpy(ap),
