@@ -581,3 +581,15 @@ def test_soprc_is_sampling_rate_invariant_unlike_ap():
     soprc_drift, ap_drift = np.abs(means[0.02] - means[0.3])
     assert ap_drift > 0.08
     assert soprc_drift < 0.4 * ap_drift
+
+
+def test_numpy_integer_sizes_are_accepted_as_ints():
+    import numpy as np
+
+    loss = SOPRCLoss(np.int64(6), num_v=np.int32(20))
+    assert (loss.num_classes, loss.num_v) == (6, 20)
+    assert type(loss.num_classes) is int and loss.v.shape == (6, 20)
+    with pytest.raises(ValueError, match="num_classes"):
+        SOPRCLoss(2.5)
+    with pytest.raises(ValueError, match="num_v"):
+        SOPRCLoss(4, num_v=True)

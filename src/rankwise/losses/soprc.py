@@ -11,6 +11,7 @@ x < 0, the TPR term (1 + Σ_j ℓ2(s⁺ − v_j)) / (|v| + 1), one row of ``v`` 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -158,10 +159,21 @@ def score_interpolation(
 
 
 # -- argument checks --------------------------------------------------------------------------------
+def _as_int(value: object) -> int | None:
+    """``value`` as a Python int if it is an integer (numpy integers included), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _check_num_points(value: int, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    as_int = _as_int(value)
+    if as_int is None or as_int < 1:
         raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-    return value
+    return as_int
 
 
 def _check_positive(value: float, name: str) -> float:
@@ -499,11 +511,12 @@ class SOPRCLoss(RankingLoss):
         warm_start: bool = False,
     ) -> None:
         super().__init__(similarity)
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        n_classes = _as_int(num_classes)
+        if n_classes is None or n_classes < 2:
             raise ValueError(
                 f"`num_classes` must be an integer ≥ 2 (a query needs negatives), got {num_classes!r}."
             )
-        self.num_classes = num_classes
+        self.num_classes = n_classes
         self.num_v = _check_num_points(num_v, "num_v")
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
             raise ValueError(f"`beta` must be a number in [0, 1], got {beta!r}.")
