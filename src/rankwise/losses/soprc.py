@@ -371,6 +371,16 @@ class SemiVarianceRegularizer(RankingLoss):
         return f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, " + super().extra_repr()
 
 
+def _plus_semi_variance(owner: RankingLoss, loss: torch.Tensor, batch: PairBatch) -> torch.Tensor:
+    """``loss`` plus ``owner.semi_variance`` (Eq. 9) on the same batch, when one is configured;
+    its value goes to ``owner.last_stats["semi_variance"]``."""
+    if owner.semi_variance is None:
+        return loss
+    reg = owner.semi_variance.from_batch(batch)
+    owner.last_stats["semi_variance"] = float(reg.detach())
+    return loss + reg
+
+
 # -- biased mini-batch AP loss, Eq. (5) -------------------------------------------------------------
 class APLoss(RankingLoss):
     """The biased mini-batch AP↓ estimator of Eq. (5), the baseline SOPRC is compared with (Fig. 1).
@@ -417,12 +427,7 @@ class APLoss(RankingLoss):
             loss_ap=float(ap_term.detach()),
             tpr_mean=float((denominator / n_pos).detach().mean()),
         )
-        loss = ap_term
-        if self.semi_variance is not None:
-            reg = self.semi_variance.from_batch(batch)
-            self.last_stats["semi_variance"] = float(reg.detach())
-            loss = loss + reg
-        return loss
+        return _plus_semi_variance(self, ap_term, batch)
 
     def extra_repr(self) -> str:
         return f"tau1={self.tau1}, tau2={self.tau2}, " + super().extra_repr()
@@ -688,12 +693,7 @@ class SOPRCLoss(RankingLoss):
             fpr_mean=float(fpr.detach().mean()),
             n_v_rows_updated=rows_updated,
         )
-        loss = auprc_term
-        if self.semi_variance is not None:
-            reg = self.semi_variance.from_batch(batch)
-            self.last_stats["semi_variance"] = float(reg.detach())
-            loss = loss + reg
-        return loss
+        return _plus_semi_variance(self, auprc_term, batch)
 
     def extra_repr(self) -> str:
         return (
