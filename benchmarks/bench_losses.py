@@ -205,16 +205,27 @@ def measure_memory(
     for batch_size in batch_sizes:
         for implementation in SMOOTH_AP_IMPLEMENTATIONS:
             command = [
-                sys.executable, str(Path(__file__).resolve()), "--memory-probe", implementation,
-                "--probe-batch", str(batch_size), "--m", str(m), "--dim", str(dim),
-                "--threads", str(threads),
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--memory-probe",
+                implementation,
+                "--probe-batch",
+                str(batch_size),
+                "--m",
+                str(m),
+                "--dim",
+                str(dim),
+                "--threads",
+                str(threads),
             ]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
                 results[(implementation, batch_size)] = f"probe failed: {tail}"
             else:
-                results[(implementation, batch_size)] = json.loads(done.stdout.strip().splitlines()[-1])
+                results[(implementation, batch_size)] = json.loads(
+                    done.stdout.strip().splitlines()[-1]
+                )
     return results
 
 
@@ -326,7 +337,10 @@ def render_section(
     exponents = []
     sizes = args.memory_batch_sizes
     for implementation in SMOOTH_AP_IMPLEMENTATIONS:
-        first, last = memory.get((implementation, sizes[0])), memory.get((implementation, sizes[-1]))
+        first, last = (
+            memory.get((implementation, sizes[0])),
+            memory.get((implementation, sizes[-1])),
+        )
         if (
             len(sizes) > 1
             and isinstance(first, dict)
@@ -367,22 +381,39 @@ def write_section(path: Path, section: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: few repeats, small memory sweep, print only")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: few repeats, small memory sweep, print only",
+    )
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per loss")
     parser.add_argument("--warmup", type=int, default=None, help="untimed calls per loss first")
     parser.add_argument("--classes", type=int, default=56, help="classes per batch")
     parser.add_argument("--m", type=int, default=4, help="samples per class")
     parser.add_argument("--dim", type=int, default=512, help="embedding dimension")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch.set_num_threads value (default: torch's own choice)")
-    parser.add_argument("--memory-batch-sizes", type=int, nargs="*", default=None,
-                        help="batch sizes of the Smooth-AP memory sweep (multiples of --m)")
-    parser.add_argument("--output", type=Path, default=None,
-                        help=f"markdown file to update (default {DEFAULT_OUTPUT}; --quick: none)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads value (default: torch's own choice)",
+    )
+    parser.add_argument(
+        "--memory-batch-sizes",
+        type=int,
+        nargs="*",
+        default=None,
+        help="batch sizes of the Smooth-AP memory sweep (multiples of --m)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"markdown file to update (default {DEFAULT_OUTPUT}; --quick: none)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--memory-probe", choices=SMOOTH_AP_IMPLEMENTATIONS, default=None,
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--memory-probe", choices=SMOOTH_AP_IMPLEMENTATIONS, default=None, help=argparse.SUPPRESS
+    )
     parser.add_argument("--probe-batch", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats is None:
@@ -428,9 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     failures = [c for c in cases if c.error] + [v for v in memory.values() if isinstance(v, str)]
     if failures:
-        print(f"{len(failures)} measurement(s) failed (see the table); "
-              f"{'not writing ' + str(args.output) if args.output else 'nothing written'}.",
-              file=sys.stderr)
+        print(
+            f"{len(failures)} measurement(s) failed (see the table); "
+            f"{'not writing ' + str(args.output) if args.output else 'nothing written'}.",
+            file=sys.stderr,
+        )
         return 1
     if args.output is not None:
         write_section(args.output, section)

@@ -45,7 +45,13 @@ SIZES: dict[str, dict[str, Any]] = {
         "tm": {"n": 500, "classes": 50, "dim": 64, "noise": 1.5, "code_bits": 16},
     },
     "full": {
-        "sop": {"n": 60_000, "classes": 11_000, "dim": 128, "noise": 1.5, "baseline_queries": 3_000},
+        "sop": {
+            "n": 60_000,
+            "classes": 11_000,
+            "dim": 128,
+            "noise": 1.5,
+            "baseline_queries": 3_000,
+        },
         "pml_full_k": [2_500, 5_000],
         "few": {"n": 20_000, "classes": 10, "dim": 128, "noise": 3.0},
         "tm": {"n": 2_000, "classes": 100, "dim": 64, "noise": 1.5, "code_bits": 16},
@@ -140,11 +146,13 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     if method.startswith("tm_"):
-        x, labels = clustered_embeddings(2 * params["n"], params["classes"], params["dim"],
-                                         params["noise"])
+        x, labels = clustered_embeddings(
+            2 * params["n"], params["classes"], params["dim"], params["noise"]
+        )
     else:
-        x, labels = clustered_embeddings(params["n"], params["classes"], params["dim"],
-                                         params["noise"])
+        x, labels = clustered_embeddings(
+            params["n"], params["classes"], params["dim"], params["noise"]
+        )
     x_t, labels_t = torch.from_numpy(x), torch.from_numpy(labels)
 
     if method == "data":
@@ -162,8 +170,9 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
         result["values"] = _report_values(report)
         if "baseline_queries" in params:  # the same queries the baseline runs on (not timed)
             rows = torch.from_numpy(baseline_query_subset(params["n"], params["baseline_queries"]))
-            sub = retrieval_metrics(x_t[rows], labels_t[rows], x_t, labels_t, ks=KS,
-                                    exclude_self=rows)
+            sub = retrieval_metrics(
+                x_t[rows], labels_t[rows], x_t, labels_t, ks=KS, exclude_self=rows
+            )
             result["subset_values"] = _report_values(sub)
     elif method == "argsort":
         rows = baseline_query_subset(params["n"], params.get("baseline_queries", params["n"]))
@@ -179,14 +188,17 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
         k = "max_bin_count" if method == "pml_max_bin_count" else None
         calc = AccuracyCalculator(
             include=("mean_average_precision", "mean_average_precision_at_r", "precision_at_1"),
-            k=k, device=torch.device("cpu"),
+            k=k,
+            device=torch.device("cpu"),
         )
         t0 = time.perf_counter()
         acc = calc.get_accuracy(x_t, labels_t)
         result["time_s"] = time.perf_counter() - t0
-        result["values"] = {"map": float(acc["mean_average_precision"]),
-                            "map_at_r": float(acc["mean_average_precision_at_r"]),
-                            "r@1": float(acc["precision_at_1"])}
+        result["values"] = {
+            "map": float(acc["mean_average_precision"]),
+            "map_at_r": float(acc["mean_average_precision_at_r"]),
+            "r@1": float(acc["precision_at_1"]),
+        }
         if k is None:  # the exact value to compare with (not timed)
             from rankwise.metrics.retrieval import retrieval_metrics
 
@@ -262,14 +274,19 @@ def run_worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", method, "--params", json.dumps(params)],
-        capture_output=True, text=True, cwd=REPO,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"worker {method} failed:\n{proc.stderr[-4000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     shown = f"{result['time_s']:.2f} s" if "time_s" in result else "done"
-    print(f"      {shown}, peak RSS {result['peak_rss_mb']:.0f} MB "
-          f"(wall {time.perf_counter() - t0:.1f} s)", flush=True)
+    print(
+        f"      {shown}, peak RSS {result['peak_rss_mb']:.0f} MB "
+        f"(wall {time.perf_counter() - t0:.1f} s)",
+        flush=True,
+    )
     return result
 
 
@@ -341,9 +358,12 @@ def run(sizes: str) -> str:
     ]
     bv = base["values"]
     extrapolated = base["measured_queries"] < sop["n"]
-    note = (f" (measured on {base['measured_queries']:,} queries in {base['measured_s']:.1f} s, "
-            "×{:.0f} linear extrapolation)".format(sop["n"] / base["measured_queries"])
-            if extrapolated else "")
+    note = (
+        f" (measured on {base['measured_queries']:,} queries in {base['measured_s']:.1f} s, "
+        "×{:.0f} linear extrapolation)".format(sop["n"] / base["measured_queries"])
+        if extrapolated
+        else ""
+    )
     lines.append(
         f"| chunked torch argsort of every row{note} | {base['time_s']:.2f} | "
         f"{_ratio(base['time_s'], ours['time_s'])} | {base['peak_rss_mb']:,.0f} | "
@@ -352,7 +372,7 @@ def run(sizes: str) -> str:
     )
     pv = pml["values"]
     lines.append(
-        f"| pytorch-metric-learning `AccuracyCalculator(k=\"max_bin_count\")` (faiss k-NN) | "
+        f'| pytorch-metric-learning `AccuracyCalculator(k="max_bin_count")` (faiss k-NN) | '
         f"{pml['time_s']:.2f} | {_ratio(pml['time_s'], ours['time_s'])} | "
         f"{pml['peak_rss_mb']:,.0f} | {_fmt(pv['map'])} (truncated) | {_fmt(pv['r@1'])} | — | — | "
         f"{_fmt(pv['map_at_r'])} |"
@@ -396,14 +416,20 @@ def run(sizes: str) -> str:
         "|---:|---:|---:|---:|---:|",
     ]
     for n, full, extra in rows:
-        lines.append(f"| {n:,} | {full['time_s']:.2f} | {extra:,.0f} | "
-                     f"{_fmt(full['values']['map'], 6)} | {_fmt(full['ours_map'], 6)} |")
+        lines.append(
+            f"| {n:,} | {full['time_s']:.2f} | {extra:,.0f} | "
+            f"{_fmt(full['values']['map'], 6)} | {_fmt(full['ours_map'], 6)} |"
+        )
     if exponent > 1.5:
-        growth = (f"Measured growth exponent {exponent:.2f}; quadratic projection to "
-                  f"N = {n_big:,}: ≈ {projected_gb:.0f} GB")
+        growth = (
+            f"Measured growth exponent {exponent:.2f}; quadratic projection to "
+            f"N = {n_big:,}: ≈ {projected_gb:.0f} GB"
+        )
     else:
-        growth = (f"At these sizes fixed overheads still dominate (measured exponent "
-                  f"{exponent:.2f}); `--sizes full` measures where the N × N tensors dominate")
+        growth = (
+            f"At these sizes fixed overheads still dominate (measured exponent "
+            f"{exponent:.2f}); `--sizes full` measures where the N × N tensors dominate"
+        )
     lines += [
         "",
         f"{growth}. At N = {n_big:,} it is reported to run out of memory on a 24 GB machine (not "
@@ -463,7 +489,8 @@ def run(sizes: str) -> str:
         SECTION,
         "",
         f"Command: `python benchmarks/bench_retrieval.py --sizes {sizes}` ({total:.0f} s in all). "
-        + ", ".join(f"{k}: {v}" for k, v in info.items()) + ".",
+        + ", ".join(f"{k}: {v}" for k, v in info.items())
+        + ".",
         "",
     ]
     if sizes == "quick":
@@ -493,8 +520,12 @@ def write_section(path: Path, section: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", choices=sorted(SIZES), default="quick")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md",
-                        help="markdown file whose retrieval section is (re)written")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "docs" / "benchmarks.md",
+        help="markdown file whose retrieval section is (re)written",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -39,8 +39,14 @@ def test_npy_table_json_and_png(saved):
     tmp, emb, labels = saved
     out_json, out_png = tmp / "out" / "report.json", tmp / "pr.png"
     result = _run(
-        tmp / "emb.npy", tmp / "labels.npy", "--ks", "1,5", "--json", out_json,
-        "--plot-pr", out_png,
+        tmp / "emb.npy",
+        tmp / "labels.npy",
+        "--ks",
+        "1,5",
+        "--json",
+        out_json,
+        "--plot-pr",
+        out_png,
     )
     assert result.exit_code == 0, result.output
     for row in ("mAP", "recall@1", "recall@5", "precision@5", "MAP@R", "R-precision"):
@@ -57,7 +63,9 @@ def test_npy_table_json_and_png(saved):
         assert image.format == "PNG" and image.size[0] > 300
 
 
-@pytest.mark.parametrize("spec", ["single.npz", "multi.npz:queries", "emb.pt", "dict.pt:embeddings"])
+@pytest.mark.parametrize(
+    "spec", ["single.npz", "multi.npz:queries", "emb.pt", "dict.pt:embeddings"]
+)
 def test_other_formats_give_the_same_report(saved, spec):
     tmp, emb, labels = saved
     out_json = tmp / f"{spec.replace(':', '_')}.json"
@@ -74,9 +82,20 @@ def test_separate_gallery_and_similarity(saved):
     np.save(tmp / "ql.npy", labels[:40])
     out_json = tmp / "g.json"
     result = _run(
-        tmp / "q.npy", tmp / "ql.npy", "--gallery", tmp / "emb.npy", "--gallery-labels",
-        tmp / "labels.npy", "--similarity", "dot", "--ties", "pessimistic", "--json", out_json,
-        "--device", "cpu",
+        tmp / "q.npy",
+        tmp / "ql.npy",
+        "--gallery",
+        tmp / "emb.npy",
+        "--gallery-labels",
+        tmp / "labels.npy",
+        "--similarity",
+        "dot",
+        "--ties",
+        "pessimistic",
+        "--json",
+        out_json,
+        "--device",
+        "cpu",
     )
     assert result.exit_code == 0, result.output
     expected = retrieval_metrics(

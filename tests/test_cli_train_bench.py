@@ -34,8 +34,18 @@ def write_config(tmp_path, data=BASE):
 
 def test_train_then_report(tmp_path):
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
-                                 "--output", str(out), "loss.name=triplet", "seed=1"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(write_config(tmp_path)),
+            "--output",
+            str(out),
+            "loss.name=triplet",
+            "seed=1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "run directory" in result.output
     saved = yaml.safe_load((out / "config.yaml").read_text())
@@ -44,20 +54,42 @@ def test_train_then_report(tmp_path):
 
 
 def test_train_config_error_names_the_key_and_exits_2(tmp_path):
-    result = runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
-                                 "--output", str(tmp_path / "r"), "sampler.batch_size=30"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(write_config(tmp_path)),
+            "--output",
+            str(tmp_path / "r"),
+            "sampler.batch_size=30",
+        ],
+    )
     assert result.exit_code == 2
     assert "sampler.batch_size: 30 is not divisible by sampler.m=4" in result.output
-    result = runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
-                                 "--output", str(tmp_path / "r"), "loss.params.bta=1"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(write_config(tmp_path)),
+            "--output",
+            str(tmp_path / "r"),
+            "loss.params.bta=1",
+        ],
+    )
     assert result.exit_code == 2 and "'bta'" in result.output
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
 def test_train_resume_refuses_overrides_and_finishes_a_completed_run(tmp_path):
     out = tmp_path / "run"
-    assert runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
-                               "--output", str(out)]).exit_code == 0
+    assert (
+        runner.invoke(
+            app, ["train", "--config", str(write_config(tmp_path)), "--output", str(out)]
+        ).exit_code
+        == 0
+    )
     refused = runner.invoke(app, ["train", "--resume", str(out), "seed=2"])
     assert refused.exit_code == 2 and "--resume" in refused.output
     again = runner.invoke(app, ["train", "--resume", str(out)])
@@ -67,23 +99,42 @@ def test_train_resume_refuses_overrides_and_finishes_a_completed_run(tmp_path):
 
 def test_bench_quick_writes_bench_json_with_the_exact_schema(tmp_path):
     out = tmp_path / "bench"
-    result = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
-                                 "--losses", "triplet,soprc", "--seeds", "2",
-                                 "--output", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--config",
+            str(write_config(tmp_path)),
+            "--quick",
+            "--losses",
+            "triplet,soprc",
+            "--seeds",
+            "2",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "bench.json").read_text())
     assert set(summary) == {"dataset", "protocol", "seeds", "rows", "reference_rows"}
     assert summary["dataset"] == "digits" and summary["protocol"] == "open-set"
     assert summary["seeds"] == [0, 1]
     assert [row["loss"] for row in summary["rows"]] == ["triplet", "soprc"]
-    types = {"loss": str, "map_mean": float, "map_std": float, "recall_at_1_mean": float,
-             "recall_at_1_std": float, "seconds": float}
+    types = {
+        "loss": str,
+        "map_mean": float,
+        "map_std": float,
+        "recall_at_1_mean": float,
+        "recall_at_1_std": float,
+        "seconds": float,
+    }
     for row in summary["rows"]:
         for key, kind in types.items():
             assert isinstance(row[key], kind), key
         # the aggregate is the mean of the per-seed test reports written by each run
-        per_seed = [json.loads((out / row["loss"] / f"seed{s}" / "report.json").read_text())
-                    for s in (0, 1)]
+        per_seed = [
+            json.loads((out / row["loss"] / f"seed{s}" / "report.json").read_text()) for s in (0, 1)
+        ]
         maps = [r["test"]["map"] for r in per_seed]
         assert abs(row["map_mean"] - sum(maps) / 2) < 1e-12
         assert abs(row["map_std"] - abs(maps[0] - maps[1]) / 2**0.5) < 1e-12
@@ -94,45 +145,111 @@ def test_bench_quick_writes_bench_json_with_the_exact_schema(tmp_path):
 
 def test_bench_reports_a_bad_loss_before_training(tmp_path):
     out = tmp_path / "bench"
-    result = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
-                                 "--losses", "triplet,nope", "--output", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--config",
+            str(write_config(tmp_path)),
+            "--quick",
+            "--losses",
+            "triplet,nope",
+            "--output",
+            str(out),
+        ],
+    )
     assert result.exit_code == 2 and "loss.name: unknown loss 'nope'" in result.output
     assert not out.exists()
 
 
 def test_bench_loss_param_override_reaches_every_run(tmp_path):
     out = tmp_path / "bench"
-    result = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
-                                 "--losses", "auc", "--output", str(out),
-                                 "loss.params.delta_s=0.1"])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--config",
+            str(write_config(tmp_path)),
+            "--quick",
+            "--losses",
+            "auc",
+            "--output",
+            str(out),
+            "loss.params.delta_s=0.1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     resolved = yaml.safe_load((out / "auc" / "seed0" / "config.yaml").read_text())
     assert resolved["loss"] == {"name": "auc", "params": {"delta_s": 0.1}}
     # a parameter the loss does not take is a config error naming it, before training
-    bad = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
-                              "--losses", "auc", "--output", str(tmp_path / "b2"),
-                              "loss.params.lambda_val=3"])
+    bad = runner.invoke(
+        app,
+        [
+            "bench",
+            "--config",
+            str(write_config(tmp_path)),
+            "--quick",
+            "--losses",
+            "auc",
+            "--output",
+            str(tmp_path / "b2"),
+            "loss.params.lambda_val=3",
+        ],
+    )
     assert bad.exit_code == 2 and "lambda_val" in bad.output
 
 
 def test_bench_command_line_budget_wins_over_quick(tmp_path):
     out = tmp_path / "bench"
-    result = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
-                                 "--losses", "triplet", "--output", str(out),
-                                 "budget.iterations=3", "eval_every=3"])
+    result = runner.invoke(
+        app,
+        [
+            "bench",
+            "--config",
+            str(write_config(tmp_path)),
+            "--quick",
+            "--losses",
+            "triplet",
+            "--output",
+            str(out),
+            "budget.iterations=3",
+            "eval_every=3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "bench.json").read_text())
     assert summary["rows"][0]["steps"] == 3
-    refused = runner.invoke(app, ["bench", "--config", str(write_config(tmp_path)), "--quick",
-                                  "--losses", "triplet", "--output", str(out), "seed=4"])
+    refused = runner.invoke(
+        app,
+        [
+            "bench",
+            "--config",
+            str(write_config(tmp_path)),
+            "--quick",
+            "--losses",
+            "triplet",
+            "--output",
+            str(out),
+            "seed=4",
+        ],
+    )
     assert refused.exit_code == 2 and "--seeds" in refused.output
 
 
 def test_train_stops_cleanly_when_the_model_diverges(tmp_path):
     out = tmp_path / "run"
-    result = runner.invoke(app, ["train", "--config", str(write_config(tmp_path)),
-                                 "--output", str(out), "optimizer.name=sgd",
-                                 "optimizer.lr=1e30"])
+    result = runner.invoke(
+        app,
+        [
+            "train",
+            "--config",
+            str(write_config(tmp_path)),
+            "--output",
+            str(out),
+            "optimizer.name=sgd",
+            "optimizer.lr=1e30",
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert "step" in result.output and "optimizer.lr" in result.output
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -73,7 +73,10 @@ def check_embeddings(
 
 
 def check_labels(
-    y: Any, n: int, name: str = "labels", device: torch.device | str | None = None,
+    y: Any,
+    n: int,
+    name: str = "labels",
+    device: torch.device | str | None = None,
     allow_multi_hot: bool = True,
 ) -> torch.Tensor:
     """Validate labels: 1-D integer class ids of length ``n``, or an (n, C) multi-hot 0/1 matrix."""

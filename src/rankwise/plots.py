@@ -46,8 +46,7 @@ def _line_styles(n: int) -> list[dict[str, object]]:
     a benchmark plots 11 methods on one figure."""
     order = [*range(0, 20, 2), *range(1, 20, 2)]
     cmap = matplotlib.colormaps["tab20"]
-    return [{"color": cmap(order[i % 20]), "linestyle": "-" if i < 10 else "--"}
-            for i in range(n)]
+    return [{"color": cmap(order[i % 20]), "linestyle": "-" if i < 10 else "--"} for i in range(n)]
 
 
 def plot_pr_curves(

@@ -109,15 +109,19 @@ def test_truncated_jpeg_names_the_file(tmp_path):
 def test_retrieval_splits_describe_counts():
     train = ArrayDataset(torch.zeros(6, 2), np.array([0, 0, 1, 1, 2, 2]))
     test = ArrayDataset(torch.zeros(4, 2), np.array([5, 5, 6, 7]))
-    splits = RetrievalSplits(train=train, val=None, test=test, gallery=None,
-                             protocol="open-set", name="toy")
-    assert splits.describe() == {"train": {"samples": 6, "classes": 3},
-                                 "test": {"samples": 4, "classes": 3}}
+    splits = RetrievalSplits(
+        train=train, val=None, test=test, gallery=None, protocol="open-set", name="toy"
+    )
+    assert splits.describe() == {
+        "train": {"samples": 6, "classes": 3},
+        "test": {"samples": 4, "classes": 3},
+    }
     assert splits.input_shape == (2,)
     assert "toy" in str(splits)
     with pytest.raises(ValueError, match="gallery"):
-        RetrievalSplits(train=train, val=None, test=test, gallery=None,
-                        protocol="closed-set", name="toy")
+        RetrievalSplits(
+            train=train, val=None, test=test, gallery=None, protocol="closed-set", name="toy"
+        )
     with pytest.raises(ValueError, match="protocol"):
         RetrievalSplits(train=train, val=None, test=test, gallery=None, protocol="x", name="t")
 

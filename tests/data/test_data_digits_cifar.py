@@ -41,7 +41,9 @@ def test_digits_closed_set_counts():
     splits = load_dataset("digits", protocol="closed-set", n_query=10, n_train=50, val_fraction=0.2)
     assert np.bincount(splits.test.labels).tolist() == [10] * 10
     assert len(splits.gallery) == 1797 - 100
-    assert np.bincount(np.concatenate([splits.train.labels, splits.val.labels])).tolist() == [50] * 10
+    assert (
+        np.bincount(np.concatenate([splits.train.labels, splits.val.labels])).tolist() == [50] * 10
+    )
     assert np.bincount(splits.val.labels).tolist() == [10] * 10
     assert set(splits.describe()) == {"train", "val", "test", "gallery"}
 
@@ -74,8 +76,9 @@ def _ids(ds):
 
 def test_cifar10_closed_set_setting_one(tmp_path):
     _write_cifar(tmp_path / "cifar-10-batches-py")
-    splits = load_dataset("cifar10", protocol="closed-set", data_dir=tmp_path, n_query=3,
-                          n_train=6, val_fraction=0.0)
+    splits = load_dataset(
+        "cifar10", protocol="closed-set", data_dir=tmp_path, n_query=3, n_train=6, val_fraction=0.0
+    )
     assert splits.protocol == "closed-set"
     assert np.bincount(splits.test.labels).tolist() == [3] * 10
     assert np.bincount(splits.train.labels).tolist() == [6] * 10

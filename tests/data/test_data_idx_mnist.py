@@ -127,16 +127,18 @@ def test_rankwise_data_env_with_subfolder(tmp_path, monkeypatch):
 
 def test_closed_set_counts(tmp_path):
     _write_mnist(tmp_path, n_train=100, n_test=50)
-    splits = load_dataset("mnist", data_dir=tmp_path, protocol="closed-set", n_query=2,
-                          n_train=6, val_fraction=0.0)
+    splits = load_dataset(
+        "mnist", data_dir=tmp_path, protocol="closed-set", n_query=2, n_train=6, val_fraction=0.0
+    )
     assert np.bincount(splits.test.labels).tolist() == [2] * 10
     assert len(splits.gallery) == 100 + 50 - 20
     assert np.bincount(splits.train.labels).tolist() == [6] * 10
     assert splits.gallery.inputs.dtype == torch.uint8
 
 
-@pytest.mark.skipif(not SYSTEM_FASHION.is_dir(),
-                    reason="Debian package dataset-fashion-mnist not installed")
+@pytest.mark.skipif(
+    not SYSTEM_FASHION.is_dir(), reason="Debian package dataset-fashion-mnist not installed"
+)
 def test_system_fashion_mnist_loads(monkeypatch):
     monkeypatch.delenv("RANKWISE_DATA", raising=False)
     splits = load_dataset("fashion-mnist", seed=0)

@@ -26,6 +26,7 @@ def _check_loads(ds, size=6):
 
 # --------------------------------------------------------------------------- CUB-200-2011
 
+
 def _make_cub(base, classes=(1, 2, 100, 101, 200), per_class=3):
     root = base / "CUB_200_2011"
     images, labels = [], []
@@ -46,8 +47,10 @@ def test_cub200_metric_learning_split(tmp_path):
     _make_cub(tmp_path)
     splits = load_dataset("cub200", data_dir=tmp_path, val_fraction=0.0, image_size=6)
     # Classes 1, 2, 100 train (-> 0, 1, 2); 101, 200 test (-> 3, 4).
-    assert splits.describe() == {"train": {"samples": 9, "classes": 3},
-                                 "test": {"samples": 6, "classes": 2}}
+    assert splits.describe() == {
+        "train": {"samples": 9, "classes": 3},
+        "test": {"samples": 6, "classes": 2},
+    }
     assert splits.train.labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert splits.test.labels.tolist() == [3, 3, 3, 4, 4, 4]
     assert splits.test.paths[0].endswith("101.Bird_101/Bird_101_0.jpg")
@@ -76,11 +79,14 @@ def test_cub200_mismatched_label_file(tmp_path):
 
 # --------------------------------------------------------------------------- Cars196
 
+
 def test_cars196_split_from_mat(tmp_path):
     root = tmp_path / "cars196"
     classes = [1, 98, 98, 99, 196, 196, 196]
-    records = np.zeros(len(classes), dtype=[("relative_im_path", "O"), ("bbox_x1", "O"),
-                                            ("class", "O"), ("test", "O")])
+    records = np.zeros(
+        len(classes),
+        dtype=[("relative_im_path", "O"), ("bbox_x1", "O"), ("class", "O"), ("test", "O")],
+    )
     for i, c in enumerate(classes):
         rel = f"car_ims/{i + 1:06d}.jpg"
         _img(root / rel, i, "JPEG")
@@ -94,6 +100,7 @@ def test_cars196_split_from_mat(tmp_path):
 
 
 # --------------------------------------------------------------------------- SOP
+
 
 def _make_sop(base):
     root = base / "Stanford_Online_Products"
@@ -131,6 +138,7 @@ def test_sop_bad_header_names_file(tmp_path):
 
 # --------------------------------------------------------------------------- In-Shop
 
+
 @pytest.mark.parametrize("nested", [False, True])
 def test_inshop_query_gallery(tmp_path, nested):
     root = tmp_path / "InShop"
@@ -156,9 +164,11 @@ def test_inshop_query_gallery(tmp_path, nested):
 
     splits = load_dataset("inshop", data_dir=tmp_path, val_fraction=0.0, image_size=6)
     assert splits.protocol == "closed-set"
-    assert splits.describe() == {"train": {"samples": 4, "classes": 2},
-                                 "test": {"samples": 2, "classes": 2},
-                                 "gallery": {"samples": 3, "classes": 2}}
+    assert splits.describe() == {
+        "train": {"samples": 4, "classes": 2},
+        "test": {"samples": 2, "classes": 2},
+        "gallery": {"samples": 3, "classes": 2},
+    }
     # Same item id -> same label across query and gallery; labels after the training classes.
     assert splits.test.labels.tolist() == [3, 2]  # id_77 -> 3, id_50 -> 2 (sorted after train)
     assert splits.gallery.labels.tolist() == [3, 3, 2]
@@ -168,6 +178,7 @@ def test_inshop_query_gallery(tmp_path, nested):
 
 
 # --------------------------------------------------------------------------- iNaturalist
+
 
 def test_inaturalist_brown_split(tmp_path):
     root = tmp_path / "inaturalist"
@@ -187,31 +198,45 @@ def test_inaturalist_brown_split(tmp_path):
 
 # --------------------------------------------------------------------------- VehicleID
 
+
 def _make_vehicleid(base):
     root = base / "VehicleID_V1.0"
     lists = {
         "train_list.txt": [("0000001", 5), ("0000002", 5), ("0000003", 9), ("0000004", 9)],
         "test_list_800.txt": [("0000010", 100), ("0000011", 100)],
-        "test_list_1600.txt": [("0000010", 100), ("0000011", 100), ("0000012", 33),
-                               ("0000013", 33)],
-        "test_list_2400.txt": [("0000010", 100), ("0000011", 100), ("0000012", 33),
-                               ("0000013", 33), ("0000014", 7), ("0000015", 7)],
+        "test_list_1600.txt": [
+            ("0000010", 100),
+            ("0000011", 100),
+            ("0000012", 33),
+            ("0000013", 33),
+        ],
+        "test_list_2400.txt": [
+            ("0000010", 100),
+            ("0000011", 100),
+            ("0000012", 33),
+            ("0000013", 33),
+            ("0000014", 7),
+            ("0000015", 7),
+        ],
     }
     (root / "train_test_split").mkdir(parents=True)
     for fname, rows in lists.items():
         (root / "train_test_split" / fname).write_text(
-            "\n".join(f"{i} {v}" for i, v in rows) + "\n")
+            "\n".join(f"{i} {v}" for i, v in rows) + "\n"
+        )
         for image_id, v in rows:
             _img(root / "image" / f"{image_id}.jpg", v, "JPEG")
     return root
 
 
-@pytest.mark.parametrize("test_size,n_test,n_ids", [("small", 2, 1), ("medium", 4, 2),
-                                                    ("large", 6, 3), (2400, 6, 3)])
+@pytest.mark.parametrize(
+    "test_size,n_test,n_ids", [("small", 2, 1), ("medium", 4, 2), ("large", 6, 3), (2400, 6, 3)]
+)
 def test_vehicleid_test_sizes(tmp_path, test_size, n_test, n_ids):
     _make_vehicleid(tmp_path)
-    splits = load_dataset("vehicleid", data_dir=tmp_path, val_fraction=0.0, image_size=6,
-                          test_size=test_size)
+    splits = load_dataset(
+        "vehicleid", data_dir=tmp_path, val_fraction=0.0, image_size=6, test_size=test_size
+    )
     assert splits.train.labels.tolist() == [0, 0, 1, 1]
     assert splits.describe()["test"] == {"samples": n_test, "classes": n_ids}
     assert splits.test.paths[0].endswith("image/0000010.jpg")
@@ -226,11 +251,18 @@ def test_vehicleid_bad_test_size(tmp_path):
 
 # --------------------------------------------------------------------------- missing data
 
-@pytest.mark.parametrize("name,fragment", [
-    ("cub200", "image_class_labels.txt"), ("cars196", "cars_annos.mat"),
-    ("sop", "Ebay_train.txt"), ("inshop", "list_eval_partition.txt"),
-    ("inaturalist", "Inaturalist_train_set1.txt"), ("vehicleid", "train_list.txt"),
-])
+
+@pytest.mark.parametrize(
+    "name,fragment",
+    [
+        ("cub200", "image_class_labels.txt"),
+        ("cars196", "cars_annos.mat"),
+        ("sop", "Ebay_train.txt"),
+        ("inshop", "list_eval_partition.txt"),
+        ("inaturalist", "Inaturalist_train_set1.txt"),
+        ("vehicleid", "train_list.txt"),
+    ],
+)
 def test_missing_dataset_shows_layout(tmp_path, name, fragment):
     with pytest.raises(DatasetNotFoundError) as info:
         load_dataset(name, data_dir=tmp_path)

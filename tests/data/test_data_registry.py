@@ -7,8 +7,17 @@ from rankwise.data import DATASETS, dataset_protocols, load_dataset
 
 def test_datasets_tuple_lists_the_benchmarks():
     assert DATASETS[0] == "digits"
-    for name in ("mnist", "fashion-mnist", "cifar10", "cub200", "cars196", "sop", "inshop",
-                 "inaturalist", "vehicleid"):
+    for name in (
+        "mnist",
+        "fashion-mnist",
+        "cifar10",
+        "cub200",
+        "cars196",
+        "sop",
+        "inshop",
+        "inaturalist",
+        "vehicleid",
+    ):
         assert name in DATASETS
 
 

@@ -54,7 +54,9 @@ def loop_score_sets(emb, labels, strategy, ref_emb=None, ref_labels=None):
         for i in range(n):
             if not valid[i]:
                 continue
-            pos.append(min(s[i][j] for j in range(m) if labels[i] == ref_labels[j] and is_pair(i, j)))
+            pos.append(
+                min(s[i][j] for j in range(m) if labels[i] == ref_labels[j] and is_pair(i, j))
+            )
             neg.append(max(s[i][j] for j in range(m) if labels[i] != ref_labels[j]))
     elif self_ref:
         for i in range(n):
@@ -195,12 +197,17 @@ def test_auc_loss_float32_agrees_with_float64(device):
         assert l32.item() == pytest.approx(l64.item(), abs=1e-5)
 
 
-@pytest.mark.parametrize("loss_fn", [AUCLoss(strategy="hard"), AUCLoss(strategy="all"),
-                                     WilcoxonLoss(slope=4.0)], ids=["hard", "all", "wilcoxon"])
+@pytest.mark.parametrize(
+    "loss_fn",
+    [AUCLoss(strategy="hard"), AUCLoss(strategy="all"), WilcoxonLoss(slope=4.0)],
+    ids=["hard", "all", "wilcoxon"],
+)
 def test_losses_are_invariant_to_batch_permutation(loss_fn):
     emb, lab = random_batch(seed=4)
     perm = torch.randperm(len(lab), generator=torch.Generator().manual_seed(5))
-    assert loss_fn(emb[perm], lab[perm]).item() == pytest.approx(loss_fn(emb, lab).item(), abs=1e-12)
+    assert loss_fn(emb[perm], lab[perm]).item() == pytest.approx(
+        loss_fn(emb, lab).item(), abs=1e-12
+    )
 
 
 @pytest.mark.parametrize("strategy", ["hard", "all"])
@@ -234,9 +241,14 @@ def test_auc_loss_gradient_moves_toward_better_ranking():
 
 @pytest.mark.parametrize(
     "kwargs, name",
-    [({"strategy": "semi"}, "strategy"), ({"slope": 0.0}, "slope"), ({"slope": -3}, "slope"),
-     ({"delta_s": 2.5}, "delta_s"), ({"score_range": (2, 1)}, "score_range"),
-     ({"similarity": "l1"}, "similarity")],
+    [
+        ({"strategy": "semi"}, "strategy"),
+        ({"slope": 0.0}, "slope"),
+        ({"slope": -3}, "slope"),
+        ({"delta_s": 2.5}, "delta_s"),
+        ({"score_range": (2, 1)}, "score_range"),
+        ({"similarity": "l1"}, "similarity"),
+    ],
 )
 def test_auc_loss_rejects_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):

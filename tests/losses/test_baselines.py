@@ -23,20 +23,23 @@ def pk_batch(p=4, k=4, dim=8, seed=0, dtype=torch.float32):
 def direct_pml(name, embedding_size=8):
     """The same baselines assembled straight from PML, as the documentation of baseline() says."""
     if name == "contrastive":
-        return losses.ContrastiveLoss(pos_margin=1.0, neg_margin=0.5,
-                                      distance=distances.CosineSimilarity()), None
+        return losses.ContrastiveLoss(
+            pos_margin=1.0, neg_margin=0.5, distance=distances.CosineSimilarity()
+        ), None
     if name == "triplet":
         return losses.TripletMarginLoss(), miners.BatchHardMiner()
     if name == "triplet_semihard":
         return losses.TripletMarginLoss(), miners.TripletMarginMiner(
-            margin=0.05, type_of_triplets="semihard")
+            margin=0.05, type_of_triplets="semihard"
+        )
     if name == "multi_similarity":
         return losses.MultiSimilarityLoss(), miners.MultiSimilarityMiner()
     if name == "fastap":
         return losses.FastAPLoss(), None
     if name == "xbm":
-        inner = losses.ContrastiveLoss(pos_margin=1.0, neg_margin=0.5,
-                                       distance=distances.CosineSimilarity())
+        inner = losses.ContrastiveLoss(
+            pos_margin=1.0, neg_margin=0.5, distance=distances.CosineSimilarity()
+        )
         return losses.CrossBatchMemory(inner, embedding_size, memory_size=1024), None
     raise AssertionError(name)
 
@@ -85,8 +88,7 @@ def test_batch_hard_mining_counts_one_triplet_per_anchor():
     assert ms.last_stats["n_mined_negative_pairs"] == len(a2)
 
 
-@pytest.mark.parametrize("name", ["contrastive", "triplet", "triplet_semihard",
-                                  "multi_similarity"])
+@pytest.mark.parametrize("name", ["contrastive", "triplet", "triplet_semihard", "multi_similarity"])
 def test_reference_set_maps_to_pml_ref_emb(name):
     emb, labels = pk_batch(p=3, k=2, seed=1)
     ref, ref_labels = pk_batch(p=4, k=3, seed=2)
@@ -161,8 +163,12 @@ def test_xbm_state_dict_round_trip_and_dtype_move():
     for seed in range(2):
         module(*pk_batch(seed=seed))
     state = module.state_dict()
-    assert {"memory_queue_index", "memory_filled", "loss.embedding_memory",
-            "loss.label_memory"} <= set(state)
+    assert {
+        "memory_queue_index",
+        "memory_filled",
+        "loss.embedding_memory",
+        "loss.label_memory",
+    } <= set(state)
     restored = baseline("xbm", embedding_size=8, memory_size=24)
     restored.load_state_dict(state)
     emb, labels = pk_batch(seed=5)

@@ -50,16 +50,19 @@ def test_forward_with_reference_set_and_margin():
         expected = 1 - sklearn_mean_ap(emb, labels, ref, ref_labels, margin=margin)
         assert value.item() == pytest.approx(expected, abs=1e-12)
     # A margin makes the loss stricter.
-    assert BlackBoxAPLoss(margin=0.3)(emb, labels, ref, ref_labels) > \
-        BlackBoxAPLoss(margin=0.0)(emb, labels, ref, ref_labels)
+    assert BlackBoxAPLoss(margin=0.3)(emb, labels, ref, ref_labels) > BlackBoxAPLoss(margin=0.0)(
+        emb, labels, ref, ref_labels
+    )
 
 
 def loop_ranks(row):
     """Normalised rank (1 = best) of every entry by counting strictly higher scores; ties are
     broken by index, like a stable descending sort."""
     n = len(row)
-    return [(1 + sum(1 for j in range(n) if row[j] > row[i] or (row[j] == row[i] and j < i))) / n
-            for i in range(n)]
+    return [
+        (1 + sum(1 for j in range(n) if row[j] > row[i] or (row[j] == row[i] and j < i))) / n
+        for i in range(n)
+    ]
 
 
 def test_rank_function_backward_matches_blackbox_formula():
@@ -88,21 +91,29 @@ def loop_blackbox_grad(scores, pos, ranked, lam, margin):
     -(m - m')/λ with m = n on positives and m = r on the other columns, and the mean over the B
     anchors with a positive and a negative scales it by 1/B; the other anchors get no gradient."""
     M = len(scores[0])
-    usable = [any(pos[a]) and any(r and not p for r, p in zip(ranked[a], pos[a], strict=True))
-              for a in range(len(scores))]
+    usable = [
+        any(pos[a]) and any(r and not p for r, p in zip(ranked[a], pos[a], strict=True))
+        for a in range(len(scores))
+    ]
     B = sum(usable)
     grad = [[0.0] * M for _ in range(len(scores))]
 
     def moved(row, a):
         r = loop_ranks(row)
-        return [sum(1 for j in range(M) if ranked[a][j] and not pos[a][j] and r[j] < r[i]) / M
-                if pos[a][i] else r[i] for i in range(M)]
+        return [
+            sum(1 for j in range(M) if ranked[a][j] and not pos[a][j] and r[j] < r[i]) / M
+            if pos[a][i]
+            else r[i]
+            for i in range(M)
+        ]
 
     for a in range(len(scores)):
         if not usable[a]:
             continue
-        shifted = [scores[a][j] - margin * ((1.0 if pos[a][j] else 0.0) - 0.5) if ranked[a][j]
-                   else -np.inf for j in range(M)]
+        shifted = [
+            scores[a][j] - margin * ((1.0 if pos[a][j] else 0.0) - 0.5) if ranked[a][j] else -np.inf
+            for j in range(M)
+        ]
         r = loop_ranks(shifted)
         n_pos = sum(pos[a])
         dl_dn = [0.0] * M
@@ -134,9 +145,7 @@ def test_loss_backward_matches_loop_rederivation(self_reference):
     batch = PairBatch(scores, pos, neg, labels, ref_labels, valid, self_reference)
     loss = BlackBoxAPLoss(lambda_val=lam, margin=margin)
     loss.compute(batch).backward()
-    expected = loop_blackbox_grad(
-        scores.tolist(), pos.tolist(), (pos | neg).tolist(), lam, margin
-    )
+    expected = loop_blackbox_grad(scores.tolist(), pos.tolist(), (pos | neg).tolist(), lam, margin)
     assert scores.grad.tolist() == [pytest.approx(row, abs=1e-12) for row in expected]
     assert scores.grad.abs().sum() > 0  # the perturbation did swap ranks
     if self_reference:
@@ -173,8 +182,9 @@ def test_swaps_among_positives_give_no_gradient():
     # change, so the gradient must be zero. Differentiating the full rank r (with rp frozen)
     # instead rewards that reversal: check that it would give a non-zero gradient here.
     lam = 1.0
-    scores = torch.tensor([[0.0, 0.001, 0.002, 0.5, 0.6, 0.7]], dtype=torch.float64,
-                          requires_grad=True)
+    scores = torch.tensor(
+        [[0.0, 0.001, 0.002, 0.5, 0.6, 0.7]], dtype=torch.float64, requires_grad=True
+    )
     pos = torch.tensor([[True, True, True, False, False, False]])
     labels, ref_labels = torch.tensor([0]), torch.tensor([0, 0, 0, 1, 1, 1])
     batch = PairBatch(scores, pos, ~pos, labels, ref_labels, torch.tensor([True]), False)
@@ -200,8 +210,9 @@ def test_interpolation_strength_does_not_depend_on_number_of_anchors():
     def grad_of(rows):
         s = scores[rows].clone().requires_grad_()
         p = pos[rows]
-        batch = PairBatch(s, p, ~p, labels[rows], ref_labels, torch.ones(len(rows), dtype=bool),
-                          False)
+        batch = PairBatch(
+            s, p, ~p, labels[rows], ref_labels, torch.ones(len(rows), dtype=bool), False
+        )
         BlackBoxAPLoss(lambda_val=0.5, margin=0.02).compute(batch).backward()
         return s.grad
 
@@ -225,7 +236,7 @@ def test_optimizing_embeddings_directly_raises_ap_without_collapse():
     g = torch.Generator().manual_seed(8)
     labels = torch.arange(3).repeat_interleave(6)
     center = torch.randn(1, 16, generator=g, dtype=torch.float64)
-    emb = (center + 0.05 * torch.randn(18, 16, generator=g, dtype=torch.float64))
+    emb = center + 0.05 * torch.randn(18, 16, generator=g, dtype=torch.float64)
     emb.requires_grad_(True)
     start_ap, start_spread = sklearn_mean_ap(emb, labels), score_spread(emb)
     loss = BlackBoxAPLoss()

@@ -37,8 +37,9 @@ def loop_quantized_ap(scores, positive, ranked, num_bins, lo, hi):
     return ap
 
 
-def loop_dir_loss(emb, labels, ref=None, ref_labels=None, num_bins=20, lo=-1.0, hi=1.0,
-                  similarity="cosine"):
+def loop_dir_loss(
+    emb, labels, ref=None, ref_labels=None, num_bins=20, lo=-1.0, hi=1.0, similarity="cosine"
+):
     self_ref = ref is None
     if self_ref:
         ref, ref_labels = emb, labels
@@ -49,8 +50,9 @@ def loop_dir_loss(emb, labels, ref=None, ref_labels=None, num_bins=20, lo=-1.0, 
     aps, skipped = [], 0
     for i in range(len(labels)):
         ranked = [not (self_ref and j == i) for j in range(len(ref_labels))]
-        positive = [int(ref_labels[j]) == int(labels[i]) and ranked[j]
-                    for j in range(len(ref_labels))]
+        positive = [
+            int(ref_labels[j]) == int(labels[i]) and ranked[j] for j in range(len(ref_labels))
+        ]
         negative = [int(ref_labels[j]) != int(labels[i]) for j in range(len(ref_labels))]
         if not any(positive) or not any(negative):
             skipped += 1
@@ -112,7 +114,9 @@ def test_many_bins_approach_exact_average_precision_from_below():
         pos[0], pos[1] = True, False
         exact = average_precision_score(pos, s)
         ap_q = quantized_average_precision(
-            torch.from_numpy(s)[None], torch.from_numpy(pos)[None], torch.from_numpy(~pos)[None],
+            torch.from_numpy(s)[None],
+            torch.from_numpy(pos)[None],
+            torch.from_numpy(~pos)[None],
             num_bins=501,
         ).item()
         # Splitting one item over two bins can only lower its precision (Eq. 6 mixes in the
@@ -130,9 +134,7 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(lambda e: DIRLoss(num_bins=10)(e, labels), (emb,))
     ref = torch.randn(6, 3, generator=g, dtype=torch.float64, requires_grad=True)
     ref_labels = torch.tensor([0, 1, 2, 0, 1, 3])
-    assert torch.autograd.gradcheck(
-        lambda e, r: DIRLoss()(e, labels, r, ref_labels), (emb, ref)
-    )
+    assert torch.autograd.gradcheck(lambda e, r: DIRLoss()(e, labels, r, ref_labels), (emb, ref))
 
 
 def test_device_and_dtype_follow_input(device):
@@ -150,8 +152,10 @@ def test_device_and_dtype_follow_input(device):
 
 def test_perfect_and_inverted_rankings():
     # Two tight, opposite clusters: every positive outranks every negative -> AP_Q = 1.
-    emb = torch.tensor([[1.0, 0.0], [1.0, 0.01], [1.0, -0.01], [-1.0, 0.0], [-1.0, 0.01],
-                        [-1.0, -0.01]], dtype=torch.float64)
+    emb = torch.tensor(
+        [[1.0, 0.0], [1.0, 0.01], [1.0, -0.01], [-1.0, 0.0], [-1.0, 0.01], [-1.0, -0.01]],
+        dtype=torch.float64,
+    )
     labels = torch.tensor([0, 0, 0, 1, 1, 1])
     assert DIRLoss()(emb, labels).item() == pytest.approx(0.0, abs=1e-12)
     assert DIRLoss()(emb, torch.tensor([0, 1, 2, 0, 1, 2])).item() > 0.5

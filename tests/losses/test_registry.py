@@ -110,18 +110,26 @@ def test_soprc_builds_from_labels_with_semi_variance(monkeypatch):
     assert loss.train_labels is train_labels and loss.beta == 0.5 and loss.prior_scale == 0.1
     assert loss.num_classes == 3
     assert (loss.semi_variance.lambda_pos, loss.semi_variance.lambda_neg) == (1.0, 5.0)
-    loss = build_loss("soprc", train_labels=train_labels, num_classes=7,
-                      semi_variance_weights=(2, 3))
+    loss = build_loss(
+        "soprc", train_labels=train_labels, num_classes=7, semi_variance_weights=(2, 3)
+    )
     assert loss.num_classes == 7
     assert (loss.semi_variance.lambda_pos, loss.semi_variance.lambda_neg) == (2.0, 3.0)
-    assert build_loss("soprc", train_labels=train_labels,
-                      semi_variance_weights=None).semi_variance is None
+    assert (
+        build_loss("soprc", train_labels=train_labels, semi_variance_weights=None).semi_variance
+        is None
+    )
     with pytest.raises(ValueError, match="semi_variance_weights"):
         build_loss("soprc", train_labels=train_labels, semi_variance_weights=(1.0,))
     with pytest.raises(ValueError, match="semi_variance_weights"):
         build_loss("soprc", train_labels=train_labels, semi_variance=FakeSemiVariance(1, 1))
     assert set(loss_parameters("soprc")) == {
-        "num_classes", "prior_scale", "beta", "similarity", "semi_variance_weights"}
+        "num_classes",
+        "prior_scale",
+        "beta",
+        "similarity",
+        "semi_variance_weights",
+    }
 
 
 def test_soprc_unknown_key_is_named(monkeypatch):

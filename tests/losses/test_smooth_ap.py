@@ -143,7 +143,9 @@ def test_smooth_ap_is_invariant_to_batch_permutation():
     emb = random_batch(len(lab), seed=6)
     perm = torch.randperm(len(lab), generator=torch.Generator().manual_seed(7))
     loss_fn = SmoothAPLoss(temperature=0.05)
-    assert loss_fn(emb[perm], lab[perm]).item() == pytest.approx(loss_fn(emb, lab).item(), abs=1e-12)
+    assert loss_fn(emb[perm], lab[perm]).item() == pytest.approx(
+        loss_fn(emb, lab).item(), abs=1e-12
+    )
 
 
 def test_smooth_ap_float32_agrees_with_float64(device):

@@ -58,8 +58,21 @@ def ref_pairs(labels, ref_labels, self_ref):
     return lab, pos, neg
 
 
-def ref_soprc(emb, labels, v, prior, tau1, tau2, *, unbiased=True, use_v=True, detach_tpr=False,
-              ref_emb=None, ref_labels=None, similarity="cosine"):
+def ref_soprc(
+    emb,
+    labels,
+    v,
+    prior,
+    tau1,
+    tau2,
+    *,
+    unbiased=True,
+    use_v=True,
+    detach_tpr=False,
+    ref_emb=None,
+    ref_labels=None,
+    similarity="cosine",
+):
     """Eq. (8) with the errata's TPR term; returns (loss, number of skipped anchors)."""
     self_ref = ref_emb is None
     S = ref_scores(emb, emb if self_ref else ref_emb, similarity)
@@ -130,8 +143,9 @@ def ref_phi(values, k, score_range):
     return np.interp([j / (k + 1) for j in range(1, k + 1)], xp, [lo, *u, hi])
 
 
-def ref_v_update(emb, labels, v, beta, k, score_range, ref_emb=None, ref_labels=None,
-                 similarity="cosine"):
+def ref_v_update(
+    emb, labels, v, beta, k, score_range, ref_emb=None, ref_labels=None, similarity="cosine"
+):
     """Eq. (10) per class, fed with every positive-pair score of that class's anchors."""
     self_ref = ref_emb is None
     S = ref_scores(emb, emb if self_ref else ref_emb, similarity)
@@ -345,8 +359,12 @@ def test_soprc_matches_rederivation(device, dtype, options, train):
     # gradients (detach_tpr changes them, not the value)
     (grad_ref,) = torch.autograd.grad(expected, e64)
     (grad,) = torch.autograd.grad(value, e_in)
-    torch.testing.assert_close(grad.double(), grad_ref, rtol=1e-3 if dtype == torch.float32
-                               else 1e-7, atol=1e-4 if dtype == torch.float32 else 1e-9)
+    torch.testing.assert_close(
+        grad.double(),
+        grad_ref,
+        rtol=1e-3 if dtype == torch.float32 else 1e-7,
+        atol=1e-4 if dtype == torch.float32 else 1e-9,
+    )
 
 
 def test_detach_tpr_changes_gradient_not_value(device):
@@ -547,8 +565,9 @@ def test_loss_decreases_when_ranking_improves(device):
     # a well separated embedding must have a lower SOPRC and AP loss than a mixed one
     y = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2], device=device)
     centers = torch.eye(3, device=device, dtype=torch.float64)
-    noise = 0.05 * torch.randn(9, 3, generator=torch.Generator().manual_seed(0),
-                               dtype=torch.float64).to(device)
+    noise = 0.05 * torch.randn(
+        9, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64
+    ).to(device)
     good = centers[y] + noise
     bad = centers[(y + torch.arange(9, device=device)) % 3] + noise
     for make in (lambda: SOPRCLoss(3, warm_start=True), APLoss):
@@ -573,8 +592,9 @@ def test_soprc_is_sampling_rate_invariant_unlike_ap():
         k = round(rate * 200)
         values = []
         for _ in range(30):
-            scores = np.concatenate([rng.choice(pos, k, replace=False),
-                                     rng.choice(neg, 200 - k, replace=False)])
+            scores = np.concatenate(
+                [rng.choice(pos, k, replace=False), rng.choice(neg, 200 - k, replace=False)]
+            )
             ref, ref_labels = torch.tensor(scores)[:, None], torch.tensor([0] * k + [1] * (200 - k))
             values.append([float(f(query, query_label, ref, ref_labels)) for f in (soprc, ap)])
         means[rate] = np.mean(values, axis=0)

@@ -297,7 +297,8 @@ def test_plot_roc_and_pr_curves_write_pngs(tmp_path):
             assert image.format == "PNG" and image.size[0] > 300
     pr = plot_pr_curves(
         {"a": pr_curve(x, labels), "b": pr_curve(x, labels, ties="pessimistic")},
-        tmp_path / "sub" / "pr.png", labels={"a": 0.5, "b": "b (custom)"},
+        tmp_path / "sub" / "pr.png",
+        labels={"a": 0.5, "b": "b (custom)"},
     )
     assert pr == tmp_path / "sub" / "pr.png" and pr.stat().st_size > 0
     with pytest.raises(ValueError, match=".png"):

@@ -27,7 +27,9 @@ def _assert_same_report(a, b):
     assert a.recall_at == pytest.approx(b.recall_at, abs=1e-12)
     assert a.precision_at == pytest.approx(b.precision_at, abs=1e-12)
     assert (a.n_queries, a.n_gallery, a.n_queries_without_relevant) == (
-        b.n_queries, b.n_gallery, b.n_queries_without_relevant
+        b.n_queries,
+        b.n_gallery,
+        b.n_queries_without_relevant,
     )
     torch.testing.assert_close(a.per_query_ap, b.per_query_ap, equal_nan=True)
 

@@ -36,8 +36,9 @@ def ap_of_ordering(order, relevance):
 
 
 def dcg_of_ordering(order, gains, k):
-    return sum((2.0 ** gains[i] - 1) / math.log2(t + 1)
-               for t, i in enumerate(order, start=1) if t <= k)
+    return sum(
+        (2.0 ** gains[i] - 1) / math.log2(t + 1) for t, i in enumerate(order, start=1) if t <= k
+    )
 
 
 def explicit_tie_break(scores, secondary, descending_secondary):
@@ -45,12 +46,16 @@ def explicit_tie_break(scores, secondary, descending_secondary):
     return sorted(range(len(scores)), key=lambda i: (-scores[i], sign * secondary[i]))
 
 
-tied_lists = st.integers(1, 7).flatmap(
-    lambda n: st.tuples(
-        st.lists(st.integers(0, 2), min_size=n, max_size=n),
-        st.lists(st.booleans(), min_size=n, max_size=n),
+tied_lists = (
+    st.integers(1, 7)
+    .flatmap(
+        lambda n: st.tuples(
+            st.lists(st.integers(0, 2), min_size=n, max_size=n),
+            st.lists(st.booleans(), min_size=n, max_size=n),
+        )
     )
-).filter(lambda t: any(t[1]))
+    .filter(lambda t: any(t[1]))
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -73,13 +78,17 @@ def test_optimistic_and_pessimistic_ap_match_explicit_orders(data):
     assert average_precision(s, relevance, ties="pessimistic") == pytest.approx(worst, abs=1e-12)
 
 
-graded_lists = st.integers(1, 7).flatmap(
-    lambda n: st.tuples(
-        st.lists(st.integers(0, 2), min_size=n, max_size=n),
-        st.lists(st.integers(0, 3), min_size=n, max_size=n),
-        st.one_of(st.none(), st.integers(1, 8)),
+graded_lists = (
+    st.integers(1, 7)
+    .flatmap(
+        lambda n: st.tuples(
+            st.lists(st.integers(0, 2), min_size=n, max_size=n),
+            st.lists(st.integers(0, 3), min_size=n, max_size=n),
+            st.one_of(st.none(), st.integers(1, 8)),
+        )
     )
-).filter(lambda t: any(t[1]))
+    .filter(lambda t: any(t[1]))
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -136,10 +145,12 @@ def test_batched_equals_single_and_nan_for_rows_without_relevant(device):
         assert torch.isnan(ap[3]) and torch.isnan(nd[4])
         for q in (0, 1, 2, 4, 5):
             assert float(ap[q]) == pytest.approx(
-                average_precision(scores[q].cpu(), relevance[q].cpu(), ties), abs=1e-12)
+                average_precision(scores[q].cpu(), relevance[q].cpu(), ties), abs=1e-12
+            )
         for q in (0, 1, 2, 3, 5):
             assert float(nd[q]) == pytest.approx(
-                ndcg(scores[q].cpu(), gains[q].cpu(), k=5, ties=ties), abs=1e-12)
+                ndcg(scores[q].cpu(), gains[q].cpu(), k=5, ties=ties), abs=1e-12
+            )
 
 
 def test_ndcg_without_ties_matches_sklearn():
@@ -150,7 +161,7 @@ def test_ndcg_without_ties_matches_sklearn():
     gains = rng.integers(0, 4, size=40)
     # sklearn uses linear gains: pass 2^a - 1 as its relevance to get the exponential gain
     for k in (None, 1, 7, 40, 100):
-        want = ndcg_score([2.0 ** gains - 1], [scores], k=k)
+        want = ndcg_score([2.0**gains - 1], [scores], k=k)
         assert ndcg(scores, gains, k=k) == pytest.approx(want, abs=1e-12)
 
 

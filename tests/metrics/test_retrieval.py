@@ -59,8 +59,10 @@ def naive_retrieval(scores, relevant, self_index, ks, order_fn=None):
 def all_tie_orderings(s, r):
     values = sorted(set(s.tolist()), reverse=True)
     groups = [[i for i in range(len(s)) if s[i] == v] for v in values]
-    return [np.array([i for part in parts for i in part])
-            for parts in itertools.product(*(itertools.permutations(g) for g in groups))]
+    return [
+        np.array([i for part in parts for i in part])
+        for parts in itertools.product(*(itertools.permutations(g) for g in groups))
+    ]
 
 
 def assert_report_matches(report, per_query, ks):
@@ -68,13 +70,16 @@ def assert_report_matches(report, per_query, ks):
     assert report.n_queries_without_relevant == len(per_query) - len(valid)
     assert report.map == pytest.approx(np.mean([m["ap"] for m in valid]), abs=1e-12)
     assert report.map_at_r == pytest.approx(np.mean([m["map_at_r"] for m in valid]), abs=1e-12)
-    assert report.r_precision == pytest.approx(np.mean([m["r_precision"] for m in valid]),
-                                               abs=1e-12)
+    assert report.r_precision == pytest.approx(
+        np.mean([m["r_precision"] for m in valid]), abs=1e-12
+    )
     for k in ks:
-        assert report.recall_at[k] == pytest.approx(np.mean([m[f"R@{k}"] for m in valid]),
-                                                    abs=1e-12)
-        assert report.precision_at[k] == pytest.approx(np.mean([m[f"P@{k}"] for m in valid]),
-                                                       abs=1e-12)
+        assert report.recall_at[k] == pytest.approx(
+            np.mean([m[f"R@{k}"] for m in valid]), abs=1e-12
+        )
+        assert report.precision_at[k] == pytest.approx(
+            np.mean([m[f"P@{k}"] for m in valid]), abs=1e-12
+        )
     ap = report.per_query_ap.numpy()
     for q, m in enumerate(per_query):
         if m is None:
@@ -98,8 +103,9 @@ def test_leave_one_out_matches_naive_reference_without_ties(device):
     y = rng.integers(0, 12, size=120)
     y[0] = 99  # a query whose class appears nowhere else: counted, not averaged
     ks = (1, 5, 20)
-    report = retrieval_metrics(torch.tensor(x, device=device), torch.tensor(y, device=device),
-                               ks=ks)
+    report = retrieval_metrics(
+        torch.tensor(x, device=device), torch.tensor(y, device=device), ks=ks
+    )
     naive = naive_retrieval(cosine(x, x), y[:, None] == y[None, :], np.arange(120), ks)
     assert report.n_queries == 120 and report.n_gallery == 120
     assert report.n_queries_without_relevant == 1
@@ -115,12 +121,14 @@ def test_distinct_gallery_matches_naive_reference(similarity):
     rng = np.random.default_rng(1)
     q, g = rng.normal(size=(40, 5)), rng.normal(size=(150, 5))
     ql, gl = rng.integers(0, 8, size=40), rng.integers(0, 8, size=150)
-    scores = {"cosine": cosine(q, g), "dot": q @ g.T,
-              "euclidean": -((q[:, None, :] - g[None, :, :]) ** 2).sum(-1)}[similarity]
+    scores = {
+        "cosine": cosine(q, g),
+        "dot": q @ g.T,
+        "euclidean": -((q[:, None, :] - g[None, :, :]) ** 2).sum(-1),
+    }[similarity]
     ks = (1, 3, 150)
     report = retrieval_metrics(q, ql, g, gl, ks=ks, similarity=similarity)
-    assert_report_matches(report, naive_retrieval(scores, ql[:, None] == gl[None, :], None, ks),
-                          ks)
+    assert_report_matches(report, naive_retrieval(scores, ql[:, None] == gl[None, :], None, ks), ks)
 
 
 def test_multi_hot_labels_relevant_when_any_label_is_shared():
@@ -131,8 +139,9 @@ def test_multi_hot_labels_relevant_when_any_label_is_shared():
     report = retrieval_metrics(x, y, ks=ks)
     shared = np.array([[bool((y[i] & y[j]).any()) for j in range(60)] for i in range(60)])
     assert_report_matches(report, naive_retrieval(cosine(x, x), shared, np.arange(60), ks), ks)
-    assert report.n_queries_without_relevant == int((~(shared & ~np.eye(60, dtype=bool)).any(1))
-                                                    .sum())
+    assert report.n_queries_without_relevant == int(
+        (~(shared & ~np.eye(60, dtype=bool)).any(1)).sum()
+    )
 
 
 # ----------------------------------------------------------------------------------- with ties
@@ -152,8 +161,10 @@ def test_tie_aware_metrics_equal_brute_force_over_tie_orderings(ties):
             order_fn = all_tie_orderings
         else:
             sign = -1 if ties == "optimistic" else 1
+
             def order_fn(s, r, sign=sign):  # noqa: E306 - explicit tie break, relevance second
                 return [np.lexsort((sign * r.astype(int), -s))]
+
         naive = naive_retrieval(scores, relevant, np.arange(n), ks, order_fn)
         if all(m is None for m in naive):
             continue
@@ -183,8 +194,13 @@ def test_float16_embeddings_keep_their_ties():
     report = retrieval_metrics(torch.tensor(x), y, ks=ks)
     x32 = x.astype(np.float32)
     scores = cosine(x32, x32)
-    naive = naive_retrieval(scores, y[:, None] == y[None, :], np.arange(40), ks,
-                            lambda s, r: [np.lexsort((-r.astype(int), -s))])
+    naive = naive_retrieval(
+        scores,
+        y[:, None] == y[None, :],
+        np.arange(40),
+        ks,
+        lambda s, r: [np.lexsort((-r.astype(int), -s))],
+    )
     optimistic = retrieval_metrics(torch.tensor(x), y, ks=ks, ties="optimistic")
     assert_report_matches(optimistic, naive, ks)
     assert report.map < optimistic.map  # the duplicates really tie
@@ -201,8 +217,9 @@ def test_numba_bucket_table_binary_search_and_torch_path_give_identical_counts(d
     self_index = rng.integers(-1, 80, size=25)
     a = relevant_group_counts_numba(scores, relevant, self_index)
     b = relevant_group_counts_numba(scores, relevant, self_index, buckets_per_value=0)
-    c = relevant_group_counts_torch(torch.tensor(scores), torch.tensor(relevant),
-                                    torch.tensor(self_index))
+    c = relevant_group_counts_torch(
+        torch.tensor(scores), torch.tensor(relevant), torch.tensor(self_index)
+    )
     for other in (b, c):
         for field in ("n_groups", "greater", "size", "relevant"):
             np.testing.assert_array_equal(getattr(a, field), getattr(other, field))
@@ -251,13 +268,15 @@ def test_many_relevant_items_with_ties_and_outliers_count_exactly_on_every_path(
     relevant[7] = False  # none
     self_index = rng.integers(-1, n_items, size=n_rows)
     expected = brute_force_group_counts(scores, relevant, self_index)
-    torch_counts = relevant_group_counts_torch(torch.tensor(scores), torch.tensor(relevant),
-                                               torch.tensor(self_index))
-    paths = [relevant_group_counts_numba(scores, relevant, self_index, buckets_per_value=b)
-             for b in (0, 1, 4, 64)]
+    torch_counts = relevant_group_counts_torch(
+        torch.tensor(scores), torch.tensor(relevant), torch.tensor(self_index)
+    )
+    paths = [
+        relevant_group_counts_numba(scores, relevant, self_index, buckets_per_value=b)
+        for b in (0, 1, 4, 64)
+    ]
     for counts in [torch_counts, *paths]:
-        for name, want in zip(("n_groups", "greater", "size", "relevant"), expected,
-                              strict=True):
+        for name, want in zip(("n_groups", "greater", "size", "relevant"), expected, strict=True):
             np.testing.assert_array_equal(getattr(counts, name), want, err_msg=name)
 
 
@@ -273,13 +292,14 @@ def test_class_member_lists_equal_the_relevance_mask():
     rel_ptr, rel_cols = relevant_lists_from_classes(query_class, class_ptr, members, self_index)
     for i in range(20):
         want = [j for j in range(60) if gallery_labels[j] == query_labels[i] and j != self_index[i]]
-        assert sorted(rel_cols[rel_ptr[i]:rel_ptr[i + 1]].tolist()) == want
+        assert sorted(rel_cols[rel_ptr[i] : rel_ptr[i + 1]].tolist()) == want
 
 
 def test_negative_buckets_per_value_raises():
     with pytest.raises(ValueError, match="buckets_per_value"):
-        relevant_group_counts_numba(np.zeros((1, 3)), np.ones((1, 3), dtype=bool),
-                                    buckets_per_value=-1)
+        relevant_group_counts_numba(
+            np.zeros((1, 3)), np.ones((1, 3), dtype=bool), buckets_per_value=-1
+        )
 
 
 def test_numba_and_torch_backends_and_chunk_sizes_agree_exactly():
@@ -290,14 +310,17 @@ def test_numba_and_torch_backends_and_chunk_sizes_agree_exactly():
     ref = retrieval_metrics(x, y, ks=(1, 7), similarity="dot", backend="numba")
     assert ref.map != retrieval_metrics(x, y, similarity="dot", ties="optimistic").map
     for backend, chunk in (("torch", None), ("numba", 1), ("numba", 13), ("torch", 7)):
-        other = retrieval_metrics(x, y, ks=(1, 7), similarity="dot", backend=backend,
-                                  chunk_size=chunk)
+        other = retrieval_metrics(
+            x, y, ks=(1, 7), similarity="dot", backend=backend, chunk_size=chunk
+        )
         assert other.to_dict() == ref.to_dict()
     # cosine scores: a last chunk of a single row is scored like the others (no gemv rounding)
     cos_ref = retrieval_metrics(x, y, backend="numba")
     for backend, chunk in (("numba", 89), ("torch", 89), ("torch", None)):
-        assert retrieval_metrics(x, y, backend=backend, chunk_size=chunk).to_dict() == \
-            cos_ref.to_dict()
+        assert (
+            retrieval_metrics(x, y, backend=backend, chunk_size=chunk).to_dict()
+            == cos_ref.to_dict()
+        )
 
 
 def test_exclude_self_with_explicit_gallery_equals_leave_one_out():
@@ -355,8 +378,9 @@ def test_pr_curve_matches_naive_interpolated_precision(device):
     rng = np.random.default_rng(9)
     x = rng.normal(size=(70, 4))
     y = rng.integers(0, 7, size=70)
-    curve = pr_curve(torch.tensor(x, device=device), torch.tensor(y, device=device),
-                     num_points=11, chunk_size=16)
+    curve = pr_curve(
+        torch.tensor(x, device=device), torch.tensor(y, device=device), num_points=11, chunk_size=16
+    )
     want, n = naive_pr_curve(cosine(x, x), y[:, None] == y[None, :], np.arange(70), 11)
     assert curve.n_queries == n
     np.testing.assert_allclose(curve.recall, np.linspace(0, 1, 11))
@@ -366,8 +390,13 @@ def test_pr_curve_matches_naive_interpolated_precision(device):
     yi = rng.integers(0, 3, size=40)
     for ties, sign in (("optimistic", -1), ("pessimistic", 1)):
         got = pr_curve(xi, yi, similarity="dot", ties=ties, num_points=7)
-        want, _ = naive_pr_curve(xi @ xi.T, yi[:, None] == yi[None, :], np.arange(40), 7,
-                                 lambda s, r, sign=sign: np.lexsort((sign * r.astype(int), -s)))
+        want, _ = naive_pr_curve(
+            xi @ xi.T,
+            yi[:, None] == yi[None, :],
+            np.arange(40),
+            7,
+            lambda s, r, sign=sign: np.lexsort((sign * r.astype(int), -s)),
+        )
         np.testing.assert_allclose(got.precision, want, atol=1e-12)
 
 
@@ -405,8 +434,10 @@ GOOD_Y = np.array([0, 0, 1, 1, 2, 2])
         ({"chunk_size": 0}, "chunk_size"),
         ({"query": GOOD_X[:1], "query_labels": GOOD_Y[:1]}, "gallery"),
         ({"query_labels": np.arange(6)}, "query_labels"),
-        ({"gallery": GOOD_X[:3], "gallery_labels": GOOD_Y[:3], "exclude_self": True},
-         "exclude_self"),
+        (
+            {"gallery": GOOD_X[:3], "gallery_labels": GOOD_Y[:3], "exclude_self": True},
+            "exclude_self",
+        ),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_argument(kwargs, match):
@@ -440,8 +471,15 @@ def test_exclude_self_index_array_clamps_each_query_to_its_own_list_length():
     gallery_labels = torch.tensor([0, 1, 1])
     query = torch.tensor([[1.0], [1.0]])
     query_labels = torch.tensor([0, 1])
-    report = retrieval_metrics(query, query_labels, gallery, gallery_labels, ks=(3,),
-                               similarity="dot", exclude_self=np.array([-1, 0]))
+    report = retrieval_metrics(
+        query,
+        query_labels,
+        gallery,
+        gallery_labels,
+        ks=(3,),
+        similarity="dot",
+        exclude_self=np.array([-1, 0]),
+    )
     # by hand: query 0 ranks [0 (rel), 1, 2] -> P@3 = 1/3; query 1 ranks [1 (rel), 2 (rel)] -> 1
     assert report.precision_at[3] == pytest.approx((1 / 3 + 1.0) / 2)
     assert report.recall_at[3] == pytest.approx(1.0)

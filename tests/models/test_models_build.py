@@ -16,8 +16,10 @@ from rankwise.models import (
 )
 
 
-@pytest.mark.parametrize("backbone,shape", [("small_cnn", (1, 8, 8)), ("small_cnn", (1, 28, 28)),
-                                            ("mlp", (1, 8, 8)), ("mlp", (20,))])
+@pytest.mark.parametrize(
+    "backbone,shape",
+    [("small_cnn", (1, 8, 8)), ("small_cnn", (1, 28, 28)), ("mlp", (1, 8, 8)), ("mlp", (20,))],
+)
 def test_build_model_shapes_and_unit_norm(backbone, shape):
     model = build_model(backbone, shape, 12)
     assert isinstance(model, EmbeddingModel)

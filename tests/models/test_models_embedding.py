@@ -44,7 +44,7 @@ def test_embedding_head_matches_linear_then_normalize():
     feats = torch.randn(5, 10)
     out = head(feats)
     z = feats @ head.linear.weight.T + head.linear.bias
-    expected = z / torch.sqrt((z ** 2).sum(dim=1, keepdim=True))
+    expected = z / torch.sqrt((z**2).sum(dim=1, keepdim=True))
     torch.testing.assert_close(out, expected)
     raw = EmbeddingHead(10, 3, normalize=False)
     assert not torch.allclose(raw(feats).norm(dim=1), torch.ones(5))

@@ -243,9 +243,7 @@ def test_state_dict_batches_done_overrides_prefetch_and_config_mismatch_raises()
 def test_distributed_replicas_split_each_global_batch():
     labels = make_labels([5, 9, 13, 4, 8, 6, 12, 7, 10, 4])
     global_sampler = build(labels, m=2, batch_size=8, seed=9)
-    replicas = [
-        build(labels, m=2, batch_size=8, seed=9, num_replicas=2, rank=r) for r in range(2)
-    ]
+    replicas = [build(labels, m=2, batch_size=8, seed=9, num_replicas=2, rank=r) for r in range(2)]
     assert len(replicas[0]) == len(replicas[1]) == len(global_sampler)
     for shard0, shard1 in zip(*(list(r) for r in replicas), strict=True):
         assert len(shard0) == len(shard1) == 4
@@ -258,8 +256,7 @@ def test_distributed_replicas_split_each_global_batch():
 def test_distributed_final_batch_has_equal_length_on_all_replicas():
     labels = make_labels([9, 2, 3, 2, 3, 2])  # one large class leaves chunks over
     samplers = [
-        build(labels, m=2, batch_size=8, num_replicas=2, rank=r, drop_last=False)
-        for r in range(2)
+        build(labels, m=2, batch_size=8, num_replicas=2, rank=r, drop_last=False) for r in range(2)
     ]
     runs = [list(s) for s in samplers]
     assert len(runs[0]) == len(runs[1]) == len(samplers[0])

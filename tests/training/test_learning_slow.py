@@ -22,8 +22,9 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "digits.yaml"
 
 @pytest.mark.parametrize("loss", ["soprc", "ap", "auc", "smooth_ap", "dir", "blackbox_ap"])
 def test_digits_training_learns(tmp_path, loss):
-    config = load_config(CONFIG, [f"loss.name={loss}", f"output_dir={tmp_path / 'run'}",
-                                  "progress=false"])
+    config = load_config(
+        CONFIG, [f"loss.name={loss}", f"output_dir={tmp_path / 'run'}", "progress=false"]
+    )
     untrained = Trainer(config.model_copy(update={"output_dir": str(tmp_path / "untrained")}))
     base_val = untrained.evaluate("val").map
     result = train(config)

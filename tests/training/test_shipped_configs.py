@@ -16,8 +16,13 @@ CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").rglob("*.yaml
 
 def test_configs_are_shipped():
     names = {p.name for p in CONFIGS}
-    assert {"digits.yaml", "fashion_mnist.yaml", "sop.yaml", "inat2018.yaml",
-            "vehicleid.yaml"} <= names
+    assert {
+        "digits.yaml",
+        "fashion_mnist.yaml",
+        "sop.yaml",
+        "inat2018.yaml",
+        "vehicleid.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

@@ -71,8 +71,15 @@ def reference_run(tmp_path_factory):
 def test_run_writes_the_run_directory(reference_run):
     run_dir, result = reference_run
     assert result.status == "completed" and result.steps == STEPS
-    for name in ("config.yaml", "metrics.jsonl", "report.json", "training_curves.png",
-                 "pr_curve.png", "checkpoints/last.pt", "checkpoints/best.pt"):
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "report.json",
+        "training_curves.png",
+        "pr_curve.png",
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+    ):
         assert (run_dir / name).is_file(), name
     report = json.loads((run_dir / "report.json").read_text())
     assert report["steps"] == STEPS and report["test"]["map"] == result.test.map
@@ -100,7 +107,9 @@ def test_same_seed_gives_identical_metrics_and_weights(reference_run, tmp_path):
     again = Trainer(make_config(tmp_path / "again")).fit()
     assert again.test.to_dict() == result.test.to_dict()
     assert records(tmp_path / "again", "val") == records(run_dir, "val")
-    assert_same_tensors(final_state(tmp_path / "again")[0]["model"], final_state(run_dir)[0]["model"])
+    assert_same_tensors(
+        final_state(tmp_path / "again")[0]["model"], final_state(run_dir)[0]["model"]
+    )
 
 
 def test_another_seed_gives_other_weights(reference_run, tmp_path):
@@ -187,15 +196,21 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkeypatch,
-                                                                 num_workers):
+def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkeypatch, num_workers):
     """The loop fetches samples item by item through the sampler's batches: over one epoch no
     more items than one copy of the training split (plus the sampler's within-class padding of
     each class's last chunk), exactly batch_size per step."""
     from rankwise.training.trainer import load_splits
 
-    config = make_config(tmp_path / "run", **{"budget.iterations": None, "budget.epochs": 1,
-                                              "eval_every": 10_000, "num_workers": num_workers})
+    config = make_config(
+        tmp_path / "run",
+        **{
+            "budget.iterations": None,
+            "budget.epochs": 1,
+            "eval_every": 10_000,
+            "num_workers": num_workers,
+        },
+    )
     splits = load_splits(config)
     train = splits.train
     counting = type("CountingDataset", (type(train),), {})

@@ -78,10 +78,15 @@ def test_more_classes_per_batch_than_the_training_split_has(tmp_path):
 
 
 def test_milestones_past_the_budget(tmp_path):
-    config = config_from_dict(base(**{
-        "optimizer.name": "sgd", "schedule": {"name": "multistep", "milestones": [2, 9]},
-        "output_dir": str(tmp_path),
-    }))
+    config = config_from_dict(
+        base(
+            **{
+                "optimizer.name": "sgd",
+                "schedule": {"name": "multistep", "milestones": [2, 9]},
+                "output_dir": str(tmp_path),
+            }
+        )
+    )
     with pytest.raises(ConfigError, match=r"schedule\.milestones"):
         Trainer(config)
 
@@ -89,10 +94,16 @@ def test_milestones_past_the_budget(tmp_path):
 def test_overrides_are_typed_by_yaml(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(base()))
-    config = load_config(path, [
-        "loss.params.beta=0.1", "model.frozen_bn=false", "optimizer.name=SGD",
-        "loss.params.semi_variance_weights=[1, 5]", "budget.iterations=7",
-    ])
+    config = load_config(
+        path,
+        [
+            "loss.params.beta=0.1",
+            "model.frozen_bn=false",
+            "optimizer.name=SGD",
+            "loss.params.semi_variance_weights=[1, 5]",
+            "budget.iterations=7",
+        ],
+    )
     assert config.loss.params == {"beta": 0.1, "semi_variance_weights": [1, 5]}
     assert config.model.frozen_bn is False
     assert config.optimizer.name == "sgd"
@@ -119,8 +130,9 @@ def test_learning_rate_schedule_matches_torch_schedulers(name):
         schedule.update(milestones=[10, 25], gamma=0.1)
     if name == "cosine":
         schedule.update(min_lr=1e-4)
-    config = config_from_dict(base(**{"optimizer": {"name": "sgd", "lr": 0.01},
-                                      "schedule": schedule}))
+    config = config_from_dict(
+        base(**{"optimizer": {"name": "sgd", "lr": 0.01}, "schedule": schedule})
+    )
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([param], lr=0.01)
     if name == "multistep":
@@ -141,16 +153,31 @@ def test_ablation_plan_reproduces_table_2_rows(tmp_path):
     from rankwise.training.bench import plan_bench
     from rankwise.training.trainer import load_splits, preflight
 
-    data = base(**{"bench.ablation.sgd": {"name": "sgd", "lr": 0.05},
-                   "bench.ablation.adam": {"name": "adam", "lr": 0.002}})
+    data = base(
+        **{
+            "bench.ablation.sgd": {"name": "sgd", "lr": 0.05},
+            "bench.ablation.adam": {"name": "adam", "lr": 0.002},
+        }
+    )
     runs = plan_bench(data, seeds=[0], ablation=True, output=tmp_path)
-    got = [(r.config.loss.params.get("unbiased"), r.config.loss.params.get("use_v"),
-            "semi_variance_weights" not in r.config.loss.params, r.config.optimizer.name,
-            r.config.optimizer.lr) for r in runs]
+    got = [
+        (
+            r.config.loss.params.get("unbiased"),
+            r.config.loss.params.get("use_v"),
+            "semi_variance_weights" not in r.config.loss.params,
+            r.config.optimizer.name,
+            r.config.optimizer.lr,
+        )
+        for r in runs
+    ]
     # Table 2: (unbiased estimator, with v, with L_var, optimizer)
-    assert got == [(False, False, False, "sgd", 0.05), (True, False, False, "sgd", 0.05),
-                   (True, True, False, "sgd", 0.05), (True, True, True, "sgd", 0.05),
-                   (True, True, True, "adam", 0.002)]
+    assert got == [
+        (False, False, False, "sgd", 0.05),
+        (True, False, False, "sgd", 0.05),
+        (True, True, False, "sgd", 0.05),
+        (True, True, True, "sgd", 0.05),
+        (True, True, True, "adam", 0.002),
+    ]
     assert all(r.config.loss.name == "soprc" for r in runs)
     splits = load_splits(runs[0].config)
     for run in runs:  # every variant is accepted by build_loss on the real training labels
@@ -160,22 +187,30 @@ def test_ablation_plan_reproduces_table_2_rows(tmp_path):
 def test_bench_plan_keeps_base_params_only_for_the_base_loss(tmp_path):
     from rankwise.training.bench import plan_bench
 
-    data = base(**{"loss.params.tau1": 0.2, "bench.overrides": {"triplet": {
-        "loss.params.margin": 0.3}}})
+    data = base(
+        **{"loss.params.tau1": 0.2, "bench.overrides": {"triplet": {"loss.params.margin": 0.3}}}
+    )
     runs = plan_bench(data, losses=["triplet", "soprc"], seeds=[0, 1], output=tmp_path)
     params = {(r.label, r.seed): r.config.loss.params for r in runs}
     assert params[("triplet", 1)] == {"margin": 0.3}
     assert params[("soprc", 0)] == {"tau1": 0.2}
     assert {r.config.output_dir for r in runs} == {
-        str(tmp_path / lab / f"seed{s}") for lab in ("triplet", "soprc") for s in (0, 1)}
+        str(tmp_path / lab / f"seed{s}") for lab in ("triplet", "soprc") for s in (0, 1)
+    }
 
 
 def test_bench_plan_applies_run_overrides_to_every_loss_after_the_switch(tmp_path):
     from rankwise.training.bench import plan_bench
 
-    runs = plan_bench(base(), losses=["blackbox_ap"], seeds=[0], output=tmp_path,
-                      run_overrides={"loss.params.lambda_val": 50.0})
+    runs = plan_bench(
+        base(),
+        losses=["blackbox_ap"],
+        seeds=[0],
+        output=tmp_path,
+        run_overrides={"loss.params.lambda_val": 50.0},
+    )
     assert runs[0].config.loss.params == {"lambda_val": 50.0}
     with pytest.raises(ConfigError, match="--losses"):
-        plan_bench(base(), losses=["soprc"], seeds=[0], output=tmp_path,
-                   run_overrides={"loss.name": "auc"})
+        plan_bench(
+            base(), losses=["soprc"], seeds=[0], output=tmp_path, run_overrides={"loss.name": "auc"}
+        )

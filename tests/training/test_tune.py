@@ -83,8 +83,12 @@ def test_winner_is_the_argmax_of_the_logged_validation_map(tuned_sweep):
     assert [t["loss"] for t in trials] == ["triplet", "triplet", "auc", "auc"]
     means = {}
     for trial in trials:
-        logged = [best_val_map_from_log(out / "trials" / f"trial{trial['trial']:03d}" /
-                                        trial["loss"] / f"seed{s}") for s in (0, 1)]
+        logged = [
+            best_val_map_from_log(
+                out / "trials" / f"trial{trial['trial']:03d}" / trial["loss"] / f"seed{s}"
+            )
+            for s in (0, 1)
+        ]
         assert trial["val_map_per_seed"] == pytest.approx(logged, abs=1e-12)
         assert trial["val_map_mean"] == pytest.approx(np.mean(logged), abs=1e-12)
         assert trial["seconds"] > 0 and len(trial["seconds_per_seed"]) == 2
@@ -127,8 +131,16 @@ def test_tuned_yaml_validates_and_reproduces_the_winning_runs(tuned_sweep, tmp_p
     runs = plan_bench(tuned, seeds=(0, 1), output=tmp_path / "bench")
     for run in runs:
         winner = summary["winners"][run.label]
-        used = yaml.safe_load((out / "trials" / f"trial{winner['trial']:03d}" / run.label /
-                               f"seed{run.seed}" / "config.yaml").read_text())
+        used = yaml.safe_load(
+            (
+                out
+                / "trials"
+                / f"trial{winner['trial']:03d}"
+                / run.label
+                / f"seed{run.seed}"
+                / "config.yaml"
+            ).read_text()
+        )
         planned = run.config.to_dict()
         for key in ("output_dir", "bench"):
             used.pop(key), planned.pop(key)
@@ -147,8 +159,14 @@ def test_selection_ignores_test_metrics_and_skips_diverged_points(tmp_path, monk
         return RunResult(self.run_dir, "completed", 10, 0.01, 10, {"map": val[lr]}, test=test)
 
     monkeypatch.setattr(Trainer, "fit", fake_fit)
-    summary = tune(BASE, losses=["auc"], grid={"optimizer.lr": [1e-4, 1e-3, 1e-2]},
-                   seeds=(0, 1), output=tmp_path / "t", console=None)
+    summary = tune(
+        BASE,
+        losses=["auc"],
+        grid={"optimizer.lr": [1e-4, 1e-3, 1e-2]},
+        seeds=(0, 1),
+        output=tmp_path / "t",
+        console=None,
+    )
     assert summary["winners"]["auc"]["params"] == {"optimizer.lr": 1e-3}
     diverged = summary["trials"][2]
     assert diverged["val_map_mean"] is None and "nan" in diverged["errors"][0]
@@ -156,8 +174,9 @@ def test_selection_ignores_test_metrics_and_skips_diverged_points(tmp_path, monk
 
     # every point diverging leaves the loss without a winner and its overrides untouched
     val.update({1e-4: None, 1e-3: None})
-    summary = tune(BASE, losses=["triplet"], grid={"optimizer.lr": [1e-4, 1e-3]},
-                   output=tmp_path / "t2")
+    summary = tune(
+        BASE, losses=["triplet"], grid={"optimizer.lr": [1e-4, 1e-3]}, output=tmp_path / "t2"
+    )
     assert summary["winners"] == {"triplet": None}
     tuned = yaml.safe_load((tmp_path / "t2" / "tuned.yaml").read_text())
     assert tuned["bench"]["overrides"]["triplet"] == {"optimizer.weight_decay": 1e-4}
@@ -183,8 +202,7 @@ def never_train(self, **kwargs):
         ({}, False, "grid is empty"),
     ],
 )
-def test_grid_errors_are_reported_before_any_training(tmp_path, monkeypatch, grid, quick,
-                                                      fragment):
+def test_grid_errors_are_reported_before_any_training(tmp_path, monkeypatch, grid, quick, fragment):
     monkeypatch.setattr(Trainer, "fit", never_train)
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
         tune(BASE, losses=["triplet", "auc"], grid=grid, quick=quick, output=tmp_path / "t")
@@ -194,7 +212,9 @@ def test_grid_errors_are_reported_before_any_training(tmp_path, monkeypatch, gri
 def test_parse_grid_values_reads_yaml_lists():
     assert parse_grid_values("optimizer.lr=0.0003,0.001") == ("optimizer.lr", [0.0003, 0.001])
     assert parse_grid_values("loss.params.semi_variance_weights=[1,5],null") == (
-        "loss.params.semi_variance_weights", [[1, 5], None])
+        "loss.params.semi_variance_weights",
+        [[1, 5], None],
+    )
     assert parse_grid_values("optimizer.name=sgd,adam") == ("optimizer.name", ["sgd", "adam"])
     for bad in ("optimizer.lr", "optimizer.lr=", "=1,2", "optimizer.lr=[1,"):
         with pytest.raises(ConfigError):
@@ -205,13 +225,30 @@ def test_cli_tune_writes_results_and_marks_the_winner(tmp_path):
     config = tmp_path / "base.yaml"
     config.write_text(yaml.safe_dump(BASE))
     out = tmp_path / "out"
-    result = runner.invoke(app, ["tune", "--config", str(config), "--losses", "auc",
-                                 "--grid", "optimizer.lr=0.0003,0.003", "--seeds", "1",
-                                 "--output", str(out), "budget.iterations=6", "eval_every=3"])
+    result = runner.invoke(
+        app,
+        [
+            "tune",
+            "--config",
+            str(config),
+            "--losses",
+            "auc",
+            "--grid",
+            "optimizer.lr=0.0003,0.003",
+            "--seeds",
+            "1",
+            "--output",
+            str(out),
+            "budget.iterations=6",
+            "eval_every=3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "tune.json").read_text())
-    assert [t["params"] for t in summary["trials"]] == [{"optimizer.lr": 0.0003},
-                                                        {"optimizer.lr": 0.003}]
+    assert [t["params"] for t in summary["trials"]] == [
+        {"optimizer.lr": 0.0003},
+        {"optimizer.lr": 0.003},
+    ]
     assert summary["trials"][0]["best_step_per_seed"][0] in (3, 6)
     winner = summary["winners"]["auc"]
     assert "★" in result.output and "tuned.yaml" in result.output
@@ -231,8 +268,19 @@ def test_cli_tune_config_errors_exit_2(tmp_path):
         (["--grid", "optimizer.lr=0.1", "--losses", "auc,nope"], "unknown loss 'nope'"),
     ]
     for args, fragment in cases:
-        result = runner.invoke(app, ["tune", "--config", str(config), "--losses", "auc",
-                                     "--output", str(tmp_path / "o"), *args])
+        result = runner.invoke(
+            app,
+            [
+                "tune",
+                "--config",
+                str(config),
+                "--losses",
+                "auc",
+                "--output",
+                str(tmp_path / "o"),
+                *args,
+            ],
+        )
         assert result.exit_code == 2, (args, result.output)
         assert "config error" in result.output and fragment in result.output, result.output
     assert not (tmp_path / "o").exists()

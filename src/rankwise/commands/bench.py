@@ -15,7 +15,11 @@ from rich.console import Console
 from rich.markup import escape
 
 __all__ = [
-    "bench", "default_config_path", "option_overrides", "read_base_config", "sweep_console",
+    "bench",
+    "default_config_path",
+    "option_overrides",
+    "read_base_config",
+    "sweep_console",
 ]
 
 EXIT_CONFIG = 2
@@ -89,7 +93,8 @@ def sweep_console(width: int) -> Console:
 
 def bench(
     overrides: list[str] | None = typer.Argument(
-        None, help="KEY=VALUE overrides of the base config, applied to every run.",
+        None,
+        help="KEY=VALUE overrides of the base config, applied to every run.",
         show_default=False,
     ),
     dataset: str | None = typer.Option(
@@ -133,12 +138,21 @@ def bench(
             loss_list = [name.strip() for name in losses.split(",") if name.strip()]
         n_seeds = seeds if seeds is not None else (1 if quick else 3)
         name = str((base.get("dataset") or {}).get("name", "bench")).replace("_", "-")
-        out = output if output is not None else (
-            Path("runs") / "bench" / f"{name}{'-ablation' if ablation else ''}"
+        out = (
+            output
+            if output is not None
+            else (Path("runs") / "bench" / f"{name}{'-ablation' if ablation else ''}")
         )
-        run_bench(base, losses=loss_list, seeds=list(range(n_seeds)), quick=quick,
-                  ablation=ablation, output=out, console=console,
-                  run_overrides=run_overrides)
+        run_bench(
+            base,
+            losses=loss_list,
+            seeds=list(range(n_seeds)),
+            quick=quick,
+            ablation=ablation,
+            output=out,
+            console=console,
+            run_overrides=run_overrides,
+        )
     except ConfigError as exc:
         err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(EXIT_CONFIG) from None

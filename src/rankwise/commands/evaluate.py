@@ -160,7 +160,9 @@ def evaluate(
     embeddings: str = typer.Argument(
         ..., help="Query embeddings (n, d): .npy, .npz (file.npz:key), .pt/.pth (a tensor)."
     ),
-    labels: str = typer.Argument(..., help="Labels (n,) class ids or (n, C) multi-hot, same formats."),
+    labels: str = typer.Argument(
+        ..., help="Labels (n,) class ids or (n, C) multi-hot, same formats."
+    ),
     gallery: str | None = typer.Option(
         None, "--gallery", help="Gallery embeddings; default: leave-one-out over EMBEDDINGS."
     ),

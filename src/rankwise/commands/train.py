@@ -23,8 +23,10 @@ EXIT_INTERRUPTED = 130
 
 def train(
     overrides: list[str] | None = typer.Argument(
-        None, help="KEY=VALUE config overrides, e.g. loss.name=soprc optimizer.lr=0.01 "
-        "loss.params.beta=0.1 (values parsed as YAML).", show_default=False,
+        None,
+        help="KEY=VALUE config overrides, e.g. loss.name=soprc optimizer.lr=0.01 "
+        "loss.params.beta=0.1 (values parsed as YAML).",
+        show_default=False,
     ),
     config: Path | None = typer.Option(
         None, "--config", "-c", help="YAML config (e.g. configs/digits.yaml)."
@@ -78,8 +80,9 @@ def train(
                 extra.append(f"num_workers={num_workers}")
             if device is not None:
                 extra.append(f"device={device}")
-            trainer = Trainer(load_config(config, overrides + extra), overwrite=overwrite,
-                              console=err)
+            trainer = Trainer(
+                load_config(config, overrides + extra), overwrite=overwrite, console=err
+            )
         result = trainer.fit()
     except ConfigError as exc:
         err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
@@ -100,5 +103,6 @@ def train(
     run_dir = result.run_dir
     console.print(f"run directory: {run_dir}", soft_wrap=True)
     console.print(f"report: {run_dir / 'report.json'}", soft_wrap=True)
-    console.print(f"plots: {run_dir / 'training_curves.png'}, {run_dir / 'pr_curve.png'}",
-                  soft_wrap=True)
+    console.print(
+        f"plots: {run_dir / 'training_curves.png'}, {run_dir / 'pr_curve.png'}", soft_wrap=True
+    )

@@ -25,8 +25,10 @@ EXIT_INTERRUPTED = 130
 
 def tune(
     overrides: list[str] | None = typer.Argument(
-        None, help="KEY=VALUE overrides of the base config (not loss.*: use --grid KEY=VALUE "
-        "for a fixed loss parameter).", show_default=False,
+        None,
+        help="KEY=VALUE overrides of the base config (not loss.*: use --grid KEY=VALUE "
+        "for a fixed loss parameter).",
+        show_default=False,
     ),
     dataset: str | None = typer.Option(
         None, "--dataset", "-d", help="digits, fashion-mnist, ... (selects configs/<dataset>.yaml)."
@@ -36,7 +38,10 @@ def tune(
         None, "--losses", help="Comma-separated losses (default: the config's bench.losses)."
     ),
     grid: list[str] | None = typer.Option(
-        None, "--grid", "-g", help="KEY=V1,V2,... (values parsed as YAML), repeatable; e.g. "
+        None,
+        "--grid",
+        "-g",
+        help="KEY=V1,V2,... (values parsed as YAML), repeatable; e.g. "
         "optimizer.lr=0.0003,0.001,0.003 or loss.params.beta=0.01,0.1. A loss.params key is "
         "skipped for losses that do not take it.",
     ),
@@ -79,8 +84,15 @@ def tune(
             loss_list = [name.strip() for name in losses.split(",") if name.strip()]
         name = str((base.get("dataset") or {}).get("name", "tune")).replace("_", "-")
         out = output if output is not None else Path("runs") / "tune" / name
-        run_tune(base, losses=loss_list, grid=parsed_grid, seeds=list(range(seeds)),
-                 quick=quick, output=out, console=console)
+        run_tune(
+            base,
+            losses=loss_list,
+            grid=parsed_grid,
+            seeds=list(range(seeds)),
+            quick=quick,
+            output=out,
+            console=console,
+        )
     except ConfigError as exc:
         err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(EXIT_CONFIG) from None

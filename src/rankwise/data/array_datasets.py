@@ -54,9 +54,7 @@ def _find_idx_file(folder: Path, stems: tuple[str, ...]) -> Path | None:
 
 
 def _idx_layout() -> str:
-    return "\n".join(
-        f"  <dir>/{stems[0]}[.gz]" for stems in _IDX_STEMS.values()
-    )
+    return "\n".join(f"  <dir>/{stems[0]}[.gz]" for stems in _IDX_STEMS.values())
 
 
 def read_mnist_family(
@@ -74,12 +72,19 @@ def read_mnist_family(
     system = (FASHION_MNIST_SYSTEM_DIR,) if name == "fashion-mnist" else ()
     hint = (
         "On Debian/Ubuntu: `apt-get install dataset-fashion-mnist` installs the files into "
-        f"{FASHION_MNIST_SYSTEM_DIR}." if name == "fashion-mnist" else ""
+        f"{FASHION_MNIST_SYSTEM_DIR}."
+        if name == "fashion-mnist"
+        else ""
     )
     subfolders = (name, name.replace("-", "_"), name.upper())
     root = find_dataset_root(
-        name, data_dir, markers=(), subfolders=subfolders, layout=_idx_layout(),
-        system_dirs=system, hint=hint,
+        name,
+        data_dir,
+        markers=(),
+        subfolders=subfolders,
+        layout=_idx_layout(),
+        system_dirs=system,
+        hint=hint,
         is_root=lambda d: all(_find_idx_file(d, st) is not None for st in _IDX_STEMS.values()),
     )
     files = {key: _find_idx_file(root, stems) for key, stems in _IDX_STEMS.items()}
@@ -101,8 +106,10 @@ def read_mnist_family(
                 "are 0-9, the file is corrupt."
             )
     return (
-        arrays["train_images"], arrays["train_labels"].astype(np.int64),
-        arrays["test_images"], arrays["test_labels"].astype(np.int64),
+        arrays["train_images"],
+        arrays["train_labels"].astype(np.int64),
+        arrays["test_images"],
+        arrays["test_labels"].astype(np.int64),
     )
 
 
@@ -148,7 +155,9 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
             f"CIFAR-10 batch {str(path)!r}: 'data' must be uint8 (N, 3072), got {data.dtype} "
             f"{data.shape}."
         )
-    if labels.shape != (data.shape[0],) or (labels.size and not 0 <= labels.min() <= labels.max() <= 9):
+    if labels.shape != (data.shape[0],) or (
+        labels.size and not 0 <= labels.min() <= labels.max() <= 9
+    ):
         raise CorruptDatasetError(
             f"CIFAR-10 batch {str(path)!r}: 'labels' must be {data.shape[0]} ids in 0-9."
         )
@@ -169,15 +178,19 @@ def read_cifar10(
     """
     layout = "  <dir>/cifar-10-batches-py/{data_batch_1..data_batch_5, test_batch}"
     root = find_dataset_root(
-        "cifar10", data_dir, markers=_CIFAR_FILES,
+        "cifar10",
+        data_dir,
+        markers=_CIFAR_FILES,
         subfolders=("cifar-10-batches-py", "cifar10/cifar-10-batches-py", "cifar10"),
         layout=layout,
     )
     train = [_read_cifar_batch(root / f) for f in _CIFAR_FILES[:5]]
     test_x, test_y = _read_cifar_batch(root / "test_batch")
     return (
-        np.concatenate([x for x, _ in train]), np.concatenate([y for _, y in train]),
-        test_x, test_y,
+        np.concatenate([x for x, _ in train]),
+        np.concatenate([y for _, y in train]),
+        test_x,
+        test_y,
     )
 
 
@@ -222,9 +235,12 @@ def assemble_array_splits(
         notes.append(
             f"open-set: train on classes {seen.min()}-{seen.max()} and test on classes "
             f"{np.unique(te_y).min()}-{np.unique(te_y).max()} of {source}"
-            + ("" if single_pool else
-               f"; {int((~train_mask).sum())} training-split samples of test classes and "
-               f"{int((~test_mask).sum())} test-split samples of training classes unused")
+            + (
+                ""
+                if single_pool
+                else f"; {int((~train_mask).sum())} training-split samples of test classes and "
+                f"{int((~test_mask).sum())} test-split samples of training classes unused"
+            )
         )
         gallery = None
         gallery_x = gallery_y = None
@@ -255,12 +271,14 @@ def assemble_array_splits(
             f"`val_fraction`={val_fraction} leaves no validation sample for {name!r} (every class "
             "is too small to give two samples); raise it or pass val_fraction=0."
         )
-    train_ds = ArrayDataset(torch.from_numpy(np.ascontiguousarray(tr_x[kept])), tr_y[kept],
-                            name=f"{name}/train")
+    train_ds = ArrayDataset(
+        torch.from_numpy(np.ascontiguousarray(tr_x[kept])), tr_y[kept], name=f"{name}/train"
+    )
     val_ds = None
     if held.size:
-        val_ds = ArrayDataset(torch.from_numpy(np.ascontiguousarray(tr_x[held])), tr_y[held],
-                              name=f"{name}/val")
+        val_ds = ArrayDataset(
+            torch.from_numpy(np.ascontiguousarray(tr_x[held])), tr_y[held], name=f"{name}/val"
+        )
         notes.append(
             f"val: {held.size} of {tr_y.size} training samples held out (stratified, "
             f"{np.unique(tr_y[held]).size} classes, seed {seed}); evaluated leave-one-out"
@@ -268,14 +286,26 @@ def assemble_array_splits(
     test_ds = ArrayDataset(torch.from_numpy(np.ascontiguousarray(te_x)), te_y, name=f"{name}/test")
     gallery_ds = None
     if gallery:
-        gallery_ds = ArrayDataset(torch.from_numpy(np.ascontiguousarray(gallery_x)), gallery_y,
-                                  name=f"{name}/gallery")
-    return RetrievalSplits(train=train_ds, val=val_ds, test=test_ds, gallery=gallery_ds,
-                           protocol=protocol, name=name, notes=tuple(notes))
+        gallery_ds = ArrayDataset(
+            torch.from_numpy(np.ascontiguousarray(gallery_x)), gallery_y, name=f"{name}/gallery"
+        )
+    return RetrievalSplits(
+        train=train_ds,
+        val=val_ds,
+        test=test_ds,
+        gallery=gallery_ds,
+        protocol=protocol,
+        name=name,
+        notes=tuple(notes),
+    )
 
 
 def load_digits_dataset(
-    *, protocol: str, val_fraction: float, seed: int, n_query: int | None = 20,
+    *,
+    protocol: str,
+    val_fraction: float,
+    seed: int,
+    n_query: int | None = 20,
     n_train: int | None = 100,
 ) -> RetrievalSplits:
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes) as ``(N, 1, 8, 8)`` float32
@@ -287,31 +317,66 @@ def load_digits_dataset(
     images = (np.asarray(bunch.images, dtype=np.float32) / 16.0)[:, None, :, :]
     labels = np.asarray(bunch.target, dtype=np.int64)
     return assemble_array_splits(
-        "digits", images, labels, None, None, protocol=protocol, val_fraction=val_fraction,
-        seed=seed, n_query=n_query, n_train=n_train,
+        "digits",
+        images,
+        labels,
+        None,
+        None,
+        protocol=protocol,
+        val_fraction=val_fraction,
+        seed=seed,
+        n_query=n_query,
+        n_train=n_train,
     )
 
 
 def load_mnist_family_dataset(
-    name: str, *, data_dir: str | os.PathLike | None, protocol: str, val_fraction: float,
-    seed: int, n_query: int | None = 100, n_train: int | None = 500,
+    name: str,
+    *,
+    data_dir: str | os.PathLike | None,
+    protocol: str,
+    val_fraction: float,
+    seed: int,
+    n_query: int | None = 100,
+    n_train: int | None = 500,
 ) -> RetrievalSplits:
     """MNIST / Fashion-MNIST from local IDX files as ``(N, 1, 28, 28)`` uint8 (see
     :func:`read_mnist_family` for where the files are looked for)."""
     train_x, train_y, test_x, test_y = read_mnist_family(name, data_dir)
     return assemble_array_splits(
-        name, train_x[:, None], train_y, test_x[:, None], test_y, protocol=protocol,
-        val_fraction=val_fraction, seed=seed, n_query=n_query, n_train=n_train,
+        name,
+        train_x[:, None],
+        train_y,
+        test_x[:, None],
+        test_y,
+        protocol=protocol,
+        val_fraction=val_fraction,
+        seed=seed,
+        n_query=n_query,
+        n_train=n_train,
     )
 
 
 def load_cifar10_dataset(
-    *, data_dir: str | os.PathLike | None, protocol: str, val_fraction: float, seed: int,
-    n_query: int | None = 100, n_train: int | None = 500,
+    *,
+    data_dir: str | os.PathLike | None,
+    protocol: str,
+    val_fraction: float,
+    seed: int,
+    n_query: int | None = 100,
+    n_train: int | None = 500,
 ) -> RetrievalSplits:
     """CIFAR-10 from the local python batches as ``(N, 3, 32, 32)`` uint8."""
     train_x, train_y, test_x, test_y = read_cifar10(data_dir)
     return assemble_array_splits(
-        "cifar10", train_x, train_y, test_x, test_y, protocol=protocol,
-        val_fraction=val_fraction, seed=seed, n_query=n_query, n_train=n_train,
+        "cifar10",
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        protocol=protocol,
+        val_fraction=val_fraction,
+        seed=seed,
+        n_query=n_query,
+        n_train=n_train,
     )

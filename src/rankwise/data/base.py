@@ -123,7 +123,9 @@ class ArrayDataset(Dataset):
             x = self.transform(x)
         return x, int(self.labels[index])
 
-    def batch(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, indices: Sequence[int] | np.ndarray | torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather a batch without a DataLoader: ``(B, *input_shape)`` float32, ``(B,)`` int64."""
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         x = self._to_float(self.inputs[idx])
@@ -135,7 +137,9 @@ class ArrayDataset(Dataset):
         """A new dataset holding rows ``indices`` (the storage dtype is kept)."""
         idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return ArrayDataset(
-            self.inputs[idx], self.labels[idx.numpy()], name=self.name if name is None else name,
+            self.inputs[idx],
+            self.labels[idx.numpy()],
+            name=self.name if name is None else name,
             transform=self.transform,
         )
 
@@ -261,7 +265,9 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.transform(self.load_image(index)), int(self.labels[index])
 
-    def subset(self, indices: Sequence[int] | np.ndarray, name: str | None = None) -> ImageFolderDataset:
+    def subset(
+        self, indices: Sequence[int] | np.ndarray, name: str | None = None
+    ) -> ImageFolderDataset:
         """A new dataset holding samples ``indices`` (same transform, still lazy)."""
         idx = np.asarray(indices, dtype=np.int64)
         out = ImageFolderDataset.__new__(ImageFolderDataset)
@@ -314,7 +320,9 @@ class RetrievalSplits:
         if self.protocol == "closed-set" and self.gallery is None:
             raise ValueError("a closed-set RetrievalSplits needs a `gallery` (the database).")
         if self.protocol == "open-set" and self.gallery is not None:
-            raise ValueError("an open-set RetrievalSplits has no `gallery` (test is leave-one-out).")
+            raise ValueError(
+                "an open-set RetrievalSplits has no `gallery` (test is leave-one-out)."
+            )
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -334,6 +342,8 @@ class RetrievalSplits:
         }
 
     def __str__(self) -> str:
-        parts = [f"{k}: {v['samples']} samples / {v['classes']} classes"
-                 for k, v in self.describe().items()]
+        parts = [
+            f"{k}: {v['samples']} samples / {v['classes']} classes"
+            for k, v in self.describe().items()
+        ]
         return f"{self.name} ({self.protocol}) - " + "; ".join(parts)

@@ -72,7 +72,7 @@ def read_idx(path: str | os.PathLike, expected_magic: int) -> np.ndarray:
             f"IDX file {path!r} is truncated inside its header ({len(raw)} bytes, header needs "
             f"{header}); re-download it."
         )
-    dims = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     expected = header + int(np.prod(dims, dtype=np.int64))
     if len(raw) != expected:
         state = "truncated" if len(raw) < expected else "longer than its header says"

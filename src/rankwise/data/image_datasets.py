@@ -96,13 +96,17 @@ CUB_LAYOUT = """  <dir>/CUB_200_2011/images.txt             lines '<image_id> <r
 def read_cub200(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]:
     """CUB-200-2011: classes 1-100 train, 101-200 test; paths relative to ``images/``."""
     root = find_dataset_root(
-        "cub200", data_dir, markers=("images.txt", "image_class_labels.txt", "images"),
+        "cub200",
+        data_dir,
+        markers=("images.txt", "image_class_labels.txt", "images"),
         subfolders=("CUB_200_2011", "cub200/CUB_200_2011", "CUB_200_2011/CUB_200_2011"),
         layout=CUB_LAYOUT,
     )
     images = {r[0]: r[1] for r in _read_rows(root / "images.txt", 2)}
-    labels = {r[0]: _int(r[1], root / "image_class_labels.txt", "class id")
-              for r in _read_rows(root / "image_class_labels.txt", 2)}
+    labels = {
+        r[0]: _int(r[1], root / "image_class_labels.txt", "class id")
+        for r in _read_rows(root / "image_class_labels.txt", 2)
+    }
     unlabeled = sorted(set(images) - set(labels), key=lambda s: (len(s), s))
     if unlabeled:
         raise CorruptDatasetError(
@@ -127,8 +131,11 @@ def read_cars196(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits
     from scipy.io import loadmat
 
     root = find_dataset_root(
-        "cars196", data_dir, markers=("cars_annos.mat", "car_ims"),
-        subfolders=("cars196", "CARS196", "Cars196", "stanford_cars"), layout=CARS_LAYOUT,
+        "cars196",
+        data_dir,
+        markers=("cars_annos.mat", "car_ims"),
+        subfolders=("cars196", "CARS196", "Cars196", "stanford_cars"),
+        layout=CARS_LAYOUT,
     )
     mat_path = root / "cars_annos.mat"
     try:
@@ -157,7 +164,9 @@ SOP_LAYOUT = """  <dir>/Stanford_Online_Products/Ebay_train.txt  header 'image_i
 def read_sop(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]:
     """Stanford Online Products: ``Ebay_train.txt`` / ``Ebay_test.txt`` (labels = class_id)."""
     root = find_dataset_root(
-        "sop", data_dir, markers=("Ebay_train.txt", "Ebay_test.txt"),
+        "sop",
+        data_dir,
+        markers=("Ebay_train.txt", "Ebay_test.txt"),
         subfolders=("Stanford_Online_Products", "sop/Stanford_Online_Products", "sop"),
         layout=SOP_LAYOUT,
     )
@@ -183,7 +192,10 @@ def _inshop_list(d: Path) -> Path | None:
 def read_inshop(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]:
     """In-Shop Clothes Retrieval: ``train`` / ``query`` / ``gallery`` partitions, item ids as labels."""
     root = find_dataset_root(
-        "inshop", data_dir, markers=(), layout=INSHOP_LAYOUT,
+        "inshop",
+        data_dir,
+        markers=(),
+        layout=INSHOP_LAYOUT,
         subfolders=("InShop", "inshop", "In-shop", "In-shop Clothes Retrieval Benchmark"),
         is_root=lambda d: _inshop_list(d) is not None,
     )
@@ -228,13 +240,20 @@ def read_inaturalist(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSp
     ``<supercategory>/<category id>`` folder (the last two directories of its path)."""
     split_dir = "Inat_dataset_splits"
     root = find_dataset_root(
-        "inaturalist", data_dir,
-        markers=(f"{split_dir}/Inaturalist_train_set1.txt", f"{split_dir}/Inaturalist_test_set1.txt"),
+        "inaturalist",
+        data_dir,
+        markers=(
+            f"{split_dir}/Inaturalist_train_set1.txt",
+            f"{split_dir}/Inaturalist_test_set1.txt",
+        ),
         subfolders=("inaturalist", "iNaturalist", "inaturalist2018", "iNaturalist2018"),
         layout=INAT_LAYOUT,
     )
     out: ParsedSplits = {}
-    for split, fname in (("train", "Inaturalist_train_set1.txt"), ("test", "Inaturalist_test_set1.txt")):
+    for split, fname in (
+        ("train", "Inaturalist_train_set1.txt"),
+        ("test", "Inaturalist_test_set1.txt"),
+    ):
         path = root / split_dir / fname
         rows = _read_rows(path, 1)
         rels, classes = [], []
@@ -271,7 +290,8 @@ def read_vehicleid(
         )
     test_file = f"test_list_{n_ids}.txt"
     root = find_dataset_root(
-        "vehicleid", data_dir,
+        "vehicleid",
+        data_dir,
         markers=("train_test_split/train_list.txt", f"train_test_split/{test_file}", "image"),
         subfolders=("VehicleID_V1.0", "vehicleid", "VehicleID", "PKU-VehicleID"),
         layout=VEHICLEID_LAYOUT,
@@ -281,7 +301,8 @@ def read_vehicleid(
         path = root / "train_test_split" / fname
         rows = _read_rows(path, 2)
         out[split] = (
-            [f"image/{r[0]}.jpg" for r in rows], [_int(r[1], path, "vehicle id") for r in rows]
+            [f"image/{r[0]}.jpg" for r in rows],
+            [_int(r[1], path, "vehicle id") for r in rows],
         )
     return root, out
 
@@ -337,8 +358,11 @@ def load_image_dataset(
     if protocol != spec["protocol"]:
         raise ValueError(
             f"dataset {name!r} supports only protocol={spec['protocol']!r}"
-            + (" (query vs gallery from list_eval_partition.txt)" if name == "inshop" else
-               " (test classes disjoint from training classes, leave-one-out)")
+            + (
+                " (query vs gallery from list_eval_partition.txt)"
+                if name == "inshop"
+                else " (test classes disjoint from training classes, leave-one-out)"
+            )
             + f"; got {protocol!r}."
         )
     image_root, parsed = spec["reader"](data_dir, **reader_kwargs)
@@ -362,8 +386,14 @@ def load_image_dataset(
     train_tf = train_transform if train_transform is not None else transform
 
     def make(paths: list[str], labels: np.ndarray, split: str, tf: ImageTransform | None):
-        return ImageFolderDataset(paths, labels, transform=tf, root=image_root,
-                                  image_size=image_size, name=f"{name}/{split}")
+        return ImageFolderDataset(
+            paths,
+            labels,
+            transform=tf,
+            root=image_root,
+            image_size=image_size,
+            name=f"{name}/{split}",
+        )
 
     train_all = make(train_paths, train_labels, "train", train_tf)
     train_ds = train_all.subset(kept)
@@ -376,12 +406,21 @@ def load_image_dataset(
             f"{np.unique(train_labels[held]).size} classes, seed {seed}); evaluated leave-one-out"
         )
     q_paths, q_raw = parsed[query_key]
-    test_ds = make(q_paths, np.asarray([mapping[c] for c in q_raw], dtype=np.int64), "test",
-                   eval_tf)
+    test_ds = make(
+        q_paths, np.asarray([mapping[c] for c in q_raw], dtype=np.int64), "test", eval_tf
+    )
     gallery_ds = None
     if "gallery" in parsed:
         g_paths, g_raw = parsed["gallery"]
-        gallery_ds = make(g_paths, np.asarray([mapping[c] for c in g_raw], dtype=np.int64),
-                          "gallery", eval_tf)
-    return RetrievalSplits(train=train_ds, val=val_ds, test=test_ds, gallery=gallery_ds,
-                           protocol=protocol, name=name, notes=tuple(notes))
+        gallery_ds = make(
+            g_paths, np.asarray([mapping[c] for c in g_raw], dtype=np.int64), "gallery", eval_tf
+        )
+    return RetrievalSplits(
+        train=train_ds,
+        val=val_ds,
+        test=test_ds,
+        gallery=gallery_ds,
+        protocol=protocol,
+        name=name,
+        notes=tuple(notes),
+    )

@@ -65,7 +65,9 @@ def find_dataset_root(
         found = is_root(cand) if is_root is not None else all((cand / m).exists() for m in markers)
         if found:
             return cand
-    searched = "\n  ".join(str(c) for c in candidates) or "(none: no --data-dir and no $RANKWISE_DATA)"
+    searched = (
+        "\n  ".join(str(c) for c in candidates) or "(none: no --data-dir and no $RANKWISE_DATA)"
+    )
     raise DatasetNotFoundError(
         f"dataset {name!r} not found. rankwise never downloads data; searched:\n  {searched}\n"
         f"Expected layout:\n{layout}\n"

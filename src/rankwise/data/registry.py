@@ -19,20 +19,39 @@ from .image_datasets import IMAGE_DATASETS, load_image_dataset, read_vehicleid
 __all__ = ["DATASETS", "DATASET_ALIASES", "PROTOCOLS", "load_dataset", "dataset_protocols"]
 
 DATASETS: tuple[str, ...] = (
-    "digits", "mnist", "fashion-mnist", "cifar10",
-    "cub200", "cars196", "sop", "inshop", "inaturalist", "vehicleid",
+    "digits",
+    "mnist",
+    "fashion-mnist",
+    "cifar10",
+    "cub200",
+    "cars196",
+    "sop",
+    "inshop",
+    "inaturalist",
+    "vehicleid",
 )
 PROTOCOLS: tuple[str, ...] = ("open-set", "closed-set")
 
 DATASET_ALIASES: dict[str, str] = {
-    "fashion_mnist": "fashion-mnist", "fashionmnist": "fashion-mnist",
-    "cifar-10": "cifar10", "cifar_10": "cifar10",
-    "cub": "cub200", "cub-200": "cub200", "cub-200-2011": "cub200", "cub200-2011": "cub200",
-    "cars": "cars196", "cars-196": "cars196",
-    "stanford-online-products": "sop", "online-products": "sop",
-    "in-shop": "inshop", "deepfashion-inshop": "inshop",
-    "inat": "inaturalist", "inaturalist2018": "inaturalist", "inat2018": "inaturalist",
-    "pku-vehicleid": "vehicleid", "vehicle-id": "vehicleid",
+    "fashion_mnist": "fashion-mnist",
+    "fashionmnist": "fashion-mnist",
+    "cifar-10": "cifar10",
+    "cifar_10": "cifar10",
+    "cub": "cub200",
+    "cub-200": "cub200",
+    "cub-200-2011": "cub200",
+    "cub200-2011": "cub200",
+    "cars": "cars196",
+    "cars-196": "cars196",
+    "stanford-online-products": "sop",
+    "online-products": "sop",
+    "in-shop": "inshop",
+    "deepfashion-inshop": "inshop",
+    "inat": "inaturalist",
+    "inaturalist2018": "inaturalist",
+    "inat2018": "inaturalist",
+    "pku-vehicleid": "vehicleid",
+    "vehicle-id": "vehicleid",
 }
 
 _CLOSED_SET_KWARGS = ("n_query", "n_train")

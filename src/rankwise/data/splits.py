@@ -93,7 +93,10 @@ class ClosedSetIndices:
 
 
 def _per_class_sample(
-    labels: np.ndarray, candidates: np.ndarray, n_per_class: int | None, rng: np.random.Generator,
+    labels: np.ndarray,
+    candidates: np.ndarray,
+    n_per_class: int | None,
+    rng: np.random.Generator,
     what: str,
 ) -> np.ndarray:
     if n_per_class is None:

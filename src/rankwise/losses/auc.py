@@ -66,9 +66,7 @@ def _n_steps(delta_s: float, t_min: float, t_max: float) -> int:
     return max(1, math.ceil((t_max - t_min) / delta_s - 1e-9))
 
 
-def auc_thresholds(
-    delta_s: float, score_range: Sequence[float] = (-1.0, 1.0)
-) -> np.ndarray:
+def auc_thresholds(delta_s: float, score_range: Sequence[float] = (-1.0, 1.0)) -> np.ndarray:
     """Threshold grid s_k = t_min + k Δs, k = 0 … ceil((t_max − t_min) / Δs), as float64 (K,).
 
     When the range width is a multiple of ``delta_s`` the last threshold is t_max exactly (41
@@ -99,12 +97,12 @@ def _eq10_objective(rho: float, n_steps_real: float) -> float:
     curvature = np.empty_like(u)
     chunk = 4096
     for start in range(0, u.size, chunk):
-        uc = u[start:start + chunk]
+        uc = u[start : start + chunk]
         k_lo = max(0, math.floor(uc[0] - reach))
         k_hi = min(n_thresholds - 1, math.ceil(uc[-1] + reach))
         k = np.arange(k_lo, k_hi + 1, dtype=np.float64)
         sig = expit(rho * (uc[:, None] - k[None, :]))
-        curvature[start:start + chunk] = (sig * (1.0 - sig) * (1.0 - 2.0 * sig)).sum(1)
+        curvature[start : start + chunk] = (sig * (1.0 - sig) * (1.0 - 2.0 * sig)).sum(1)
     return rho**4 * float(integrate.simpson(curvature**2, x=u))
 
 
@@ -124,8 +122,11 @@ def _solve_auc_slope(delta_s: float, t_min: float, t_max: float) -> float:
         )
     i = int(interior[0])
     result = optimize.minimize_scalar(
-        _eq10_objective, bounds=(rhos[i - 1], rhos[i + 1]), args=(n_steps_real,),
-        method="bounded", options={"xatol": 1e-7},
+        _eq10_objective,
+        bounds=(rhos[i - 1], rhos[i + 1]),
+        args=(n_steps_real,),
+        method="bounded",
+        options={"xatol": 1e-7},
     )
     return float(result.x) / delta_s
 

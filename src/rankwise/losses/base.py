@@ -100,13 +100,15 @@ def anchor_statistics(
     has_neg = negatives_per_anchor > 0
     valid = has_pos & has_neg
     # every count in one tensor: a single device-to-host transfer
-    counts = torch.stack([
-        valid.sum(),
-        (~has_pos).sum(),
-        (has_pos & ~has_neg).sum(),
-        (positives_per_anchor * valid).sum(),
-        (negatives_per_anchor * valid).sum(),
-    ]).tolist()
+    counts = torch.stack(
+        [
+            valid.sum(),
+            (~has_pos).sum(),
+            (has_pos & ~has_neg).sum(),
+            (positives_per_anchor * valid).sum(),
+            (negatives_per_anchor * valid).sum(),
+        ]
+    ).tolist()
     return valid, {
         "n_anchors": int(pos_mask.shape[0]),
         "n_anchors_used": counts[0],
@@ -154,8 +156,12 @@ class PairBatch:
         """The same batch with only the valid anchors kept (rows of scores and masks)."""
         v = self.valid
         return PairBatch(
-            self.scores[v], self.pos_mask[v], self.neg_mask[v], self.labels[v],
-            self.ref_labels, torch.ones(int(v.sum()), dtype=torch.bool, device=v.device),
+            self.scores[v],
+            self.pos_mask[v],
+            self.neg_mask[v],
+            self.labels[v],
+            self.ref_labels,
+            torch.ones(int(v.sum()), dtype=torch.bool, device=v.device),
             self.self_reference,
         )
 

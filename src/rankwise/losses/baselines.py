@@ -22,14 +22,24 @@ from torch import nn
 
 from .base import anchor_statistics, raise_if_nothing_to_rank, validate_pair_inputs
 
-__all__ = ["BASELINES", "PMLBaseline", "CrossBatchMemoryBaseline", "baseline",
-           "baseline_parameters"]
+__all__ = [
+    "BASELINES",
+    "PMLBaseline",
+    "CrossBatchMemoryBaseline",
+    "baseline",
+    "baseline_parameters",
+]
 
 BASELINES = ("contrastive", "triplet", "triplet_semihard", "multi_similarity", "fastap", "xbm")
 
 # Constructor keywords every PML loss accepts through its base classes.
-_PML_COMMON_KEYS = ("distance", "reducer", "embedding_regularizer", "embedding_reg_weight",
-                    "collect_stats")
+_PML_COMMON_KEYS = (
+    "distance",
+    "reducer",
+    "embedding_regularizer",
+    "embedding_reg_weight",
+    "collect_stats",
+)
 # Cosine contrastive margins of the XBM paper (Wang et al. 2020, Sec. 4.1): positives are pulled
 # to similarity 1, negatives are pushed below 0.5.
 _CONTRASTIVE_DEFAULTS = {"pos_margin": 1.0, "neg_margin": 0.5}
@@ -57,7 +67,8 @@ def baseline_parameters(name: str) -> tuple[str, ...]:
     _check_name(name)
     signature = inspect.signature(_LOSS_CLASSES[name].__init__)
     keys = {
-        p.name for p in signature.parameters.values()
+        p.name
+        for p in signature.parameters.values()
         if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     }
     keys.update(_PML_COMMON_KEYS)
@@ -71,7 +82,8 @@ def baseline_parameters(name: str) -> tuple[str, ...]:
 def _check_miner_kwargs(name: str, miner_kwargs: dict[str, Any]) -> None:
     signature = inspect.signature(_MINER_CLASSES[name].__init__)
     valid = {
-        p.name for p in signature.parameters.values()
+        p.name
+        for p in signature.parameters.values()
         if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     } | {"distance", "collect_stats"}
     for key in miner_kwargs:
@@ -105,7 +117,10 @@ class PMLBaseline(nn.Module):
     """
 
     def __init__(
-        self, name: str, loss: nn.Module, miner: nn.Module | None = None,
+        self,
+        name: str,
+        loss: nn.Module,
+        miner: nn.Module | None = None,
         reference_set_error: str | None = None,
     ) -> None:
         super().__init__()
@@ -306,8 +321,11 @@ def baseline(name: str, **kw: Any) -> nn.Module:
     if name == "xbm":
         embedding_size = kw.pop("embedding_size", None)
         memory_size = kw.pop("memory_size", 1024)
-        if isinstance(embedding_size, bool) or not isinstance(embedding_size, int) \
-                or embedding_size < 1:
+        if (
+            isinstance(embedding_size, bool)
+            or not isinstance(embedding_size, int)
+            or embedding_size < 1
+        ):
             raise ValueError(
                 f"baseline 'xbm' needs `embedding_size`, a positive int (the embedding "
                 f"dimension), got {embedding_size!r}."

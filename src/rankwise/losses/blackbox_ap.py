@@ -158,8 +158,9 @@ class BlackBoxAPLoss(RankingLoss):
         self, lambda_val: float = 1.0, margin: float = 0.02, similarity: str = "cosine"
     ) -> None:
         super().__init__(similarity)
-        if not (isinstance(lambda_val, (int, float)) and math.isfinite(lambda_val)
-                and lambda_val > 0):
+        if not (
+            isinstance(lambda_val, (int, float)) and math.isfinite(lambda_val) and lambda_val > 0
+        ):
             raise ValueError(f"`lambda_val` must be a finite number > 0, got {lambda_val!r}.")
         if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
             raise ValueError(f"`margin` must be a finite number >= 0, got {margin!r}.")
@@ -183,6 +184,4 @@ class BlackBoxAPLoss(RankingLoss):
         return 1 - ap.mean()
 
     def extra_repr(self) -> str:
-        return (
-            f"lambda_val={self.lambda_val}, margin={self.margin}, similarity={self.similarity!r}"
-        )
+        return f"lambda_val={self.lambda_val}, margin={self.margin}, similarity={self.similarity!r}"

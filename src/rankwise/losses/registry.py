@@ -66,7 +66,8 @@ def _keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspec
     """Named parameters of ``func`` after the first ``skip`` ones, and whether it takes **kwargs."""
     params = list(inspect.signature(func).parameters.values())
     named = {
-        p.name: p for p in params[skip:]
+        p.name: p
+        for p in params[skip:]
         if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     }
     return named, any(p.kind == p.VAR_KEYWORD for p in params)
@@ -112,8 +113,11 @@ def _reject_unknown(name: str, params: dict[str, Any], valid: Sequence[str]) -> 
 
 
 def _with_context(
-    name: str, named: dict[str, inspect.Parameter], params: dict[str, Any],
-    context: dict[str, Any], required_from: dict[str, inspect.Parameter] | None = None,
+    name: str,
+    named: dict[str, inspect.Parameter],
+    params: dict[str, Any],
+    context: dict[str, Any],
+    required_from: dict[str, inspect.Parameter] | None = None,
 ) -> dict[str, Any]:
     """Fill constructor parameters named like a context argument, then check that the required
     parameters of ``required_from`` (default ``named``) are all given."""
@@ -122,12 +126,16 @@ def _with_context(
         if param_name in named and param_name not in filled and context[context_name] is not None:
             filled[param_name] = context[context_name]
     missing = [
-        p.name for p in (named if required_from is None else required_from).values()
+        p.name
+        for p in (named if required_from is None else required_from).values()
         if p.default is inspect.Parameter.empty and p.name not in filled
     ]
     if missing:
-        hint = {"num_classes": "num_classes=", "embedding_dim": "embedding_dim=",
-                "embedding_size": "embedding_dim="}
+        hint = {
+            "num_classes": "num_classes=",
+            "embedding_dim": "embedding_dim=",
+            "embedding_size": "embedding_dim=",
+        }
         fixes = ", ".join(hint.get(m, f"{m}=") + "..." for m in missing)
         raise ValueError(f"loss {name!r} needs {', '.join(map(repr, missing))}; pass {fixes}.")
     return filled

@@ -48,7 +48,9 @@ class SmoothAPLoss(RankingLoss):
         try:
             tau = float(temperature)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"`temperature` must be a positive number, got {temperature!r}.") from exc
+            raise ValueError(
+                f"`temperature` must be a positive number, got {temperature!r}."
+            ) from exc
         if not (math.isfinite(tau) and tau > 0):
             raise ValueError(f"`temperature` must be a finite number > 0, got {temperature!r}.")
         self.temperature = tau

@@ -368,7 +368,9 @@ class SemiVarianceRegularizer(RankingLoss):
         return self.from_batch(batch)
 
     def extra_repr(self) -> str:
-        return f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, " + super().extra_repr()
+        return (
+            f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, " + super().extra_repr()
+        )
 
 
 def _plus_semi_variance(owner: RankingLoss, loss: torch.Tensor, batch: PairBatch) -> torch.Tensor:

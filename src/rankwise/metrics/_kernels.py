@@ -124,8 +124,9 @@ def _n_strictly_above(distinct, s, lo, hi):  # pragma: no cover - numba
 
 
 @njit(parallel=True, cache=True)
-def _group_counts_kernel(scores, rel_ptr, rel_cols, self_index, buckets_per_value,
-                         greater, size, n_relevant, n_groups):  # pragma: no cover - numba
+def _group_counts_kernel(
+    scores, rel_ptr, rel_cols, self_index, buckets_per_value, greater, size, n_relevant, n_groups
+):  # pragma: no cover - numba
     n_rows, n_items = scores.shape
     for i in prange(n_rows):
         start = rel_ptr[i]
@@ -215,8 +216,13 @@ def _compact_kernel(slot_offsets, n_groups, greater, size, n_relevant):  # pragm
     return out_greater, out_size, out_relevant
 
 
-def _compact(slot_offsets: np.ndarray, n_groups: np.ndarray, greater: np.ndarray,
-             size: np.ndarray, n_relevant: np.ndarray):
+def _compact(
+    slot_offsets: np.ndarray,
+    n_groups: np.ndarray,
+    greater: np.ndarray,
+    size: np.ndarray,
+    n_relevant: np.ndarray,
+):
     """Drop the unused slots (a row with duplicated relevant scores fills fewer than it owns)."""
     if np.array_equal(np.diff(slot_offsets), n_groups):
         return greater, size, n_relevant
@@ -256,7 +262,9 @@ def _class_member_lists(query_class, class_ptr, members, self_index):  # pragma:
 
 
 def relevant_lists_from_classes(
-    query_class: np.ndarray, class_ptr: np.ndarray, members: np.ndarray,
+    query_class: np.ndarray,
+    class_ptr: np.ndarray,
+    members: np.ndarray,
     self_index: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Relevant-item lists of queries whose relevant items are the gallery rows of their class.
@@ -272,8 +280,12 @@ def relevant_lists_from_classes(
     """
     query_class = np.ascontiguousarray(query_class, dtype=np.int64)
     self_index = _self_index_or_none(self_index, query_class.shape[0])
-    return _class_member_lists(query_class, np.ascontiguousarray(class_ptr, dtype=np.int64),
-                               np.ascontiguousarray(members, dtype=np.int64), self_index)
+    return _class_member_lists(
+        query_class,
+        np.ascontiguousarray(class_ptr, dtype=np.int64),
+        np.ascontiguousarray(members, dtype=np.int64),
+        self_index,
+    )
 
 
 def _as_kernel_scores(scores: np.ndarray) -> np.ndarray:
@@ -290,8 +302,11 @@ def _self_index_or_none(self_index, n_rows: int) -> np.ndarray:
 
 
 def relevant_group_counts_from_lists(
-    scores: np.ndarray, rel_ptr: np.ndarray, rel_cols: np.ndarray,
-    self_index: np.ndarray | None = None, buckets_per_value: int = BUCKETS_PER_VALUE,
+    scores: np.ndarray,
+    rel_ptr: np.ndarray,
+    rel_cols: np.ndarray,
+    self_index: np.ndarray | None = None,
+    buckets_per_value: int = BUCKETS_PER_VALUE,
 ) -> RelevantGroupCounts:
     """Tie-group counts with the parallel numba kernel, relevant items given as index lists.
 
@@ -304,8 +319,11 @@ def relevant_group_counts_from_lists(
         buckets_per_value: lookup-table buckets per distinct relevant value; the counts do not
             depend on it (``0`` leaves a single bucket per row: a plain binary search).
     """
-    if isinstance(buckets_per_value, bool) or not isinstance(buckets_per_value, (int, np.integer)) \
-            or buckets_per_value < 0:
+    if (
+        isinstance(buckets_per_value, bool)
+        or not isinstance(buckets_per_value, (int, np.integer))
+        or buckets_per_value < 0
+    ):
         raise ValueError(
             f"`buckets_per_value` must be a non-negative integer, got {buckets_per_value!r}."
         )
@@ -319,14 +337,25 @@ def relevant_group_counts_from_lists(
     size = np.empty(n_slots, dtype=np.int64)
     n_relevant = np.empty(n_slots, dtype=np.int64)
     n_groups = np.zeros(n_rows, dtype=np.int64)
-    _group_counts_kernel(scores, rel_ptr, rel_cols, self_index, int(buckets_per_value),
-                         greater, size, n_relevant, n_groups)
+    _group_counts_kernel(
+        scores,
+        rel_ptr,
+        rel_cols,
+        self_index,
+        int(buckets_per_value),
+        greater,
+        size,
+        n_relevant,
+        n_groups,
+    )
     greater, size, n_relevant = _compact(rel_ptr, n_groups, greater, size, n_relevant)
     return RelevantGroupCounts(n_groups, greater, size, n_relevant)
 
 
 def relevant_group_counts_numba(
-    scores: np.ndarray, relevant: np.ndarray, self_index: np.ndarray | None = None,
+    scores: np.ndarray,
+    relevant: np.ndarray,
+    self_index: np.ndarray | None = None,
     buckets_per_value: int = BUCKETS_PER_VALUE,
 ) -> RelevantGroupCounts:
     """Tie-group counts of every row with the parallel numba kernel (CPU), from a mask.
@@ -405,7 +434,9 @@ def relevant_group_counts_torch(
 
 @keeps_torch_threads
 def relevant_group_counts(
-    scores: torch.Tensor, relevant: torch.Tensor, self_index: torch.Tensor | None = None,
+    scores: torch.Tensor,
+    relevant: torch.Tensor,
+    self_index: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> RelevantGroupCounts:
     """Dispatch to the numba kernel (CPU tensors) or the torch path (other devices / forced).

@@ -414,7 +414,9 @@ def _iter_pair_blocks(p: _PairProblem) -> Iterator[tuple[torch.Tensor, torch.Ten
             cols = torch.arange(start, nq, device=p.query.device)
             scores = _block_scores(p.query[start:stop], p.gallery[start:], p.similarity)
             rel = _block_relevance(p.query_labels[start:stop], p.gallery_labels[start:])
-            keep = cols[None, :] > rows[:, None] if p.exclude_self else cols[None, :] >= rows[:, None]
+            keep = (
+                cols[None, :] > rows[:, None] if p.exclude_self else cols[None, :] >= rows[:, None]
+            )
             yield scores[keep], rel[keep]
         else:
             scores = _block_scores(p.query[start:stop], p.gallery, p.similarity)
@@ -590,14 +592,23 @@ def roc_curve_from_embeddings(
     """
     if bins is None:
         scores, is_positive = pair_scores(
-            query, query_labels, gallery, gallery_labels, similarity=similarity,
-            exclude_self=exclude_self, max_pairs=max_pairs, chunk_size=chunk_size, device=device,
+            query,
+            query_labels,
+            gallery,
+            gallery_labels,
+            similarity=similarity,
+            exclude_self=exclude_self,
+            max_pairs=max_pairs,
+            chunk_size=chunk_size,
+            device=device,
         )
         if scores.numel() == 0:
             raise ValueError("`query` has fewer than 2 rows: there is no pair to score.")
         return roc_curve(scores, is_positive, drop_intermediate=drop_intermediate)
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 2:
-        raise ValueError(f"`bins` must be an integer >= 2 (or None for the exact curve), got {bins!r}.")
+        raise ValueError(
+            f"`bins` must be an integer >= 2 (or None for the exact curve), got {bins!r}."
+        )
     p = _prepare_pairs(
         query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
     )

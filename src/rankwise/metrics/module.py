@@ -116,7 +116,9 @@ class RetrievalMetric(nn.Module):
     ) -> None:
         super().__init__()
         if gallery_mode not in _GALLERY_MODES:
-            raise ValueError(f"`gallery_mode` must be one of {_GALLERY_MODES}, got {gallery_mode!r}.")
+            raise ValueError(
+                f"`gallery_mode` must be one of {_GALLERY_MODES}, got {gallery_mode!r}."
+            )
         if similarity not in SIMILARITIES:
             raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
         check_ties(ties)

@@ -117,9 +117,7 @@ def precision_weighted_sum(
     return c + (p - first) * harmonic_difference(first, first + c)
 
 
-def expected_relevant_in_top(
-    counts: RelevantGroupCounts, k: np.ndarray, ties: str
-) -> np.ndarray:
+def expected_relevant_in_top(counts: RelevantGroupCounts, k: np.ndarray, ties: str) -> np.ndarray:
     """Per group entry: expected number of its relevant items ranked at positions <= k.
 
     Under a uniformly random order of the tie the count is hypergeometric with mean
@@ -139,8 +137,11 @@ def expected_relevant_in_top(
 
 
 def hit_probability_at(
-    first_greater: np.ndarray, first_size: np.ndarray, first_relevant: np.ndarray,
-    k: int | np.ndarray, ties: str,
+    first_greater: np.ndarray,
+    first_size: np.ndarray,
+    first_relevant: np.ndarray,
+    k: int | np.ndarray,
+    ties: str,
 ) -> np.ndarray:
     """Probability that at least one relevant item is ranked at positions <= k.
 
@@ -163,8 +164,11 @@ def hit_probability_at(
         nn = n[partial].astype(np.float64)
         rr = r[partial].astype(np.float64)
         tt = t[partial].astype(np.float64)
-        log_miss = gammaln(nn - rr + 1) - gammaln(nn - rr - tt + 1) - gammaln(nn + 1) + gammaln(
-            nn - tt + 1
+        log_miss = (
+            gammaln(nn - rr + 1)
+            - gammaln(nn - rr - tt + 1)
+            - gammaln(nn + 1)
+            + gammaln(nn - tt + 1)
         )
         out[partial] = 1.0 - np.exp(log_miss)
     return out
@@ -175,8 +179,9 @@ def relevant_above(counts: RelevantGroupCounts) -> np.ndarray:
     cum = np.cumsum(counts.relevant)
     exclusive = cum - counts.relevant
     offsets = counts.offsets()
-    starts = np.repeat(exclusive[offsets[:-1][counts.n_groups > 0]], counts.n_groups[
-        counts.n_groups > 0])
+    starts = np.repeat(
+        exclusive[offsets[:-1][counts.n_groups > 0]], counts.n_groups[counts.n_groups > 0]
+    )
     return exclusive - starts
 
 
@@ -206,8 +211,10 @@ def _scores_2d(scores: Any, name: str) -> torch.Tensor:
 def _scores_1d(scores: Any, name: str) -> torch.Tensor:
     t = as_tensor(scores, name)
     if t.ndim != 1:
-        raise ValueError(f"`{name}` must be 1-D (one ranked list), got shape {tuple(t.shape)}; "
-                         "use the batched_* function for 2-D input.")
+        raise ValueError(
+            f"`{name}` must be 1-D (one ranked list), got shape {tuple(t.shape)}; "
+            "use the batched_* function for 2-D input."
+        )
     return t
 
 
@@ -319,19 +326,22 @@ def batched_ndcg(
         last = torch.flip(
             torch.cummin(torch.flip(torch.where(ends, pos, n_items - 1), [1]), dim=1).values, [1]
         )
-        disc_cum = torch.cat([torch.zeros(1, device=device, dtype=torch.float64),
-                              torch.cumsum(discount, 0)])
+        disc_cum = torch.cat(
+            [torch.zeros(1, device=device, dtype=torch.float64), torch.cumsum(discount, 0)]
+        )
         mean_discount = (disc_cum[last + 1] - disc_cum[first]) / (last - first + 1)
         dcg = (g_sorted * mean_discount).sum(1)
     else:
         # lexicographic sort: secondary key (gain) first, then a stable sort on the score
         by_gain = torch.sort(gain, dim=1, descending=(ties == "optimistic"), stable=True).indices
         s_by_gain = torch.gather(s, 1, by_gain)
-        order = torch.gather(by_gain, 1, torch.sort(s_by_gain, dim=1, descending=True,
-                                                     stable=True).indices)
+        order = torch.gather(
+            by_gain, 1, torch.sort(s_by_gain, dim=1, descending=True, stable=True).indices
+        )
         dcg = (torch.gather(gain, 1, order) * discount).sum(1)
-    return torch.where(ideal > 0, dcg / torch.where(ideal > 0, ideal, 1.0),
-                       torch.full_like(dcg, float("nan")))
+    return torch.where(
+        ideal > 0, dcg / torch.where(ideal > 0, ideal, 1.0), torch.full_like(dcg, float("nan"))
+    )
 
 
 def ndcg(scores: Any, gains: Any, k: int | None = None, ties: str = "expected") -> float:

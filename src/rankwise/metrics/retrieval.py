@@ -126,8 +126,10 @@ class RetrievalReport:
                 f"were excluded; the means are over {evaluated} queries."
             )
         for k, used in self.clamped_ks.items():
-            lines.append(f"  k={k} exceeds the {used} ranked items; R@{k} and P@{k} were evaluated "
-                         f"at k={used}.")
+            lines.append(
+                f"  k={k} exceeds the {used} ranked items; R@{k} and P@{k} were evaluated "
+                f"at k={used}."
+            )
         return "\n".join(lines)
 
 
@@ -185,8 +187,9 @@ class _ClassIndex:
 
     def relevant_lists(self, lo: int, hi: int, self_index: np.ndarray | None):
         """(rel_ptr, rel_cols) of queries lo..hi-1: their class's gallery rows, self removed."""
-        return relevant_lists_from_classes(self.query_class[lo:hi], self.class_ptr, self.members,
-                                           self_index)
+        return relevant_lists_from_classes(
+            self.query_class[lo:hi], self.class_ptr, self.members, self_index
+        )
 
 
 def _check_labels_kind(y: Any, n: int, name: str, device) -> torch.Tensor:
@@ -200,8 +203,17 @@ def _check_labels_kind(y: Any, n: int, name: str, device) -> torch.Tensor:
     return check_labels(t, n, name, device)
 
 
-def _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size,
-             device, backend) -> _Prepared:
+def _prepare(
+    query,
+    query_labels,
+    gallery,
+    gallery_labels,
+    similarity,
+    exclude_self,
+    chunk_size,
+    device,
+    backend,
+) -> _Prepared:
     if similarity == "neg_euclidean":
         similarity = "euclidean"
     if similarity not in SIMILARITIES:
@@ -258,8 +270,12 @@ def _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_s
             self_index = torch.arange(q.shape[0], device=device)
     else:
         idx = as_tensor(exclude_self, "exclude_self", device)
-        if idx.ndim != 1 or idx.shape[0] != q.shape[0] or idx.is_floating_point() or \
-                idx.dtype == torch.bool:
+        if (
+            idx.ndim != 1
+            or idx.shape[0] != q.shape[0]
+            or idx.is_floating_point()
+            or idx.dtype == torch.bool
+        ):
             raise ValueError(
                 "`exclude_self` must be None, a bool, or a 1-D integer array with the gallery "
                 f"row of each of the {q.shape[0]} queries (-1 for none)."
@@ -279,15 +295,29 @@ def _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_s
     if chunk_size is None:
         bytes_per_row = g.shape[0] * 4 * (_TORCH_WORK_FACTOR if backend == "torch" else 1)
         chunk_size = max(1, min(q.shape[0], _CHUNK_BYTES // max(bytes_per_row, 1)))
-    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or \
-            chunk_size < 1:
+    elif (
+        isinstance(chunk_size, bool)
+        or not isinstance(chunk_size, (int, np.integer))
+        or chunk_size < 1
+    ):
         raise ValueError(f"`chunk_size` must be a positive integer or None, got {chunk_size!r}.")
     if similarity == "cosine":
         q = F.normalize(q, dim=1)
         g = F.normalize(g, dim=1)
     classes = _ClassIndex.build(ql, gl) if backend == "numba" and ql.ndim == 1 else None
-    return _Prepared(q, g, ql, gl, self_index, ql.ndim == 2, similarity, backend,
-                     int(chunk_size), n_ranked, classes)
+    return _Prepared(
+        q,
+        g,
+        ql,
+        gl,
+        self_index,
+        ql.ndim == 2,
+        similarity,
+        backend,
+        int(chunk_size),
+        n_ranked,
+        classes,
+    )
 
 
 def _iterate_counts(p: _Prepared) -> Iterator[tuple[int, int, RelevantGroupCounts]]:
@@ -311,7 +341,11 @@ def _iterate_counts(p: _Prepared) -> Iterator[tuple[int, int, RelevantGroupCount
         if p.classes is not None:
             si = None if self_index is None else self_index.cpu().numpy()
             rel_ptr, rel_cols = p.classes.relevant_lists(lo, hi, si)
-            yield lo, hi, relevant_group_counts_from_lists(scores.cpu().numpy(), rel_ptr, rel_cols, si)
+            yield (
+                lo,
+                hi,
+                relevant_group_counts_from_lists(scores.cpu().numpy(), rel_ptr, rel_cols, si),
+            )
             continue
         if p.multi_hot:
             relevant = (p.query_labels[lo:hi].to(torch.float32) @ gallery_hot.T) > 0
@@ -372,8 +406,17 @@ def retrieval_metrics(
     """
     check_ties(ties)
     ks = tuple(dict.fromkeys(_check_ks(ks)))
-    p = _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_self,
-                 chunk_size, device, backend)
+    p = _prepare(
+        query,
+        query_labels,
+        gallery,
+        gallery_labels,
+        similarity,
+        exclude_self,
+        chunk_size,
+        device,
+        backend,
+    )
     n_query = p.query.shape[0]
     # each query's list length: an `exclude_self` index array may leave some queries' rows in
     list_length = np.full(n_query, p.gallery.shape[0], dtype=np.int64)
@@ -394,10 +437,12 @@ def retrieval_metrics(
         above = relevant_above(counts)
         ap[lo:hi] = average_precision_from_counts(counts, ties)
         r_of_entry = n_rel[rows].astype(np.int64)
-        at_r = np.bincount(rows, precision_weighted_sum(counts, r_of_entry, ties, above),
-                           minlength=n_rows)
-        top_r = np.bincount(rows, expected_relevant_in_top(counts, r_of_entry, ties),
-                            minlength=n_rows)
+        at_r = np.bincount(
+            rows, precision_weighted_sum(counts, r_of_entry, ties, above), minlength=n_rows
+        )
+        top_r = np.bincount(
+            rows, expected_relevant_in_top(counts, r_of_entry, ties), minlength=n_rows
+        )
         safe_r = np.where(has_rel, n_rel, 1)
         map_at_r[lo:hi] = np.where(has_rel, at_r / safe_r, np.nan)
         r_prec[lo:hi] = np.where(has_rel, top_r / safe_r, np.nan)
@@ -406,12 +451,16 @@ def retrieval_metrics(
             k_of_row = np.minimum(k, list_length[lo:hi])  # a cutoff past a list is its length
             hits = np.full(n_rows, np.nan)
             hits[has_rel] = hit_probability_at(
-                counts.greater[first], counts.size[first], counts.relevant[first],
-                k_of_row[has_rel], ties,
+                counts.greater[first],
+                counts.size[first],
+                counts.relevant[first],
+                k_of_row[has_rel],
+                ties,
             )
             recall[k][lo:hi] = hits
-            in_top = np.bincount(rows, expected_relevant_in_top(counts, k_of_row[rows], ties),
-                                 minlength=n_rows)
+            in_top = np.bincount(
+                rows, expected_relevant_in_top(counts, k_of_row[rows], ties), minlength=n_rows
+            )
             precision[k][lo:hi] = np.where(has_rel, in_top / k_of_row, np.nan)
     valid = ~np.isnan(ap)
     n_without = int((~valid).sum())
@@ -477,11 +526,23 @@ def pr_curve(
     Args: as :func:`retrieval_metrics`; ``num_points`` >= 2 recall levels.
     """
     check_ties(ties)
-    if isinstance(num_points, bool) or not isinstance(num_points, (int, np.integer)) or \
-            num_points < 2:
+    if (
+        isinstance(num_points, bool)
+        or not isinstance(num_points, (int, np.integer))
+        or num_points < 2
+    ):
         raise ValueError(f"`num_points` must be an integer >= 2, got {num_points!r}.")
-    p = _prepare(query, query_labels, gallery, gallery_labels, similarity, exclude_self,
-                 chunk_size, device, backend)
+    p = _prepare(
+        query,
+        query_labels,
+        gallery,
+        gallery_labels,
+        similarity,
+        exclude_self,
+        chunk_size,
+        device,
+        backend,
+    )
     levels = np.arange(num_points, dtype=np.int64)
     intervals = num_points - 1
     total = np.zeros(num_points, dtype=np.float64)

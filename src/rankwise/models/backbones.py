@@ -43,7 +43,9 @@ class FrozenBatchNorm(nn.Module):
         trainable_affine: keep ``weight`` and ``bias`` learnable.
     """
 
-    def __init__(self, num_features: int, eps: float = 1e-5, trainable_affine: bool = False) -> None:
+    def __init__(
+        self, num_features: int, eps: float = 1e-5, trainable_affine: bool = False
+    ) -> None:
         super().__init__()
         self.num_features = int(num_features)
         self.eps = float(eps)
@@ -59,11 +61,16 @@ class FrozenBatchNorm(nn.Module):
         self.register_buffer("running_var", torch.ones(num_features))
 
     @classmethod
-    def from_batchnorm(cls, bn: nn.modules.batchnorm._BatchNorm, trainable_affine: bool = False) -> FrozenBatchNorm:
+    def from_batchnorm(
+        cls, bn: nn.modules.batchnorm._BatchNorm, trainable_affine: bool = False
+    ) -> FrozenBatchNorm:
         """Copy statistics and affine parameters of ``bn`` (identity affine when it has none)."""
         frozen = cls(bn.num_features, eps=bn.eps, trainable_affine=trainable_affine)
-        ref = bn.running_mean if bn.running_mean is not None else (
-            bn.weight if bn.weight is not None else None)
+        ref = (
+            bn.running_mean
+            if bn.running_mean is not None
+            else (bn.weight if bn.weight is not None else None)
+        )
         if ref is not None:
             frozen = frozen.to(device=ref.device, dtype=ref.dtype)
         with torch.no_grad():
@@ -132,10 +139,16 @@ class SmallCNN(nn.Module):
         self.input_size = int(input_size)
         w = int(width)
         self.features = nn.Sequential(
-            nn.Conv2d(self.in_channels, w, 3, padding=1), nn.ReLU(inplace=True),
-            nn.Conv2d(w, w, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(w, 2 * w, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(self.in_channels, w, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(w, w, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(w, 2 * w, 3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(2 * w, 2 * w, 3, padding=1),
+            nn.ReLU(inplace=True),
             nn.AdaptiveAvgPool2d(2),
         )
         self.out_features = 8 * w
@@ -160,7 +173,9 @@ class MLPBackbone(nn.Module):
     ``out_features = hidden[-1]`` (``in_features`` when ``hidden`` is empty).
     """
 
-    def __init__(self, in_features: int, hidden: Sequence[int] = (256,), dropout: float = 0.0) -> None:
+    def __init__(
+        self, in_features: int, hidden: Sequence[int] = (256,), dropout: float = 0.0
+    ) -> None:
         super().__init__()
         if int(in_features) < 1:
             raise ValueError(f"`in_features` must be positive, got {in_features}.")
@@ -208,12 +223,12 @@ def _load_state_dict_file(weights_path: str | os.PathLike) -> dict[str, torch.Te
             state = state[key]
     if not isinstance(state, dict):
         raise ValueError(f"`weights_path` {path!r} does not hold a state dict.")
-    return {
-        (k[len("module."):] if k.startswith("module.") else k): v for k, v in state.items()
-    }
+    return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()}
 
 
-def resnet50_backbone(weights_path: str | os.PathLike | None = None, frozen_bn: bool = True) -> nn.Module:
+def resnet50_backbone(
+    weights_path: str | os.PathLike | None = None, frozen_bn: bool = True
+) -> nn.Module:
     """torchvision's ResNet-50 without its classifier: ``(B, 3, H, W)`` -> ``(B, 2048)``.
 
     Args:
@@ -251,4 +266,3 @@ def resnet50_backbone(weights_path: str | os.PathLike | None = None, frozen_bn: 
         freeze_batchnorm(model)
     model.out_features = out_features
     return model
-

@@ -50,7 +50,9 @@ def build_backbone(
         )
     shape = tuple(int(s) for s in input_shape)
     if not shape or any(s < 1 for s in shape):
-        raise ValueError(f"`input_shape` must be a non-empty tuple of positive ints, got {input_shape}.")
+        raise ValueError(
+            f"`input_shape` must be a non-empty tuple of positive ints, got {input_shape}."
+        )
     if weights_path is not None and key != "resnet50":
         raise ValueError(
             f"`weights_path` is only used by the resnet50 backbone, not {key!r}; drop it."
@@ -100,6 +102,8 @@ def build_model(
     if int(embedding_dim) < 1:
         raise ValueError(f"`embedding_dim` must be a positive integer, got {embedding_dim}.")
     head_kw = {k: kw.pop(k) for k in _HEAD_KWARGS if k in kw}
-    net = build_backbone(backbone, input_shape, weights_path=weights_path, frozen_bn=frozen_bn, **kw)
+    net = build_backbone(
+        backbone, input_shape, weights_path=weights_path, frozen_bn=frozen_bn, **kw
+    )
     head = EmbeddingHead(net.out_features, int(embedding_dim), **head_kw)
     return EmbeddingModel(net, head)

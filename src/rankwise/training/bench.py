@@ -126,8 +126,7 @@ def plan_bench(
     base_config = config_from_dict(base)  # reports errors of the base file itself first
     bench = base_config.bench
     # the table reports R@1 and R@10 whatever the base config evaluates
-    common: dict[str, Any] = {"progress": False,
-                              "eval_ks": sorted({*base_config.eval_ks, 1, 10})}
+    common: dict[str, Any] = {"progress": False, "eval_ks": sorted({*base_config.eval_ks, 1, 10})}
     if quick:
         common.update(bench.quick.overrides)
     plans: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
@@ -135,14 +134,23 @@ def plan_bench(
         for number, unbiased, use_v, with_var, optimizer in ABLATION_ROWS:
             data = apply_overrides(_loss_data(base, "soprc"), bench.overrides.get("soprc", {}))
             opt = bench.ablation.sgd if optimizer == "sgd" else bench.ablation.adam
-            data = apply_overrides(data, {
-                "loss.params.unbiased": unbiased,
-                "loss.params.use_v": use_v,
-                **({} if with_var else {"loss.params.semi_variance_weights": None}),
-                "optimizer": opt.model_dump(mode="json"),
-            })
-            info = {"loss": "soprc", "variant": number, "unbiased_estimator": unbiased,
-                    "with_v": use_v, "with_semi_variance": with_var, "optimizer": optimizer}
+            data = apply_overrides(
+                data,
+                {
+                    "loss.params.unbiased": unbiased,
+                    "loss.params.use_v": use_v,
+                    **({} if with_var else {"loss.params.semi_variance_weights": None}),
+                    "optimizer": opt.model_dump(mode="json"),
+                },
+            )
+            info = {
+                "loss": "soprc",
+                "variant": number,
+                "unbiased_estimator": unbiased,
+                "with_v": use_v,
+                "with_semi_variance": with_var,
+                "optimizer": optimizer,
+            }
             plans.append((f"soprc-ablation-{number}", data, info))
     else:
         for loss in losses if losses is not None else bench.losses:
@@ -159,8 +167,12 @@ def plan_bench(
     for label, data, info in plans:
         for seed in seeds:
             resolved = apply_overrides(
-                data, {**common, "seed": int(seed),
-                       "output_dir": str(Path(output) / label / f"seed{seed}")},
+                data,
+                {
+                    **common,
+                    "seed": int(seed),
+                    "output_dir": str(Path(output) / label / f"seed{seed}"),
+                },
             )
             # last, so that command-line values win over the --quick budget too
             resolved = apply_overrides(resolved, run_overrides)
@@ -198,8 +210,13 @@ def _table_columns(ablation: bool) -> list[str]:
 
 def _table_cells(row: Mapping[str, Any], ablation: bool) -> list[str]:
     if ablation:
-        head = [str(row["variant"]), _check(row["unbiased_estimator"]), _check(row["with_v"]),
-                _check(row["with_semi_variance"]), "SGD" if row["optimizer"] == "sgd" else "Adam"]
+        head = [
+            str(row["variant"]),
+            _check(row["unbiased_estimator"]),
+            _check(row["with_v"]),
+            _check(row["with_semi_variance"]),
+            "SGD" if row["optimizer"] == "sgd" else "Adam",
+        ]
     else:
         head = [row["loss"]]
     return head + [
@@ -266,15 +283,16 @@ def prepare_splits(runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]
             :func:`~rankwise.training.trainer.preflight`, named by ``describe``.
     """
     dataset_key = json.dumps(runs[0].config.dataset.model_dump(mode="json"), sort_keys=True)
-    if any(json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != dataset_key
-           for r in runs):
+    if any(
+        json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != dataset_key
+        for r in runs
+    ):
         raise ConfigError("per-loss bench.overrides must not change the dataset section.")
     splits = load_splits(runs[0].config)
     checked: set[str] = set()
     for run in runs:
         # seed and output directory change no data-dependent check
-        key = json.dumps({**run.config.to_dict(), "output_dir": None, "seed": None},
-                         sort_keys=True)
+        key = json.dumps({**run.config.to_dict(), "output_dir": None, "seed": None}, sort_keys=True)
         if key in checked:
             continue
         try:
@@ -285,8 +303,9 @@ def prepare_splits(runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]
     return splits
 
 
-def reference_rows(runs: Sequence[BenchRun], splits: Any, seeds: Sequence[int],
-                   output: Path) -> list[dict[str, Any]]:
+def reference_rows(
+    runs: Sequence[BenchRun], splits: Any, seeds: Sequence[int], output: Path
+) -> list[dict[str, Any]]:
     """What the table must be read against: the same test protocol with no learning at all.
 
     * ``input (no training)``: cosine retrieval on the flattened raw inputs (only for in-memory
@@ -330,8 +349,9 @@ def reference_rows(runs: Sequence[BenchRun], splits: Any, seeds: Sequence[int],
         rows.append(row("input (no training)", [report]))
     reports = []
     for seed in seeds:
-        config = runs[0].config.model_copy(update={
-            "seed": int(seed), "output_dir": str(output / "untrained" / f"seed{seed}")})
+        config = runs[0].config.model_copy(
+            update={"seed": int(seed), "output_dir": str(output / "untrained" / f"seed{seed}")}
+        )
         trainer = Trainer(config, splits=splits, overwrite=True)
         reports.append(trainer.evaluate("test"))
     rows.append(row("untrained network", reports))
@@ -376,13 +396,21 @@ def run_bench(
 
     console = console if console is not None else Console()
     output = Path(output)
-    runs = plan_bench(base, losses=losses, seeds=seeds, quick=quick, ablation=ablation,
-                      output=output, run_overrides=run_overrides)
+    runs = plan_bench(
+        base,
+        losses=losses,
+        seeds=seeds,
+        quick=quick,
+        ablation=ablation,
+        output=output,
+        run_overrides=run_overrides,
+    )
     splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
 
     console.print(
         f"[bold]rankwise bench[/bold]: {len(runs)} runs on {runs[0].config.dataset.name} "
-        f"({splits.protocol}) -> {output}", soft_wrap=True
+        f"({splits.protocol}) -> {output}",
+        soft_wrap=True,
     )
     results: list[RunResult] = []
     for i, run in enumerate(runs, 1):
@@ -391,7 +419,8 @@ def run_bench(
         console.print(
             f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
             f"{100 * result.test.map:.2f}  R@1 {100 * result.test.recall_at[1]:.2f}  "
-            f"({result.seconds:.1f} s, best val step {result.best_step})", soft_wrap=True
+            f"({result.seconds:.1f} s, best val step {result.best_step})",
+            soft_wrap=True,
         )
 
     rows = aggregate_rows(runs, results)
@@ -407,14 +436,18 @@ def run_bench(
     atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
     curves = {row.label: _mean_curve(row.results) for row in rows}
     plot_pr_curves(
-        curves, output / "pr_curves.png",
+        curves,
+        output / "pr_curves.png",
         title=f"mean PR curves on {summary['dataset']} test "
-              f"({'SOPRC ablation' if ablation else 'all losses'})",
+        f"({'SOPRC ablation' if ablation else 'all losses'})",
         labels={row.label: row.to_dict()["map_mean"] for row in rows},
     )
     print_bench_table(summary, console, ablation)
     # soft_wrap: paths are printed whole, never broken across lines
     console.print(f"results: {output / 'bench.json'}, {output / 'bench.md'}", soft_wrap=True)
-    console.print(f"plots: {output / 'pr_curves.png'} (per run: <run>/pr_curve.png, "
-                  "<run>/training_curves.png)", soft_wrap=True)
+    console.print(
+        f"plots: {output / 'pr_curves.png'} (per run: <run>/pr_curve.png, "
+        "<run>/training_curves.png)",
+        soft_wrap=True,
+    )
     return summary

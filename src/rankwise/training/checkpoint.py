@@ -117,8 +117,9 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         )
     )
     py = state["python"]
-    random.setstate((int(py["version"]), tuple(int(x) for x in py["internal"].tolist()),
-                     py["gauss_next"]))
+    random.setstate(
+        (int(py["version"]), tuple(int(x) for x in py["internal"].tolist()), py["gauss_next"])
+    )
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]
         if len(cuda_states) == torch.cuda.device_count():

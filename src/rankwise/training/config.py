@@ -128,9 +128,10 @@ class ScheduleConfig(_Strict):
         if self.name == "multistep":
             if not self.milestones:
                 raise ValueError("schedule.milestones: a multistep schedule needs milestones.")
-            if any(b <= a for a, b in zip(self.milestones, self.milestones[1:], strict=False)) or min(
-                self.milestones
-            ) <= 0:
+            if (
+                any(b <= a for a, b in zip(self.milestones, self.milestones[1:], strict=False))
+                or min(self.milestones) <= 0
+            ):
                 raise ValueError(
                     f"schedule.milestones: {self.milestones} must be positive and strictly "
                     "increasing."
@@ -180,8 +181,17 @@ class BenchConfig(_Strict):
 
     losses: list[str] = Field(
         default_factory=lambda: [
-            "contrastive", "triplet", "multi_similarity", "xbm", "fastap", "smooth_ap", "dir",
-            "blackbox_ap", "auc", "ap", "soprc",
+            "contrastive",
+            "triplet",
+            "multi_similarity",
+            "xbm",
+            "fastap",
+            "smooth_ap",
+            "dir",
+            "blackbox_ap",
+            "auc",
+            "ap",
+            "soprc",
         ]
     )
     # per-loss dotted overrides, e.g. {"soprc": {"optimizer.name": "sgd", "loss.params.beta": 0.1}}

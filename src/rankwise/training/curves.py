@@ -41,7 +41,9 @@ def plot_training_curves(
     ax_loss.set_ylabel("training loss (mean over the logging window)")
     ax_loss.grid(True, alpha=0.3)
     if val:
-        ax_map.plot([s for s, _ in val], [v for _, v in val], marker="o", markersize=3, linewidth=1.4)
+        ax_map.plot(
+            [s for s, _ in val], [v for _, v in val], marker="o", markersize=3, linewidth=1.4
+        )
     ax_map.set_xlabel("step")
     ax_map.set_ylabel("validation mAUPRC (tie-aware mAP)")
     ax_map.grid(True, alpha=0.3)

@@ -136,7 +136,9 @@ def learning_rate_at(config: Config, step: int, total_steps: int) -> float:
         return base * schedule.gamma**passed
     if schedule.name == "cosine":
         progress = min(step, total_steps) / max(total_steps, 1)
-        return schedule.min_lr + (base - schedule.min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return schedule.min_lr + (base - schedule.min_lr) * 0.5 * (
+            1.0 + math.cos(math.pi * progress)
+        )
     return base
 
 
@@ -298,8 +300,13 @@ def load_splits(config: Config) -> Any:
     ds = config.dataset
     try:
         return load_dataset(
-            ds.name, protocol=ds.protocol, data_dir=ds.data_dir, val_fraction=ds.val_fraction,
-            seed=ds.split_seed, image_size=ds.image_size, **ds.options,
+            ds.name,
+            protocol=ds.protocol,
+            data_dir=ds.data_dir,
+            val_fraction=ds.val_fraction,
+            seed=ds.split_seed,
+            image_size=ds.image_size,
+            **ds.options,
         )
     except FileNotFoundError as exc:
         raise ConfigError(f"dataset.data_dir: {exc}") from None
@@ -326,8 +333,11 @@ def _build_loss(config: Config, train_labels: np.ndarray, n_classes: int) -> tor
 
     try:
         return build_loss(
-            config.loss.name, train_labels=train_labels, num_classes=n_classes,
-            embedding_dim=config.model.embedding_dim, **config.loss.params,
+            config.loss.name,
+            train_labels=train_labels,
+            num_classes=n_classes,
+            embedding_dim=config.model.embedding_dim,
+            **config.loss.params,
         )
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"loss.params ({config.loss.name}): {exc}") from None
@@ -349,9 +359,7 @@ def _build_sampler(config: Config, train_labels: np.ndarray) -> Any:
 
 def _total_steps(config: Config, steps_per_epoch: int) -> int:
     budget = config.budget
-    total = (
-        budget.iterations if budget.iterations is not None else budget.epochs * steps_per_epoch
-    )
+    total = budget.iterations if budget.iterations is not None else budget.epochs * steps_per_epoch
     milestones = config.schedule.milestones
     if config.schedule.name == "multistep" and milestones[-1] >= total:
         raise ConfigError(
@@ -434,8 +442,11 @@ class Trainer:
         mc = config.model
         try:
             self.model = build_model(
-                mc.backbone, tuple(self.splits.train.input_shape), mc.embedding_dim,
-                weights_path=mc.weights_path, frozen_bn=mc.frozen_bn,
+                mc.backbone,
+                tuple(self.splits.train.input_shape),
+                mc.embedding_dim,
+                weights_path=mc.weights_path,
+                frozen_bn=mc.frozen_bn,
             ).to(self.device)
         except FileNotFoundError as exc:
             raise ConfigError(f"model.weights_path: {exc}") from None
@@ -552,7 +563,8 @@ class Trainer:
         # records written after the checkpoint (a crash between checkpoints) are replayed anyway;
         # the test record is rewritten by the final test, which a resumed run always runs again
         self.history = [
-            r for r in self._read_metrics()
+            r
+            for r in self._read_metrics()
             if int(r.get("step", 0)) <= self.step and r.get("kind") != "test"
         ]
         self._rewrite_metrics()
@@ -585,8 +597,11 @@ class Trainer:
         and restores the previous mode afterwards.
         """
         loader = DataLoader(
-            dataset, batch_size=self.config.eval_batch_size, shuffle=False,
-            num_workers=self.config.num_workers, worker_init_fn=_worker_init,
+            dataset,
+            batch_size=self.config.eval_batch_size,
+            shuffle=False,
+            num_workers=self.config.num_workers,
+            worker_init_fn=_worker_init,
             generator=torch.Generator().manual_seed(self.config.seed),
             pin_memory=self.device.type == "cuda",
         )
@@ -643,9 +658,14 @@ class Trainer:
             if self.best_map is None or value > self.best_map:
                 self.best_map, self.best_step, self.best_val = value, self.step, metrics
                 atomic_save(
-                    {"format": CHECKPOINT_FORMAT, "step": self.step, "val": metrics,
-                     "config": self.config.to_dict(), "model": self.model.state_dict(),
-                     "loss": self.loss_fn.state_dict()},
+                    {
+                        "format": CHECKPOINT_FORMAT,
+                        "step": self.step,
+                        "val": metrics,
+                        "config": self.config.to_dict(),
+                        "model": self.model.state_dict(),
+                        "loss": self.loss_fn.state_dict(),
+                    },
                     self.checkpoint_dir / "best.pt",
                 )
         self.save_checkpoint()
@@ -682,15 +702,16 @@ class Trainer:
         if self.step == 0:
             # a fresh run (possibly --overwrite): drop the previous run's checkpoints and report,
             # so a crash before the first checkpoint cannot leave them to a later --resume
-            for stale in (self.checkpoint_dir / "last.pt", self.checkpoint_dir / "best.pt",
-                          self.run_dir / "report.json"):
+            for stale in (
+                self.checkpoint_dir / "last.pt",
+                self.checkpoint_dir / "best.pt",
+                self.run_dir / "report.json",
+            ):
                 stale.unlink(missing_ok=True)
             self.history = []
             self._rewrite_metrics()
 
-    def fit(
-        self, *, max_steps: int | None = None, callbacks: Sequence[Callback] = ()
-    ) -> RunResult:
+    def fit(self, *, max_steps: int | None = None, callbacks: Sequence[Callback] = ()) -> RunResult:
         """Train to the budget (or to ``max_steps``), then test the best model.
 
         Args:
@@ -716,18 +737,26 @@ class Trainer:
         self._write_run_files()
         self._stop_requested = False
         progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
             TextColumn("loss {task.fields[loss]:.4f}  {task.fields[rate]:.0f} samples/s"),
-            console=self.console, disable=not self._show_progress(), transient=False,
+            console=self.console,
+            disable=not self._show_progress(),
+            transient=False,
         )
         window_start = time.perf_counter()
         window_steps = 0
         tick = time.perf_counter()
         with _determinism(cfg.deterministic, self.device), _graceful_sigint(self), progress:
             task = progress.add_task(
-                f"{cfg.loss.name} on {cfg.dataset.name}", total=self.total_steps,
-                completed=self.step, loss=float("nan"), rate=0.0,
+                f"{cfg.loss.name} on {cfg.dataset.name}",
+                total=self.total_steps,
+                completed=self.step,
+                loss=float("nan"),
+                rate=0.0,
             )
             self.model.train()
             batches = iter(self._make_loader())
@@ -767,14 +796,21 @@ class Trainer:
                         elapsed = max(now - window_start, 1e-9)
                         rate = window_steps * cfg.sampler.batch_size / elapsed
                         stats = {
-                            k: v for k, v in getattr(self.loss_fn, "last_stats", {}).items()
+                            k: v
+                            for k, v in getattr(self.loss_fn, "last_stats", {}).items()
                             if isinstance(v, (int, float))
                         }
-                        self._log({
-                            "kind": "train", "step": self.step, "epoch": epoch,
-                            "loss": float(np.mean(self._window_losses)), "lr": lr,
-                            "samples_per_s": rate, "loss_stats": stats,
-                        })
+                        self._log(
+                            {
+                                "kind": "train",
+                                "step": self.step,
+                                "epoch": epoch,
+                                "loss": float(np.mean(self._window_losses)),
+                                "lr": lr,
+                                "samples_per_s": rate,
+                                "loss_stats": stats,
+                            }
+                        )
                         progress.update(task, loss=float(np.mean(self._window_losses)), rate=rate)
                         window_start, window_steps, self._window_losses = now, 0, []
                     progress.update(task, completed=self.step)
@@ -825,23 +861,38 @@ class Trainer:
         last = self.checkpoint_dir / "last.pt" if self.last_checkpoint_step is not None else None
         kept = (
             f"the last good checkpoint ({last}, step {self.last_checkpoint_step}) is kept"
-            if last is not None else "no checkpoint had been written yet"
+            if last is not None
+            else "no checkpoint had been written yet"
         )
-        what = (f"the loss is {float(loss.detach())}" if loss is not None
-                else "the model's embeddings contain NaN/inf")
+        what = (
+            f"the loss is {float(loss.detach())}"
+            if loss is not None
+            else "the model's embeddings contain NaN/inf"
+        )
         message = (
             f"{what} at step {self.step + 1} "
             f"(epoch {self.next_epoch}, loss {self.config.loss.name}); training stopped without "
             f"applying that step and {kept}. Lower optimizer.lr or check the loss parameters."
         )
-        self._log({"kind": "error", "step": self.step + 1,
-                   "error": "non-finite loss" if loss is not None else "non-finite embeddings"})
+        self._log(
+            {
+                "kind": "error",
+                "step": self.step + 1,
+                "error": "non-finite loss" if loss is not None else "non-finite embeddings",
+            }
+        )
         raise NonFiniteLossError(message, self.step + 1, last)
 
     def _result(self, status: str, test: Any = None, curve: Any = None) -> RunResult:
         return RunResult(
-            run_dir=self.run_dir, status=status, steps=self.step, seconds=self.seconds,
-            best_step=self.best_step, best_val=self.best_val, test=test, pr_curve=curve,
+            run_dir=self.run_dir,
+            status=status,
+            steps=self.step,
+            seconds=self.seconds,
+            best_step=self.best_step,
+            best_val=self.best_val,
+            test=test,
+            pr_curve=curve,
             config=self.config.to_dict(),
         )
 
@@ -864,18 +915,31 @@ class Trainer:
         self.seconds += time.perf_counter() - start
         result = self._result("completed", test, curve)
         self._log({"kind": "test", "step": self.step, **_summary(test)})
-        atomic_write_text(json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json")
         atomic_write_text(
-            json.dumps({"recall": [float(v) for v in curve.recall],
-                        "precision": [float(v) for v in curve.precision],
-                        "n_queries": int(curve.n_queries)}) + "\n",
+            json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json"
+        )
+        atomic_write_text(
+            json.dumps(
+                {
+                    "recall": [float(v) for v in curve.recall],
+                    "precision": [float(v) for v in curve.precision],
+                    "n_queries": int(curve.n_queries),
+                }
+            )
+            + "\n",
             self.run_dir / "pr_curve.json",
         )
-        plot_training_curves(self.history, self.run_dir / "training_curves.png",
-                             title=f"{self.config.loss.name} on {self.config.dataset.name}")
-        plot_pr_curves({self.config.loss.name: curve}, self.run_dir / "pr_curve.png",
-                       title=f"test mean PR curve ({self.config.dataset.name})",
-                       labels={self.config.loss.name: float(test.map)})
+        plot_training_curves(
+            self.history,
+            self.run_dir / "training_curves.png",
+            title=f"{self.config.loss.name} on {self.config.dataset.name}",
+        )
+        plot_pr_curves(
+            {self.config.loss.name: curve},
+            self.run_dir / "pr_curve.png",
+            title=f"test mean PR curve ({self.config.dataset.name})",
+            labels={self.config.loss.name: float(test.map)},
+        )
         return result
 
 

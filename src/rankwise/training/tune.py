@@ -40,8 +40,17 @@ __all__ = [
 
 # keys the tuning protocol sets itself (seeds come from ``seeds``, run directories from ``output``,
 # the loss from ``losses``); a grid over them would be silently overwritten or break the sweep
-_RESERVED_KEYS = ("seed", "output_dir", "progress", "eval_ks", "loss", "loss.name", "loss.params",
-                  "dataset", "bench")
+_RESERVED_KEYS = (
+    "seed",
+    "output_dir",
+    "progress",
+    "eval_ks",
+    "loss",
+    "loss.name",
+    "loss.params",
+    "dataset",
+    "bench",
+)
 _LOSS_PARAM_PREFIX = "loss.params."
 
 
@@ -194,7 +203,7 @@ def _check_grid(
             raise ConfigError(f"grid {key}: the list of values is empty.")
         checked[key] = [_plain(v, key) for v in values]
         if key.startswith(_LOSS_PARAM_PREFIX):
-            param = key[len(_LOSS_PARAM_PREFIX):].split(".")[0]
+            param = key[len(_LOSS_PARAM_PREFIX) :].split(".")[0]
             if not any(param in loss_parameters(loss) for loss in losses):
                 raise ConfigError(
                     f"grid {key}: no tuned loss ({', '.join(losses)}) accepts a parameter "
@@ -252,7 +261,7 @@ def plan_tune(
         accepted = set(loss_parameters(loss))
         keys, skipped = [], {}
         for key in checked:
-            param = key[len(_LOSS_PARAM_PREFIX):].split(".")[0]
+            param = key[len(_LOSS_PARAM_PREFIX) :].split(".")[0]
             if key.startswith(_LOSS_PARAM_PREFIX) and param not in accepted:
                 skipped[key] = f"loss {loss!r} has no parameter {param!r}"
             else:
@@ -262,12 +271,17 @@ def plan_tune(
             index = len(trials)
             try:
                 runs = plan_bench(
-                    base, losses=[loss], seeds=seeds, quick=quick,
-                    output=output / "trials" / f"trial{index:03d}", run_overrides=params,
+                    base,
+                    losses=[loss],
+                    seeds=seeds,
+                    quick=quick,
+                    output=output / "trials" / f"trial{index:03d}",
+                    run_overrides=params,
                 )
             except ConfigError as exc:
-                raise ConfigError(f"tune trial {_describe(loss, params)}: "
-                                  f"{_without_run_prefix(exc)}") from None
+                raise ConfigError(
+                    f"tune trial {_describe(loss, params)}: {_without_run_prefix(exc)}"
+                ) from None
             trials.append(TuneTrial(index, loss, params, skipped, runs))
     return trials
 
@@ -304,13 +318,28 @@ def _run_trial(trial: TuneTrial, splits: Any, console: Any) -> None:
             result = Trainer(run.config, splits=splits, overwrite=True, console=console).fit()
         except NonFiniteLossError as exc:
             # a diverging point is a legitimate tuning outcome: record it, never select it
-            trial.outcomes.append(SeedOutcome(
-                run.seed, None, None, exc.step, time.perf_counter() - start,
-                str(run.config.resolved_output_dir()), str(exc)))
+            trial.outcomes.append(
+                SeedOutcome(
+                    run.seed,
+                    None,
+                    None,
+                    exc.step,
+                    time.perf_counter() - start,
+                    str(run.config.resolved_output_dir()),
+                    str(exc),
+                )
+            )
             return
-        trial.outcomes.append(SeedOutcome(
-            run.seed, validation_map(result), result.best_step, result.steps, result.seconds,
-            str(result.run_dir)))
+        trial.outcomes.append(
+            SeedOutcome(
+                run.seed,
+                validation_map(result),
+                result.best_step,
+                result.steps,
+                result.seconds,
+                str(result.run_dir),
+            )
+        )
 
 
 def _winners(trials: Sequence[TuneTrial]) -> dict[str, TuneTrial | None]:
@@ -352,8 +381,9 @@ def _check_reproduces(
 ) -> None:
     """``rankwise bench`` on ``tuned`` must resolve to exactly the winning trials' configs."""
     for loss, trial in winners.items():
-        runs = plan_bench(tuned, losses=[loss], seeds=[trial.runs[0].seed], quick=quick,
-                          output=output)
+        runs = plan_bench(
+            tuned, losses=[loss], seeds=[trial.runs[0].seed], quick=quick, output=output
+        )
         if _comparable(runs[0].config) != _comparable(trial.runs[0].config):
             raise RuntimeError(
                 f"tune: tuned.yaml does not resolve to the winning config of {loss} "
@@ -362,15 +392,20 @@ def _check_reproduces(
 
 
 def _summary(
-    trials: Sequence[TuneTrial], splits: Any, grid: Mapping[str, Any], seeds: Sequence[int],
-    quick: bool, complete: bool, winners: Mapping[str, TuneTrial | None] | None = None,
+    trials: Sequence[TuneTrial],
+    splits: Any,
+    grid: Mapping[str, Any],
+    seeds: Sequence[int],
+    quick: bool,
+    complete: bool,
+    winners: Mapping[str, TuneTrial | None] | None = None,
     tuned_path: Path | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "dataset": trials[0].runs[0].config.dataset.name,
         "protocol": str(splits.protocol),
         "selection": "validation mAP (tie-aware) of each run's selected checkpoint, mean over "
-                     "the tuning seeds; test metrics are never read",
+        "the tuning seeds; test metrics are never read",
         "seeds": [int(s) for s in seeds],
         "quick": bool(quick),
         "grid": {k: list(v) for k, v in grid.items()},
@@ -379,8 +414,12 @@ def _summary(
     }
     if winners is not None:
         out["winners"] = {
-            loss: None if t is None else {
-                "trial": t.index, "params": t.params, "skipped": t.skipped,
+            loss: None
+            if t is None
+            else {
+                "trial": t.index,
+                "params": t.params,
+                "skipped": t.skipped,
                 "val_map_mean": t.val_map_mean,
             }
             for loss, t in winners.items()
@@ -399,10 +438,12 @@ def print_tune_table(summary: Mapping[str, Any], console: Any) -> None:
 
     winners = {loss: w["trial"] for loss, w in (summary.get("winners") or {}).items() if w}
     keys = list(summary["grid"])
-    table = Table(title=(
-        f"rankwise tune: {summary['dataset']} ({summary['protocol']}), "
-        f"{len(summary['seeds'])} seed(s), validation mAP in % (test never read); ★ = winner"
-    ))
+    table = Table(
+        title=(
+            f"rankwise tune: {summary['dataset']} ({summary['protocol']}), "
+            f"{len(summary['seeds'])} seed(s), validation mAP in % (test never read); ★ = winner"
+        )
+    )
     table.add_column("", justify="center")
     table.add_column("Loss")
     table.add_column("Trial", justify="right")
@@ -413,16 +454,20 @@ def print_tune_table(summary: Mapping[str, Any], console: Any) -> None:
     table.add_column("s", justify="right")
     for trial in summary["trials"]:
         won = winners.get(trial["loss"]) == trial["trial"]
-        cells = [
-            "—" if key in trial["skipped"] else _fmt(trial["params"].get(key)) for key in keys
-        ]
+        cells = ["—" if key in trial["skipped"] else _fmt(trial["params"].get(key)) for key in keys]
         mean = trial["val_map_mean"]
-        per_seed = " ".join("nan" if v is None else f"{100 * v:.2f}"
-                            for v in trial["val_map_per_seed"])
+        per_seed = " ".join(
+            "nan" if v is None else f"{100 * v:.2f}" for v in trial["val_map_per_seed"]
+        )
         table.add_row(
-            "★" if won else "", trial["loss"], str(trial["trial"]), *cells,
-            "diverged" if mean is None else f"{100 * mean:.2f}", per_seed,
-            f"{trial['seconds']:.1f}", style="bold" if won else None,
+            "★" if won else "",
+            trial["loss"],
+            str(trial["trial"]),
+            *cells,
+            "diverged" if mean is None else f"{100 * mean:.2f}",
+            per_seed,
+            f"{trial['seconds']:.1f}",
+            style="bold" if won else None,
         )
     console.print(table)
 
@@ -464,8 +509,11 @@ def tune(
     for loss in dict.fromkeys(t.loss for t in trials):
         skipped = trials[[t.loss for t in trials].index(loss)].skipped
         if skipped:
-            console.print(f"[yellow]{loss}: skipping {', '.join(skipped)} (not a parameter of "
-                          f"{loss})[/yellow]", soft_wrap=True)
+            console.print(
+                f"[yellow]{loss}: skipping {', '.join(skipped)} (not a parameter of "
+                f"{loss})[/yellow]",
+                soft_wrap=True,
+            )
     n_runs = sum(len(t.runs) for t in trials)
     console.print(
         f"[bold]rankwise tune[/bold]: {len(trials)} trials ({n_runs} runs) on "
@@ -478,11 +526,16 @@ def tune(
         _run_trial(trial, splits, console)
         mean = trial.val_map_mean
         score = "diverged" if mean is None else f"val mAP {100 * mean:.2f}"
-        console.print(f"  [{trial.index + 1}/{len(trials)}] {trial.loss:<18} "
-                      f"{json.dumps(trial.params)}: {score}", soft_wrap=True)
+        console.print(
+            f"  [{trial.index + 1}/{len(trials)}] {trial.loss:<18} "
+            f"{json.dumps(trial.params)}: {score}",
+            soft_wrap=True,
+        )
         # progress on disk: an interrupted sweep still shows what it measured
-        atomic_write_text(json.dumps(_summary(trials, splits, grid, seeds, quick, False),
-                                     indent=2) + "\n", tune_path)
+        atomic_write_text(
+            json.dumps(_summary(trials, splits, grid, seeds, quick, False), indent=2) + "\n",
+            tune_path,
+        )
 
     winners = _winners(trials)
     chosen = {loss: t for loss, t in winners.items() if t is not None}
@@ -502,7 +555,10 @@ def tune(
     print_tune_table(summary, console)
     for loss, trial in winners.items():
         if trial is None:
-            console.print(f"[red]{loss}: every trial diverged; its bench overrides are "
-                          "unchanged in tuned.yaml[/red]", soft_wrap=True)
+            console.print(
+                f"[red]{loss}: every trial diverged; its bench overrides are "
+                "unchanged in tuned.yaml[/red]",
+                soft_wrap=True,
+            )
     console.print(f"results: {tune_path}, {tuned_path}", soft_wrap=True)
     return summary
