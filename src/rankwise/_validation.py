@@ -7,7 +7,12 @@ a shape error deep inside a kernel.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+import numbers
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -18,6 +23,11 @@ __all__ = [
     "check_labels",
     "check_same_length",
     "check_finite",
+    "Interval",
+    "check_scalar",
+    "check_choice",
+    "check_bool",
+    "check_range_pair",
 ]
 
 
@@ -121,3 +131,123 @@ def check_same_length(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str
         raise ValueError(
             f"`{name_a}` has {a.shape[0]} rows but `{name_b}` has {b.shape[0]}; they must match."
         )
+
+
+# -- scalar parameters ---------------------------------------------------------------------------
+# One way to check the scalar arguments of every loss, sampler and estimator, in the manner of
+# scikit-learn's ``Interval`` / ``StrOptions`` parameter constraints: Python and numpy scalars of the
+# right kind are accepted (``np.float32(0.1)`` like ``0.1``, ``np.int64(4)`` like ``4``), ``bool``
+# is never a number, NaN is never accepted and infinity only where a bound is explicitly infinite.
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A numeric constraint: ``kind`` ("real" or "integer") within ``[low, high]``.
+
+    ``closed`` says which ends belong to the interval ("both", "left", "right", "neither");
+    ``None`` bounds are unbounded. Infinite values are rejected unless ``allow_inf`` is set.
+
+    Example: ``Interval("real", 0, None, closed="neither")`` is a finite number > 0.
+    """
+
+    kind: Literal["real", "integer"]
+    low: float | None = None
+    high: float | None = None
+    closed: Literal["both", "left", "right", "neither"] = "both"
+    allow_inf: bool = False
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind == "integer" else "a finite number"
+        if self.allow_inf and self.kind == "real":
+            what = "a number"
+        if self.low is None and self.high is None:
+            return what
+        if self.high is None:
+            return f"{what} {'>=' if self.closed in ('both', 'left') else '>'} {self.low:g}"
+        if self.low is None:
+            return f"{what} {'<=' if self.closed in ('both', 'right') else '<'} {self.high:g}"
+        left = "[" if self.closed in ("both", "left") else "("
+        right = "]" if self.closed in ("both", "right") else ")"
+        return f"{what} in {left}{self.low:g}, {self.high:g}{right}"
+
+    def contains(self, value: float) -> bool:
+        if self.low is not None:
+            if self.closed in ("both", "left"):
+                if not value >= self.low:
+                    return False
+            elif not value > self.low:
+                return False
+        if self.high is not None:
+            if self.closed in ("both", "right"):
+                if not value <= self.high:
+                    return False
+            elif not value < self.high:
+                return False
+        return True
+
+
+def _scalar_value(value: Any, kind: str) -> float | int | None:
+    """``value`` as a Python int / float when it is a scalar of ``kind``, else None."""
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.ndim > 0 or value.dtype == torch.bool:
+            return None
+        value = value.item()
+    if kind == "integer":
+        try:
+            return operator.index(value)
+        except TypeError:
+            return None
+    if isinstance(value, (numbers.Real, np.floating, np.integer)):
+        return float(value)
+    return None
+
+
+def check_scalar(value: Any, name: str, interval: Interval) -> Any:
+    """Validate one scalar argument against ``interval``; return it as a Python int / float.
+
+    Raises:
+        ValueError: naming ``name``, what was expected and what was given, e.g.
+            "`tau1` must be a finite number > 0, got inf."
+    """
+    converted = _scalar_value(value, interval.kind)
+    ok = converted is not None and not (isinstance(converted, float) and math.isnan(converted))
+    if ok and isinstance(converted, float) and math.isinf(converted) and not interval.allow_inf:
+        ok = False
+    if ok and not interval.contains(converted):
+        ok = False
+    if not ok:
+        raise ValueError(f"`{name}` must be {interval.describe()}, got {value!r}.")
+    return converted
+
+
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
+    """Validate a string option against ``choices`` (case-sensitive); return it."""
+    if not isinstance(value, str) or value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"`{name}` must be one of {listed}, got {value!r}.")
+    return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Validate a flag (``bool`` or ``np.bool_``; 0 / 1 integers are not flags)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"`{name}` must be True or False, got {value!r}.")
+    return bool(value)
+
+
+def check_range_pair(
+    value: Any, name: str, *, low: float | None = None, high: float | None = None
+) -> tuple[float, float]:
+    """Validate a finite ``(lo, hi)`` pair with ``lo < hi``, each end within ``[low, high]``."""
+    bounds = Interval("real", low, high)
+    within = "" if low is None and high is None else f" ({bounds.describe()[2:]} each)"
+    message = f"`{name}` must be a pair (low, high) of finite numbers{within} with low < high"
+    try:
+        lo, hi = (check_scalar(v, name, bounds) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{message}, got {value!r}.") from None
+    if not lo < hi:
+        raise ValueError(f"{message}, got {value!r}.")
+    return lo, hi
