@@ -41,13 +41,14 @@ from .checkpoint import (
     load_checkpoint,
     restore_rng_state,
 )
-from .config import Config, ConfigError, config_from_dict
+from .config import Config, ConfigError, OptimizerConfig, config_from_dict
 
 __all__ = [
     "NonFiniteLossError",
     "RunResult",
     "Trainer",
     "TrainingInterrupted",
+    "build_optimizer",
     "learning_rate_at",
     "load_splits",
     "preflight",
@@ -357,6 +358,22 @@ def _build_sampler(config: Config, train_labels: np.ndarray) -> Any:
     return sampler
 
 
+def build_optimizer(
+    oc: OptimizerConfig, params: Sequence[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    """The optimizer named by ``oc`` over ``params``.
+
+    ``sgd`` and ``adam`` add ``weight_decay * w`` to the gradient (coupled L2); ``adamw`` decays
+    the weights by ``lr * weight_decay * w`` outside the adaptive step (decoupled), so a tiny loss
+    gradient cannot be outweighed by the decay term (see docs/losses.md, SOPRC).
+    """
+    if oc.name == "sgd":
+        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
+    if oc.name == "adamw":
+        return torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
+    return torch.optim.Adam(params, lr=oc.lr, weight_decay=oc.weight_decay)
+
+
 def _total_steps(config: Config, steps_per_epoch: int) -> int:
     budget = config.budget
     total = budget.iterations if budget.iterations is not None else budget.epochs * steps_per_epoch
@@ -458,13 +475,7 @@ class Trainer:
         self.total_steps = _total_steps(config, self.steps_per_epoch)
         params = [p for p in self.model.parameters() if p.requires_grad]
         params += [p for p in self.loss_fn.parameters() if p.requires_grad]
-        oc = config.optimizer
-        if oc.name == "sgd":
-            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
-                params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay
-            )
-        else:
-            self.optimizer = torch.optim.Adam(params, lr=oc.lr, weight_decay=oc.weight_decay)
+        self.optimizer = build_optimizer(config.optimizer, params)
 
         # -- progress state -------------------------------------------------------------------
         self.step = 0
