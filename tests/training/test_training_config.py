@@ -210,7 +210,7 @@ def test_bench_plan_applies_run_overrides_to_every_loss_after_the_switch(tmp_pat
         run_overrides={"loss.params.lambda_val": 50.0},
     )
     assert runs[0].config.loss.params == {"lambda_val": 50.0}
-    with pytest.raises(ConfigError, match="--losses"):
+    with pytest.raises(ConfigError, match="`losses`"):
         plan_bench(
             base(), losses=["soprc"], seeds=[0], output=tmp_path, run_overrides={"loss.name": "auc"}
         )

@@ -154,14 +154,15 @@ def parse_grid_values(item: str) -> tuple[str, list[Any]]:
     key = key.strip()
     if not sep or not key or not raw.strip():
         raise ConfigError(
-            f"--grid {item!r} must look like KEY=V1,V2,..., e.g. optimizer.lr=0.0003,0.001,0.003."
+            f"`grid` item {item!r} must look like KEY=V1,V2,..., e.g. "
+            "optimizer.lr=0.0003,0.001,0.003."
         )
     try:
         values = yaml.safe_load(f"[{raw}]")
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--grid {key}: cannot parse values {raw!r}: {exc}") from None
+        raise ConfigError(f"`grid` {key}: cannot parse values {raw!r}: {exc}") from None
     if not isinstance(values, list) or not values:
-        raise ConfigError(f"--grid {key}: no values in {raw!r}.")
+        raise ConfigError(f"`grid` {key}: no values in {raw!r}.")
     return key, values
 
 
@@ -176,7 +177,7 @@ def _check_grid(
     from ..losses.registry import loss_parameters
 
     if not grid:
-        raise ConfigError("tune: the grid is empty; pass at least one --grid KEY=V1,V2.")
+        raise ConfigError("tune: the grid is empty; give `grid` at least one key with values.")
     checked: dict[str, list[Any]] = {}
     for key, values in grid.items():
         if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
@@ -184,14 +185,14 @@ def _check_grid(
         for reserved in _RESERVED_KEYS:
             if key == reserved or (reserved in ("dataset", "bench") and key.startswith(reserved)):
                 raise ConfigError(
-                    f"grid {key}: the tuning protocol sets {reserved} itself (seeds with --seeds, "
-                    "losses with --losses, the dataset is shared by every trial); tune "
+                    f"grid {key}: the tuning protocol sets {reserved} itself (seeds with `seeds`, "
+                    "losses with `losses`, the dataset is shared by every trial); tune "
                     "loss parameters as loss.params.NAME."
                 )
         for quick_key in quick_keys:
             if _overlap(key, quick_key):
                 raise ConfigError(
-                    f"grid {key}: --quick fixes {quick_key} (bench.quick.overrides); drop --quick "
+                    f"grid {key}: `quick` fixes {quick_key} (bench.quick.overrides); drop `quick` "
                     "or this grid key."
                 )
         for other in checked:
@@ -244,11 +245,11 @@ def plan_tune(
     base_config = config_from_dict(base)
     loss_list = list(losses if losses is not None else base_config.bench.losses)
     if not loss_list:
-        raise ConfigError("tune: no losses to tune (empty --losses).")
+        raise ConfigError("tune: no losses to tune (empty `losses`).")
     if not list(seeds):
-        raise ConfigError("tune: no seeds (--seeds must be at least 1).")
+        raise ConfigError("tune: no seeds (`seeds` must hold at least one seed).")
     if len(set(loss_list)) != len(loss_list):
-        raise ConfigError(f"tune: --losses names a loss twice: {loss_list}.")
+        raise ConfigError(f"tune: `losses` names a loss twice: {loss_list}.")
     plan_bench(base, losses=loss_list, seeds=seeds[:1], quick=quick, output=output)
     quick_keys = list(base_config.bench.quick.overrides) if quick else []
     checked = _check_grid(grid, loss_list, quick_keys)
@@ -428,50 +429,6 @@ def _summary(
     return out
 
 
-def _fmt(value: Any) -> str:
-    return "null" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
-
-
-def print_tune_table(summary: Mapping[str, Any], console: Any) -> None:
-    """Rich table of a ``tune.json`` summary: validation mAP in %, the winner of each loss ★."""
-    from rich.table import Table
-
-    winners = {loss: w["trial"] for loss, w in (summary.get("winners") or {}).items() if w}
-    keys = list(summary["grid"])
-    table = Table(
-        title=(
-            f"rankwise tune: {summary['dataset']} ({summary['protocol']}), "
-            f"{len(summary['seeds'])} seed(s), validation mAP in % (test never read); ★ = winner"
-        )
-    )
-    table.add_column("", justify="center")
-    table.add_column("Loss")
-    table.add_column("Trial", justify="right")
-    for key in keys:
-        table.add_column(key, justify="right")
-    table.add_column("val mAP", justify="right")
-    table.add_column("per seed", justify="right")
-    table.add_column("s", justify="right")
-    for trial in summary["trials"]:
-        won = winners.get(trial["loss"]) == trial["trial"]
-        cells = ["—" if key in trial["skipped"] else _fmt(trial["params"].get(key)) for key in keys]
-        mean = trial["val_map_mean"]
-        per_seed = " ".join(
-            "nan" if v is None else f"{100 * v:.2f}" for v in trial["val_map_per_seed"]
-        )
-        table.add_row(
-            "★" if won else "",
-            trial["loss"],
-            str(trial["trial"]),
-            *cells,
-            "diverged" if mean is None else f"{100 * mean:.2f}",
-            per_seed,
-            f"{trial['seconds']:.1f}",
-            style="bold" if won else None,
-        )
-    console.print(table)
-
-
 def tune(
     base: Mapping[str, Any],
     *,
@@ -552,13 +509,4 @@ def tune(
     atomic_write_text(header + yaml.safe_dump(tuned, sort_keys=False), tuned_path)
     summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path)
     atomic_write_text(json.dumps(summary, indent=2) + "\n", tune_path)
-    print_tune_table(summary, console)
-    for loss, trial in winners.items():
-        if trial is None:
-            console.print(
-                f"[red]{loss}: every trial diverged; its bench overrides are "
-                "unchanged in tuned.yaml[/red]",
-                soft_wrap=True,
-            )
-    console.print(f"results: {tune_path}, {tuned_path}", soft_wrap=True)
     return summary
