@@ -41,13 +41,17 @@ from .checkpoint import (
     load_checkpoint,
     restore_rng_state,
 )
-from .config import Config, ConfigError, config_from_dict
+from .config import Config, ConfigError, OptimizerConfig, config_from_dict
 
 __all__ = [
+    "COLLAPSE_SPREAD",
+    "CollapsedEmbeddingsError",
     "NonFiniteLossError",
     "RunResult",
     "Trainer",
     "TrainingInterrupted",
+    "build_optimizer",
+    "embedding_spread",
     "learning_rate_at",
     "load_splits",
     "preflight",
@@ -55,6 +59,9 @@ __all__ = [
 ]
 
 CHECKPOINT_FORMAT = 1
+# embedding_spread below which a run counts as collapsed: every cosine score then lies within
+# 2 * spread**2 = 2e-6 of every other (a few float32 ulps near 1), i.e. every score ties
+COLLAPSE_SPREAD = 1e-3
 Callback = Callable[["Trainer"], None]
 
 
@@ -65,6 +72,29 @@ class NonFiniteLossError(RuntimeError):
         super().__init__(message)
         self.step = step
         self.last_good_checkpoint = last_good_checkpoint
+
+
+class CollapsedEmbeddingsError(NonFiniteLossError):
+    """Every score ties: the embeddings of a training batch or of the validation split all point
+    in the same direction, so nothing can be ranked any more; the run stopped.
+
+    A subclass of :class:`NonFiniteLossError` so every handler of a diverged run (the CLI, ``tune``
+    recording a failed trial) handles a collapsed one too. ``spread`` is the
+    :func:`embedding_spread` that triggered it, ``where`` ``"training batch"`` or
+    ``"validation split"``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        step: int,
+        last_good_checkpoint: Path | None,
+        spread: float,
+        where: str,
+    ) -> None:
+        super().__init__(message, step, last_good_checkpoint)
+        self.spread = spread
+        self.where = where
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -140,6 +170,20 @@ def learning_rate_at(config: Config, step: int, total_steps: int) -> float:
             1.0 + math.cos(math.pi * progress)
         )
     return base
+
+
+def embedding_spread(embeddings: torch.Tensor) -> float:
+    """Largest distance of an L2-normalized row of ``embeddings`` (N, d) from the first one.
+
+    Cosine scores are ranked by direction only, and for unit vectors 1 - u_i.u_j = |u_i - u_j|^2 / 2,
+    so a spread ``r`` puts every pairwise score within 2 r^2 of every other. 0 means every row has
+    the same direction (or every row is zero); ``inf`` for fewer than 2 rows (nothing to compare).
+    O(N d), no score matrix.
+    """
+    if embeddings.shape[0] < 2:
+        return math.inf
+    unit = torch.nn.functional.normalize(embeddings.detach().float(), dim=1)
+    return float((unit - unit[:1]).norm(dim=1).max())
 
 
 def _mix_seed(*parts: int) -> int:
@@ -283,6 +327,33 @@ def _report_value(report: Any, name: str) -> float:
     return float(getattr(report, name))
 
 
+def _collapse_advice(config: Config) -> str:
+    """Likely causes of a collapse under ``config`` and the settings that fix them."""
+    oc = config.optimizer
+    causes, fixes = [], []
+    if oc.weight_decay > 0 and oc.name != "adamw":
+        how = (
+            "Adam divides the decay term by the gradient's scale, so it moves every weight by a "
+            "full lr-sized step towards 0"
+            if oc.name == "adam"
+            else "it shrinks the weights towards 0"
+        )
+        causes.append(
+            f"weight decay coupled to the gradient (optimizer.name={oc.name}, weight_decay="
+            f"{oc.weight_decay:g}) outweighing a tiny loss gradient: {how}"
+        )
+        fixes.append("optimizer.name=adamw (decoupled weight decay) or optimizer.weight_decay=0")
+    causes.append(f"a learning rate too high for this loss (optimizer.lr={oc.lr:g})")
+    fixes.append("a lower optimizer.lr")
+    if config.loss.name == "soprc" and config.loss.params.get("prior_scale") is None:
+        causes.append(
+            "SOPRC's gradient shrinks with the class prior, and the raw priors of a many-class "
+            "dataset (~1e-4) leave almost none"
+        )
+        fixes.append("loss.params.prior_scale (see docs/losses.md, SOPRC)")
+    return f"Likely cause: {'; or '.join(causes)}. Fix: {'; '.join(fixes)}."
+
+
 def _summary(report: Any) -> dict[str, Any]:
     """``report.to_dict()`` without the per-query list (kept only in ``report.json``)."""
     out = report.to_dict()
@@ -355,6 +426,22 @@ def _build_sampler(config: Config, train_labels: np.ndarray) -> Any:
     if len(sampler) <= 0:
         raise ConfigError("sampler: the training split yields no full batch per epoch.")
     return sampler
+
+
+def build_optimizer(
+    oc: OptimizerConfig, params: Sequence[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    """The optimizer named by ``oc`` over ``params``.
+
+    ``sgd`` and ``adam`` add ``weight_decay * w`` to the gradient (coupled L2); ``adamw`` decays
+    the weights by ``lr * weight_decay * w`` outside the adaptive step (decoupled), so a tiny loss
+    gradient cannot be outweighed by the decay term (see docs/losses.md, SOPRC).
+    """
+    if oc.name == "sgd":
+        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
+    if oc.name == "adamw":
+        return torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
+    return torch.optim.Adam(params, lr=oc.lr, weight_decay=oc.weight_decay)
 
 
 def _total_steps(config: Config, steps_per_epoch: int) -> int:
@@ -458,13 +545,7 @@ class Trainer:
         self.total_steps = _total_steps(config, self.steps_per_epoch)
         params = [p for p in self.model.parameters() if p.requires_grad]
         params += [p for p in self.loss_fn.parameters() if p.requires_grad]
-        oc = config.optimizer
-        if oc.name == "sgd":
-            self.optimizer: torch.optim.Optimizer = torch.optim.SGD(
-                params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay
-            )
-        else:
-            self.optimizer = torch.optim.Adam(params, lr=oc.lr, weight_decay=oc.weight_decay)
+        self.optimizer = build_optimizer(config.optimizer, params)
 
         # -- progress state -------------------------------------------------------------------
         self.step = 0
@@ -478,6 +559,7 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self._stop_requested = False
         self._in_step = False
+        self._last_val_embeddings: torch.Tensor | None = None
         # losses of the steps since the last train log record: checkpointed, so a run resumed
         # between two records logs the same window mean as an uninterrupted run
         self._window_losses: list[float] = []
@@ -628,6 +710,8 @@ class Trainer:
         if query_set is None:
             raise ValueError(f"the dataset has no {split!r} split.")
         query, query_labels = self.embed(query_set)
+        if split == "val":
+            self._last_val_embeddings = query  # for the collapse check of _validate_and_checkpoint
         if split == "test" and self.splits.protocol == "closed-set":
             gallery, gallery_labels = self.embed(self.splits.gallery)
             return retrieval_metrics(
@@ -652,6 +736,9 @@ class Trainer:
     def _validate_and_checkpoint(self) -> None:
         if self.splits.val is not None:
             report = self.evaluate("val")
+            # the step is applied but not checkpointed: the last good checkpoint stays
+            self._stop_if_collapsed(self._last_val_embeddings, "validation split", self.step)
+            self._last_val_embeddings = None
             metrics = _summary(report)
             self._log({"kind": "val", "step": self.step, **metrics})
             value = _report_value(report, "map")
@@ -774,6 +861,7 @@ class Trainer:
                         # a diverged model: stop like a non-finite loss (the loss would only
                         # reject its input), keeping the last good checkpoint
                         self._raise_non_finite(None)
+                    self._stop_if_collapsed(embeddings, "training batch", self.step + 1)
                     loss = self.loss_fn(embeddings, y.to(self.device, non_blocking=True))
                     if not torch.isfinite(loss):
                         self._raise_non_finite(loss)
@@ -882,6 +970,35 @@ class Trainer:
             }
         )
         raise NonFiniteLossError(message, self.step + 1, last)
+
+    def _stop_if_collapsed(self, embeddings: torch.Tensor, where: str, step: int) -> None:
+        """Raise :class:`CollapsedEmbeddingsError` when every score of ``embeddings`` ties."""
+        spread = embedding_spread(embeddings)
+        if spread > COLLAPSE_SPREAD:
+            return
+        last = self.checkpoint_dir / "last.pt" if self.last_checkpoint_step is not None else None
+        kept = (
+            f"the last good checkpoint ({last}, step {self.last_checkpoint_step}) is kept"
+            if last is not None
+            else "no checkpoint had been written yet"
+        )
+        message = (
+            f"every score ties at step {step} (epoch {self.next_epoch}, loss "
+            f"{self.config.loss.name}): the {embeddings.shape[0]} embeddings of the {where} all "
+            f"point in the same direction (spread {spread:.2e} <= {COLLAPSE_SPREAD:g}), so the "
+            f"model has collapsed and cannot rank; training stopped and {kept}. "
+            + _collapse_advice(self.config)
+        )
+        self._log(
+            {
+                "kind": "error",
+                "step": step,
+                "error": "collapsed embeddings",
+                "where": where,
+                "spread": spread,
+            }
+        )
+        raise CollapsedEmbeddingsError(message, step, last, spread, where)
 
     def _result(self, status: str, test: Any = None, curve: Any = None) -> RunResult:
         return RunResult(
