@@ -107,6 +107,9 @@ def _exit_for(exc: BaseException, err: Console, flags: Mapping[str, str], what: 
             err.print(f"[red]config error:[/red] {escape(text)}", soft_wrap=True)
             return EXIT_CONFIG
         if isinstance(exc, interrupted):
+            text = to_flags(exc.message, flags) + "."
+            if exc.run_dir is not None and exc.checkpoint_step is not None:
+                text = f"{text[:-1]}. Resume with: rankwise train --resume {exc.run_dir}"
             prefix = f"{what} interrupted: " if what != "training" else ""
             err.print(f"[yellow]{escape(prefix + text)}[/yellow]", soft_wrap=True)
             return EXIT_INTERRUPTED

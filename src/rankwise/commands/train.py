@@ -78,7 +78,7 @@ def train(
                 extra.append(f"num_workers={num_workers}")
             if device is not None:
                 extra.append(f"device={device}")
-            trainer = Trainer(
+            trainer = Trainer.from_config(
                 load_config(config, overrides + extra), overwrite=overwrite, console=err
             )
         result = trainer.fit()

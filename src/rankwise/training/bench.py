@@ -16,14 +16,21 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from .build import load_splits, preflight
 from .checkpoint import atomic_write_text
 from .config import Config, ConfigError, apply_overrides, config_from_dict
-from .trainer import RunResult, Trainer, load_splits, preflight
+from .trainer import RunResult, Trainer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..data import RetrievalSplits
+    from ..metrics import PRCurve
 
 __all__ = [
     "ABLATION_ROWS",
@@ -195,7 +202,9 @@ def aggregate_rows(runs: Sequence[BenchRun], results: Sequence[RunResult]) -> li
     return list(rows.values())
 
 
-def prepare_splits(runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]) -> Any:
+def prepare_splits(
+    runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]
+) -> RetrievalSplits:
     """One data load for a whole sweep, then every data-dependent check of every distinct run.
 
     Args:
@@ -228,7 +237,7 @@ def prepare_splits(runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]
 
 
 def reference_rows(
-    runs: Sequence[BenchRun], splits: Any, seeds: Sequence[int], output: Path
+    runs: Sequence[BenchRun], splits: RetrievalSplits, seeds: Sequence[int], output: Path
 ) -> list[dict[str, Any]]:
     """What the table must be read against: the same test protocol with no learning at all.
 
@@ -257,7 +266,7 @@ def reference_rows(
             out[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
         return out
 
-    def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:
+    def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:  # an in-memory ArrayDataset
         x = dataset.inputs.reshape(len(dataset.labels), -1).to(torch.float32)
         return x, np.asarray(dataset.labels)
 
@@ -276,13 +285,13 @@ def reference_rows(
         config = runs[0].config.model_copy(
             update={"seed": int(seed), "output_dir": str(output / "untrained" / f"seed{seed}")}
         )
-        trainer = Trainer(config, splits=splits, overwrite=True)
+        trainer = Trainer.from_config(config, splits=splits, overwrite=True)
         reports.append(trainer.evaluate("test"))
     rows.append(row("untrained network", reports))
     return rows
 
 
-def _mean_curve(results: Sequence[RunResult]) -> Any:
+def _mean_curve(results: Sequence[RunResult]) -> PRCurve:
     from ..metrics import PRCurve
 
     curves = [r.pr_curve for r in results]
@@ -301,7 +310,7 @@ def run_bench(
     quick: bool = False,
     ablation: bool = False,
     output: str | Path,
-    console: Any = None,
+    console: Console | None = None,
     run_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train every planned run, then write ``bench.json``, ``bench.md`` and ``pr_curves.png``.
@@ -340,7 +349,8 @@ def run_bench(
     )
     results: list[RunResult] = []
     for i, run in enumerate(runs, 1):
-        result = Trainer(run.config, splits=splits, overwrite=True, console=console).fit()
+        trainer = Trainer.from_config(run.config, splits=splits, overwrite=True, console=console)
+        result = trainer.fit()
         results.append(result)
         console.print(
             f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "

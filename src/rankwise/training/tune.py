@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -26,7 +26,13 @@ import yaml
 from .bench import BenchRun, plan_bench, prepare_splits
 from .checkpoint import atomic_write_text
 from .config import ConfigError, config_from_dict
-from .trainer import NonFiniteLossError, RunResult, Trainer
+from .errors import NonFiniteLossError
+from .trainer import RunResult, Trainer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..data import RetrievalSplits
 
 __all__ = [
     "SeedOutcome",
@@ -300,23 +306,27 @@ def _without_run_prefix(exc: ConfigError) -> str:
     return text
 
 
-def _shared_splits(trials: Sequence[TuneTrial]) -> Any:
+def _shared_splits(trials: Sequence[TuneTrial]) -> RetrievalSplits:
     """One data load for the sweep, then every data-dependent check of every distinct run."""
     trial_of = {id(run): trial for trial in trials for run in trial.runs}
 
-    def describe(run: Any) -> str:
+    def describe(run: BenchRun) -> str:
         trial = trial_of[id(run)]
         return f"tune trial {_describe(trial.loss, trial.params)}"
 
     return prepare_splits([run for trial in trials for run in trial.runs], describe)
 
 
-def _run_trial(trial: TuneTrial, splits: Any, console: Any) -> None:
+def _run_trial(trial: TuneTrial, splits: RetrievalSplits, console: Console | None) -> None:
     """Train every seed of ``trial``; keep only validation scores (a RunResult goes no further)."""
     for run in trial.runs:
         start = time.perf_counter()
         try:
-            result = Trainer(run.config, splits=splits, overwrite=True, console=console).fit()
+            trainer = Trainer.from_config(
+                run.config, splits=splits, overwrite=True, console=console
+            )
+            # tuning selects on validation data only: the test data is never evaluated
+            result = trainer.fit(test=False)
         except NonFiniteLossError as exc:
             # a diverging point is a legitimate tuning outcome: record it, never select it
             trial.outcomes.append(
@@ -394,7 +404,7 @@ def _check_reproduces(
 
 def _summary(
     trials: Sequence[TuneTrial],
-    splits: Any,
+    splits: RetrievalSplits,
     grid: Mapping[str, Any],
     seeds: Sequence[int],
     quick: bool,
@@ -437,7 +447,7 @@ def tune(
     seeds: Sequence[int] = (0,),
     output: str | Path,
     quick: bool = False,
-    console: Any = None,
+    console: Console | None = None,
 ) -> dict[str, Any]:
     """Select each loss's hyper-parameters on the validation split; write ``tune.json`` and
     ``tuned.yaml`` to ``output``.
