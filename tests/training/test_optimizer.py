@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rankwise.training import ConfigError, Trainer, config_from_dict
-from rankwise.training.config import OptimizerConfig, apply_overrides
 from rankwise.training.build import build_optimizer
+from rankwise.training.config import OptimizerConfig, apply_overrides
 
 
 def base(tmp_path, **extra):

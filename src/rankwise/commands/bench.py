@@ -1,4 +1,6 @@
-"""``rankwise bench``: every loss trained with the same backbone, sampler, budget and seeds on one
+"""``rankwise bench``: compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset.
+
+``rankwise bench``: every loss trained with the same backbone, sampler, budget and seeds on one
 dataset, reported Table 1-style (mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds),
 or, with ``--ablation``, Table 2's SOPRC ablation (Wen et al., *Exploring the Algorithm-Dependent
 Generalization of AUPRC Optimization with List Stability*, NeurIPS 2022, Sec. 5.2-5.3). Writes
@@ -38,8 +40,10 @@ FLAGS = {
 
 
 def default_config_path(dataset: str) -> Path:
-    """``configs/<dataset>.yaml`` (``-`` read as ``_``), looked up in the working directory, then
-    in the source checkout rankwise is installed from."""
+    """The default config of a dataset: ``configs/<dataset>.yaml`` (``-`` read as ``_``).
+
+    Looked up in the working directory, then in the source checkout rankwise is installed from.
+    """
     name = f"{dataset.lower().replace('-', '_')}.yaml"
     candidates = [Path("configs") / name, Path(__file__).resolve().parents[3] / "configs" / name]
     for path in candidates:
@@ -52,8 +56,9 @@ def default_config_path(dataset: str) -> Path:
 
 
 def read_base_config(dataset: str | None, config: Path | None) -> dict:
-    """The base config of a sweep (``bench`` / ``tune``): ``--config FILE``, else the dataset's
-    default ``configs/<dataset>.yaml``, parsed with ``yaml.safe_load``.
+    """The base config of a sweep (``bench`` / ``tune``), parsed with ``yaml.safe_load``.
+
+    ``--config FILE``, else the dataset's default ``configs/<dataset>.yaml``.
 
     Raises:
         ConfigError: neither option given, a missing file, invalid YAML, or not a mapping.
@@ -82,8 +87,7 @@ def read_base_config(dataset: str | None, config: Path | None) -> dict:
 def option_overrides(
     dataset: str | None, data_dir: str | None, device: str | None, num_workers: int | None
 ) -> dict:
-    """The dotted overrides that the shared ``--dataset/--data-dir/--device/--num-workers``
-    options stand for."""
+    """The dotted overrides the shared ``--dataset/--data-dir/--device/--num-workers`` stand for."""
     extra: dict = {}
     if dataset is not None:
         extra["dataset.name"] = dataset

@@ -1,4 +1,6 @@
-"""What every ``rankwise`` sub-command shares: exit codes, the mapping of library errors to exit
+"""Exit codes, error handling and flag names shared by every sub-command.
+
+What every ``rankwise`` sub-command shares: exit codes, the mapping of library errors to exit
 codes and messages, the translation of argument names into command-line flags, and consoles.
 
 The library speaks in keys: its errors name config keys (``sampler.batch_size``) and Python
@@ -63,8 +65,10 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
 
 
 def output_console(width: int = 140) -> Console:
-    """A rich console on stdout; piped or captured output gets ``width`` columns so tables are not
-    squeezed into 80."""
+    """A rich console on stdout.
+
+    Piped or captured output gets ``width`` columns, so tables are not squeezed into 80.
+    """
     from rich.console import Console
 
     console = Console()
@@ -83,8 +87,11 @@ def _first_line(text: str) -> str:
 
 
 def _training_errors() -> tuple[type[BaseException], ...]:
-    """The training exception classes, without importing :mod:`rankwise.training` (and pydantic)
-    when the command never used it: then none of them can have been raised."""
+    """The training exception classes (none when :mod:`rankwise.training` was never imported).
+
+    A command that never used the training code cannot have raised its exceptions, so pydantic
+    and the rest of the training stack are not imported to check for them.
+    """
     if "rankwise.training" not in sys.modules:
         return ()
     from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted

@@ -1,4 +1,6 @@
-"""``rankwise train``: one training run from a YAML config with ``KEY=VALUE`` overrides, or the
+"""``rankwise train``: one training run from a YAML config, or the resumption of one.
+
+``rankwise train``: one training run from a YAML config with ``KEY=VALUE`` overrides, or the
 resumption of an interrupted run (``--resume RUN_DIR``), following the image-retrieval protocol of
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
 Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the

@@ -1,4 +1,6 @@
-"""``rankwise tune``: hyper-parameter selection on the validation split, as Wen et al., *Exploring
+"""``rankwise tune``: hyper-parameter selection on the validation split.
+
+``rankwise tune``: hyper-parameter selection on the validation split, as Wen et al., *Exploring
 the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
 Sec. 5.1 and App. D.1, tuned every loss before its test report. Every point of a ``--grid`` of
 dotted overrides is trained per loss with the ``rankwise bench`` protocol and scored by the mean

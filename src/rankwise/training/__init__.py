@@ -1,4 +1,6 @@
-"""Training and benchmarking of embedding models with ranking losses, following the protocol of
+"""Training and benchmarking of embedding models with ranking losses.
+
+Training and benchmarking of embedding models with ranking losses, following the protocol of
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
 Stability* (NeurIPS 2022), Sec. 5.1 and App. D: P x K batches, model selection by validation
 mAUPRC, test report of the selected model, and the Table 1 / Table 2 comparisons

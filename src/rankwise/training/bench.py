@@ -1,4 +1,6 @@
-"""Loss comparison and ablation sweeps: the Table 1 and Table 2 protocol of Wen et al.,
+"""Loss comparison and ablation sweeps (Tables 1 and 2 of the SOPRC paper).
+
+Loss comparison and ablation sweeps: the Table 1 and Table 2 protocol of Wen et al.,
 *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
 (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale.
 
@@ -80,6 +82,7 @@ class BenchRow:
     results: list[RunResult]
 
     def to_dict(self) -> dict[str, Any]:
+        """The row of ``bench.json``: mean and std over seeds of every metric, and bookkeeping."""
         out: dict[str, Any] = {"loss": self.info.get("loss", self.label)}
         for key, getter in _METRICS:
             values = [float(getter(r.test)) for r in self.results]

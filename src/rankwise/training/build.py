@@ -1,4 +1,6 @@
-"""From a validated :class:`~rankwise.training.config.Config` to the objects a
+"""Config to objects: the data, model, loss, sampler, optimizer and schedule of a run.
+
+From a validated :class:`~rankwise.training.config.Config` to the objects a
 :class:`~rankwise.training.trainer.Trainer` takes: the dataset splits, the embedding model, the
 loss, the P x K sampler, the optimizer and the learning-rate schedule, following the protocol of
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List

@@ -1,4 +1,6 @@
-"""Everything around the training loop that is not the loop: the progress bar, the
+"""Callbacks of the training loop: progress, metrics log, model selection, plots, collapse.
+
+Everything around the training loop that is not the loop: the progress bar, the
 ``metrics.jsonl`` log, the selection of the best checkpoint by validation mAP (tie-aware mAUPRC,
 the model selection of Wen et al., NeurIPS 2022, Sec. 5.1), the convergence and PR-curve plots
 (Fig. 2 style), and the collapse detector. Each is a :class:`Callback` that
@@ -374,8 +376,10 @@ class BestCheckpoint(Callback):
 
 
 class ProgressBar(Callback):
-    """A rich progress bar: steps, elapsed and remaining time, the mean loss and samples / s of
-    the last ``log_every`` steps.
+    """A rich progress bar of the training steps.
+
+    Shows steps, elapsed and remaining time, and the mean loss and samples / s of the last
+    ``log_every`` steps.
 
     Args:
         enabled: ``None`` shows it only when stdout is a terminal.
@@ -448,8 +452,10 @@ class ProgressBar(Callback):
 
 
 class PlotCurves(Callback):
-    """At the end of a completed run with a run directory: ``training_curves.png`` (training loss
-    and validation mAP against the step) and ``pr_curve.png`` (the test mean PR curve).
+    """Draw the figures of a completed run with a run directory.
+
+    ``training_curves.png`` (training loss and validation mAP against the step) and
+    ``pr_curve.png`` (the test mean PR curve).
 
     Args:
         title: title of the training-curves figure (default: the trainer's name).
@@ -569,8 +575,10 @@ def optimizer_collapse_advice(optimizer: torch.optim.Optimizer) -> str:
 
 
 class CollapseDetector(Callback):
-    """Stop a run whose scores all tie: the embeddings of a training batch (checked every step,
-    before the loss) or of the validation split (at every evaluation) all point in one direction.
+    """Stop a run whose scores all tie.
+
+    That is when the embeddings of a training batch (checked every step, before the loss) or of
+    the validation split (at every evaluation) all point in one direction.
 
     Raises :class:`~rankwise.training.errors.CollapsedEmbeddingsError` (a
     :class:`~rankwise.training.errors.NonFiniteLossError`) with the likely cause and fix; the

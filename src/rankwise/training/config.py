@@ -96,6 +96,7 @@ class SamplerConfig(_Strict):
 
     @property
     def classes_per_batch(self) -> int:
+        """Distinct classes in a batch: ``batch_size // m``."""
         return self.batch_size // self.m
 
 

@@ -1,4 +1,6 @@
-"""Why a training run stopped early: a configuration problem found before the first step, a
+"""Why a training run stopped early.
+
+Why a training run stopped early: a configuration problem found before the first step, a
 non-finite or collapsed model (the run failed, the last good checkpoint is kept), or an
 interruption (Ctrl-C, after a checkpoint).
 
@@ -25,8 +27,9 @@ class ConfigError(ValueError):
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss (or the model's output) became NaN or infinite; the run stopped without applying
-    that step.
+    """The loss (or the model's output) became NaN or infinite.
+
+    The run stopped without applying that step.
 
     Attributes:
         step: the 1-based number of the step that failed.
@@ -49,8 +52,10 @@ class NonFiniteLossError(RuntimeError):
 
 
 class CollapsedEmbeddingsError(NonFiniteLossError):
-    """Every score ties: the embeddings of a training batch or of the validation split all point
-    in the same direction, so nothing can be ranked any more; the run stopped.
+    """Every score ties: the model collapsed and the run stopped.
+
+    The embeddings of a training batch or of the validation split all point in the same
+    direction, so nothing can be ranked any more.
 
     A subclass of :class:`NonFiniteLossError` so every handler of a diverged run (the command
     line, ``tune`` recording a failed trial) handles a collapsed one too.

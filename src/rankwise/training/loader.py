@@ -1,4 +1,6 @@
-"""Resumable, seeded batches for the training loop: a P x K batch sampler (Wen et al., NeurIPS
+"""Resumable, seeded training batches and what a dataset must provide for them.
+
+Resumable, seeded batches for the training loop: a P x K batch sampler (Wen et al., NeurIPS
 2022, App. D: ``batch_size / m`` classes with exactly ``m`` samples each) started at any
 (epoch, batch) position, items whose random transforms are seeded by their batch coordinates, and
 what a user's dataset must provide for them.
@@ -105,8 +107,10 @@ def dataset_labels(dataset: Dataset, name: str = "train_data") -> np.ndarray:
 
 
 def default_sampler(labels: np.ndarray, seed: int) -> MPerClassBatchSampler:
-    """The trainer's default batch sampler: P x K batches of ``m = 4`` samples per class and
-    ``min(32, 4 x classes)`` samples, seeded by ``seed``.
+    """The trainer's default batch sampler.
+
+    P x K batches of ``m = 4`` samples per class and ``min(32, 4 x classes)`` samples, seeded by
+    ``seed``.
 
     Args:
         labels: (N,) class ids of the training data.
@@ -186,8 +190,7 @@ class SeededItems(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, key: tuple[int, int, int, int]) -> tuple[Any, Any, torch.Tensor]:
-        """``(x, label, tensor([epoch, position]))`` of the item ``key = (index, seed, epoch,
-        position)``."""
+        """``(x, label, tensor([epoch, position]))`` of ``key = (index, seed, epoch, position)``."""
         index, item_seed, epoch, position = key
         meta = torch.tensor([epoch, position], dtype=torch.int64)
         if not self.reseed:
@@ -207,8 +210,9 @@ class SeededItems(Dataset):
 
 
 def worker_init(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: a distinct, reproducible numpy / python stream per worker
-    (the loader's generator fixes the torch base seeds).
+    """DataLoader ``worker_init_fn``: a distinct, reproducible numpy / python stream per worker.
+
+    The loader's generator fixes the torch base seeds.
 
     Args:
         worker_id: the worker's index (unused: ``torch.initial_seed()`` already differs).

@@ -1,4 +1,6 @@
-"""The training loop of the image-retrieval experiments of Wen et al., *Exploring the
+"""The training loop: a Trainer for your own model, loss and data.
+
+The training loop of the image-retrieval experiments of Wen et al., *Exploring the
 Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
 Sec. 5.1 and App. D.1: an embedding network trained end to end with a ranking loss (SOPRC's
 Alg. 1 or a competitor) on P x K mini-batches with exactly ``m`` samples per class, model selection
@@ -204,6 +206,12 @@ def _check_dataset(data: Any, name: str, required: bool = False) -> None:
         )
     if len(data) == 0:
         raise ValueError(f"`{name}` is empty.")
+    item = data[0]  # one item, so a wrong layout fails here and not in a worker process
+    if not (isinstance(item, (tuple, list)) and len(item) == 2):
+        raise ValueError(
+            f"`{name}[0]` must be an (x, label) pair, got {type(item).__name__}; wrap the data "
+            "in a Dataset whose __getitem__ returns (input, class id)."
+        )
 
 
 def _positive_int(value: Any, name: str, low: int = 1) -> int:
@@ -414,8 +422,7 @@ class Trainer:
 
     @staticmethod
     def _check_schedule(schedule: LRSchedule | None) -> Callable[[int], float] | None:
-        """The per-step learning-rate function of ``schedule`` (``None``: a torch scheduler or
-        no schedule)."""
+        """The per-step learning-rate function of ``schedule`` (``None``: a scheduler, or none)."""
         if schedule is None or isinstance(schedule, torch.optim.lr_scheduler.LRScheduler):
             return None
         if not callable(schedule):
@@ -570,8 +577,9 @@ class Trainer:
         device: str | None = None,
         console: Console | None = None,
     ) -> Trainer:
-        """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and
-        ``checkpoints/last.pt``).
+        """Trainer that resumes the config run in ``run_dir``.
+
+        It reads the run's ``config.yaml`` and ``checkpoints/last.pt``.
 
         Args:
             run_dir: the run directory of a :meth:`from_config` run.

@@ -1,4 +1,6 @@
-"""Hyper-parameter selection on the validation split, the way Wen et al., *Exploring the
+"""Hyper-parameter selection on the validation split.
+
+Hyper-parameter selection on the validation split, the way Wen et al., *Exploring the
 Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
 Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of dotted overrides is trained with
 the benchmark protocol of :mod:`rankwise.training.bench` (same backbone, sampler, budget and seeds)
@@ -95,6 +97,7 @@ class TuneTrial:
 
     @property
     def failed(self) -> bool:
+        """Whether a seed failed (non-finite loss) or was not run."""
         return any(o.val_map is None for o in self.outcomes) or len(self.outcomes) < len(self.runs)
 
     @property
@@ -106,6 +109,7 @@ class TuneTrial:
         return mean if math.isfinite(mean) else None
 
     def to_dict(self) -> dict[str, Any]:
+        """The trial's entry of ``tune.json``."""
         return {
             "trial": self.index,
             "loss": self.loss,
@@ -176,6 +180,28 @@ def _overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
+def _check_grid_key(key: Any, checked: Sequence[str], quick_keys: Sequence[str]) -> None:
+    """A grid key must be a dotted key the protocol does not set, overlapping no other key."""
+    if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"grid key {key!r} must be a dotted config key, e.g. optimizer.lr.")
+    for reserved in _RESERVED_KEYS:
+        if key == reserved or (reserved in ("dataset", "bench") and key.startswith(reserved)):
+            raise ConfigError(
+                f"grid {key}: the tuning protocol sets {reserved} itself (seeds with `seeds`, "
+                "losses with `losses`, the dataset is shared by every trial); tune "
+                "loss parameters as loss.params.NAME."
+            )
+    for quick_key in quick_keys:
+        if _overlap(key, quick_key):
+            raise ConfigError(
+                f"grid {key}: `quick` fixes {quick_key} (bench.quick.overrides); drop `quick` "
+                "or this grid key."
+            )
+    for other in checked:
+        if _overlap(key, other):
+            raise ConfigError(f"grid keys {other} and {key} overlap; keep one of them.")
+
+
 def _check_grid(
     grid: Mapping[str, Sequence[Any]], losses: Sequence[str], quick_keys: Sequence[str]
 ) -> dict[str, list[Any]]:
@@ -186,24 +212,7 @@ def _check_grid(
         raise ConfigError("tune: the grid is empty; give `grid` at least one key with values.")
     checked: dict[str, list[Any]] = {}
     for key, values in grid.items():
-        if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
-            raise ConfigError(f"grid key {key!r} must be a dotted config key, e.g. optimizer.lr.")
-        for reserved in _RESERVED_KEYS:
-            if key == reserved or (reserved in ("dataset", "bench") and key.startswith(reserved)):
-                raise ConfigError(
-                    f"grid {key}: the tuning protocol sets {reserved} itself (seeds with `seeds`, "
-                    "losses with `losses`, the dataset is shared by every trial); tune "
-                    "loss parameters as loss.params.NAME."
-                )
-        for quick_key in quick_keys:
-            if _overlap(key, quick_key):
-                raise ConfigError(
-                    f"grid {key}: `quick` fixes {quick_key} (bench.quick.overrides); drop `quick` "
-                    "or this grid key."
-                )
-        for other in checked:
-            if _overlap(key, other):
-                raise ConfigError(f"grid keys {other} and {key} overlap; keep one of them.")
+        _check_grid_key(key, list(checked), quick_keys)
         if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
             raise ConfigError(f"grid {key}: give a list of values, got {values!r}.")
         if not values:
@@ -368,9 +377,11 @@ def _winners(trials: Sequence[TuneTrial]) -> dict[str, TuneTrial | None]:
 def tuned_config(
     base: Mapping[str, Any], winners: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """The base config with ``bench.overrides[loss]`` updated by each loss's winning overrides
-    (existing per-loss overrides are kept unless the grid set the same key) and ``bench.losses``
-    set to the tuned losses, in order."""
+    """The base config with each loss's winning overrides as its ``bench.overrides[loss]``.
+
+    Existing per-loss overrides are kept unless the grid set the same key; ``bench.losses`` is
+    set to the tuned losses, in order.
+    """
     data = copy.deepcopy(dict(base))  # keeps the base file's section order
     bench = data.setdefault("bench", {}) or {}
     data["bench"] = bench
@@ -449,8 +460,9 @@ def tune(
     quick: bool = False,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """Select each loss's hyper-parameters on the validation split; write ``tune.json`` and
-    ``tuned.yaml`` to ``output``.
+    """Select each loss's hyper-parameters on the validation split.
+
+    Writes ``tune.json`` and ``tuned.yaml`` to ``output``.
 
     Arguments as in :func:`plan_tune`. Every configuration error (including the data-dependent
     ones checked by :func:`~rankwise.training.trainer.preflight`) is raised before the first run.
