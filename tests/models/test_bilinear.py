@@ -136,7 +136,7 @@ def test_tolerance_relaxes_the_constraint():
 
 def test_infeasible_alpha_names_the_feasible_range():
     X, y = sphere_data(200)
-    with pytest.raises(ValueError, match=r"infeasible.*below 0\.\d+.*risk='indicator'"):
+    with pytest.raises(ValueError, match=r"infeasible.*below 0\.\d+.*`risk`='indicator'"):
         BilinearSimilarity(0.05).fit(X, y)
 
 
