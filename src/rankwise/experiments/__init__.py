@@ -70,6 +70,7 @@ __all__ = [
 
 #: Experiment name -> module defining its ``run`` (imported on first use).
 REGISTRY: dict[str, str] = {
+    "estimator-bias": "rankwise.experiments.estimator_bias",
     "auc-slope": "rankwise.experiments.auc_slope",
 }
 
