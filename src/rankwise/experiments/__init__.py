@@ -73,6 +73,7 @@ REGISTRY: dict[str, str] = {
     "estimator-bias": "rankwise.experiments.estimator_bias",
     "interpolation-error": "rankwise.experiments.interpolation_error",
     "auc-slope": "rankwise.experiments.auc_slope",
+    "fast-rates": "rankwise.experiments.fast_rates",
 }
 
 
