@@ -177,9 +177,16 @@ def _atomic_write(path: Path, payload: bytes) -> None:
         raise
 
 
+def _require_matplotlib() -> None:
+    from .._extras import require
+
+    require(("matplotlib",), "train", "the figures of rankwise.experiments")
+
+
 def _figure_png(figure: Any) -> bytes:
     import io
 
+    _require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(figure)
@@ -195,6 +202,7 @@ def new_figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4,
     Returns:
         (figure, axes), ``axes`` a 2-D array of shape (nrows, ncols).
     """
+    _require_matplotlib()
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=size, layout="constrained")
