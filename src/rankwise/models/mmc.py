@@ -67,25 +67,27 @@ def project_psd(Z: np.ndarray) -> np.ndarray:
 def _project_feasible(Z: np.ndarray, scatter: np.ndarray, rtol: float = 1e-12) -> np.ndarray:
     """Projection onto {A ⪰ 0, ⟨A, M⁺⟩ ≤ 1}: Π_PSD(Z − μM⁺), μ ≥ 0 the smallest feasible.
 
-    ⟨Π_PSD(Z − μM⁺), M⁺⟩ is non-increasing in μ (the projection is a monotone map), so a
-    bisection finds μ; the feasible end of the bracket is returned.
+    f(μ) = ⟨Π_PSD(Z − μM⁺), M⁺⟩ is continuous and non-increasing in μ (the projection is a
+    monotone map), so μ is the root of f(μ) = 1 when f(0) > 1; Brent's method finds it in a few
+    eigendecompositions. The root is then nudged to the feasible side (A/f(μ) when f(μ) exceeds
+    1 by rounding, a relative change below ``rtol``).
     """
+    from scipy.optimize import brentq
+
     projected = project_psd(Z)
     if float((projected * scatter).sum()) <= 1.0:
         return projected
+
+    def excess(mu: float) -> float:
+        return float((project_psd(Z - mu * scatter) * scatter).sum()) - 1.0
+
     high = max(1.0, float(np.linalg.norm(Z)) / max(float(np.linalg.norm(scatter)), 1e-300))
-    while float((project_psd(Z - high * scatter) * scatter).sum()) > 1.0:
+    while excess(high) > 0:
         high *= 2.0
-    low = 0.0
-    for _ in range(200):
-        if high - low <= rtol * high:
-            break
-        middle = 0.5 * (low + high)
-        if float((project_psd(Z - middle * scatter) * scatter).sum()) > 1.0:
-            low = middle
-        else:
-            high = middle
-    return project_psd(Z - high * scatter)
+    mu = brentq(excess, 0.0, high, xtol=1e-300, rtol=max(rtol, 4 * np.finfo(float).eps))
+    result = project_psd(Z - mu * scatter)
+    value = float((result * scatter).sum())
+    return result / value if value > 1.0 else result
 
 
 class _NegativeTerm:
