@@ -152,8 +152,16 @@ def _fpr_target_family(
 
 
 def _best_regions(tpr_on_grid: np.ndarray, grid: np.ndarray) -> list[tuple[float, float] | None]:
-    """For each solution (row of ``tpr_on_grid``), the FPR span where its TPR is the highest."""
-    winner = np.argmax(tpr_on_grid, axis=0)
+    """For each solution (row of ``tpr_on_grid``), the FPR span where its TPR is the highest.
+
+    Grid points where the best TPR is shared (e.g. TPR = 1 for every solution at large FPR) have
+    no winner: ``argmax`` would credit them to the first row.
+    """
+    ordered = np.sort(tpr_on_grid, axis=0)
+    unique = (
+        ordered[-1] - ordered[-2] > 1e-12 if tpr_on_grid.shape[0] > 1 else np.ones(grid.size, bool)
+    )
+    winner = np.where(unique, np.argmax(tpr_on_grid, axis=0), -1)
     regions: list[tuple[float, float] | None] = []
     for k in range(tpr_on_grid.shape[0]):
         where = grid[winner == k]
