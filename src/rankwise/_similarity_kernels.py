@@ -23,6 +23,7 @@ __all__ = [
     "squared_norms",
     "block_keys",
     "pair_keys",
+    "lowest_bit_exponent",
 ]
 
 # Similarity codes of the kernels (the names live in rankwise.similarity).
@@ -125,3 +126,37 @@ def pair_keys(code, q, g, rows, cols, q_norm2, g_norm2, out):  # pragma: no cove
         i = rows[m]
         j = cols[m]
         out[m] = exact_key(code, q[i], g[j], q_norm2[i], g_norm2[j])
+
+
+@njit(parallel=True, cache=True)
+def lowest_bit_exponent(x):  # pragma: no cover - numba
+    """Smallest e such that every entry of the float64 array is an integer multiple of 2^e.
+
+    Returns 2**30 when every entry is 0 (no constraint), and -2**30 for non-finite entries.
+    """
+    flat = x.reshape(-1)
+    bits = flat.view(np.int64)
+    n = flat.shape[0]
+    n_chunks = max(1, min(n, 64))
+    per_chunk = np.full(n_chunks, 1 << 30, dtype=np.int64)
+    for c in prange(n_chunks):
+        best = 1 << 30
+        for t in range(c * n // n_chunks, (c + 1) * n // n_chunks):
+            b = bits[t] & 0x7FFFFFFFFFFFFFFF  # drop the sign
+            if b == 0:
+                continue
+            biased = b >> 52
+            if biased == 0x7FF:  # inf / NaN
+                best = -(1 << 30)
+                continue
+            significand = b & 0xFFFFFFFFFFFFF
+            if biased > 0:
+                significand |= 1 << 52
+                scale = biased - 1075
+            else:  # subnormal
+                scale = -1074
+            low = significand & -significand  # 2^(trailing zeros), at most 2^52
+            e = scale + ((np.float64(low).view(np.int64) >> 52) - 1023)
+            best = min(best, e)
+        per_chunk[c] = best
+    return per_chunk.min()

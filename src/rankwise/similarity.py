@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -185,16 +186,22 @@ class ExactOperands:
             ValueError: float64 inputs whose keys would overflow float64.
         """
         similarity = check_similarity(similarity)
+        same = gallery is query  # leave-one-out: one set of operands serves both sides
         q = query.detach().to(torch.float64)
-        g = gallery.detach().to(torch.float64)
+        g = q if same else gallery.detach().to(torch.float64)
         if similarity == "cosine":
-            q, g = _power_of_two_row_scale(q), _power_of_two_row_scale(g)
-            q_norm2, g_norm2 = _sequential_norms2(q), _sequential_norms2(g)
+            q = _power_of_two_row_scale(q).contiguous()
+            g = q if same else _power_of_two_row_scale(g).contiguous()
+            q_norm2 = _sequential_norms2(q)
+            g_norm2 = q_norm2 if same else _sequential_norms2(g)
         else:
             _check_no_overflow(q, g, similarity, query.dtype, gallery.dtype)
+            q, g = q.contiguous(), (q.contiguous() if same else g.contiguous())
             q_norm2 = torch.zeros(q.shape[0], dtype=torch.float64, device=q.device)
-            g_norm2 = torch.zeros(g.shape[0], dtype=torch.float64, device=g.device)
-        return cls(similarity, q.contiguous(), g.contiguous(), q_norm2, g_norm2)
+            g_norm2 = (
+                q_norm2 if same else torch.zeros(g.shape[0], dtype=torch.float64, device=g.device)
+            )
+        return cls(similarity, q, g, q_norm2, g_norm2)
 
     def keys(self, lo: int = 0, hi: int | None = None, col_lo: int = 0) -> torch.Tensor:
         """(hi - lo, n_g - col_lo) float64 keys of query rows ``lo:hi``, gallery rows ``col_lo:``."""
@@ -319,8 +326,18 @@ def similarity_from_keys(keys: torch.Tensor, similarity: str) -> torch.Tensor:
     if similarity == "dot":
         return keys
     if similarity == "cosine":
-        return torch.copysign(torch.sqrt(keys.abs()), keys)
-    return -torch.sqrt(-keys)
+        return torch.copysign(_correctly_rounded_sqrt(keys.abs()), keys)
+    return -_correctly_rounded_sqrt(-keys)
+
+
+def _correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """IEEE square root. torch's vectorised CPU kernel is off by one ulp for ~1% of float64
+    inputs (torch 2.13), which could even swap the order of neighbouring keys; numpy's is exact,
+    and so is CUDA's double-precision sqrt.
+    """
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.sqrt(x.numpy()))
+    return torch.sqrt(x)
 
 
 def exact_similarity(query: Any, gallery: Any = None, similarity: str = "cosine") -> torch.Tensor:

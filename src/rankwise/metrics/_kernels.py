@@ -278,15 +278,25 @@ def _scan_row(
     amb_col, amb_lo, amb_hi = amb
     n_rel = sv.shape[0]
     low_cut = sv[n_rel - 1] - two_e
+    # the cut in the scores' own dtype, rounded down: a cheaper first test that is still certain
+    cut = np.empty(1, dtype=scores.dtype)
+    cut[0] = low_cut
+    if np.float64(cut[0]) > low_cut:
+        cut[0] = np.nextafter(cut[0], -np.inf)
+    native_cut = cut[0]
     next_rel = start  # relevant columns are increasing: skip them with a moving pointer
     slot_lo, slot_hi = slots
     n_amb = 0
     for j in range(scores.shape[1]):
+        if scores[i, j] < native_cut:  # below every relevant value, certainly (never relevant)
+            continue
+        s = np.float64(scores[i, j])
+        if s < low_cut:
+            continue
         if next_rel < start + n_rel and rel_cols[next_rel] == j:
             next_rel += 1
             continue
-        s = np.float64(scores[i, j])
-        if j == skip or s < low_cut:
+        if j == skip:
             continue
         a = _n_above(sv, first, top, scale, last_bucket, s + two_e)
         if a < n_rel and sv[a] >= s - two_e:

@@ -63,14 +63,10 @@ class ScoreBlock:
 
 def _lsb_exponent(x: torch.Tensor) -> int | None:
     """Smallest exponent e such that every entry of the float64 tensor is a multiple of 2^e."""
-    nonzero = x[x != 0]
-    if nonzero.numel() == 0:
-        return None
-    mantissa, exponent = torch.frexp(nonzero)
-    significand = (mantissa.abs() * 2.0**53).to(torch.int64)
-    lowest_bit = (significand & -significand).to(torch.float64)
-    _, bit_exponent = torch.frexp(lowest_bit)  # lowest_bit = 2^(bit_exponent - 1)
-    return int((exponent - 53 + bit_exponent - 1).min())
+    from .._similarity_kernels import lowest_bit_exponent
+
+    exponent = int(lowest_bit_exponent(x.contiguous().numpy()))
+    return None if exponent == 1 << 30 else exponent
 
 
 def _exact_matmul_precision(ops: ExactOperands) -> torch.dtype | None:
@@ -82,11 +78,13 @@ def _exact_matmul_precision(ops: ExactOperands) -> torch.dtype | None:
     summation order. For euclidean the terms ``2 q_k g_k``, ``|q|^2`` and ``|g|^2`` are multiples
     of ``2^(2 min(lq, lg))`` bounded by ``(|q| + |g|)^2``.
     """
-    lq, lg = _lsb_exponent(ops.query), _lsb_exponent(ops.gallery)
+    same = ops.gallery is ops.query
+    lq = _lsb_exponent(ops.query)
+    lg = lq if same else _lsb_exponent(ops.gallery)
     if lq is None or lg is None:
         return torch.float32  # an all-zero side: every score is exactly 0
     nq = float(safe_row_norms(ops.query).max()) * (1 + 1e-9)
-    ng = float(safe_row_norms(ops.gallery).max()) * (1 + 1e-9)
+    ng = nq if same else float(safe_row_norms(ops.gallery).max()) * (1 + 1e-9)
     if ops.similarity == "euclidean":
         grid, magnitude = 2 * min(lq, lg), (nq + ng) ** 2
     else:
@@ -243,7 +241,7 @@ class BlockScorer:
         if ops.similarity in ("cosine", "dot"):
             unit_q = _unit_rows(ops.query)
             if ops.similarity == "cosine":
-                g = _unit_rows(ops.gallery)
+                g = unit_q if ops.gallery is ops.query else _unit_rows(ops.gallery)
             else:
                 # one power of two for the whole gallery: the approximation is then (q . g) /
                 # (|q| 2^s), strictly increasing in the key within a row
@@ -251,10 +249,11 @@ class BlockScorer:
                 exponent = math.frexp(largest)[1] if largest > 0 else 0
                 g = torch.ldexp(ops.gallery, torch.tensor(-exponent, dtype=torch.float64))
                 self._value_scale = safe_row_norms(ops.query) * 2.0**exponent
-            scale = float(safe_row_norms(g).max()) * 1.001
+            scale = 1.001 if g is unit_q else float(safe_row_norms(g).max()) * 1.001
             bound = _SAFETY * ((d + 3) * u + key_error) * max(scale, 1e-300) + flush
             self._bound = np.full(n_q, bound)
-            self._approx_q, self._approx_g = unit_q.to(dtype), g.to(dtype)
+            self._approx_q = unit_q.to(dtype)
+            self._approx_g = self._approx_q if g is unit_q else g.to(dtype)
             return
         # euclidean: centre on the gallery mean and scale by a power of two, then
         # -|q - g|^2 = 2 q.g - |q|^2 - |g|^2 as one matmul of augmented rows

@@ -483,30 +483,40 @@ def _score_range(p: _PairProblem) -> tuple[float, float]:
     return lo, hi
 
 
-def _bins_of(values: torch.Tensor, lo: float, width: float, bins: int) -> torch.Tensor:
-    """Bin of each value (monotone in the value; out-of-range values clamp into the end bins)."""
-    return ((values - lo) / width).floor().clamp_(0, bins - 1).long()
+def _bins_of(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """Bin k of each value: the number of lower edges ``edges[1:]`` at or below it.
+
+    So a value is in a bin >= k exactly when it is ``>= edges[k]`` (k >= 1): the histogram's
+    points are the exact (FPR, TPR) of those thresholds. Values below ``edges[1]`` (including
+    those below the range) fall in bin 0, values above the range in the last bin.
+    """
+    bins = edges.shape[0]
+    width = float(edges[1] - edges[0])
+    guess = ((values - float(edges[0])) / width).floor().clamp_(0, bins - 1).long()
+    # the division may round across an edge: one comparison with the true edges on each side
+    guess -= ((values < edges[guess]) & (guess > 0)).long()
+    upper = (guess + 1).clamp_(max=bins - 1)
+    guess += ((values >= edges[upper]) & (guess < bins - 1)).long()
+    return guess
 
 
 def _block_bins(
-    p: _PairProblem, start: int, stop: int, col_lo: int, edges: tuple[float, float, int]
+    p: _PairProblem, start: int, stop: int, col_lo: int, edges: torch.Tensor
 ) -> torch.Tensor:
     """(b, m) bin of the exact score of every pair of the block.
 
     Approximate blocks are binned from both ends of each pair's interval; the few pairs whose
     interval straddles a bin edge get their exact key (the bin is monotone in the value).
     """
-    lo, width, bins = edges
     low, high = _block_value_bounds(p, start, stop, col_lo)
-    low_bins = _bins_of(low, lo, width, bins)
+    low_bins = _bins_of(low, edges)
     if high is None:
         return low_bins
-    high_bins = _bins_of(high, lo, width, bins)
-    rows, cols = torch.nonzero(low_bins != high_bins, as_tuple=True)
+    rows, cols = torch.nonzero(low_bins != _bins_of(high, edges), as_tuple=True)
     if rows.numel():
         keys = p.scorer.pair_keys((rows + start).cpu().numpy(), (cols + col_lo).cpu().numpy())
         exact = similarity_from_keys(torch.from_numpy(keys), p.qg.similarity).to(low.device)
-        low_bins[rows, cols] = _bins_of(exact, lo, width, bins)
+        low_bins[rows, cols] = _bins_of(exact, edges)
     return low_bins
 
 
@@ -516,11 +526,12 @@ def _histogram_roc(p: _PairProblem, bins: int, score_range: tuple[float, float] 
     lo, hi = check_range_pair(score_range, "score_range")
     width = (hi - lo) / bins
     dev = p.qg.device
+    edges = lo + width * torch.arange(bins, dtype=torch.float64, device=dev)
     pos_hist = torch.zeros(bins, dtype=torch.int64, device=dev)
     neg_hist = torch.zeros(bins, dtype=torch.int64, device=dev)
     for start, stop, col_lo, keep in _pair_blocks(p):
         # Scores outside the range are clamped into the end bins: counted, never dropped.
-        idx = _block_bins(p, start, stop, col_lo, (lo, width, bins))[keep]
+        idx = _block_bins(p, start, stop, col_lo, edges)[keep]
         pos = _block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])[keep]
         pos_hist += torch.bincount(idx[pos], minlength=bins)
         neg_hist += torch.bincount(idx[~pos], minlength=bins)
@@ -534,7 +545,7 @@ def _histogram_roc(p: _PairProblem, bins: int, score_range: tuple[float, float] 
     pos_np = pos_hist.cpu().numpy()[::-1]
     neg_np = neg_hist.cpu().numpy()[::-1]
     nonempty = (pos_np + neg_np) > 0
-    lower_edges = (lo + width * np.arange(bins, dtype=np.float64))[::-1]
+    lower_edges = edges.cpu().numpy()[::-1]
     tps = np.r_[0, np.cumsum(pos_np)[nonempty]].astype(np.float64)
     fps = np.r_[0, np.cumsum(neg_np)[nonempty]].astype(np.float64)
     thresholds = np.r_[np.inf, lower_edges[nonempty]]

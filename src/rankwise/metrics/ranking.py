@@ -314,6 +314,12 @@ def batched_ndcg(
     positions = torch.arange(1, n_items + 1, device=device, dtype=torch.float64)
     discount = torch.where(positions <= cutoff, 1.0 / torch.log2(positions + 1.0), 0.0)
     ideal = (torch.sort(gain, dim=1, descending=True).values * discount).sum(1)
+    if not bool(torch.isfinite(ideal).all()):
+        raise ValueError(
+            f"`gains` up to {float(a.max()):g} overflow float64: the gain 2^a - 1 (or the ideal "
+            "DCG summing them) exceeds 1.8e308 when a approaches 1024; rescale the graded "
+            "relevance (e.g. use ranks 0, 1, 2, ... instead of raw scores)."
+        )
     if ties == "expected":
         sorted_scores, order = torch.sort(s, dim=1, descending=True)
         g_sorted = torch.gather(gain, 1, order)
