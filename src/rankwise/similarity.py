@@ -1,5 +1,7 @@
-"""One similarity vocabulary for the whole library: the names, the differentiable score matrix of
-the losses, and the exact scores the metrics rank by.
+"""One similarity vocabulary: names, the losses' score matrix and the metrics' exact keys.
+
+The names, the differentiable score matrix of the losses, and the exact scores the metrics rank
+by.
 
 Three similarities, one spelling: ``"cosine"`` (rows L2-normalised, then the inner product; the
 score of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
@@ -331,9 +333,11 @@ def similarity_from_keys(keys: torch.Tensor, similarity: str) -> torch.Tensor:
 
 
 def _correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
-    """IEEE square root. torch's vectorised CPU kernel is off by one ulp for ~1% of float64
-    inputs (torch 2.13), which could even swap the order of neighbouring keys; numpy's is exact,
-    and so is CUDA's double-precision sqrt.
+    """Correctly rounded (IEEE) square root of a float64 tensor.
+
+    torch's vectorised CPU kernel is off by one ulp for ~1% of float64 inputs (torch 2.13), which
+    could even swap the order of neighbouring keys; numpy's is exact, and so is CUDA's
+    double-precision sqrt.
     """
     if x.device.type == "cpu":
         return torch.from_numpy(np.sqrt(x.numpy()))

@@ -1,5 +1,6 @@
-"""Scores for a block of queries: exact evaluation keys, or a fast approximation with a proven error
-bound that the counting kernels refine to the exact keys where it matters.
+"""Scores for a block of queries: exact keys, or an approximation with a proven error bound.
+
+The counting kernels refine an approximation to the exact keys where it matters.
 
 The metrics rank by the exact keys of :mod:`rankwise.similarity` (float64, one fixed sequence of
 operations per pair), so a pair's key never depends on the chunk, the block or the gallery order.
@@ -112,6 +113,9 @@ class BlockScorer:
         similarity: canonical similarity name.
         approximate: allow the approximation + bound mode on the CPU (False: exact matmul or keys
             only; used by the sort-based counting path, which needs exact values).
+        float64_approximation: approximate with a float64 matmul (twice the cost of float32,
+            a bound ~1e9 times tighter): cheaper overall when queries have many relevant items,
+            since fewer pairs then need their exact key. The counts are the same either way.
     """
 
     def __init__(
@@ -121,6 +125,7 @@ class BlockScorer:
         similarity: str,
         *,
         approximate: bool = True,
+        float64_approximation: bool = False,
     ) -> None:
         self.similarity = similarity
         self.exact = ExactOperands.build(query, gallery, similarity)
@@ -134,14 +139,14 @@ class BlockScorer:
                 self._prepare_exact_matmul(precision)
             elif approximate:
                 self.mode = "approximate"
-                self._prepare_approximation()
+                self._prepare_approximation(float64_approximation)
 
     # -- public ----------------------------------------------------------------------------------
     @property
     def bytes_per_score(self) -> int:
         """Bytes one score of a block occupies while it is produced (for chunk sizing)."""
         if self.mode == "approximate":
-            return 4
+            return self._approx_q.element_size()
         if self.mode == "exact_matmul":
             return self._matmul_dtype.itemsize * (3 if self._cosine_keys else 1)
         return 8 * 4  # keys: accumulator, product and comparison temporaries
@@ -226,10 +231,15 @@ class BlockScorer:
         return torch.where(den == 0, torch.zeros_like(d), (d * d.abs()) / den)
 
     # -- approximation + bound -------------------------------------------------------------------
-    def _prepare_approximation(self) -> None:
+    def _prepare_approximation(self, float64: bool) -> None:
         ops = self.exact
         d = self.d
-        use_float32 = torch.get_float32_matmul_precision() == "highest" and d <= _MAX_FLOAT32_DIM
+        # a reduced float32 matmul precision (TF32 / bf16 passes) would void the float32 bound
+        use_float32 = (
+            not float64
+            and torch.get_float32_matmul_precision() == "highest"
+            and d <= _MAX_FLOAT32_DIM
+        )
         dtype = torch.float32 if use_float32 else torch.float64
         u = _U32 if use_float32 else _U64
         # what the float64 keys themselves may differ from the exact real values, in the same units

@@ -1,5 +1,6 @@
-"""Verification (pair) view of an embedding: exact, tie-aware ROC curve, ROC AUC and TPR at a fixed
-FPR over all (query, item) pairs.
+"""Verification (pair) view of an embedding: exact, tie-aware ROC, ROC AUC and TPR at a fixed FPR.
+
+The curves are computed over all (query, item) pairs.
 
 Every pair of samples is a binary example: positive when the two share a label, negative otherwise,
 scored by their similarity. This is the view of Gajić et al., *Area Under the ROC Curve
@@ -81,6 +82,7 @@ class RocCurve:
 
     @property
     def exact(self) -> bool:
+        """True for an exact curve, False for one built from a histogram."""
         return self.bin_width is None
 
     def __len__(self) -> int:

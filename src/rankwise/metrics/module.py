@@ -1,5 +1,6 @@
-"""Accumulating retrieval evaluator: collect embeddings batch by batch, then compute the exact,
-tie-aware retrieval report once.
+"""Accumulating retrieval evaluator: collect embeddings batch by batch, compute the report once.
+
+The report is the exact, tie-aware one of :func:`rankwise.metrics.retrieval.retrieval_metrics`.
 
 A torchmetrics-style ``nn.Module`` around :func:`rankwise.metrics.retrieval.retrieval_metrics`,
 whose AP is the tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank* (CVPR 2018,
@@ -235,6 +236,7 @@ class RetrievalMetric(nn.Module):
         )
 
     def extra_repr(self) -> str:
+        """Settings and the number of accumulated samples, shown in the module's repr."""
         return (
             f"ks={self.ks}, similarity={self.similarity!r}, ties={self.ties!r}, "
             f"gallery_mode={self.gallery_mode!r}, n_samples={self.n_samples}"

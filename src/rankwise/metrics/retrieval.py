@@ -54,6 +54,8 @@ __all__ = ["RetrievalReport", "PRCurve", "retrieval_metrics", "pr_curve", "SIMIL
 # int64 index / cumulative-sum arrays of the same shape, so it takes proportionally fewer rows.
 _CHUNK_BYTES = 256 * 2**20
 _TORCH_SORT_BYTES = 96
+# Above this mean number of relevant items per query the scores are approximated in float64.
+_FLOAT64_APPROXIMATION_RELEVANT = 256
 
 
 @dataclass
@@ -191,6 +193,12 @@ class _ClassIndex:
         query_class = np.where(classes[pos] == ql, pos, -1).astype(np.int64)
         return _ClassIndex(query_class, class_ptr, members)
 
+    def mean_relevant(self) -> float:
+        """Mean number of gallery items of each query's class."""
+        sizes = np.diff(self.class_ptr)
+        counts = np.where(self.query_class >= 0, sizes[self.query_class], 0)
+        return float(counts.mean()) if counts.size else 0.0
+
     def relevant_lists(self, lo: int, hi: int, self_index: np.ndarray | None):
         """(rel_ptr, rel_cols) of queries lo..hi-1: their class's gallery rows, self removed."""
         return relevant_lists_from_classes(
@@ -256,16 +264,24 @@ def _prepare(
     self_index, n_ranked = _self_index(exclude_self, qg)
     if backend == "auto":
         backend = "numba" if qg.device.type == "cpu" else "torch"
-    # the sort-based torch path compares values, so it gets exact ones; the numba path refines
-    # an approximation itself (rankwise.metrics._scores)
-    scorer = BlockScorer(qg.query, qg.gallery, qg.similarity, approximate=backend == "numba")
+    classes = None
+    if backend == "numba" and not qg.multi_hot:
+        classes = _ClassIndex.build(qg.query_labels, qg.gallery_labels)
+    # The sort-based torch path compares values, so it gets exact ones; the numba path refines
+    # an approximation itself (rankwise.metrics._scores). With many relevant items per query a
+    # float64 approximation leaves far fewer pairs to recompute exactly than a float32 one.
+    scorer = BlockScorer(
+        qg.query,
+        qg.gallery,
+        qg.similarity,
+        approximate=backend == "numba",
+        float64_approximation=classes is not None
+        and classes.mean_relevant() > _FLOAT64_APPROXIMATION_RELEVANT,
+    )
     n_q, n_g = qg.query.shape[0], qg.gallery.shape[0]
     if chunk_size is None:
         per_score = scorer.bytes_per_score + (_TORCH_SORT_BYTES if backend == "torch" else 0)
         chunk_size = max(1, min(n_q, _CHUNK_BYTES // max(n_g * per_score, 1)))
-    classes = None
-    if backend == "numba" and not qg.multi_hot:
-        classes = _ClassIndex.build(qg.query_labels, qg.gallery_labels)
     return _Prepared(
         qg.query_labels,
         qg.gallery_labels,
