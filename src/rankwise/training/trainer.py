@@ -952,6 +952,7 @@ class Trainer:
         self._emit("on_fit_start")
         with _determinism(self.deterministic), _graceful_sigint(self):
             self.model.train()
+            self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = iter(self._loader())
             try:
                 while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
