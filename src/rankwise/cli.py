@@ -1,8 +1,9 @@
 """The ``rankwise`` command line.
 
-The ``rankwise`` command line: ``evaluate`` (exact tie-aware retrieval report of saved
-embeddings), ``train`` (one training run from a YAML config), ``bench`` (every loss on one
-dataset, Table 1 style) and ``tune`` (hyper-parameter selection on the validation split). The
+Sub-commands: ``evaluate`` (exact tie-aware retrieval report of saved embeddings), ``train`` (one
+training run from a YAML config), ``bench`` (every loss on one dataset, Table 1 style), ``tune``
+(hyper-parameter selection on the validation split) and ``experiment`` (the papers' analysis
+figures, :mod:`rankwise.experiments`). The
 sub-commands live in :mod:`rankwise.commands` (see its docstring to add one); ``python -m
 rankwise`` runs the same program.
 

@@ -114,7 +114,9 @@ def test_same_seed_gives_identical_metrics_and_weights(reference_run, tmp_path):
 
 def test_another_seed_gives_other_weights(reference_run, tmp_path):
     run_dir, _ = reference_run
-    Trainer.from_config(make_config(tmp_path / "other", seed=4, budget={"iterations": 2}, eval_every=2)).fit()
+    Trainer.from_config(
+        make_config(tmp_path / "other", seed=4, budget={"iterations": 2}, eval_every=2)
+    ).fit()
     other = load_checkpoint(tmp_path / "other" / "checkpoints" / "last.pt")["model"]
     reference = final_state(run_dir)[0]["model"]
     assert any(not torch.equal(other[k], reference[k]) for k in reference)
@@ -225,6 +227,7 @@ def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkey
     counting.__getitem__ = getitem
     monkeypatch.setattr(train, "__class__", counting)
     trainer = Trainer.from_config(config, splits=splits)
+    fetched.clear()  # the constructor checks the first item; count the epoch's fetches only
     trainer.fit()
     n_classes = len(set(train.labels.tolist()))
     if num_workers == 0:  # worker processes count in their own copy of the list

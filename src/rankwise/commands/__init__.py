@@ -7,7 +7,8 @@ Adding a sub-command is one file plus one registration line:
    stays fast, and run the body inside :func:`~rankwise.commands.common.cli_errors`, which turns
    the library's errors into the shared exit codes (:mod:`rankwise.commands.common`) and rewrites
    argument names into this command's flags;
-2. add ``"<name>": "<module>:<function>"`` to :data:`COMMANDS` below.
+2. add ``"<name>": "<module>:<function>"`` to :data:`COMMANDS` below (the target may also be a
+   ``typer.Typer`` of sub-commands, e.g. ``rankwise experiment list``; it is added as a group).
 
 :func:`register` adds every entry of :data:`COMMANDS` to a typer app, in this order (the order of
 ``rankwise --help``); :mod:`rankwise.cli` calls it. The library underneath speaks in config keys
@@ -30,13 +31,20 @@ COMMANDS: dict[str, str] = {
     "train": "train:train",
     "bench": "bench:bench",
     "tune": "tune:tune",
+    "experiment": "experiment:experiment_app",
 }
 
 
 def register(app: typer.Typer) -> typer.Typer:
     """Add every sub-command of :data:`COMMANDS` to ``app`` and return it."""
+    import typer
+
     for name, target in COMMANDS.items():
         module_name, _, function_name = target.partition(":")
         module = importlib.import_module(f"{__name__}.{module_name}")
-        app.command(name)(getattr(module, function_name))
+        command = getattr(module, function_name)
+        if isinstance(command, typer.Typer):
+            app.add_typer(command, name=name)
+        else:
+            app.command(name)(command)
     return app
