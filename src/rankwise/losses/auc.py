@@ -1,13 +1,14 @@
 """The AUC loss and the Wilcoxon loss of Gajić et al., ROC-area maximization for metric learning.
 
 Gajić, Amato, Baldrich, van de Weijer and Gatta, *Area Under the ROC Curve Maximization for Metric
-Learning*: the area under the ROC curve of a batch's positive and
-negative pair similarities, computed with the trapezoidal rule over thresholds s = t_min, t_min + Δs,
-…, t_max (Eq. 5) of the sigmoid-relaxed TPR T*(s) and FPR F*(s) of Eq. (7), σ_r(x, s) =
-1 / (1 + exp(−r (x − s))) (Eq. 6); loss 1 − A (Eq. 8/9, read as in ``docs/errata.md``, "AUC loss"), with the batch-hard and batch-all pair strategies of Sec. 3.3. The slope r
-defaults to the non-degenerate local minimum of Eq. (10), the integrated squared second derivative of
-the sum of all threshold sigmoids (:func:`auc_slope`, Table 1). :class:`WilcoxonLoss` is the
-batch-hard Wilcoxon–Mann–Whitney baseline of Eq. (11) (Sec. 4.3.4).
+Learning*: the area under the ROC curve of a batch's positive and negative pair similarities,
+computed with the trapezoidal rule over thresholds s = t_min, t_min + Δs, …, t_max (Eq. 5) of the
+sigmoid-relaxed TPR T*(s) and FPR F*(s) of Eq. (7), σ_r(x, s) = 1 / (1 + exp(−r (x − s))) (Eq. 6);
+loss 1 − A (Eq. 8/9, read as in ``docs/errata.md``, "AUC loss"), with the batch-hard and batch-all
+pair strategies of Sec. 3.3. The slope r defaults to the non-degenerate local minimum of Eq. (10),
+the integrated squared second derivative of the sum of all threshold sigmoids (:func:`auc_slope`,
+Table 1). :class:`WilcoxonLoss` is the batch-hard Wilcoxon–Mann–Whitney baseline of Eq. (11) (Sec.
+4.3.4).
 """
 
 from __future__ import annotations
