@@ -35,6 +35,8 @@ def pk_batch(dtype=torch.float32, device="cpu", seed=0, classes=(0, 1, 2), m=4):
     labels = torch.tensor(classes).repeat_interleave(m)
     centres = torch.randn(N_CLASSES, DIM, generator=generator)
     x = centres[labels] + 0.5 * torch.randn(len(labels), DIM, generator=generator)
+    # inside (-1, 1): valid for every loss, the relaxed binary codes of the hashing losses included
+    x = 0.95 * torch.tanh(x)
     return x.to(dtype=dtype, device=device).requires_grad_(True), labels.to(device)
 
 
