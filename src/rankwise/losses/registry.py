@@ -1,12 +1,12 @@
 """Name-based construction of every loss the trainer can use.
 
-The rankwise ranking losses (SOPRC with its semi-variance regularizer, Wen et al., NeurIPS 2022,
-Alg. 1 and Eq. 9; the biased AP baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon
-loss, Eq. 11; Smooth-AP; DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020) and
-the pytorch-metric-learning baselines of :mod:`rankwise.losses.baselines`. Parameters are checked
+The rankwise ranking losses (SOPRC with its semi-variance regularizer, Wen et al., NeurIPS 2022, Alg. 1 and Eq. 9; the biased AP
+baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon loss, Eq. 11; Smooth-AP;
+DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020) and the
+pytorch-metric-learning baselines of :mod:`rankwise.losses.baselines`. Parameters are checked
 against the constructor signature, so a misspelt key fails with a ``ValueError`` naming the loss,
-the key and the valid keys instead of being ignored. Loss modules are imported inside the factories,
-so this module imports even while one of them is being rewritten.
+the key and the valid keys instead of being ignored. Loss modules are imported inside the
+factories, so this module imports even while one of them is being rewritten.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _with_context(
     context: dict[str, Any],
     required_from: dict[str, inspect.Parameter] | None = None,
 ) -> dict[str, Any]:
-    """Fill constructor parameters named like a context argument; check the required ones.
+    """Fill constructor parameters named like a context argument, then check the required ones.
 
     The required parameters are those of ``required_from`` (default ``named``).
     """
