@@ -313,3 +313,18 @@ def test_a_custom_metric_and_curve():
     assert calls == [4]  # query, labels and the (absent) gallery
     with pytest.raises(ValueError, match="`metric_fn` must be a function"):
         make_trainer(metric_fn="map")
+
+
+def test_ctrl_c_without_a_run_dir_stops_after_the_step_and_says_nothing_was_saved():
+    def stop(trainer):
+        if trainer.step == 3:
+            raise KeyboardInterrupt
+
+    trainer = make_trainer()
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit(callbacks=[stop])
+    assert info.value.step == 3 and info.value.checkpoint_step is None
+    assert "nothing was saved" in str(info.value) and "Resume" not in str(info.value)
+    assert trainer.step == 3
+    with pytest.raises(ValueError, match="`progress` must be True or False"):
+        make_trainer(progress="yes")

@@ -404,7 +404,7 @@ class Trainer:
         self._tick = time.perf_counter()
         self.callbacks = self._default_callbacks(
             _positive_int(log_every, "log_every"),
-            progress,
+            None if progress is None else check_bool(progress, "progress"),
             check_bool(detect_collapse, "detect_collapse"),
         )
         for callback in callbacks:
@@ -1004,13 +1004,12 @@ class Trainer:
         )
 
     def _interrupted(self) -> TrainingInterrupted:
-        if not self._in_step:
-            if self.run_dir is None:
-                detail = f"nothing was saved (no run_dir); the model holds step {self.step}"
-            else:
-                if self.last_checkpoint_step != self.step:
-                    self.save_checkpoint()
-                detail = f"checkpoint saved at step {self.step}"
+        if self.run_dir is None:
+            detail = "nothing was saved (the trainer has no run_dir)"
+        elif not self._in_step:
+            if self.last_checkpoint_step != self.step:
+                self.save_checkpoint()
+            detail = f"checkpoint saved at step {self.step}"
         elif self.last_checkpoint_step is not None:
             detail = (
                 f"step {self.step + 1} was cut short, so the checkpoint of step "
