@@ -86,3 +86,14 @@ def test_similarity_module_stays_a_lower_layer():
         m in ("rankwise.similarity", "rankwise._validation", "rankwise._similarity_kernels")
         for m in loaded
     ), loaded
+
+
+def test_soprc_pair_scores_use_the_canonical_euclidean_name():
+    # RankingLoss stores "euclidean" for both spellings; SOPRC's per-pair scores must follow it
+    from rankwise.losses.soprc import _PairScores
+
+    torch.manual_seed(1)
+    a, b = torch.randn(6, 3), torch.randn(6, 3)
+    loss = SOPRCLoss(num_classes=3, similarity="neg_euclidean")
+    scores = _PairScores(a, b, loss.similarity)(torch.arange(6), torch.arange(6))
+    torch.testing.assert_close(scores, -(a - b).norm(dim=1))

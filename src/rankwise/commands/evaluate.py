@@ -2,7 +2,7 @@
 
 Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery (or,
 leave-one-out, against the other samples) and prints mAP (the tie-aware AP_T of He et al., *Hashing
-as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with the errata's corrected Eq. 6), recall@k,
+as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6 as corrected in docs/errata.md), recall@k,
 precision@k, MAP@R and R-precision as computed by
 :func:`rankwise.metrics.retrieval.retrieval_metrics`. Optionally writes the report as JSON and the
 mean precision-recall curve as a PNG. Bad input ends with a one-line error and exit code 2.
@@ -24,9 +24,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .common import cli_errors
+
 __all__ = ["evaluate", "load_array", "parse_ks"]
 
-EXIT_BAD_INPUT = 2
 _EXTENSIONS = (".npy", ".npz", ".pt", ".pth")
 
 
@@ -209,14 +210,6 @@ def _write_outputs(
         console.print(f"wrote {written}", soft_wrap=True)
 
 
-def _fail(errors: Console, exc: Exception) -> typer.Exit:
-    errors.print(
-        f"[bold red]error:[/bold red] [red]{escape(str(exc).splitlines()[0])}[/red]",
-        soft_wrap=True,
-    )
-    return typer.Exit(code=EXIT_BAD_INPUT)
-
-
 def _report_table(report: Any) -> Table:
     table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
@@ -259,8 +252,7 @@ def evaluate(
     from ..metrics.retrieval import pr_curve, retrieval_metrics
 
     console = Console()
-    errors = Console(stderr=True)
-    try:
+    with cli_errors("evaluation", bad_input=(ValueError, FileNotFoundError)):
         ks_tuple = parse_ks(ks)
         dev = _check_device(device)
         if (gallery is None) != (gallery_labels is None):
@@ -284,8 +276,6 @@ def evaluate(
             if plot_pr is not None
             else None
         )
-    except (ValueError, FileNotFoundError) as exc:
-        raise _fail(errors, exc) from None
 
     mode = "leave-one-out" if gallery is None else f"gallery {gallery}"
     console.print(
@@ -301,7 +291,5 @@ def evaluate(
     )
     for k, used in report.clamped_ks.items():
         console.print(f"k={k} exceeds the ranked list; evaluated at k={used}.", soft_wrap=True)
-    try:
+    with cli_errors("evaluation", bad_input=(ValueError,)):  # a write that fails after all
         _write_outputs(report, curve, json_out, plot_pr, embeddings, mode, console)
-    except ValueError as exc:
-        raise _fail(errors, exc) from None
