@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ._threads import keeps_torch_threads
 from ._validation import check_choice, check_embeddings
 
 __all__ = [
@@ -301,6 +302,7 @@ def _checked_pair(query: Any, gallery: Any) -> tuple[torch.Tensor, torch.Tensor]
     return q, g
 
 
+@keeps_torch_threads
 def ranking_keys(query: Any, gallery: Any = None, similarity: str = "cosine") -> torch.Tensor:
     """Exact float64 keys ranking every (query, gallery) pair like ``similarity`` (ties included).
 
@@ -344,6 +346,7 @@ def _correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x)
 
 
+@keeps_torch_threads
 def exact_similarity(query: Any, gallery: Any = None, similarity: str = "cosine") -> torch.Tensor:
     """(n_q, n_g) float64 similarities from the exact keys (see :func:`ranking_keys`)."""
     similarity = check_similarity(similarity)

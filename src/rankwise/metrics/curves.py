@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from .._threads import keeps_torch_threads
 from .._validation import Interval, as_tensor, check_bool, check_range_pair, check_scalar
 from ..similarity import SIMILARITIES, similarity_from_keys
 from ._inputs import QueryGallery, check_chunk_size, check_query_gallery
@@ -387,6 +388,7 @@ def _iter_pair_values(p: _PairProblem) -> Iterator[tuple[torch.Tensor, torch.Ten
         yield similarity_from_keys(keys, p.qg.similarity)[keep], rel[keep]
 
 
+@keeps_torch_threads
 def pair_scores(
     query: Any,
     query_labels: Any,
@@ -565,6 +567,7 @@ def _histogram_roc(p: _PairProblem, bins: int, score_range: tuple[float, float] 
     )
 
 
+@keeps_torch_threads
 def roc_curve_from_embeddings(
     query: Any,
     query_labels: Any,
