@@ -213,7 +213,7 @@ def test_the_approximation_bound_holds_for_every_pair(kind, similarity, dtype, f
         return
     assert scorer.mode == "approximate"
     block = scorer.block(0, 30, keys=True)
-    low, high = scorer.value_interval(block, 30)
+    low, high = scorer.value_interval(block)
     from rankwise.similarity import similarity_from_keys
 
     exact = similarity_from_keys(scorer.keys(0, 30), similarity)

@@ -21,6 +21,12 @@ Two interchangeable producers of the counts live here:
 
 Both return the same integers in the same order (groups by decreasing score value), so every metric
 derived from them is bit-identical between the two paths.
+
+:func:`relevant_group_counts_from_lists` also takes an *approximate* block with a per-row error
+bound (``bound=``, see :mod:`rankwise.metrics._scores`) and a callback for exact keys: the same
+one pass then lists the items within twice the bound of a relevant value, asks for their exact
+keys (and those of relevant items whose order or ties are uncertain), and returns the counts of
+the exact keys. This is the interface between "scores for a block" and "counts from scores".
 """
 
 from __future__ import annotations

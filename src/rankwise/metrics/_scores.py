@@ -148,7 +148,8 @@ class BlockScorer:
         if self.mode == "approximate":
             return self._approx_q.element_size()
         if self.mode == "exact_matmul":
-            return self._matmul_dtype.itemsize * (3 if self._cosine_keys else 1)
+            # cosine keys: the products, then float64 inner products, norm products and keys
+            return self._matmul_dtype.itemsize + (24 if self._cosine_keys else 0)
         return 8 * 4  # keys: accumulator, product and comparison temporaries
 
     def block(self, lo: int, hi: int, col_lo: int = 0, *, keys: bool = False) -> ScoreBlock:
@@ -170,7 +171,7 @@ class BlockScorer:
             return self._exact_matmul_block(lo, hi, col_lo, True).to(torch.float64)
         return self.exact.keys(lo, hi, col_lo)
 
-    def value_interval(self, block: ScoreBlock, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def value_interval(self, block: ScoreBlock) -> tuple[torch.Tensor, torch.Tensor]:
         """Lower and upper float64 bounds of the exact similarity values of an approximate block.
 
         The values are those of :func:`rankwise.similarity.similarity_from_keys` (``cos``,
@@ -182,7 +183,7 @@ class BlockScorer:
         if self.similarity == "cosine":
             low, high = x - e, x + e
         elif self.similarity == "dot":
-            scale = self._value_scale[block.lo : hi, None]
+            scale = self._value_scale[block.lo : block.lo + x.shape[0], None]
             low, high = (x - e) * scale, (x + e) * scale
         else:
             low = -torch.sqrt((e - x).clamp_min(0)) * self._value_scale

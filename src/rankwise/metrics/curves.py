@@ -470,7 +470,7 @@ def _block_value_bounds(
     block = p.scorer.block(start, stop, col_lo, keys=True)
     if block.bound is None:
         return similarity_from_keys(block.values.to(torch.float64), p.qg.similarity), None
-    return p.scorer.value_interval(block, stop)
+    return p.scorer.value_interval(block)
 
 
 def _score_range(p: _PairProblem) -> tuple[float, float]:
