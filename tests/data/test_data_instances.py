@@ -163,6 +163,24 @@ def test_trainer_item_seeds_give_fresh_reproducible_views():
     assert not torch.equal(a, c) and not torch.equal(a, d)
 
 
+def test_trainer_batch_fetch_matches_item_fetch_and_keeps_global_rng():
+    from rankwise.training.trainer import _mix_seed, _SeededItems
+
+    splits = load_dataset("digits-instances", **SMALL)
+    items = _SeededItems(splits.train, reseed=True)
+    keys = [(i, _mix_seed(0, 0, 2, i), 0, 2) for i in (0, 5, 9, 17)]
+    torch.manual_seed(11)
+    before = torch.rand(3)
+    torch.manual_seed(11)
+    batch = items.__getitems__(keys)
+    after = torch.rand(3)
+    assert torch.equal(before, after)  # the global stream is not consumed
+    for (x, label, meta), key in zip(batch, keys, strict=True):
+        x_item, label_item, meta_item = items[key]
+        assert torch.equal(x, x_item) and label == label_item and torch.equal(meta, meta_item)
+        assert meta.tolist() == [0, 2]
+
+
 def test_batch_is_vectorised_and_labelled():
     splits = load_dataset("digits-instances", **SMALL)
     x, y = splits.train.batch([0, 1, 4, 159], torch.Generator().manual_seed(0))
