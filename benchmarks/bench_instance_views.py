@@ -6,8 +6,8 @@ at every step. This script times, on one P x K batch of 224 items (56 sources x 
 ``fashion-mnist-instances`` (28 x 28) and ``digits-instances`` (8 x 8), in the same process with
 the calls interleaved so machine load affects them alike:
 
-* ``loader``: one batch through the trainer's own path (DataLoader over ``_SeededItems`` with the
-  per-item seeds of ``_PositionedBatches``, ``num_workers=0``) -- what a training step waits for;
+* ``loader``: one batch through the trainer's own path (DataLoader over ``SeededItems`` with the
+  per-item seeds of ``PositionedBatches``, ``num_workers=0``) -- what a training step waits for;
 * ``loader, no augmentation``: the same path over the un-augmented sources (the floor: indexing,
   per-item seeding, collation);
 * ``views only``: 224 per-item views without the loader (``InstanceViews.__getitem__``);
@@ -37,13 +37,13 @@ from rankwise.data import ArrayDataset, load_dataset
 from rankwise.losses import build_loss
 from rankwise.models import build_model
 from rankwise.sampling import MPerClassBatchSampler
-from rankwise.training.trainer import _PositionedBatches, _SeededItems
+from rankwise.training.loader import PositionedBatches, SeededItems
 
 
 def _loader(dataset, labels: np.ndarray) -> Callable[[], None]:
     sampler = MPerClassBatchSampler(labels, 4, 224, seed=0)
-    items = _SeededItems(dataset, reseed=getattr(dataset, "transform", None) is not None)
-    batches = iter(DataLoader(items, batch_sampler=_PositionedBatches(sampler, 0, 0, 0)))
+    items = SeededItems(dataset, reseed=getattr(dataset, "transform", None) is not None)
+    batches = iter(DataLoader(items, batch_sampler=PositionedBatches(sampler, 0, 0, 0)))
     return lambda: next(batches)
 
 

@@ -146,14 +146,14 @@ def test_training_views_are_fresh_and_reproducible_from_the_item_seed():
 def test_trainer_item_seeds_give_fresh_reproducible_views():
     # the trainer seeds each item by (seed, epoch, batch, slot): same key -> same view,
     # another step -> another view
-    from rankwise.training.trainer import _mix_seed, _SeededItems
+    from rankwise.training.loader import SeededItems, mix_seed
 
     splits = load_dataset("digits-instances", **SMALL)
-    items = _SeededItems(splits.train, reseed=splits.train.transform is not None)
+    items = SeededItems(splits.train, reseed=splits.train.transform is not None)
     assert items.reseed
 
     def key(epoch, position, slot, index=3):
-        return (index, _mix_seed(0, epoch, position, slot), epoch, position)
+        return (index, mix_seed(0, epoch, position, slot), epoch, position)
 
     a, _, _ = items[key(0, 0, 0)]
     b, _, _ = items[key(0, 0, 0)]
@@ -164,11 +164,11 @@ def test_trainer_item_seeds_give_fresh_reproducible_views():
 
 
 def test_trainer_batch_fetch_matches_item_fetch_and_keeps_global_rng():
-    from rankwise.training.trainer import _mix_seed, _SeededItems
+    from rankwise.training.loader import SeededItems, mix_seed
 
     splits = load_dataset("digits-instances", **SMALL)
-    items = _SeededItems(splits.train, reseed=True)
-    keys = [(i, _mix_seed(0, 0, 2, i), 0, 2) for i in (0, 5, 9, 17)]
+    items = SeededItems(splits.train, reseed=True)
+    keys = [(i, mix_seed(0, 0, 2, i), 0, 2) for i in (0, 5, 9, 17)]
     torch.manual_seed(11)
     before = torch.rand(3)
     torch.manual_seed(11)
@@ -303,7 +303,7 @@ def test_val_holdout_samples_is_refused_for_instances():
 
 def test_config_errors_name_the_dataset_option():
     from rankwise.training import ConfigError, config_from_dict
-    from rankwise.training.trainer import load_splits
+    from rankwise.training.build import load_splits
 
     config = config_from_dict(
         {
@@ -397,9 +397,9 @@ def test_training_on_instances_resumes_bit_for_bit(tmp_path):
             }
         )
 
-    whole = Trainer(config(tmp_path / "whole"))
+    whole = Trainer.from_config(config(tmp_path / "whole"))
     whole.fit()
-    part = Trainer(config(tmp_path / "part"))
+    part = Trainer.from_config(config(tmp_path / "part"))
     assert part.fit(max_steps=2).status == "stopped"
     resumed = Trainer.from_run_dir(tmp_path / "part")
     result = resumed.fit()

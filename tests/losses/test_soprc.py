@@ -319,10 +319,27 @@ def test_permutation_invariance(device):
     # training mode: the v update and the loss
     a, b = (SOPRCLoss(4, num_v=11).to(device, dtype) for _ in range(2))
     torch.testing.assert_close(a(e, y), b(e[perm], y[perm]))
-    assert torch.equal(a.v, b.v)
+    assert torch.equal(a.v, b.v)  # bit for bit: v keeps every bit it is fed
     # eval mode with a trained v
     loss = trained_soprc(device, dtype).eval()
     torch.testing.assert_close(loss(e, y), loss(e[perm], y[perm]))
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "neg_euclidean"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_v_is_bitwise_independent_of_the_batch_order(device, dtype, similarity):
+    """A matrix product's entry s(i, j) depends in its last bits on where i and j sit in the batch
+    (and s(i, j) != s(j, i) there); v is fed pair by pair so that it does not."""
+    g = torch.Generator().manual_seed(5)
+    labels = torch.arange(16).repeat_interleave(4)
+    e = torch.randn(64, 48, generator=g, dtype=torch.float64).to(device, dtype)
+    y = labels.to(device)
+    a, b = (SOPRCLoss(16, num_v=20, similarity=similarity).to(device, dtype) for _ in range(2))
+    for _ in range(3):
+        perm = torch.randperm(64, generator=g).to(device)
+        a(e, y)
+        b(e[perm], y[perm])
+        assert torch.equal(a.v, b.v)
 
 
 # -- loss values against the re-derivation --------------------------------------------------------

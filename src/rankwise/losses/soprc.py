@@ -16,10 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .._validation import as_tensor
-from .base import PairBatch, RankingLoss
+from .base import PairBatch, RankingLoss, validate_pair_inputs
 
 __all__ = [
     "APLoss",
@@ -296,6 +297,29 @@ def _other_positive_sigmoid_sum(
     other_scores = scores[anchor, ref][others]
     terms = sigmoid_surrogate(s_pos[:, None] - other_scores, tau2)
     return torch.where(is_real, terms, 0).sum(1)
+
+
+class _PairScores:
+    """Scores of single (anchor, reference) pairs, each computed from its two embeddings alone.
+
+    A row of a matrix product ``emb @ ref.T`` depends in its last bits on where the two rows sit in
+    the batch (BLAS blocks the product by position), and s(i, j) may differ from s(j, i). The
+    moving average of ``v`` keeps such bits forever, so ``v`` would depend on the batch order.
+    An elementwise product reduced over the embedding dimension gives, for every pair, a value that
+    depends only on the two embeddings, and s(a, b) == s(b, a) bit for bit.
+    """
+
+    def __init__(self, emb: torch.Tensor, ref: torch.Tensor, similarity: str) -> None:
+        emb, ref = emb.detach(), ref.detach()
+        if similarity == "cosine":
+            emb, ref = F.normalize(emb, dim=1), F.normalize(ref, dim=1)
+        self.emb, self.ref, self.similarity = emb, ref, similarity
+
+    def __call__(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        a, b = self.emb[rows], self.ref[cols]
+        if self.similarity == "neg_euclidean":
+            return -(a - b).norm(dim=1)
+        return (a * b).sum(1)
 
 
 def _sigma(x: torch.Tensor) -> torch.Tensor:
@@ -639,10 +663,14 @@ class SOPRCLoss(RankingLoss):
             )
 
     @torch.no_grad()
-    def _update_v(self, batch: PairBatch) -> int:
+    def _update_v(self, batch: PairBatch, pair_scores: _PairScores | None) -> int:
         """Moving average of Eq. (10) on the rows of the classes present among the anchors."""
         anchor, ref = batch.pos_mask.nonzero(as_tuple=True)
-        scores = batch.scores[anchor, ref].detach().to(self.v.dtype)
+        if pair_scores is None:
+            scores = batch.scores[anchor, ref]
+        else:
+            scores = pair_scores(anchor, ref)
+        scores = scores.detach().to(self.v.dtype)
         classes, phi = _grouped_score_interpolation(
             scores, batch.labels[anchor], self.num_v, self.score_range
         )
@@ -653,9 +681,38 @@ class SOPRCLoss(RankingLoss):
         self.v_updates[classes] += 1
         return int(classes.numel())
 
+    def forward(
+        self,
+        embeddings: torch.Tensor,
+        labels: torch.Tensor,
+        ref_embeddings: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Loss of one batch (in training mode, after the update of ``v``).
+
+        Args:
+            embeddings: (B, d) float tensor, one row per anchor.
+            labels: (B,) integer class ids in [0, num_classes).
+            ref_embeddings: optional (M, d) reference set to rank against (memory bank).
+            ref_labels: (M,) integer class ids of the reference set.
+
+        Returns:
+            A scalar tensor.
+        """
+        emb, lab, ref, ref_lab = validate_pair_inputs(
+            embeddings, labels, ref_embeddings, ref_labels
+        )
+        batch = self.prepare(emb, lab, ref, ref_lab)
+        pair_scores = _PairScores(emb, emb if ref is None else ref, self.similarity)
+        return self._compute(batch, pair_scores)
+
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """Loss of a prepared batch; ``v`` is fed with the pair scores of ``batch.scores``."""
+        return self._compute(batch, None)
+
+    def _compute(self, batch: PairBatch, pair_scores: _PairScores | None) -> torch.Tensor:
         self._check_batch(batch)
-        rows_updated = self._update_v(batch) if self.training and self.use_v else 0
+        rows_updated = self._update_v(batch, pair_scores) if self.training and self.use_v else 0
 
         anchor, ref, s_pos = _positive_pairs(batch)
         anchor_labels = batch.labels[anchor]

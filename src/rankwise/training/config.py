@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .errors import ConfigError
+
 __all__ = [
     "BenchConfig",
     "BudgetConfig",
@@ -35,10 +37,6 @@ __all__ = [
     "load_config",
     "parse_overrides",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported before any training with the offending dotted key."""
 
 
 class _Strict(BaseModel):
@@ -103,13 +101,20 @@ class SamplerConfig(_Strict):
 
     @property
     def classes_per_batch(self) -> int:
+        """Distinct classes in a batch: ``batch_size // m``."""
         return self.batch_size // self.m
 
 
 class OptimizerConfig(_Strict):
-    """SGD (with momentum) or Adam; ``weight_decay`` is the L2 coefficient of the optimizer."""
+    """SGD (with momentum), Adam or AdamW.
 
-    name: Literal["sgd", "adam"] = "adam"
+    ``weight_decay`` is the L2 coefficient added to the gradient for ``sgd`` and ``adam`` (coupled:
+    Adam then divides it by the gradient's running scale like the loss gradient) and the decoupled
+    decay of ``adamw`` (Loshchilov & Hutter, ICLR 2019: ``w <- w - lr * weight_decay * w`` beside
+    the Adam step, whatever the size of the loss gradient).
+    """
+
+    name: Literal["sgd", "adam", "adamw"] = "adam"
     lr: float = Field(1e-3, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)  # SGD only
     weight_decay: float = Field(0.0, ge=0.0)
