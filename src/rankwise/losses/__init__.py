@@ -1,6 +1,8 @@
-"""Ranking-metric losses: SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss,
-the Wilcoxon loss, Smooth-AP, DIR (histogram AP), BlackBox-AP, the pointwise ROC loss (TPR at
-FPR ≤ α), the semi-variance regularizer, and
+"""Ranking-metric losses and pytorch-metric-learning baselines.
+
+SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss, the Wilcoxon loss,
+Smooth-AP, DIR (histogram AP), BlackBox-AP, the pointwise ROC loss (TPR at FPR ≤ α), the
+semi-variance regularizer, and
 pytorch-metric-learning baselines through :func:`baseline`.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,

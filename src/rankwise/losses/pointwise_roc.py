@@ -144,7 +144,8 @@ class PointwiseROCLoss(RankingLoss):
         dual_lr: η ≥ 0, the dual step size (0 freezes λ).
         initial_multiplier: λ₀ ≥ 0.
         dual_update: ``"indicator"`` (default) or ``"surrogate"``.
-        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (negative Euclidean
+            distance; alias ``"neg_euclidean"``), see :mod:`rankwise.similarity`.
 
     Buffers (``state_dict()``, ``.to()``): ``multiplier`` (λ, float64 scalar), ``n_dual_steps``
     (int64 scalar).
