@@ -139,3 +139,26 @@ def test_sklearn_conventions_and_bad_input(digits_pca):
     bad[0, 0] = np.inf
     with pytest.raises(ValueError, match="infinity|NaN"):
         MMC().fit(bad, y)
+
+
+@pytest.mark.parametrize("rank", [2, 6])
+def test_negative_term_matches_the_pair_sum(rank):
+    # the Laplacian form of the gradient and the distances through L (A = LᵀL) against the direct
+    # sums over pairs, with repeated pairs (sampling with replacement) and a rank-deficient A
+    from rankwise.models.mmc import _NegativeTerm
+
+    rng = np.random.default_rng(rank)
+    n, d, t = 60, 6, 900
+    X = rng.normal(size=(n, d))
+    first = rng.integers(0, n, t)
+    second = (first + 1 + rng.integers(0, n - 1, t)) % n
+    weights = rng.random(t) / t
+    B = rng.normal(size=(d, rank))
+    A = B @ B.T
+    diff = X[first] - X[second]
+    distance = np.sqrt(np.clip(np.einsum("td,de,te->t", diff, A, diff), 0, None))
+    value, gradient = _NegativeTerm(X, first, second, weights).value_and_gradient(A)
+    assert value == pytest.approx(weights @ distance, rel=1e-12)
+    expected = (diff * (weights / (2 * distance))[:, None]).T @ diff
+    np.testing.assert_allclose(gradient, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
+    assert _NegativeTerm(X, first, second, weights).value(A) == pytest.approx(value, rel=1e-12)

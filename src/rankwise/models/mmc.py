@@ -10,7 +10,7 @@ with d_A(x, x') = √((x − x')ᵀ A (x − x')), the empirical problem (3) wit
 distance (Sec. 2.2). The objective is concave in A and the feasible set convex. :class:`MMC`
 solves it by projected gradient ascent: a gradient step, then the exact Euclidean projection onto
 {A ⪰ 0} ∩ {⟨A, M⁺⟩ ≤ 1} (M⁺ the mean outer product of the positive-pair differences), which is
-Π_PSD(Z − μM⁺) for the smallest μ ≥ 0 that satisfies the constraint (found by bisection; Π_PSD
+Π_PSD(Z − μM⁺) for the smallest μ ≥ 0 that satisfies the constraint (a root found by Brent's method; Π_PSD
 clips the negative eigenvalues of an eigendecomposition). The negative term is computed on every
 negative pair or on an incomplete U-statistic (pair- or tuple-based sampling, Sec. 4), the
 scalability study of Fig. 4.
@@ -39,7 +39,7 @@ __all__ = ["MMC", "mmc_objective", "positive_scatter", "project_psd"]
 
 _COUNT = Interval("integer", 1, None)
 _POSITIVE = Interval("real", 0, None, closed="neither")
-_CHUNK = 200_000  # negative pairs per block of the gradient (d x chunk doubles of memory)
+_CHUNK = 200_000  # negative pairs per block of the distances (d x chunk doubles of memory)
 
 
 def positive_scatter(X: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -91,34 +91,44 @@ def _project_feasible(Z: np.ndarray, scatter: np.ndarray, rtol: float = 1e-12) -
 
 
 class _NegativeTerm:
-    """The weighted mean Σ w_t d_A(pair t) over the negative pairs used, and its gradient."""
+    """The weighted mean Σ w_t d_A(pair t) over the negative pairs used, and its gradient.
+
+    Both cost O(T d + n d²) for T pairs, not O(T d²): the distances are norms of differences of
+    Z = X Lᵀ (A = LᵀL, one eigendecomposition of the d × d matrix), and the gradient
+    Σ_t c_t (x_i − x_j)(x_i − x_j)ᵀ is Xᵀ(D − W − Wᵀ)X with W the sparse (n, n) matrix of the
+    pair coefficients c_t and D the diagonal of their sums per point (a graph Laplacian).
+    """
 
     def __init__(self, X: np.ndarray, first: np.ndarray, second: np.ndarray, w: np.ndarray):
         self.X, self.first, self.second, self.weights = X, first, second, w
 
-    def _blocks(self):
-        for start in range(0, self.first.shape[0], _CHUNK):
+    def _distances(self, A: np.ndarray) -> np.ndarray:
+        values, vectors = np.linalg.eigh((A + A.T) / 2)
+        Z = self.X @ (vectors * np.sqrt(np.clip(values, 0.0, None)))
+        distance = np.empty(self.first.shape[0])
+        for start in range(0, distance.size, _CHUNK):
             stop = start + _CHUNK
-            diff = self.X[self.first[start:stop]] - self.X[self.second[start:stop]]
-            yield diff, self.weights[start:stop]
+            diff = Z[self.first[start:stop]] - Z[self.second[start:stop]]
+            distance[start:stop] = np.sqrt(np.einsum("td,td->t", diff, diff))
+        return distance
 
     def value(self, A: np.ndarray) -> float:
-        total = 0.0
-        for diff, w in self._blocks():
-            squared = np.einsum("td,de,te->t", diff, A, diff, optimize=True)
-            total += float(w @ np.sqrt(np.clip(squared, 0.0, None)))
-        return total
+        return float(self.weights @ self._distances(A))
 
     def value_and_gradient(self, A: np.ndarray) -> tuple[float, np.ndarray]:
         """g(A) and ∇g(A) = Σ w_t d_t d_tᵀ / (2 d_A(pair t)); pairs at distance 0 add nothing."""
-        total = 0.0
-        gradient = np.zeros_like(A)
-        for diff, w in self._blocks():
-            distance = np.sqrt(np.clip(((diff @ A) * diff).sum(1), 0.0, None))
-            total += float(w @ distance)
-            scale = np.divide(w, 2 * distance, out=np.zeros_like(w), where=distance > 0)
-            gradient += (diff * scale[:, None]).T @ diff
-        return total, (gradient + gradient.T) / 2
+        from scipy.sparse import coo_matrix
+
+        distance = self._distances(A)
+        coefficient = np.divide(
+            self.weights, 2 * distance, out=np.zeros_like(distance), where=distance > 0
+        )
+        n = self.X.shape[0]
+        W = coo_matrix((coefficient, (self.first, self.second)), shape=(n, n)).tocsr()
+        degree = np.bincount(self.first, coefficient, n) + np.bincount(self.second, coefficient, n)
+        laplacian_X = degree[:, None] * self.X - W @ self.X - W.T @ self.X
+        gradient = self.X.T @ laplacian_X
+        return float(self.weights @ distance), (gradient + gradient.T) / 2
 
 
 def mmc_objective(X: Any, y: Any, A: np.ndarray, *, chunk_rows: int = 512) -> tuple[float, float]:
