@@ -160,6 +160,7 @@ def test_quick_study(quick):
         ({"sampling": "triples"}, "`sampling`"),
         ({"dataset": "cifar10"}, "`dataset`"),
         ({"variance": 1.0}, "`variance`"),
+        ({"ml_runs": "default,best"}, "`ml_runs` must be one of 'default', 'matched'"),
     ],
 )
 def test_bad_options(options, message):

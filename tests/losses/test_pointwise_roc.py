@@ -246,3 +246,32 @@ def test_dual_ascent_holds_the_held_out_fpr_near_alpha():
     assert int(loss.n_dual_steps) == 400
     unconstrained_fpr, _, _ = train_toy_embedding(dual_lr=0.0, initial_multiplier=0.0, steps=100)
     assert unconstrained_fpr > 0.5
+
+
+def test_rankwise_train_with_loss_pointwise_roc(tmp_path):
+    # `loss: pointwise_roc` in a training config: the multiplier is trained by the dual steps and
+    # travels in the checkpoint (a registered buffer)
+    import yaml
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+
+    config = {
+        "dataset": {"name": "digits"},
+        "model": {"backbone": "small_cnn", "embedding_dim": 16},
+        "loss": {"name": "pointwise_roc", "params": {"alpha": 0.1}},
+        "sampler": {"m": 4, "batch_size": 20},
+        "optimizer": {"name": "adam", "lr": 1e-3},
+        "budget": {"iterations": 4},
+        "eval_every": 2,
+        "threads": 1,
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(tmp_path / "config.yaml"), "--output", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    state = torch.load(out / "checkpoints" / "last.pt", weights_only=True)["loss"]
+    assert int(state["n_dual_steps"]) == 4
+    assert float(state["multiplier"]) >= 0 and float(state["multiplier"]) != 1.0  # λ₀ = 1 moved

@@ -45,6 +45,7 @@ METRIC_LEARN_ENV = "RANKWISE_METRIC_LEARN_PYTHON"
 _RUNNER = Path(__file__).with_name("_metric_learn_runner.py")
 # the budget whose pair count the matched metric-learn run uses (B = 0.15 n, as in the paper)
 _MATCHED_FRACTION = 0.15
+_ML_RUNS = ("default", "matched")
 
 
 # -- data ------------------------------------------------------------------------------------------
@@ -204,10 +205,8 @@ def _size_runs(n, repeat, data, test, options, ml_python) -> list[dict[str, Any]
         )
     if ml_python is not None:
         matched = math.ceil(_MATCHED_FRACTION * n) * k * (k - 1) // 2
-        for name, constraints in (
-            ("metric-learn (default)", 0),
-            ("metric-learn (matched)", matched),
-        ):
+        counts = {"default": 0, "matched": matched}
+        for name, constraints in ((f"metric-learn ({m})", counts[m]) for m in options["ml_runs"]):
             out = _run_metric_learn(ml_python, X, y, constraints, seed, options["ml_max_iter"])
             runs.append(
                 {
@@ -351,6 +350,8 @@ def _check_options(options: dict[str, Any]) -> dict[str, Any]:
     check_scalar(options["complete_max_pairs"], "complete_max_pairs", Interval("integer", 0, None))
     check_scalar(options["max_iter"], "max_iter", Interval("integer", 1, None))
     check_scalar(options["ml_max_iter"], "ml_max_iter", Interval("integer", 1, None))
+    runs = parse_sequence(options["ml_runs"], "ml_runs", str)
+    options["ml_runs"] = tuple(dict.fromkeys(check_choice(r, "ml_runs", _ML_RUNS) for r in runs))
     check_scalar(options["tol"], "tol", positive)
     return options
 
@@ -379,6 +380,7 @@ def run(
     metric_learn: bool = True,
     metric_learn_python: str | None = None,
     ml_max_iter: int = 100,
+    ml_runs: tuple[str, ...] = _ML_RUNS,
 ) -> ExperimentResult:
     """Fit MMC for each training size n and budget B = f·n; score on the test set.
 
@@ -401,6 +403,8 @@ def run(
         metric_learn: Also run metric-learn's MMC_Supervised on the same subsets.
         metric_learn_python: Interpreter with metric-learn (default $RANKWISE_METRIC_LEARN_PYTHON).
         ml_max_iter: metric-learn's max_iter.
+        ml_runs: metric-learn runs, comma-separated: default (its 20 K² constraints of each
+            kind) and / or matched (as many negative pairs as B = 0.15 n tuples).
     """
     options = _check_options(dict(locals()))
     if quick:
