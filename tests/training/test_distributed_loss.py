@@ -1,6 +1,6 @@
 """DistributedLoss with 2 gloo ranks: the loss and gradients of the global batch, for every loss.
 
-The ranks run tests/training/distributed_worker.py (once per session, see conftest.py): a float64
+The ranks run tests/distributed_worker.py (once per session, see conftest.py): a float64
 MLP in DistributedDataParallel, each rank embedding its slice of a 6-class x 4 batch (even: 3
 classes each; uneven: 16 and 8 rows), the loss wrapped in DistributedLoss. The reference is one
 process on the concatenated batch without torch.distributed.

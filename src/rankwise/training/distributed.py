@@ -585,7 +585,7 @@ class DistributedTrainer(Trainer):
     ) -> None:
         require_process_group("DistributedTrainer")
         self.group = group
-        self._rank, self._world = rank_and_world_size(group)
+        self._process_rank, self._world = rank_and_world_size(group)
         self._pending_rng: list[Any] | None = None
         config = kwargs.get("config")
         settings = getattr(config, "distributed", None)
@@ -595,7 +595,7 @@ class DistributedTrainer(Trainer):
             sync_batchnorm = True if settings is None else settings.sync_batchnorm
         if isinstance(loss_fn, DistributedLoss):
             loss_fn = loss_fn.loss
-        if self._rank != 0:
+        if self._process_rank != 0:
             from rich.console import Console
 
             console, progress = Console(stderr=True, quiet=True), False
@@ -623,10 +623,10 @@ class DistributedTrainer(Trainer):
             process_group=group,
             find_unused_parameters=find_unused_parameters,
         )
-        if not resume and self._rank > 0:
+        if not resume and self._process_rank > 0:
             # every rank starts from rank 0's weights (DDP broadcasts them); random layers
             # (dropout) get a stream of their own per rank
-            seed_everything(mix_seed(self.seed, self._rank) % 2**63)
+            seed_everything(mix_seed(self.seed, self._process_rank) % 2**63)
         self._add_callback(ReplicaSync(check_every))
         self._active = list(self.callbacks)
         self.check_replicas()
@@ -655,7 +655,7 @@ class DistributedTrainer(Trainer):
         )
         if sync and on_cuda:
             return nn.SyncBatchNorm.convert_sync_batchnorm(model, self.group)
-        if self._rank == 0:
+        if self._process_rank == 0:
             warnings.warn(
                 "the model has BatchNorm layers whose batch statistics are computed per rank "
                 f"(on {100 // self._world} % of the global batch"
@@ -672,16 +672,18 @@ class DistributedTrainer(Trainer):
 
         if not isinstance(sampler, MPerClassBatchSampler):
             return sampler  # the user's own sampler must shard by rank itself
-        if sampler.num_replicas == self._world and sampler.rank == self._rank:
+        if sampler.num_replicas == self._world and sampler.rank == self._process_rank:
             return sampler
         if sampler.num_replicas != 1:
             raise ValueError(
                 f"`sampler` is sharded for {sampler.num_replicas} replicas (rank {sampler.rank}) "
-                f"but this process is rank {self._rank} of {self._world}; pass an unsharded "
+                f"but this process is rank {self._process_rank} of {self._world}; pass an unsharded "
                 "sampler (its batch_size is the global batch) or one built for this rank."
             )
         try:
-            return DistributedMPerClassBatchSampler.from_sampler(sampler, self._world, self._rank)
+            return DistributedMPerClassBatchSampler.from_sampler(
+                sampler, self._world, self._process_rank
+            )
         except ValueError as exc:
             if config is None:
                 raise ValueError(f"`sampler`: {exc}") from None
@@ -710,7 +712,7 @@ class DistributedTrainer(Trainer):
     @property
     def is_main_process(self) -> bool:
         """Rank 0 writes the run directory and prints."""
-        return self._rank == 0
+        return self._process_rank == 0
 
     @property
     def world_size(self) -> int:
@@ -720,7 +722,7 @@ class DistributedTrainer(Trainer):
     @property
     def rank(self) -> int:
         """This process's rank."""
-        return self._rank
+        return self._process_rank
 
     def check_replicas(self) -> None:
         """Raise :class:`ReplicaDivergenceError` unless every rank holds the same state.
@@ -772,10 +774,23 @@ class DistributedTrainer(Trainer):
         states: list[Any] = [None] * self._world
         dist.all_gather_object(states, capture_rng_state(), group=self.group)
         self._pending_rng = states
+        failure: BaseException | None = None
         try:
-            return super().save_checkpoint()
+            path = super().save_checkpoint()
+        except Exception as exc:  # rank 0 could not write: every rank must learn it
+            failure, path = exc, self.checkpoint_dir / "last.pt"
         finally:
             self._pending_rng = None
+        # no rank goes on (and, say, resumes from last.pt) before rank 0 has written it
+        flag = torch.tensor([0 if failure is None else 1], device=comm_device(self.group))
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        if failure is not None:
+            raise failure
+        if int(flag.item()):
+            raise RuntimeError(
+                f"rank 0 could not write the checkpoint {path}; see its error message."
+            )
+        return path
 
     def _restore_rng(self, state: dict[str, Any]) -> None:
         per_rank = state.get("rng_per_rank")
@@ -784,7 +799,7 @@ class DistributedTrainer(Trainer):
                 "run_dir: the checkpoint holds no random state for each of the "
                 f"{self._world} ranks; it was not written by a run of this world size."
             )
-        restore_rng_state(per_rank[self._rank])
+        restore_rng_state(per_rank[self._process_rank])
 
     def _selected_weights(self) -> dict[str, torch.Tensor] | None:
         if self.run_dir is None:  # every rank kept the same selected weights in memory
@@ -804,7 +819,7 @@ class DistributedTrainer(Trainer):
     # -- evaluation -----------------------------------------------------------------------------
 
     def _shard_bounds(self, n: int) -> tuple[int, int]:
-        return n * self._rank // self._world, n * (self._rank + 1) // self._world
+        return n * self._process_rank // self._world, n * (self._process_rank + 1) // self._world
 
     def _embed_shard(self, data: Dataset) -> tuple[torch.Tensor, torch.Tensor, int]:
         """This rank's contiguous shard of ``data``: embeddings, labels, first global index."""

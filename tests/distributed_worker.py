@@ -1,0 +1,345 @@
+"""One rank of the 2-process checks of tests/*/test_distributed*.py (not a test module).
+
+Run as ``python distributed_worker.py CASE OUT_DIR`` with the torchrun environment (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) set by ``conftest.run_ranks``. Each case writes
+``OUT_DIR/<case>-rank<r>.pt`` (plain tensors and values, loaded with weights_only=True); the test
+compares them with a single process.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rankwise.losses import LOSSES, build_loss
+from rankwise.training.distributed import (
+    DistributedLoss,
+    check_replicas_in_sync,
+    init_distributed,
+)
+from rankwise.training.errors import ReplicaDivergenceError
+
+DIM_IN, DIM = 6, 8
+CLASSES, M = 6, 4  # global batch: 6 classes x 4 = 24 rows, 3 classes per rank
+
+
+def global_batch(step: int, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global P x K batch of a step (class-contiguous), the same on every rank."""
+    generator = torch.Generator().manual_seed(100 + step)
+    labels = torch.arange(CLASSES).repeat_interleave(M)
+    centers = torch.randn(CLASSES, DIM_IN, generator=generator, dtype=dtype)
+    x = centers[labels] + 0.7 * torch.randn(
+        labels.numel(), DIM_IN, generator=generator, dtype=dtype
+    )
+    return x, labels
+
+
+def local_rows(n: int, rank: int, world: int, uneven: bool) -> slice:
+    """Rank ``rank``'s rows; ``uneven`` gives rank 0 one class more than the others."""
+    if not uneven:
+        return slice(n * rank // world, n * (rank + 1) // world)
+    cuts = [0, 16, n] if world == 2 else [n * r // world for r in range(world + 1)]
+    return slice(cuts[rank], cuts[rank + 1])
+
+
+def make_loss(name: str) -> nn.Module:
+    labels = torch.arange(CLASSES).repeat_interleave(10)
+    return build_loss(name, train_labels=labels, num_classes=CLASSES, embedding_dim=DIM).double()
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(DIM_IN, 16), nn.Tanh(), nn.Linear(16, DIM)).double()
+
+
+def train_steps(model, loss_fn, steps, *, rank, world, uneven=False, reduction="mean"):
+    """SGD steps; returns per-step (loss, grads) and the final state. world=1: one process."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    records = []
+    for step in range(steps):
+        x, y = global_batch(step)
+        rows = local_rows(x.shape[0], rank, world, uneven) if world > 1 else slice(None)
+        loss = loss_fn(model(x[rows]), y[rows])
+        optimizer.zero_grad()
+        loss.backward()
+        if reduction == "sum" and world > 1:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        records.append((float(loss.detach()), grads))
+        optimizer.step()
+    return records
+
+
+def reference(name: str, steps: int) -> dict:
+    """One process, the concatenated batch, no torch.distributed involved."""
+    model, loss_fn = make_model(), make_loss(name)
+    records = train_steps(model, loss_fn, steps, rank=0, world=1)
+    return {
+        "losses": [r[0] for r in records],
+        "grads": [r[1] for r in records],
+        "loss_state": {k: v.clone() for k, v in loss_fn.state_dict().items()},
+    }
+
+
+def distributed(name: str, steps: int, rank: int, world: int, uneven: bool, reduction: str):
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = make_model()
+    loss_fn = DistributedLoss(make_loss(name), gradient_reduction=reduction)
+    wrapped = model if reduction == "sum" else DistributedDataParallel(model)
+    records = train_steps(
+        wrapped, loss_fn, steps, rank=rank, world=world, uneven=uneven, reduction=reduction
+    )
+    in_sync = "yes"
+    try:
+        check_replicas_in_sync(model, loss_fn.loss, step=steps)
+    except ReplicaDivergenceError as exc:
+        in_sync = str(exc)
+    return {
+        "losses": [r[0] for r in records],
+        "grads": [r[1] for r in records],
+        "loss_state": {k: v.clone() for k, v in loss_fn.loss.state_dict().items()},
+        "in_sync": in_sync,
+    }
+
+
+def case_losses(rank: int, world: int) -> dict:
+    """Every loss: 1 step (3 for the stateful ones), even and uneven shards, mean and sum."""
+    out = {}
+    for name in LOSSES:
+        steps = 3 if name in ("soprc", "xbm") else 1
+        out[name] = {
+            "reference": reference(name, steps) if rank == 0 else None,
+            "even": distributed(name, steps, rank, world, False, "mean"),
+            "uneven": distributed(name, steps, rank, world, True, "mean"),
+        }
+    out["soprc_sum"] = {"sum": distributed("soprc", 2, rank, world, True, "sum")}
+    out["soprc_long"] = {
+        "reference": reference("soprc", 6) if rank == 0 else None,
+        "even": distributed("soprc", 6, rank, world, False, "mean"),
+    }
+    return out
+
+
+def case_errors(rank: int, world: int) -> dict:
+    """Inputs that differ across ranks raise the same error everywhere; divergence is named."""
+    out = {}
+    loss_fn = DistributedLoss(make_loss("ap"))
+    x, y = global_batch(0)
+    rows = local_rows(x.shape[0], rank, world, False)
+    attempts = {
+        "dimension": lambda: loss_fn(x[rows][:, : 4 + 2 * rank], y[rows]),
+        "label_length": lambda: loss_fn(x[rows], y[rows][: None if rank == 0 else -1]),
+        "nan": lambda: loss_fn(x[rows] * (float("nan") if rank == 1 else 1.0), y[rows]),
+    }
+    for key, attempt in attempts.items():
+        try:
+            attempt()
+            out[key] = "no error"
+        except ValueError as exc:
+            out[key] = str(exc)
+    model = make_model()
+    soprc = make_loss("soprc")
+    if rank == 1:
+        with torch.no_grad():
+            model[0].bias[2] += 1e-12
+            soprc.v[1, 3] = 0.5
+    try:
+        check_replicas_in_sync(model, soprc, step=7)
+        out["divergence"] = "no error"
+    except ReplicaDivergenceError as exc:
+        out["divergence"] = (str(exc), exc.names, exc.ranks)
+    return out
+
+
+# -- the trainer -------------------------------------------------------------------------------
+
+
+def clustered(n_classes: int, per_class: int, seed: int):
+    """A TensorDataset of float64 points around class centers (what the trainer ranks)."""
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.arange(n_classes).repeat_interleave(per_class)
+    centers = 1.5 * torch.randn(n_classes, DIM_IN, generator=generator, dtype=torch.float64)
+    noise = torch.randn(labels.numel(), DIM_IN, generator=generator, dtype=torch.float64)
+    return TensorDataset(centers[labels] + noise, labels)
+
+
+def trainer_objects(trainer_class, run_dir, **extra):
+    """The objects of a small run: 8 classes, SOPRC (stateful), Adam, P x K = 4 x 4."""
+    from rankwise.sampling import MPerClassBatchSampler
+
+    train = clustered(8, 12, seed=1)
+    model = make_model()
+    loss_fn = build_loss("soprc", train_labels=train.tensors[1], num_classes=8).double()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    sampler = MPerClassBatchSampler(train.tensors[1], m=4, batch_size=16, seed=5)
+    return trainer_class(
+        model,
+        loss_fn,
+        train,
+        optimizer=optimizer,
+        sampler=sampler,
+        val_data=clustered(5, 7, seed=2),
+        test_data=clustered(6, 7, seed=3),
+        run_dir=run_dir,
+        iterations=10,
+        eval_every=3,
+        log_every=2,
+        eval_ks=(1, 5),
+        seed=7,
+        progress=False,
+        **extra,
+    )
+
+
+def summary(trainer, result) -> dict:
+    return {
+        "model": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "loss": {k: v.clone() for k, v in trainer.loss_fn.state_dict().items()},
+        "test": result.test.to_dict(),
+        "best_step": result.best_step,
+        "history": [{k: v for k, v in r.items() if k != "samples_per_s"} for r in trainer.history],
+    }
+
+
+class StopOnOneRank:
+    """A Ctrl-C that reaches rank 1 only, during step 4 (the ranks must agree to stop)."""
+
+    def __new__(cls, rank: int):
+        from rankwise.training import Callback
+
+        class _Stop(Callback):
+            def on_train_step_end(self, trainer, output):
+                if rank == 1 and output.step == 4:
+                    trainer._stop_requested = True
+
+        return _Stop()
+
+
+def case_trainer(rank: int, world: int, out_dir: Path) -> dict:
+    from rankwise.training import Trainer, TrainingInterrupted
+    from rankwise.training.distributed import DistributedTrainer
+
+    out: dict = {}
+    # rank 1 gets a run directory of its own: it must never be written
+    own_dir = out_dir / ("uninterrupted" if rank == 0 else "uninterrupted-rank1")
+    trainer = trainer_objects(DistributedTrainer, own_dir)
+    out["uninterrupted"] = summary(trainer, trainer.fit())
+    out["sampler"] = [type(trainer.sampler).__name__, trainer.sampler.slot_offset]
+    out["rank1_dir_exists"] = (out_dir / "uninterrupted-rank1").exists()
+
+    shared = out_dir / "interrupted"
+    try:
+        trainer_objects(DistributedTrainer, shared, callbacks=[StopOnOneRank(rank)]).fit()
+        out["stopped_at"] = None
+    except TrainingInterrupted as exc:
+        out["stopped_at"] = (exc.step, exc.checkpoint_step)
+    resumed = trainer_objects(DistributedTrainer, shared, resume=True)
+    out["resumed_from"] = resumed.step
+    out["resumed"] = summary(resumed, resumed.fit())
+
+    if rank == 0:  # one process, the same objects, no process group involved
+        single = trainer_objects(Trainer, None)
+        out["single"] = summary(single, single.fit())
+    return out
+
+
+# -- sharded metrics -----------------------------------------------------------------------------
+
+
+def metric_data(seed: int):
+    """Integer embeddings (exact dot-product scores, many ties) and labels, 37 rows."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randint(-2, 3, (37, 4), generator=generator).to(torch.float64)
+    y = torch.randint(0, 5, (37,), generator=generator)
+    return x, y
+
+
+def case_metrics(rank: int, world: int) -> dict:
+    from rankwise.metrics import pr_curve, retrieval_metrics
+    from rankwise.metrics.distributed import distributed_pr_curve, distributed_retrieval_metrics
+
+    x, y = metric_data(0)
+    gallery, gallery_labels = metric_data(1)
+    lonely = torch.cat([100 + torch.arange(18), y[18:]])  # rank 0's queries: no relevant item
+    hot = (
+        torch.nn.functional.one_hot(y, 5).bool()
+        | torch.nn.functional.one_hot((y + 1) % 5, 5).bool()
+    )
+    q_rows = slice(0, 18) if rank == 0 else slice(18, 37)
+    g_rows = slice(0, 30) if rank == 0 else slice(30, 37)
+    settings = {
+        "leave_one_out_dot": (dict(similarity="dot", ks=(1, 3, 50)), y, None, None),
+        "leave_one_out_cosine": (dict(ks=(1, 5)), y, None, None),
+        "pessimistic": (dict(similarity="dot", ties="pessimistic"), y, None, None),
+        "no_relevant_on_rank0": (dict(similarity="dot"), lonely, None, None),
+        "multi_hot": (dict(similarity="dot"), hot, None, None),
+        "gallery_sharded": (dict(similarity="dot"), y, gallery, gallery_labels),
+    }
+    out = {}
+    smooth = torch.randn(37, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    for key, (kwargs, labels, g, gl) in settings.items():
+        # cosine of integer vectors has near-ties whose order the BLAS blocking may flip; random
+        # float vectors have none
+        x = smooth if key == "leave_one_out_cosine" else metric_data(0)[0]
+        local_g = None if g is None else g[g_rows]
+        local_gl = None if gl is None else gl[g_rows]
+        report = distributed_retrieval_metrics(
+            x[q_rows], labels[q_rows], local_g, local_gl, **kwargs
+        )
+        curve_kwargs = {k: v for k, v in kwargs.items() if k != "ks"}
+        curve = distributed_pr_curve(x[q_rows], labels[q_rows], local_g, local_gl, **curve_kwargs)
+        entry = {"report": report.to_dict(), "curve": torch.from_numpy(curve.precision)}
+        entry["curve_n"] = (curve.n_queries, curve.n_queries_without_relevant)
+        if rank == 0:
+            single = retrieval_metrics(x, labels, g, gl, **kwargs)
+            single_curve = pr_curve(x, labels, g, gl, **curve_kwargs)
+            entry["single"] = single.to_dict()
+            entry["single_curve"] = torch.from_numpy(single_curve.precision)
+            entry["single_curve_n"] = (
+                single_curve.n_queries,
+                single_curve.n_queries_without_relevant,
+            )
+        out[key] = entry
+    # the whole gallery on every rank (not gathered)
+    report = distributed_retrieval_metrics(
+        x[q_rows], y[q_rows], gallery, gallery_labels, gallery_sharded=False, similarity="dot"
+    )
+    out["gallery_everywhere"] = {"report": report.to_dict()}
+    return out
+
+
+CASES = {
+    "losses": case_losses,
+    "errors": case_errors,
+    "trainer": case_trainer,
+    "metrics": case_metrics,
+}
+
+
+def main() -> None:
+    cases, out_dir = sys.argv[1].split(","), Path(sys.argv[2])
+    context = init_distributed(backend="gloo", device="cpu")
+    try:
+        for case in cases:
+            run = CASES[case]
+            if case == "trainer":
+                result = run(context.rank, context.world_size, out_dir)
+            else:
+                result = run(context.rank, context.world_size)
+            torch.save(result, out_dir / f"{case}-rank{context.rank}.pt")
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()
