@@ -29,7 +29,7 @@ def device(request):
 
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
-DISTRIBUTED_CASES = ("losses", "errors", "trainer", "metrics")
+DISTRIBUTED_CASES = ("losses", "errors", "trainer", "metrics", "digits")
 
 
 def free_port() -> int:
@@ -88,6 +88,12 @@ def run_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> lis
         )
         pytest.fail(f"a distributed worker failed:\n{details}")
     return outputs
+
+
+@pytest.fixture(scope="session")
+def launch_ranks():
+    """:func:`run_ranks`: ``launch_ranks(args, world_size=2)`` runs ``python *args`` as ranks."""
+    return run_ranks
 
 
 @pytest.fixture(scope="session")

@@ -316,11 +316,46 @@ def case_metrics(rank: int, world: int) -> dict:
     return out
 
 
+# -- rankwise train on digits ---------------------------------------------------------------------
+
+DIGITS_CONFIG = """\
+dataset: {name: digits}
+model: {backbone: small_cnn, embedding_dim: 16}
+loss: {name: soprc, params: {}}
+sampler: {m: 4, batch_size: 16}
+optimizer: {name: adam, lr: 0.002, weight_decay: 0.0001}
+schedule: {name: cosine}
+budget: {iterations: 10}
+eval_every: 4
+eval_ks: [1, 10]
+log_every: 2
+seed: 3
+progress: false
+threads: 1
+"""
+
+
+def case_digits(rank: int, world: int, out_dir: Path) -> dict:
+    """The uninterrupted 2-process run of what `rankwise train -c digits.yaml` does."""
+    from rankwise.training import load_config
+    from rankwise.training.distributed import DistributedTrainer
+
+    config_path = out_dir / "digits.yaml"
+    if rank == 0:
+        config_path.write_text(DIGITS_CONFIG)
+    dist.barrier()
+    run_dir = out_dir / "digits-uninterrupted"
+    config = load_config(config_path, [f"output_dir={run_dir}"])
+    result = DistributedTrainer.from_config(config).fit()
+    return {"status": result.status, "steps": result.steps, "map": result.test.map}
+
+
 CASES = {
     "losses": case_losses,
     "errors": case_errors,
     "trainer": case_trainer,
     "metrics": case_metrics,
+    "digits": case_digits,
 }
 
 
@@ -330,7 +365,7 @@ def main() -> None:
     try:
         for case in cases:
             run = CASES[case]
-            if case == "trainer":
+            if case in ("trainer", "digits"):
                 result = run(context.rank, context.world_size, out_dir)
             else:
                 result = run(context.rank, context.world_size)

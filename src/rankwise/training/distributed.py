@@ -356,6 +356,7 @@ class DistributedLoss(nn.Module):
         return self.loss(emb, lab, ref, ref_lab)
 
     def extra_repr(self) -> str:
+        """The reduction mode, in ``repr``."""
         return f"gradient_reduction={self.gradient_reduction!r}"
 
 
