@@ -359,6 +359,62 @@ CASES = {
 }
 
 
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp(min=1e-300))
+
+
+def report() -> None:
+    """Launch both ranks, then print the largest differences from the one-process runs."""
+    import os
+    import subprocess
+    import tempfile
+
+    out = Path(tempfile.mkdtemp())
+    port = 29000 + os.getpid() % 1000
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", OMP_NUM_THREADS="1")
+        procs.append(
+            subprocess.Popen([sys.executable, __file__, "losses,trainer", str(out)], env=env)
+        )
+    if any(proc.wait() for proc in procs):
+        raise SystemExit("a rank failed")
+    losses = torch.load(out / "losses-rank0.pt", weights_only=True)
+    print(
+        f"{'loss':18s} {'layout':7s} {'steps':>5s} {'loss rel':>9s} {'grad rel':>9s} {'state abs':>9s}"
+    )
+    for name, entry in losses.items():
+        ref = entry.get("reference")
+        for layout in ("even", "uneven"):
+            if ref is None or layout not in entry:
+                continue
+            run = entry[layout]
+            loss_error = max(
+                abs(a - b) / abs(b) for a, b in zip(run["losses"], ref["losses"], strict=True)
+            )
+            grad_error = max(
+                _relative(a, b)
+                for mine, theirs in zip(run["grads"], ref["grads"], strict=True)
+                for a, b in zip(mine, theirs, strict=True)
+            )
+            state = [
+                float((run["loss_state"][k].double() - v.double()).abs().max())
+                for k, v in ref["loss_state"].items()
+                if v.numel()
+            ]
+            steps = len(ref["losses"])
+            print(
+                f"{name:18s} {layout:7s} {steps:5d} {loss_error:9.1e} {grad_error:9.1e} "
+                f"{max(state, default=0.0):9.1e}"
+            )
+    trainer = torch.load(out / "trainer-rank0.pt", weights_only=True)
+    run, single = trainer["uninterrupted"], trainer["single"]
+    weights = max(float((run["model"][k] - single["model"][k]).abs().max()) for k in run["model"])
+    print(f"trainer, 10 Adam steps, float64: largest weight difference {weights:.1e}")
+    print(f"test mAP: 2 ranks {run['test']['map']!r}, one process {single['test']['map']!r}")
+
+
 def main() -> None:
     cases, out_dir = sys.argv[1].split(","), Path(sys.argv[2])
     context = init_distributed(backend="gloo", device="cpu")
@@ -377,4 +433,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    main()
+    if sys.argv[1:] == ["--report"]:
+        report()
+    else:
+        main()
