@@ -154,6 +154,31 @@ def case_errors(rank: int, world: int) -> dict:
         out["divergence"] = "no error"
     except ReplicaDivergenceError as exc:
         out["divergence"] = (str(exc), exc.names, exc.ranks)
+    out.update(trainer_setup_errors(rank))
+    return out
+
+
+def trainer_setup_errors(rank: int) -> dict:
+    """Classes per batch not divisible by the world size; BatchNorm on the CPU."""
+    import warnings
+
+    from rankwise.sampling import MPerClassBatchSampler
+    from rankwise.training.distributed import DistributedTrainer
+
+    out = {}
+    train = clustered(8, 12, seed=1)
+    loss_fn = build_loss("ap").double()
+    odd = MPerClassBatchSampler(train.tensors[1], m=4, batch_size=12, seed=0)  # 3 classes
+    try:
+        DistributedTrainer(make_model(), loss_fn, train, sampler=odd, progress=False)
+        out["odd_classes"] = "no error"
+    except ValueError as exc:
+        out["odd_classes"] = str(exc)
+    with_bn = nn.Sequential(nn.Linear(DIM_IN, 16), nn.BatchNorm1d(16), nn.Linear(16, DIM)).double()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DistributedTrainer(with_bn, loss_fn, train, progress=False)
+    out["batchnorm_warnings"] = [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
     return out
 
 

@@ -14,7 +14,8 @@ import torch
 from rankwise.losses import LOSSES
 
 LOSS_RTOL = 1e-13  # measured: <= 2.1e-16 after 1-3 steps (SOPRC 2.1e-15 after 6 steps)
-GRAD_RTOL = 1e-12  # relative to the largest entry; measured: <= 1.0e-13 (SOPRC, 6 steps), ~4e-16 others
+# gradients relative to their largest entry; measured: <= 1.0e-13 (SOPRC, 6 steps), ~4e-16 others
+GRAD_RTOL = 1e-12
 STATE_ATOL = 1e-13  # loss buffers (SOPRC v, XBM memory); measured: <= 3.3e-16
 
 
@@ -95,3 +96,12 @@ def test_divergence_is_detected_and_named_on_every_rank(distributed_results):
         message, names, ranks = distributed_results("errors", rank)["divergence"]
         assert names == ["loss.v", "model.0.bias"] and ranks == [1]
         assert "step 7" in message and "loss.v (ranks [1])" in message
+
+
+def test_trainer_setup_problems_are_named(distributed_results):
+    rank0, rank1 = distributed_results("errors", 0), distributed_results("errors", 1)
+    for result in (rank0, rank1):
+        assert "must divide the classes per batch" in result["odd_classes"]
+    # BatchNorm statistics stay per rank on the CPU: said once, by rank 0
+    assert len(rank0["batchnorm_warnings"]) == 1 and rank1["batchnorm_warnings"] == []
+    assert "model.frozen_bn=true" in rank0["batchnorm_warnings"][0]

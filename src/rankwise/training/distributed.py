@@ -494,7 +494,7 @@ def check_replicas_in_sync(
 class ReplicaSync(Callback):
     """Keeps the ranks of a :class:`DistributedTrainer` in step with each other.
 
-    After every step the ranks agree on stopping (a Ctrl-C or SIGTERM that reached one rank
+    After every step the ranks agree on stopping (a Ctrl-C that reached one rank
     stops every rank after the same step, with one checkpoint), and every ``check_every`` steps
     they compare their weights, loss buffers and optimizer state
     (:func:`check_replicas_in_sync`; the trainer also checks before every checkpoint).
