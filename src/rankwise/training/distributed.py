@@ -795,6 +795,8 @@ class DistributedTrainer(Trainer):
 
     def _restore_rng(self, state: dict[str, Any]) -> None:
         per_rank = state.get("rng_per_rank")
+        if per_rank is None and self._world == 1:  # a one-process Trainer's checkpoint
+            per_rank = [state["rng"]]
         if not per_rank or len(per_rank) != self._world:
             raise ConfigError(
                 "run_dir: the checkpoint holds no random state for each of the "
