@@ -372,7 +372,22 @@ def case_digits(rank: int, world: int, out_dir: Path) -> dict:
     run_dir = out_dir / "digits-uninterrupted"
     config = load_config(config_path, [f"output_dir={run_dir}"])
     result = DistributedTrainer.from_config(config).fit()
-    return {"status": result.status, "steps": result.steps, "map": result.test.map}
+    # then `rankwise train --max-steps 6` in this process (the command leaves the process group
+    # when it ends, so this case runs last); tests/test_cli_train_distributed.py resumes it
+    from typer.testing import CliRunner
+
+    from rankwise.cli import build_app
+
+    stopped_dir = out_dir / "digits-cli"
+    args = ["train", "-c", str(config_path), "--output", str(stopped_dir), "--max-steps", "6"]
+    cli = CliRunner().invoke(build_app(), args)
+    return {
+        "status": result.status,
+        "steps": result.steps,
+        "map": result.test.map,
+        "cli_exit": cli.exit_code,
+        "cli_output": cli.output,
+    }
 
 
 CASES = {
@@ -451,9 +466,11 @@ def main() -> None:
             else:
                 result = run(context.rank, context.world_size)
             torch.save(result, out_dir / f"{case}-rank{context.rank}.pt")
-            dist.barrier()
+            if dist.is_initialized():  # `rankwise train` (case digits) leaves the group itself
+                dist.barrier()
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

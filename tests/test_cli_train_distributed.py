@@ -1,8 +1,10 @@
 """`rankwise train` as 2 data-parallel processes (gloo, CPU) on digits: stopped and resumed, it
 ends exactly where an uninterrupted 2-process run ends; rank 0 alone prints and writes.
 
-The fast test starts the two ranks with the variables torchrun sets (conftest.launch_ranks); the
-slow one runs torchrun itself and interrupts it with Ctrl-C (SIGINT) at an arbitrary step.
+The fast test stops the run with --max-steps in the 2-rank worker session
+(tests/distributed_worker.py, case "digits") and resumes it as two `python -m rankwise` processes
+with the variables torchrun sets (conftest.launch_ranks); the slow one runs torchrun itself and
+interrupts it with Ctrl-C (SIGINT) at an arbitrary step.
 """
 
 from __future__ import annotations
@@ -42,23 +44,22 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
 
 
 def test_stopped_and_resumed_two_process_run_matches_the_uninterrupted_one(
-    distributed_results, launch_ranks, tmp_path
+    distributed_results, launch_ranks
 ):
     out = Path(distributed_results.out_dir)
     reference = out / "digits-uninterrupted"  # DistributedTrainer.from_config(...).fit(), 2 ranks
-    assert distributed_results("digits", 0)["status"] == "completed"
-    run_dir = tmp_path / "run"
-    config = str(out / "digits.yaml")
-    stopped = launch_ranks(
-        ["-m", "rankwise", "train", "-c", config, "--output", str(run_dir), "--max-steps", "6"]
-    )
-    assert "stopped after step 6" in stopped[0] and f"--resume {run_dir}" in stopped[0]
+    rank0, rank1 = distributed_results("digits", 0), distributed_results("digits", 1)
+    assert rank0["status"] == "completed" and rank0["steps"] == 10
+    # `rankwise train -c digits.yaml --max-steps 6` ran in both ranks of the worker session
+    run_dir = out / "digits-cli"
+    assert rank0["cli_exit"] == rank1["cli_exit"] == 0, rank0["cli_output"] + rank1["cli_output"]
+    assert "stopped after step 6" in rank0["cli_output"]
+    assert f"--resume {run_dir}" in rank0["cli_output"]
+    assert "stopped after" not in rank1["cli_output"]  # rank 1 prints nothing
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 6
     resumed = launch_ranks(["-m", "rankwise", "train", "--resume", str(run_dir)])
     assert "resuming" in resumed[0] and "MAP" in resumed[0]
-    # rank 1 prints nothing (only errors would show)
     assert "resuming" not in resumed[1] and "MAP" not in resumed[1]
-    assert "stopped after" not in stopped[1]
     assert_same_run(run_dir, reference)
 
 
