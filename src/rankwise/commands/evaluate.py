@@ -2,7 +2,7 @@
 
 Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery (or,
 leave-one-out, against the other samples) and prints mAP (the tie-aware AP_T of He et al., *Hashing
-as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with the errata's corrected Eq. 6), recall@k,
+as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6 as corrected in docs/errata.md), recall@k,
 precision@k, MAP@R and R-precision as computed by
 :func:`rankwise.metrics.retrieval.retrieval_metrics`. Optionally writes the report as JSON and the
 mean precision-recall curve as a PNG. Bad input ends with a one-line error and exit code 2.
