@@ -235,15 +235,21 @@ def summary(trainer, result) -> dict:
 
 
 class StopOnOneRank:
-    """A Ctrl-C that reaches rank 1 only, during step 4 (the ranks must agree to stop)."""
+    """A SIGTERM (what a scheduler sends) that reaches rank 1 only, during step 4.
+
+    The trainer handles it like Ctrl-C, and the ranks must agree to stop after the same step.
+    """
 
     def __new__(cls, rank: int):
+        import os
+        import signal
+
         from rankwise.training import Callback
 
         class _Stop(Callback):
             def on_train_step_end(self, trainer, output):
                 if rank == 1 and output.step == 4:
-                    trainer._stop_requested = True
+                    os.kill(os.getpid(), signal.SIGTERM)
 
         return _Stop()
 
@@ -303,17 +309,16 @@ def case_metrics(rank: int, world: int) -> dict:
     settings = {
         "leave_one_out_dot": (dict(similarity="dot", ks=(1, 3, 50)), y, None, None),
         "leave_one_out_cosine": (dict(ks=(1, 5)), y, None, None),
+        "leave_one_out_euclidean": (dict(similarity="euclidean", ks=(1, 5)), y, None, None),
         "pessimistic": (dict(similarity="dot", ties="pessimistic"), y, None, None),
         "no_relevant_on_rank0": (dict(similarity="dot"), lonely, None, None),
         "multi_hot": (dict(similarity="dot"), hot, None, None),
         "gallery_sharded": (dict(similarity="dot"), y, gallery, gallery_labels),
     }
     out = {}
-    smooth = torch.randn(37, 4, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     for key, (kwargs, labels, g, gl) in settings.items():
-        # cosine of integer vectors has near-ties whose order the BLAS blocking may flip; random
-        # float vectors have none
-        x = smooth if key == "leave_one_out_cosine" else metric_data(0)[0]
+        # integer vectors for every similarity: the metrics rank by exact float64 keys, so even
+        # the cosine / euclidean ties of integer vectors are the same in any shard
         local_g = None if g is None else g[g_rows]
         local_gl = None if gl is None else gl[g_rows]
         report = distributed_retrieval_metrics(
@@ -338,6 +343,35 @@ def case_metrics(rank: int, world: int) -> dict:
         x[q_rows], y[q_rows], gallery, gallery_labels, gallery_sharded=False, similarity="dot"
     )
     out["gallery_everywhere"] = {"report": report.to_dict()}
+    out["errors"] = metric_errors(rank, x[q_rows], y[q_rows])
+    return out
+
+
+def metric_errors(rank: int, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """Bad input on one rank: the same error, naming the argument and the rank, on every rank."""
+    from rankwise.metrics.distributed import distributed_retrieval_metrics
+
+    nan = x.clone()
+    nan[0, 0] = float("nan")
+    out_of_range = torch.full((x.shape[0],), 99 if rank == 1 else -1)
+    attempts = {
+        "nan_on_rank1": lambda: distributed_retrieval_metrics(nan if rank == 1 else x, y),
+        "label_length_on_rank0": lambda: distributed_retrieval_metrics(
+            x, y[:-1] if rank == 0 else y
+        ),
+        "similarity_everywhere": lambda: distributed_retrieval_metrics(x, y, similarity="l2"),
+        "exclude_self_on_rank1": lambda: distributed_retrieval_metrics(
+            x, y, x, y, exclude_self=out_of_range
+        ),
+        "dtype_differs": lambda: distributed_retrieval_metrics(x.float() if rank == 1 else x, y),
+    }
+    out = {}
+    for key, attempt in attempts.items():
+        try:
+            attempt()
+            out[key] = "no error"
+        except ValueError as exc:
+            out[key] = str(exc)
     return out
 
 

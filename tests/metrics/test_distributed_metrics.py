@@ -9,6 +9,8 @@ bit; the other means are query-weighted means of shard means (float64 rounding, 
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -76,6 +78,19 @@ def test_merged_leave_one_out_shards_equal_the_single_process_report(ties, n_sha
     )
 
 
+@pytest.mark.parametrize("similarity", ["cosine", "euclidean"])
+def test_shards_are_exact_for_every_similarity_despite_ties(similarity):
+    """Integer vectors tie under cosine / euclidean too; exact keys rank them alike in any shard."""
+    x, y = integer_data()
+    single = retrieval_metrics(x, y, similarity=similarity, ks=(1, 4))
+    reports = [
+        retrieval_metrics(x[lo:hi], y[lo:hi], x, y, similarity=similarity, ks=(1, 4),
+                          exclude_self=torch.arange(lo, hi), chunk_size=3)
+        for lo, hi in shard_bounds(x.shape[0], 3)
+    ]  # fmt: skip
+    assert_reports_equal(merge_retrieval_reports(reports), single)
+
+
 def test_closed_set_shards_with_queries_without_relevant_items():
     x, y = integer_data(40, seed=1)
     gallery, gallery_labels = integer_data(30, seed=2, classes=4)  # classes 4, 5: no relevant item
@@ -111,6 +126,7 @@ def test_merging_refuses_mismatched_or_empty_shards():
     [
         "leave_one_out_dot",
         "leave_one_out_cosine",
+        "leave_one_out_euclidean",
         "pessimistic",
         "no_relevant_on_rank0",
         "multi_hot",
@@ -141,3 +157,26 @@ def test_a_whole_gallery_on_every_rank_equals_the_gathered_one(distributed_resul
     everywhere = rank0["gallery_everywhere"]["report"]
     assert everywhere == distributed_results("metrics", 1)["gallery_everywhere"]["report"]
     assert everywhere["map"] == rank0["gallery_sharded"]["report"]["map"]
+
+
+@pytest.mark.parametrize(
+    ("attempt", "expected"),
+    [
+        ("nan_on_rank1", r"`query` contains NaN.*\(on rank 1\)"),
+        ("label_length_on_rank0", r"`query_labels` has length 17 .*\(on rank 0\)"),
+        ("similarity_everywhere", r"^`similarity` must be .*got 'l2'\.? \(on every rank\)$"),
+        ("exclude_self_on_rank1", r"failed on other ranks: rank 1: .*`exclude_self` indices"),
+        ("dtype_differs", r"differ in dimensions or dtype across ranks"),
+    ],
+)
+def test_bad_input_on_one_rank_raises_the_same_error_on_every_rank(
+    distributed_results, attempt, expected
+):
+    """The shared query/gallery check runs before any gather; nobody waits for a failed rank."""
+    mine = distributed_results("metrics", 0)["errors"][attempt]
+    theirs = distributed_results("metrics", 1)["errors"][attempt]
+    assert re.search(expected, mine), mine
+    if attempt != "exclude_self_on_rank1":  # there rank 1 names its own error, rank 0 the other's
+        assert mine == theirs
+    else:
+        assert "`exclude_self` indices" in theirs

@@ -73,7 +73,7 @@ def test_only_rank_0_writes_the_run_directory(distributed_results):
 def test_a_stop_on_one_rank_stops_both_and_the_resumed_run_matches(distributed_results):
     for rank in (0, 1):
         result = distributed_results("trainer", rank)
-        # the Ctrl-C reached rank 1 during step 4: both ranks stopped after step 4 with a checkpoint
+        # a SIGTERM reached rank 1 during step 4: both ranks stopped after step 4 with a checkpoint
         assert result["stopped_at"] == (4, 4)
         assert result["resumed_from"] == 4
         resumed, uninterrupted = result["resumed"], result["uninterrupted"]

@@ -34,7 +34,9 @@ import torch
 import torch.distributed as dist
 
 from .._distributed import all_gather_rows, is_distributed, rank_and_world_size
-from .._validation import as_tensor
+from .._validation import as_tensor, check_embeddings
+from ..similarity import check_similarity
+from ._inputs import check_device, check_label_array, check_query_gallery
 from .retrieval import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
 
 __all__ = [
@@ -172,7 +174,20 @@ class _Shard:
     query_labels: torch.Tensor
     gallery: torch.Tensor
     gallery_labels: torch.Tensor
-    self_index: torch.Tensor | None  # gallery row of each local query (-1: none), or None
+    exclude_self: Any  # as passed (None / bool / index array), resolved by `self_index`
+    offset: int  # global row of this rank's first query
+    n_total: int  # queries on all ranks
+
+    def self_index(self) -> torch.Tensor | None:
+        """The gallery row of each local query (-1: none), or None; may raise ValueError."""
+        return _self_index(
+            self.exclude_self,
+            self.offset,
+            self.query.shape[0],
+            self.n_total,
+            self.gallery.shape[0],
+            self.query.device,
+        )
 
 
 def _relevant_counts(
@@ -202,11 +217,62 @@ def _relevant_counts(
     return relevant
 
 
-def _labels_tensor(labels: Any, name: str, device: torch.device) -> torch.Tensor:
-    t = as_tensor(labels, name, device)
-    if t.ndim == 2:
-        return t.to(torch.bool)
-    return t.to(torch.int64) if not t.is_floating_point() else t
+def _check_local(
+    query: Any,
+    query_labels: Any,
+    gallery: Any,
+    gallery_labels: Any,
+    similarity: Any,
+    device: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """This rank's arguments through the shared query/gallery check (empty shards allowed)."""
+    q_rows = as_tensor(query, "query").shape[0] if query is not None else 0
+    g_rows = 1 if gallery is None else as_tensor(gallery, "gallery").shape[0]
+    if q_rows and g_rows:  # the one check every metric uses, with its messages
+        qg = check_query_gallery(
+            query, query_labels, gallery, gallery_labels, similarity=similarity, device=device
+        )
+        if qg.leave_one_out:
+            return qg.query, qg.query_labels, None, None
+        return qg.query, qg.query_labels, qg.gallery, qg.gallery_labels
+    # an empty shard (a rank without queries, or without gallery rows): the same checks, per part
+    check_similarity(similarity)
+    dev = check_device(device, query)
+    q = check_embeddings(query, "query", dev, allow_empty=True)
+    ql = check_label_array(query_labels, q.shape[0], "query_labels", dev)
+    if (gallery is None) != (gallery_labels is None):
+        missing = "gallery" if gallery is None else "gallery_labels"
+        raise ValueError(
+            f"`{missing}` is missing: pass both `gallery` and `gallery_labels`, or neither "
+            "(leave-one-out over the queries)."
+        )
+    if gallery is None:
+        return q, ql, None, None
+    g = check_embeddings(gallery, "gallery", dev, allow_empty=True)
+    return q, ql, g, check_label_array(gallery_labels, g.shape[0], "gallery_labels", dev)
+
+
+def _agree(error: Exception | None, group: Any) -> None:
+    """Raise the same ``ValueError`` on every rank when the local check failed on any rank.
+
+    Every rank must know before the first tensor collective, or the ranks that passed would wait
+    in it for the one that raised.
+    """
+    _, world = rank_and_world_size(group)
+    messages: list[Any] = [None] * world
+    dist.all_gather_object(messages, None if error is None else str(error), group=group)
+    failed = [(r, m) for r, m in enumerate(messages) if m is not None]
+    if not failed:
+        return
+    if len(failed) == 1:
+        rank, message = failed[0]
+        raise ValueError(f"{message} (on rank {rank})") from error
+    if len({m for _, m in failed}) == 1:
+        where = "every rank" if len(failed) == world else f"ranks {[r for r, _ in failed]}"
+        raise ValueError(f"{failed[0][1]} (on {where})") from error
+    raise ValueError(
+        "bad input on several ranks: " + "; ".join(f"rank {r}: {m}" for r, m in failed)
+    ) from error
 
 
 def _self_index(
@@ -222,7 +288,21 @@ def _self_index(
                 "array (global gallery row of each local query, -1 for none) instead."
             )
         return torch.arange(offset, offset + n_local, device=device)
-    return as_tensor(exclude_self, "exclude_self", device).to(torch.int64)
+    idx = as_tensor(exclude_self, "exclude_self", device)
+    if (
+        idx.ndim != 1
+        or idx.shape[0] != n_local
+        or idx.is_floating_point()
+        or idx.dtype == torch.bool
+    ):
+        raise ValueError(
+            "`exclude_self` must be None, a bool, or a 1-D integer array with the global gallery "
+            f"row of each of this rank's {n_local} queries (-1 for none)."
+        )
+    idx = idx.to(torch.int64)
+    if bool(((idx < -1) | (idx >= n_gallery)).any()):
+        raise ValueError(f"`exclude_self` indices must lie in [-1, {n_gallery - 1}].")
+    return idx
 
 
 def _shard(
@@ -233,26 +313,30 @@ def _shard(
     gallery_sharded: bool,
     exclude_self: Any,
     group: Any,
+    kwargs: dict[str, Any],
 ) -> _Shard:
-    q = as_tensor(query, "query")
-    ql = _labels_tensor(query_labels, "query_labels", q.device)
-    full_q, sizes = all_gather_rows(q.detach(), group)
+    try:
+        q, ql, g, gl = _check_local(
+            query,
+            query_labels,
+            gallery,
+            gallery_labels,
+            kwargs.get("similarity", "cosine"),
+            kwargs.get("device"),
+        )
+        error = None
+    except ValueError as exc:
+        error = exc
+    _agree(error, group)
+    full_q, sizes = all_gather_rows(q, group)
     rank, _ = rank_and_world_size(group)
     offset = sum(sizes[:rank])
-    if gallery is None:
-        if gallery_labels is not None:
-            raise ValueError("`gallery_labels` was given without `gallery`; pass both or neither.")
+    if g is None:
         g, gl = full_q, all_gather_rows(ql, group)[0]
         exclude_self = True if exclude_self is None else exclude_self
-    else:
-        if gallery_labels is None:
-            raise ValueError("`gallery` was given without `gallery_labels`; pass both.")
-        g = as_tensor(gallery, "gallery", q.device).detach()
-        gl = _labels_tensor(gallery_labels, "gallery_labels", q.device)
-        if gallery_sharded:
-            g, gl = all_gather_rows(g, group)[0], all_gather_rows(gl, group)[0]
-    self_index = _self_index(exclude_self, offset, q.shape[0], sum(sizes), g.shape[0], q.device)
-    return _Shard(q, ql, g, gl, self_index)
+    elif gallery_sharded:
+        g, gl = all_gather_rows(g, group)[0], all_gather_rows(gl, group)[0]
+    return _Shard(q, ql, g, gl, exclude_self, offset, sum(sizes))
 
 
 def _merged(local: Any, group: Any) -> list[Any]:
@@ -276,15 +360,20 @@ def _merged(local: Any, group: Any) -> list[Any]:
 
 
 def _local_result(shard: _Shard, compute: Any) -> Any:
-    """``compute(shard)``, ``("empty", n_queries)`` when no local query can be ranked, or the error."""
+    """This rank's result: ``compute(shard, self_index)``, ``("empty", n)`` or the error.
+
+    ``("empty", n_queries)`` when no local query can be ranked; an error is returned, and raised
+    on every rank by :func:`_merged`, never here (the other ranks would hang in the gather).
+    """
     try:
+        self_index = shard.self_index()
         if shard.query.shape[0] == 0:
             return ("empty", 0)
-        relevant = _relevant_counts(shard.query_labels, shard.gallery_labels, shard.self_index)
+        relevant = _relevant_counts(shard.query_labels, shard.gallery_labels, self_index)
         if not bool((relevant > 0).any()):
             return ("empty", int(shard.query.shape[0]))
-        return compute(shard)
-    except (ValueError, RuntimeError) as exc:
+        return compute(shard, self_index)
+    except Exception as exc:  # any failure: every rank must hear of it, or the others hang
         return exc
 
 
@@ -335,11 +424,11 @@ def distributed_retrieval_metrics(
             query, query_labels, gallery, gallery_labels, exclude_self=exclude_self, **kwargs
         )
     shard = _shard(
-        query, query_labels, gallery, gallery_labels, gallery_sharded, exclude_self, group
+        query, query_labels, gallery, gallery_labels, gallery_sharded, exclude_self, group, kwargs
     )
 
-    def compute(s: _Shard) -> RetrievalReport:
-        self_index = False if s.self_index is None else s.self_index
+    def compute(s: _Shard, self_index: torch.Tensor | None) -> RetrievalReport:
+        self_index = False if self_index is None else self_index
         return retrieval_metrics(
             s.query, s.query_labels, s.gallery, s.gallery_labels, exclude_self=self_index, **kwargs
         )
@@ -393,11 +482,11 @@ def distributed_pr_curve(
             query, query_labels, gallery, gallery_labels, exclude_self=exclude_self, **kwargs
         )
     shard = _shard(
-        query, query_labels, gallery, gallery_labels, gallery_sharded, exclude_self, group
+        query, query_labels, gallery, gallery_labels, gallery_sharded, exclude_self, group, kwargs
     )
 
-    def compute(s: _Shard) -> PRCurve:
-        self_index = False if s.self_index is None else s.self_index
+    def compute(s: _Shard, self_index: torch.Tensor | None) -> PRCurve:
+        self_index = False if self_index is None else self_index
         return pr_curve(
             s.query, s.query_labels, s.gallery, s.gallery_labels, exclude_self=self_index, **kwargs
         )

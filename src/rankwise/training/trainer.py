@@ -156,7 +156,11 @@ def _determinism(enabled: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _graceful_sigint(trainer: Trainer) -> Iterator[None]:
-    """First Ctrl-C: finish the current step, then checkpoint and stop. Second: abort at once."""
+    """First Ctrl-C or SIGTERM: finish the step, then checkpoint and stop. Second: abort at once.
+
+    SIGTERM is what schedulers (and torchrun, forwarding it to every process) send before they
+    kill a job, so it is handled like Ctrl-C: the run stops at a step boundary with a checkpoint.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -167,17 +171,19 @@ def _graceful_sigint(trainer: Trainer) -> Iterator[None]:
             raise KeyboardInterrupt
         trainer._stop_requested = True
         saving = " and saving a checkpoint" if trainer.run_dir is not None else ""
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         trainer.console.print(
-            f"[yellow]Ctrl-C: stopping after this step{saving} "
+            f"[yellow]{name}: stopping after this step{saving} "
             "(press Ctrl-C again to abort at once).[/yellow]",
             soft_wrap=True,
         )
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
@@ -989,7 +995,8 @@ class Trainer:
             The :class:`RunResult`.
 
         Raises:
-            TrainingInterrupted: Ctrl-C; ``last.pt`` holds the state after the last full step.
+            TrainingInterrupted: Ctrl-C or SIGTERM; ``last.pt`` holds the state after the last
+                full step.
             NonFiniteLossError: the loss or the model became NaN/inf, or the model collapsed
                 (:class:`~rankwise.training.errors.CollapsedEmbeddingsError`); the last good
                 checkpoint is kept.
