@@ -9,6 +9,7 @@ compares them with a single process.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -494,6 +495,7 @@ def main() -> None:
     context = init_distributed(backend="gloo", device="cpu")
     try:
         for case in cases:
+            started = time.perf_counter()
             run = CASES[case]
             if case in ("trainer", "digits"):
                 result = run(context.rank, context.world_size, out_dir)
@@ -502,6 +504,7 @@ def main() -> None:
             torch.save(result, out_dir / f"{case}-rank{context.rank}.pt")
             if dist.is_initialized():  # `rankwise train` (case digits) leaves the group itself
                 dist.barrier()
+            print(f"case {case}: {time.perf_counter() - started:.1f} s", flush=True)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
