@@ -120,8 +120,20 @@ def test_real_metric_learn_on_blobs():
     assert np.linalg.eigvalsh(A).min() > -1e-8  # a Mahalanobis matrix
 
 
+def _fashion_mnist_installed() -> bool:
+    from rankwise.data import read_mnist_family
+
+    try:
+        read_mnist_family("fashion-mnist", None)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def quick():
+    if not _fashion_mnist_installed():
+        pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
     return mmc.run(quick=True, seed=0, metric_learn=False)
 
 
