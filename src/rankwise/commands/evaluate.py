@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -54,15 +55,18 @@ def load_array(spec: str, name: str) -> torch.Tensor:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: unsupported extension, missing key, or content that is not one numeric array.
+        ValueError: unsupported extension, missing key, content that is not one numeric
+            array, or NaN / inf values (the rows are named).
     """
     path, key = _split_key(spec)
     if not path.is_file():
         raise FileNotFoundError(f"{name}: file not found: {path}")
     try:
-        return _load(path, key, name)
+        tensor = _load(path, key, name)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{name}: could not read {path.name}: {exc}") from exc
+    _check_finite(tensor, spec, name)
+    return tensor
 
 
 def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
@@ -72,8 +76,14 @@ def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
             raise ValueError(f"{name}: a .npy file holds one array; drop the ':{key}' suffix.")
         try:
             array = np.load(path, allow_pickle=False)
-        except ValueError as exc:  # pickled objects or a corrupt header
-            raise ValueError(f"{name}: could not read {path.name} as a .npy array: {exc}") from exc
+        except ValueError:  # pickled objects or a corrupt header
+            # numpy's own message advises allow_pickle=True, i.e. running code from the file:
+            # never repeat it
+            raise ValueError(
+                f"{name}: {path.name} is not a numeric .npy array (a corrupt file, or pickled "
+                "Python objects, which are never loaded); save the array with "
+                "numpy.save(path, array)."
+            ) from None
     elif suffix == ".npz":
         with np.load(path, allow_pickle=False) as archive:
             keys = list(archive.keys())
@@ -118,6 +128,23 @@ def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise ValueError(f"{name}: {path.name} must hold a numeric array, got dtype {array.dtype}.")
     return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _check_finite(tensor: torch.Tensor, spec: str, name: str) -> None:
+    """NaN / inf named by file and row (the library would name its Python argument)."""
+    if not tensor.is_floating_point():
+        return
+    bad = ~torch.isfinite(tensor)
+    if bad.ndim > 1:
+        bad = bad.flatten(1).any(dim=1)
+    rows = torch.nonzero(bad).flatten().tolist()
+    if rows:
+        shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+        raise ValueError(
+            f"{name}: {spec} has NaN or inf values in {len(rows)} row(s) (row {shown}, counted "
+            "from 0); check the model that produced it (a diverged loss, an fp16 overflow) or "
+            "drop those rows."
+        )
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -175,7 +202,12 @@ def evaluate(
     ties: str = typer.Option(
         "expected", "--ties", help="expected (tie-aware), optimistic or pessimistic."
     ),
-    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+    json_out: Path | None = typer.Option(
+        None,
+        "--json",
+        metavar="FILE",
+        help="Write the report as JSON; '-' writes it to stdout (the table then goes to stderr).",
+    ),
     plot_pr: Path | None = typer.Option(
         None, "--plot-pr", help="Write the mean precision-recall curve as a PNG."
     ),
@@ -185,7 +217,9 @@ def evaluate(
     from ..metrics.retrieval import pr_curve, retrieval_metrics
     from ..plots import plot_pr_curves
 
-    console = Console()
+    # `--json -`: stdout carries the JSON alone, so a script can parse it; people read stderr
+    json_to_stdout = json_out is not None and str(json_out) == "-"
+    console = Console(stderr=json_to_stdout)
     with cli_errors("evaluation", bad_input=(ValueError, FileNotFoundError)):
         ks_tuple = parse_ks(ks)
         dev = _check_device(device)
@@ -223,7 +257,10 @@ def evaluate(
     )
     for k, used in report.clamped_ks.items():
         console.print(f"k={k} exceeds the ranked list; evaluated at k={used}.", soft_wrap=True)
-    if json_out is not None:
+    if json_to_stdout:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        sys.stdout.flush()
+    elif json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         console.print(f"wrote {json_out}", soft_wrap=True)
