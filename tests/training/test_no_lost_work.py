@@ -89,9 +89,7 @@ def test_sigterm_outside_training_ends_a_command_with_143():
     ],
     ids=["truncated", "junk", "empty"],
 )
-def test_a_corrupt_last_checkpoint_names_the_older_one_and_how_to_resume(
-    stopped_run, damage, why
-):
+def test_a_corrupt_last_checkpoint_names_the_older_one_and_how_to_resume(stopped_run, damage, why):
     damage(stopped_run / "checkpoints" / "last.pt")
     with pytest.raises(CorruptCheckpointError) as info:
         Trainer.from_run_dir(stopped_run)

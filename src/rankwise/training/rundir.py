@@ -18,8 +18,11 @@ from .errors import ConfigError, CorruptCheckpointError
 
 __all__ = [
     "RUN_RESULT_FILES",
+    "SWEEP_FILE",
     "existing_results",
     "find_run_dirs",
+    "prepare_sweep_dir",
+    "read_sweep",
     "readable_checkpoint_step",
     "resolve_run_dir",
 ]
@@ -133,3 +136,139 @@ def readable_checkpoint_step(path: str | Path) -> int | None:
         return None
     step = state.get("step")
     return int(step) if step is not None else None
+
+
+# -- sweeps (bench, tune) --------------------------------------------------------------------------
+
+SWEEP_FILE = "sweep.json"
+
+
+def _sweep_results(output: Path, files: Sequence[str]) -> list[str]:
+    """What of a sweep's results ``output`` holds: its files and the run directories below it."""
+    found = existing_results(output, (SWEEP_FILE, *files))
+    if output.is_dir():
+        runs = [p for p in output.rglob("config.yaml") if existing_results(p.parent)]
+        if runs:
+            found.append(f"{len(runs)} run director{'y' if len(runs) == 1 else 'ies'}")
+    return found
+
+
+def _remove_previous_sweep(output: Path, files: Sequence[str]) -> None:
+    """Delete what the previous sweep in ``output`` wrote: its files and the runs it listed."""
+    import json
+    import shutil
+
+    manifest = output / SWEEP_FILE
+    runs: list[str] = []
+    if manifest.is_file():
+        try:
+            runs = list(json.loads(manifest.read_text()).get("runs", []))
+        except (ValueError, AttributeError):
+            runs = []
+    root = output.resolve()
+    for run in runs:
+        path = Path(run).resolve()
+        # only run directories inside the sweep's own folder, never anything else
+        if root in path.parents and path.is_dir():
+            shutil.rmtree(path)
+            parent = path.parent  # and the folders left empty (e.g. output/<loss>)
+            while parent != root and root in parent.parents and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
+    for name in (SWEEP_FILE, *files):
+        (output / name).unlink(missing_ok=True)
+
+
+def prepare_sweep_dir(
+    output: str | Path,
+    kind: str,
+    settings: dict,
+    runs: Sequence[str | Path],
+    files: Sequence[str],
+    *,
+    resume: bool,
+    overwrite: bool,
+) -> None:
+    """Apply the results rule to a sweep's output directory and record the sweep in it.
+
+    A fresh sweep refuses a directory holding results (``files``, a ``sweep.json``, or run
+    directories with results below it) unless ``overwrite`` (the previous sweep's files and the
+    run directories its ``sweep.json`` lists are deleted) or ``resume`` (the directory must hold
+    a sweep of the same ``kind`` with the same ``settings``). ``sweep.json`` records ``kind``,
+    ``settings`` (what ``--resume`` re-runs) and the planned run directories.
+
+    Args:
+        output: the sweep directory.
+        kind: ``"bench"`` or ``"tune"``.
+        settings: the plain-JSON settings that define the sweep.
+        runs: the planned run directories.
+        files: the sweep's own result files (e.g. ``bench.json``).
+        resume: continue the sweep in ``output``.
+        overwrite: delete the previous sweep's results first.
+
+    Raises:
+        ConfigError: a directory with results without ``resume`` / ``overwrite``; both given; a
+            ``resume`` of a directory without this sweep.
+    """
+    import json
+
+    from .checkpoint import atomic_write_text
+
+    output = Path(output)
+    if resume and overwrite:
+        raise ConfigError(
+            f"{kind}: `resume` continues the sweep and `overwrite` deletes its results; pass one."
+        )
+    if resume:
+        saved = read_sweep(output, kind)
+        if saved["settings"] != settings:
+            raise ConfigError(
+                f"output: the {kind} sweep in {str(output)!r} was started with other settings; "
+                "resume it with its own (rankwise "
+                f"{kind} --resume {output}) or start afresh with `overwrite`."
+            )
+    elif overwrite:
+        _remove_previous_sweep(output, files)
+    else:
+        found = _sweep_results(output, files)
+        if found:
+            raise ConfigError(
+                f"output: {str(output)!r} already holds results ({', '.join(found)}); continue "
+                f"the {kind} sweep with `resume` or start afresh with `overwrite`, which deletes "
+                "them (or choose another output)."
+            )
+    output.mkdir(parents=True, exist_ok=True)
+    record = {"kind": kind, "settings": settings, "runs": [str(r) for r in runs]}
+    atomic_write_text(json.dumps(record, indent=2) + "\n", output / SWEEP_FILE)
+
+
+def read_sweep(output: str | Path, kind: str) -> dict:
+    """The ``sweep.json`` of a ``kind`` sweep in ``output`` (what ``--resume`` reads).
+
+    Args:
+        output: the sweep directory.
+        kind: ``"bench"`` or ``"tune"``.
+
+    Returns:
+        ``{"kind", "settings", "runs"}``.
+
+    Raises:
+        ConfigError: no such sweep there.
+    """
+    import json
+
+    path = Path(output) / SWEEP_FILE
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"output: {str(output)!r} holds no {kind} sweep to resume (no {SWEEP_FILE})."
+        ) from None
+    except ValueError:
+        raise ConfigError(f"output: {path} is corrupt (not JSON); start afresh.") from None
+    if not isinstance(record, dict) or record.get("kind") != kind:
+        raise ConfigError(
+            f"output: {str(output)!r} holds no {kind} sweep (its {SWEEP_FILE} is "
+            f"of a {record.get('kind') if isinstance(record, dict) else '?'} one)."
+        )
+    return record

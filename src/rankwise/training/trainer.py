@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from .._signals import handle_signals, signal_number_of
 from .._threads import preserve_torch_threads
 from .._validation import Interval, check_bool, check_scalar
 from .build import (
@@ -73,9 +74,8 @@ from .checkpoint import (
 )
 from .config import Config, config_from_dict
 from .errors import ConfigError, CorruptCheckpointError, NonFiniteLossError, TrainingInterrupted
-from .rundir import existing_results, readable_checkpoint_step, resolve_run_dir
-from .._signals import handle_signals, signal_number_of
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
+from .rundir import existing_results, readable_checkpoint_step, resolve_run_dir
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -376,7 +376,9 @@ class Trainer:
         self.checkpoint_dir = (
             self.run_dir / "checkpoints" if self.run_dir is not None else Path("checkpoints")
         )
-        self._check_run_dir(check_bool(resume, "resume"), check_bool(overwrite, "overwrite"))
+        self._check_run_dir(
+            check_bool(resume, "resume"), check_bool(overwrite, "overwrite"), resume_from
+        )
         if console is None:
             from rich.console import Console
 
@@ -423,8 +425,6 @@ class Trainer:
         for callback in callbacks:
             self._add_callback(self._as_callback(callback))
         self._active: list[Callback] = list(self.callbacks)
-        if resume_from is not None and not resume:
-            raise ValueError("`resume_from` names the checkpoint to resume: pass `resume` too.")
         if resume:
             self._load_last(None if resume_from is None else Path(resume_from))
 
@@ -440,7 +440,11 @@ class Trainer:
                 f"(every rankwise.losses loss is one), got {type(loss_fn).__name__}."
             )
 
-    def _check_run_dir(self, resume: bool, overwrite: bool) -> None:
+    def _check_run_dir(
+        self, resume: bool, overwrite: bool, resume_from: str | Path | None = None
+    ) -> None:
+        if resume_from is not None and not resume:
+            raise ValueError("`resume_from` names the checkpoint to resume: pass `resume` too.")
         if resume and self.run_dir is None:
             raise ValueError("`resume` needs the `run_dir` of the run to continue.")
         if resume and overwrite:
