@@ -43,8 +43,10 @@ def _split_key(spec: str) -> tuple[Path, str | None]:
 
 
 def load_array(spec: str, name: str) -> torch.Tensor:
-    """Load one array from ``.npy``, ``.npz`` (``file.npz:key`` or a single-array archive) or
-    ``.pt`` / ``.pth`` (a tensor, or ``file.pt:key`` for a dict of tensors).
+    """Load one array from a ``.npy``, ``.npz`` or ``.pt`` / ``.pth`` file.
+
+    ``.npz``: ``file.npz:key`` or a single-array archive; ``.pt``: a tensor, or ``file.pt:key``
+    for a dict of tensors.
 
     Args:
         spec: the path, optionally followed by ``:key``.
@@ -69,57 +71,68 @@ def load_array(spec: str, name: str) -> torch.Tensor:
     return tensor
 
 
+def _load_npy(path: Path, key: str | None, name: str) -> np.ndarray:
+    if key is not None:
+        raise ValueError(f"{name}: a .npy file holds one array; drop the ':{key}' suffix.")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError:  # pickled objects or a corrupt header
+        # numpy's own message advises allow_pickle=True, i.e. running code from the file:
+        # never repeat it
+        raise ValueError(
+            f"{name}: {path.name} is not a numeric .npy array (a corrupt file, or pickled "
+            "Python objects, which are never loaded); save the array with "
+            "numpy.save(path, array)."
+        ) from None
+
+
+def _load_npz(path: Path, key: str | None, name: str) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as archive:
+        keys = list(archive.keys())
+        if key is None:
+            if len(keys) != 1:
+                raise ValueError(
+                    f"{name}: {path.name} holds {len(keys)} arrays ({', '.join(keys) or 'none'}); "
+                    f"choose one with {path.name}:KEY."
+                )
+            key = keys[0]
+        if key not in keys:
+            raise ValueError(
+                f"{name}: {path.name} has no array {key!r}; available: {', '.join(keys)}."
+            )
+        return archive[key]
+
+
+def _load_pt(path: Path, key: str | None, name: str) -> torch.Tensor:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"{name}: could not read {path.name} with torch.load(weights_only=True); save "
+            "a plain tensor (torch.save(tensor, path)) or a dict of tensors."
+        ) from exc
+    if isinstance(obj, dict):
+        if key is None or key not in obj:
+            keys = ", ".join(map(str, obj.keys()))
+            raise ValueError(
+                f"{name}: {path.name} holds a dict ({keys}); choose a tensor with {path.name}:KEY."
+            )
+        obj = obj[key]
+    elif key is not None:
+        raise ValueError(f"{name}: {path.name} holds a single tensor; drop ':{key}'.")
+    if not isinstance(obj, torch.Tensor):
+        raise ValueError(f"{name}: {path.name} must hold a tensor, got {type(obj).__name__}.")
+    return obj
+
+
 def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
     suffix = path.suffix.lower()
+    if suffix in (".pt", ".pth"):
+        return _load_pt(path, key, name)
     if suffix == ".npy":
-        if key is not None:
-            raise ValueError(f"{name}: a .npy file holds one array; drop the ':{key}' suffix.")
-        try:
-            array = np.load(path, allow_pickle=False)
-        except ValueError:  # pickled objects or a corrupt header
-            # numpy's own message advises allow_pickle=True, i.e. running code from the file:
-            # never repeat it
-            raise ValueError(
-                f"{name}: {path.name} is not a numeric .npy array (a corrupt file, or pickled "
-                "Python objects, which are never loaded); save the array with "
-                "numpy.save(path, array)."
-            ) from None
+        array = _load_npy(path, key, name)
     elif suffix == ".npz":
-        with np.load(path, allow_pickle=False) as archive:
-            keys = list(archive.keys())
-            if key is None:
-                if len(keys) != 1:
-                    raise ValueError(
-                        f"{name}: {path.name} holds {len(keys)} arrays ({', '.join(keys) or 'none'}); "
-                        f"choose one with {path.name}:KEY."
-                    )
-                key = keys[0]
-            if key not in keys:
-                raise ValueError(
-                    f"{name}: {path.name} has no array {key!r}; available: {', '.join(keys)}."
-                )
-            array = archive[key]
-    elif suffix in (".pt", ".pth"):
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise ValueError(
-                f"{name}: could not read {path.name} with torch.load(weights_only=True); save "
-                "a plain tensor (torch.save(tensor, path)) or a dict of tensors."
-            ) from exc
-        if isinstance(obj, dict):
-            if key is None or key not in obj:
-                keys = ", ".join(map(str, obj.keys()))
-                raise ValueError(
-                    f"{name}: {path.name} holds a dict ({keys}); choose a tensor with "
-                    f"{path.name}:KEY."
-                )
-            obj = obj[key]
-        elif key is not None:
-            raise ValueError(f"{name}: {path.name} holds a single tensor; drop ':{key}'.")
-        if not isinstance(obj, torch.Tensor):
-            raise ValueError(f"{name}: {path.name} must hold a tensor, got {type(obj).__name__}.")
-        return obj
+        array = _load_npz(path, key, name)
     else:
         raise ValueError(
             f"{name}: unsupported file type {suffix or '(none)'!r} for {path.name}; use one of "
