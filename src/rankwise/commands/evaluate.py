@@ -11,6 +11,7 @@ mean precision-recall curve as a PNG. Bad input ends with a one-line error and e
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 import zipfile
@@ -45,8 +46,8 @@ def _split_key(spec: str) -> tuple[Path, str | None]:
 def load_array(spec: str, name: str) -> torch.Tensor:
     """Load one array from a ``.npy``, ``.npz`` or ``.pt`` / ``.pth`` file.
 
-    ``.npz``: ``file.npz:key`` or a single-array archive; ``.pt``: a tensor, or ``file.pt:key``
-    for a dict of tensors.
+    ``.npz`` takes ``file.npz:key`` or a single-array archive; ``.pt`` / ``.pth`` a tensor, or
+    ``file.pt:key`` for a dict of tensors.
 
     Args:
         spec: the path, optionally followed by ``:key``.
@@ -69,6 +70,23 @@ def load_array(spec: str, name: str) -> torch.Tensor:
         raise ValueError(f"{name}: could not read {path.name}: {exc}") from exc
     _check_finite(tensor, spec, name)
     return tensor
+
+
+def _check_finite(tensor: torch.Tensor, spec: str, name: str) -> None:
+    """NaN / inf named by file and row (the library would name its Python argument)."""
+    if not tensor.is_floating_point():
+        return
+    bad = ~torch.isfinite(tensor)
+    if bad.ndim > 1:
+        bad = bad.flatten(1).any(dim=1)
+    rows = torch.nonzero(bad).flatten().tolist()
+    if rows:
+        shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+        raise ValueError(
+            f"{name}: {spec} has NaN or inf values in {len(rows)} row(s) (row {shown}, counted "
+            "from 0); check the model that produced it (a diverged loss, an fp16 overflow) or "
+            "drop those rows."
+        )
 
 
 def _load_npy(path: Path, key: str | None, name: str) -> np.ndarray:
@@ -129,35 +147,15 @@ def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
     suffix = path.suffix.lower()
     if suffix in (".pt", ".pth"):
         return _load_pt(path, key, name)
-    if suffix == ".npy":
-        array = _load_npy(path, key, name)
-    elif suffix == ".npz":
-        array = _load_npz(path, key, name)
-    else:
+    if suffix not in (".npy", ".npz"):
         raise ValueError(
             f"{name}: unsupported file type {suffix or '(none)'!r} for {path.name}; use one of "
             f"{', '.join(_EXTENSIONS)}."
         )
+    array = (_load_npy if suffix == ".npy" else _load_npz)(path, key, name)
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise ValueError(f"{name}: {path.name} must hold a numeric array, got dtype {array.dtype}.")
     return torch.from_numpy(np.ascontiguousarray(array))
-
-
-def _check_finite(tensor: torch.Tensor, spec: str, name: str) -> None:
-    """NaN / inf named by file and row (the library would name its Python argument)."""
-    if not tensor.is_floating_point():
-        return
-    bad = ~torch.isfinite(tensor)
-    if bad.ndim > 1:
-        bad = bad.flatten(1).any(dim=1)
-    rows = torch.nonzero(bad).flatten().tolist()
-    if rows:
-        shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
-        raise ValueError(
-            f"{name}: {spec} has NaN or inf values in {len(rows)} row(s) (row {shown}, counted "
-            "from 0); check the model that produced it (a diverged loss, an fp16 overflow) or "
-            "drop those rows."
-        )
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -181,6 +179,66 @@ def _check_device(device: str | None) -> torch.device | None:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: no CUDA device is available on this machine.")
     return dev
+
+
+def _check_output_path(path: Path | None, flag: str) -> None:
+    """Fail before any work when ``path`` cannot be written (a directory, a file as a parent)."""
+    if path is None or (flag == "--json" and str(path) == "-"):  # `--json -`: stdout
+        return
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; name a file to write.")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(
+            f"{flag} {path}: {ancestor} is not a directory, so {path.name} cannot be written."
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK) or (
+        path.exists() and not os.access(path, os.W_OK)
+    ):
+        raise ValueError(f"{flag} {path}: no permission to write there; choose another path.")
+
+
+def _write_outputs(
+    report: Any,
+    curve: Any,
+    json_out: Path | None,
+    plot_pr: Path | None,
+    embeddings: str,
+    mode: str,
+    console: Console,
+) -> None:
+    """Write the JSON report and the PR plot (an OSError becomes a one-line error in evaluate)."""
+    from ..plots import plot_pr_curves
+
+    if json_out is not None and str(json_out) == "-":
+        # `--json -`: stdout carries the JSON alone, so a script can parse it
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        sys.stdout.flush()
+    elif json_out is not None:
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            raise ValueError(
+                f"--json {json_out}: could not write the report ({exc.strerror or exc})."
+            ) from exc
+        console.print(f"wrote {json_out}", soft_wrap=True)
+    if curve is not None:
+        name = Path(_split_key(embeddings)[0]).stem
+        try:
+            written = plot_pr_curves(
+                {name: curve},
+                plot_pr,
+                title=f"Precision-recall ({mode})",
+                labels={name: report.map},
+            )
+        except OSError as exc:
+            raise ValueError(
+                f"--plot-pr {plot_pr}: could not write the plot ({exc.strerror or exc})."
+            ) from exc
+        console.print(f"wrote {written}", soft_wrap=True)
 
 
 def _report_table(report: Any) -> Table:
@@ -228,11 +286,9 @@ def evaluate(
 ) -> None:
     """Exact tie-aware retrieval metrics (mAP, recall@k, MAP@R) of saved embeddings."""
     from ..metrics.retrieval import pr_curve, retrieval_metrics
-    from ..plots import plot_pr_curves
 
-    # `--json -`: stdout carries the JSON alone, so a script can parse it; people read stderr
-    json_to_stdout = json_out is not None and str(json_out) == "-"
-    console = Console(stderr=json_to_stdout)
+    # `--json -`: stdout carries the JSON alone; people read the table on stderr
+    console = Console(stderr=json_out is not None and str(json_out) == "-")
     with cli_errors("evaluation", bad_input=(ValueError, FileNotFoundError)):
         ks_tuple = parse_ks(ks)
         dev = _check_device(device)
@@ -240,6 +296,8 @@ def evaluate(
             raise ValueError("pass both --gallery and --gallery-labels, or neither.")
         if plot_pr is not None and plot_pr.suffix.lower() != ".png":
             raise ValueError(f"--plot-pr must name a .png file, got {plot_pr}.")
+        _check_output_path(json_out, "--json")
+        _check_output_path(plot_pr, "--plot-pr")
         query = load_array(embeddings, "EMBEDDINGS")
         query_labels = load_array(labels, "LABELS")
         gallery_t = load_array(gallery, "--gallery") if gallery is not None else None
@@ -270,16 +328,5 @@ def evaluate(
     )
     for k, used in report.clamped_ks.items():
         console.print(f"k={k} exceeds the ranked list; evaluated at k={used}.", soft_wrap=True)
-    if json_to_stdout:
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
-        sys.stdout.flush()
-    elif json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        console.print(f"wrote {json_out}", soft_wrap=True)
-    if curve is not None:
-        name = Path(_split_key(embeddings)[0]).stem
-        written = plot_pr_curves(
-            {name: curve}, plot_pr, title=f"Precision-recall ({mode})", labels={name: report.map}
-        )
-        console.print(f"wrote {written}", soft_wrap=True)
+    with cli_errors("evaluation", bad_input=(ValueError,)):  # a write that fails after all
+        _write_outputs(report, curve, json_out, plot_pr, embeddings, mode, console)
