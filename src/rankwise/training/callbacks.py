@@ -563,6 +563,7 @@ class PlotCurves(Callback):
             trainer.history,
             trainer.run_dir / "training_curves.png",
             title=self.title or trainer.name,
+            selected_step=result.best_step,
         )
         if result.pr_curve is None or result.test is None:
             return
