@@ -71,3 +71,30 @@ def test_nan_embeddings_are_named_by_file_and_row(files):
     text = " ".join(result.output.split())
     assert "bad.npy has NaN or inf values in 2 row(s) (row 7, 11" in text
     assert "`query`" not in text
+
+
+def test_train_has_seed_and_data_dir_as_the_readme_says(tmp_path):
+    import yaml
+
+    config = {
+        "dataset": {"name": "digits"},
+        "model": {"backbone": "small_cnn", "embedding_dim": 8},
+        "loss": {"name": "auc", "params": {}},
+        "sampler": {"m": 4, "batch_size": 20},
+        "budget": {"iterations": 2},
+        "eval_every": 2,
+        "eval_ks": [1],
+        "threads": 1,
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    out = tmp_path / "run"
+    args = ["train", "-c", str(path), "-o", str(out), "--seed", "3", "--data-dir", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["seed"] == 3 and saved["dataset"]["data_dir"] == str(tmp_path)
+    text = " ".join(result.output.split())
+    assert "Test results of the model selected on validation mAP (step 2 of 2)" in text
+    # without a terminal, progress is plain log lines, one per print
+    assert any(line.startswith("auc on digits: step 2/2") for line in result.output.splitlines())

@@ -490,7 +490,10 @@ class ProgressBar(Callback):
         return text
 
     def _print_line(self, trainer: Trainer, step: int) -> None:
-        trainer.console.print(self.line(trainer, step), markup=False, highlight=False)
+        # one log line per print, never wrapped at the console width (logs are grepped)
+        trainer.console.print(
+            self.line(trainer, step), markup=False, highlight=False, soft_wrap=True
+        )
         self._last_line = time.perf_counter()
 
     def on_train_step_end(self, trainer: Trainer, output: StepOutput) -> None:
