@@ -74,3 +74,47 @@ def test_embed_command_writes_the_embeddings(trained, tmp_path):
     assert emb.shape == (50, 8) and np.array_equal(emb, expected)
     again = runner.invoke(app, args)
     assert again.exit_code == 2 and "--overwrite" in again.output
+
+
+def test_embed_a_folder_of_images_with_an_image_run(tmp_path):
+    # an image-dataset run (cub200, 3 x 16 x 16 here): the folder is embedded in sorted path
+    # order with the run's resize + ImageNet normalization, and the order is written beside it
+    import yaml
+    from PIL import Image
+
+    from rankwise.data.base import default_image_transform
+    from rankwise.models import build_model
+    from rankwise.training import atomic_save
+
+    run_dir = tmp_path / "run"
+    config = {
+        "dataset": {"name": "cub200", "image_size": 16},
+        "model": {"backbone": "small_cnn", "embedding_dim": 4},
+        "loss": {"name": "auc"},
+        "budget": {"iterations": 1},
+    }
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    torch.manual_seed(0)
+    model = build_model("small_cnn", (3, 16, 16), 4)
+    atomic_save({"step": 7, "model": model.state_dict()}, run_dir / "checkpoints" / "best.pt")
+    images = tmp_path / "images" / "sub"
+    images.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in ("b.png", "a.jpg"):
+        Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(images / name)
+    out = tmp_path / "emb.npy"
+    result = CliRunner().invoke(
+        app, ["embed", str(run_dir), str(tmp_path / "images"), "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    listed = (tmp_path / "emb.paths.txt").read_text().split()
+    assert [p.rsplit("/", 1)[1] for p in listed] == ["a.jpg", "b.png"]
+    transform = default_image_transform(16)
+    with Image.open(listed[0]) as image:
+        first = transform(image)
+    model.eval()
+    with torch.no_grad():
+        expected = model(first[None]).numpy()
+    assert np.allclose(np.load(out)[:1], expected, atol=1e-6)
+    assert load_run(run_dir).step == 7
