@@ -6,21 +6,21 @@ Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimizat
 Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the
 selected model). Configuration errors end with a message naming the key and exit code 2; Ctrl-C
 (SIGTERM) saves a checkpoint and exits with code 130 (143); a NaN/inf loss exits with code 1.
+
+Under ``torchrun --nproc-per-node N -m rankwise train ...`` every process runs this command and
+the run is data-parallel (:class:`~rankwise.training.distributed.DistributedTrainer`, backend
+``distributed.backend``): rank 0 writes the run directory and prints, the other ranks print only
+errors. See docs/distributed.md.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import typer
 
 from .common import cli_errors, output_console
-
-if TYPE_CHECKING:
-    from rich.console import Console
-
-    from ..training import RunResult
 
 __all__ = ["FLAGS", "train"]
 
@@ -33,16 +33,50 @@ FLAGS = {
     "config": "--config",
     "num_workers": "--num-workers",
     "device": "--device",
+    "max_steps": "--max-steps",
     "seed": "--seed",
     "data_dir": "--data-dir",
     "resume_from": "--from-checkpoint",
 }
 
 
-def _print_result(console: Console, result: RunResult) -> None:
+def _read_run_config(run_dir: Path) -> dict[str, Any]:
+    """The saved config of a run as a dict (empty when missing: the resume reports it)."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    try:
+        data = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    except yaml.YAMLError:
+        data = {}
+    return data if isinstance(data, dict) else {}
+
+
+def _join_process_group(config: dict[str, Any], device: str | None) -> int:
+    """Under torchrun, join the process group (``config``'s backend and device); the rank."""
+    from ..training.distributed import init_distributed, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        return 0
+    settings = config.get("distributed") or {}
+    context = init_distributed(
+        backend=settings.get("backend", "auto"), device=device or config.get("device", "auto")
+    )
+    return context.rank
+
+
+def _print_result(console: Any, result: Any) -> None:
     """The closing lines of a run: the test table (of the selected model) and where files are."""
     from ..reporting import report_table
 
+    run_dir = result.run_dir
+    if result.status == "stopped":
+        console.print(
+            f"stopped after step {result.steps} (--max-steps) with a checkpoint; continue with: "
+            f"rankwise train --resume {run_dir}",
+            soft_wrap=True,
+        )
+        return
     if result.test is not None:
         selected = (
             f"the model selected on validation mAP (step {result.best_step} of {result.steps})"
@@ -55,7 +89,6 @@ def _print_result(console: Console, result: RunResult) -> None:
             f"best validation mAP {result.best_val['map']:.4f} at step {result.best_step} "
             f"of {result.steps}; {result.seconds:.1f} s"
         )
-    run_dir = result.run_dir
     console.print(f"run directory: {run_dir}", soft_wrap=True)
     console.print(f"report: {run_dir / 'report.json'}", soft_wrap=True)
     console.print(
@@ -132,52 +165,107 @@ def train(
         "--overwrite",
         help="Delete the results of a run in the output directory and start afresh.",
     ),
+    max_steps: int | None = typer.Option(
+        None,
+        "--max-steps",
+        min=0,
+        help="Stop after this many steps in total, with a checkpoint (continue with --resume).",
+    ),
 ) -> None:
-    """Train an embedding model with a ranking loss; writes checkpoints, metrics and plots."""
-    console = output_console(140)
-    overrides = list(overrides or [])
-    with cli_errors("training", FLAGS) as err:
-        from ..training import ConfigError, Trainer, load_config
+    """Train an embedding model with a ranking loss; writes checkpoints, metrics and plots.
 
-        changed = [
-            flag
-            for flag, value in (
-                ("--config", config),
-                ("--output", output),
-                ("--data-dir", data_dir),
-                ("--seed", seed),
-                ("KEY=VALUE overrides", overrides or None),
+    Data-parallel on several processes: torchrun --nproc-per-node N -m rankwise train ...
+    """
+    console = output_console(140)
+    options = {
+        "num_workers": num_workers,
+        "device": device,
+        "overwrite": overwrite,
+        "from_checkpoint": from_checkpoint,
+        "data_dir": data_dir,
+        "seed": seed,
+    }
+    try:
+        with cli_errors("training", FLAGS) as err:
+            trainer, rank = _build_trainer(
+                list(overrides or []), config, resume, output, options, err
             )
-            if value is not None
-        ]
-        _check_resume_options(resume, from_checkpoint, overwrite, changed)
-        if resume is not None:
-            trainer = Trainer.from_run_dir(
-                resume,
-                num_workers=num_workers,
-                device=device,
-                console=err,
-                checkpoint=from_checkpoint,
-            )
-            console.print(
-                f"resuming {trainer.run_dir} at step {trainer.step}/{trainer.total_steps}",
-                soft_wrap=True,
-            )
-        else:
-            if config is None:
-                raise ConfigError("--config: pass a YAML config (or --resume RUN_DIR).")
-            shortcuts = {
-                "output_dir": output,
-                "dataset.data_dir": data_dir,
-                "seed": seed,
-                "num_workers": num_workers,
-                "device": device,
-            }
-            extra = [f"{key}={value}" for key, value in shortcuts.items() if value is not None]
-            notes: list[str] = []
-            loaded = load_config(config, overrides + extra, notes)
-            for note in notes:
-                err.print(f"note: {note}", soft_wrap=True, markup=False, highlight=False)
-            trainer = Trainer.from_config(loaded, overwrite=overwrite, console=err)
-        result = trainer.fit()
-    _print_result(console, result)
+            if rank != 0:
+                console = output_console(140, quiet=True)
+            if resume is not None:
+                console.print(
+                    f"resuming {trainer.run_dir} at step {trainer.step}/{trainer.total_steps}",
+                    soft_wrap=True,
+                )
+            result = trainer.fit(max_steps=max_steps)
+        _print_result(console, result)
+    finally:
+        _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """Under torchrun, leave the process group this command joined."""
+    import torch.distributed as dist
+
+    from ..training.distributed import launched_by_torchrun
+
+    if launched_by_torchrun() and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _build_trainer(
+    overrides: list[str],
+    config: Path | None,
+    resume: Path | None,
+    output: Path | None,
+    options: dict[str, Any],
+    err: Any,
+) -> tuple[Any, int]:
+    """The trainer of the command (data-parallel under torchrun) and this process's rank."""
+    from ..training import ConfigError, Trainer, load_config
+    from ..training.distributed import DistributedTrainer, launched_by_torchrun
+    from ..training.rundir import resolve_run_dir
+
+    num_workers, device = options["num_workers"], options["device"]
+    data_dir, seed = options["data_dir"], options["seed"]
+    changed = [
+        flag
+        for flag, value in (
+            ("--config", config),
+            ("--output", output),
+            ("--data-dir", data_dir),
+            ("--seed", seed),
+            ("KEY=VALUE overrides", overrides or None),
+        )
+        if value is not None
+    ]
+    _check_resume_options(resume, options["from_checkpoint"], options["overwrite"], changed)
+    trainer_class: Any = DistributedTrainer if launched_by_torchrun() else Trainer
+    if resume is not None:
+        run_dir = resolve_run_dir(resume)  # a folder holding one run is accepted
+        rank = _join_process_group(_read_run_config(run_dir), device)
+        trainer = trainer_class.from_run_dir(
+            run_dir,
+            num_workers=num_workers,
+            device=device,
+            console=err,
+            checkpoint=options["from_checkpoint"],
+        )
+        return trainer, rank
+    if config is None:
+        raise ConfigError("--config: pass a YAML config (or --resume RUN_DIR).")
+    shortcuts = {
+        "output_dir": output,
+        "dataset.data_dir": data_dir,
+        "seed": seed,
+        "num_workers": num_workers,
+        "device": device,
+    }
+    extra = [f"{key}={value}" for key, value in shortcuts.items() if value is not None]
+    notes: list[str] = []
+    run_config = load_config(config, overrides + extra, notes)
+    for note in notes:
+        err.print(f"note: {note}", soft_wrap=True, markup=False, highlight=False)
+    rank = _join_process_group(run_config.to_dict(), None)
+    trainer = trainer_class.from_config(run_config, overwrite=options["overwrite"], console=err)
+    return trainer, rank
