@@ -116,7 +116,7 @@ def test_separate_gallery_and_similarity(saved):
         (lambda t: [t / "multi.npz", t / "labels.npy"], "choose one with multi.npz:KEY"),
         (lambda t: [t / "multi.npz:nope", t / "labels.npy"], "no array 'nope'"),
         (lambda t: [t / "list.pt", t / "labels.npy"], "must hold a tensor"),
-        (lambda t: [t / "garbage.npy", t / "labels.npy"], "could not read garbage.npy"),
+        (lambda t: [t / "garbage.npy", t / "labels.npy"], "garbage.npy is not a numeric .npy"),
         (lambda t: [t / "garbage.pt", t / "labels.npy"], "could not read garbage.pt"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--ks", "1,x"], "--ks"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--similarity", "l1"], "`similarity`"),

@@ -116,7 +116,18 @@ def test_bench_quick_writes_bench_json_with_the_exact_schema(tmp_path):
     )
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "bench.json").read_text())
-    assert set(summary) == {"dataset", "protocol", "seeds", "rows", "reference_rows"}
+    assert set(summary) == {
+        "dataset",
+        "protocol",
+        "seeds",
+        "complete",
+        "runs_finished",
+        "runs_planned",
+        "warm_up_seconds",
+        "rows",
+        "reference_rows",
+    }
+    assert summary["complete"] is True and summary["runs_finished"] == 4
     assert summary["dataset"] == "digits" and summary["protocol"] == "open-set"
     assert summary["seeds"] == [0, 1]
     assert [row["loss"] for row in summary["rows"]] == ["triplet", "soprc"]

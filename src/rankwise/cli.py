@@ -2,7 +2,8 @@
 
 Sub-commands: ``evaluate`` (exact tie-aware retrieval report of saved embeddings), ``train`` (one
 training run from a YAML config), ``bench`` (every loss on one dataset, Table 1 style), ``tune``
-(hyper-parameter selection on the validation split) and ``experiment`` (the papers' analysis
+(hyper-parameter selection on the validation split), ``embed`` (new data through a trained run's
+model and preprocessing) and ``experiment`` (the papers' analysis
 figures, :mod:`rankwise.experiments`). The
 sub-commands live in :mod:`rankwise.commands` (see its docstring to add one); ``python -m
 rankwise`` runs the same program.
@@ -38,14 +39,72 @@ def build_app() -> typer.Typer:
 
     from .commands import register
 
+    _conventional_help()
     app = typer.Typer(
         name="rankwise",
         help="Learn and evaluate embeddings by directly optimizing ranking metrics.",
         no_args_is_help=True,
-        add_completion=False,
+        add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish)
         pretty_exceptions_enable=False,
     )
+
+    @app.callback()
+    def _root(
+        version: bool = typer.Option(
+            False,
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Show the version and exit.",
+        ),
+    ) -> None:
+        """Learn and evaluate embeddings by directly optimizing ranking metrics."""
+
     return register(app)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        import typer
+
+        from . import __version__
+
+        print(f"rankwise {__version__}")
+        raise typer.Exit()
+
+
+def _conventional_help() -> None:
+    """Help text as click writes it: ``EMBEDDINGS`` in usage lines, no ``<bool>`` for flags.
+
+    typer (0.2x) shows a required argument as ``{embeddings}`` in the usage line and the type
+    ``<bool>`` beside every flag, which reads as a value to pass. Both renderings are replaced
+    once per process; a typer without these hooks is left as it is.
+    """
+    from typer import core
+
+    argument, option = core.TyperArgument, core.TyperOption
+    if getattr(argument, "_rankwise_help", False) or not hasattr(argument, "_usage_display_name"):
+        return
+    original_type = option.display_type_rich
+
+    def usage_name(self: Any) -> str:
+        name = self.metavar if self.metavar is not None else self.name.upper()
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 and self.metavar is None else "")
+
+    def rich_name(self: Any) -> str:
+        return self.metavar if self.metavar is not None else self.name.upper()
+
+    def type_of(self: Any, ctx: Any) -> str | None:
+        if self.is_flag and self.metavar is None:
+            return None  # a flag takes no value
+        return original_type(self, ctx)
+
+    argument._usage_display_name = usage_name
+    if hasattr(argument, "_rich_display_name"):
+        argument._rich_display_name = rich_name
+    option.display_type_rich = type_of
+    argument._rankwise_help = True
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ training loops.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ def _legend_text(name: str, labels: Mapping[str, float | str] | None, default: s
     value = labels[name]
     if isinstance(value, str):
         return value
-    return f"{name} (mAP {float(value):.4f})"
+    return f"{name} (mAP {100 * float(value):.2f} %)"  # in %, as every table shows it
 
 
 def _save(fig: Figure, path: str | Path) -> Path:
@@ -43,19 +43,34 @@ def _save(fig: Figure, path: str | Path) -> Path:
         raise ValueError(f"`path` must end in .png, got {str(path)!r}.")
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")  # keeps a legend placed beside the axes
     return out
 
 
-def _line_styles(n: int) -> list[dict[str, object]]:
-    """A distinct colour per curve: tab20's 10 dark shades, then its 10 light ones.
+# after tab10's 10 colours: further curves reuse them with another dash pattern and a marker,
+# never a pale shade (the 11th method of a benchmark, SOPRC, must read as well as the first)
+_DASHES = ("-", "--", "-.", ":")
+_MARKERS = (None, "o", "s", "^")
 
-    Solid for the first 10 curves and dashed after: matplotlib's default cycle repeats after 10
-    colours, and a benchmark plots 11 methods on one figure.
-    """
-    order = [*range(0, 20, 2), *range(1, 20, 2)]
-    cmap = matplotlib.colormaps["tab20"]
-    return [{"color": cmap(order[i % 20]), "linestyle": "-" if i < 10 else "--"} for i in range(n)]
+
+def _line_styles(n: int) -> list[dict[str, object]]:
+    """A distinct, readable style per curve: tab10's colours, then other dashes and markers."""
+    cmap = matplotlib.colormaps["tab10"]
+    styles: list[dict[str, object]] = []
+    for i in range(n):
+        group = (i // 10) % len(_DASHES)
+        style: dict[str, object] = {"color": cmap(i % 10), "linestyle": _DASHES[group]}
+        if _MARKERS[group] is not None:
+            style.update(marker=_MARKERS[group], markevery=0.1, markersize=4)
+        styles.append(style)
+    return styles
+
+
+# no-learning reference curves (raw input, untrained network): grey and black, dotted
+_REFERENCE_STYLES = (
+    {"color": "0.25", "linestyle": ":", "linewidth": 2.2},
+    {"color": "0.55", "linestyle": (0, (1, 3)), "linewidth": 2.2},
+)
 
 
 def plot_pr_curves(
@@ -63,6 +78,7 @@ def plot_pr_curves(
     path: str | Path,
     title: str | None = None,
     labels: Mapping[str, float | str] | None = None,
+    references: Sequence[str] = (),
 ) -> Path:
     """Draw several precision-recall curves on one figure and save it as a PNG.
 
@@ -71,17 +87,28 @@ def plot_pr_curves(
             of the same length, e.g. the result of :func:`rankwise.metrics.retrieval.pr_curve`).
         path: output ``.png`` file (parent folders are created).
         title: figure title.
-        labels: optional method name -> mAP (a float, shown as "name (mAP 0.1234)") or a full
-            legend string.
+        labels: optional method name -> mAP (a fraction, shown in % as "name (mAP 12.34 %)")
+            or a full legend string.
+        references: names in ``curves`` that are no-learning references (raw input, untrained
+            network): drawn grey and dotted, after the methods.
 
     Returns:
         The path written, as a :class:`pathlib.Path`.
     """
     if not curves:
         raise ValueError("`curves` is empty; pass at least one name -> PRCurve.")
-    fig = Figure(figsize=(6.4, 4.8))
+    unknown = [name for name in references if name not in curves]
+    if unknown:
+        raise ValueError(f"`references` {unknown} are not in `curves`.")
+    methods = [name for name in curves if name not in references]
+    styles = dict(zip(methods, _line_styles(len(methods)), strict=True))
+    for i, name in enumerate(references):
+        styles[name] = dict(_REFERENCE_STYLES[i % len(_REFERENCE_STYLES)])
+    many = len(curves) > 6  # a long legend goes beside the axes, never over the curves
+    fig = Figure(figsize=(10.0 if many else 6.4, 5.2 if many else 4.8))
     ax = fig.add_subplot()
-    for style, (name, curve) in zip(_line_styles(len(curves)), curves.items(), strict=True):
+    for name in [*methods, *references]:
+        curve, style = curves[name], {"linewidth": 1.8, **styles[name]}
         recall = np.asarray(curve.recall, dtype=np.float64)
         precision = np.asarray(curve.precision, dtype=np.float64)
         if recall.shape != precision.shape or recall.ndim != 1:
@@ -89,13 +116,16 @@ def plot_pr_curves(
                 f"curve {name!r}: `recall` and `precision` must be 1-D of the same length, got "
                 f"{recall.shape} and {precision.shape}."
             )
-        ax.plot(recall, precision, linewidth=1.8, label=_legend_text(name, labels, name), **style)
+        ax.plot(recall, precision, label=_legend_text(name, labels, name), **style)
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.02)
     ax.set_xlabel("recall")
     ax.set_ylabel("precision (mean over queries)")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
+    if many:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False)
+    else:
+        ax.legend(loc="best", fontsize="small")
     ax.set_title(title or "Precision-recall")
     fig.tight_layout()
     return _save(fig, path)

@@ -20,10 +20,77 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["bench_table_markdown", "print_bench_table", "print_tune_table"]
+__all__ = [
+    "REPORT_NAMES",
+    "bench_table_markdown",
+    "print_bench_table",
+    "print_tune_table",
+    "report_rows",
+    "report_table",
+]
+
+# the names the command line (and every table) gives a RetrievalReport's fields
+REPORT_NAMES = {
+    "map": "mAP",
+    "recall_at": "recall@{k}",
+    "precision_at": "precision@{k}",
+    "map_at_r": "MAP@R",
+    "r_precision": "R-precision",
+}
 
 
-def _pct(mean: float, std: float) -> str:
+def report_rows(report: Any) -> list[tuple[str, float]]:
+    """``(name, value)`` of every metric of a retrieval report, named as the command line does.
+
+    Args:
+        report: a :class:`~rankwise.metrics.RetrievalReport`.
+
+    Returns:
+        mAP, recall@k..., precision@k..., MAP@R, R-precision, in that order.
+    """
+    rows = [(REPORT_NAMES["map"], float(report.map))]
+    rows += [(REPORT_NAMES["recall_at"].format(k=k), float(v)) for k, v in report.recall_at.items()]
+    rows += [
+        (REPORT_NAMES["precision_at"].format(k=k), float(v)) for k, v in report.precision_at.items()
+    ]
+    rows += [
+        (REPORT_NAMES["map_at_r"], float(report.map_at_r)),
+        (REPORT_NAMES["r_precision"], float(report.r_precision)),
+    ]
+    return rows
+
+
+def report_table(report: Any, title: str | None = None) -> Any:
+    """A rich table of a retrieval report (the metrics as fractions, 4 decimals).
+
+    Args:
+        report: a :class:`~rankwise.metrics.RetrievalReport`.
+        title: the table's title, e.g. ``"Test results of the selected model"``.
+
+    Returns:
+        A ``rich.table.Table``; its caption counts the queries (and those excluded).
+    """
+    from rich.table import Table
+
+    evaluated = report.n_queries - report.n_queries_without_relevant
+    caption = f"{report.n_queries} queries x {report.n_gallery} gallery items"
+    if report.n_queries_without_relevant:
+        caption += (
+            f"; {report.n_queries_without_relevant} queries without a relevant item excluded, "
+            f"means over {evaluated}"
+        )
+    table = Table(title=title, caption=caption, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in report_rows(report):
+        table.add_row(name, f"{value:.4f}")
+    return table
+
+
+def _pct(mean: float, std: float, n: int = 2) -> str:
+    """``mean ± std`` in %; the spread is left out when there are fewer than 2 values."""
+    if n < 2:
+        return f"{100 * mean:.2f}"
     return f"{100 * mean:.2f} ± {100 * std:.2f}"
 
 
@@ -47,13 +114,36 @@ def _table_cells(row: Mapping[str, Any], ablation: bool) -> list[str]:
         ]
     else:
         head = [row["loss"]]
+    n = len(row["seeds"]) if "seeds" in row else 2  # a seedless reference row has none
     return head + [
-        _pct(row["map_mean"], row["map_std"]),
-        _pct(row["recall_at_1_mean"], row["recall_at_1_std"]),
-        _pct(row["recall_at_10_mean"], row["recall_at_10_std"]),
-        _pct(row["map_at_r_mean"], row["map_at_r_std"]),
+        _pct(row["map_mean"], row["map_std"], n),
+        _pct(row["recall_at_1_mean"], row["recall_at_1_std"], n),
+        _pct(row["recall_at_10_mean"], row["recall_at_10_std"], n),
+        _pct(row["map_at_r_mean"], row["map_at_r_std"], n),
         f"{row['seconds']:.1f}",
     ]
+
+
+def _spread_note(summary: Mapping[str, Any]) -> str:
+    seeds = summary["seeds"]
+    if len(seeds) < 2:
+        return "one seed, so no spread is shown"
+    return f"mean ± sample std over {len(seeds)} seeds"
+
+
+def _status_note(summary: Mapping[str, Any]) -> str:
+    notes = []
+    if summary.get("complete") is False:
+        notes.append(
+            f"PARTIAL: {summary.get('runs_finished', '?')} of {summary.get('runs_planned', '?')} "
+            "runs finished"
+        )
+    if summary.get("warm_up_seconds") is not None:
+        notes.append(
+            f"s / run excludes the {summary['warm_up_seconds']:.1f} s of numba compilation "
+            "done before the first run"
+        )
+    return "".join(f" {note[0].upper()}{note[1:]}." for note in notes)
 
 
 def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> str:
@@ -72,7 +162,7 @@ def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> 
         f"# rankwise bench: {summary['dataset']} ({summary['protocol']})",
         "",
         f"Seeds: {summary['seeds']}. Test metrics of the checkpoint with the best validation "
-        "mAP, in %, mean ± sample std over seeds; mAUPRC is the tie-aware mAP.",
+        f"mAP, in %, {_spread_note(summary)}; mAUPRC is the tie-aware mAP." + _status_note(summary),
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "|".join("---" for _ in columns) + "|",
@@ -97,9 +187,9 @@ def print_bench_table(summary: Mapping[str, Any], console: Console, ablation: bo
 
     title = (
         f"{'Ablation (Table 2)' if ablation else 'Table 1'}: {summary['dataset']} "
-        f"({summary['protocol']}), {len(summary['seeds'])} seed(s), test metrics in %"
+        f"({summary['protocol']}), test metrics in %, {_spread_note(summary)}"
     )
-    table = Table(title=title)
+    table = Table(title=title, caption=_status_note(summary).strip() or None)
     for i, name in enumerate(_table_columns(ablation)):
         table.add_column(name, justify="left" if i == 0 and not ablation else "right")
     best = max((row["map_mean"] for row in summary["rows"]), default=math.nan)

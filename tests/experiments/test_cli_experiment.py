@@ -86,7 +86,7 @@ def test_unknown_experiment_and_option_exit_2():
     assert result.exit_code == 2 and "--bogus" in result.output
 
 
-def test_sigterm_is_an_interrupt_with_exit_130_and_nothing_written(tmp_path):
+def test_sigterm_is_an_interrupt_with_exit_143_and_nothing_written(tmp_path):
     import os
     import signal
 
@@ -118,7 +118,7 @@ def test_sigterm_is_an_interrupt_with_exit_130_and_nothing_written(tmp_path):
         module.get_experiment = original
     previous = signal.getsignal(signal.SIGTERM)
     result = runner.invoke(app, ["terminated", "--output", str(tmp_path)])
-    assert result.exit_code == 130, result.output
-    assert "terminated interrupted; nothing written." in result.output
+    assert result.exit_code == 143, result.output  # 128 + SIGTERM, as a shell reports it
+    assert "experiment terminated interrupted (SIGTERM); nothing written." in result.output
     assert not list(tmp_path.iterdir())
     assert signal.getsignal(signal.SIGTERM) is previous  # the handler is restored

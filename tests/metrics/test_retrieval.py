@@ -371,6 +371,23 @@ def test_report_counts_clamps_and_serialises():
     assert "2 queries without any relevant" in text and "k=50" in text
 
 
+def test_printed_report_uses_the_command_lines_names():
+    # `rankwise evaluate` and `rankwise train` say mAP / recall@k / precision@k; print(report)
+    # said MAP / R@k / P@k (and MAP reads as MAP@R's abbreviation)
+    y = np.repeat(np.arange(4), 3)
+    report = retrieval_metrics(np.random.default_rng(0).normal(size=(12, 3)), y, ks=(1, 5))
+    names = [line.split()[0] for line in str(report).splitlines()[1:]]
+    assert names == [
+        "mAP",
+        "recall@1",
+        "recall@5",
+        "precision@1",
+        "precision@5",
+        "MAP@R",
+        "R-precision",
+    ]
+
+
 # ----------------------------------------------------------------------------------- PR curve
 
 

@@ -34,3 +34,12 @@ def test_shipped_config_validates_and_plans(path, tmp_path):
     assert runs and all(r.config.seed == 0 for r in runs)
     ablation = plan_bench(data, seeds=[0], ablation=True, output=tmp_path)
     assert len(ablation) == 5
+
+
+def test_vehicleid_config_uses_the_large_test_list_it_describes():
+    # issue 14, item 16: the header says "large: 2,400 identities"; the option must say so too
+    # (the loader's default is the small 800-identity list)
+    path = next(p for p in CONFIGS if p.name == "vehicleid.yaml")
+    config = config_from_dict(yaml.safe_load(path.read_text()))
+    assert config.dataset.options.get("test_size") == "large"
+    assert "large" in path.read_text().split("dataset:")[0]

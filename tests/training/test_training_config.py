@@ -52,15 +52,45 @@ def test_dataset_alias_is_normalized():
     )
 
 
-def test_batch_not_divisible_by_m():
+@pytest.mark.parametrize(("size", "suggested"), [(30, "20"), (32, "20"), (18, "16 or 20")])
+def test_batch_size_errors_suggest_a_size_that_then_works(tmp_path, size, suggested):
+    # digits (open-set) trains on 5 classes: the suggestion must respect m AND the class count
+    # (the old message suggested 28 for 30, which holds 7 classes and then failed again)
+    config = config_from_dict(base(**{"sampler.batch_size": size, "output_dir": str(tmp_path)}))
     with pytest.raises(ConfigError) as info:
-        config_from_dict(base(**{"sampler.batch_size": 30}))
-    assert "sampler.batch_size: 30 is not divisible by sampler.m=4" in str(info.value)
+        Trainer.from_config(config)
+    message = str(info.value)
+    assert message.startswith(f"sampler.batch_size: {size} ")
+    assert message.endswith(f"use sampler.batch_size={suggested}.")
+    for value in suggested.split(" or "):
+        fixed = base(**{"sampler.batch_size": int(value), "output_dir": str(tmp_path / value)})
+        Trainer.from_config(config_from_dict(fixed))  # no error
+
+
+def test_a_batch_of_a_single_class_is_refused_without_data():
+    with pytest.raises(ConfigError, match=r"sampler\.batch_size: 6 holds fewer than 2 classes"):
+        config_from_dict(base(**{"sampler.batch_size": 6}))
 
 
 def test_budget_needs_exactly_one_of_epochs_or_iterations():
     with pytest.raises(ConfigError, match="budget"):
+        config_from_dict(base(**{"budget.iterations": None}))
+    # overriding one on a config that sets the other: the message says how to clear it
+    with pytest.raises(ConfigError) as info:
         config_from_dict(base(**{"budget.epochs": 2}))
+    assert "to train 2 epochs add budget.iterations=null" in str(info.value)
+
+
+def test_switching_the_loss_on_the_command_line_drops_the_old_loss_params(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(base(**{"loss.params": {"beta": 0.5, "tau1": 0.2}})))
+    notes: list[str] = []
+    config = load_config(path, ["loss.name=auc", "loss.params.delta_s=0.1"], notes)
+    assert config.loss.name == "auc" and config.loss.params == {"delta_s": 0.1}
+    assert notes and "beta=0.5" in notes[0] and "soprc" in notes[0]
+    # the same loss keeps its params
+    kept = load_config(path, ["loss.name=soprc"])
+    assert kept.loss.params == {"beta": 0.5, "tau1": 0.2}
 
 
 def test_unknown_loss_param_raises_before_training(tmp_path):

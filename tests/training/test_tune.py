@@ -278,3 +278,20 @@ def test_cli_tune_config_errors_exit_2(tmp_path):
         assert result.exit_code == 2, (args, result.output)
         assert "config error" in result.output and fragment in result.output, result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_ties_are_broken_by_the_documented_rule_and_reported():
+    from rankwise.training.tune import TIE_RULE, SeedOutcome, TuneTrial, _winners
+
+    def trial(index, *maps):
+        outcomes = [SeedOutcome(s, v, 1, 1, 0.0, "") for s, v in enumerate(maps)]
+        return TuneTrial(index, "auc", {}, {}, [None] * len(maps), outcomes)
+
+    # equal means: the higher worst seed wins (trial 1), not the first in grid order (trial 0)
+    trials = [trial(0, 0.5, 0.9), trial(1, 0.7, 0.7), trial(2, 0.6, 0.7)]
+    winners, ties = _winners(trials)
+    assert winners["auc"].index == 1 and ties == {"auc": [1, 0]}
+    # fully equal: the earlier trial, and the tie is still reported
+    winners, ties = _winners([trial(0, 0.7, 0.7), trial(1, 0.7, 0.7)])
+    assert winners["auc"].index == 0 and ties == {"auc": [0, 1]}
+    assert "worst seed" in TIE_RULE and "grid order" in TIE_RULE

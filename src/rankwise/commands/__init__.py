@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "train": "train:train",
     "bench": "bench:bench",
     "tune": "tune:tune",
+    "embed": "embed:embed",
     "experiment": "experiment:experiment_app",
     "roc": "roc:roc_app",
 }

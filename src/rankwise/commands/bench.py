@@ -27,6 +27,7 @@ __all__ = [
     "option_overrides",
     "print_outputs",
     "read_base_config",
+    "resumed_settings",
 ]
 
 # argument / config key of the library -> flag of bench and tune (see common.to_flags)
@@ -36,6 +37,8 @@ FLAGS = {
     "output": "--output",
     "quick": "--quick",
     "grid": "--grid",
+    "overwrite": "--overwrite",
+    "resume": "--resume",
 }
 
 
@@ -100,10 +103,43 @@ def option_overrides(
     return extra
 
 
+def resumed_settings(
+    kind: str, resume: Path, given: dict[str, object], device: str | None, num_workers: int | None
+) -> dict:
+    """The saved settings of the ``kind`` sweep in ``resume`` (for ``--resume``).
+
+    Args:
+        kind: ``"bench"`` or ``"tune"``.
+        resume: the sweep directory.
+        given: flag -> value of the options that define a sweep (all must be unset).
+        device: ``--device`` (may change on resume).
+        num_workers: ``--num-workers`` (may change on resume).
+
+    Returns:
+        The settings, with the device / workers applied to the base config.
+    """
+    from ..training import ConfigError
+    from ..training.config import apply_overrides
+    from ..training.rundir import read_sweep
+
+    changed = [flag for flag, value in given.items() if value not in (None, False, [], ())]
+    if changed:
+        raise ConfigError(
+            f"--resume continues the {kind} sweep with its saved settings; drop "
+            f"{', '.join(changed)} (only --device and --num-workers may change)."
+        )
+    settings = dict(read_sweep(resume, kind)["settings"])
+    settings["base"] = apply_overrides(
+        settings["base"], option_overrides(None, None, device, num_workers)
+    )
+    return settings
+
+
 def bench(
     overrides: list[str] | None = typer.Argument(
         None,
-        help="KEY=VALUE overrides of the base config, applied to every run.",
+        metavar="[KEY=VALUE]...",
+        help="Overrides of the base config, applied to every run.",
         show_default=False,
     ),
     dataset: str | None = typer.Option(
@@ -118,10 +154,28 @@ def bench(
     quick: bool = typer.Option(False, "--quick", help="Short budget (bench.quick in the config)."),
     ablation: bool = typer.Option(False, "--ablation", help="Table 2 SOPRC ablation rows."),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="Output directory (default runs/bench/<dataset>)."
+        None,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Output directory (default runs/bench/<dataset>).",
     ),
-    config: Path | None = typer.Option(None, "--config", "-c", help="Base YAML config."),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="Dataset directory."),
+    resume: Path | None = typer.Option(
+        None,
+        "--resume",
+        metavar="DIR",
+        help="Continue the interrupted sweep in DIR with its saved settings: finished runs are "
+        "kept, the interrupted one continues from its checkpoint.",
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Delete the results of a previous sweep in the output directory."
+    ),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", metavar="FILE", help="Base YAML config."
+    ),
+    data_dir: str | None = typer.Option(
+        None, "--data-dir", metavar="DIR", help="Dataset directory."
+    ),
     device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda."),
     num_workers: int | None = typer.Option(None, "--num-workers", min=0),
 ) -> None:
@@ -129,39 +183,65 @@ def bench(
     console = output_console(140)
     with cli_errors("bench", FLAGS):
         from ..reporting import print_bench_table
+        from ..training import TrainingInterrupted
         from ..training.bench import run_bench
         from ..training.config import apply_overrides, parse_overrides
 
-        base = read_base_config(dataset, config)
-        extra = parse_overrides(list(overrides or []))
-        # Command-line KEY=VALUE overrides are applied to every run last: after each run's loss
-        # is chosen (applied to the base config, `loss.*` values would be dropped with the base
-        # loss) and after the --quick budget. Only `bench.*` keys shape the plan itself.
-        run_overrides = {k: v for k, v in extra.items() if not k.startswith("bench.")}
-        extra = {k: v for k, v in extra.items() if k not in run_overrides}
-        extra.update(option_overrides(dataset, data_dir, device, num_workers))
-        base = apply_overrides(base, extra)
-        loss_list = None
-        if losses is not None:
-            loss_list = [name.strip() for name in losses.split(",") if name.strip()]
-        n_seeds = seeds if seeds is not None else (1 if quick else 3)
-        name = str((base.get("dataset") or {}).get("name", "bench")).replace("_", "-")
-        out = (
-            output
-            if output is not None
-            else (Path("runs") / "bench" / f"{name}{'-ablation' if ablation else ''}")
-        )
-        summary = run_bench(
-            base,
-            losses=loss_list,
-            seeds=list(range(n_seeds)),
-            quick=quick,
-            ablation=ablation,
-            output=out,
-            console=console,
-            run_overrides=run_overrides,
-        )
-    print_bench_table(summary, console, ablation)
+        if resume is not None:
+            given = {
+                "--dataset": dataset,
+                "--config": config,
+                "--losses": losses,
+                "--seeds": seeds,
+                "--quick": quick,
+                "--ablation": ablation,
+                "--output": output,
+                "--overwrite": overwrite,
+                "--data-dir": data_dir,
+                "KEY=VALUE overrides": overrides,
+            }
+            plan = resumed_settings("bench", resume, given, device, num_workers)
+            out = resume
+        else:
+            base = read_base_config(dataset, config)
+            extra = parse_overrides(list(overrides or []))
+            # Command-line KEY=VALUE overrides are applied to every run last: after each run's
+            # loss is chosen (applied to the base config, `loss.*` values would be dropped with
+            # the base loss) and after the --quick budget. Only `bench.*` keys shape the plan.
+            run_overrides = {k: v for k, v in extra.items() if not k.startswith("bench.")}
+            extra = {k: v for k, v in extra.items() if k not in run_overrides}
+            extra.update(option_overrides(dataset, data_dir, device, num_workers))
+            base = apply_overrides(base, extra)
+            loss_list = None
+            if losses is not None:
+                loss_list = [name.strip() for name in losses.split(",") if name.strip()]
+            n_seeds = seeds if seeds is not None else (1 if quick else 3)
+            name = str((base.get("dataset") or {}).get("name", "bench")).replace("_", "-")
+            out = (
+                output
+                if output is not None
+                else (Path("runs") / "bench" / f"{name}{'-ablation' if ablation else ''}")
+            )
+            plan = {
+                "base": base,
+                "losses": loss_list,
+                "seeds": list(range(n_seeds)),
+                "quick": quick,
+                "ablation": ablation,
+                "run_overrides": run_overrides,
+            }
+        try:
+            summary = run_bench(
+                **plan,
+                output=out,
+                console=console,
+                resume=resume is not None,
+                overwrite=overwrite,
+            )
+        except TrainingInterrupted as exc:
+            exc.resume_command = f"rankwise bench --resume {out}"
+            raise
+    print_bench_table(summary, console, plan["ablation"])
     print_outputs(
         console,
         results=[out / "bench.json", out / "bench.md"],

@@ -15,7 +15,7 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._extras import MissingDependencyError
 
@@ -28,6 +28,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_MISSING_DEPENDENCY",
+    "EXIT_TERMINATED",
     "cli_errors",
     "error_console",
     "output_console",
@@ -38,7 +39,8 @@ EXIT_FAILED = 1  # the run itself failed: a non-finite loss, a collapsed model
 EXIT_CONFIG = 2  # a configuration error, reported before any training (as click's usage errors)
 EXIT_BAD_INPUT = 2  # unreadable or invalid input files (``rankwise evaluate``)
 EXIT_MISSING_DEPENDENCY = 3  # an optional dependency is missing: install the extra it names
-EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM after a checkpoint (128 + SIGINT, as shells report it)
+EXIT_INTERRUPTED = 130  # Ctrl-C after a checkpoint (128 + SIGINT, as shells report it)
+EXIT_TERMINATED = 143  # SIGTERM after a checkpoint (128 + SIGTERM: timeout, SLURM, Kubernetes)
 
 _BACKTICKED = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
 
@@ -99,11 +101,36 @@ def _training_errors() -> tuple[type[BaseException], ...]:
     if "rankwise.training" not in sys.modules:
         return ()
     from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted
+    from ..training.errors import CorruptCheckpointError
 
-    return ConfigError, NonFiniteLossError, TrainingInterrupted
+    return ConfigError, NonFiniteLossError, TrainingInterrupted, CorruptCheckpointError
 
 
-def _exit_for(exc: BaseException, err: Console, flags: Mapping[str, str], what: str) -> int | None:
+def _signal_exit(exc: BaseException) -> tuple[int, str]:
+    """Exit status (128 + signal) and the signal's name of an interruption."""
+    import signal
+
+    number = int(getattr(exc, "signal_number", signal.SIGINT))
+    name = "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
+    return 128 + number, name
+
+
+def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
+    """The message of a :class:`~rankwise.training.TrainingInterrupted`, with the resume command."""
+    text = to_flags(exc.message, flags)
+    command = exc.resume_command
+    if command is None and exc.run_dir is not None and exc.checkpoint_step is not None:
+        command = f"rankwise train --resume {exc.run_dir}"
+    if command is not None:
+        text = f"{text}. Resume with: {command}"
+    else:
+        text = f"{text}."
+    return (f"{what} interrupted: " if what != "training" else "") + text
+
+
+def _exit_for(
+    exc: BaseException, err: Console, flags: Mapping[str, str], what: str, note: str = ""
+) -> int | None:
     """Print the message of a known error and return its exit code (``None``: not ours)."""
     from rich.markup import escape
 
@@ -113,20 +140,30 @@ def _exit_for(exc: BaseException, err: Console, flags: Mapping[str, str], what: 
         return EXIT_MISSING_DEPENDENCY
     known = _training_errors()
     if known:
-        config_error, failed, interrupted = known
+        config_error, failed, interrupted, corrupt = known
+        if isinstance(exc, corrupt):
+            resume = (
+                f"rankwise train --resume {exc.run_dir} --from-checkpoint {exc.fallback}"
+                if exc.run_dir is not None and exc.fallback is not None
+                else None
+            )
+            err.print(f"[red]error:[/red] {escape(exc.describe(resume))}", soft_wrap=True)
+            return EXIT_CONFIG
         if isinstance(exc, config_error):
             err.print(f"[red]config error:[/red] {escape(text)}", soft_wrap=True)
             return EXIT_CONFIG
         if isinstance(exc, interrupted):
-            text = to_flags(exc.message, flags) + "."
-            if exc.run_dir is not None and exc.checkpoint_step is not None:
-                text = f"{text[:-1]}. Resume with: rankwise train --resume {exc.run_dir}"
-            prefix = f"{what} interrupted: " if what != "training" else ""
-            err.print(f"[yellow]{escape(prefix + text)}[/yellow]", soft_wrap=True)
-            return EXIT_INTERRUPTED
+            text = _interrupted_text(exc, flags, what)
+            err.print(f"[yellow]{escape(text)}[/yellow]", soft_wrap=True)
+            return exc.exit_code
         if isinstance(exc, failed):
             err.print(f"[red]{what} failed:[/red] {escape(text)}", soft_wrap=True)
             return EXIT_FAILED
+    if isinstance(exc, KeyboardInterrupt):  # before anything was trained or saved
+        code, name = _signal_exit(exc)
+        text = f"{what} interrupted ({name}){'; ' + note if note else ''}."
+        err.print(f"[yellow]{escape(text)}[/yellow]", soft_wrap=True)
+        return code
     return None
 
 
@@ -137,11 +174,15 @@ def cli_errors(
     *,
     bad_input: tuple[type[Exception], ...] = (),
     err: Console | None = None,
+    interrupted_note: str = "",
 ) -> Iterator[Console]:
     """Turn the library's errors into one message on stderr and the command's exit code.
 
-    ``ConfigError`` -> ``config error: ...``, exit 2; ``TrainingInterrupted`` -> its message
-    (which says how to resume), exit 130; ``NonFiniteLossError`` (and its subclasses) ->
+    ``ConfigError`` -> ``config error: ...``, exit 2; a corrupt checkpoint -> ``error:
+    checkpoint PATH is corrupt ...`` (with the command that resumes from an older good one),
+    exit 2; ``TrainingInterrupted`` -> its message (which says how to resume), exit 130 for
+    Ctrl-C and 143 for SIGTERM; any other interruption -> ``<what> interrupted``, the same
+    codes; ``NonFiniteLossError`` (and its subclasses) ->
     ``<what> failed: ...``, exit 1; :class:`~rankwise._extras.MissingDependencyError` -> the
     extra to install, exit 3; an exception of ``bad_input`` -> ``error: <first line>``, exit 2.
     Anything else propagates (a bug: its traceback is wanted).
@@ -151,6 +192,11 @@ def cli_errors(
         flags: argument / config key -> flag, applied to every message with :func:`to_flags`.
         bad_input: exception types that mean invalid input (``rankwise evaluate``).
         err: the console to print to (default :func:`error_console`).
+        interrupted_note: appended to the message of an interruption outside training, e.g.
+            ``"nothing written"``.
+
+    SIGTERM is handled like Ctrl-C inside the block (:func:`rankwise._signals.handle_signals`),
+    so ``timeout``, SLURM or Kubernetes stopping a command gets the same clean message.
 
     Yields:
         The error console.
@@ -158,12 +204,15 @@ def cli_errors(
     import typer
     from rich.markup import escape
 
+    from .._signals import handle_signals
+
     err = err if err is not None else error_console()
     flags = dict(flags or {})
     try:
-        yield err
+        with handle_signals():
+            yield err
     except (Exception, KeyboardInterrupt) as exc:
-        code = _exit_for(exc, err, flags, what)
+        code = _exit_for(exc, err, flags, what, interrupted_note)
         if code is None and bad_input and isinstance(exc, bad_input):
             text = escape(_first_line(to_flags(str(exc), flags)))
             err.print(f"[bold red]error:[/bold red] [red]{text}[/red]", soft_wrap=True)

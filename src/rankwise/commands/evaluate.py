@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -57,15 +58,35 @@ def load_array(spec: str, name: str) -> torch.Tensor:
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: unsupported extension, missing key, or content that is not one numeric array.
+        ValueError: unsupported extension, missing key, content that is not one numeric
+            array, or NaN / inf values (the rows are named).
     """
     path, key = _split_key(spec)
     if not path.is_file():
         raise FileNotFoundError(f"{name}: file not found: {path}")
     try:
-        return _load(path, key, name)
+        tensor = _load(path, key, name)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         raise ValueError(f"{name}: could not read {path.name}: {exc}") from exc
+    _check_finite(tensor, spec, name)
+    return tensor
+
+
+def _check_finite(tensor: torch.Tensor, spec: str, name: str) -> None:
+    """NaN / inf named by file and row (the library would name its Python argument)."""
+    if not tensor.is_floating_point():
+        return
+    bad = ~torch.isfinite(tensor)
+    if bad.ndim > 1:
+        bad = bad.flatten(1).any(dim=1)
+    rows = torch.nonzero(bad).flatten().tolist()
+    if rows:
+        shown = ", ".join(map(str, rows[:5])) + (", ..." if len(rows) > 5 else "")
+        raise ValueError(
+            f"{name}: {spec} has NaN or inf values in {len(rows)} row(s) (row {shown}, counted "
+            "from 0); check the model that produced it (a diverged loss, an fp16 overflow) or "
+            "drop those rows."
+        )
 
 
 def _load_npy(path: Path, key: str | None, name: str) -> np.ndarray:
@@ -73,8 +94,14 @@ def _load_npy(path: Path, key: str | None, name: str) -> np.ndarray:
         raise ValueError(f"{name}: a .npy file holds one array; drop the ':{key}' suffix.")
     try:
         return np.load(path, allow_pickle=False)
-    except ValueError as exc:  # pickled objects or a corrupt header
-        raise ValueError(f"{name}: could not read {path.name} as a .npy array: {exc}") from exc
+    except ValueError:  # pickled objects or a corrupt header
+        # numpy's own message advises allow_pickle=True, i.e. running code from the file:
+        # never repeat it
+        raise ValueError(
+            f"{name}: {path.name} is not a numeric .npy array (a corrupt file, or pickled "
+            "Python objects, which are never loaded); save the array with "
+            "numpy.save(path, array)."
+        ) from None
 
 
 def _load_npz(path: Path, key: str | None, name: str) -> np.ndarray:
@@ -156,7 +183,7 @@ def _check_device(device: str | None) -> torch.device | None:
 
 def _check_output_path(path: Path | None, flag: str) -> None:
     """Fail before any work when ``path`` cannot be written (a directory, a file as a parent)."""
-    if path is None:
+    if path is None or (flag == "--json" and str(path) == "-"):  # `--json -`: stdout
         return
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a directory; name a file to write.")
@@ -185,7 +212,11 @@ def _write_outputs(
     """Write the JSON report and the PR plot (an OSError becomes a one-line error in evaluate)."""
     from ..plots import plot_pr_curves
 
-    if json_out is not None:
+    if json_out is not None and str(json_out) == "-":
+        # `--json -`: stdout carries the JSON alone, so a script can parse it
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        sys.stdout.flush()
+    elif json_out is not None:
         try:
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -242,7 +273,12 @@ def evaluate(
     ties: str = typer.Option(
         "expected", "--ties", help="expected (tie-aware), optimistic or pessimistic."
     ),
-    json_out: Path | None = typer.Option(None, "--json", help="Write the report as JSON."),
+    json_out: Path | None = typer.Option(
+        None,
+        "--json",
+        metavar="FILE",
+        help="Write the report as JSON; '-' writes it to stdout (the table then goes to stderr).",
+    ),
     plot_pr: Path | None = typer.Option(
         None, "--plot-pr", help="Write the mean precision-recall curve as a PNG."
     ),
@@ -251,7 +287,8 @@ def evaluate(
     """Exact tie-aware retrieval metrics (mAP, recall@k, MAP@R) of saved embeddings."""
     from ..metrics.retrieval import pr_curve, retrieval_metrics
 
-    console = Console()
+    # `--json -`: stdout carries the JSON alone; people read the table on stderr
+    console = Console(stderr=json_out is not None and str(json_out) == "-")
     with cli_errors("evaluation", bad_input=(ValueError, FileNotFoundError)):
         ks_tuple = parse_ks(ks)
         dev = _check_device(device)

@@ -5,17 +5,16 @@
 experiments live in :mod:`rankwise.experiments`; this module only turns each registered experiment's keyword options into command-line options
 (``tuple`` options as comma-separated lists); errors go through
 :func:`~rankwise.commands.common.cli_errors`: bad options and existing outputs end with a one-line
-``error:`` naming the flag and exit code 2, Ctrl-C / SIGTERM with code 130 and nothing written.
+``error:`` naming the flag and exit code 2, Ctrl-C with code 130 and SIGTERM with code 143,
+nothing written.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import signal
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,7 +24,7 @@ from rich.table import Table
 
 from ..experiments import REGISTRY, ExperimentSpec, get_experiment
 from ..experiments.base import DEFAULT_OUTPUT_DIR, option_help, parse_sequence
-from .common import EXIT_INTERRUPTED, cli_errors, error_console, output_console
+from .common import cli_errors, output_console
 
 __all__ = ["experiment_app"]
 
@@ -92,24 +91,6 @@ def _cli_option(
     )
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM is handled like Ctrl-C while an experiment runs (nothing is written)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
     hints = typing.get_type_hints(spec.compute)
     helps = option_help(spec.compute)
@@ -147,18 +128,16 @@ def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
     def command(**kwargs: Any) -> None:
         output = kwargs.pop("output") or DEFAULT_OUTPUT_DIR
         overwrite = kwargs.pop("overwrite")
-        try:
-            with (
-                cli_errors("experiment", flags, bad_input=(ValueError, FileExistsError)),
-                _sigterm_as_interrupt(),
-            ):
-                options = {name: converters[name](value) for name, value in kwargs.items()}
-                result = run(output=output, overwrite=overwrite, **options)
-        except KeyboardInterrupt:
-            error_console().print(
-                f"[yellow]{escape(spec.name)} interrupted; nothing written.[/yellow]"
-            )
-            raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        # Ctrl-C (exit 130) and SIGTERM (exit 143) end with one line; results are written
+        # only once complete, so an interrupted experiment leaves nothing behind
+        with cli_errors(
+            f"experiment {spec.name}",
+            flags,
+            bad_input=(ValueError, FileExistsError),
+            interrupted_note="nothing written",
+        ):
+            options = {name: converters[name](value) for name, value in kwargs.items()}
+            result = run(output=output, overwrite=overwrite, **options)
         console = output_console(width=400)
         console.print(result.verdict, markup=False, highlight=False, soft_wrap=True)
         console.print(

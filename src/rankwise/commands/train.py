@@ -5,7 +5,7 @@ resumption of an interrupted run (``--resume RUN_DIR``), following the image-ret
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
 Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the
 selected model). Configuration errors end with a message naming the key and exit code 2; Ctrl-C
-saves a checkpoint and exits with code 130; a NaN/inf loss exits with code 1.
+(SIGTERM) saves a checkpoint and exits with code 130 (143); a NaN/inf loss exits with code 1.
 
 Under ``torchrun --nproc-per-node N -m rankwise train ...`` every process runs this command and
 the run is data-parallel (:class:`~rankwise.training.distributed.DistributedTrainer`, backend
@@ -34,6 +34,9 @@ FLAGS = {
     "num_workers": "--num-workers",
     "device": "--device",
     "max_steps": "--max-steps",
+    "seed": "--seed",
+    "data_dir": "--data-dir",
+    "resume_from": "--from-checkpoint",
 }
 
 
@@ -63,6 +66,9 @@ def _join_process_group(config: dict[str, Any], device: str | None) -> int:
 
 
 def _print_result(console: Any, result: Any) -> None:
+    """The closing lines of a run: the test table (of the selected model) and where files are."""
+    from ..reporting import report_table
+
     run_dir = result.run_dir
     if result.status == "stopped":
         console.print(
@@ -71,7 +77,13 @@ def _print_result(console: Any, result: Any) -> None:
             soft_wrap=True,
         )
         return
-    console.print(str(result.test))
+    if result.test is not None:
+        selected = (
+            f"the model selected on validation mAP (step {result.best_step} of {result.steps})"
+            if result.best_step is not None
+            else f"the final model (step {result.steps}; no validation data)"
+        )
+        console.print(report_table(result.test, title=f"Test results of {selected}"))
     if result.best_step is not None:
         console.print(
             f"best validation mAP {result.best_val['map']:.4f} at step {result.best_step} "
@@ -84,28 +96,74 @@ def _print_result(console: Any, result: Any) -> None:
     )
 
 
+def _check_resume_options(
+    resume: Path | None,
+    from_checkpoint: Path | None,
+    overwrite: bool,
+    changed: list[str],
+) -> None:
+    from ..training import ConfigError
+
+    if resume is None:
+        if from_checkpoint is not None:
+            raise ConfigError("--from-checkpoint names the checkpoint of a --resume; add --resume.")
+        return
+    if overwrite:
+        raise ConfigError(
+            "--resume continues a run and --overwrite deletes its results to start afresh; "
+            "pass one of them."
+        )
+    if changed:
+        raise ConfigError(
+            "--resume continues a run with its saved config.yaml; drop "
+            f"{', '.join(changed)} (only --num-workers and --device may change)."
+        )
+
+
 def train(
     overrides: list[str] | None = typer.Argument(
         None,
-        help="KEY=VALUE config overrides, e.g. loss.name=soprc optimizer.lr=0.01 "
+        metavar="[KEY=VALUE]...",
+        help="Config overrides, e.g. loss.name=soprc optimizer.lr=0.01 "
         "loss.params.beta=0.1 (values parsed as YAML).",
         show_default=False,
     ),
     config: Path | None = typer.Option(
-        None, "--config", "-c", help="YAML config (e.g. configs/digits.yaml)."
+        None, "--config", "-c", metavar="FILE", help="YAML config (e.g. configs/digits.yaml)."
     ),
     resume: Path | None = typer.Option(
-        None, "--resume", help="Continue the run in this directory from checkpoints/last.pt."
+        None,
+        "--resume",
+        metavar="RUN_DIR",
+        help="Continue the run in this directory (or the one run below it) from "
+        "checkpoints/last.pt.",
+    ),
+    from_checkpoint: Path | None = typer.Option(
+        None,
+        "--from-checkpoint",
+        metavar="FILE",
+        help="With --resume: continue from this checkpoint instead of last.pt "
+        "(e.g. RUN_DIR/checkpoints/previous.pt).",
     ),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="Run directory (default: runs/<dataset>/<loss>-seed<seed>)."
+        None,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Run directory (default: runs/<dataset>/<loss>-seed<seed>).",
     ),
+    data_dir: str | None = typer.Option(
+        None, "--data-dir", metavar="DIR", help="Dataset folder (dataset.data_dir)."
+    ),
+    seed: int | None = typer.Option(None, "--seed", min=0, help="Training seed (seed=)."),
     num_workers: int | None = typer.Option(
         None, "--num-workers", min=0, help="DataLoader worker processes."
     ),
     device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda."),
     overwrite: bool = typer.Option(
-        False, "--overwrite", help="Start afresh in an output directory that holds a run."
+        False,
+        "--overwrite",
+        help="Delete the results of a run in the output directory and start afresh.",
     ),
     max_steps: int | None = typer.Option(
         None,
@@ -119,7 +177,14 @@ def train(
     Data-parallel on several processes: torchrun --nproc-per-node N -m rankwise train ...
     """
     console = output_console(140)
-    options = {"num_workers": num_workers, "device": device, "overwrite": overwrite}
+    options = {
+        "num_workers": num_workers,
+        "device": device,
+        "overwrite": overwrite,
+        "from_checkpoint": from_checkpoint,
+        "data_dir": data_dir,
+        "seed": seed,
+    }
     try:
         with cli_errors("training", FLAGS) as err:
             trainer, rank = _build_trainer(
@@ -128,7 +193,10 @@ def train(
             if rank != 0:
                 console = output_console(140, quiet=True)
             if resume is not None:
-                console.print(f"resuming {resume} at step {trainer.step}/{trainer.total_steps}")
+                console.print(
+                    f"resuming {trainer.run_dir} at step {trainer.step}/{trainer.total_steps}",
+                    soft_wrap=True,
+                )
             result = trainer.fit(max_steps=max_steps)
         _print_result(console, result)
     finally:
@@ -156,28 +224,48 @@ def _build_trainer(
     """The trainer of the command (data-parallel under torchrun) and this process's rank."""
     from ..training import ConfigError, Trainer, load_config
     from ..training.distributed import DistributedTrainer, launched_by_torchrun
+    from ..training.rundir import resolve_run_dir
 
     num_workers, device = options["num_workers"], options["device"]
+    data_dir, seed = options["data_dir"], options["seed"]
+    changed = [
+        flag
+        for flag, value in (
+            ("--config", config),
+            ("--output", output),
+            ("--data-dir", data_dir),
+            ("--seed", seed),
+            ("KEY=VALUE overrides", overrides or None),
+        )
+        if value is not None
+    ]
+    _check_resume_options(resume, options["from_checkpoint"], options["overwrite"], changed)
     trainer_class: Any = DistributedTrainer if launched_by_torchrun() else Trainer
     if resume is not None:
-        if config is not None or overrides or output is not None:
-            raise ConfigError(
-                "--resume continues a run with its saved config.yaml; drop --config, "
-                "--output and KEY=VALUE overrides (only --num-workers and --device may change)."
-            )
-        rank = _join_process_group(_read_run_config(resume), device)
+        run_dir = resolve_run_dir(resume)  # a folder holding one run is accepted
+        rank = _join_process_group(_read_run_config(run_dir), device)
         trainer = trainer_class.from_run_dir(
-            resume, num_workers=num_workers, device=device, console=err
+            run_dir,
+            num_workers=num_workers,
+            device=device,
+            console=err,
+            checkpoint=options["from_checkpoint"],
         )
         return trainer, rank
     if config is None:
         raise ConfigError("--config: pass a YAML config (or --resume RUN_DIR).")
-    extra = [
-        f"{key}={value}"
-        for key, value in (("output_dir", output), ("num_workers", num_workers), ("device", device))
-        if value is not None
-    ]
-    run_config = load_config(config, overrides + extra)
+    shortcuts = {
+        "output_dir": output,
+        "dataset.data_dir": data_dir,
+        "seed": seed,
+        "num_workers": num_workers,
+        "device": device,
+    }
+    extra = [f"{key}={value}" for key, value in shortcuts.items() if value is not None]
+    notes: list[str] = []
+    run_config = load_config(config, overrides + extra, notes)
+    for note in notes:
+        err.print(f"note: {note}", soft_wrap=True, markup=False, highlight=False)
     rank = _join_process_group(run_config.to_dict(), None)
     trainer = trainer_class.from_config(run_config, overwrite=options["overwrite"], console=err)
     return trainer, rank

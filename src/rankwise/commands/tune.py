@@ -15,23 +15,61 @@ from pathlib import Path
 
 import typer
 
-from .bench import FLAGS, option_overrides, print_outputs, read_base_config
+from .bench import FLAGS, option_overrides, print_outputs, read_base_config, resumed_settings
 from .common import cli_errors, output_console
 
 __all__ = ["tune"]
 
 
+def _fresh_settings(
+    overrides: list[str],
+    dataset: str | None,
+    config: Path | None,
+    losses: str | None,
+    grid: list[str],
+    options: dict,
+) -> dict:
+    """The tuning settings from the command line (base config, losses, grid)."""
+    from ..training import ConfigError
+    from ..training.config import apply_overrides, parse_overrides
+    from ..training.tune import parse_grid_values
+
+    base = read_base_config(dataset, config)
+    extra = parse_overrides(overrides)
+    for key in extra:
+        if key == "loss" or key.startswith("loss."):
+            raise ConfigError(
+                f"{key}: the loss is chosen per trial; pass --losses, and a fixed loss "
+                f"parameter as --grid {key}=VALUE."
+            )
+    extra.update(options)
+    base = apply_overrides(base, extra)
+    parsed_grid: dict[str, list] = {}
+    for item in grid:
+        key, values = parse_grid_values(item)
+        if key in parsed_grid:
+            raise ConfigError(f"--grid {key} is given twice; list all its values once.")
+        parsed_grid[key] = values
+    loss_list = None
+    if losses is not None:
+        loss_list = [name.strip() for name in losses.split(",") if name.strip()]
+    return {"base": base, "losses": loss_list, "grid": parsed_grid}
+
+
 def tune(
     overrides: list[str] | None = typer.Argument(
         None,
-        help="KEY=VALUE overrides of the base config (not loss.*: use --grid KEY=VALUE "
+        metavar="[KEY=VALUE]...",
+        help="Overrides of the base config (not loss.*: use --grid KEY=VALUE "
         "for a fixed loss parameter).",
         show_default=False,
     ),
     dataset: str | None = typer.Option(
         None, "--dataset", "-d", help="digits, fashion-mnist, ... (selects configs/<dataset>.yaml)."
     ),
-    config: Path | None = typer.Option(None, "--config", "-c", help="Base YAML config."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", metavar="FILE", help="Base YAML config."
+    ),
     losses: str | None = typer.Option(
         None, "--losses", help="Comma-separated losses (default: the config's bench.losses)."
     ),
@@ -39,16 +77,34 @@ def tune(
         None,
         "--grid",
         "-g",
-        help="KEY=V1,V2,... (values parsed as YAML), repeatable; e.g. "
+        metavar="KEY=V1,V2,...",
+        help="Values parsed as YAML, repeatable; e.g. "
         "optimizer.lr=0.0003,0.001,0.003 or loss.params.beta=0.01,0.1. A loss.params key is "
         "skipped for losses that do not take it.",
     ),
-    seeds: int = typer.Option(1, "--seeds", min=1, help="Number of tuning seeds 0..n-1."),
+    seeds: int | None = typer.Option(
+        None, "--seeds", min=1, help="Number of tuning seeds 0..n-1 (default 1)."
+    ),
     quick: bool = typer.Option(False, "--quick", help="Short budget (bench.quick in the config)."),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="Output directory (default runs/tune/<dataset>)."
+        None,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Output directory (default runs/tune/<dataset>).",
     ),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="Dataset directory."),
+    resume: Path | None = typer.Option(
+        None,
+        "--resume",
+        metavar="DIR",
+        help="Continue the interrupted sweep in DIR with its saved settings.",
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Delete the results of a previous sweep in the output directory."
+    ),
+    data_dir: str | None = typer.Option(
+        None, "--data-dir", metavar="DIR", help="Dataset directory."
+    ),
     device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda."),
     num_workers: int | None = typer.Option(None, "--num-workers", min=0),
 ) -> None:
@@ -56,41 +112,43 @@ def tune(
     console = output_console(160)
     with cli_errors("tune", FLAGS):
         from ..reporting import print_tune_table
-        from ..training import ConfigError
-        from ..training.config import apply_overrides, parse_overrides
-        from ..training.tune import parse_grid_values
+        from ..training import TrainingInterrupted
         from ..training.tune import tune as run_tune
 
-        base = read_base_config(dataset, config)
-        extra = parse_overrides(list(overrides or []))
-        for key in extra:
-            if key == "loss" or key.startswith("loss."):
-                raise ConfigError(
-                    f"{key}: the loss is chosen per trial; pass --losses, and a fixed loss "
-                    f"parameter as --grid {key}=VALUE."
-                )
-        extra.update(option_overrides(dataset, data_dir, device, num_workers))
-        base = apply_overrides(base, extra)
-        parsed_grid: dict[str, list] = {}
-        for item in grid or []:
-            key, values = parse_grid_values(item)
-            if key in parsed_grid:
-                raise ConfigError(f"--grid {key} is given twice; list all its values once.")
-            parsed_grid[key] = values
-        loss_list = None
-        if losses is not None:
-            loss_list = [name.strip() for name in losses.split(",") if name.strip()]
-        name = str((base.get("dataset") or {}).get("name", "tune")).replace("_", "-")
-        out = output if output is not None else Path("runs") / "tune" / name
-        summary = run_tune(
-            base,
-            losses=loss_list,
-            grid=parsed_grid,
-            seeds=list(range(seeds)),
-            quick=quick,
-            output=out,
-            console=console,
-        )
+        if resume is not None:
+            given = {
+                "--dataset": dataset,
+                "--config": config,
+                "--losses": losses,
+                "--grid": grid,
+                "--seeds": seeds,
+                "--quick": quick,
+                "--output": output,
+                "--overwrite": overwrite,
+                "--data-dir": data_dir,
+                "KEY=VALUE overrides": overrides,
+            }
+            plan = resumed_settings("tune", resume, given, device, num_workers)
+            out = resume
+        else:
+            options = option_overrides(dataset, data_dir, device, num_workers)
+            plan = _fresh_settings(
+                list(overrides or []), dataset, config, losses, list(grid or []), options
+            )
+            plan.update(seeds=list(range(seeds or 1)), quick=quick)
+            name = str((plan["base"].get("dataset") or {}).get("name", "tune")).replace("_", "-")
+            out = output if output is not None else Path("runs") / "tune" / name
+        try:
+            summary = run_tune(
+                **plan,
+                output=out,
+                console=console,
+                resume=resume is not None,
+                overwrite=overwrite,
+            )
+        except TrainingInterrupted as exc:
+            exc.resume_command = f"rankwise tune --resume {out}"
+            raise
     print_tune_table(summary, console)
     for loss, winner in summary["winners"].items():
         if winner is None:

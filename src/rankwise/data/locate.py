@@ -25,16 +25,34 @@ def candidate_dirs(
     subfolders: Sequence[str],
     system_dirs: Sequence[str] = (),
 ) -> list[Path]:
-    """Directories to probe, in order.
+    """Directories to probe for a dataset, in order.
 
     ``data_dir`` (+ subfolders) or ``$RANKWISE_DATA`` (+ subfolders), then ``system_dirs``.
     ``data_dir`` given -> the environment is not consulted.
+
+    Args:
+        data_dir: the user's explicit data folder, or ``None``.
+        subfolders: names of the dataset's folder below a base directory.
+        system_dirs: system-wide copies (e.g. a Debian package's), probed last.
+
+    Returns:
+        The candidate directories (not checked for existence, except ``$RANKWISE_DATA``).
+
+    Raises:
+        DatasetNotFoundError: ``$RANKWISE_DATA`` is set (and consulted) but not a directory.
     """
     bases: list[Path] = []
     if data_dir is not None:
         bases.append(Path(data_dir).expanduser())
     elif os.environ.get(RANKWISE_DATA_ENV):
-        bases.append(Path(os.environ[RANKWISE_DATA_ENV]).expanduser())
+        env = Path(os.environ[RANKWISE_DATA_ENV]).expanduser()
+        if not env.is_dir():
+            # set on purpose: never fall back to another copy of the data behind the user's back
+            raise DatasetNotFoundError(
+                f"${RANKWISE_DATA_ENV}={os.environ[RANKWISE_DATA_ENV]} is not a directory; point "
+                "it at the folder holding your datasets, or unset it."
+            )
+        bases.append(env)
     out: list[Path] = []
     for base in bases:
         out.append(base)

@@ -127,12 +127,12 @@ def _canonical(name: str) -> str:
     return key
 
 
-def _check_kwargs(name: str, kw: dict[str, Any], allowed: tuple[str, ...]) -> None:
+def _check_kwargs(name: str, kw: dict[str, Any], allowed: tuple[str, ...], where: str = "") -> None:
     unknown = sorted(set(kw) - set(allowed))
     if unknown:
         raise ValueError(
-            f"dataset {name!r} does not take option(s) {unknown}; it accepts "
-            f"{list(allowed) or 'no extra options'}."
+            f"dataset {name!r} does not take option(s) {unknown}{' ' + where if where else ''}; "
+            f"it accepts {list(allowed) or 'no extra options'}."
         )
 
 
@@ -205,6 +205,9 @@ def load_dataset(
         "seed": int(seed),
         "val_holdout": val_holdout,
     }
+    if key in ("digits", "mnist", "fashion-mnist", "cifar10") and protocol == "open-set":
+        # n_query / n_train shape the closed-set split only: refuse them rather than ignore them
+        _check_kwargs(key, kw, (), "in protocol 'open-set' (n_query / n_train are closed-set)")
     if key == "digits":
         _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
         return load_digits_dataset(**common, **kw)

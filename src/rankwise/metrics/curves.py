@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, NamedTuple
 
@@ -66,6 +66,8 @@ class RocCurve:
             then sit at the bin edges and the thresholds are the lower bin edges).
         max_auc_error: 0 for an exact curve; for a histogram curve an upper bound on
             ``|auc - exact AUC|`` (half the fraction of positive/negative pairs sharing a bin).
+        mann_whitney: the exact area from the integer counts, as :func:`roc_auc` returns it
+            (set by :func:`roc_curve`; ``None`` for a histogram curve or a hand-built one).
     """
 
     fpr: np.ndarray
@@ -75,10 +77,17 @@ class RocCurve:
     n_negative: int
     bin_width: float | None = None
     max_auc_error: float = 0.0
+    mann_whitney: float | None = field(default=None, repr=False)
 
     @property
     def auc(self) -> float:
-        """Trapezoidal area under the curve; equals the tie-aware Mann-Whitney AUC when exact."""
+        """Area under the curve; for an exact curve bit for bit :func:`roc_auc` of its scores.
+
+        The trapezoidal sum of the rounded rates can differ from the exact Mann-Whitney value in
+        the last bit, so an exact curve returns the value computed from its integer counts.
+        """
+        if self.mann_whitney is not None:
+            return self.mann_whitney
         return float((np.diff(self.fpr) * (self.tpr[1:] + self.tpr[:-1])).sum() / 2.0)
 
     @property
@@ -196,6 +205,8 @@ def roc_curve(scores: Any, is_positive: Any, *, drop_intermediate: bool = False)
     s, y = _check_binary_scores(scores, is_positive)
     distinct, pos, neg = _distinct_score_counts(s, y, descending=True)
     n_pos, n_neg = int(pos.sum()), int(neg.sum())
+    # negatives scored below each distinct score (descending order): the same integer as roc_auc
+    area = _mann_whitney(pos, n_neg - torch.cumsum(neg, 0), neg, n_pos, n_neg)
     tps = torch.cumsum(pos, 0).cpu().numpy()
     fps = torch.cumsum(neg, 0).cpu().numpy()
     thresholds = distinct.to(torch.float64).cpu().numpy()
@@ -212,7 +223,17 @@ def roc_curve(scores: Any, is_positive: Any, *, drop_intermediate: bool = False)
         thresholds=np.r_[np.inf, thresholds],
         n_positive=n_pos,
         n_negative=n_neg,
+        mann_whitney=area,
     )
+
+
+def _mann_whitney(
+    pos: torch.Tensor, negatives_below: torch.Tensor, neg: torch.Tensor, n_pos: int, n_neg: int
+) -> float:
+    """AUC from per-distinct-score counts: wins + ties / 2, in integer arithmetic until the end."""
+    # 2 x (wins + ties/2), kept in int64: at most 2 * n_pos * n_neg < 2^63 for n < ~4e9.
+    twice_wins = int((pos * (2 * negatives_below + neg)).sum())
+    return twice_wins / (2.0 * n_pos * n_neg)
 
 
 def roc_auc(scores: Any, is_positive: Any) -> float:
@@ -232,10 +253,7 @@ def roc_auc(scores: Any, is_positive: Any) -> float:
     s, y = _check_binary_scores(scores, is_positive)
     _, pos, neg = _distinct_score_counts(s, y, descending=False)
     negatives_below = torch.cumsum(neg, 0) - neg
-    # 2 x (wins + ties/2), kept in int64: at most 2 * n_pos * n_neg < 2^63 for n < ~4e9.
-    twice_wins = int((pos * (2 * negatives_below + neg)).sum())
-    n_pos, n_neg = int(pos.sum()), int(neg.sum())
-    return twice_wins / (2.0 * n_pos * n_neg)
+    return _mann_whitney(pos, negatives_below, neg, int(pos.sum()), int(neg.sum()))
 
 
 def operating_point(scores: Any, is_positive: Any, fpr: float) -> OperatingPoint:

@@ -116,9 +116,12 @@ class RetrievalReport:
         }
 
     def __str__(self) -> str:
-        rows = [("MAP", self.map), ("MAP@R", self.map_at_r), ("R-precision", self.r_precision)]
-        rows += [(f"R@{k}", v) for k, v in self.recall_at.items()]
-        rows += [(f"P@{k}", v) for k, v in self.precision_at.items()]
+        # the names and order of `rankwise evaluate` / `rankwise train` (mAP, not MAP, which
+        # reads as MAP@R's abbreviation; recall@k, not R@k)
+        rows = [("mAP", self.map)]
+        rows += [(f"recall@{k}", v) for k, v in self.recall_at.items()]
+        rows += [(f"precision@{k}", v) for k, v in self.precision_at.items()]
+        rows += [("MAP@R", self.map_at_r), ("R-precision", self.r_precision)]
         width = max(len(name) for name, _ in rows)
         lines = [
             f"Retrieval ({self.similarity} similarity, ties={self.ties}): "
@@ -133,8 +136,8 @@ class RetrievalReport:
             )
         for k, used in self.clamped_ks.items():
             lines.append(
-                f"  k={k} exceeds the {used} ranked items; R@{k} and P@{k} were evaluated "
-                f"at k={used}."
+                f"  k={k} exceeds the {used} ranked items; recall@{k} and precision@{k} were "
+                f"evaluated at k={used}."
             )
         return "\n".join(lines)
 

@@ -34,6 +34,7 @@ from .errors import (  # noqa: E402
     NonFiniteLossError,
     TrainingInterrupted,
 )
+from .inference import LoadedRun, load_run  # noqa: E402
 from .trainer import RunResult, Trainer, learning_rate_at, train  # noqa: E402
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "CollapsedEmbeddingsError",
     "Config",
     "ConfigError",
+    "LoadedRun",
     "MetricsLogger",
     "NonFiniteLossError",
     "PlotCurves",
@@ -57,6 +59,7 @@ __all__ = [
     "learning_rate_at",
     "load_checkpoint",
     "load_config",
+    "load_run",
     "parse_overrides",
     "train",
 ]

@@ -15,17 +15,22 @@ semi-variance regularizer L_var (Eq. 9), and SGD versus Adam.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import yaml
 
+from .._signals import signal_number_of
 from .build import load_splits, preflight
 from .checkpoint import atomic_write_text
 from .config import Config, ConfigError, apply_overrides, config_from_dict
+from .errors import TrainingInterrupted
+from .rundir import prepare_sweep_dir
 from .trainer import RunResult, Trainer
 
 if TYPE_CHECKING:
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ABLATION_ROWS",
+    "BENCH_FILES",
     "BenchRow",
     "BenchRun",
     "aggregate_rows",
@@ -43,7 +49,15 @@ __all__ = [
     "prepare_splits",
     "reference_rows",
     "run_bench",
+    "run_or_resume",
+    "stored_result",
+    "warm_up_metrics",
 ]
+
+# the sweep's own result files (the run directories are below them)
+BENCH_FILES = ("bench.json", "bench.md", "pr_curves.png")
+# settings that may change between an interrupted sweep and its resumption
+_MAY_CHANGE = ("device", "num_workers")
 
 # Table 2 of the paper: (No., unbiased estimator, with v, with L_var, optimizer).
 ABLATION_ROWS: tuple[tuple[int, bool, bool, bool, str], ...] = (
@@ -135,8 +149,9 @@ def plan_bench(
     """
     base_config = config_from_dict(base)  # reports errors of the base file itself first
     bench = base_config.bench
-    # the table reports R@1 and R@10 whatever the base config evaluates
-    common: dict[str, Any] = {"progress": False, "eval_ks": sorted({*base_config.eval_ks, 1, 10})}
+    # the table reports R@1 and R@10 whatever the base config evaluates; each run shows its
+    # progress as `rankwise train` does (a bar in a terminal, plain lines otherwise)
+    common: dict[str, Any] = {"eval_ks": sorted({*base_config.eval_ks, 1, 10})}
     if quick:
         common.update(bench.quick.overrides)
     plans: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
@@ -240,7 +255,11 @@ def prepare_splits(
 
 
 def reference_rows(
-    runs: Sequence[BenchRun], splits: RetrievalSplits, seeds: Sequence[int], output: Path
+    runs: Sequence[BenchRun],
+    splits: RetrievalSplits,
+    seeds: Sequence[int],
+    output: Path,
+    curves: dict[str, PRCurve] | None = None,
 ) -> list[dict[str, Any]]:
     """What the table must be read against: the same test protocol with no learning at all.
 
@@ -252,21 +271,27 @@ def reference_rows(
 
     A loss that does not beat these rows has not learned anything that transfers to the test
     classes; on tiny open-set problems (5 training classes) that happens, and the table says so.
-    """
-    from ..metrics import retrieval_metrics
 
-    def row(name: str, reports: Sequence[Any]) -> dict[str, Any]:
+    Args:
+        runs: the planned runs (the first one's config gives the backbone).
+        splits: the loaded dataset splits.
+        seeds: the seeds of the untrained networks.
+        output: the sweep directory.
+        curves: when given, receives each row's mean test PR curve, by row name.
+
+    Returns:
+        The rows, with the fields of a trained row (``seeds``: the seeds evaluated, ``[]``
+        for the seedless raw input).
+    """
+    from ..metrics import pr_curve, retrieval_metrics
+
+    def row(name: str, reports: Sequence[Any], row_seeds: Sequence[int]) -> dict[str, Any]:
         out: dict[str, Any] = {"loss": name, "label": name, "seconds": 0.0}
-        values = {
-            "map": [r.map for r in reports],
-            "recall_at_1": [r.recall_at[1] for r in reports],
-            "recall_at_10": [r.recall_at[10] for r in reports],
-            "map_at_r": [r.map_at_r for r in reports],
-            "r_precision": [r.r_precision for r in reports],
-        }
+        values = {key: [float(getter(r)) for r in reports] for key, getter in _METRICS}
         for key, vals in values.items():
             out[f"{key}_mean"] = float(np.mean(vals))
             out[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        out["seeds"] = [int(s) for s in row_seeds]
         return out
 
     def flat(dataset: ArrayDataset) -> tuple[torch.Tensor, np.ndarray]:
@@ -277,32 +302,240 @@ def reference_rows(
     ks = (1, 10)
     if all(hasattr(d, "inputs") for d in (splits.test, splits.gallery) if d is not None):
         query, query_labels = flat(splits.test)
+        gallery: tuple[Any, Any] = (None, None)
         if splits.protocol == "closed-set":
-            gallery, gallery_labels = flat(splits.gallery)
-            report = retrieval_metrics(query, query_labels, gallery, gallery_labels, ks=ks)
-        else:
-            report = retrieval_metrics(query, query_labels, ks=ks)
-        rows.append(row("input (no training)", [report]))
-    reports = []
+            gallery = flat(splits.gallery)
+        report = retrieval_metrics(query, query_labels, *gallery, ks=ks)
+        rows.append(row("input (no training)", [report], []))
+        if curves is not None:
+            curves["input (no training)"] = pr_curve(query, query_labels, *gallery)
+    reports, untrained_curves = [], []
     for seed in seeds:
         config = runs[0].config.model_copy(
             update={"seed": int(seed), "output_dir": str(output / "untrained" / f"seed{seed}")}
         )
         trainer = Trainer.from_config(config, splits=splits, overwrite=True)
-        reports.append(trainer.evaluate("test"))
-    rows.append(row("untrained network", reports))
+        if curves is None:
+            reports.append(trainer.evaluate("test"))
+        else:
+            report, curve = trainer.test()
+            reports.append(report)
+            untrained_curves.append(curve)
+    rows.append(row("untrained network", reports, seeds))
+    if curves is not None:
+        curves["untrained network"] = _average_curves(untrained_curves)
     return rows
 
 
-def _mean_curve(results: Sequence[RunResult]) -> PRCurve:
+def _average_curves(curves: Sequence[PRCurve]) -> PRCurve:
     from ..metrics import PRCurve
 
-    curves = [r.pr_curve for r in results]
     return PRCurve(
         recall=np.asarray(curves[0].recall, dtype=np.float64),
         precision=np.mean([np.asarray(c.precision, dtype=np.float64) for c in curves], axis=0),
         n_queries=int(curves[0].n_queries),
     )
+
+
+def _mean_curve(results: Sequence[RunResult]) -> PRCurve:
+    return _average_curves([r.pr_curve for r in results])
+
+
+def warm_up_metrics() -> float:
+    """Compile the numba evaluation kernels before anything is timed; returns the seconds spent.
+
+    The first call of a compiled kernel in a process compiles it (or loads it from numba's
+    cache), which would otherwise be counted in the first run's time. Both evaluation layouts
+    (leave-one-out and query / gallery) and the PR curve are exercised, in float32 as training
+    produces them.
+
+    Returns:
+        Wall-clock seconds of the warm-up.
+    """
+    from ..metrics import pr_curve, retrieval_metrics
+
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 8, generator=generator)
+    labels = np.repeat(np.arange(6), 4)
+    retrieval_metrics(x, labels, ks=(1, 10))
+    retrieval_metrics(x[:12], labels[:12], x, labels, ks=(1, 10))
+    pr_curve(x, labels)
+    pr_curve(x[:12], labels[:12], x, labels)
+    return time.perf_counter() - start
+
+
+# -- resumable runs --------------------------------------------------------------------------------
+
+
+def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in _MAY_CHANGE}
+
+
+def _report_from_dict(data: Mapping[str, Any]) -> Any:
+    """A :class:`~rankwise.metrics.RetrievalReport` from its ``to_dict()`` (``report.json``)."""
+    from ..metrics import RetrievalReport
+
+    values = dict(data)
+    values["recall_at"] = {int(k): float(v) for k, v in values["recall_at"].items()}
+    values["precision_at"] = {int(k): float(v) for k, v in values["precision_at"].items()}
+    values["clamped_ks"] = {int(k): int(v) for k, v in (values.get("clamped_ks") or {}).items()}
+    values["ks"] = tuple(int(k) for k in values["ks"])
+    values["per_query_ap"] = torch.tensor(
+        [np.nan if v is None else float(v) for v in values["per_query_ap"]], dtype=torch.float64
+    )
+    names = {f.name for f in fields(RetrievalReport)}
+    return RetrievalReport(**{k: v for k, v in values.items() if k in names})
+
+
+def _check_same_config(run: BenchRun, run_dir: Path) -> None:
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = yaml.safe_load(saved_path.read_text()) or {}
+    if _comparable(saved) != _comparable(run.config.to_dict()):
+        raise ConfigError(
+            f"output: the run in {str(run_dir)!r} was trained with another config than this "
+            "sweep plans for it; start the sweep afresh with `overwrite` (or choose another "
+            "output)."
+        )
+
+
+def stored_result(run: BenchRun, with_test: bool = True) -> RunResult | None:
+    """The result of a run of the sweep that already completed (``None``: not completed).
+
+    Args:
+        run: the planned run.
+        with_test: whether the run's test report is needed (``bench``; ``tune`` has none).
+
+    Returns:
+        The :class:`RunResult` read back from ``report.json`` (and ``pr_curve.json``).
+
+    Raises:
+        ConfigError: the run directory holds a run made with another config.
+    """
+    from ..metrics import PRCurve
+
+    run_dir = run.config.resolved_output_dir()
+    try:
+        report = json.loads((run_dir / "report.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if report.get("status") != "completed":
+        return None
+    _check_same_config(run, run_dir)
+    test, curve = None, None
+    if with_test:
+        try:
+            data = json.loads((run_dir / "pr_curve.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if report.get("test") is None:
+            return None
+        test = _report_from_dict(report["test"])
+        curve = PRCurve(
+            recall=np.asarray(data["recall"], dtype=np.float64),
+            precision=np.asarray(data["precision"], dtype=np.float64),
+            n_queries=int(data["n_queries"]),
+        )
+    return RunResult(
+        run_dir=run_dir,
+        status="completed",
+        steps=int(report["steps"]),
+        seconds=float(report["seconds"]),
+        best_step=report.get("best_step"),
+        best_val=report.get("best_val"),
+        test=test,
+        pr_curve=curve,
+        config=run.config.to_dict(),
+    )
+
+
+def run_or_resume(
+    run: BenchRun,
+    splits: RetrievalSplits,
+    *,
+    resume: bool,
+    console: Console | None,
+    name: str,
+    test: bool = True,
+) -> tuple[RunResult, str]:
+    """Train one run of a sweep, resume it from its checkpoint, or keep its stored result.
+
+    Args:
+        run: the planned run.
+        splits: the sweep's dataset splits.
+        resume: continue an interrupted sweep: a completed run is kept, an interrupted one
+            continues from ``checkpoints/last.pt``, the others start afresh.
+        console: where the run's progress goes.
+        name: the run's name on its progress bar / lines.
+        test: test the selected model (``tune`` does not).
+
+    Returns:
+        ``(result, how)``: how is ``"trained"``, ``"resumed"`` or ``"kept"``.
+    """
+    run_dir = run.config.resolved_output_dir()
+    if resume:
+        stored = stored_result(run, with_test=test)
+        if stored is not None:
+            return stored, "kept"
+        if (run_dir / "checkpoints" / "last.pt").is_file():
+            _check_same_config(run, run_dir)
+            trainer = Trainer.from_config(run.config, splits=splits, resume=True, console=console)
+            trainer.name = name
+            return trainer.fit(test=test), "resumed"
+    trainer = Trainer.from_config(run.config, splits=splits, overwrite=True, console=console)
+    trainer.name = name
+    return trainer.fit(test=test), "trained"
+
+
+def _bench_summary(
+    runs: Sequence[BenchRun],
+    results: Sequence[RunResult],
+    splits: RetrievalSplits,
+    seeds: Sequence[int],
+    references: list[dict[str, Any]],
+    complete: bool,
+    warm_up: float,
+) -> dict[str, Any]:
+    rows = aggregate_rows(runs[: len(results)], results)
+    return {
+        "dataset": runs[0].config.dataset.name,
+        "protocol": str(splits.protocol),
+        "seeds": [int(s) for s in seeds],
+        "complete": complete,
+        "runs_finished": len(results),
+        "runs_planned": len(runs),
+        "warm_up_seconds": warm_up,
+        "rows": [row.to_dict() for row in rows],
+        "reference_rows": references,
+    }
+
+
+def _write_tables(output: Path, summary: Mapping[str, Any], ablation: bool) -> None:
+    from ..reporting import bench_table_markdown
+
+    atomic_write_text(json.dumps(summary, indent=2) + "\n", output / "bench.json")
+    atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
+
+
+def _bench_settings(
+    base: Mapping[str, Any],
+    losses: Sequence[str] | None,
+    seeds: Sequence[int],
+    quick: bool,
+    ablation: bool,
+    run_overrides: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    settings = {
+        "base": {k: v for k, v in dict(base).items() if k not in _MAY_CHANGE},
+        "losses": None if losses is None else list(losses),
+        "seeds": [int(s) for s in seeds],
+        "quick": bool(quick),
+        "ablation": bool(ablation),
+        "run_overrides": dict(run_overrides or {}),
+    }
+    return json.loads(json.dumps(settings))
 
 
 def run_bench(
@@ -315,22 +548,48 @@ def run_bench(
     output: str | Path,
     console: Console | None = None,
     run_overrides: Mapping[str, Any] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train every planned run, then write ``bench.json``, ``bench.md`` and ``pr_curves.png``.
 
     Arguments as in :func:`plan_bench`; ``console`` receives one progress line per run (the
-    table itself is :func:`rankwise.reporting.print_bench_table` of the returned summary). All configuration errors (including the data-dependent
-    ones: unknown loss parameter, too many classes per batch) are raised before the first run.
+    table itself is :func:`rankwise.reporting.print_bench_table` of the returned summary). All
+    configuration errors (including the data-dependent ones: unknown loss parameter, too many
+    classes per batch) are raised before the first run.
+
+    No lost work: an ``output`` that holds results is refused unless ``overwrite`` (the previous
+    sweep is deleted) or ``resume``; ``bench.json`` / ``bench.md`` are rewritten after every
+    run (``"complete": false`` until the end), so an interrupted sweep keeps its table; with
+    ``resume`` the completed runs are kept and skipped and the interrupted one continues from its
+    checkpoint. ``sweep.json`` records the settings (what ``rankwise bench --resume`` re-runs).
+
+    Args:
+        base: the base config as a plain mapping.
+        losses: losses to compare (default ``base["bench"]["losses"]``).
+        seeds: training seeds.
+        quick: apply ``bench.quick.overrides``.
+        ablation: Table 2's SOPRC rows instead of the loss comparison.
+        output: the sweep directory.
+        console: rich console for progress lines.
+        run_overrides: dotted overrides applied to every run last.
+        resume: continue the sweep in ``output`` (its settings must be these).
+        overwrite: delete the previous sweep's results in ``output`` first.
 
     Returns:
-        The ``bench.json`` content: ``{"dataset", "protocol", "seeds", "rows"}``, one row per
-        loss (or ablation variant) with ``map_mean``, ``map_std``, ``recall_at_1_mean``, ...,
-        ``seconds`` (mean wall-clock seconds per run) and bookkeeping fields.
+        The ``bench.json`` content: ``{"dataset", "protocol", "seeds", "complete",
+        "runs_finished", "runs_planned", "warm_up_seconds", "rows", "reference_rows"}``, one
+        row per loss (or ablation variant) with ``map_mean``, ``map_std``,
+        ``recall_at_1_mean``, ..., ``seconds`` (mean wall-clock seconds per run, numba
+        compilation excluded) and bookkeeping fields.
+
+    Raises:
+        TrainingInterrupted: Ctrl-C or SIGTERM; the finished runs are in ``bench.json`` and the
+            interrupted one has its checkpoint: ``resume=True`` continues.
     """
     from rich.console import Console
 
     from ..plots import plot_pr_curves
-    from ..reporting import bench_table_markdown
 
     console = console if console is not None else Console()
     output = Path(output)
@@ -343,7 +602,13 @@ def run_bench(
         output=output,
         run_overrides=run_overrides,
     )
+    settings = _bench_settings(base, losses, seeds, quick, ablation, run_overrides)
+    run_dirs = [run.config.resolved_output_dir() for run in runs]
+    # every configuration error first (nothing is written before), then the results rule
     splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
+    prepare_sweep_dir(
+        output, "bench", settings, run_dirs, BENCH_FILES, resume=resume, overwrite=overwrite
+    )
 
     console.print(
         f"[bold]rankwise bench[/bold]: {len(runs)} runs on {runs[0].config.dataset.name} "
@@ -351,34 +616,90 @@ def run_bench(
         soft_wrap=True,
     )
     results: list[RunResult] = []
-    for i, run in enumerate(runs, 1):
-        trainer = Trainer.from_config(run.config, splits=splits, overwrite=True, console=console)
-        result = trainer.fit()
-        results.append(result)
-        console.print(
-            f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
-            f"{100 * result.test.map:.2f}  R@1 {100 * result.test.recall_at[1]:.2f}  "
-            f"({result.seconds:.1f} s, best val step {result.best_step})",
-            soft_wrap=True,
-        )
+    try:
+        warm_up = warm_up_metrics()
+        curves: dict[str, PRCurve] = {}
+        references = reference_rows(runs, splits, seeds, output, curves)
+        for i, run in enumerate(runs, 1):
+            name = f"[{i}/{len(runs)}] {run.label} seed {run.seed}"
+            result, how = run_or_resume(run, splits, resume=resume, console=console, name=name)
+            results.append(result)
+            console.print(
+                f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
+                f"{100 * result.test.map:.2f}  R@1 {100 * result.test.recall_at[1]:.2f}  "
+                f"({result.seconds:.1f} s, best val step {result.best_step}"
+                f"{'' if how == 'trained' else ', ' + how})",
+                soft_wrap=True,
+                highlight=False,
+            )
+            partial = _bench_summary(runs, results, splits, seeds, references, False, warm_up)
+            _write_tables(output, partial, ablation)
+    except KeyboardInterrupt as exc:
+        raise _sweep_interrupted("bench", exc, runs, len(results), output) from None
 
+    summary = _bench_summary(runs, results, splits, seeds, references, True, warm_up)
+    _write_tables(output, summary, ablation)
     rows = aggregate_rows(runs, results)
-    summary = {
-        "dataset": runs[0].config.dataset.name,
-        "protocol": str(splits.protocol),
-        "seeds": [int(s) for s in seeds],
-        "rows": [row.to_dict() for row in rows],
-        "reference_rows": reference_rows(runs, splits, seeds, output),
-    }
-    output.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(json.dumps(summary, indent=2) + "\n", output / "bench.json")
-    atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
-    curves = {row.label: _mean_curve(row.results) for row in rows}
+    curves.update({row.label: _mean_curve(row.results) for row in rows})
     plot_pr_curves(
-        curves,
+        {**{row.label: curves[row.label] for row in rows}, **_reference_curves(curves, rows)},
         output / "pr_curves.png",
-        title=f"mean PR curves on {summary['dataset']} test "
+        title=f"mean test PR curves on {summary['dataset']} "
         f"({'SOPRC ablation' if ablation else 'all losses'})",
-        labels={row.label: row.to_dict()["map_mean"] for row in rows},
+        labels=_legend_labels(rows, references, ablation),
+        references=list(_reference_curves(curves, rows)),
     )
     return summary
+
+
+def _reference_curves(curves: Mapping[str, PRCurve], rows: Sequence[BenchRow]) -> dict:
+    labels = {row.label for row in rows}
+    return {name: curve for name, curve in curves.items() if name not in labels}
+
+
+def _legend_labels(
+    rows: Sequence[BenchRow], references: Sequence[Mapping[str, Any]], ablation: bool
+) -> dict[str, str]:
+    """Legend text per curve: a readable name and the test mAP in %, as in the tables."""
+    labels = {}
+    for row in rows:
+        data = row.to_dict()
+        name = row.label
+        if ablation:
+            parts = [
+                "unbiased" if data["unbiased_estimator"] else "biased",
+                "with v" if data["with_v"] else "no v",
+                "with L_var" if data["with_semi_variance"] else "no L_var",
+                "SGD" if data["optimizer"] == "sgd" else "Adam",
+            ]
+            name = f"No. {data['variant']}: {', '.join(parts)}"
+        labels[row.label] = f"{name} (mAP {100 * data['map_mean']:.2f} %)"
+    for ref in references:
+        labels[ref["label"]] = f"{ref['label']} (mAP {100 * ref['map_mean']:.2f} %)"
+    return labels
+
+
+def _sweep_interrupted(
+    kind: str,
+    exc: KeyboardInterrupt,
+    runs: Sequence[BenchRun],
+    finished: int,
+    output: Path,
+    kept: str = "their rows are in bench.json and bench.md",
+) -> TrainingInterrupted:
+    """The interruption of a sweep: what is kept and that the sweep resumes."""
+    done = f"{finished} of {len(runs)} runs finished ({kept})"
+    if isinstance(exc, TrainingInterrupted) and finished < len(runs):
+        run = runs[finished]
+        message = f"{kind} interrupted in run {run.label} seed {run.seed}: {exc.message}; {done}"
+        step, checkpoint = exc.step, exc.checkpoint_step
+    else:
+        message, step, checkpoint = f"{kind} interrupted; {done}", 0, None
+    return TrainingInterrupted(
+        message,
+        step,
+        output,
+        checkpoint,
+        f"the same call with resume=True (output={str(output)!r})",
+        signal_number=signal_number_of(exc),
+    )

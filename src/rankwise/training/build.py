@@ -142,13 +142,27 @@ def check_batch_classes(config: Config, splits: RetrievalSplits) -> tuple[np.nda
     """
     train_labels = np.asarray(splits.train.labels, dtype=np.int64)
     n_classes = int(np.unique(train_labels).size)
-    per_batch = config.sampler.classes_per_batch
-    if per_batch > n_classes:
+    size, m = config.sampler.batch_size, config.sampler.m
+    if n_classes < 2:
         raise ConfigError(
-            f"sampler.batch_size: {config.sampler.batch_size} / sampler.m={config.sampler.m} "
-            f"= {per_batch} classes per batch, but the training split of "
-            f"{config.dataset.name!r} has only {n_classes} classes; use sampler.batch_size <= "
-            f"{n_classes * config.sampler.m}."
+            f"dataset: the training split of {config.dataset.name!r} has {n_classes} class; "
+            "ranking losses need at least 2."
+        )
+    fits = size % m == 0 and size // m <= n_classes
+    if not fits:
+        # what works here: a multiple of m holding 2..n_classes classes, nearest to the request
+        low = m * min(max(size // m, 2), n_classes)
+        high = m * min(max(-(-size // m), 2), n_classes)
+        suggestion = " or ".join(str(v) for v in sorted({low, high}))
+        why = (
+            f"{size} is not divisible by sampler.m={m}"
+            if size % m
+            else f"{size} / sampler.m={m} = {size // m} classes per batch"
+        )
+        raise ConfigError(
+            f"sampler.batch_size: {why}, and the training split of {config.dataset.name!r} has "
+            f"{n_classes} classes; a batch holds a multiple of {m} samples from 2 to {n_classes} "
+            f"classes ({2 * m} to {n_classes * m}): use sampler.batch_size={suggestion}."
         )
     return train_labels, n_classes
 

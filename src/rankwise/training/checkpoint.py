@@ -11,18 +11,25 @@ and primitive containers so checkpoints load with ``torch.load(..., weights_only
 from __future__ import annotations
 
 import os
+import pickle
 import random
+import shutil
 import tempfile
+import threading
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .errors import CorruptCheckpointError
+
 __all__ = [
     "atomic_save",
     "atomic_write_text",
     "capture_rng_state",
+    "keep_previous",
     "load_checkpoint",
     "restore_rng_state",
 ]
@@ -41,11 +48,25 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process's file-creation mask (read by setting and restoring it, under a lock)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: Path, write) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file private (0600); a result file gets the permissions any file
+        # the user creates gets (0666 minus the umask), like the PNGs written beside it
+        os.chmod(tmp_name, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
@@ -71,12 +92,70 @@ def atomic_write_text(text: str, path: str | Path) -> None:
     _atomic_write(Path(path), lambda handle: handle.write(text.encode()))
 
 
+def _why_unreadable(path: Path, exc: BaseException) -> str:
+    """A short, safe description of why ``torch.load`` failed (never torch's own advice)."""
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    if isinstance(exc, pickle.UnpicklingError):
+        # torch's message recommends weights_only=False, i.e. running arbitrary code from the
+        # file: never repeat it; rankwise writes only tensors and plain containers
+        return "it holds objects a rankwise checkpoint never holds (not a rankwise checkpoint)"
+    if isinstance(exc, (RuntimeError, zipfile.BadZipFile, EOFError)):
+        return "it is truncated or not a torch checkpoint (an interrupted copy, a full disk)"
+    return "it is not a readable torch checkpoint"
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint written by the trainer with ``weights_only=True`` (no arbitrary code)."""
+    """Load a checkpoint written by the trainer with ``weights_only=True`` (no arbitrary code).
+
+    Args:
+        path: the checkpoint file.
+        map_location: where to put its tensors.
+
+    Returns:
+        The checkpoint's dict.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CorruptCheckpointError: the file cannot be read (empty, truncated, junk, foreign
+            objects) or does not hold a dict.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist.")
-    return torch.load(path, map_location=map_location, weights_only=True)
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure of a bad file is the same answer
+        raise CorruptCheckpointError(path, _why_unreadable(path, exc)) from None
+    if not isinstance(state, dict):
+        raise CorruptCheckpointError(path, f"it holds a {type(state).__name__}, not a checkpoint")
+    return state
+
+
+def keep_previous(path: str | Path, previous: str | Path) -> bool:
+    """Make ``previous`` a copy of ``path`` atomically (a hard link when the file system allows).
+
+    Called before ``path`` is replaced, so an older good checkpoint survives a corrupted newer
+    one. Nothing happens when ``path`` does not exist.
+
+    Args:
+        path: the current checkpoint (e.g. ``checkpoints/last.pt``).
+        previous: where its copy goes (e.g. ``checkpoints/previous.pt``).
+
+    Returns:
+        Whether a copy was made.
+    """
+    path, previous = Path(path), Path(previous)
+    if not path.is_file():
+        return False
+    tmp = previous.with_name(f".{previous.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(path, tmp)
+    except OSError:  # no hard links here (some network / FAT file systems): copy
+        shutil.copyfile(path, tmp)
+    os.replace(tmp, previous)
+    return True
 
 
 def capture_rng_state() -> dict[str, Any]:

@@ -37,6 +37,7 @@ __all__ = [
     "config_from_dict",
     "load_config",
     "parse_overrides",
+    "switch_loss",
 ]
 
 
@@ -87,16 +88,14 @@ class SamplerConfig(_Strict):
     batch_size: int = Field(32, gt=0)
 
     @model_validator(mode="after")
-    def _divisible(self) -> SamplerConfig:
-        if self.batch_size % self.m:
+    def _two_classes(self) -> SamplerConfig:
+        # divisibility by m is checked with the data (build.check_batch_classes), where a
+        # suggested batch size can also respect the number of training classes
+        if self.batch_size < 2 * self.m:
             raise ValueError(
-                f"sampler.batch_size: {self.batch_size} is not divisible by sampler.m={self.m}; "
-                f"use a multiple of {self.m} (e.g. {self.m * max(2, self.batch_size // self.m)})."
-            )
-        if self.batch_size // self.m < 2:
-            raise ValueError(
-                f"sampler.batch_size: {self.batch_size} holds a single class of m={self.m}; ranking "
-                "losses need at least 2 classes per batch."
+                f"sampler.batch_size: {self.batch_size} holds fewer than 2 classes of "
+                f"m={self.m}; ranking losses need at least 2 classes per batch (batch_size >= "
+                f"{2 * self.m})."
             )
         return self
 
@@ -162,10 +161,17 @@ class BudgetConfig(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> BudgetConfig:
-        if (self.epochs is None) == (self.iterations is None):
+        if self.epochs is None and self.iterations is None:
             raise ValueError(
-                "budget: set exactly one of budget.epochs or budget.iterations "
-                f"(got epochs={self.epochs}, iterations={self.iterations})."
+                "budget: set one of budget.epochs or budget.iterations (both are null)."
+            )
+        if self.epochs is not None and self.iterations is not None:
+            # typically an override of one on a config that sets the other: say how to clear it
+            raise ValueError(
+                f"budget: set exactly one of budget.epochs or budget.iterations, got "
+                f"epochs={self.epochs} and iterations={self.iterations}; to train "
+                f"{self.epochs} epochs add budget.iterations=null, to train {self.iterations} "
+                "iterations add budget.epochs=null."
             )
         return self
 
@@ -356,13 +362,54 @@ def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
     return out
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
+def switch_loss(
+    data: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> tuple[dict[str, Any], str | None]:
+    """``data`` ready for ``overrides`` that change ``loss.name``: the old loss's params dropped.
+
+    A loss's ``params`` belong to that loss (SOPRC's ``beta`` is no parameter of AUC), so when an
+    override switches ``loss.name`` the file's ``loss.params`` are not carried over; ``loss.params``
+    overrides still apply on top.
+
+    Args:
+        data: the config file's mapping.
+        overrides: the parsed dotted overrides.
+
+    Returns:
+        ``(data, note)``: the mapping to apply the overrides to, and a sentence saying which
+        params were dropped (``None`` when nothing was).
+    """
+    loss = data.get("loss") if isinstance(data, Mapping) else None
+    new_name = overrides.get("loss.name")
+    if not isinstance(loss, Mapping) or new_name is None or new_name == loss.get("name"):
+        return dict(data), None
+    params = loss.get("params") or {}
+    out = apply_overrides(data, {"loss.params": {}})
+    if not params:
+        return out, None
+    shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    return out, (
+        f"loss.name={new_name} replaces {loss.get('name')}: the config's loss.params for "
+        f"{loss.get('name')} ({shown}) are not used; set {new_name}'s with loss.params.NAME=VALUE."
+    )
+
+
+def load_config(
+    path: str | Path, overrides: Sequence[str] = (), notes: list[str] | None = None
+) -> Config:
     """Read a YAML config and apply ``KEY=VALUE`` overrides.
+
+    An override of ``loss.name`` that changes the loss starts from empty ``loss.params`` (the
+    file's belong to its own loss; see :func:`switch_loss`).
 
     Args:
         path: YAML file with the sections of :class:`Config`.
         overrides: strings such as ``"loss.name=soprc"``, ``"optimizer.lr=0.01"``,
             ``"loss.params.beta=0.1"``.
+        notes: when given, receives a sentence for every setting of the file that was dropped.
+
+    Returns:
+        The validated config.
 
     Raises:
         ConfigError: unreadable file, malformed override, unknown key / loss / dataset, or a value
@@ -375,4 +422,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> Config:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    return config_from_dict(apply_overrides(data, parse_overrides(overrides)))
+    parsed = parse_overrides(overrides)
+    data, note = switch_loss(data, parsed)
+    if note is not None and notes is not None:
+        notes.append(note)
+    return config_from_dict(apply_overrides(data, parsed))

@@ -1,8 +1,8 @@
 """Why a training run stopped early.
 
 Why a training run stopped early: a configuration problem found before the first step, a
-non-finite or collapsed model (the run failed, the last good checkpoint is kept), or an
-interruption (Ctrl-C, after a checkpoint).
+checkpoint that cannot be read, a non-finite or collapsed model (the run failed, the last good
+checkpoint is kept), or an interruption (Ctrl-C or SIGTERM, after a checkpoint).
 
 Messages name config keys (``optimizer.lr``) and Python arguments (in backticks, `` `run_dir` ``),
 never command-line flags: :mod:`rankwise.commands` rewrites them for the command line.
@@ -10,6 +10,7 @@ never command-line flags: :mod:`rankwise.commands` rewrites them for the command
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 __all__ = [
     "CollapsedEmbeddingsError",
     "ConfigError",
+    "CorruptCheckpointError",
     "NonFiniteLossError",
     "ReplicaDivergenceError",
     "TrainingInterrupted",
@@ -109,8 +111,93 @@ class ReplicaDivergenceError(NonFiniteLossError):
         self.ranks = list(ranks)
 
 
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file cannot be read: empty, truncated, junk or not a rankwise checkpoint.
+
+    ``str()`` says ``checkpoint PATH is corrupt: <why>`` and, when an older checkpoint of the
+    run loads, which one and from which step; it never suggests unpickling the file unsafely.
+
+    Attributes:
+        path: the unreadable file.
+        reason: why it cannot be read.
+        run_dir: the run directory it belongs to (``None``: not known).
+        fallback: an older checkpoint of the run that loads (``None``: none).
+        fallback_step: the step ``fallback`` holds.
+        advice: what else to do (e.g. retrain), or ``None``.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        reason: str,
+        *,
+        run_dir: Path | None = None,
+        fallback: Path | None = None,
+        fallback_step: int | None = None,
+        advice: str | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        self.run_dir = run_dir
+        self.fallback = fallback
+        self.fallback_step = fallback_step
+        self.advice = advice
+        super().__init__(self.describe())
+
+    def describe(self, resume_with: str | None = None) -> str:
+        """The message, with ``resume_with`` (how to resume from the fallback) when given.
+
+        Args:
+            resume_with: the command or call that resumes from :attr:`fallback`.
+
+        Returns:
+            The full message.
+        """
+        if self.reason == "it is missing":
+            text = f"checkpoint {self.path} is missing."
+        else:
+            text = f"checkpoint {self.path} is corrupt: {self.reason}."
+        if self.fallback is not None:
+            text += (
+                f" The older checkpoint {self.fallback} (step {self.fallback_step}) is intact"
+                + (f"; resume from it with: {resume_with}" if resume_with else "")
+                + "."
+            )
+        if self.advice:
+            text += f" {self.advice}"
+        return text
+
+    def with_context(
+        self,
+        *,
+        run_dir: Path | None = None,
+        fallback: Path | None = None,
+        fallback_step: int | None = None,
+        advice: str | None = None,
+    ) -> CorruptCheckpointError:
+        """A copy that knows its run, an older good checkpoint, or advice.
+
+        Args:
+            run_dir: the run directory.
+            fallback: an older checkpoint that loads.
+            fallback_step: its step.
+            advice: what else to do.
+
+        Returns:
+            The new error.
+        """
+        return CorruptCheckpointError(
+            self.path,
+            self.reason,
+            run_dir=run_dir if run_dir is not None else self.run_dir,
+            fallback=fallback if fallback is not None else self.fallback,
+            fallback_step=fallback_step if fallback_step is not None else self.fallback_step,
+            advice=advice if advice is not None else self.advice,
+        )
+
+
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or a callback raising ``KeyboardInterrupt``) stopped the run.
+    """Ctrl-C or SIGTERM (or a callback raising ``KeyboardInterrupt``) stopped the run.
 
     ``str()`` is the message followed by how to resume (when a checkpoint exists).
 
@@ -120,6 +207,10 @@ class TrainingInterrupted(KeyboardInterrupt):
         run_dir: the run directory (``None`` for a trainer without one: nothing was saved).
         checkpoint_step: the step of the checkpoint to resume from (``None``: none was written).
         resume_hint: how to resume in Python, e.g. ``"Trainer.from_run_dir('runs/x')"``.
+        signal_number: the signal that stopped the run (``signal.SIGINT`` for Ctrl-C and for a
+            callback's ``KeyboardInterrupt``, ``signal.SIGTERM``).
+        resume_command: the shell command that resumes (set by the command line, e.g. for a
+            sweep: ``rankwise bench --resume DIR``); ``None``: the command line derives it.
     """
 
     def __init__(
@@ -129,6 +220,9 @@ class TrainingInterrupted(KeyboardInterrupt):
         run_dir: Path | None,
         checkpoint_step: int | None,
         resume_hint: str | None = None,
+        *,
+        signal_number: int = signal.SIGINT,
+        resume_command: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -136,6 +230,13 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.run_dir = run_dir
         self.checkpoint_step = checkpoint_step
         self.resume_hint = resume_hint
+        self.signal_number = int(signal_number)
+        self.resume_command = resume_command
+
+    @property
+    def exit_code(self) -> int:
+        """The shell's exit status of a process stopped by the signal: 128 + its number."""
+        return 128 + self.signal_number
 
     def __str__(self) -> str:
         if self.resume_hint and self.checkpoint_step is not None:

@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from .._signals import handle_signals, signal_number_of
 from .._threads import preserve_torch_threads
 from .._validation import Interval, check_bool, check_scalar
 from .build import (
@@ -68,12 +68,14 @@ from .checkpoint import (
     atomic_save,
     atomic_write_text,
     capture_rng_state,
+    keep_previous,
     load_checkpoint,
     restore_rng_state,
 )
 from .config import Config, config_from_dict
-from .errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from .errors import ConfigError, CorruptCheckpointError, NonFiniteLossError, TrainingInterrupted
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
+from .rundir import existing_results, readable_checkpoint_step, resolve_run_dir
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -154,36 +156,33 @@ def _determinism(enabled: bool) -> Iterator[None]:
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous_cudnn
 
 
+_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+
+
 @contextlib.contextmanager
-def _graceful_sigint(trainer: Trainer) -> Iterator[None]:
-    """First Ctrl-C or SIGTERM: finish the step, then checkpoint and stop. Second: abort at once.
+def _graceful_stop(trainer: Trainer) -> Iterator[None]:
+    """Ctrl-C or SIGTERM: finish the current step, then checkpoint and stop; a second: abort now.
 
-    SIGTERM is what schedulers (and torchrun, forwarding it to every process) send before they
-    kill a job, so it is handled like Ctrl-C: the run stops at a step boundary with a checkpoint.
+    SIGTERM (what ``timeout``, SLURM, Kubernetes and docker send) is handled exactly like
+    Ctrl-C, so a scheduler's stop leaves ``last.pt`` at the last complete step.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
-    def handler(signum: int, frame: Any) -> None:
-        if trainer._stop_requested:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
+    def on_signal(signum: int) -> bool:
+        if trainer._stop_signal is not None:
+            return False  # the second signal: raise at once (the last checkpoint is kept)
+        trainer._stop_signal = signum
         trainer._stop_requested = True
         saving = " and saving a checkpoint" if trainer.run_dir is not None else ""
-        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+        name = _SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
         trainer.console.print(
             f"[yellow]{name}: stopping after this step{saving} "
-            "(press Ctrl-C again to abort at once).[/yellow]",
+            "(Ctrl-C again aborts at once).[/yellow]",
             soft_wrap=True,
         )
+        return True
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with handle_signals(on_signal):
         yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
@@ -289,7 +288,10 @@ class Trainer:
         progress: show a progress bar (``None``: only when stdout is a terminal).
         detect_collapse: stop when every score ties (:class:`CollapseDetector`).
         resume: continue from ``run_dir/checkpoints/last.pt``; build the same objects first.
-        overwrite: start afresh in a ``run_dir`` that already holds a run.
+        resume_from: with ``resume``, the checkpoint file to continue from instead of
+            ``last.pt`` (e.g. ``checkpoints/previous.pt`` when ``last.pt`` is corrupt).
+        overwrite: start afresh in a ``run_dir`` that already holds a run (its results are
+            deleted when :meth:`fit` starts).
         console: a rich console for messages and the progress bar (default: stderr).
         name: the run's name on the progress bar and plots (default: the loss's).
         config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
@@ -335,6 +337,7 @@ class Trainer:
         console: Console | None = None,
         name: str | None = None,
         config: Config | None = None,
+        resume_from: str | Path | None = None,
     ) -> None:
         if isinstance(model, Config):
             raise TypeError(
@@ -373,7 +376,9 @@ class Trainer:
         self.checkpoint_dir = (
             self.run_dir / "checkpoints" if self.run_dir is not None else Path("checkpoints")
         )
-        self._check_run_dir(check_bool(resume, "resume"), check_bool(overwrite, "overwrite"))
+        self._check_run_dir(
+            check_bool(resume, "resume"), check_bool(overwrite, "overwrite"), resume_from
+        )
         if console is None:
             from rich.console import Console
 
@@ -406,7 +411,11 @@ class Trainer:
         self.seconds = 0.0
         self.last_checkpoint_step: int | None = None
         self._stop_requested = False
+        self._stop_signal: int | None = None
         self._in_step = False
+        # whether checkpoints/last.pt is known good (written or loaded by this trainer): only
+        # then is it kept as previous.pt when the next checkpoint replaces it
+        self._last_is_good = False
         self._tick = time.perf_counter()
         self.callbacks = self._default_callbacks(
             _positive_int(log_every, "log_every"),
@@ -417,7 +426,7 @@ class Trainer:
             self._add_callback(self._as_callback(callback))
         self._active: list[Callback] = list(self.callbacks)
         if resume:
-            self._load_last()
+            self._load_last(None if resume_from is None else Path(resume_from))
 
     # -- construction -----------------------------------------------------------------------
 
@@ -431,17 +440,20 @@ class Trainer:
                 f"(every rankwise.losses loss is one), got {type(loss_fn).__name__}."
             )
 
-    def _check_run_dir(self, resume: bool, overwrite: bool) -> None:
+    def _check_run_dir(
+        self, resume: bool, overwrite: bool, resume_from: str | Path | None = None
+    ) -> None:
+        if resume_from is not None and not resume:
+            raise ValueError("`resume_from` names the checkpoint to resume: pass `resume` too.")
         if resume and self.run_dir is None:
             raise ValueError("`resume` needs the `run_dir` of the run to continue.")
         if resume and overwrite:
-            raise ValueError("pass `resume` or `overwrite`, not both.")
+            raise ValueError(
+                "pass `resume` or `overwrite`, not both: `resume` continues the run, "
+                "`overwrite` deletes its results and starts afresh."
+            )
         if not resume and not overwrite and self.run_dir is not None:
-            if (self.checkpoint_dir / "last.pt").exists():
-                raise ConfigError(
-                    f"run_dir: {str(self.run_dir)!r} already holds a run (checkpoints/last.pt); "
-                    "continue it with `resume` or start afresh with `overwrite`."
-                )
+            _refuse_results(self.run_dir, "run_dir")
 
     @staticmethod
     def _check_schedule(schedule: LRSchedule | None) -> Callable[[int], float] | None:
@@ -514,6 +526,7 @@ class Trainer:
         overwrite: bool = False,
         console: Console | None = None,
         callbacks: Sequence[CallbackLike] = (),
+        resume_from: str | Path | None = None,
     ) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
@@ -530,16 +543,15 @@ class Trainer:
             overwrite: start afresh in an output directory that already holds a run.
             console: rich console for messages (default: stderr).
             callbacks: extra callbacks (see :class:`Trainer`).
+            resume_from: with ``resume``, the checkpoint to continue from instead of
+                ``last.pt``.
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
         """
         run_dir = config.resolved_output_dir()
-        if not resume and not overwrite and (run_dir / "checkpoints" / "last.pt").exists():
-            raise ConfigError(
-                f"output_dir: {str(run_dir)!r} already holds a run; continue it with `resume` "
-                "or start afresh with `overwrite` (or choose another output_dir)."
-            )
+        if not resume and not overwrite:  # before the data is loaded: fail fast
+            _refuse_results(run_dir, "output_dir")
         device = resolve_device(config.device)
         if device.type == "cuda" and config.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -589,6 +601,7 @@ class Trainer:
             console=console,
             name=name,
             config=config,
+            resume_from=resume_from,
         )
 
     @classmethod
@@ -599,37 +612,42 @@ class Trainer:
         num_workers: int | None = None,
         device: str | None = None,
         console: Console | None = None,
+        checkpoint: str | Path | None = None,
     ) -> Trainer:
         """Trainer that resumes the config run in ``run_dir``.
 
         It reads the run's ``config.yaml`` and ``checkpoints/last.pt``.
 
         Args:
-            run_dir: the run directory of a :meth:`from_config` run.
+            run_dir: the run directory of a :meth:`from_config` run, or a folder holding
+                exactly one (e.g. ``runs/digits`` for ``runs/digits/auc-seed0``; several are
+                listed in the error).
             num_workers: may change freely (batches do not depend on it).
             device: may change too, but then results are no longer bit-identical to an
                 uninterrupted run.
             console: rich console for messages.
+            checkpoint: the checkpoint file to continue from instead of ``last.pt`` (e.g.
+                ``checkpoints/previous.pt``, kept when ``last.pt`` is replaced).
 
         Returns:
             The trainer, at the step of the checkpoint.
         """
         import yaml
 
-        run_dir = Path(run_dir)
-        config_path = run_dir / "config.yaml"
-        if not config_path.is_file() or not (run_dir / "checkpoints" / "last.pt").is_file():
-            raise ConfigError(
-                f"run_dir: {str(run_dir)!r} is not a run directory (it needs config.yaml and "
-                "checkpoints/last.pt)."
-            )
-        data = yaml.safe_load(config_path.read_text())
+        run_dir = resolve_run_dir(run_dir)
+        data = yaml.safe_load((run_dir / "config.yaml").read_text())
         data["output_dir"] = str(run_dir)
         if num_workers is not None:
             data["num_workers"] = num_workers
         if device is not None:
             data["device"] = device
-        return cls.from_config(config_from_dict(data), resume=True, console=console)
+        if checkpoint is None and not (run_dir / "checkpoints" / "last.pt").is_file():
+            raise CorruptCheckpointError(
+                run_dir / "checkpoints" / "last.pt", "it is missing"
+            ).with_context(run_dir=run_dir, **_fallback(run_dir))
+        return cls.from_config(
+            config_from_dict(data), resume=True, console=console, resume_from=checkpoint
+        )
 
     # -- names and messages -----------------------------------------------------------------
 
@@ -731,12 +749,60 @@ class Trainer:
         path = self.checkpoint_dir / "last.pt"
         state = self.state_dict()
         if self.is_main_process:
+            if self._last_is_good:
+                # an older good checkpoint survives whatever happens to the new one
+                keep_previous(path, self.checkpoint_dir / "previous.pt")
             atomic_save(state, path)
         self.last_checkpoint_step = self.step
+        self._last_is_good = True
         return path
 
-    def _load_last(self) -> None:
-        state = load_checkpoint(self.checkpoint_dir / "last.pt", map_location=self.device)
+    def _read_checkpoint(self, path: Path | None) -> dict[str, Any]:
+        """The checkpoint to resume; a corrupt one names an older one that loads, if any."""
+        last = self.checkpoint_dir / "last.pt"
+        target = last if path is None else path
+        try:
+            state = load_checkpoint(target, map_location=self.device)
+        except CorruptCheckpointError as exc:
+            fallback = _fallback(self.run_dir, exclude=target) if self.run_dir else {}
+            raise exc.with_context(run_dir=self.run_dir, **fallback) from None
+        except FileNotFoundError:
+            raise ConfigError(f"run_dir: checkpoint {str(target)!r} does not exist.") from None
+        self._last_is_good = target == last
+        return state
+
+    def _check_best(self) -> None:
+        """A resumed run's ``best.pt`` must load: the final test evaluates it."""
+        best = next((c for c in self.callbacks if isinstance(c, BestCheckpoint)), None)
+        path = self.checkpoint_dir / "best.pt"
+        if best is None or best.best_step is None or self.run_dir is None:
+            return
+        try:
+            load_checkpoint(path, map_location="cpu")
+        except FileNotFoundError:
+            reason = "it is missing"
+        except CorruptCheckpointError as exc:
+            reason = exc.reason
+        else:
+            return
+        retrain = (
+            f"rankwise train --config {self.run_dir / 'config.yaml'} --output {self.run_dir} "
+            "--overwrite"
+            if self.config is not None
+            else "the same Trainer with overwrite=True"
+        )
+        raise CorruptCheckpointError(
+            path,
+            reason,
+            run_dir=self.run_dir,
+            advice=(
+                f"It held the model selected on validation (step {best.best_step}), which the "
+                f"final test evaluates; no other copy exists. Train the run again: {retrain}."
+            ),
+        )
+
+    def _load_last(self, path: Path | None = None) -> None:
+        state = self._read_checkpoint(path)
         fmt = state.get("format")
         if fmt not in (1, self.CHECKPOINT_FORMAT):
             raise ConfigError(f"run_dir: unsupported checkpoint format {fmt!r}.")
@@ -771,6 +837,7 @@ class Trainer:
         for callback in self.callbacks:
             if callback.state_key is not None and callback.state_key in states:
                 callback.load_state_dict(states[callback.state_key])
+        self._check_best()
 
     def _restore_rng(self, state: dict[str, Any]) -> None:
         restore_rng_state(state["rng"])
@@ -790,7 +857,12 @@ class Trainer:
         if self.step == 0:
             # a fresh run (possibly overwriting one): drop the previous run's checkpoints and
             # outputs, so a crash before the first checkpoint cannot leave them to a resume
-            for stale in ("checkpoints/last.pt", "checkpoints/best.pt", "report.json"):
+            for stale in (
+                "checkpoints/last.pt",
+                "checkpoints/previous.pt",
+                "checkpoints/best.pt",
+                "report.json",
+            ):
                 (self.run_dir / stale).unlink(missing_ok=True)
             for stale in ("pr_curve.json", "pr_curve.png", "training_curves.png"):
                 (self.run_dir / stale).unlink(missing_ok=True)
@@ -1006,17 +1078,19 @@ class Trainer:
         self._active = self.callbacks + [self._as_callback(c) for c in callbacks]
         self._prepare_run_dir()
         self._stop_requested = False
+        self._stop_signal = None
         self._tick = time.perf_counter()
         self._emit("on_fit_start")
-        with _determinism(self.deterministic), _graceful_sigint(self):
+        with _determinism(self.deterministic), _graceful_stop(self):
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = iter(self._loader())
             try:
                 while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
                     self._run_step(batches)
-            except KeyboardInterrupt:
-                raise self._interrupted() from None
+            except KeyboardInterrupt as exc:
+                signum = signal_number_of(exc, self._stop_signal or signal.SIGINT)
+                raise self._interrupted(signum) from None
             except NonFiniteLossError as exc:
                 self._emit("on_failure", exc)
                 raise
@@ -1046,7 +1120,7 @@ class Trainer:
             pin_memory=self.device.type == "cuda",
         )
 
-    def _interrupted(self) -> TrainingInterrupted:
+    def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:
         if self.run_dir is None:
             detail = "nothing was saved (the trainer has no run_dir)"
         elif not self._in_step:
@@ -1060,14 +1134,20 @@ class Trainer:
             )
         else:
             detail = "no checkpoint had been written yet; start the run again"
-        message = f"training interrupted at step {self.step}/{self.total_steps}: {detail}"
+        by = _SIGNAL_NAMES.get(signal_number, signal.Signals(signal_number).name)
+        message = f"training interrupted ({by}) at step {self.step}/{self.total_steps}: {detail}"
         hint = (
             f"Trainer.from_run_dir({str(self.run_dir)!r})"
             if self.config is not None
             else "Trainer(<the same objects>, run_dir=..., resume=True)"
         )
         return TrainingInterrupted(
-            message, self.step, self.run_dir, self.last_checkpoint_step, hint
+            message,
+            self.step,
+            self.run_dir,
+            self.last_checkpoint_step,
+            hint,
+            signal_number=signal_number,
         )
 
     def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
@@ -1141,6 +1221,28 @@ class Trainer:
                 }
                 atomic_write_text(json.dumps(data) + "\n", self.run_dir / "pr_curve.json")
         return result
+
+
+def _refuse_results(run_dir: Path, key: str) -> None:
+    """The one rule of train, bench and tune: results are never overwritten silently."""
+    found = existing_results(run_dir)
+    if found:
+        raise ConfigError(
+            f"{key}: {str(run_dir)!r} already holds a run ({', '.join(found)}); continue it "
+            "with `resume` or start afresh with `overwrite`, which deletes its results (or "
+            f"choose another {key})."
+        )
+
+
+def _fallback(run_dir: Path | None, exclude: Path | None = None) -> dict[str, Any]:
+    """``{"fallback", "fallback_step"}`` of an older checkpoint of the run that loads, or ``{}``."""
+    if run_dir is None:
+        return {}
+    candidate = run_dir / "checkpoints" / "previous.pt"
+    if exclude is not None and candidate.resolve() == Path(exclude).resolve():
+        return {}
+    step = readable_checkpoint_step(candidate)
+    return {} if step is None else {"fallback": candidate, "fallback_step": step}
 
 
 def _format1_callback_states(state: dict[str, Any]) -> dict[str, dict[str, Any]]:

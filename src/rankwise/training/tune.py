@@ -25,11 +25,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from .bench import BenchRun, plan_bench, prepare_splits
+from .bench import (
+    BenchRun,
+    _sweep_interrupted,
+    plan_bench,
+    prepare_splits,
+    run_or_resume,
+    warm_up_metrics,
+)
 from .checkpoint import atomic_write_text
 from .config import ConfigError, config_from_dict
 from .errors import NonFiniteLossError
-from .trainer import RunResult, Trainer
+from .rundir import prepare_sweep_dir
+from .trainer import RunResult
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,6 +45,8 @@ if TYPE_CHECKING:
     from ..data import RetrievalSplits
 
 __all__ = [
+    "TIE_RULE",
+    "TUNE_FILES",
     "SeedOutcome",
     "TuneTrial",
     "parse_grid_values",
@@ -60,6 +70,13 @@ _RESERVED_KEYS = (
     "bench",
 )
 _LOSS_PARAM_PREFIX = "loss.params."
+TUNE_FILES = ("tune.json", "tuned.yaml")
+# how a tie of the selection score is broken (documented in docs/training.md, reported in
+# tune.json and on the console): equal scores are common when a grid key has no effect
+TIE_RULE = (
+    "equal mean validation mAP: the trial with the higher worst seed wins (the steadier "
+    "point), then the earlier trial in grid order"
+)
 
 
 @dataclass
@@ -326,16 +343,27 @@ def _shared_splits(trials: Sequence[TuneTrial]) -> RetrievalSplits:
     return prepare_splits([run for trial in trials for run in trial.runs], describe)
 
 
-def _run_trial(trial: TuneTrial, splits: RetrievalSplits, console: Console | None) -> None:
+def _run_trial(
+    trial: TuneTrial,
+    splits: RetrievalSplits,
+    console: Console | None,
+    resume: bool = False,
+    name: str = "",
+) -> None:
     """Train every seed of ``trial``; keep only validation scores (a RunResult goes no further)."""
+    trial.outcomes = []
     for run in trial.runs:
         start = time.perf_counter()
         try:
-            trainer = Trainer.from_config(
-                run.config, splits=splits, overwrite=True, console=console
-            )
             # tuning selects on validation data only: the test data is never evaluated
-            result = trainer.fit(test=False)
+            result, _ = run_or_resume(
+                run,
+                splits,
+                resume=resume,
+                console=console,
+                name=f"{name} {run.label} seed {run.seed}".strip(),
+                test=False,
+            )
         except NonFiniteLossError as exc:
             # a diverging point is a legitimate tuning outcome: record it, never select it
             trial.outcomes.append(
@@ -362,16 +390,41 @@ def _run_trial(trial: TuneTrial, splits: RetrievalSplits, console: Console | Non
         )
 
 
-def _winners(trials: Sequence[TuneTrial]) -> dict[str, TuneTrial | None]:
-    """Per loss, the trial with the highest mean validation mAP (first in grid order on ties)."""
+def _selection_key(trial: TuneTrial) -> tuple[float, float, int]:
+    """Larger is better: mean validation mAP, then the worst seed's, then earlier in the grid."""
+    worst = min(o.val_map for o in trial.outcomes)
+    return (trial.val_map_mean, worst, -trial.index)
+
+
+def _winners(
+    trials: Sequence[TuneTrial],
+) -> tuple[dict[str, TuneTrial | None], dict[str, list[int]]]:
+    """Per loss, the trial with the highest mean validation mAP, ties broken by :data:`TIE_RULE`.
+
+    Returns:
+        ``(winners, ties)``: ``ties[loss]`` lists the trials whose mean validation mAP equals the
+        winner's (the winner first); absent when there was no tie.
+    """
     best: dict[str, TuneTrial | None] = {}
     for trial in trials:
         best.setdefault(trial.loss, None)
-        score = trial.val_map_mean
         current = best[trial.loss]
-        if score is not None and (current is None or score > current.val_map_mean):
+        if trial.val_map_mean is not None and (
+            current is None or _selection_key(trial) > _selection_key(current)
+        ):
             best[trial.loss] = trial
-    return best
+    ties: dict[str, list[int]] = {}
+    for loss, winner in best.items():
+        if winner is None:
+            continue
+        tied = [
+            t.index
+            for t in trials
+            if t.loss == loss and t is not winner and t.val_map_mean == winner.val_map_mean
+        ]
+        if tied:
+            ties[loss] = [winner.index, *tied]
+    return best, ties
 
 
 def tuned_config(
@@ -422,12 +475,14 @@ def _summary(
     complete: bool,
     winners: Mapping[str, TuneTrial | None] | None = None,
     tuned_path: Path | None = None,
+    ties: Mapping[str, list[int]] | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "dataset": trials[0].runs[0].config.dataset.name,
         "protocol": str(splits.protocol),
         "selection": "validation mAP (tie-aware) of each run's selected checkpoint, mean over "
         "the tuning seeds; test metrics are never read",
+        "tie_rule": TIE_RULE,
         "seeds": [int(s) for s in seeds],
         "quick": bool(quick),
         "grid": {k: list(v) for k, v in grid.items()},
@@ -443,6 +498,7 @@ def _summary(
                 "params": t.params,
                 "skipped": t.skipped,
                 "val_map_mean": t.val_map_mean,
+                "tied_with": [i for i in (ties or {}).get(loss, []) if i != t.index],
             }
             for loss, t in winners.items()
         }
@@ -450,41 +506,24 @@ def _summary(
     return out
 
 
-def tune(
+def _tune_settings(
     base: Mapping[str, Any],
-    *,
     losses: Sequence[str] | None,
     grid: Mapping[str, Sequence[Any]],
-    seeds: Sequence[int] = (0,),
-    output: str | Path,
-    quick: bool = False,
-    console: Console | None = None,
+    seeds: Sequence[int],
+    quick: bool,
 ) -> dict[str, Any]:
-    """Select each loss's hyper-parameters on the validation split.
+    settings = {
+        "base": {k: v for k, v in dict(base).items() if k not in ("device", "num_workers")},
+        "losses": None if losses is None else list(losses),
+        "grid": {k: [_plain(v, k) for v in values] for k, values in grid.items()},
+        "seeds": [int(s) for s in seeds],
+        "quick": bool(quick),
+    }
+    return json.loads(json.dumps(settings))
 
-    Writes ``tune.json`` and ``tuned.yaml`` to ``output``.
 
-    Arguments as in :func:`plan_tune`. Every configuration error (including the data-dependent
-    ones checked by :func:`~rankwise.training.trainer.preflight`) is raised before the first run.
-    A trial whose loss becomes non-finite is recorded as diverged and never selected.
-
-    Returns:
-        The ``tune.json`` content: ``{"dataset", "protocol", "selection", "seeds", "quick",
-        "grid", "complete", "trials", "winners", "tuned_config"}``; each trial has ``trial``,
-        ``loss``, ``params`` (its dotted overrides), ``skipped`` (grid keys left out for its loss,
-        with the reason), ``val_map_per_seed``, ``val_map_mean`` (``None`` if it diverged),
-        ``seconds`` and bookkeeping; ``winners[loss]`` is ``{"trial", "params", "skipped",
-        "val_map_mean"}`` (``None`` when every trial of the loss diverged; its bench overrides
-        are then left as in the base).
-    """
-    from rich.console import Console
-
-    console = console if console is not None else Console()
-    output = Path(output)
-    trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
-    splits = _shared_splits(trials)
-    grid = {k: [_plain(v, k) for v in values] for k, values in grid.items()}
-    seeds = [int(s) for s in seeds]
+def _announce(trials: Sequence[TuneTrial], splits: RetrievalSplits, output: Path, console) -> None:
     for loss in dict.fromkeys(t.loss for t in trials):
         skipped = trials[[t.loss for t in trials].index(loss)].skipped
         if skipped:
@@ -499,24 +538,108 @@ def tune(
         f"{trials[0].runs[0].config.dataset.name} ({splits.protocol}) -> {output}",
         soft_wrap=True,
     )
-    output.mkdir(parents=True, exist_ok=True)
-    tune_path = output / "tune.json"
-    for trial in trials:
-        _run_trial(trial, splits, console)
-        mean = trial.val_map_mean
-        score = "diverged" if mean is None else f"val mAP {100 * mean:.2f}"
+
+
+def _report_ties(
+    ties: Mapping[str, list[int]], trials: Sequence[TuneTrial], console: Console
+) -> None:
+    for loss, tied in ties.items():
+        score = trials[tied[0]].val_map_mean
         console.print(
-            f"  [{trial.index + 1}/{len(trials)}] {trial.loss:<18} "
-            f"{json.dumps(trial.params)}: {score}",
+            f"[yellow]{loss}: trials {', '.join(map(str, sorted(tied)))} tie at validation mAP "
+            f"{100 * score:.2f}; trial {tied[0]} chosen ({TIE_RULE}).[/yellow]",
             soft_wrap=True,
         )
-        # progress on disk: an interrupted sweep still shows what it measured
-        atomic_write_text(
-            json.dumps(_summary(trials, splits, grid, seeds, quick, False), indent=2) + "\n",
-            tune_path,
-        )
 
-    winners = _winners(trials)
+
+def tune(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None,
+    grid: Mapping[str, Sequence[Any]],
+    seeds: Sequence[int] = (0,),
+    output: str | Path,
+    quick: bool = False,
+    console: Console | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Select each loss's hyper-parameters on the validation split.
+
+    Writes ``tune.json`` and ``tuned.yaml`` to ``output``.
+
+    Arguments as in :func:`plan_tune`. Every configuration error (including the data-dependent
+    ones checked by :func:`~rankwise.training.trainer.preflight`) is raised before the first run.
+    A trial whose loss becomes non-finite is recorded as diverged and never selected. Equal
+    scores are broken by :data:`TIE_RULE`, and every tie is reported.
+
+    No lost work, as :func:`~rankwise.training.bench.run_bench`: an ``output`` holding results
+    is refused unless ``overwrite`` or ``resume``; ``tune.json`` is rewritten after every
+    trial; ``resume`` keeps the finished runs and continues the interrupted one.
+
+    Args:
+        base: the base config as a plain mapping.
+        losses: losses to tune (default ``base["bench"]["losses"]``).
+        grid: ``{dotted key: [values]}``.
+        seeds: tuning seeds.
+        output: the sweep directory.
+        quick: apply ``bench.quick.overrides``.
+        console: rich console for progress lines.
+        resume: continue the sweep in ``output`` (its settings must be these).
+        overwrite: delete the previous sweep's results in ``output`` first.
+
+    Returns:
+        The ``tune.json`` content: ``{"dataset", "protocol", "selection", "tie_rule", "seeds",
+        "quick", "grid", "complete", "trials", "winners", "tuned_config"}``; each trial has
+        ``trial``, ``loss``, ``params`` (its dotted overrides), ``skipped`` (grid keys left out
+        for its loss, with the reason), ``val_map_per_seed``, ``val_map_mean`` (``None`` if it
+        diverged), ``seconds`` and bookkeeping; ``winners[loss]`` is ``{"trial", "params",
+        "skipped", "val_map_mean", "tied_with"}`` (``None`` when every trial of the loss
+        diverged; its bench overrides are then left as in the base).
+
+    Raises:
+        TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
+    """
+    from rich.console import Console
+
+    console = console if console is not None else Console()
+    output = Path(output)
+    trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
+    settings = _tune_settings(base, losses, grid, seeds, quick)
+    runs = [run for trial in trials for run in trial.runs]
+    run_dirs = [run.config.resolved_output_dir() for run in runs]
+    splits = _shared_splits(trials)  # every configuration error first, nothing written yet
+    prepare_sweep_dir(
+        output, "tune", settings, run_dirs, TUNE_FILES, resume=resume, overwrite=overwrite
+    )
+    grid, seeds = settings["grid"], settings["seeds"]
+    _announce(trials, splits, output, console)
+    tune_path = output / "tune.json"
+    try:
+        warm_up_metrics()
+        for trial in trials:
+            name = f"[{trial.index + 1}/{len(trials)}]"
+            _run_trial(trial, splits, console, resume=resume, name=name)
+            mean = trial.val_map_mean
+            score = "diverged" if mean is None else f"val mAP {100 * mean:.2f}"
+            console.print(
+                f"  {name} {trial.loss:<18} {json.dumps(trial.params)}: {score}",
+                soft_wrap=True,
+                highlight=False,
+            )
+            # progress on disk: an interrupted sweep still shows what it measured
+            atomic_write_text(
+                json.dumps(_summary(trials, splits, grid, seeds, quick, False), indent=2) + "\n",
+                tune_path,
+            )
+    except KeyboardInterrupt as exc:
+        finished = sum(len(t.outcomes) for t in trials)
+        raise _sweep_interrupted(
+            "tune", exc, runs, finished, output, "their scores are in tune.json"
+        ) from None
+
+    winners, ties = _winners(trials)
+    _report_ties(ties, trials, console)
     chosen = {loss: t for loss, t in winners.items() if t is not None}
     tuned = tuned_config(base, {loss: t.params for loss, t in chosen.items()})
     tuned["bench"]["losses"] = list(winners)
@@ -529,6 +652,6 @@ def tune(
         f"{' (tuned with --quick budgets)' if quick else ''}.\n"
     )
     atomic_write_text(header + yaml.safe_dump(tuned, sort_keys=False), tuned_path)
-    summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path)
+    summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path, ties)
     atomic_write_text(json.dumps(summary, indent=2) + "\n", tune_path)
     return summary

@@ -1,0 +1,274 @@
+"""Run directories: what counts as results, finding runs below a folder, picking a checkpoint.
+
+One rule protects finished work for ``train``, ``bench`` and ``tune`` alike: a directory that
+holds results is never written into unless the caller asked to resume it or to overwrite it.
+"Results" are the files a run produces (checkpoints, ``report.json``, a non-empty
+``metrics.jsonl``, the PR curve) — not a ``config.yaml`` alone, which a run writes before its
+first step. This module also finds the run directories below a folder (``rankwise train --resume
+runs/digits`` when the run is ``runs/digits/auc-seed0``) and chooses which checkpoint to resume
+from when the newest is corrupt. No paper equation is implemented here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import ConfigError, CorruptCheckpointError
+
+__all__ = [
+    "RUN_RESULT_FILES",
+    "SWEEP_FILE",
+    "existing_results",
+    "find_run_dirs",
+    "prepare_sweep_dir",
+    "read_sweep",
+    "readable_checkpoint_step",
+    "resolve_run_dir",
+]
+
+# files a training run writes, relative to its directory
+RUN_RESULT_FILES: tuple[str, ...] = (
+    "checkpoints/last.pt",
+    "checkpoints/previous.pt",
+    "checkpoints/best.pt",
+    "report.json",
+    "metrics.jsonl",
+    "pr_curve.json",
+)
+
+
+def existing_results(directory: str | Path, files: Sequence[str] = RUN_RESULT_FILES) -> list[str]:
+    """The result files ``directory`` already holds (relative paths; empty files do not count).
+
+    Args:
+        directory: a run (or sweep) directory.
+        files: the relative paths that count as results.
+
+    Returns:
+        The ones present and non-empty, in the order of ``files``.
+    """
+    directory = Path(directory)
+    found = []
+    for name in files:
+        path = directory / name
+        if path.is_file() and path.stat().st_size > 0:
+            found.append(name)
+    return found
+
+
+def _is_run_dir(path: Path) -> bool:
+    checkpoints = path / "checkpoints"
+    return (path / "config.yaml").is_file() and (
+        (checkpoints / "last.pt").is_file() or (checkpoints / "previous.pt").is_file()
+    )
+
+
+def find_run_dirs(folder: str | Path, max_depth: int = 3) -> list[Path]:
+    """The resumable run directories at or below ``folder`` (``config.yaml`` + a checkpoint).
+
+    Args:
+        folder: where to look.
+        max_depth: how many folder levels below ``folder`` to search.
+
+    Returns:
+        The run directories, sorted; ``[folder]`` when ``folder`` is one.
+    """
+    folder = Path(folder)
+    if _is_run_dir(folder):
+        return [folder]
+    found: list[Path] = []
+    level = [folder]
+    for _ in range(max_depth):
+        children = sorted(
+            child for parent in level if parent.is_dir() for child in parent.iterdir()
+        )
+        level = [c for c in children if c.is_dir() and c.name != "checkpoints"]
+        found += [c for c in level if _is_run_dir(c)]
+        level = [c for c in level if not _is_run_dir(c)]
+    return sorted(found)
+
+
+def resolve_run_dir(path: str | Path) -> Path:
+    """The run directory ``path`` names: itself, or the single run below it.
+
+    Args:
+        path: a run directory, or a folder holding exactly one (e.g. ``runs/digits`` holding
+            ``runs/digits/auc-seed0``).
+
+    Returns:
+        The run directory.
+
+    Raises:
+        ConfigError: ``path`` does not exist, holds no run, or holds several (they are listed).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"run_dir: {str(path)!r} does not exist.")
+    runs = find_run_dirs(path)
+    if len(runs) == 1:
+        return runs[0]
+    if not runs:
+        raise ConfigError(
+            f"run_dir: {str(path)!r} is not a run directory and holds none below it (a run "
+            "directory has config.yaml and checkpoints/last.pt)."
+        )
+    listing = "\n  ".join(str(r) for r in runs)
+    raise ConfigError(
+        f"run_dir: {str(path)!r} holds {len(runs)} runs; name the one to resume:\n  {listing}"
+    )
+
+
+def readable_checkpoint_step(path: str | Path) -> int | None:
+    """The step of a checkpoint that loads (``None``: missing or corrupt).
+
+    Args:
+        path: a checkpoint file.
+
+    Returns:
+        Its ``step``, or ``None``.
+    """
+    from .checkpoint import load_checkpoint
+
+    try:
+        state = load_checkpoint(path)
+    except (FileNotFoundError, CorruptCheckpointError):
+        return None
+    step = state.get("step")
+    return int(step) if step is not None else None
+
+
+# -- sweeps (bench, tune) --------------------------------------------------------------------------
+
+SWEEP_FILE = "sweep.json"
+
+
+def _sweep_results(output: Path, files: Sequence[str]) -> list[str]:
+    """What of a sweep's results ``output`` holds: its files and the run directories below it."""
+    found = existing_results(output, (SWEEP_FILE, *files))
+    if output.is_dir():
+        runs = [p for p in output.rglob("config.yaml") if existing_results(p.parent)]
+        if runs:
+            found.append(f"{len(runs)} run director{'y' if len(runs) == 1 else 'ies'}")
+    return found
+
+
+def _remove_previous_sweep(output: Path, files: Sequence[str]) -> None:
+    """Delete what the previous sweep in ``output`` wrote: its files and the runs it listed."""
+    import json
+    import shutil
+
+    manifest = output / SWEEP_FILE
+    runs: list[str] = []
+    if manifest.is_file():
+        try:
+            runs = list(json.loads(manifest.read_text()).get("runs", []))
+        except (ValueError, AttributeError):
+            runs = []
+    root = output.resolve()
+    for run in runs:
+        path = Path(run).resolve()
+        # only run directories inside the sweep's own folder, never anything else
+        if root in path.parents and path.is_dir():
+            shutil.rmtree(path)
+            parent = path.parent  # and the folders left empty (e.g. output/<loss>)
+            while parent != root and root in parent.parents and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
+    for name in (SWEEP_FILE, *files):
+        (output / name).unlink(missing_ok=True)
+
+
+def prepare_sweep_dir(
+    output: str | Path,
+    kind: str,
+    settings: dict,
+    runs: Sequence[str | Path],
+    files: Sequence[str],
+    *,
+    resume: bool,
+    overwrite: bool,
+) -> None:
+    """Apply the results rule to a sweep's output directory and record the sweep in it.
+
+    A fresh sweep refuses a directory holding results (``files``, a ``sweep.json``, or run
+    directories with results below it) unless ``overwrite`` (the previous sweep's files and the
+    run directories its ``sweep.json`` lists are deleted) or ``resume`` (the directory must hold
+    a sweep of the same ``kind`` with the same ``settings``). ``sweep.json`` records ``kind``,
+    ``settings`` (what ``--resume`` re-runs) and the planned run directories.
+
+    Args:
+        output: the sweep directory.
+        kind: ``"bench"`` or ``"tune"``.
+        settings: the plain-JSON settings that define the sweep.
+        runs: the planned run directories.
+        files: the sweep's own result files (e.g. ``bench.json``).
+        resume: continue the sweep in ``output``.
+        overwrite: delete the previous sweep's results first.
+
+    Raises:
+        ConfigError: a directory with results without ``resume`` / ``overwrite``; both given; a
+            ``resume`` of a directory without this sweep.
+    """
+    import json
+
+    from .checkpoint import atomic_write_text
+
+    output = Path(output)
+    if resume and overwrite:
+        raise ConfigError(
+            f"{kind}: `resume` continues the sweep and `overwrite` deletes its results; pass one."
+        )
+    if resume:
+        saved = read_sweep(output, kind)
+        if saved["settings"] != settings:
+            raise ConfigError(
+                f"output: the {kind} sweep in {str(output)!r} was started with other settings; "
+                "resume it with its own (rankwise "
+                f"{kind} --resume {output}) or start afresh with `overwrite`."
+            )
+    elif overwrite:
+        _remove_previous_sweep(output, files)
+    else:
+        found = _sweep_results(output, files)
+        if found:
+            raise ConfigError(
+                f"output: {str(output)!r} already holds results ({', '.join(found)}); continue "
+                f"the {kind} sweep with `resume` or start afresh with `overwrite`, which deletes "
+                "them (or choose another output)."
+            )
+    output.mkdir(parents=True, exist_ok=True)
+    record = {"kind": kind, "settings": settings, "runs": [str(r) for r in runs]}
+    atomic_write_text(json.dumps(record, indent=2) + "\n", output / SWEEP_FILE)
+
+
+def read_sweep(output: str | Path, kind: str) -> dict:
+    """The ``sweep.json`` of a ``kind`` sweep in ``output`` (what ``--resume`` reads).
+
+    Args:
+        output: the sweep directory.
+        kind: ``"bench"`` or ``"tune"``.
+
+    Returns:
+        ``{"kind", "settings", "runs"}``.
+
+    Raises:
+        ConfigError: no such sweep there.
+    """
+    import json
+
+    path = Path(output) / SWEEP_FILE
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"output: {str(output)!r} holds no {kind} sweep to resume (no {SWEEP_FILE})."
+        ) from None
+    except ValueError:
+        raise ConfigError(f"output: {path} is corrupt (not JSON); start afresh.") from None
+    if not isinstance(record, dict) or record.get("kind") != kind:
+        raise ConfigError(
+            f"output: {str(output)!r} holds no {kind} sweep (its {SWEEP_FILE} is "
+            f"of a {record.get('kind') if isinstance(record, dict) else '?'} one)."
+        )
+    return record

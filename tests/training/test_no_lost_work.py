@@ -1,0 +1,158 @@
+"""No lost work (issue 14, items 7, 9, 10, 12, 17): SIGTERM is handled like Ctrl-C, a corrupt
+checkpoint is reported as such (with the older good one and the command that resumes from it,
+never torch's advice to unpickle unsafely), a run directory holding results is never written
+into silently, a folder holding one run resumes it, and result files get the user's umask."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from rankwise.cli import app
+from rankwise.commands.common import cli_errors
+from rankwise.training import (
+    ConfigError,
+    Trainer,
+    TrainingInterrupted,
+    config_from_dict,
+    load_checkpoint,
+)
+from rankwise.training.errors import CorruptCheckpointError
+
+runner = CliRunner()
+
+BASE = {
+    "dataset": {"name": "digits"},
+    "model": {"backbone": "small_cnn", "embedding_dim": 8},
+    "loss": {"name": "auc", "params": {}},
+    "sampler": {"m": 4, "batch_size": 20},
+    "optimizer": {"name": "adam", "lr": 1e-3},
+    "budget": {"iterations": 8},
+    "eval_every": 2,
+    "eval_ks": [1],
+    "seed": 0,
+    "progress": False,
+    "threads": 1,
+}
+
+
+def config(run_dir, **extra):
+    return config_from_dict({**BASE, **extra, "output_dir": str(run_dir)})
+
+
+@pytest.fixture
+def stopped_run(tmp_path):
+    """A run stopped at step 6: last.pt at step 6, previous.pt at step 4."""
+    run_dir = tmp_path / "runs" / "digits" / "auc-seed0"
+    result = Trainer.from_config(config(run_dir)).fit(max_steps=6)
+    assert result.status == "stopped"
+    return run_dir
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_143(tmp_path):
+    run_dir = tmp_path / "run"
+
+    def terminate(trainer):
+        if trainer.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # what timeout, SLURM and docker send
+
+    with pytest.raises(TrainingInterrupted) as info:
+        Trainer.from_config(config(run_dir)).fit(callbacks=[terminate])
+    exc = info.value
+    assert exc.signal_number == signal.SIGTERM and exc.exit_code == 143
+    assert "SIGTERM" in str(exc) and exc.checkpoint_step == 3
+    # without the handler, last.pt would be the periodic checkpoint of step 2
+    assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 3
+    assert Trainer.from_run_dir(run_dir).fit().status == "completed"
+
+
+def test_sigterm_outside_training_ends_a_command_with_143():
+    import typer
+
+    with pytest.raises(typer.Exit) as info, cli_errors("bench"):
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert info.value.exit_code == 143
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]), "truncated"),
+        (lambda p: p.write_bytes(b"\x80\x04junk" * 50), "not a"),
+        (lambda p: p.write_bytes(b""), "empty"),
+    ],
+    ids=["truncated", "junk", "empty"],
+)
+def test_a_corrupt_last_checkpoint_names_the_older_one_and_how_to_resume(stopped_run, damage, why):
+    damage(stopped_run / "checkpoints" / "last.pt")
+    with pytest.raises(CorruptCheckpointError) as info:
+        Trainer.from_run_dir(stopped_run)
+    message = str(info.value)
+    assert f"checkpoint {stopped_run / 'checkpoints' / 'last.pt'} is corrupt" in message
+    assert why in message and "weights_only" not in message
+    assert info.value.fallback == stopped_run / "checkpoints" / "previous.pt"
+    assert info.value.fallback_step == 4
+
+    # the command line prints the command that resumes from the older checkpoint; it works
+    result = runner.invoke(app, ["train", "--resume", str(stopped_run)])
+    assert result.exit_code == 2, result.output
+    command = f"rankwise train --resume {stopped_run} --from-checkpoint {info.value.fallback}"
+    assert command in " ".join(result.output.split())
+    assert "Traceback" not in result.output and "weights_only" not in result.output
+    resumed = Trainer.from_run_dir(stopped_run, checkpoint=info.value.fallback)
+    assert resumed.step == 4
+    assert resumed.fit().status == "completed"
+
+
+def test_a_corrupt_best_checkpoint_of_a_finished_run_is_reported(stopped_run):
+    Trainer.from_run_dir(stopped_run).fit()
+    (stopped_run / "checkpoints" / "best.pt").write_bytes(b"junk")
+    with pytest.raises(CorruptCheckpointError, match=r"best\.pt is corrupt.*Train the run again"):
+        Trainer.from_run_dir(stopped_run)
+
+
+def test_a_run_with_deleted_checkpoints_still_keeps_its_results(stopped_run):
+    Trainer.from_run_dir(stopped_run).fit()
+    report = (stopped_run / "report.json").read_text()
+    for path in (stopped_run / "checkpoints").iterdir():
+        path.unlink()
+    with pytest.raises(ConfigError, match=r"already holds a run \(report\.json, metrics\.jsonl"):
+        Trainer.from_config(config(stopped_run))
+    config_path = stopped_run.parent / "c.yaml"
+    config_path.write_text(yaml.safe_dump(BASE))
+    result = runner.invoke(
+        app, ["train", "--config", str(config_path), "--output", str(stopped_run)]
+    )
+    assert result.exit_code == 2 and "--overwrite" in result.output
+    assert (stopped_run / "report.json").read_text() == report
+    # --resume and --overwrite contradict each other: refused, not one silently ignored
+    result = runner.invoke(app, ["train", "--resume", str(stopped_run), "--overwrite"])
+    assert result.exit_code == 2 and "pass one of them" in result.output
+
+
+def test_resume_accepts_a_folder_holding_one_run_and_lists_several(stopped_run):
+    parent = stopped_run.parent  # runs/digits, as in the README
+    assert Trainer.from_run_dir(parent).run_dir == stopped_run
+    Trainer.from_config(config(parent / "auc-seed1", seed=1)).fit(max_steps=2)
+    with pytest.raises(ConfigError, match="holds 2 runs") as info:
+        Trainer.from_run_dir(parent)
+    assert str(stopped_run) in str(info.value) and str(parent / "auc-seed1") in str(info.value)
+
+
+def test_result_files_get_the_users_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        run_dir = tmp_path / "run"
+        Trainer.from_config(config(run_dir, **{"budget": {"iterations": 2}})).fit()
+    finally:
+        os.umask(old)
+    for name in ("config.yaml", "metrics.jsonl", "report.json", "checkpoints/last.pt"):
+        mode = stat.S_IMODE((run_dir / name).stat().st_mode)
+        assert mode == 0o644, (name, oct(mode))
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "completed"
