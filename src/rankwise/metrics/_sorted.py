@@ -33,6 +33,7 @@ from ._kernels import RelevantGroupCounts
 
 __all__ = ["RelevantLists", "sorted_row_counts", "class_relevant_lists", "mask_relevant_lists"]
 
+STRATEGIES = ("table", "sort")
 # float32 rounding: |fl32(x) - x| <= 2^-24 |x| for normal results, <= 2^-150 for subnormal ones.
 _HALF_ULP32 = 2.0**-24
 _SUBNORMAL32 = 2.0**-149
@@ -178,6 +179,7 @@ def _relevant_item_counts(
     lists: RelevantLists,
     self_index: torch.Tensor | None,
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    strategy: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(S,) items scoring strictly higher than / tied with each listed relevant item."""
     sort_values, bound = _float32_for_sorting(values, bound)
@@ -190,14 +192,18 @@ def _relevant_item_counts(
         rows = torch.nonzero(self_index >= 0).squeeze(1)
         sort_values[rows, self_index[rows]] = float("-inf")
     own = sort_values[lists.rows, lists.cols]
+    if bound is not None and exact_keys is None:
+        raise ValueError("`exact_keys` is required with `bound` (approximate scores).")
+    if strategy == "table":
+        if bound is None:
+            return _exact_table_counts(sort_values, own, lists)
+        return _approximate_table_counts(sort_values, own, bound, lists, exact_keys)
     if bound is None:
         ascending = torch.sort(sort_values, dim=1).values
         padded, slot = _padded(own, lists)
         below_or_equal = torch.searchsorted(ascending, padded, right=True).view(-1)[slot]
         below = torch.searchsorted(ascending, padded).view(-1)[slot]
         return n_items - below_or_equal, below_or_equal - below
-    if exact_keys is None:
-        raise ValueError("`exact_keys` is required with `bound` (approximate scores).")
     ascending, order = torch.sort(sort_values, dim=1)
     half_width = (2.0 * _WINDOW_SLACK) * bound.to(own.device, torch.float64)[lists.rows]
     centre = own.to(torch.float64)
@@ -225,8 +231,9 @@ def sorted_row_counts(
     *,
     bound: torch.Tensor | None = None,
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    strategy: str = "table",
 ) -> RelevantGroupCounts:
-    """Tie-group counts of a score block from a sort of each row (any device).
+    """Tie-group counts of a score block by vectorised torch ops (any device).
 
     Args:
         values: (B, N) floating tensor, higher = ranked first. With ``bound=None`` the values rank
@@ -240,6 +247,10 @@ def sorted_row_counts(
         exact_keys: with ``bound``: ``exact_keys(rows, cols)`` returns the (m,) float64 exact keys
             of the pairs (row ``rows[m]`` of this block, column ``cols[m]``), as tensors on the
             block's device. It is asked only for items within twice the bound of a relevant item.
+        strategy: ``"table"`` locates every item among its row's sorted relevant values (two
+            binary searches per item, O(N log M) per row of N items with M relevant);
+            ``"sort"`` sorts every row (O(N log N)) and locates the relevant values in it. Both
+            return the same counts.
 
     Returns:
         The counts, groups ordered by decreasing score within each row, exactly as
@@ -250,7 +261,9 @@ def sorted_row_counts(
         # exact float64 values: sorted in float32 with the rounding as the bound, the values
         # themselves serving as exact keys of the few items the rounding leaves open
         exact_keys = _gathered_keys(values.to(torch.float64))
-    greater, size = _relevant_item_counts(values, bound, lists, self_index, exact_keys)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"`strategy` must be one of {STRATEGIES}, got {strategy!r}.")
+    greater, size = _relevant_item_counts(values, bound, lists, self_index, exact_keys, strategy)
     n_items = values.shape[1] + 1
     # tied relevant items share their count of higher items, distinct ones never do: the groups
     # are the runs of equal (row, greater), in increasing order of greater (decreasing score)
@@ -279,3 +292,130 @@ def _gathered_keys(block: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor]
 
 def _to_numpy(x: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(x.cpu().numpy(), dtype=np.int64)
+
+
+
+# ----------------------------------------------------------------------------------------------
+# the same counts from a table of the sorted relevant values (O(N log M) per row instead of
+# O(N log N)): every item is located among its row's M relevant values by binary searches
+# ----------------------------------------------------------------------------------------------
+
+
+def _relevant_table(own: torch.Tensor, lists: RelevantLists) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, M) ascending relevant values of each row (+inf padded) and the flat index of each
+    listed item in it.
+    """
+    padded, slot = _padded(own, lists)
+    table, order = torch.sort(padded, dim=1)
+    width = table.shape[1]
+    position = torch.empty_like(order)
+    position.scatter_(1, order, torch.arange(width, device=own.device).expand_as(order))
+    rows_base = torch.div(slot, width, rounding_mode="floor") * width
+    return table, rows_base + position.view(-1)[slot]
+
+
+def _runs(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First index and one past the last index of the run of equal values holding each entry."""
+    n_rows, width = table.shape
+    index = torch.arange(width, device=table.device).expand(n_rows, width)
+    starts = torch.ones(n_rows, width, dtype=torch.bool, device=table.device)
+    starts[:, 1:] = table[:, 1:] != table[:, :-1]
+    ends = torch.ones_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    first = torch.cummax(torch.where(starts, index, 0), dim=1).values
+    flipped = torch.flip(torch.where(ends, index, width - 1), [1])
+    last = torch.flip(torch.cummin(flipped, dim=1).values, [1])
+    return first, last + 1
+
+
+def _row_histogram(bins: torch.Tensor, n_bins: int, keep: torch.Tensor | None) -> torch.Tensor:
+    """(B, n_bins) int64 counts of the (B, N) bin indices (only where ``keep``)."""
+    n_rows = bins.shape[0]
+    flat = (bins + torch.arange(n_rows, device=bins.device)[:, None] * n_bins).view(-1)
+    if keep is not None:
+        flat = flat[keep.view(-1)]
+    return torch.bincount(flat, minlength=n_rows * n_bins).view(n_rows, n_bins)
+
+
+def _suffix_sums(hist: torch.Tensor) -> torch.Tensor:
+    """(B, K + 1): entry k is ``hist[:, k:].sum(1)`` (the last column is 0)."""
+    suffix = torch.flip(torch.cumsum(torch.flip(hist, [1]), 1), [1])
+    return torch.cat([suffix, torch.zeros_like(suffix[:, :1])], dim=1)
+
+
+def _exact_table_counts(
+    sort_values: torch.Tensor, own: torch.Tensor, lists: RelevantLists
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts when the values rank and tie exactly like the keys.
+
+    With ``below(s)`` the number of relevant values strictly below item ``s``: ``s`` is above
+    relevant value ``v`` iff ``below(s) >= #(relevant values <= v)``, and tied with it iff it
+    equals the table entry at ``below(s)``, i.e. the first of ``v``'s run.
+    """
+    table, where = _relevant_table(own, lists)
+    n_rows, width = table.shape
+    below = torch.searchsorted(table, sort_values)
+    tied = torch.gather(table, 1, below.clamp_max(width - 1)) == sort_values
+    hist = _row_histogram(below, width + 1, None)
+    tied_hist = _row_histogram(below, width + 1, tied)
+    first, end = (x.reshape(-1)[where] for x in _runs(table))
+    rows = lists.rows
+    return _suffix_sums(hist)[rows, end], tied_hist[rows, first]
+
+
+def _outward_table(table: torch.Tensor, half_width: torch.Tensor, up: bool) -> torch.Tensor:
+    """``table +- half_width`` (per row) rounded outward to the table's dtype, still ascending."""
+    shifted = table.to(torch.float64) + (half_width if up else -half_width)[:, None]
+    return _outward(shifted, table.dtype, float("inf") if up else float("-inf"))
+
+
+def _approximate_table_counts(
+    sort_values: torch.Tensor,
+    own: torch.Tensor,
+    bound: torch.Tensor,
+    lists: RelevantLists,
+    exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts of the exact keys from values within ``bound`` of them (per row).
+
+    Relevant value ``u_j`` (table position j) and item ``s``: ``s > u_j + 2e`` (item certainly
+    above) for the ``a(s)`` smallest j, ``s < u_j - 2e`` (certainly below) from ``b(s)`` on. Items
+    with ``a(s) = b(s)`` are certain for every relevant item and are only counted in a
+    histogram of ``a``; the others ("close" items: every relevant item, and the rare items within
+    ``2e`` of one) are compared with the relevant items by value -- by exact key in every row that
+    holds a close pair, where the values' order is not certain.
+    """
+    table, where = _relevant_table(own, lists)
+    n_rows, width = table.shape
+    half_width = (2.0 * _WINDOW_SLACK) * bound.to(own.device, torch.float64)
+    above_count = torch.searchsorted(_outward_table(table, half_width, True), sort_values)
+    below_from = torch.searchsorted(
+        _outward_table(table, half_width, False), sort_values, right=True
+    )
+    close = below_from > above_count
+    hist = _row_histogram(above_count, width + 1, ~close)
+    close_rows, close_cols = torch.nonzero(close, as_tuple=True)
+    # a row needs exact keys when a close item is irrelevant or a relevant one is close to another
+    n_close = torch.bincount(close_rows, minlength=n_rows)
+    n_relevant = torch.bincount(lists.rows, minlength=n_rows)
+    crowded = (below_from - above_count).amax(dim=1) > 1
+    touched = (n_close > n_relevant) | crowded
+    value = sort_values[close_rows, close_cols].to(torch.float64)
+    need = touched[close_rows]
+    if bool(need.any()):
+        value[need] = exact_keys(close_rows[need], close_cols[need])
+    own_value = own.to(torch.float64)
+    relevant_need = touched[lists.rows]
+    if bool(relevant_need.any()):
+        own_value[relevant_need] = exact_keys(lists.rows[relevant_need], lists.cols[relevant_need])
+    # close items' values, per row ascending (-inf padded in front: never above nor tied)
+    ordered = RelevantLists(close_rows, close_cols, n_rows)
+    padded, _ = _padded(-value, ordered)
+    close_table = -torch.flip(torch.sort(padded, dim=1).values, [1])
+    query = _padded(own_value, lists)
+    at_or_below = torch.searchsorted(close_table, query[0], right=True).view(-1)[query[1]]
+    strictly_below = torch.searchsorted(close_table, query[0]).view(-1)[query[1]]
+    position = where - torch.div(where, width, rounding_mode="floor") * width
+    certain_above = _suffix_sums(hist)[lists.rows, position + 1]
+    n_close_table = close_table.shape[1]
+    return certain_above + n_close_table - at_or_below, at_or_below - strictly_below
