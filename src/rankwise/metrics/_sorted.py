@@ -102,8 +102,9 @@ def mask_relevant_lists(relevant: torch.Tensor, self_index: torch.Tensor | None)
 def _float32_for_sorting(
     values: torch.Tensor, bound: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """float32 values to sort and the per-row bound of their distance to an increasing map of the
-    exact keys (None when the float32 values are exact).
+    """float32 values to sort, and the per-row bound of their error (None when exact).
+
+    The bound is on the distance to a strictly increasing map of the exact keys.
     """
     if values.dtype == torch.float32:
         return values, bound
@@ -134,9 +135,7 @@ def _outward(x: torch.Tensor, dtype: torch.dtype, direction: float) -> torch.Ten
 
 
 def _padded(values: torch.Tensor, lists: RelevantLists) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, M) matrix of the per-row relevant values (M = most relevant items of a row), padded with
-    +inf, and the flat index of each listed item in it.
-    """
+    """(B, M) per-row values (M = most items of a row), +inf padded, and each item's flat index."""
     n_rows = lists.n_rows
     per_row = torch.bincount(lists.rows, minlength=n_rows)
     width = int(per_row.max()) if lists.rows.numel() else 0
@@ -157,8 +156,9 @@ def _window_counts(
     hi: torch.Tensor,
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Items of each relevant item's window [lo, hi) of sorted positions that score strictly
-    higher / exactly equal by the exact keys (the relevant item itself counts as equal).
+    """Items of each relevant item's window [lo, hi) above / tied with it by the exact keys.
+
+    The window holds sorted positions; the relevant item itself counts as tied.
     """
     device = lo.device
     width = hi - lo
@@ -300,7 +300,6 @@ def _to_numpy(x: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(x.cpu().numpy(), dtype=np.int64)
 
 
-
 # ----------------------------------------------------------------------------------------------
 # the same counts from a table of the sorted relevant values (O(N log M) per row instead of
 # O(N log N)): every item is located among its row's M relevant values by binary searches
@@ -308,9 +307,7 @@ def _to_numpy(x: torch.Tensor) -> np.ndarray:
 
 
 def _relevant_table(own: torch.Tensor, lists: RelevantLists) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, M) ascending relevant values of each row (+inf padded) and the flat index of each
-    listed item in it.
-    """
+    """(B, M) ascending relevant values of each row (+inf padded), each listed item's flat index."""
     padded, slot = _padded(own, lists)
     table, order = torch.sort(padded, dim=1)
     width = table.shape[1]
