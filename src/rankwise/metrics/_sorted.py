@@ -143,8 +143,9 @@ def _padded(values: torch.Tensor, lists: RelevantLists) -> tuple[torch.Tensor, t
     slot = lists.rows * max(width, 1) + (
         torch.arange(lists.rows.shape[0], device=values.device) - first[lists.rows]
     )
-    padded = torch.full((n_rows, max(width, 1)), float("inf"), dtype=values.dtype)
-    padded = padded.to(values.device)
+    padded = torch.full(
+        (n_rows, max(width, 1)), float("inf"), dtype=values.dtype, device=values.device
+    )
     padded.view(-1)[slot] = values
     return padded, slot
 
