@@ -1,6 +1,7 @@
-"""Benchmark of exact retrieval evaluation: rankwise's tie-aware ``retrieval_metrics`` against a
-chunked argsort baseline, pytorch-metric-learning's ``AccuracyCalculator`` and torchmetrics'
-``RetrievalMAP``.
+"""Benchmark of exact retrieval evaluation against argsort, PML and torchmetrics baselines.
+
+rankwise's tie-aware ``retrieval_metrics`` against a chunked argsort baseline,
+pytorch-metric-learning's ``AccuracyCalculator`` and torchmetrics' ``RetrievalMAP``.
 
 The metrics are the tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank* (CVPR 2018,
 Prop. 1, Eq. 6 as corrected in docs/errata.md), recall@k and MAP@R (Musgrave et al., ECCV 2020),
@@ -13,7 +14,17 @@ NeurIPS 2022, Table 1). Every method runs in a fresh subprocess so that its peak
     python benchmarks/bench_retrieval.py --sizes full     # SOP-sized, a few minutes on 2 cores
 
 Results go to the "## Retrieval evaluation" section of ``docs/benchmarks.md`` (other sections of
-that file are kept).
+that file are kept). pytorch-metric-learning's ``AccuracyCalculator`` rows need faiss (the
+``faiss-cpu`` package); without it they are skipped with a note.
+
+    python benchmarks/bench_retrieval.py --device cuda --sizes full
+    python benchmarks/bench_retrieval.py --device cpu --sizes quick
+
+``--device`` instead compares, on that device and in one process, rankwise's torch backend
+(``retrieval_metrics(..., backend="torch")``: exact, tie-aware) with a chunked torch argsort + AP
+(not tie-aware) on the same queries, in the many-class (SOP-like) and few-class regimes (and an
+iNaturalist-sized case with ``--sizes full``), and writes the "## Retrieval evaluation: torch
+backend on <device>" section.
 """
 
 from __future__ import annotations
@@ -62,8 +73,18 @@ SIZES: dict[str, dict[str, Any]] = {
         "pml_full_k": [2_500, 5_000],
         "few": {"n": 20_000, "classes": 10, "dim": 128, "noise": 3.0},
         "tm": {"n": 2_000, "classes": 100, "dim": 64, "noise": 1.5, "code_bits": 16},
+        # --device only: iNaturalist-2018 test size (issue 15)
+        "inat": {
+            "n": 136_000,
+            "classes": 5_690,
+            "dim": 128,
+            "noise": 1.5,
+            "baseline_queries": 3_000,
+        },
     },
 }
+# --device: many-class cases with fewer classes than SOP (the regime the issue names, ~1,600+)
+DEVICE_MANY = {"quick": (6_000, 1_100), "mid": (10_000, 1_833), "full": (60_000, 11_000)}
 KS = (1, 10, 100)
 
 
@@ -85,6 +106,7 @@ def clustered_embeddings(n: int, classes: int, dim: int, noise: float, seed: int
 
 
 def baseline_query_subset(n: int, size: int) -> np.ndarray:
+    """Sorted, seeded random subset of ``size`` query rows out of ``n``."""
     return np.sort(np.random.default_rng(1).choice(n, size=min(n, size), replace=False))
 
 
@@ -93,7 +115,9 @@ def baseline_query_subset(n: int, size: int) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 
 
-def argsort_retrieval(x, labels, query_rows, ks=KS, chunk_bytes=256 * 2**20) -> dict[str, float]:
+def argsort_retrieval(
+    x, labels, query_rows, ks=KS, chunk_bytes=256 * 2**20, device=None
+) -> dict[str, float]:
     """Exact leave-one-out mAP / R@k / MAP@R by sorting every score row (no tie handling).
 
     Queries are processed in chunks; each chunk's (b, n) score block is argsorted and the
@@ -101,19 +125,19 @@ def argsort_retrieval(x, labels, query_rows, ks=KS, chunk_bytes=256 * 2**20) -> 
     """
     import torch
 
-    x = torch.as_tensor(x)
-    labels = torch.as_tensor(labels)
-    query_rows = torch.as_tensor(query_rows)
+    x = torch.as_tensor(x, device=device)
+    labels = torch.as_tensor(labels, device=x.device)
+    query_rows = torch.as_tensor(query_rows, device=x.device)
     n = x.shape[0]
     # score block + sort indices + relevance + cumulative counts + precision: ~ 32 bytes per entry
     chunk = max(1, chunk_bytes // (32 * n))
-    positions = torch.arange(1, n, dtype=torch.float64)
+    positions = torch.arange(1, n, dtype=torch.float64, device=x.device)
     ap, map_at_r = [], []
     hits = {k: [] for k in ks}
     for start in range(0, query_rows.shape[0], chunk):
         rows = query_rows[start : start + chunk]
         scores = x[rows] @ x.T
-        scores[torch.arange(rows.shape[0]), rows] = -torch.inf  # the query itself goes last
+        scores[torch.arange(rows.shape[0], device=x.device), rows] = -torch.inf  # query goes last
         order = torch.argsort(scores, dim=1, descending=True)[:, : n - 1]
         relevant = labels[order] == labels[rows][:, None]
         n_relevant = relevant.sum(1)
@@ -149,6 +173,7 @@ def _report_values(report) -> dict[str, float]:
 
 
 def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Run one benchmark method (in its own subprocess) and return its results."""
     import torch
 
     result: dict[str, Any] = {}
@@ -210,12 +235,71 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
             from rankwise.metrics.retrieval import retrieval_metrics
 
             result["ours_map"] = retrieval_metrics(x_t, labels_t, ks=(1,)).map
+    elif method == "device_compare":
+        result.update(device_compare(params, x_t, labels_t))
     elif method.startswith("tm_"):
         result.update(_torchmetrics_case(method, params, x_t, labels_t))
     else:
         raise ValueError(f"unknown method {method!r}")
     result["peak_rss_mb"] = _peak_rss_mb()
     return result
+
+
+def device_compare(params: dict[str, Any], x, labels) -> dict[str, Any]:
+    """The torch backend of rankwise vs the chunked argsort + AP on one device, on the same queries.
+
+    Leave-one-out over ``params["queries"]`` query rows (all rows when None) against the whole
+    set. Both methods get a warm-up call, then ``params["repeats"]`` interleaved timed calls
+    (CUDA synchronised); the minimum of each is reported.
+    """
+    import torch
+
+    from rankwise.metrics.retrieval import retrieval_metrics
+
+    device = torch.device(params["device"])
+    x, labels = x.to(device), labels.to(device)
+    n = x.shape[0]
+    rows = (
+        torch.arange(n)
+        if params.get("queries") is None
+        else torch.from_numpy(baseline_query_subset(n, params["queries"]))
+    )
+    rows = rows.to(device)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def ours():
+        return retrieval_metrics(
+            x[rows], labels[rows], x, labels, ks=KS, exclude_self=rows, backend="torch"
+        )
+
+    def base():
+        return argsort_retrieval(x, labels, rows)
+
+    ours(), base()  # warm-up (CUDA context, kernels, allocator)
+    times: dict[str, list[float]] = {"ours": [], "argsort": []}
+    for _ in range(params["repeats"]):
+        for name, fn in (("ours", ours), ("argsort", base)):
+            sync()
+            t0 = time.perf_counter()
+            out = fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+            if name == "ours":
+                ours_values = _report_values(out)
+            else:
+                base_values = out
+    return {
+        "ours_s": min(times["ours"]),
+        "argsort_s": min(times["argsort"]),
+        "all_s": times,
+        "ours_values": ours_values,
+        "argsort_values": base_values,
+        "n_queries": int(rows.shape[0]),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
 
 
 def _torchmetrics_case(method, params, x, labels) -> dict[str, Any]:
@@ -264,6 +348,7 @@ def _torchmetrics_case(method, params, x, labels) -> dict[str, Any]:
 
 
 def tm_map_reversed(scores, relevant, indexes) -> float:
+    """The torchmetrics mAP with the gallery presented in reverse order (its tie-breaking)."""
     from torchmetrics.retrieval import RetrievalMAP
 
     metric = RetrievalMAP(empty_target_action="skip")
@@ -277,6 +362,7 @@ def tm_map_reversed(scores, relevant, indexes) -> float:
 
 
 def run_worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Run ``method`` in a fresh subprocess and return its JSON result."""
     print(f"  [{time.strftime('%H:%M:%S')}] {method} {json.dumps(params)} ...", flush=True)
     t0 = time.perf_counter()
     proc = subprocess.run(
@@ -298,6 +384,7 @@ def run_worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, str]:
+    """Hardware and library versions for the section header."""
     import numba
     import pytorch_metric_learning
     import torch
@@ -333,76 +420,9 @@ def _ratio(t: float, ours: float) -> str:
     return f"{t / ours:.1f}×"
 
 
-def run(sizes: str) -> str:
-    cfg = SIZES[sizes]
+def _pml_full_k_lines(cfg: dict[str, Any], sop: dict[str, Any]) -> list[str]:
+    """pytorch-metric-learning ``AccuracyCalculator(k=None)``: time and memory at two sizes."""
     lines: list[str] = []
-    info = machine_info()
-    started = time.perf_counter()
-
-    # -- SOP-sized -------------------------------------------------------------------------------
-    sop = cfg["sop"]
-    print(f"SOP-sized leave-one-out, N={sop['n']:,}", flush=True)
-    data = run_worker("data", sop)
-    ours = run_worker("ours", sop)
-    base = run_worker("argsort", sop)
-    pml = run_worker("pml_max_bin_count", sop)
-    base_mb = data["peak_rss_mb"]
-    v, sv = ours["values"], ours["subset_values"]
-    lines += [
-        f"### SOP-sized leave-one-out: N = {sop['n']:,}, d = {sop['dim']}, "
-        f"{sop['classes']:,} classes of {sop['n'] // sop['classes']}-"
-        f"{-(-sop['n'] // sop['classes'])}",
-        "",
-        "Random Gaussian clusters, L2-normalized, cosine similarity; every sample queries the "
-        f"other {sop['n'] - 1:,}. Peak RSS is the whole subprocess (Python, torch and the data "
-        f"included); generating the data alone peaks at {base_mb:,.0f} MB.",
-        "",
-        "| method | time (s) | time / ours | peak RSS (MB) | mAP | R@1 | R@10 | R@100 | MAP@R |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| rankwise `retrieval_metrics` (exact, tie-aware) | {ours['time_s']:.2f} | 1.0× | "
-        f"{ours['peak_rss_mb']:,.0f} | {_fmt(v['map'])} | {_fmt(v['r@1'])} | {_fmt(v['r@10'])} "
-        f"| {_fmt(v['r@100'])} | {_fmt(v['map_at_r'])} |",
-    ]
-    bv = base["values"]
-    extrapolated = base["measured_queries"] < sop["n"]
-    note = (
-        f" (measured on {base['measured_queries']:,} queries in {base['measured_s']:.1f} s, "
-        "×{:.0f} linear extrapolation)".format(sop["n"] / base["measured_queries"])
-        if extrapolated
-        else ""
-    )
-    lines.append(
-        f"| chunked torch argsort of every row{note} | {base['time_s']:.2f} | "
-        f"{_ratio(base['time_s'], ours['time_s'])} | {base['peak_rss_mb']:,.0f} | "
-        f"{_fmt(bv['map'])} | {_fmt(bv['r@1'])} | {_fmt(bv['r@10'])} | {_fmt(bv['r@100'])} | "
-        f"{_fmt(bv['map_at_r'])} |"
-    )
-    pv = pml["values"]
-    lines.append(
-        f'| pytorch-metric-learning `AccuracyCalculator(k="max_bin_count")` (faiss k-NN) | '
-        f"{pml['time_s']:.2f} | {_ratio(pml['time_s'], ours['time_s'])} | "
-        f"{pml['peak_rss_mb']:,.0f} | {_fmt(pv['map'])} (truncated) | {_fmt(pv['r@1'])} | — | — | "
-        f"{_fmt(pv['map_at_r'])} |"
-    )
-    if extrapolated:
-        lines += [
-            "",
-            f"On the baseline's {base['measured_queries']:,} queries rankwise gives mAP "
-            f"{_fmt(sv['map'], 6)}, R@1 {_fmt(sv['r@1'], 6)}, MAP@R {_fmt(sv['map_at_r'], 6)}; the "
-            f"argsort baseline {_fmt(bv['map'], 6)}, {_fmt(bv['r@1'], 6)}, "
-            f"{_fmt(bv['map_at_r'], 6)} (|Δ mAP| = {abs(sv['map'] - bv['map']):.1e}; random "
-            "float scores have essentially no ties, so the two must agree).",
-        ]
-    lines += [
-        "",
-        "pytorch-metric-learning's `mean_average_precision` only looks at the k = max class "
-        "size − 1 nearest neighbours: relevant items ranked below are counted as never retrieved, "
-        f"so it is a lower bound ({_fmt(pv['map'])} vs the exact {_fmt(v['map'])}). Its MAP@R "
-        "needs only the top R and is exact when there are no ties.",
-        "",
-    ]
-
-    # -- PML k=None ------------------------------------------------------------------------------
     print("pytorch-metric-learning AccuracyCalculator(k=None)", flush=True)
     rows = []
     for n in cfg["pml_full_k"]:
@@ -443,6 +463,97 @@ def run(sizes: str) -> str:
         "run here). rankwise's memory is bounded by its chunk size (256 MB of scores per chunk).",
         "",
     ]
+    return lines
+
+
+def have_faiss() -> bool:
+    """Whether faiss (needed by pytorch-metric-learning's AccuracyCalculator) is importable."""
+    import importlib.util
+
+    return importlib.util.find_spec("faiss") is not None
+
+
+NO_FAISS_NOTE = (
+    "*pytorch-metric-learning's `AccuracyCalculator` rows were skipped: faiss is not installed "
+    "(`pip install -e .[faiss]`).*"
+)
+
+
+def run(sizes: str) -> str:
+    """The CPU retrieval benchmark at ``sizes``: the markdown section."""
+    cfg = SIZES[sizes]
+    lines: list[str] = []
+    info = machine_info()
+    started = time.perf_counter()
+
+    # -- SOP-sized -------------------------------------------------------------------------------
+    sop = cfg["sop"]
+    print(f"SOP-sized leave-one-out, N={sop['n']:,}", flush=True)
+    data = run_worker("data", sop)
+    ours = run_worker("ours", sop)
+    base = run_worker("argsort", sop)
+    pml = run_worker("pml_max_bin_count", sop) if have_faiss() else None
+    base_mb = data["peak_rss_mb"]
+    v, sv = ours["values"], ours["subset_values"]
+    lines += [
+        f"### SOP-sized leave-one-out: N = {sop['n']:,}, d = {sop['dim']}, "
+        f"{sop['classes']:,} classes of {sop['n'] // sop['classes']}-"
+        f"{-(-sop['n'] // sop['classes'])}",
+        "",
+        "Random Gaussian clusters, L2-normalized, cosine similarity; every sample queries the "
+        f"other {sop['n'] - 1:,}. Peak RSS is the whole subprocess (Python, torch and the data "
+        f"included); generating the data alone peaks at {base_mb:,.0f} MB.",
+        "",
+        "| method | time (s) | time / ours | peak RSS (MB) | mAP | R@1 | R@10 | R@100 | MAP@R |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| rankwise `retrieval_metrics` (exact, tie-aware) | {ours['time_s']:.2f} | 1.0× | "
+        f"{ours['peak_rss_mb']:,.0f} | {_fmt(v['map'])} | {_fmt(v['r@1'])} | {_fmt(v['r@10'])} "
+        f"| {_fmt(v['r@100'])} | {_fmt(v['map_at_r'])} |",
+    ]
+    bv = base["values"]
+    extrapolated = base["measured_queries"] < sop["n"]
+    note = (
+        f" (measured on {base['measured_queries']:,} queries in {base['measured_s']:.1f} s, "
+        "×{:.0f} linear extrapolation)".format(sop["n"] / base["measured_queries"])
+        if extrapolated
+        else ""
+    )
+    lines.append(
+        f"| chunked torch argsort of every row{note} | {base['time_s']:.2f} | "
+        f"{_ratio(base['time_s'], ours['time_s'])} | {base['peak_rss_mb']:,.0f} | "
+        f"{_fmt(bv['map'])} | {_fmt(bv['r@1'])} | {_fmt(bv['r@10'])} | {_fmt(bv['r@100'])} | "
+        f"{_fmt(bv['map_at_r'])} |"
+    )
+    if pml is not None:
+        pv = pml["values"]
+        lines.append(
+            f'| pytorch-metric-learning `AccuracyCalculator(k="max_bin_count")` (faiss k-NN) | '
+            f"{pml['time_s']:.2f} | {_ratio(pml['time_s'], ours['time_s'])} | "
+            f"{pml['peak_rss_mb']:,.0f} | {_fmt(pv['map'])} (truncated) | {_fmt(pv['r@1'])} | "
+            f"— | — | {_fmt(pv['map_at_r'])} |"
+        )
+    if extrapolated:
+        lines += [
+            "",
+            f"On the baseline's {base['measured_queries']:,} queries rankwise gives mAP "
+            f"{_fmt(sv['map'], 6)}, R@1 {_fmt(sv['r@1'], 6)}, MAP@R {_fmt(sv['map_at_r'], 6)}; the "
+            f"argsort baseline {_fmt(bv['map'], 6)}, {_fmt(bv['r@1'], 6)}, "
+            f"{_fmt(bv['map_at_r'], 6)} (|Δ mAP| = {abs(sv['map'] - bv['map']):.1e}; random "
+            "float scores have essentially no ties, so the two must agree).",
+        ]
+    if pml is not None:
+        lines += [
+            "",
+            "pytorch-metric-learning's `mean_average_precision` only looks at the k = max class "
+            "size − 1 nearest neighbours: relevant items ranked below are counted as never "
+            f"retrieved, so it is a lower bound ({_fmt(pml['values']['map'])} vs the exact "
+            f"{_fmt(v['map'])}). Its MAP@R needs only the top R and is exact when there are no "
+            "ties.",
+            "",
+        ]
+        lines += _pml_full_k_lines(cfg, sop)
+    else:
+        lines += ["", NO_FAISS_NOTE, ""]
 
     # -- few classes -----------------------------------------------------------------------------
     few = cfg["few"]
@@ -508,12 +619,75 @@ def run(sizes: str) -> str:
     return "\n".join(header + lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace (or append) the retrieval section of the benchmarks page, keeping the others."""
+def device_cases(sizes: str) -> list[tuple[str, dict[str, Any]]]:
+    """(title, params) of the --device comparison at the given sizes."""
+    cfg = SIZES[sizes]
+    n_many, c_many = DEVICE_MANY[sizes]
+    cases = [
+        (
+            f"many classes (SOP-like): N = {n_many:,}, {c_many:,} classes",
+            dict(cfg["sop"], n=n_many, classes=c_many),
+        ),
+        (
+            f"few classes: N = {cfg['few']['n']:,}, {cfg['few']['classes']} classes",
+            dict(cfg["few"]),
+        ),
+    ]
+    if "inat" in cfg:
+        inat = cfg["inat"]
+        cases.append(
+            (f"iNaturalist size: N = {inat['n']:,}, {inat['classes']:,} classes", dict(inat))
+        )
+    return cases
+
+
+def run_device(sizes: str, device: str, repeats: int) -> tuple[str, str]:
+    """The torch backend vs the argsort baseline on ``device``: (section title, markdown)."""
+    started = time.perf_counter()
+    info = machine_info()
+    rows = []
+    for title, params in device_cases(sizes):
+        # on the CPU the argsort of every row is slow: both methods run on a query subset
+        queries = None if device.startswith("cuda") else params.get("baseline_queries")
+        params = dict(params, device=device, repeats=repeats, queries=queries)
+        params.pop("baseline_queries", None)
+        print(title, flush=True)
+        rows.append((title, run_worker("device_compare", params)))
+    device_name = rows[0][1]["device_name"] if rows else device
+    section = f"## Retrieval evaluation: torch backend on {device.split(':')[0]}"
+    total = time.perf_counter() - started
+    lines = [
+        section,
+        "",
+        f"Command: `python benchmarks/bench_retrieval.py --device {device} --sizes {sizes} "
+        f"--repeats {repeats}` ({total:.0f} s in all). Device: {device_name}. "
+        + ", ".join(f"{k}: {v}" for k, v in info.items())
+        + ".",
+        "",
+        'rankwise `retrieval_metrics(..., backend="torch")` (exact keys, tie-aware, the path '
+        "chosen automatically for CUDA tensors) against a chunked torch argsort + AP (not "
+        "tie-aware), leave-one-out, d = 128, cosine, in one process on the same queries; "
+        f"minimum of {repeats} interleaved timed calls after a warm-up call.",
+        "",
+        "| case | queries | rankwise torch (s) | argsort + AP (s) | argsort / rankwise | "
+        "mAP rankwise | mAP argsort |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for title, r in rows:
+        lines.append(
+            f"| {title} | {r['n_queries']:,} | {r['ours_s']:.3f} | {r['argsort_s']:.3f} | "
+            f"{r['argsort_s'] / r['ours_s']:.2f}× | {_fmt(r['ours_values']['map'], 6)} | "
+            f"{_fmt(r['argsort_values']['map'], 6)} |"
+        )
+    return section, "\n".join(lines) + "\n"
+
+
+def write_section(path: Path, section: str, title: str = SECTION) -> None:
+    """Replace (or append) one section of the benchmarks page, keeping the others."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     if not text.lstrip().startswith("# Benchmarks"):
         text = "# Benchmarks\n\n" + text
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
     block = section.rstrip() + "\n\n"
     if pattern.search(text):
         text = pattern.sub(lambda _: block, text, count=1)
@@ -524,6 +698,7 @@ def write_section(path: Path, section: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", choices=sorted(SIZES), default="quick")
     parser.add_argument(
@@ -532,11 +707,23 @@ def main(argv: list[str] | None = None) -> None:
         default=REPO / "docs" / "benchmarks.md",
         help="markdown file whose retrieval section is (re)written",
     )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="compare the torch backend with an argsort baseline on this device (cpu, cuda, ...)",
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per method (--device)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker, json.loads(args.params))))
+        return
+    if args.device is not None:
+        title, section = run_device(args.sizes, args.device, args.repeats)
+        write_section(args.out, section, title)
+        print(f"\nwrote the {title!r} section of {args.out}\n", flush=True)
+        print(section)
         return
     section = run(args.sizes)
     write_section(args.out, section)

@@ -1,5 +1,6 @@
 """build_model, and the ResNet-50 path (absent torchvision; local weights with a stand-in)."""
 
+import importlib.abc
 import sys
 import types
 
@@ -50,10 +51,49 @@ def test_build_model_errors():
         build_model("resnet50", (1, 28, 28), 8)
 
 
+class _RefuseTorchvision(importlib.abc.MetaPathFinder):
+    """Import hook that makes every ``torchvision`` import fail, as if it were not installed."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torchvision" or fullname.startswith("torchvision."):
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None
+
+
+def hide_torchvision(monkeypatch):
+    """Hide torchvision even where it is installed and already imported (restored afterwards).
+
+    A cached ``sys.modules["torchvision.models"]`` would satisfy ``from torchvision.models import
+    ...`` without looking at its parent, so every cached torchvision module is removed and a
+    meta-path finder refuses to import them again.
+    """
+    for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_RefuseTorchvision(), *sys.meta_path])
+
+
 def test_resnet50_without_torchvision_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torchvision", None)  # makes `import torchvision` fail
+    hide_torchvision(monkeypatch)
     with pytest.raises(ImportError, match=r"pip install rankwise\[vision\]"):
         build_model("resnet50", (3, 32, 32), 8)
+
+
+def test_hide_torchvision_hides_an_already_imported_package(monkeypatch):
+    # a stand-in package, imported and cached as an installed torchvision would be
+    tv = types.ModuleType("torchvision")
+    tv.__path__ = []
+    models = types.ModuleType("torchvision.models")
+    models.resnet50 = lambda **kwargs: None
+    tv.models = models
+    monkeypatch.setitem(sys.modules, "torchvision", tv)
+    monkeypatch.setitem(sys.modules, "torchvision.models", models)
+    from torchvision.models import resnet50  # noqa: F401  (the cached module answers)
+
+    hide_torchvision(monkeypatch)
+    with pytest.raises(ImportError):
+        from torchvision.models import resnet50  # noqa: F401,F811
+    with pytest.raises(ImportError):
+        import torchvision  # noqa: F401
 
 
 class _TinyResNet(nn.Module):

@@ -4,8 +4,8 @@ The counting kernels refine an approximation to the exact keys where it matters.
 
 The metrics rank by the exact keys of :mod:`rankwise.similarity` (float64, one fixed sequence of
 operations per pair), so a pair's key never depends on the chunk, the block or the gallery order.
-Computing every key that way costs about ten times a float32 matmul, so on the CPU a block is
-produced in one of three ways, all of which count exactly like the keys:
+Computing every key that way costs about ten times a float32 matmul, so a block is produced in
+one of three ways (on any device), all of which count exactly like the keys:
 
 * **exact matmul** -- when the inputs sit on a grid coarse enough that every product and partial
   sum of the inner products is representable (binary / integer codes, low-precision embeddings;
@@ -17,11 +17,12 @@ produced in one of three ways, all of which count exactly like the keys:
   any summation order of a length-d inner product errs by at most ``gamma_d sum |x_k y_k|``,
   ``gamma_d = d u / (1 - d u)``, with or without fused multiply-adds). Two items whose
   approximations differ by more than ``2 bound_i`` are ordered correctly and are not tied; the
-  counting kernel (:func:`rankwise.metrics._kernels.relevant_group_counts_from_lists` with
-  ``bound=``) asks :meth:`BlockScorer.pair_keys` for the exact keys of the few pairs closer than
-  that to a relevant item.
-* **keys** -- off the CPU (no numba) every key of the block is computed by the torch
-  implementation of the definition.
+  counting kernels (:func:`rankwise.metrics._kernels.relevant_group_counts_from_lists` with
+  ``bound=`` on the CPU, :func:`rankwise.metrics._sorted.sorted_row_counts` on any device) ask
+  :meth:`BlockScorer.pair_keys` for the exact keys of the few pairs closer than that to a
+  relevant item.
+* **keys** -- when the approximation is not allowed (``approximate=False``) every key of the
+  block is computed by the implementation of the definition.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _lsb_exponent(x: torch.Tensor) -> int | None:
     """Smallest exponent e such that every entry of the float64 tensor is a multiple of 2^e."""
     from .._similarity_kernels import lowest_bit_exponent
 
-    exponent = int(lowest_bit_exponent(x.contiguous().numpy()))
+    exponent = int(lowest_bit_exponent(x.detach().cpu().contiguous().numpy()))
     return None if exponent == 1 << 30 else exponent
 
 
@@ -111,8 +112,7 @@ class BlockScorer:
         query: (n_q, d) checked floating tensor.
         gallery: (n_g, d) checked floating tensor on the same device.
         similarity: canonical similarity name.
-        approximate: allow the approximation + bound mode on the CPU (False: exact matmul or keys
-            only; used by the sort-based counting path, which needs exact values).
+        approximate: allow the approximation + bound mode (False: exact matmul or keys only).
         float64_approximation: approximate with a float64 matmul (twice the cost of float32,
             a bound ~1e9 times tighter): cheaper overall when queries have many relevant items,
             since fewer pairs then need their exact key. The counts are the same either way.
@@ -132,14 +132,13 @@ class BlockScorer:
         self.d = int(query.shape[1])
         self.n_gallery = int(gallery.shape[0])
         self.mode = "keys"
-        if query.device.type == "cpu":
-            precision = _exact_matmul_precision(self.exact)
-            if precision is not None:
-                self.mode = "exact_matmul"
-                self._prepare_exact_matmul(precision)
-            elif approximate:
-                self.mode = "approximate"
-                self._prepare_approximation(float64_approximation)
+        precision = _exact_matmul_precision(self.exact)
+        if precision is not None:
+            self.mode = "exact_matmul"
+            self._prepare_exact_matmul(precision)
+        elif approximate:
+            self.mode = "approximate"
+            self._prepare_approximation(float64_approximation)
 
     # -- public ----------------------------------------------------------------------------------
     @property
@@ -179,7 +178,7 @@ class BlockScorer:
         of its own arithmetic.
         """
         x = block.values.to(torch.float64)
-        e = torch.from_numpy(block.bound)[:, None]
+        e = torch.from_numpy(block.bound).to(x.device)[:, None]
         if self.similarity == "cosine":
             low, high = x - e, x + e
         elif self.similarity == "dot":
@@ -190,6 +189,10 @@ class BlockScorer:
             high = -torch.sqrt((-x - e).clamp_min(0)) * self._value_scale
         slack = 1e-12 * torch.maximum(low.abs(), high.abs()) + 1e-300
         return low - slack, high + slack
+
+    def pair_keys_tensor(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """float64 exact keys of (query ``rows[m]``, gallery ``cols[m]``) on the operands' device."""
+        return self.exact.pair_keys(rows, cols)
 
     def pair_keys(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         """float64 exact keys of (query ``rows[m]``, gallery ``cols[m]``) (absolute query rows)."""
@@ -283,7 +286,7 @@ class BlockScorer:
         self._approx_g = torch.cat([g_s, torch.ones_like(gn), gn], dim=1)
         spread = (q_norm + g_norm) ** 2
         self._value_scale = 2.0**exponent
-        self._bound = (_SAFETY * ((d + 8) * u + key_error) * spread + flush).numpy()
+        self._bound = (_SAFETY * ((d + 8) * u + key_error) * spread + flush).cpu().numpy()
 
 
 def _unit_rows(x: torch.Tensor) -> torch.Tensor:

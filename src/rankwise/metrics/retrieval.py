@@ -34,11 +34,11 @@ from ._inputs import QueryGallery, check_chunk_size, check_ks, check_query_galle
 from ._kernels import (
     RelevantGroupCounts,
     relevant_group_counts_from_lists,
-    relevant_group_counts_torch,
     relevant_lists_from_classes,
     relevant_lists_from_mask,
 )
 from ._scores import BlockScorer
+from ._sorted import RelevantLists, class_relevant_lists, mask_relevant_lists, sorted_row_counts
 from .ranking import (
     average_precision_from_counts,
     check_ties,
@@ -50,10 +50,10 @@ from .ranking import (
 
 __all__ = ["RetrievalReport", "PRCurve", "retrieval_metrics", "pr_curve", "SIMILARITIES"]
 
-# Memory budget of one chunk's score block. The torch path sorts the block and keeps about ten
-# int64 index / cumulative-sum arrays of the same shape, so it takes proportionally fewer rows.
+# Memory budget of one chunk's score block. The torch path also holds a float32 copy of the block,
+# its sorted values and the int64 sort order (16 bytes per score), so it takes fewer rows.
 _CHUNK_BYTES = 256 * 2**20
-_TORCH_SORT_BYTES = 96
+_TORCH_SORT_BYTES = 16
 # Above this mean number of relevant items per query the scores are approximated in float64.
 _FLOAT64_APPROXIMATION_RELEVANT = 256
 
@@ -172,7 +172,8 @@ class _Prepared:
     n_gallery: int
     n_ranked: int  # items in each ranked list (gallery minus the excluded row, if any)
     scorer: BlockScorer
-    classes: _ClassIndex | None = None  # class id labels on the numba path
+    classes: _ClassIndex | None = None  # class id labels
+    device_classes: tuple[torch.Tensor, ...] | None = None  # the same on the torch path's device
 
 
 @dataclass
@@ -268,16 +269,16 @@ def _prepare(
     if backend == "auto":
         backend = "numba" if qg.device.type == "cpu" else "torch"
     classes = None
-    if backend == "numba" and not qg.multi_hot:
+    if not qg.multi_hot:
         classes = _ClassIndex.build(qg.query_labels, qg.gallery_labels)
-    # The sort-based torch path compares values, so it gets exact ones; the numba path refines
-    # an approximation itself (rankwise.metrics._scores). With many relevant items per query a
-    # float64 approximation leaves far fewer pairs to recompute exactly than a float32 one.
+    # Both counting paths refine an approximation to the exact keys themselves
+    # (rankwise.metrics._scores). With many relevant items per query a float64 approximation
+    # leaves far fewer pairs to recompute exactly than a float32 one.
     scorer = BlockScorer(
         qg.query,
         qg.gallery,
         qg.similarity,
-        approximate=backend == "numba",
+        approximate=True,
         float64_approximation=classes is not None
         and classes.mean_relevant() > _FLOAT64_APPROXIMATION_RELEVANT,
     )
@@ -285,6 +286,12 @@ def _prepare(
     if chunk_size is None:
         per_score = scorer.bytes_per_score + (_TORCH_SORT_BYTES if backend == "torch" else 0)
         chunk_size = max(1, min(n_q, _CHUNK_BYTES // max(n_g * per_score, 1)))
+    device_classes = None
+    if backend == "torch" and classes is not None:
+        device_classes = tuple(
+            torch.from_numpy(a).to(qg.device)
+            for a in (classes.query_class, classes.class_ptr, classes.members)
+        )
     return _Prepared(
         qg.query_labels,
         qg.gallery_labels,
@@ -298,6 +305,7 @@ def _prepare(
         n_ranked,
         scorer,
         classes,
+        device_classes,
     )
 
 
@@ -314,8 +322,7 @@ def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
     block = p.scorer.block(lo, hi)
     self_index = None if p.self_index is None else p.self_index[lo:hi]
     if p.backend == "torch":
-        values = block.values if block.bound is None else p.scorer.keys(lo, hi)
-        return relevant_group_counts_torch(values, _relevance_mask(p, lo, hi), self_index)
+        return _sorted_block_counts(p, block, lo, hi, self_index)
     si = None if self_index is None else self_index.cpu().numpy()
     if p.classes is not None:
         rel_ptr, rel_cols = p.classes.relevant_lists(lo, hi, si)
@@ -328,6 +335,28 @@ def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
         si,
         bound=block.bound,
         exact_keys=lambda rows, cols: p.scorer.pair_keys(rows + lo, cols),
+    )
+
+
+def _sorted_block_counts(
+    p: _Prepared, block, lo: int, hi: int, self_index: torch.Tensor | None
+) -> RelevantGroupCounts:
+    """Counts of a block by the sorted-row torch path (rankwise.metrics._sorted), on its device."""
+    lists: RelevantLists
+    if p.device_classes is not None:
+        query_class, class_ptr, members = p.device_classes
+        lists = class_relevant_lists(query_class[lo:hi], class_ptr, members, self_index)
+    else:
+        lists = mask_relevant_lists(_relevance_mask(p, lo, hi), self_index)
+    bound = None
+    if block.bound is not None:
+        bound = torch.from_numpy(block.bound).to(block.values.device)
+    return sorted_row_counts(
+        block.values,
+        lists,
+        self_index,
+        bound=bound,
+        exact_keys=lambda rows, cols: p.scorer.pair_keys_tensor(rows + lo, cols),
     )
 
 

@@ -1,0 +1,425 @@
+"""Sorted-row counting: tie-group counts of a score block from a device sort of each row.
+
+Tie-aware AP, recall@k, precision@k, MAP@R and R-precision (He et al., "Hashing as Tie-Aware
+Learning to Rank", CVPR 2018, Prop. 1 / Eq. 6 in the per-position form of docs/errata.md) need, for
+every distinct score value ``v`` held by a relevant item of a query, the number of items scoring
+strictly higher (``N_{d-1}``), exactly ``v`` (``n_d``) and the relevant ones among the latter
+(``n_d^+``); see :class:`rankwise.metrics._kernels.RelevantGroupCounts`. Once a row is sorted the
+items tied at ``v`` are one contiguous run, so both counts are two binary searches
+(``torch.searchsorted``) of ``v`` in the sorted row, and the groups are the runs of equal counts
+among the relevant items: a handful of vectorised torch ops per chunk of queries, on any device.
+This is the path a GPU is good at (one sort per row, no per-item loop); on the CPU the numba
+counting kernel of :mod:`rankwise.metrics._kernels` stays the default.
+
+The rows are sorted in float32 (half the memory traffic of float64). When the values of a block
+are not exact float32 numbers -- a float32 / float64 matmul approximating the exact keys of
+:mod:`rankwise.similarity` with a proven error bound ``e`` (:mod:`rankwise.metrics._scores`), or
+exact float64 values rounded to float32 -- only items within ``2 e`` of a relevant item's value can
+be ordered or tied differently by the exact keys. Those few items (the *window* of the relevant
+item, again two binary searches away) are compared by their exact keys; every item above the
+window scores strictly higher, every item below strictly lower. The counts are therefore those of
+the exact keys, identical integer for integer to the numba path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ._kernels import RelevantGroupCounts
+
+__all__ = ["RelevantLists", "sorted_row_counts", "class_relevant_lists", "mask_relevant_lists"]
+
+STRATEGIES = ("table", "sort")
+# float32 rounding: |fl32(x) - x| <= 2^-24 |x| for normal results, <= 2^-150 for subnormal ones.
+_HALF_ULP32 = 2.0**-24
+_SUBNORMAL32 = 2.0**-149
+# float32 overflows beyond this; larger float64 values are sorted as float64.
+_FLOAT32_SAFE = 2.0**126
+# relative slack on the window half-width (the float64 arithmetic of the window's own ends)
+_WINDOW_SLACK = 1.0 + 2.0**-40
+
+
+@dataclass
+class RelevantLists:
+    """Relevant items of a chunk of queries as flat (row, column) lists, grouped by row.
+
+    Attributes:
+        rows: (S,) int64 row (query within the chunk) of each relevant item, non-decreasing.
+        cols: (S,) int64 gallery column of each relevant item (the excluded item is never listed).
+        n_rows: rows in the chunk.
+    """
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    n_rows: int
+
+
+def class_relevant_lists(
+    query_class: torch.Tensor,
+    class_ptr: torch.Tensor,
+    members: torch.Tensor,
+    self_index: torch.Tensor | None,
+) -> RelevantLists:
+    """Lists of queries whose relevant items are the gallery rows of their class (any device).
+
+    Args:
+        query_class: (B,) int64 compact class of each query, -1 when absent from the gallery.
+        class_ptr: (C + 1,) int64; class c's gallery rows are ``members[class_ptr[c]:class_ptr[c+1]]``.
+        members: (n_g,) int64 gallery rows grouped by class.
+        self_index: (B,) int64 gallery row removed from each query's list, -1 for none, or None.
+
+    Returns:
+        The lists, rows non-decreasing.
+    """
+    device = query_class.device
+    n_rows = int(query_class.shape[0])
+    present = query_class >= 0
+    safe_class = torch.where(present, query_class, torch.zeros_like(query_class))
+    start = class_ptr[safe_class]
+    sizes = torch.where(present, class_ptr[safe_class + 1] - start, torch.zeros_like(start))
+    rows = torch.repeat_interleave(torch.arange(n_rows, device=device), sizes)
+    first = torch.cumsum(sizes, 0) - sizes
+    cols = members[start[rows] + torch.arange(rows.shape[0], device=device) - first[rows]]
+    if self_index is not None:
+        keep = cols != self_index[rows]
+        rows, cols = rows[keep], cols[keep]
+    return RelevantLists(rows, cols, n_rows)
+
+
+def mask_relevant_lists(relevant: torch.Tensor, self_index: torch.Tensor | None) -> RelevantLists:
+    """Lists of a (B, N) bool relevance mask (any device), the excluded column removed."""
+    rows, cols = torch.nonzero(relevant, as_tuple=True)
+    if self_index is not None:
+        keep = cols != self_index[rows]
+        rows, cols = rows[keep], cols[keep]
+    return RelevantLists(rows, cols, int(relevant.shape[0]))
+
+
+def _float32_for_sorting(
+    values: torch.Tensor, bound: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """float32 values to sort, and the per-row bound of their error (None when exact).
+
+    The bound is on the distance to a strictly increasing map of the exact keys.
+    """
+    if values.dtype == torch.float32:
+        return values, bound
+    if not values.is_floating_point():
+        values = values.to(torch.float64)
+    rounded = values.to(torch.float32)
+    if values.dtype != torch.float64:  # fp16 / bf16: widening is exact
+        return rounded, bound
+    if values.shape[1] == 0:
+        return rounded, bound
+    low, high = torch.aminmax(rounded, dim=1)
+    largest = torch.maximum(low.abs(), high.abs()).to(torch.float64)
+    if bool((largest >= _FLOAT32_SAFE).any()):
+        return values, bound  # float32 would overflow: sort the float64 values themselves
+    # |x| <= |fl32(x)| (1 + 2^-23), so the largest float32 magnitude bounds the rounding too
+    rounding = largest * (_HALF_ULP32 * (1.0 + 2.0**-22)) + _SUBNORMAL32
+    return rounded, rounding if bound is None else bound + rounding
+
+
+def _outward(x: torch.Tensor, dtype: torch.dtype, direction: float) -> torch.Tensor:
+    """float64 ``x`` rounded to ``dtype`` away from the window's centre (down for -inf)."""
+    y = x.to(dtype)
+    if dtype == torch.float64:
+        return y
+    past = (y.to(torch.float64) < x) if direction > 0 else (y.to(torch.float64) > x)
+    toward = torch.full_like(y, direction)
+    return torch.where(past, torch.nextafter(y, toward), y)
+
+
+def _padded(values: torch.Tensor, lists: RelevantLists) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, M) per-row values (M = most items of a row), +inf padded, and each item's flat index."""
+    n_rows = lists.n_rows
+    per_row = torch.bincount(lists.rows, minlength=n_rows)
+    width = int(per_row.max()) if lists.rows.numel() else 0
+    first = torch.cumsum(per_row, 0) - per_row
+    slot = lists.rows * max(width, 1) + (
+        torch.arange(lists.rows.shape[0], device=values.device) - first[lists.rows]
+    )
+    padded = torch.full(
+        (n_rows, max(width, 1)), float("inf"), dtype=values.dtype, device=values.device
+    )
+    padded.view(-1)[slot] = values
+    return padded, slot
+
+
+def _window_counts(
+    order: torch.Tensor,
+    lists: RelevantLists,
+    lo: torch.Tensor,
+    hi: torch.Tensor,
+    exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Items of each relevant item's window [lo, hi) above / tied with it by the exact keys.
+
+    The window holds sorted positions; the relevant item itself counts as tied.
+    """
+    device = lo.device
+    width = hi - lo
+    seg = torch.repeat_interleave(torch.arange(width.shape[0], device=device), width)
+    first = torch.cumsum(width, 0) - width
+    position = lo[seg] + torch.arange(seg.shape[0], device=device) - first[seg]
+    rows = lists.rows[seg]
+    cols = order[rows, position]
+    n = width.shape[0]
+    keys = exact_keys(torch.cat([lists.rows, rows]), torch.cat([lists.cols, cols]))
+    own, others = keys[:n], keys[n:]
+    above = torch.zeros(n, dtype=torch.int64, device=device)
+    equal = torch.zeros(n, dtype=torch.int64, device=device)
+    above.index_add_(0, seg, (others > own[seg]).to(torch.int64))
+    equal.index_add_(0, seg, (others == own[seg]).to(torch.int64))
+    return above, equal
+
+
+def _relevant_item_counts(
+    values: torch.Tensor,
+    bound: torch.Tensor | None,
+    lists: RelevantLists,
+    self_index: torch.Tensor | None,
+    exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+    strategy: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S,) items scoring strictly higher than / tied with each listed relevant item."""
+    sort_values, bound = _float32_for_sorting(values, bound)
+    if sort_values is values:
+        sort_values = values.clone()
+    n_items = sort_values.shape[1]
+    if self_index is not None:
+        # the excluded item goes below every finite value: never above, tied with or near a
+        # relevant item (relevant values are finite)
+        rows = torch.nonzero(self_index >= 0).squeeze(1)
+        sort_values[rows, self_index[rows]] = float("-inf")
+    own = sort_values[lists.rows, lists.cols]
+    if bound is not None and exact_keys is None:
+        raise ValueError("`exact_keys` is required with `bound` (approximate scores).")
+    if strategy == "table":
+        if bound is None:
+            return _exact_table_counts(sort_values, own, lists)
+        return _approximate_table_counts(sort_values, own, bound, lists, exact_keys)
+    if bound is None:
+        ascending = torch.sort(sort_values, dim=1).values
+        padded, slot = _padded(own, lists)
+        below_or_equal = torch.searchsorted(ascending, padded, right=True).view(-1)[slot]
+        below = torch.searchsorted(ascending, padded).view(-1)[slot]
+        return n_items - below_or_equal, below_or_equal - below
+    ascending, order = torch.sort(sort_values, dim=1)
+    half_width = (2.0 * _WINDOW_SLACK) * bound.to(own.device, torch.float64)[lists.rows]
+    centre = own.to(torch.float64)
+    low = _outward(centre - half_width, sort_values.dtype, float("-inf"))
+    high = _outward(centre + half_width, sort_values.dtype, float("inf"))
+    padded_low, slot = _padded(low, lists)
+    padded_high, _ = _padded(high, lists)
+    lo = torch.searchsorted(ascending, padded_low).view(-1)[slot]
+    hi = torch.searchsorted(ascending, padded_high, right=True).view(-1)[slot]
+    greater = n_items - hi
+    size = torch.ones_like(greater)
+    wide = torch.nonzero(hi - lo > 1).squeeze(1)
+    if wide.numel():
+        sub = RelevantLists(lists.rows[wide], lists.cols[wide], lists.n_rows)
+        above, equal = _window_counts(order, sub, lo[wide], hi[wide], exact_keys)
+        greater[wide] += above
+        size[wide] = equal
+    return greater, size
+
+
+def sorted_row_counts(
+    values: torch.Tensor,
+    lists: RelevantLists,
+    self_index: torch.Tensor | None = None,
+    *,
+    bound: torch.Tensor | None = None,
+    exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    strategy: str = "sort",
+) -> RelevantGroupCounts:
+    """Tie-group counts of a score block by vectorised torch ops (any device).
+
+    Args:
+        values: (B, N) floating tensor, higher = ranked first. With ``bound=None`` the values rank
+            and tie within each row exactly like the keys; float64 values are then also their own
+            exact keys.
+        lists: the relevant items of each row (:func:`class_relevant_lists`,
+            :func:`mask_relevant_lists`); the excluded item must not be listed.
+        self_index: (B,) int64, a column removed from each row entirely, -1 for none.
+        bound: None, or (B,) float64 tensor: ``|values[i, j] - phi_i(key_ij)| <= bound[i]`` for a
+            strictly increasing ``phi_i``; the counts returned are then those of the exact keys.
+        exact_keys: with ``bound``: ``exact_keys(rows, cols)`` returns the (m,) float64 exact keys
+            of the pairs (row ``rows[m]`` of this block, column ``cols[m]``), as tensors on the
+            block's device. It is asked only for items within twice the bound of a relevant item.
+        strategy: ``"sort"`` sorts every row (O(N log N)) and locates the relevant values in
+            it (the default: one device sort, two binary searches per relevant item);
+            ``"table"`` locates every item among its row's sorted relevant values (two binary
+            searches per item, O(N log M) per row of N items with M relevant; slower than the
+            sort on the CPU, where ``torch.searchsorted`` costs about as much per item as the
+            whole sort). Both return the same counts.
+
+    Returns:
+        The counts, groups ordered by decreasing score within each row, exactly as
+        :func:`rankwise.metrics._kernels.relevant_group_counts_from_lists` returns them.
+    """
+    values = values.detach()
+    if bound is None and values.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        # exact float64 values: sorted in float32 with the rounding as the bound, the values
+        # themselves serving as exact keys of the few items the rounding leaves open
+        exact_keys = _gathered_keys(values.to(torch.float64))
+    if strategy not in STRATEGIES:
+        raise ValueError(f"`strategy` must be one of {STRATEGIES}, got {strategy!r}.")
+    greater, size = _relevant_item_counts(values, bound, lists, self_index, exact_keys, strategy)
+    n_items = values.shape[1] + 1
+    # tied relevant items share their count of higher items, distinct ones never do: the groups
+    # are the runs of equal (row, greater), in increasing order of greater (decreasing score)
+    composite, order = torch.sort(lists.rows * n_items + greater)
+    distinct, n_relevant = torch.unique_consecutive(composite, return_counts=True)
+    group_row = torch.div(distinct, n_items, rounding_mode="floor")
+    first = torch.cumsum(n_relevant, 0) - n_relevant
+    group_size = size[order][first]
+    n_groups = torch.bincount(group_row, minlength=lists.n_rows)
+    return RelevantGroupCounts(
+        _to_numpy(n_groups),
+        _to_numpy(distinct - group_row * n_items),
+        _to_numpy(group_size),
+        _to_numpy(n_relevant),
+    )
+
+
+def _gathered_keys(block: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``exact_keys`` callback reading the keys from a float64 block that holds them."""
+
+    def keys(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        return block[rows, cols]
+
+    return keys
+
+
+def _to_numpy(x: torch.Tensor) -> np.ndarray:
+    return np.ascontiguousarray(x.cpu().numpy(), dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------------
+# the same counts from a table of the sorted relevant values (O(N log M) per row instead of
+# O(N log N)): every item is located among its row's M relevant values by binary searches
+# ----------------------------------------------------------------------------------------------
+
+
+def _relevant_table(own: torch.Tensor, lists: RelevantLists) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, M) ascending relevant values of each row (+inf padded), each listed item's flat index."""
+    padded, slot = _padded(own, lists)
+    table, order = torch.sort(padded, dim=1)
+    width = table.shape[1]
+    position = torch.empty_like(order)
+    position.scatter_(1, order, torch.arange(width, device=own.device).expand_as(order))
+    rows_base = torch.div(slot, width, rounding_mode="floor") * width
+    return table, rows_base + position.view(-1)[slot]
+
+
+def _runs(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """First index and one past the last index of the run of equal values holding each entry."""
+    n_rows, width = table.shape
+    index = torch.arange(width, device=table.device).expand(n_rows, width)
+    starts = torch.ones(n_rows, width, dtype=torch.bool, device=table.device)
+    starts[:, 1:] = table[:, 1:] != table[:, :-1]
+    ends = torch.ones_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    first = torch.cummax(torch.where(starts, index, 0), dim=1).values
+    flipped = torch.flip(torch.where(ends, index, width - 1), [1])
+    last = torch.flip(torch.cummin(flipped, dim=1).values, [1])
+    return first, last + 1
+
+
+def _row_histogram(bins: torch.Tensor, n_bins: int, keep: torch.Tensor | None) -> torch.Tensor:
+    """(B, n_bins) int64 counts of the (B, N) bin indices (only where ``keep``)."""
+    n_rows = bins.shape[0]
+    flat = (bins + torch.arange(n_rows, device=bins.device)[:, None] * n_bins).view(-1)
+    if keep is not None:
+        flat = flat[keep.view(-1)]
+    return torch.bincount(flat, minlength=n_rows * n_bins).view(n_rows, n_bins)
+
+
+def _suffix_sums(hist: torch.Tensor) -> torch.Tensor:
+    """(B, K + 1): entry k is ``hist[:, k:].sum(1)`` (the last column is 0)."""
+    suffix = torch.flip(torch.cumsum(torch.flip(hist, [1]), 1), [1])
+    return torch.cat([suffix, torch.zeros_like(suffix[:, :1])], dim=1)
+
+
+def _exact_table_counts(
+    sort_values: torch.Tensor, own: torch.Tensor, lists: RelevantLists
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts when the values rank and tie exactly like the keys.
+
+    With ``below(s)`` the number of relevant values strictly below item ``s``: ``s`` is above
+    relevant value ``v`` iff ``below(s) >= #(relevant values <= v)``, and tied with it iff it
+    equals the table entry at ``below(s)``, i.e. the first of ``v``'s run.
+    """
+    table, where = _relevant_table(own, lists)
+    n_rows, width = table.shape
+    below = torch.searchsorted(table, sort_values)
+    tied = torch.gather(table, 1, below.clamp_max(width - 1)) == sort_values
+    hist = _row_histogram(below, width + 1, None)
+    tied_hist = _row_histogram(below, width + 1, tied)
+    first, end = (x.reshape(-1)[where] for x in _runs(table))
+    rows = lists.rows
+    return _suffix_sums(hist)[rows, end], tied_hist[rows, first]
+
+
+def _outward_table(table: torch.Tensor, half_width: torch.Tensor, up: bool) -> torch.Tensor:
+    """``table +- half_width`` (per row) rounded outward to the table's dtype, still ascending."""
+    shifted = table.to(torch.float64) + (half_width if up else -half_width)[:, None]
+    return _outward(shifted, table.dtype, float("inf") if up else float("-inf"))
+
+
+def _approximate_table_counts(
+    sort_values: torch.Tensor,
+    own: torch.Tensor,
+    bound: torch.Tensor,
+    lists: RelevantLists,
+    exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts of the exact keys from values within ``bound`` of them (per row).
+
+    Relevant value ``u_j`` (table position j) and item ``s``: ``s > u_j + 2e`` (item certainly
+    above) for the ``a(s)`` smallest j, ``s < u_j - 2e`` (certainly below) from ``b(s)`` on. Items
+    with ``a(s) = b(s)`` are certain for every relevant item and are only counted in a
+    histogram of ``a``; the others ("close" items: every relevant item, and the rare items within
+    ``2e`` of one) are compared with the relevant items by value -- by exact key in every row that
+    holds a close pair, where the values' order is not certain.
+    """
+    table, where = _relevant_table(own, lists)
+    n_rows, width = table.shape
+    half_width = (2.0 * _WINDOW_SLACK) * bound.to(own.device, torch.float64)
+    above_count = torch.searchsorted(_outward_table(table, half_width, True), sort_values)
+    below_from = torch.searchsorted(
+        _outward_table(table, half_width, False), sort_values, right=True
+    )
+    close = below_from > above_count
+    hist = _row_histogram(above_count, width + 1, ~close)
+    close_rows, close_cols = torch.nonzero(close, as_tuple=True)
+    # a row needs exact keys when a close item is irrelevant or a relevant one is close to another
+    n_close = torch.bincount(close_rows, minlength=n_rows)
+    n_relevant = torch.bincount(lists.rows, minlength=n_rows)
+    crowded = (below_from - above_count).amax(dim=1) > 1
+    touched = (n_close > n_relevant) | crowded
+    value = sort_values[close_rows, close_cols].to(torch.float64)
+    need = touched[close_rows]
+    if bool(need.any()):
+        value[need] = exact_keys(close_rows[need], close_cols[need])
+    own_value = own.to(torch.float64)
+    relevant_need = touched[lists.rows]
+    if bool(relevant_need.any()):
+        own_value[relevant_need] = exact_keys(lists.rows[relevant_need], lists.cols[relevant_need])
+    # close items' values, per row ascending (-inf padded in front: never above nor tied)
+    ordered = RelevantLists(close_rows, close_cols, n_rows)
+    padded, _ = _padded(-value, ordered)
+    close_table = -torch.flip(torch.sort(padded, dim=1).values, [1])
+    query = _padded(own_value, lists)
+    at_or_below = torch.searchsorted(close_table, query[0], right=True).view(-1)[query[1]]
+    strictly_below = torch.searchsorted(close_table, query[0]).view(-1)[query[1]]
+    position = where - torch.div(where, width, rounding_mode="floor") * width
+    certain_above = _suffix_sums(hist)[lists.rows, position + 1]
+    n_close_table = close_table.shape[1]
+    return certain_above + n_close_table - at_or_below, at_or_below - strictly_below

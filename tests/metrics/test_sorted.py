@@ -1,0 +1,139 @@
+"""The torch counting path (rankwise.metrics._sorted) against the numba counting kernel, exactly."""
+
+import numpy as np
+import pytest
+import torch
+
+from rankwise.metrics._kernels import relevant_group_counts_from_lists, relevant_lists_from_mask
+from rankwise.metrics._scores import BlockScorer
+from rankwise.metrics._sorted import (
+    STRATEGIES,
+    RelevantLists,
+    class_relevant_lists,
+    mask_relevant_lists,
+    sorted_row_counts,
+)
+from rankwise.metrics.retrieval import _ClassIndex, pr_curve, retrieval_metrics
+
+
+def _assert_same_counts(a, b):
+    for name in ("n_groups", "greater", "size", "relevant"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+
+
+def _numba_counts(scores, relevant, self_index):
+    si = None if self_index is None else self_index.numpy()
+    rel_ptr, rel_cols = relevant_lists_from_mask(relevant.numpy(), si)
+    return relevant_group_counts_from_lists(scores.numpy(), rel_ptr, rel_cols, si)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("kind", ["float32", "float64", "codes", "few_values"])
+def test_sorted_row_counts_equal_the_numba_kernel(strategy, kind):
+    gen = torch.Generator().manual_seed(3)
+    n_rows, n_items = 40, 300
+    if kind == "float32":
+        scores = torch.randn(n_rows, n_items, generator=gen)
+    elif kind == "float64":
+        scores = torch.randn(n_rows, n_items, generator=gen, dtype=torch.float64)
+    elif kind == "codes":  # inner products of 8-bit codes: heavy ties
+        scores = torch.randint(-8, 9, (n_rows, n_items), generator=gen).to(torch.float32)
+    else:  # every row tied into two values
+        scores = torch.randint(0, 2, (n_rows, n_items), generator=gen).to(torch.float64)
+    relevant = torch.rand(n_rows, n_items, generator=gen) < 0.2
+    relevant[0] = False  # a row without relevant items
+    relevant[1] = True  # a row where every item is relevant
+    self_index = torch.randint(-1, n_items, (n_rows,), generator=gen)
+    lists = mask_relevant_lists(relevant, self_index)
+    ours = sorted_row_counts(scores, lists, self_index, strategy=strategy)
+    _assert_same_counts(ours, _numba_counts(scores, relevant, self_index))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
+def test_approximate_blocks_count_the_exact_keys(strategy, similarity):
+    # near-duplicate float64 embeddings: the float32 approximation cannot order or tie them
+    gen = torch.Generator().manual_seed(4)
+    base = torch.randn(1, 16, generator=gen, dtype=torch.float64)
+    steps = torch.randint(-2, 3, (120, 16), generator=gen).to(torch.float64)
+    x = torch.cat([base + 1e-9 * steps, torch.randn(80, 16, generator=gen, dtype=torch.float64)])
+    labels = torch.randint(0, 4, (200,), generator=gen)
+    scorer = BlockScorer(x, x, similarity, approximate=True)
+    assert scorer.mode == "approximate"
+    block = scorer.block(0, 200)
+    self_index = torch.arange(200)
+    relevant = labels[:, None] == labels[None, :]
+    lists = mask_relevant_lists(relevant, self_index)
+    ours = sorted_row_counts(
+        block.values,
+        lists,
+        self_index,
+        bound=torch.from_numpy(block.bound),
+        exact_keys=scorer.pair_keys_tensor,
+        strategy=strategy,
+    )
+    exact = scorer.keys(0, 200)
+    _assert_same_counts(ours, _numba_counts(exact, relevant, self_index))
+
+
+def test_class_lists_equal_the_mask_lists():
+    gen = torch.Generator().manual_seed(5)
+    gallery_labels = torch.randint(0, 6, (50,), generator=gen)
+    query_labels = torch.cat([gallery_labels[:20], torch.tensor([99])])  # 99: not in the gallery
+    self_index = torch.cat([torch.arange(20), torch.tensor([-1])])
+    index = _ClassIndex.build(query_labels, gallery_labels)
+    lists = class_relevant_lists(
+        *(torch.from_numpy(a) for a in (index.query_class, index.class_ptr, index.members)),
+        self_index,
+    )
+    mask = mask_relevant_lists(query_labels[:, None] == gallery_labels[None, :], self_index)
+    assert torch.equal(lists.rows, mask.rows) and torch.equal(lists.cols, mask.cols)
+
+
+def test_sorted_row_counts_rejects_bad_arguments():
+    lists = RelevantLists(torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), 1)
+    with pytest.raises(ValueError, match="strategy"):
+        sorted_row_counts(torch.zeros(1, 3), lists, strategy="bubble")
+    with pytest.raises(ValueError, match="exact_keys"):
+        sorted_row_counts(torch.zeros(1, 3), lists, bound=torch.zeros(1, dtype=torch.float64))
+
+
+def _codes(n, bits, gen):
+    return torch.sign(torch.randn(n, bits, generator=gen))
+
+
+@pytest.mark.parametrize(
+    "case", ["many_classes_float", "few_classes_float", "few_classes_codes", "multi_hot"]
+)
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
+def test_torch_and_numba_backends_agree_bit_for_bit(case, similarity):
+    gen = torch.Generator().manual_seed(6)
+    n = 300
+    if case == "many_classes_float":
+        x, labels = torch.randn(n, 24, generator=gen), torch.randint(0, 200, (n,), generator=gen)
+    elif case == "few_classes_float":
+        x, labels = torch.randn(n, 24, generator=gen), torch.randint(0, 3, (n,), generator=gen)
+    elif case == "few_classes_codes":
+        x, labels = _codes(n, 10, gen), torch.randint(0, 3, (n,), generator=gen)
+    else:
+        x = torch.randn(n, 24, generator=gen)
+        labels = (torch.rand(n, 5, generator=gen) < 0.3).long()
+    kwargs = dict(similarity=similarity, ks=(1, 7, 100), chunk_size=123)
+    for ties in (
+        ("expected", "optimistic", "pessimistic") if case == "few_classes_codes" else ("expected",)
+    ):
+        numba = retrieval_metrics(x, labels, backend="numba", ties=ties, **kwargs).to_dict()
+        torch_path = retrieval_metrics(x, labels, backend="torch", ties=ties, **kwargs).to_dict()
+        assert torch_path == numba
+    a = pr_curve(x, labels, similarity=similarity, backend="numba")
+    b = pr_curve(x, labels, similarity=similarity, backend="torch")
+    np.testing.assert_array_equal(a.precision, b.precision)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_take_the_torch_path_and_match_the_cpu():
+    gen = torch.Generator().manual_seed(7)
+    x, labels = _codes(500, 12, gen), torch.randint(0, 5, (500,), generator=gen)
+    cpu = retrieval_metrics(x, labels).to_dict()
+    cuda = retrieval_metrics(x.cuda(), labels.cuda()).to_dict()
+    assert cuda == cpu
