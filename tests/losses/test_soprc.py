@@ -117,16 +117,19 @@ def ref_ap(emb, labels, tau1, tau2):
     return sum(terms) / len(terms)
 
 
-def ref_semi_variance(emb, labels, lam_pos, lam_neg):
-    """Eq. (9) over every positive and negative pair of the batch."""
+def ref_semi_variance(emb, labels, lam_pos, lam_neg, tail=False):
+    """Eq. (9) over every positive and negative pair of the batch; ``tail``: each sum divided by
+    its number of terms instead of n⁺ / n⁻ (the authors' released code)."""
     S = ref_scores(emb, emb)
     lab, pos, neg = ref_pairs(labels, labels, True)
     ps = [S[i][j] for i in range(len(lab)) for j in pos[i]]
     ns = [S[i][j] for i in range(len(lab)) for j in neg[i]]
     mp = sum(ps) / len(ps)
     mn = sum(ns) / len(ns)
-    sp = sum((s - mp) ** 2 for s in ps if s < mp) / len(ps)
-    sn = sum((s - mn) ** 2 for s in ns if s > mn) / len(ns)
+    low = [(s - mp) ** 2 for s in ps if s < mp]
+    high = [(s - mn) ** 2 for s in ns if s > mn]
+    sp = sum(low) / (len(low) if tail else len(ps))
+    sn = sum(high) / (len(high) if tail else len(ns))
     return lam_pos * sp + lam_neg * sn
 
 
@@ -421,6 +424,20 @@ def test_semi_variance_matches_eq9(device, dtype):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_semi_variance_tail_normalization_matches_the_released_code(device, dtype):
+    e, y = batch(device, dtype, seed=8)
+    reg = SemiVarianceRegularizer(lambda_pos=1.0, lambda_neg=5.0, normalization="tail")
+    expected = ref_semi_variance(e.double(), y, 1.0, 5.0, tail=True)
+    torch.testing.assert_close(reg(e, y).double(), expected, **tol(dtype))
+    # a tail holds part of the pairs: "tail" is the larger of the two normalizations
+    assert float(reg(e, y)) > float(SemiVarianceRegularizer(1.0, 5.0)(e, y))
+    e.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda x: SemiVarianceRegularizer(normalization="tail")(x, y), (e.double(),)
+    )
+
+
 def test_semi_variance_composes_without_recomputing(device):
     e, y = batch(device, torch.float64, seed=9)
     reg = SemiVarianceRegularizer(lambda_pos=1.0, lambda_neg=5.0)
@@ -490,10 +507,50 @@ def test_from_labels_priors():
 def test_zero_prior_of_used_class_raises():
     loss = SOPRCLoss(3, prior=torch.tensor([0.2, 0.0, 0.1]))
     e, _ = batch("cpu", torch.float32, labels=[0, 0, 1, 1])
+    state = {k: v.clone() for k, v in loss.state_dict().items()}
     with pytest.raises(ValueError, match="prior"):
         loss(e, torch.tensor([0, 0, 1, 1]))
+    # validated before v is updated: the failed call changed nothing
+    for key, value in loss.state_dict().items():
+        assert torch.equal(value, state[key]), key
     # a zero-prior class that is only a negative is fine
     loss(e, torch.tensor([0, 0, 2, 2]))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SOPRCLoss(8, prior=torch.full((8,), 1e-3)),
+        lambda: SOPRCLoss(1000),
+        lambda: SOPRCLoss(8, prior=torch.full((8,), 1e-4), use_v=False),
+    ],
+)
+def test_half_precision_at_small_priors_stays_finite(make):
+    """The odds FPR/(rate TPR) reach ~1e6 here, past float16's 65504: t/(1+t) would be inf/inf."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 16, generator=g)
+    e = (base + 1e-3 * torch.randn(32, 16, generator=g)).half().requires_grad_(True)
+    y = torch.arange(8).repeat_interleave(4)
+    loss = make().eval()
+    value = loss(e, y)
+    assert torch.isfinite(value) and 0.99 < float(value.detach()) <= 1.0
+    value.backward()
+    assert bool(torch.isfinite(e.grad).all())
+    # and it agrees with float64
+    reference = make().double().eval()(e.detach().double(), y)
+    assert float(value.detach()) == pytest.approx(float(reference), abs=2e-3)
+
+
+def test_one_minus_precision_gradient_has_no_cancellation():
+    """At odds t ~ 1e7 the autograd derivative of t/(1+t), 1/(1+t) - t/(1+t)^2, loses every digit
+    in float32; the library's form keeps the exact derivative rate TPR / (FPR + rate TPR)^2."""
+    from rankwise.losses.soprc import _one_minus_precision
+
+    fpr = torch.tensor([10.0], requires_grad=True)
+    tpr, rate = torch.tensor([0.01]), torch.tensor([1e-4])
+    _one_minus_precision(fpr, tpr, rate).backward()
+    exact = 1e-6 / (10 + 1e-6) ** 2
+    assert float(fpr.grad) == pytest.approx(exact, rel=1e-5)
 
 
 def test_default_prior_is_balanced():
@@ -525,6 +582,13 @@ def test_labels_out_of_range_raise(device):
         ({"num_classes": 2, "semi_variance": APLoss()}, "semi_variance"),
         ({"num_classes": 2, "v_init": "zeros"}, "v_init"),
         ({"num_classes": 2, "similarity": "l1"}, "similarity"),
+        ({"num_classes": 2, "prior": [0.5, 1.0]}, "prior"),
+        ({"num_classes": 2, "beta": float("nan")}, "beta"),
+        ({"num_classes": 2, "tau1": float("inf")}, "tau1"),
+        ({"num_classes": 2, "unbiased": 1}, "unbiased"),
+        ({"num_classes": 2, "warm_start": "yes"}, "warm_start"),
+        ({"num_classes": 2, "v_init_range": (0.0, float("inf"))}, "v_init_range"),
+        ({"num_classes": True}, "num_classes"),
     ],
 )
 def test_constructor_validation(kwargs, name):

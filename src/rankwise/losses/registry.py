@@ -1,5 +1,6 @@
-"""Name-based construction of every loss the trainer can use: the rankwise ranking losses (SOPRC
-with its semi-variance regularizer, Wen et al., NeurIPS 2022, Alg. 1 and Eq. 9; the biased AP
+"""Name-based construction of every loss the trainer can use.
+
+The rankwise ranking losses (SOPRC with its semi-variance regularizer, Wen et al., NeurIPS 2022, Alg. 1 and Eq. 9; the biased AP
 baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon loss, Eq. 11; Smooth-AP;
 DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020) and the
 pytorch-metric-learning baselines of :mod:`rankwise.losses.baselines`. Parameters are checked
@@ -25,6 +26,8 @@ LOSSES = RANKWISE_LOSSES + BASELINES
 
 # Released SOPRC configs: weight 1 on positives below their mean, 5 on negatives above it.
 DEFAULT_SEMI_VARIANCE_WEIGHTS = (1.0, 5.0)
+# build_loss("soprc") keys that configure the SemiVarianceRegularizer it adds
+_SEMI_VARIANCE_KEYS = ("semi_variance_weights", "semi_variance_normalization")
 # Context arguments of build_loss, passed to a constructor that names them and is not given them.
 _CONTEXT_NAMES = {
     "num_classes": "num_classes",
@@ -74,8 +77,11 @@ def _keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspec
 
 
 def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded) and, through its **kwargs,
-    by ``SOPRCLoss.__init__``; ``semi_variance`` is replaced by ``semi_variance_weights``."""
+    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded) and ``SOPRCLoss.__init__``.
+
+    ``SOPRCLoss.__init__`` is reached through the **kwargs of ``from_labels``; ``semi_variance``
+    is replaced by ``semi_variance_weights`` / ``semi_variance_normalization``.
+    """
     named, var_kw = _keyword_parameters(cls.from_labels, skip=1)
     if var_kw:
         init_named, var_kw = _keyword_parameters(cls.__init__)
@@ -98,7 +104,7 @@ def loss_parameters(name: str) -> tuple[str, ...]:
     cls = _loss_class(name)
     if name == "soprc":
         named, _ = _soprc_parameters(cls)
-        return tuple(sorted({*named, "semi_variance_weights"}))
+        return tuple(sorted({*named, *_SEMI_VARIANCE_KEYS}))
     named, _ = _keyword_parameters(cls.__init__)
     return tuple(sorted(named))
 
@@ -119,8 +125,10 @@ def _with_context(
     context: dict[str, Any],
     required_from: dict[str, inspect.Parameter] | None = None,
 ) -> dict[str, Any]:
-    """Fill constructor parameters named like a context argument, then check that the required
-    parameters of ``required_from`` (default ``named``) are all given."""
+    """Fill constructor parameters named like a context argument, then check the required ones.
+
+    The required parameters are those of ``required_from`` (default ``named``).
+    """
     filled = dict(params)
     for param_name, context_name in _CONTEXT_NAMES.items():
         if param_name in named and param_name not in filled and context[context_name] is not None:
@@ -161,7 +169,9 @@ def build_loss(
             one (e.g. ``"xbm"``'s ``embedding_size``).
         **params: constructor keywords of the loss (see :func:`loss_parameters`). For ``"soprc"``,
             ``semi_variance_weights=(lambda_pos, lambda_neg)`` (default ``(1.0, 5.0)``) builds
-            ``SemiVarianceRegularizer(lambda_pos, lambda_neg)`` into the loss; ``None`` disables it.
+            ``SemiVarianceRegularizer(lambda_pos, lambda_neg)`` into the loss; ``None`` disables it;
+            ``semi_variance_normalization`` (``"pairs"``, Eq. 9, default, or ``"tail"``, the
+            released code) is its ``normalization``.
 
     Returns:
         The loss ``nn.Module``, called as ``loss(embeddings, labels, ref_embeddings=None,
@@ -204,6 +214,7 @@ def _build_soprc(
 
     params = dict(params)
     weights = params.pop("semi_variance_weights", DEFAULT_SEMI_VARIANCE_WEIGHTS)
+    normalization = params.pop("semi_variance_normalization", "pairs")
     named, var_kw = _soprc_parameters(cls)
     if "semi_variance" in params:
         raise ValueError(
@@ -211,7 +222,7 @@ def _build_soprc(
             "of `semi_variance`."
         )
     if not var_kw:
-        _reject_unknown("soprc", params, (*named, "semi_variance_weights"))
+        _reject_unknown("soprc", params, (*named, *_SEMI_VARIANCE_KEYS))
     if weights is None:
         regularizer = None
     else:
@@ -222,7 +233,7 @@ def _build_soprc(
                 "loss 'soprc': `semi_variance_weights` must be a pair (lambda_pos, lambda_neg) "
                 f"of numbers or None, got {weights!r}."
             ) from exc
-        regularizer = SemiVarianceRegularizer(lambda_pos, lambda_neg)
+        regularizer = SemiVarianceRegularizer(lambda_pos, lambda_neg, normalization=normalization)
     # from_labels derives the rest of SOPRCLoss's required arguments from the labels.
     from_labels_named, _ = _keyword_parameters(cls.from_labels, skip=1)
     from_labels_named.pop("semi_variance", None)

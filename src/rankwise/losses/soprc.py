@@ -1,17 +1,19 @@
-"""SOPRC, the biased mini-batch AP loss and the semi-variance regularizer of Wen, Xu, Yang, He and
-Huang, *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
-(NeurIPS 2022): the surrogates ℓ1 (one-sided Huber) and ℓ2 (one-sided sigmoid) of Eq. (7), the biased
+"""SOPRC, the biased mini-batch AP loss and the semi-variance regularizer of Wen et al. (NeurIPS 2022).
+
+Wen, Xu, Yang, He and Huang, *Exploring the Algorithm-Dependent Generalization of AUPRC
+Optimization with List Stability* (NeurIPS 2022): the surrogates ℓ1 (one-sided Huber) and ℓ2 (one-sided sigmoid) of Eq. (7), the biased
 estimator AP↓ of Eq. (5) (:class:`APLoss`), the sampling-rate-invariant estimator of Eq. (8) whose
 TPR term is read from an auxiliary per-class vector ``v`` updated by the moving average of Eq. (10)
 with the score interpolation φ of Alg. 2 (:class:`SOPRCLoss`, Alg. 1), and the semi-variance
 regularizer of Eq. (9) (:class:`SemiVarianceRegularizer`). Garbled formulas are read as in the
-project errata (``shared/seeds/README.md``): ℓ1(x) = 1 − 2x/τ1 for x < 0, ℓ2(x) = tanh(−x/(2τ2)) for
-x < 0, the TPR term (1 + Σ_j ℓ2(s⁺ − v_j)) / (|v| + 1), one row of ``v`` per class.
+errata of docs/losses.md (SOPRC): ℓ1(x) = 1 − 2x/τ1 for x < 0, ℓ2(x) = tanh(−x/(2τ2)) for x < 0,
+the TPR term (1 + Σ_j ℓ2(s⁺ − v_j)) / (|v| + 1), one row of ``v`` per class. Where the library
+departs from the authors' released code, and why the many-class defaults are what they are, is in
+docs/losses.md (SOPRC).
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .._validation import as_tensor
+from .._validation import (
+    Interval,
+    as_tensor,
+    check_bool,
+    check_choice,
+    check_range_pair,
+    check_scalar,
+)
 from .base import PairBatch, RankingLoss, validate_pair_inputs
 
 __all__ = [
@@ -32,6 +41,7 @@ __all__ = [
 ]
 
 V_INITS = ("grid", "uniform")
+SEMI_VARIANCE_NORMS = ("pairs", "tail")
 
 
 # -- surrogates of Eq. (7) ---------------------------------------------------------------------------
@@ -153,48 +163,21 @@ def score_interpolation(
             f"`scores` must be a non-empty 1-D float tensor, got shape {tuple(s.shape)} "
             f"and dtype {s.dtype}."
         )
-    _check_num_points(num_points, "num_points")
+    check_scalar(num_points, "num_points", _COUNT)
     rng = _check_score_range(score_range)
     groups = torch.zeros(s.numel(), dtype=torch.long, device=s.device)
     return _grouped_score_interpolation(s, groups, num_points, rng)[1][0]
 
 
 # -- argument checks --------------------------------------------------------------------------------
-def _as_int(value: object) -> int | None:
-    """``value`` as a Python int if it is an integer (numpy integers included), else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
+_POSITIVE = Interval("real", 0, None, closed="neither")
+_NON_NEGATIVE = Interval("real", 0, None)
+_UNIT = Interval("real", 0, 1)
+_COUNT = Interval("integer", 1, None)
 
 
-def _check_num_points(value: int, name: str) -> int:
-    as_int = _as_int(value)
-    if as_int is None or as_int < 1:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-    return as_int
-
-
-def _check_positive(value: float, name: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
-    return float(value)
-
-
-def _check_score_range(score_range: Sequence[float] | None) -> tuple[float, float] | None:
-    if score_range is None:
-        return None
-    try:
-        low, high = (float(x) for x in score_range)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"`score_range` must be a pair (low, high) or None, got {score_range!r}."
-        ) from exc
-    if not low < high:
-        raise ValueError(f"`score_range` must satisfy low < high, got {score_range!r}.")
-    return low, high
+def _check_score_range(score_range: Any, name: str = "score_range") -> tuple[float, float] | None:
+    return None if score_range is None else check_range_pair(score_range, name)
 
 
 def _check_semi_variance(reg: Any) -> SemiVarianceRegularizer | None:
@@ -322,9 +305,36 @@ class _PairScores:
         return (a * b).sum(1)
 
 
-def _sigma(x: torch.Tensor) -> torch.Tensor:
-    """σ(x) = x / (1 + x): the map from FPR/TPR odds to 1 − precision in Eq. (3)."""
-    return x / (1 + x)
+def _one_minus_precision(fpr: torch.Tensor, tpr: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+    """σ(FPR / (rate · TPR)) of Eq. (3)/(8) in a form that stays finite and exact.
+
+    σ(t) = t/(1 + t) is 1 − precision as a function of the FPR/TPR odds t; rate = π/(1 − π).
+    Evaluated as FPR / (FPR + w) with w = rate · TPR by :class:`_RatioToSum`, whose derivatives
+    w / (FPR + w)² and −FPR / (FPR + w)² are single terms. The direct forms fail at the odds of a
+    many-class prior (rate ~ 1e-4, TPR ~ 1e-2, FPR ~ 10: t ~ 1e7): t/(1 + t) overflows float16
+    (65504) to inf/inf = NaN, and its autograd derivative 1/(1 + t) − t/(1 + t)² cancels to a
+    relative error of about eps · t (all digits in float32). Computed in at least float32
+    (half-precision inputs are upcast: w underflows float16 at small priors). FPR ≥ 0 and w > 0.
+    """
+    dtype = torch.promote_types(fpr.dtype, torch.float32)
+    return _RatioToSum.apply(fpr.to(dtype), rate.to(dtype) * tpr.to(dtype))
+
+
+class _RatioToSum(torch.autograd.Function):
+    """a / (a + b) for a ≥ 0, b > 0 with the exact derivatives b/(a + b)², −a/(a + b)²."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        total = a + b
+        ctx.save_for_backward(a, b, total)
+        return a / total
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b, total = ctx.saved_tensors
+        scale = grad / (total * total)
+        return scale * b, -scale * a
 
 
 # -- semi-variance regularizer, Eq. (9) -------------------------------------------------------------
@@ -337,6 +347,11 @@ class SemiVarianceRegularizer(RankingLoss):
     positives and the high tail of the negatives are penalised, so well-ranked pairs are not pulled
     towards the mean.
 
+    ``normalization="pairs"`` (default) divides by n⁺ / n⁻, all pairs, as Eq. (9) is written;
+    ``"tail"`` divides each sum by the number of its terms (the pairs below / above the mean), as
+    the authors' released code does. A tail holds about half the pairs, so the released weights
+    act about twice as strongly with ``"tail"``.
+
     Use it alone (``reg(embeddings, labels)``, a :class:`RankingLoss`), add it to any loss, or pass
     it as ``semi_variance=`` to :class:`SOPRCLoss` / :class:`APLoss`, which call
     :meth:`from_batch` on their own score matrix (then this module's ``similarity`` is not used).
@@ -345,17 +360,20 @@ class SemiVarianceRegularizer(RankingLoss):
         lambda_pos: λ1 ≥ 0, weight on positives below their mean (released configs: 1).
         lambda_neg: λ2 ≥ 0, weight on negatives above their mean (released configs: 5).
         similarity: ``"cosine"``, ``"dot"`` or ``"neg_euclidean"`` (standalone use only).
+        normalization: ``"pairs"`` (Eq. 9) or ``"tail"`` (released code), see above.
     """
 
     def __init__(
-        self, lambda_pos: float = 1.0, lambda_neg: float = 5.0, similarity: str = "cosine"
+        self,
+        lambda_pos: float = 1.0,
+        lambda_neg: float = 5.0,
+        similarity: str = "cosine",
+        normalization: str = "pairs",
     ) -> None:
         super().__init__(similarity)
-        for name, value in (("lambda_pos", lambda_pos), ("lambda_neg", lambda_neg)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"`{name}` must be a non-negative number, got {value!r}.")
-        self.lambda_pos = float(lambda_pos)
-        self.lambda_neg = float(lambda_neg)
+        self.lambda_pos = check_scalar(lambda_pos, "lambda_pos", _NON_NEGATIVE)
+        self.lambda_neg = check_scalar(lambda_neg, "lambda_neg", _NON_NEGATIVE)
+        self.normalization = check_choice(normalization, "normalization", SEMI_VARIANCE_NORMS)
 
     def from_batch(self, batch: PairBatch) -> torch.Tensor:
         """L_var of an already prepared batch (every positive and negative pair of its masks).
@@ -369,15 +387,23 @@ class SemiVarianceRegularizer(RankingLoss):
         """
         scores = batch.scores
         zero = scores.new_zeros(())
+        tail = self.normalization == "tail"
         # positives are a few entries per row: gather them
         pos = scores[batch.pos_mask]
-        pos_term = ((pos - pos.mean()).clamp(max=0) ** 2).mean() if pos.numel() else zero
+        if pos.numel():
+            below = (pos - pos.mean()).clamp(max=0)
+            count = (below < 0).sum().clamp(min=1) if tail else pos.numel()
+            pos_term = (below**2).sum() / count
+        else:
+            pos_term = zero
         # negatives are nearly every entry: a dense 0/1 mask is cheaper than gathering them
         is_negative = batch.neg_mask.to(scores.dtype)
         n_neg = int(batch.neg_mask.sum())
         if n_neg:
             neg_mean = (scores * is_negative).sum() / n_neg
-            neg_term = ((scores - neg_mean).clamp(min=0) ** 2 * is_negative).sum() / n_neg
+            above = (scores - neg_mean).clamp(min=0) * is_negative
+            count = (above > 0).sum().clamp(min=1) if tail else n_neg
+            neg_term = (above**2).sum() / count
         else:
             neg_term = zero
         self.last_stats.update(
@@ -389,17 +415,22 @@ class SemiVarianceRegularizer(RankingLoss):
         return self.lambda_pos * pos_term + self.lambda_neg * neg_term
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """L_var of a prepared batch, see :meth:`from_batch`."""
         return self.from_batch(batch)
 
     def extra_repr(self) -> str:
+        """Hyper-parameters shown by ``repr``."""
         return (
-            f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, " + super().extra_repr()
+            f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, "
+            f"normalization={self.normalization!r}, " + super().extra_repr()
         )
 
 
 def _plus_semi_variance(owner: RankingLoss, loss: torch.Tensor, batch: PairBatch) -> torch.Tensor:
-    """``loss`` plus ``owner.semi_variance`` (Eq. 9) on the same batch, when one is configured;
-    its value goes to ``owner.last_stats["semi_variance"]``."""
+    """``loss`` plus ``owner.semi_variance`` (Eq. 9) on the same batch, when one is configured.
+
+    The regularizer's value goes to ``owner.last_stats["semi_variance"]``.
+    """
     if owner.semi_variance is None:
         return loss
     reg = owner.semi_variance.from_batch(batch)
@@ -438,15 +469,19 @@ class APLoss(RankingLoss):
         similarity: str = "cosine",
     ) -> None:
         super().__init__(similarity)
-        self.tau1 = _check_positive(tau1, "tau1")
-        self.tau2 = _check_positive(tau2, "tau2")
+        self.tau1 = check_scalar(tau1, "tau1", _POSITIVE)
+        self.tau2 = check_scalar(tau2, "tau2", _POSITIVE)
         self.semi_variance = _check_semi_variance(semi_variance)
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """Loss of a prepared batch (see the class docstring)."""
         anchor, ref, s_pos = _positive_pairs(batch)
         numerator = _negative_huber_sum(batch, anchor, s_pos, self.tau1)
         denominator = 1 + _other_positive_sigmoid_sum(batch.scores, anchor, ref, s_pos, self.tau2)
-        ap_term = _sigma(numerator / denominator).mean()
+        # σ(Σℓ1 / (1 + Σℓ2)) = Σℓ1 / (Σℓ1 + 1 + Σℓ2): no overflow, no cancellation
+        dtype = torch.promote_types(numerator.dtype, torch.float32)
+        ap_term = _one_minus_precision(numerator.to(dtype), denominator.to(dtype), torch.ones(()))
+        ap_term = ap_term.mean().to(s_pos.dtype)
         n_pos = batch.pos_mask.sum(1)[anchor].to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
@@ -456,6 +491,7 @@ class APLoss(RankingLoss):
         return _plus_semi_variance(self, ap_term, batch)
 
     def extra_repr(self) -> str:
+        """Hyper-parameters shown by ``repr``."""
         return f"tau1={self.tau1}, tau2={self.tau2}, " + super().extra_repr()
 
 
@@ -542,30 +578,22 @@ class SOPRCLoss(RankingLoss):
         warm_start: bool = False,
     ) -> None:
         super().__init__(similarity)
-        n_classes = _as_int(num_classes)
-        if n_classes is None or n_classes < 2:
-            raise ValueError(
-                f"`num_classes` must be an integer ≥ 2 (a query needs negatives), got {num_classes!r}."
-            )
-        self.num_classes = n_classes
-        self.num_v = _check_num_points(num_v, "num_v")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
-            raise ValueError(f"`beta` must be a number in [0, 1], got {beta!r}.")
-        self.beta = float(beta)
-        self.tau1 = _check_positive(tau1, "tau1")
-        self.tau2 = _check_positive(tau2, "tau2")
-        self.unbiased = bool(unbiased)
-        self.use_v = bool(use_v)
-        self.detach_tpr = bool(detach_tpr)
-        self.warm_start = bool(warm_start)
+        # a query needs negatives: at least 2 classes
+        self.num_classes = check_scalar(num_classes, "num_classes", Interval("integer", 2, None))
+        self.num_v = check_scalar(num_v, "num_v", _COUNT)
+        self.beta = check_scalar(beta, "beta", _UNIT)
+        self.tau1 = check_scalar(tau1, "tau1", _POSITIVE)
+        self.tau2 = check_scalar(tau2, "tau2", _POSITIVE)
+        self.unbiased = check_bool(unbiased, "unbiased")
+        self.use_v = check_bool(use_v, "use_v")
+        self.detach_tpr = check_bool(detach_tpr, "detach_tpr")
+        self.warm_start = check_bool(warm_start, "warm_start")
         self.score_range = _check_score_range(score_range)
         self.semi_variance = _check_semi_variance(semi_variance)
-        if v_init not in V_INITS:
-            raise ValueError(f"`v_init` must be one of {V_INITS}, got {v_init!r}.")
-        self.v_init = v_init
-        init_range = _check_score_range(v_init_range)
-        if init_range is None:
-            raise ValueError("`v_init_range` must be a pair (low, high), got None.")
+        self.v_init = check_choice(v_init, "v_init", V_INITS)
+        init_range = check_range_pair(v_init_range, "v_init_range")
+        seed = check_scalar(seed, "seed", Interval("integer"))
+        num_classes = self.num_classes
 
         self.register_buffer("prior", self._check_prior(prior, num_classes))
         low, high = init_range
@@ -590,8 +618,11 @@ class SOPRCLoss(RankingLoss):
                 f"`prior` must have shape (num_classes,) = ({num_classes},), got {tuple(p.shape)}."
             )
         p = p.to(torch.get_default_dtype())
-        if not bool(torch.isfinite(p).all()) or bool((p < 0).any()) or bool((p > 1).any()):
-            raise ValueError("`prior` must hold class priors in [0, 1] (no NaN/inf).")
+        if not bool(torch.isfinite(p).all()) or bool((p < 0).any()) or bool((p >= 1).any()):
+            raise ValueError(
+                "`prior` must hold class priors in [0, 1) (no NaN/inf; a prior of 1 would leave "
+                "the class no negatives)."
+            )
         return p.clone()
 
     @classmethod
@@ -613,7 +644,7 @@ class SOPRCLoss(RankingLoss):
         Args:
             train_labels: (N,) integer class ids of the training set, N ≥ 2.
             num_classes: C, default ``max(train_labels) + 1``.
-            prior_scale: None, or the prior of the largest class, in (0, 1].
+            prior_scale: None, or the prior of the largest class, in (0, 1).
             **kwargs: any other :class:`SOPRCLoss` argument (not ``prior``).
         """
         if "prior" in kwargs:
@@ -632,7 +663,9 @@ class SOPRCLoss(RankingLoss):
         top = int(labels.max()) + 1
         if num_classes is None:
             num_classes = top
-        elif num_classes < top:
+        else:
+            num_classes = check_scalar(num_classes, "num_classes", Interval("integer", 2, None))
+        if num_classes < top:
             raise ValueError(
                 f"`train_labels` holds class id {top - 1} but `num_classes` = {num_classes}; "
                 "pass num_classes > max(train_labels)."
@@ -641,8 +674,9 @@ class SOPRCLoss(RankingLoss):
         if prior_scale is None:
             prior = (counts - 1).clamp(min=0) / (labels.numel() - 1)
         else:
-            if not isinstance(prior_scale, (int, float)) or not 0 < prior_scale <= 1:
-                raise ValueError(f"`prior_scale` must be in (0, 1], got {prior_scale!r}.")
+            prior_scale = check_scalar(
+                prior_scale, "prior_scale", Interval("real", 0, 1, closed="neither")
+            )
             prior = prior_scale * counts / counts.max()
         return cls(num_classes, prior=prior, **kwargs)
 
@@ -712,14 +746,19 @@ class SOPRCLoss(RankingLoss):
 
     def _compute(self, batch: PairBatch, pair_scores: _PairScores | None) -> torch.Tensor:
         self._check_batch(batch)
-        rows_updated = self._update_v(batch, pair_scores) if self.training and self.use_v else 0
-
         anchor, ref, s_pos = _positive_pairs(batch)
         anchor_labels = batch.labels[anchor]
         n_pos = batch.pos_mask.sum(1)[anchor].to(s_pos.dtype)
         n_neg = batch.neg_mask.sum(1)[anchor].to(s_pos.dtype)
-        fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
+        if self.unbiased:
+            # checked before v is updated: a call that raises leaves the state as it was
+            prior = self._anchor_priors(anchor_labels)
+            rate = prior / (1 - prior)  # π/(1 − π), the prior odds of a positive
+        else:
+            rate = n_pos / n_neg  # π0/(1 − π0) with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
+        rows_updated = self._update_v(batch, pair_scores) if self.training and self.use_v else 0
 
+        fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
         s_tpr = s_pos.detach() if self.detach_tpr else s_pos
         if self.use_v:
             v_rows = self.v[anchor_labels].to(s_pos.dtype)
@@ -731,20 +770,7 @@ class SOPRCLoss(RankingLoss):
             others = _other_positive_sigmoid_sum(scores, anchor, ref, s_tpr, self.tau2)
             tpr = (1 + others) / n_pos
 
-        if self.unbiased:
-            prior = self.prior.to(s_pos.dtype)[anchor_labels]
-            if bool((prior <= 0).any()):
-                zero = torch.unique(anchor_labels[prior <= 0]).tolist()
-                raise ValueError(
-                    f"`prior` is 0 for class(es) {zero[:10]} used in this batch (a class with a "
-                    "single training sample, or absent from `train_labels`); pass a positive "
-                    "prior for them, use from_labels(..., prior_scale=...), or unbiased=False."
-                )
-            odds = (1 - prior) / prior
-        else:
-            odds = n_neg / n_pos  # (1 − π0)/π0 with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
-
-        auprc_term = _sigma(odds * fpr / tpr).mean()
+        auprc_term = _one_minus_precision(fpr, tpr, rate).mean().to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
             loss_auprc=float(auprc_term.detach()),
@@ -754,7 +780,20 @@ class SOPRCLoss(RankingLoss):
         )
         return _plus_semi_variance(self, auprc_term, batch)
 
+    def _anchor_priors(self, anchor_labels: torch.Tensor) -> torch.Tensor:
+        """π of every pair's anchor class; raises when one of them is 0."""
+        prior = self.prior[anchor_labels]
+        if bool((prior <= 0).any()):
+            zero = torch.unique(anchor_labels[prior <= 0]).tolist()
+            raise ValueError(
+                f"`prior` is 0 for class(es) {zero[:10]} used in this batch (a class with a "
+                "single training sample, or absent from `train_labels`); pass a positive "
+                "prior for them, use from_labels(..., prior_scale=...), or unbiased=False."
+            )
+        return prior
+
     def extra_repr(self) -> str:
+        """Hyper-parameters shown by ``repr``."""
         return (
             f"num_classes={self.num_classes}, num_v={self.num_v}, beta={self.beta}, "
             f"tau1={self.tau1}, tau2={self.tau2}, unbiased={self.unbiased}, use_v={self.use_v}, "
