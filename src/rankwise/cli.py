@@ -1,6 +1,7 @@
 """The ``rankwise`` command line: ``evaluate`` (exact tie-aware retrieval report of saved
 embeddings), ``train`` (one training run from a YAML config), ``bench`` (every loss on one
-dataset, Table 1 style) and ``tune`` (hyper-parameter selection on the validation split). Each
+dataset, Table 1 style), ``tune`` (hyper-parameter selection on the validation split) and
+``experiment`` (the papers' analysis figures, :mod:`rankwise.experiments`). Each
 sub-command lives in :mod:`rankwise.commands`.
 """
 
@@ -10,6 +11,7 @@ import typer
 
 from .commands.bench import bench
 from .commands.evaluate import evaluate
+from .commands.experiment import experiment_app
 from .commands.train import train
 from .commands.tune import tune
 
@@ -24,6 +26,7 @@ app.command("evaluate")(evaluate)
 app.command("train")(train)
 app.command("bench")(bench)
 app.command("tune")(tune)
+app.add_typer(experiment_app, name="experiment")
 
 
 def main() -> None:  # console-script entry point

@@ -377,6 +377,7 @@ def load_splits(config: Config) -> Any:
             val_fraction=ds.val_fraction,
             seed=ds.split_seed,
             image_size=ds.image_size,
+            val_holdout=ds.val_holdout,
             **ds.options,
         )
     except FileNotFoundError as exc:
