@@ -72,8 +72,12 @@ def ref_soprc(
     ref_emb=None,
     ref_labels=None,
     similarity="cosine",
+    positives=None,
 ):
-    """Eq. (8) with the errata's TPR term; returns (loss, number of skipped anchors)."""
+    """Eq. (8) with the errata's TPR term; returns (loss, number of skipped anchors).
+
+    ``positives[c]`` = N⁺_c: the positive counts as 1 of N⁺_c and v's share above it stands for
+    the other N⁺_c − 1; None: N⁺_c = |v| + 1 (the released code's (1 + Σ_j ℓ2)/(|v| + 1))."""
     self_ref = ref_emb is None
     S = ref_scores(emb, emb if self_ref else ref_emb, similarity)
     lab, pos, neg = ref_pairs(labels, labels if self_ref else ref_labels, self_ref)
@@ -86,8 +90,12 @@ def ref_soprc(
             s = S[i][j]
             fpr = sum(ref_l1(s - S[i][k], tau1) for k in neg[i]) / len(neg[i])
             st = s.detach() if detach_tpr else s
-            if use_v:
+            if use_v and positives is None:
                 tpr = (1 + sum(ref_l2(st - float(vj), tau2) for vj in v[c])) / (len(v[c]) + 1)
+            elif use_v:
+                share = sum(ref_l2(st - float(vj), tau2) for vj in v[c]) / len(v[c])
+                n = float(positives[c])
+                tpr = (1 + (n - 1) * share) / n
             else:
                 others = [S[i][p].detach() if detach_tpr else S[i][p] for p in pos[i] if p != j]
                 tpr = (1 + sum(ref_l2(st - o, tau2) for o in others)) / len(pos[i])
@@ -354,6 +362,7 @@ ABLATIONS = [
     {"unbiased": False, "use_v": False},
     {"detach_tpr": True},
     {"detach_tpr": True, "use_v": False},
+    {"positives": [3.0, 1.0, 7.0, 2.0]},
 ]
 
 
@@ -370,6 +379,7 @@ def test_soprc_matches_rederivation(device, dtype, options, train):
     else:
         v = loss.v.double().cpu()
     flags = {k: getattr(loss, k) for k in ("unbiased", "use_v", "detach_tpr")}
+    flags["positives"] = options.get("positives")
     expected, skipped = ref_soprc(e64, y, v, loss.prior.double(), 0.1, 0.02, **flags)
     e_in = e.detach().clone().requires_grad_(True)
     value = loss(e_in, y)
@@ -492,9 +502,17 @@ def test_gradcheck_ap_and_semi_variance(device):
 
 def test_from_labels_priors():
     train = np.array([0, 0, 0, 1, 1, 2, 0, 1])  # counts 4, 3, 1 of N = 8
-    loss = SOPRCLoss.from_labels(train, num_v=5)
+    loss = SOPRCLoss.from_labels(train, num_v=5, prior_scale=None)
     assert loss.num_classes == 3 and loss.num_v == 5
     assert loss.prior.tolist() == pytest.approx([3 / 7, 2 / 7, 0.0])
+    # a query of class c has n_c - 1 positives (at least 1 kept, so the TPR stays defined)
+    assert loss.positives.tolist() == [3.0, 2.0, 1.0]
+    released = SOPRCLoss.from_labels(train, num_v=5, tpr_count="num_v")
+    assert released.positives.tolist() == [6.0] * 3
+    with pytest.raises(ValueError, match="tpr_count"):
+        SOPRCLoss.from_labels(train, tpr_count="all")
+    with pytest.raises(ValueError, match="positives"):
+        SOPRCLoss.from_labels(train, positives=[1, 1, 1])
     scaled = SOPRCLoss.from_labels(train, prior_scale=0.1, num_classes=5)
     assert scaled.num_classes == 5
     assert scaled.prior.tolist() == pytest.approx([0.1, 0.075, 0.025, 0.0, 0.0])
@@ -589,6 +607,8 @@ def test_labels_out_of_range_raise(device):
         ({"num_classes": 2, "warm_start": "yes"}, "warm_start"),
         ({"num_classes": 2, "v_init_range": (0.0, float("inf"))}, "v_init_range"),
         ({"num_classes": True}, "num_classes"),
+        ({"num_classes": 2, "positives": [0.5, 3]}, "positives"),
+        ({"num_classes": 2, "positives": [3]}, "positives"),
     ],
 )
 def test_constructor_validation(kwargs, name):
@@ -609,11 +629,16 @@ def test_uniform_v_init_is_seeded():
 def test_state_dict_round_trip_and_dtype(device):
     loss = trained_soprc(device, torch.float32, steps=3)
     state = loss.state_dict()
-    assert set(state) == {"v", "prior", "v_updates"}
+    assert set(state) == {"v", "prior", "v_updates", "positives"}
     fresh = SOPRCLoss(4, num_v=9, beta=0.5).to(device)
     fresh.load_state_dict(state)
     for key in state:
         assert torch.equal(fresh.state_dict()[key], state[key])
+    # a checkpoint written before the `positives` buffer existed loads with |v| + 1 positives
+    old = {k: v for k, v in state.items() if k != "positives"}
+    older = SOPRCLoss(4, num_v=9, positives=[2, 2, 2, 2]).to(device)
+    older.load_state_dict(old)
+    assert older.positives.tolist() == [10.0] * 4
     e, y = batch(device, torch.float32, seed=20)
     torch.testing.assert_close(fresh.eval()(e, y), loss.eval()(e, y))
     double = fresh.double()

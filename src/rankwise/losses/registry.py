@@ -88,6 +88,7 @@ def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
         named = {**init_named, **named}
     named.pop("semi_variance", None)
     named.pop("prior", None)  # from_labels computes the class priors from the labels
+    named.pop("positives", None)  # ... and the positives per class
     return named, var_kw
 
 

@@ -42,6 +42,7 @@ __all__ = [
 
 V_INITS = ("grid", "uniform")
 SEMI_VARIANCE_NORMS = ("pairs", "tail")
+TPR_COUNTS = ("class", "num_v")
 
 
 # -- surrogates of Eq. (7) ---------------------------------------------------------------------------
@@ -576,6 +577,7 @@ class SOPRCLoss(RankingLoss):
         v_init_range: tuple[float, float] = (0.0, 1.0),
         seed: int = 0,
         warm_start: bool = False,
+        positives: torch.Tensor | Sequence[float] | None = None,
     ) -> None:
         super().__init__(similarity)
         # a query needs negatives: at least 2 classes
@@ -606,8 +608,35 @@ class SOPRCLoss(RankingLoss):
             v = (low + (high - low) * draws).sort(dim=1).values
         self.register_buffer("v", v)
         self.register_buffer("v_updates", torch.zeros(num_classes, dtype=torch.long))
+        self.register_buffer("positives", self._check_positives(positives, num_classes))
 
     # -- construction helpers ------------------------------------------------------------------
+    def _check_positives(self, positives: Any, num_classes: int) -> torch.Tensor:
+        if positives is None:  # the released code: the positive is 1 of |v| + 1
+            return torch.full((num_classes,), float(self.num_v + 1))
+        n = as_tensor(positives, "positives")
+        if n.ndim != 1 or n.shape[0] != num_classes:
+            raise ValueError(
+                f"`positives` must have shape (num_classes,) = ({num_classes},), got "
+                f"{tuple(n.shape)}."
+            )
+        n = n.to(torch.get_default_dtype())
+        if not bool(torch.isfinite(n).all()) or bool((n < 1).any()):
+            raise ValueError(
+                "`positives` must hold the number of positives of a query of every class, each "
+                ">= 1 (no NaN/inf)."
+            )
+        return n.clone()
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        # checkpoints written before the `positives` buffer existed used |v| + 1 for every class
+        key = prefix + "positives"
+        if key not in state_dict and prefix + "v" in state_dict:
+            state_dict[key] = torch.full_like(self.positives, float(self.num_v + 1))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @staticmethod
     def _check_prior(prior: Any, num_classes: int) -> torch.Tensor:
         if prior is None:
@@ -631,6 +660,7 @@ class SOPRCLoss(RankingLoss):
         train_labels: Any,
         num_classes: int | None = None,
         prior_scale: float | None = None,
+        tpr_count: str = "class",
         **kwargs: Any,
     ) -> SOPRCLoss:
         """Build the loss with class priors counted from the training labels.
@@ -647,8 +677,12 @@ class SOPRCLoss(RankingLoss):
             prior_scale: None, or the prior of the largest class, in (0, 1).
             **kwargs: any other :class:`SOPRCLoss` argument (not ``prior``).
         """
-        if "prior" in kwargs:
-            raise ValueError("`from_labels` computes `prior`; pass it to SOPRCLoss(...) instead.")
+        for computed in ("prior", "positives"):
+            if computed in kwargs:
+                raise ValueError(
+                    f"`from_labels` computes `{computed}`; pass it to SOPRCLoss(...) instead."
+                )
+        tpr_count = check_choice(tpr_count, "tpr_count", TPR_COUNTS)
         labels = as_tensor(train_labels, "train_labels")
         if labels.ndim != 1 or labels.numel() < 2:
             raise ValueError(
@@ -678,7 +712,8 @@ class SOPRCLoss(RankingLoss):
                 prior_scale, "prior_scale", Interval("real", 0, 1, closed="neither")
             )
             prior = prior_scale * counts / counts.max()
-        return cls(num_classes, prior=prior, **kwargs)
+        positives = (counts - 1).clamp(min=1) if tpr_count == "class" else None
+        return cls(num_classes, prior=prior, positives=positives, **kwargs)
 
     # -- forward ---------------------------------------------------------------------------------
     def _check_batch(self, batch: PairBatch) -> None:
@@ -761,10 +796,12 @@ class SOPRCLoss(RankingLoss):
         fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
         s_tpr = s_pos.detach() if self.detach_tpr else s_pos
         if self.use_v:
+            # the positive itself (ℓ_{0,1}(0) = 1) plus the share of the class's other
+            # N⁺ − 1 positives that v places above s⁺, out of N⁺
             v_rows = self.v[anchor_labels].to(s_pos.dtype)
-            tpr = (1 + sigmoid_surrogate(s_tpr[:, None] - v_rows, self.tau2).sum(1)) / (
-                self.num_v + 1
-            )
+            above = sigmoid_surrogate(s_tpr[:, None] - v_rows, self.tau2).mean(1)
+            n_class = self.positives[anchor_labels].to(s_pos.dtype)
+            tpr = (1 + (n_class - 1) * above) / n_class
         else:
             scores = batch.scores.detach() if self.detach_tpr else batch.scores
             others = _other_positive_sigmoid_sum(scores, anchor, ref, s_tpr, self.tau2)
