@@ -3,7 +3,7 @@ chunked argsort baseline, pytorch-metric-learning's ``AccuracyCalculator`` and t
 ``RetrievalMAP``.
 
 The metrics are the tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank* (CVPR 2018,
-Prop. 1, Eq. 6 as corrected in the seeds errata), recall@k and MAP@R (Musgrave et al., ECCV 2020),
+Prop. 1, Eq. 6 as corrected in docs/errata.md), recall@k and MAP@R (Musgrave et al., ECCV 2020),
 on the leave-one-out protocol of Stanford Online Products used by the SOPRC paper (Wen et al.,
 NeurIPS 2022, Table 1). Every method runs in a fresh subprocess so that its peak resident memory
 (``ru_maxrss``) is its own; a "data only" subprocess measures what generating the embeddings costs.

@@ -146,7 +146,8 @@ def test_training_views_are_fresh_and_reproducible_from_the_item_seed():
 def test_trainer_item_seeds_give_fresh_reproducible_views():
     # the trainer seeds each item by (seed, epoch, batch, slot): same key -> same view,
     # another step -> another view
-    from rankwise.training.trainer import _mix_seed, _SeededItems
+    from rankwise.training.loader import SeededItems as _SeededItems
+    from rankwise.training.loader import mix_seed as _mix_seed
 
     splits = load_dataset("digits-instances", **SMALL)
     items = _SeededItems(splits.train, reseed=splits.train.transform is not None)

@@ -2,7 +2,7 @@
 
 Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery (or,
 leave-one-out, against the other samples) and prints mAP (the tie-aware AP_T of He et al., *Hashing
-as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with the errata's corrected Eq. 6), recall@k,
+as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6 as corrected in docs/errata.md), recall@k,
 precision@k, MAP@R and R-precision as computed by
 :func:`rankwise.metrics.retrieval.retrieval_metrics`. Optionally writes the report as JSON and the
 mean precision-recall curve as a PNG. Bad input ends with a one-line error and exit code 2.
@@ -23,9 +23,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .common import cli_errors
+
 __all__ = ["evaluate", "load_array", "parse_ks"]
 
-EXIT_BAD_INPUT = 2
 _EXTENSIONS = (".npy", ".npz", ".pt", ".pth")
 
 
@@ -185,8 +186,7 @@ def evaluate(
     from ..plots import plot_pr_curves
 
     console = Console()
-    errors = Console(stderr=True)
-    try:
+    with cli_errors("evaluation", bad_input=(ValueError, FileNotFoundError)):
         ks_tuple = parse_ks(ks)
         dev = _check_device(device)
         if (gallery is None) != (gallery_labels is None):
@@ -208,12 +208,6 @@ def evaluate(
             if plot_pr is not None
             else None
         )
-    except (ValueError, FileNotFoundError) as exc:
-        errors.print(
-            f"[bold red]error:[/bold red] [red]{escape(str(exc).splitlines()[0])}[/red]",
-            soft_wrap=True,
-        )
-        raise typer.Exit(code=EXIT_BAD_INPUT) from None
 
     mode = "leave-one-out" if gallery is None else f"gallery {gallery}"
     console.print(

@@ -17,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from .._validation import Interval, check_scalar
 from .baselines import BASELINES, baseline, baseline_parameters
 
 __all__ = ["LOSSES", "build_loss", "loss_parameters"]
@@ -77,10 +78,10 @@ def _keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspec
 
 
 def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded) and ``SOPRCLoss.__init__``.
+    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded).
 
-    ``SOPRCLoss.__init__`` is reached through the **kwargs of ``from_labels``; ``semi_variance``
-    is replaced by ``semi_variance_weights`` / ``semi_variance_normalization``.
+    Through its ``**kwargs`` also those of ``SOPRCLoss.__init__``; ``semi_variance`` is replaced
+    by ``semi_variance_weights`` / ``semi_variance_normalization``.
     """
     named, var_kw = _keyword_parameters(cls.from_labels, skip=1)
     if var_kw:
@@ -203,6 +204,25 @@ def build_loss(
     return cls(**_with_context(name, named, params, context))
 
 
+def _check_weight_pair(weights: Any) -> tuple[float, float]:
+    """``semi_variance_weights``: a pair of finite numbers >= 0 (numpy scalars accepted)."""
+    message = (
+        "loss 'soprc': `semi_variance_weights` must be a pair (lambda_pos, lambda_neg) of finite "
+        f"numbers >= 0, or None, got {weights!r}."
+    )
+    if isinstance(weights, (str, bytes)):
+        raise ValueError(message)
+    try:
+        pair = [
+            check_scalar(w, "semi_variance_weights", Interval("real", 0, None)) for w in weights
+        ]
+    except (TypeError, ValueError):
+        raise ValueError(message) from None
+    if len(pair) != 2:
+        raise ValueError(message)
+    return float(pair[0]), float(pair[1])
+
+
 def _build_soprc(
     cls: type, train_labels: Any, params: dict[str, Any], context: dict[str, Any]
 ) -> nn.Module:
@@ -224,16 +244,9 @@ def _build_soprc(
         )
     if not var_kw:
         _reject_unknown("soprc", params, (*named, *_SEMI_VARIANCE_KEYS))
-    if weights is None:
-        regularizer = None
-    else:
-        try:
-            lambda_pos, lambda_neg = (float(w) for w in weights)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                "loss 'soprc': `semi_variance_weights` must be a pair (lambda_pos, lambda_neg) "
-                f"of numbers or None, got {weights!r}."
-            ) from exc
+    regularizer = None
+    if weights is not None:
+        lambda_pos, lambda_neg = _check_weight_pair(weights)
         regularizer = SemiVarianceRegularizer(lambda_pos, lambda_neg, normalization=normalization)
     # from_labels derives the rest of SOPRCLoss's required arguments from the labels.
     from_labels_named, _ = _keyword_parameters(cls.from_labels, skip=1)

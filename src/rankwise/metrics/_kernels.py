@@ -1,7 +1,7 @@
 """Counting kernels behind the exact, tie-aware retrieval metrics.
 
 Tie-aware average precision (McSherry & Najork 2008; He et al., "Hashing as Tie-Aware Learning to
-Rank", CVPR 2018, Prop. 1 / Eq. 6 with the errata's per-position form) decomposes additively over
+Rank", CVPR 2018, Prop. 1 / Eq. 6 in the per-position form of docs/errata.md) decomposes additively over
 tie groups, and a tie group holding no relevant item contributes nothing. So for one query the
 whole ranking is summarised, for every distinct score value ``v`` held by a relevant item, by three
 counts: the number of items scoring strictly higher than ``v`` (``N_{d-1}`` in the paper), the

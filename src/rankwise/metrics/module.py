@@ -3,7 +3,7 @@ tie-aware retrieval report once.
 
 A torchmetrics-style ``nn.Module`` around :func:`rankwise.metrics.retrieval.retrieval_metrics`,
 whose AP is the tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank* (CVPR 2018,
-Prop. 1; per-tie term as corrected in the seeds' errata, McSherry & Najork 2008). Retrieval metrics
+Prop. 1; per-tie term as corrected in docs/errata.md, McSherry & Najork 2008). Retrieval metrics
 are not decomposable over batches (every query is ranked against the whole gallery), so the module
 only stores detached copies of the batches and defers all work to :meth:`RetrievalMetric.compute`.
 The concatenation of the stored batches goes through :meth:`RetrievalMetric._gathered`, the single

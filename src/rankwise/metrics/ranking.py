@@ -4,7 +4,7 @@ Implements AP_T and DCG_T of He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware
 (CVPR 2018), Prop. 1 (Eq. 6, 7) and App. A (Eq. 18, 19), which follow McSherry & Najork (ECIR 2008):
 the expected value of the metric over every ordering of tied items. With tie groups d of size n_d
 holding n_d^+ relevant items, N_{d-1} items and N^+_{d-1} relevant items strictly above, and N^+
-relevant items in all, the per-group term of AP_T is (seeds errata, Eq. 6 corrected)
+relevant items in all, the per-group term of AP_T is (docs/errata.md, Eq. 6 corrected)
 
     AP_T(d) = n_d^+ / (n_d N^+) * sum_{t=N_{d-1}+1}^{N_d} [N^+_{d-1} + 1 + (t - N_{d-1} - 1) b] / t,
     b = (n_d^+ - 1) / (n_d - 1)  (0 when n_d = 1),

@@ -2,7 +2,7 @@
 
 Every query is ranked against the gallery by similarity; the metrics are the expectations over all
 orderings of tied items (McSherry & Najork 2008; He et al., "Hashing as Tie-Aware Learning to
-Rank", CVPR 2018, Prop. 1, Eq. 6 as corrected in the seeds errata). MAP@R and R-precision follow
+Rank", CVPR 2018, Prop. 1, Eq. 6 as corrected in docs/errata.md). MAP@R and R-precision follow
 Musgrave, Belongie & Lim, "A Metric Learning Reality Check" (ECCV 2020): with R the number of items
 relevant to the query, MAP@R = (1/R) sum_{i<=R} P(i) rel(i) and RP = (#relevant in the top R) / R;
 their tie-aware forms are the AP_T per-position terms truncated to positions <= R and the

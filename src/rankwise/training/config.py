@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .errors import ConfigError
+
 __all__ = [
     "BenchConfig",
     "BudgetConfig",
@@ -35,10 +37,6 @@ __all__ = [
     "load_config",
     "parse_overrides",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported before any training with the offending dotted key."""
 
 
 class _Strict(BaseModel):
@@ -103,6 +101,7 @@ class SamplerConfig(_Strict):
 
     @property
     def classes_per_batch(self) -> int:
+        """Distinct classes in a batch: ``batch_size // m``."""
         return self.batch_size // self.m
 
 
