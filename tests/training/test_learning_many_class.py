@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from rankwise.data import load_dataset
 from rankwise.metrics import retrieval_metrics
