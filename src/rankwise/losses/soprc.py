@@ -43,6 +43,9 @@ __all__ = [
 V_INITS = ("grid", "uniform")
 SEMI_VARIANCE_NORMS = ("pairs", "tail")
 TPR_COUNTS = ("class", "num_v")
+# prior of the largest class in SOPRCLoss.from_labels (the released SOP config's prior_mul): the
+# raw class share of a many-class dataset (~1e-4) leaves the loss almost no gradient (docs/losses.md)
+DEFAULT_PRIOR_SCALE = 0.01
 
 
 # -- surrogates of Eq. (7) ---------------------------------------------------------------------------
@@ -659,7 +662,7 @@ class SOPRCLoss(RankingLoss):
         cls,
         train_labels: Any,
         num_classes: int | None = None,
-        prior_scale: float | None = None,
+        prior_scale: float | None = DEFAULT_PRIOR_SCALE,
         tpr_count: str = "class",
         **kwargs: Any,
     ) -> SOPRCLoss:
