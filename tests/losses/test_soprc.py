@@ -513,8 +513,8 @@ def test_from_labels_priors():
         SOPRCLoss.from_labels(train, tpr_count="all")
     with pytest.raises(ValueError, match="positives"):
         SOPRCLoss.from_labels(train, positives=[1, 1, 1])
-    # default: the released SOP config's prior_mul, 0.01 for the largest class
-    assert SOPRCLoss.from_labels(train).prior.tolist() == pytest.approx([0.01, 0.0075, 0.0025])
+    # default: the released code's default prior_mul, 0.1 for the largest class
+    assert SOPRCLoss.from_labels(train).prior.tolist() == pytest.approx([0.1, 0.075, 0.025])
     scaled = SOPRCLoss.from_labels(train, prior_scale=0.1, num_classes=5)
     assert scaled.num_classes == 5
     assert scaled.prior.tolist() == pytest.approx([0.1, 0.075, 0.025, 0.0, 0.0])

@@ -43,9 +43,9 @@ __all__ = [
 V_INITS = ("grid", "uniform")
 SEMI_VARIANCE_NORMS = ("pairs", "tail")
 TPR_COUNTS = ("class", "num_v")
-# prior of the largest class in SOPRCLoss.from_labels (the released SOP config's prior_mul): the
+# prior of the largest class in SOPRCLoss.from_labels (the released code's default prior_mul): the
 # raw class share of a many-class dataset (~1e-4) leaves the loss almost no gradient (docs/losses.md)
-DEFAULT_PRIOR_SCALE = 0.01
+DEFAULT_PRIOR_SCALE = 0.1
 
 
 # -- surrogates of Eq. (7) ---------------------------------------------------------------------------

@@ -549,7 +549,7 @@ def config_collapse_advice(config: Config) -> str:
             "SOPRC's gradient shrinks with the class prior, and the raw priors of a many-class "
             "dataset (prior_scale=null, ~1e-4) leave almost none"
         )
-        fixes.append("the default loss.params.prior_scale=0.01 (see docs/losses.md, SOPRC)")
+        fixes.append("the default loss.params.prior_scale=0.1 (see docs/losses.md, SOPRC)")
     return f"Likely cause: {'; or '.join(causes)}. Fix: {'; '.join(fixes)}."
 
 
