@@ -363,7 +363,7 @@ class SemiVarianceRegularizer(RankingLoss):
     Args:
         lambda_pos: λ1 ≥ 0, weight on positives below their mean (released configs: 1).
         lambda_neg: λ2 ≥ 0, weight on negatives above their mean (released configs: 5).
-        similarity: ``"cosine"``, ``"dot"`` or ``"neg_euclidean"`` (standalone use only).
+        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``; standalone use only).
         normalization: ``"pairs"`` (Eq. 9) or ``"tail"`` (released code), see above.
     """
 
@@ -460,7 +460,7 @@ class APLoss(RankingLoss):
         tau1: ℓ1 margin τ1 > 0 (default 0.1).
         tau2: ℓ2 temperature τ2 > 0 (default 0.001).
         semi_variance: optional :class:`SemiVarianceRegularizer` added to the loss (Eq. 9).
-        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
 
     Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``.
     """
@@ -506,7 +506,7 @@ class SOPRCLoss(RankingLoss):
     Every sample is a query. For an anchor of class c and each of its positives (score s⁺)::
 
         σ( (1 − π_c)/π_c · mean_{x ∈ z⁻} ℓ1(s⁺ − s(x)) / TPR(s⁺) ),  σ(t) = t / (1 + t),
-        TPR(s⁺) = (1 + Σ_j ℓ2(s⁺ − v_{c,j})) / (|v| + 1),
+        TPR(s⁺) = (1 + (N⁺_c − 1) · mean_j ℓ2(s⁺ − v_{c,j})) / N⁺_c,
 
     averaged over all (anchor, positive) pairs; anchors without a positive or a negative are skipped
     and counted in ``last_stats``. ``v`` (buffer, never differentiated) holds, per class, ``num_v``
@@ -544,14 +544,18 @@ class SOPRCLoss(RankingLoss):
             range of cosine similarity).
         semi_variance: optional :class:`SemiVarianceRegularizer` added to the loss (Eq. 9, Alg. 1
             line 6), evaluated on this loss's score matrix.
-        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
         v_init: ``"grid"`` (default) or ``"uniform"``, see above.
         v_init_range: (low, high) interval of the initial v (default (0, 1)).
         seed: seed of the generator used by ``v_init="uniform"`` (default 0).
         warm_start: copy φ into v_c at the first update of class c instead of averaging.
+        positives: (C,) N⁺_c ≥ 1, the number of positives a row of v stands for (a class-c query
+            has n_c − 1; :meth:`from_labels` fills it), or None for the released code's |v| + 1
+            for every class (then TPR = (1 + Σ_j ℓ2(s⁺ − v_{c,j})) / (|v| + 1)).
 
     Buffers (carried by ``state_dict()``, ``.to()``, ``.double()``): ``v`` (C, num_v),
-    ``prior`` (C,), ``v_updates`` (C,) int64 number of moving-average updates of every row.
+    ``prior`` (C,), ``v_updates`` (C,) int64 number of moving-average updates of every row,
+    ``positives`` (C,).
 
     Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``; with
     a reference set (memory bank) every anchor is ranked against it and v is fed with the
@@ -668,17 +672,21 @@ class SOPRCLoss(RankingLoss):
     ) -> SOPRCLoss:
         """Build the loss with class priors counted from the training labels.
 
-        By default π_c = (n_c − 1)/(N − 1): the fraction of the other N − 1 training samples that
-        are positives of a query of class c (the raw ratio the theory uses). With ``prior_scale``
-        the released code's ``prior_mul`` rule is used instead: π_c = prior_scale · n_c / max_c n_c,
-        so the largest class gets ``prior_scale`` (0.01 for SOP, 0.1 elsewhere). Classes absent
-        from ``train_labels`` (and singletons, by default) get π_c = 0.
+        By default (``prior_scale=0.1``) the released code's ``prior_mul`` rule:
+        π_c = prior_scale · n_c / max_c n_c, so the largest class gets ``prior_scale`` (0.01 in the
+        released SOP config, 0.1 elsewhere). ``prior_scale=None`` gives the raw ratio the theory
+        uses, π_c = (n_c − 1)/(N − 1): the fraction of the other N − 1 training samples that are
+        positives of a query of class c (~1e-4 on SOP, where it leaves the loss almost no
+        gradient; see docs/losses.md). Classes absent from ``train_labels`` (and, with
+        ``prior_scale=None``, singletons) get π_c = 0.
 
         Args:
             train_labels: (N,) integer class ids of the training set, N ≥ 2.
             num_classes: C, default ``max(train_labels) + 1``.
-            prior_scale: None, or the prior of the largest class, in (0, 1).
-            **kwargs: any other :class:`SOPRCLoss` argument (not ``prior``).
+            prior_scale: the prior of the largest class, in (0, 1), or None for the raw ratio.
+            tpr_count: ``"class"`` (default): the TPR term counts the N⁺_c = n_c − 1 positives of
+                a class-c query; ``"num_v"``: the released code's |v| + 1.
+            **kwargs: any other :class:`SOPRCLoss` argument (not ``prior`` or ``positives``).
         """
         for computed in ("prior", "positives"):
             if computed in kwargs:
