@@ -1,15 +1,16 @@
 """SOPRC, the biased mini-batch AP loss and the semi-variance regularizer of Wen et al. (NeurIPS 2022).
 
 Wen, Xu, Yang, He and Huang, *Exploring the Algorithm-Dependent Generalization of AUPRC
-Optimization with List Stability* (NeurIPS 2022): the surrogates ℓ1 (one-sided Huber) and ℓ2 (one-sided sigmoid) of Eq. (7), the biased
-estimator AP↓ of Eq. (5) (:class:`APLoss`), the sampling-rate-invariant estimator of Eq. (8) whose
-TPR term is read from an auxiliary per-class vector ``v`` updated by the moving average of Eq. (10)
-with the score interpolation φ of Alg. 2 (:class:`SOPRCLoss`, Alg. 1), and the semi-variance
-regularizer of Eq. (9) (:class:`SemiVarianceRegularizer`). Garbled formulas are read as in the
-errata of docs/losses.md (SOPRC): ℓ1(x) = 1 − 2x/τ1 for x < 0, ℓ2(x) = tanh(−x/(2τ2)) for x < 0,
-the TPR term (1 + Σ_j ℓ2(s⁺ − v_j)) / (|v| + 1), one row of ``v`` per class. Where the library
-departs from the authors' released code, and why the many-class defaults are what they are, is in
-docs/losses.md (SOPRC).
+Optimization with List Stability* (NeurIPS 2022): the surrogates ℓ1 (one-sided Huber) and ℓ2
+(one-sided sigmoid) of Eq. (7), the biased estimator AP↓ of Eq. (5) (:class:`APLoss`), the
+sampling-rate-invariant estimator of Eq. (8) whose TPR term is read from an auxiliary per-class
+vector ``v`` updated by the moving average of Eq. (10) with the score interpolation φ of Alg. 2
+(:class:`SOPRCLoss`, Alg. 1), and the semi-variance regularizer of Eq. (9)
+(:class:`SemiVarianceRegularizer`). Garbled formulas are read as in docs/errata.md (SOPRC):
+ℓ1(x) = 1 − 2x/τ1 for x < 0, ℓ2(x) = tanh(−x/(2τ2)) for x < 0, one row of ``v`` per class. The
+TPR term counts the n_c − 1 positives a class row stands for (the released code's |v| + 1 is
+``tpr_count="num_v"``). Where the library departs from the authors' released code, and why the
+many-class defaults are what they are, is in docs/losses.md (SOPRC).
 """
 
 from __future__ import annotations
