@@ -21,6 +21,7 @@ RANKWISE_CLASSES = {
     "smooth_ap": ("rankwise.losses.smooth_ap", "SmoothAPLoss"),
     "dir": ("rankwise.losses.dir", "DIRLoss"),
     "blackbox_ap": ("rankwise.losses.blackbox_ap", "BlackBoxAPLoss"),
+    "pointwise_roc": ("rankwise.losses.pointwise_roc", "PointwiseROCLoss"),
 }
 
 

@@ -1,5 +1,8 @@
-"""Ranking-metric losses: SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss,
-the Wilcoxon loss, Smooth-AP, DIR (histogram AP), BlackBox-AP, the semi-variance regularizer, and
+"""Ranking-metric losses and pytorch-metric-learning baselines.
+
+SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss, the Wilcoxon loss,
+Smooth-AP, DIR (histogram AP), BlackBox-AP, the pointwise ROC loss (TPR at FPR ≤ α), the
+semi-variance regularizer, and
 pytorch-metric-learning baselines through :func:`baseline`.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,
@@ -11,6 +14,7 @@ from .base import PairBatch, RankingLoss, similarity_matrix
 from .baselines import BASELINES, baseline
 from .blackbox_ap import BlackBoxAPLoss
 from .dir import DIRLoss
+from .pointwise_roc import PointwiseROCLoss
 from .registry import LOSSES, build_loss
 from .smooth_ap import SmoothAPLoss
 from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
@@ -23,6 +27,7 @@ __all__ = [
     "DIRLoss",
     "LOSSES",
     "PairBatch",
+    "PointwiseROCLoss",
     "RankingLoss",
     "SOPRCLoss",
     "SemiVarianceRegularizer",
