@@ -1,5 +1,5 @@
 # Two entry points, each self-contained on a fresh machine:
-#   make demo  -- create .venv if needed, install, run the main job on the bundled digits data
+#   make demo  -- create .venv if needed, install, compare 4 losses on the bundled digits (instances)
 #   make test  -- create .venv if needed, install, run the test suite (slow tests excluded)
 PY      ?= python3
 VENV    := .venv
@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]" "$(TORCH)"
 	rm -f $(VENV)/.installed-* && touch $@
 
+# the many-class instance protocol on the bundled digits (issue 7): 4 losses x 150 steps of 16 x 4
 demo: $(STAMP)
-	$(BIN)/rankwise bench --dataset digits --quick --output runs/demo
+	$(BIN)/rankwise bench --dataset digits-instances --quick --losses contrastive,ap,soprc,auc \
+		--output runs/demo sampler.batch_size=64
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q

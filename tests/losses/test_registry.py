@@ -86,8 +86,9 @@ def test_soprc_needs_train_labels():
 
 
 class FakeSemiVariance:
-    def __init__(self, lambda_pos, lambda_neg):
+    def __init__(self, lambda_pos, lambda_neg, normalization="pairs"):
         self.lambda_pos, self.lambda_neg = lambda_pos, lambda_neg
+        self.normalization = normalization
 
 
 class FakeSOPRC:
@@ -116,6 +117,9 @@ def test_soprc_builds_from_labels_with_semi_variance(monkeypatch):
     )
     assert loss.num_classes == 7
     assert (loss.semi_variance.lambda_pos, loss.semi_variance.lambda_neg) == (2.0, 3.0)
+    assert loss.semi_variance.normalization == "pairs"
+    loss = build_loss("soprc", train_labels=train_labels, semi_variance_normalization="tail")
+    assert loss.semi_variance.normalization == "tail"
     assert (
         build_loss("soprc", train_labels=train_labels, semi_variance_weights=None).semi_variance
         is None
@@ -130,6 +134,7 @@ def test_soprc_builds_from_labels_with_semi_variance(monkeypatch):
         "beta",
         "similarity",
         "semi_variance_weights",
+        "semi_variance_normalization",
     }
 
 

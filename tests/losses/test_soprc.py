@@ -72,8 +72,12 @@ def ref_soprc(
     ref_emb=None,
     ref_labels=None,
     similarity="cosine",
+    positives=None,
 ):
-    """Eq. (8) with the errata's TPR term; returns (loss, number of skipped anchors)."""
+    """Eq. (8) with the errata's TPR term; returns (loss, number of skipped anchors).
+
+    ``positives[c]`` = N⁺_c: the positive counts as 1 of N⁺_c and v's share above it stands for
+    the other N⁺_c − 1; None: N⁺_c = |v| + 1 (the released code's (1 + Σ_j ℓ2)/(|v| + 1))."""
     self_ref = ref_emb is None
     S = ref_scores(emb, emb if self_ref else ref_emb, similarity)
     lab, pos, neg = ref_pairs(labels, labels if self_ref else ref_labels, self_ref)
@@ -86,8 +90,12 @@ def ref_soprc(
             s = S[i][j]
             fpr = sum(ref_l1(s - S[i][k], tau1) for k in neg[i]) / len(neg[i])
             st = s.detach() if detach_tpr else s
-            if use_v:
+            if use_v and positives is None:
                 tpr = (1 + sum(ref_l2(st - float(vj), tau2) for vj in v[c])) / (len(v[c]) + 1)
+            elif use_v:
+                share = sum(ref_l2(st - float(vj), tau2) for vj in v[c]) / len(v[c])
+                n = float(positives[c])
+                tpr = (1 + (n - 1) * share) / n
             else:
                 others = [S[i][p].detach() if detach_tpr else S[i][p] for p in pos[i] if p != j]
                 tpr = (1 + sum(ref_l2(st - o, tau2) for o in others)) / len(pos[i])
@@ -117,16 +125,19 @@ def ref_ap(emb, labels, tau1, tau2):
     return sum(terms) / len(terms)
 
 
-def ref_semi_variance(emb, labels, lam_pos, lam_neg):
-    """Eq. (9) over every positive and negative pair of the batch."""
+def ref_semi_variance(emb, labels, lam_pos, lam_neg, tail=False):
+    """Eq. (9) over every positive and negative pair of the batch; ``tail``: each sum divided by
+    its number of terms instead of n⁺ / n⁻ (the authors' released code)."""
     S = ref_scores(emb, emb)
     lab, pos, neg = ref_pairs(labels, labels, True)
     ps = [S[i][j] for i in range(len(lab)) for j in pos[i]]
     ns = [S[i][j] for i in range(len(lab)) for j in neg[i]]
     mp = sum(ps) / len(ps)
     mn = sum(ns) / len(ns)
-    sp = sum((s - mp) ** 2 for s in ps if s < mp) / len(ps)
-    sn = sum((s - mn) ** 2 for s in ns if s > mn) / len(ns)
+    low = [(s - mp) ** 2 for s in ps if s < mp]
+    high = [(s - mn) ** 2 for s in ns if s > mn]
+    sp = sum(low) / (len(low) if tail else len(ps))
+    sn = sum(high) / (len(high) if tail else len(ns))
     return lam_pos * sp + lam_neg * sn
 
 
@@ -351,6 +362,7 @@ ABLATIONS = [
     {"unbiased": False, "use_v": False},
     {"detach_tpr": True},
     {"detach_tpr": True, "use_v": False},
+    {"positives": [3.0, 1.0, 7.0, 2.0]},
 ]
 
 
@@ -367,6 +379,7 @@ def test_soprc_matches_rederivation(device, dtype, options, train):
     else:
         v = loss.v.double().cpu()
     flags = {k: getattr(loss, k) for k in ("unbiased", "use_v", "detach_tpr")}
+    flags["positives"] = options.get("positives")
     expected, skipped = ref_soprc(e64, y, v, loss.prior.double(), 0.1, 0.02, **flags)
     e_in = e.detach().clone().requires_grad_(True)
     value = loss(e_in, y)
@@ -418,6 +431,20 @@ def test_semi_variance_matches_eq9(device, dtype):
     reg_b = SemiVarianceRegularizer(lambda_pos=0.5, lambda_neg=0.0)
     torch.testing.assert_close(
         reg_b(e, y).double(), ref_semi_variance(e.double(), y, 0.5, 0.0), **tol(dtype)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_semi_variance_tail_normalization_matches_the_released_code(device, dtype):
+    e, y = batch(device, dtype, seed=8)
+    reg = SemiVarianceRegularizer(lambda_pos=1.0, lambda_neg=5.0, normalization="tail")
+    expected = ref_semi_variance(e.double(), y, 1.0, 5.0, tail=True)
+    torch.testing.assert_close(reg(e, y).double(), expected, **tol(dtype))
+    # a tail holds part of the pairs: "tail" is the larger of the two normalizations
+    assert float(reg(e, y)) > float(SemiVarianceRegularizer(1.0, 5.0)(e, y))
+    e.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda x: SemiVarianceRegularizer(normalization="tail")(x, y), (e.double(),)
     )
 
 
@@ -475,9 +502,19 @@ def test_gradcheck_ap_and_semi_variance(device):
 
 def test_from_labels_priors():
     train = np.array([0, 0, 0, 1, 1, 2, 0, 1])  # counts 4, 3, 1 of N = 8
-    loss = SOPRCLoss.from_labels(train, num_v=5)
+    loss = SOPRCLoss.from_labels(train, num_v=5, prior_scale=None)
     assert loss.num_classes == 3 and loss.num_v == 5
     assert loss.prior.tolist() == pytest.approx([3 / 7, 2 / 7, 0.0])
+    # a query of class c has n_c - 1 positives (at least 1 kept, so the TPR stays defined)
+    assert loss.positives.tolist() == [3.0, 2.0, 1.0]
+    released = SOPRCLoss.from_labels(train, num_v=5, tpr_count="num_v")
+    assert released.positives.tolist() == [6.0] * 3
+    with pytest.raises(ValueError, match="tpr_count"):
+        SOPRCLoss.from_labels(train, tpr_count="all")
+    with pytest.raises(ValueError, match="positives"):
+        SOPRCLoss.from_labels(train, positives=[1, 1, 1])
+    # default: the released code's default prior_mul, 0.1 for the largest class
+    assert SOPRCLoss.from_labels(train).prior.tolist() == pytest.approx([0.1, 0.075, 0.025])
     scaled = SOPRCLoss.from_labels(train, prior_scale=0.1, num_classes=5)
     assert scaled.num_classes == 5
     assert scaled.prior.tolist() == pytest.approx([0.1, 0.075, 0.025, 0.0, 0.0])
@@ -490,10 +527,50 @@ def test_from_labels_priors():
 def test_zero_prior_of_used_class_raises():
     loss = SOPRCLoss(3, prior=torch.tensor([0.2, 0.0, 0.1]))
     e, _ = batch("cpu", torch.float32, labels=[0, 0, 1, 1])
+    state = {k: v.clone() for k, v in loss.state_dict().items()}
     with pytest.raises(ValueError, match="prior"):
         loss(e, torch.tensor([0, 0, 1, 1]))
+    # validated before v is updated: the failed call changed nothing
+    for key, value in loss.state_dict().items():
+        assert torch.equal(value, state[key]), key
     # a zero-prior class that is only a negative is fine
     loss(e, torch.tensor([0, 0, 2, 2]))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SOPRCLoss(8, prior=torch.full((8,), 1e-3)),
+        lambda: SOPRCLoss(1000),
+        lambda: SOPRCLoss(8, prior=torch.full((8,), 1e-4), use_v=False),
+    ],
+)
+def test_half_precision_at_small_priors_stays_finite(make):
+    """The odds FPR/(rate TPR) reach ~1e6 here, past float16's 65504: t/(1+t) would be inf/inf."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 16, generator=g)
+    e = (base + 1e-3 * torch.randn(32, 16, generator=g)).half().requires_grad_(True)
+    y = torch.arange(8).repeat_interleave(4)
+    loss = make().eval()
+    value = loss(e, y)
+    assert torch.isfinite(value) and 0.99 < float(value.detach()) <= 1.0
+    value.backward()
+    assert bool(torch.isfinite(e.grad).all())
+    # and it agrees with float64
+    reference = make().double().eval()(e.detach().double(), y)
+    assert float(value.detach()) == pytest.approx(float(reference), abs=2e-3)
+
+
+def test_one_minus_precision_gradient_has_no_cancellation():
+    """At odds t ~ 1e7 the autograd derivative of t/(1+t), 1/(1+t) - t/(1+t)^2, loses every digit
+    in float32; the library's form keeps the exact derivative rate TPR / (FPR + rate TPR)^2."""
+    from rankwise.losses.soprc import _one_minus_precision
+
+    fpr = torch.tensor([10.0], requires_grad=True)
+    tpr, rate = torch.tensor([0.01]), torch.tensor([1e-4])
+    _one_minus_precision(fpr, tpr, rate).backward()
+    exact = 1e-6 / (10 + 1e-6) ** 2
+    assert float(fpr.grad) == pytest.approx(exact, rel=1e-5)
 
 
 def test_default_prior_is_balanced():
@@ -525,6 +602,15 @@ def test_labels_out_of_range_raise(device):
         ({"num_classes": 2, "semi_variance": APLoss()}, "semi_variance"),
         ({"num_classes": 2, "v_init": "zeros"}, "v_init"),
         ({"num_classes": 2, "similarity": "l1"}, "similarity"),
+        ({"num_classes": 2, "prior": [0.5, 1.0]}, "prior"),
+        ({"num_classes": 2, "beta": float("nan")}, "beta"),
+        ({"num_classes": 2, "tau1": float("inf")}, "tau1"),
+        ({"num_classes": 2, "unbiased": 1}, "unbiased"),
+        ({"num_classes": 2, "warm_start": "yes"}, "warm_start"),
+        ({"num_classes": 2, "v_init_range": (0.0, float("inf"))}, "v_init_range"),
+        ({"num_classes": True}, "num_classes"),
+        ({"num_classes": 2, "positives": [0.5, 3]}, "positives"),
+        ({"num_classes": 2, "positives": [3]}, "positives"),
     ],
 )
 def test_constructor_validation(kwargs, name):
@@ -545,11 +631,16 @@ def test_uniform_v_init_is_seeded():
 def test_state_dict_round_trip_and_dtype(device):
     loss = trained_soprc(device, torch.float32, steps=3)
     state = loss.state_dict()
-    assert set(state) == {"v", "prior", "v_updates"}
+    assert set(state) == {"v", "prior", "v_updates", "positives"}
     fresh = SOPRCLoss(4, num_v=9, beta=0.5).to(device)
     fresh.load_state_dict(state)
     for key in state:
         assert torch.equal(fresh.state_dict()[key], state[key])
+    # a checkpoint written before the `positives` buffer existed loads with |v| + 1 positives
+    old = {k: v for k, v in state.items() if k != "positives"}
+    older = SOPRCLoss(4, num_v=9, positives=[2, 2, 2, 2]).to(device)
+    older.load_state_dict(old)
+    assert older.positives.tolist() == [10.0] * 4
     e, y = batch(device, torch.float32, seed=20)
     torch.testing.assert_close(fresh.eval()(e, y), loss.eval()(e, y))
     double = fresh.double()

@@ -37,6 +37,8 @@ LOSSES = RANKWISE_LOSSES + BASELINES
 
 # Released SOPRC configs: weight 1 on positives below their mean, 5 on negatives above it.
 DEFAULT_SEMI_VARIANCE_WEIGHTS = (1.0, 5.0)
+# build_loss("soprc") keys that configure the SemiVarianceRegularizer it adds
+_SEMI_VARIANCE_KEYS = ("semi_variance_weights", "semi_variance_normalization")
 # Context arguments of build_loss, passed to a constructor that names them and is not given them.
 _CONTEXT_NAMES = {
     "num_classes": "num_classes",
@@ -93,7 +95,7 @@ def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
     """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded).
 
     Through its ``**kwargs`` also those of ``SOPRCLoss.__init__``; ``semi_variance`` is replaced
-    by ``semi_variance_weights``.
+    by ``semi_variance_weights`` / ``semi_variance_normalization``.
     """
     named, var_kw = _keyword_parameters(cls.from_labels, skip=1)
     if var_kw:
@@ -101,6 +103,7 @@ def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
         named = {**init_named, **named}
     named.pop("semi_variance", None)
     named.pop("prior", None)  # from_labels computes the class priors from the labels
+    named.pop("positives", None)  # ... and the positives per class
     return named, var_kw
 
 
@@ -117,7 +120,7 @@ def loss_parameters(name: str) -> tuple[str, ...]:
     cls = _loss_class(name)
     if name == "soprc":
         named, _ = _soprc_parameters(cls)
-        return tuple(sorted({*named, "semi_variance_weights"}))
+        return tuple(sorted({*named, *_SEMI_VARIANCE_KEYS}))
     named, _ = _keyword_parameters(cls.__init__)
     return tuple(sorted(named))
 
@@ -182,7 +185,9 @@ def build_loss(
             one (e.g. ``"xbm"``'s ``embedding_size``).
         **params: constructor keywords of the loss (see :func:`loss_parameters`). For ``"soprc"``,
             ``semi_variance_weights=(lambda_pos, lambda_neg)`` (default ``(1.0, 5.0)``) builds
-            ``SemiVarianceRegularizer(lambda_pos, lambda_neg)`` into the loss; ``None`` disables it.
+            ``SemiVarianceRegularizer(lambda_pos, lambda_neg)`` into the loss; ``None`` disables it;
+            ``semi_variance_normalization`` (``"pairs"``, Eq. 9, default, or ``"tail"``, the
+            released code) is its ``normalization``.
 
     Returns:
         The loss ``nn.Module``, called as ``loss(embeddings, labels, ref_embeddings=None,
@@ -246,6 +251,7 @@ def _build_soprc(
 
     params = dict(params)
     weights = params.pop("semi_variance_weights", DEFAULT_SEMI_VARIANCE_WEIGHTS)
+    normalization = params.pop("semi_variance_normalization", "pairs")
     named, var_kw = _soprc_parameters(cls)
     if "semi_variance" in params:
         raise ValueError(
@@ -253,11 +259,11 @@ def _build_soprc(
             "of `semi_variance`."
         )
     if not var_kw:
-        _reject_unknown("soprc", params, (*named, "semi_variance_weights"))
+        _reject_unknown("soprc", params, (*named, *_SEMI_VARIANCE_KEYS))
     regularizer = None
     if weights is not None:
         lambda_pos, lambda_neg = _check_weight_pair(weights)
-        regularizer = SemiVarianceRegularizer(lambda_pos, lambda_neg)
+        regularizer = SemiVarianceRegularizer(lambda_pos, lambda_neg, normalization=normalization)
     # from_labels derives the rest of SOPRCLoss's required arguments from the labels.
     from_labels_named, _ = _keyword_parameters(cls.from_labels, skip=1)
     from_labels_named.pop("semi_variance", None)

@@ -1,17 +1,20 @@
-"""SOPRC, the biased mini-batch AP loss and the semi-variance regularizer of Wen, Xu, Yang, He and
-Huang, *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
-(NeurIPS 2022): the surrogates ℓ1 (one-sided Huber) and ℓ2 (one-sided sigmoid) of Eq. (7), the biased
-estimator AP↓ of Eq. (5) (:class:`APLoss`), the sampling-rate-invariant estimator of Eq. (8) whose
-TPR term is read from an auxiliary per-class vector ``v`` updated by the moving average of Eq. (10)
-with the score interpolation φ of Alg. 2 (:class:`SOPRCLoss`, Alg. 1), and the semi-variance
-regularizer of Eq. (9) (:class:`SemiVarianceRegularizer`). Garbled formulas are read as in the
-project errata (``shared/seeds/README.md``): ℓ1(x) = 1 − 2x/τ1 for x < 0, ℓ2(x) = tanh(−x/(2τ2)) for
-x < 0, the TPR term (1 + Σ_j ℓ2(s⁺ − v_j)) / (|v| + 1), one row of ``v`` per class.
+"""SOPRC, the biased mini-batch AP loss and the semi-variance regularizer of Wen et al. (NeurIPS 2022).
+
+Wen, Xu, Yang, He and Huang, *Exploring the Algorithm-Dependent Generalization of AUPRC
+Optimization with List Stability* (NeurIPS 2022): the surrogates ℓ1 (one-sided Huber) and ℓ2
+(one-sided sigmoid) of Eq. (7), the biased estimator AP↓ of Eq. (5) (:class:`APLoss`), the
+sampling-rate-invariant estimator of Eq. (8) whose TPR term is read from an auxiliary per-class
+vector ``v`` updated by the moving average of Eq. (10) with the score interpolation φ of Alg. 2
+(:class:`SOPRCLoss`, Alg. 1), and the semi-variance regularizer of Eq. (9)
+(:class:`SemiVarianceRegularizer`). Garbled formulas are read as in docs/errata.md (SOPRC):
+ℓ1(x) = 1 − 2x/τ1 for x < 0, ℓ2(x) = tanh(−x/(2τ2)) for x < 0, one row of ``v`` per class. The
+TPR term counts the n_c − 1 positives a class row stands for (the released code's |v| + 1 is
+``tpr_count="num_v"``). Where the library departs from the authors' released code, and why the
+many-class defaults are what they are, is in docs/losses.md (SOPRC).
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .._validation import as_tensor
+from .._validation import (
+    Interval,
+    as_tensor,
+    check_bool,
+    check_choice,
+    check_range_pair,
+    check_scalar,
+)
 from .base import PairBatch, RankingLoss, validate_pair_inputs
 
 __all__ = [
@@ -32,6 +42,11 @@ __all__ = [
 ]
 
 V_INITS = ("grid", "uniform")
+SEMI_VARIANCE_NORMS = ("pairs", "tail")
+TPR_COUNTS = ("class", "num_v")
+# prior of the largest class in SOPRCLoss.from_labels (the released code's default prior_mul): the
+# raw class share of a many-class dataset (~1e-4) leaves the loss almost no gradient (docs/losses.md)
+DEFAULT_PRIOR_SCALE = 0.1
 
 
 # -- surrogates of Eq. (7) ---------------------------------------------------------------------------
@@ -153,48 +168,21 @@ def score_interpolation(
             f"`scores` must be a non-empty 1-D float tensor, got shape {tuple(s.shape)} "
             f"and dtype {s.dtype}."
         )
-    _check_num_points(num_points, "num_points")
+    check_scalar(num_points, "num_points", _COUNT)
     rng = _check_score_range(score_range)
     groups = torch.zeros(s.numel(), dtype=torch.long, device=s.device)
     return _grouped_score_interpolation(s, groups, num_points, rng)[1][0]
 
 
 # -- argument checks --------------------------------------------------------------------------------
-def _as_int(value: object) -> int | None:
-    """``value`` as a Python int if it is an integer (numpy integers included), else None."""
-    if isinstance(value, bool):
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
+_POSITIVE = Interval("real", 0, None, closed="neither")
+_NON_NEGATIVE = Interval("real", 0, None)
+_UNIT = Interval("real", 0, 1)
+_COUNT = Interval("integer", 1, None)
 
 
-def _check_num_points(value: int, name: str) -> int:
-    as_int = _as_int(value)
-    if as_int is None or as_int < 1:
-        raise ValueError(f"`{name}` must be a positive integer, got {value!r}.")
-    return as_int
-
-
-def _check_positive(value: float, name: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ValueError(f"`{name}` must be a positive number, got {value!r}.")
-    return float(value)
-
-
-def _check_score_range(score_range: Sequence[float] | None) -> tuple[float, float] | None:
-    if score_range is None:
-        return None
-    try:
-        low, high = (float(x) for x in score_range)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"`score_range` must be a pair (low, high) or None, got {score_range!r}."
-        ) from exc
-    if not low < high:
-        raise ValueError(f"`score_range` must satisfy low < high, got {score_range!r}.")
-    return low, high
+def _check_score_range(score_range: Any, name: str = "score_range") -> tuple[float, float] | None:
+    return None if score_range is None else check_range_pair(score_range, name)
 
 
 def _check_semi_variance(reg: Any) -> SemiVarianceRegularizer | None:
@@ -322,9 +310,36 @@ class _PairScores:
         return (a * b).sum(1)
 
 
-def _sigma(x: torch.Tensor) -> torch.Tensor:
-    """σ(x) = x / (1 + x): the map from FPR/TPR odds to 1 − precision in Eq. (3)."""
-    return x / (1 + x)
+def _one_minus_precision(fpr: torch.Tensor, tpr: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+    """σ(FPR / (rate · TPR)) of Eq. (3)/(8) in a form that stays finite and exact.
+
+    σ(t) = t/(1 + t) is 1 − precision as a function of the FPR/TPR odds t; rate = π/(1 − π).
+    Evaluated as FPR / (FPR + w) with w = rate · TPR by :class:`_RatioToSum`, whose derivatives
+    w / (FPR + w)² and −FPR / (FPR + w)² are single terms. The direct forms fail at the odds of a
+    many-class prior (rate ~ 1e-4, TPR ~ 1e-2, FPR ~ 10: t ~ 1e7): t/(1 + t) overflows float16
+    (65504) to inf/inf = NaN, and its autograd derivative 1/(1 + t) − t/(1 + t)² cancels to a
+    relative error of about eps · t (all digits in float32). Computed in at least float32
+    (half-precision inputs are upcast: w underflows float16 at small priors). FPR ≥ 0 and w > 0.
+    """
+    dtype = torch.promote_types(fpr.dtype, torch.float32)
+    return _RatioToSum.apply(fpr.to(dtype), rate.to(dtype) * tpr.to(dtype))
+
+
+class _RatioToSum(torch.autograd.Function):
+    """a / (a + b) for a ≥ 0, b > 0 with the exact derivatives b/(a + b)², −a/(a + b)²."""
+
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        total = a + b
+        ctx.save_for_backward(a, b, total)
+        return a / total
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b, total = ctx.saved_tensors
+        scale = grad / (total * total)
+        return scale * b, -scale * a
 
 
 # -- semi-variance regularizer, Eq. (9) -------------------------------------------------------------
@@ -337,6 +352,11 @@ class SemiVarianceRegularizer(RankingLoss):
     positives and the high tail of the negatives are penalised, so well-ranked pairs are not pulled
     towards the mean.
 
+    ``normalization="pairs"`` (default) divides by n⁺ / n⁻, all pairs, as Eq. (9) is written;
+    ``"tail"`` divides each sum by the number of its terms (the pairs below / above the mean), as
+    the authors' released code does. A tail holds about half the pairs, so the released weights
+    act about twice as strongly with ``"tail"``.
+
     Use it alone (``reg(embeddings, labels)``, a :class:`RankingLoss`), add it to any loss, or pass
     it as ``semi_variance=`` to :class:`SOPRCLoss` / :class:`APLoss`, which call
     :meth:`from_batch` on their own score matrix (then this module's ``similarity`` is not used).
@@ -344,18 +364,21 @@ class SemiVarianceRegularizer(RankingLoss):
     Args:
         lambda_pos: λ1 ≥ 0, weight on positives below their mean (released configs: 1).
         lambda_neg: λ2 ≥ 0, weight on negatives above their mean (released configs: 5).
-        similarity: ``"cosine"``, ``"dot"`` or ``"neg_euclidean"`` (standalone use only).
+        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``; standalone use only).
+        normalization: ``"pairs"`` (Eq. 9) or ``"tail"`` (released code), see above.
     """
 
     def __init__(
-        self, lambda_pos: float = 1.0, lambda_neg: float = 5.0, similarity: str = "cosine"
+        self,
+        lambda_pos: float = 1.0,
+        lambda_neg: float = 5.0,
+        similarity: str = "cosine",
+        normalization: str = "pairs",
     ) -> None:
         super().__init__(similarity)
-        for name, value in (("lambda_pos", lambda_pos), ("lambda_neg", lambda_neg)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"`{name}` must be a non-negative number, got {value!r}.")
-        self.lambda_pos = float(lambda_pos)
-        self.lambda_neg = float(lambda_neg)
+        self.lambda_pos = check_scalar(lambda_pos, "lambda_pos", _NON_NEGATIVE)
+        self.lambda_neg = check_scalar(lambda_neg, "lambda_neg", _NON_NEGATIVE)
+        self.normalization = check_choice(normalization, "normalization", SEMI_VARIANCE_NORMS)
 
     def from_batch(self, batch: PairBatch) -> torch.Tensor:
         """L_var of an already prepared batch (every positive and negative pair of its masks).
@@ -369,15 +392,23 @@ class SemiVarianceRegularizer(RankingLoss):
         """
         scores = batch.scores
         zero = scores.new_zeros(())
+        tail = self.normalization == "tail"
         # positives are a few entries per row: gather them
         pos = scores[batch.pos_mask]
-        pos_term = ((pos - pos.mean()).clamp(max=0) ** 2).mean() if pos.numel() else zero
+        if pos.numel():
+            below = (pos - pos.mean()).clamp(max=0)
+            count = (below < 0).sum().clamp(min=1) if tail else pos.numel()
+            pos_term = (below**2).sum() / count
+        else:
+            pos_term = zero
         # negatives are nearly every entry: a dense 0/1 mask is cheaper than gathering them
         is_negative = batch.neg_mask.to(scores.dtype)
         n_neg = int(batch.neg_mask.sum())
         if n_neg:
             neg_mean = (scores * is_negative).sum() / n_neg
-            neg_term = ((scores - neg_mean).clamp(min=0) ** 2 * is_negative).sum() / n_neg
+            above = (scores - neg_mean).clamp(min=0) * is_negative
+            count = (above > 0).sum().clamp(min=1) if tail else n_neg
+            neg_term = (above**2).sum() / count
         else:
             neg_term = zero
         self.last_stats.update(
@@ -389,17 +420,22 @@ class SemiVarianceRegularizer(RankingLoss):
         return self.lambda_pos * pos_term + self.lambda_neg * neg_term
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """L_var of a prepared batch, see :meth:`from_batch`."""
         return self.from_batch(batch)
 
     def extra_repr(self) -> str:
+        """Hyper-parameters shown by ``repr``."""
         return (
-            f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, " + super().extra_repr()
+            f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, "
+            f"normalization={self.normalization!r}, " + super().extra_repr()
         )
 
 
 def _plus_semi_variance(owner: RankingLoss, loss: torch.Tensor, batch: PairBatch) -> torch.Tensor:
-    """``loss`` plus ``owner.semi_variance`` (Eq. 9) on the same batch, when one is configured;
-    its value goes to ``owner.last_stats["semi_variance"]``."""
+    """``loss`` plus ``owner.semi_variance`` (Eq. 9) on the same batch, when one is configured.
+
+    The regularizer's value goes to ``owner.last_stats["semi_variance"]``.
+    """
     if owner.semi_variance is None:
         return loss
     reg = owner.semi_variance.from_batch(batch)
@@ -425,7 +461,7 @@ class APLoss(RankingLoss):
         tau1: ℓ1 margin τ1 > 0 (default 0.1).
         tau2: ℓ2 temperature τ2 > 0 (default 0.001).
         semi_variance: optional :class:`SemiVarianceRegularizer` added to the loss (Eq. 9).
-        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
 
     Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``.
     """
@@ -438,15 +474,19 @@ class APLoss(RankingLoss):
         similarity: str = "cosine",
     ) -> None:
         super().__init__(similarity)
-        self.tau1 = _check_positive(tau1, "tau1")
-        self.tau2 = _check_positive(tau2, "tau2")
+        self.tau1 = check_scalar(tau1, "tau1", _POSITIVE)
+        self.tau2 = check_scalar(tau2, "tau2", _POSITIVE)
         self.semi_variance = _check_semi_variance(semi_variance)
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """Loss of a prepared batch (see the class docstring)."""
         anchor, ref, s_pos = _positive_pairs(batch)
         numerator = _negative_huber_sum(batch, anchor, s_pos, self.tau1)
         denominator = 1 + _other_positive_sigmoid_sum(batch.scores, anchor, ref, s_pos, self.tau2)
-        ap_term = _sigma(numerator / denominator).mean()
+        # σ(Σℓ1 / (1 + Σℓ2)) = Σℓ1 / (Σℓ1 + 1 + Σℓ2): no overflow, no cancellation
+        dtype = torch.promote_types(numerator.dtype, torch.float32)
+        ap_term = _one_minus_precision(numerator.to(dtype), denominator.to(dtype), torch.ones(()))
+        ap_term = ap_term.mean().to(s_pos.dtype)
         n_pos = batch.pos_mask.sum(1)[anchor].to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
@@ -456,6 +496,7 @@ class APLoss(RankingLoss):
         return _plus_semi_variance(self, ap_term, batch)
 
     def extra_repr(self) -> str:
+        """Hyper-parameters shown by ``repr``."""
         return f"tau1={self.tau1}, tau2={self.tau2}, " + super().extra_repr()
 
 
@@ -466,7 +507,7 @@ class SOPRCLoss(RankingLoss):
     Every sample is a query. For an anchor of class c and each of its positives (score s⁺)::
 
         σ( (1 − π_c)/π_c · mean_{x ∈ z⁻} ℓ1(s⁺ − s(x)) / TPR(s⁺) ),  σ(t) = t / (1 + t),
-        TPR(s⁺) = (1 + Σ_j ℓ2(s⁺ − v_{c,j})) / (|v| + 1),
+        TPR(s⁺) = (1 + (N⁺_c − 1) · mean_j ℓ2(s⁺ − v_{c,j})) / N⁺_c,
 
     averaged over all (anchor, positive) pairs; anchors without a positive or a negative are skipped
     and counted in ``last_stats``. ``v`` (buffer, never differentiated) holds, per class, ``num_v``
@@ -504,14 +545,18 @@ class SOPRCLoss(RankingLoss):
             range of cosine similarity).
         semi_variance: optional :class:`SemiVarianceRegularizer` added to the loss (Eq. 9, Alg. 1
             line 6), evaluated on this loss's score matrix.
-        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
         v_init: ``"grid"`` (default) or ``"uniform"``, see above.
         v_init_range: (low, high) interval of the initial v (default (0, 1)).
         seed: seed of the generator used by ``v_init="uniform"`` (default 0).
         warm_start: copy φ into v_c at the first update of class c instead of averaging.
+        positives: (C,) N⁺_c ≥ 1, the number of positives a row of v stands for (a class-c query
+            has n_c − 1; :meth:`from_labels` fills it), or None for the released code's |v| + 1
+            for every class (then TPR = (1 + Σ_j ℓ2(s⁺ − v_{c,j})) / (|v| + 1)).
 
     Buffers (carried by ``state_dict()``, ``.to()``, ``.double()``): ``v`` (C, num_v),
-    ``prior`` (C,), ``v_updates`` (C,) int64 number of moving-average updates of every row.
+    ``prior`` (C,), ``v_updates`` (C,) int64 number of moving-average updates of every row,
+    ``positives`` (C,).
 
     Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``; with
     a reference set (memory bank) every anchor is ranked against it and v is fed with the
@@ -540,32 +585,25 @@ class SOPRCLoss(RankingLoss):
         v_init_range: tuple[float, float] = (0.0, 1.0),
         seed: int = 0,
         warm_start: bool = False,
+        positives: torch.Tensor | Sequence[float] | None = None,
     ) -> None:
         super().__init__(similarity)
-        n_classes = _as_int(num_classes)
-        if n_classes is None or n_classes < 2:
-            raise ValueError(
-                f"`num_classes` must be an integer ≥ 2 (a query needs negatives), got {num_classes!r}."
-            )
-        self.num_classes = n_classes
-        self.num_v = _check_num_points(num_v, "num_v")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
-            raise ValueError(f"`beta` must be a number in [0, 1], got {beta!r}.")
-        self.beta = float(beta)
-        self.tau1 = _check_positive(tau1, "tau1")
-        self.tau2 = _check_positive(tau2, "tau2")
-        self.unbiased = bool(unbiased)
-        self.use_v = bool(use_v)
-        self.detach_tpr = bool(detach_tpr)
-        self.warm_start = bool(warm_start)
+        # a query needs negatives: at least 2 classes
+        self.num_classes = check_scalar(num_classes, "num_classes", Interval("integer", 2, None))
+        self.num_v = check_scalar(num_v, "num_v", _COUNT)
+        self.beta = check_scalar(beta, "beta", _UNIT)
+        self.tau1 = check_scalar(tau1, "tau1", _POSITIVE)
+        self.tau2 = check_scalar(tau2, "tau2", _POSITIVE)
+        self.unbiased = check_bool(unbiased, "unbiased")
+        self.use_v = check_bool(use_v, "use_v")
+        self.detach_tpr = check_bool(detach_tpr, "detach_tpr")
+        self.warm_start = check_bool(warm_start, "warm_start")
         self.score_range = _check_score_range(score_range)
         self.semi_variance = _check_semi_variance(semi_variance)
-        if v_init not in V_INITS:
-            raise ValueError(f"`v_init` must be one of {V_INITS}, got {v_init!r}.")
-        self.v_init = v_init
-        init_range = _check_score_range(v_init_range)
-        if init_range is None:
-            raise ValueError("`v_init_range` must be a pair (low, high), got None.")
+        self.v_init = check_choice(v_init, "v_init", V_INITS)
+        init_range = check_range_pair(v_init_range, "v_init_range")
+        seed = check_scalar(seed, "seed", Interval("integer"))
+        num_classes = self.num_classes
 
         self.register_buffer("prior", self._check_prior(prior, num_classes))
         low, high = init_range
@@ -578,8 +616,35 @@ class SOPRCLoss(RankingLoss):
             v = (low + (high - low) * draws).sort(dim=1).values
         self.register_buffer("v", v)
         self.register_buffer("v_updates", torch.zeros(num_classes, dtype=torch.long))
+        self.register_buffer("positives", self._check_positives(positives, num_classes))
 
     # -- construction helpers ------------------------------------------------------------------
+    def _check_positives(self, positives: Any, num_classes: int) -> torch.Tensor:
+        if positives is None:  # the released code: the positive is 1 of |v| + 1
+            return torch.full((num_classes,), float(self.num_v + 1))
+        n = as_tensor(positives, "positives")
+        if n.ndim != 1 or n.shape[0] != num_classes:
+            raise ValueError(
+                f"`positives` must have shape (num_classes,) = ({num_classes},), got "
+                f"{tuple(n.shape)}."
+            )
+        n = n.to(torch.get_default_dtype())
+        if not bool(torch.isfinite(n).all()) or bool((n < 1).any()):
+            raise ValueError(
+                "`positives` must hold the number of positives of a query of every class, each "
+                ">= 1 (no NaN/inf)."
+            )
+        return n.clone()
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        # checkpoints written before the `positives` buffer existed used |v| + 1 for every class
+        key = prefix + "positives"
+        if key not in state_dict and prefix + "v" in state_dict:
+            state_dict[key] = torch.full_like(self.positives, float(self.num_v + 1))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     @staticmethod
     def _check_prior(prior: Any, num_classes: int) -> torch.Tensor:
         if prior is None:
@@ -590,8 +655,11 @@ class SOPRCLoss(RankingLoss):
                 f"`prior` must have shape (num_classes,) = ({num_classes},), got {tuple(p.shape)}."
             )
         p = p.to(torch.get_default_dtype())
-        if not bool(torch.isfinite(p).all()) or bool((p < 0).any()) or bool((p > 1).any()):
-            raise ValueError("`prior` must hold class priors in [0, 1] (no NaN/inf).")
+        if not bool(torch.isfinite(p).all()) or bool((p < 0).any()) or bool((p >= 1).any()):
+            raise ValueError(
+                "`prior` must hold class priors in [0, 1) (no NaN/inf; a prior of 1 would leave "
+                "the class no negatives)."
+            )
         return p.clone()
 
     @classmethod
@@ -599,25 +667,34 @@ class SOPRCLoss(RankingLoss):
         cls,
         train_labels: Any,
         num_classes: int | None = None,
-        prior_scale: float | None = None,
+        prior_scale: float | None = DEFAULT_PRIOR_SCALE,
+        tpr_count: str = "class",
         **kwargs: Any,
     ) -> SOPRCLoss:
         """Build the loss with class priors counted from the training labels.
 
-        By default π_c = (n_c − 1)/(N − 1): the fraction of the other N − 1 training samples that
-        are positives of a query of class c (the raw ratio the theory uses). With ``prior_scale``
-        the released code's ``prior_mul`` rule is used instead: π_c = prior_scale · n_c / max_c n_c,
-        so the largest class gets ``prior_scale`` (0.01 for SOP, 0.1 elsewhere). Classes absent
-        from ``train_labels`` (and singletons, by default) get π_c = 0.
+        By default (``prior_scale=0.1``) the released code's ``prior_mul`` rule:
+        π_c = prior_scale · n_c / max_c n_c, so the largest class gets ``prior_scale`` (0.01 in the
+        released SOP config, 0.1 elsewhere). ``prior_scale=None`` gives the raw ratio the theory
+        uses, π_c = (n_c − 1)/(N − 1): the fraction of the other N − 1 training samples that are
+        positives of a query of class c (~1e-4 on SOP, where it leaves the loss almost no
+        gradient; see docs/losses.md). Classes absent from ``train_labels`` (and, with
+        ``prior_scale=None``, singletons) get π_c = 0.
 
         Args:
             train_labels: (N,) integer class ids of the training set, N ≥ 2.
             num_classes: C, default ``max(train_labels) + 1``.
-            prior_scale: None, or the prior of the largest class, in (0, 1].
-            **kwargs: any other :class:`SOPRCLoss` argument (not ``prior``).
+            prior_scale: the prior of the largest class, in (0, 1), or None for the raw ratio.
+            tpr_count: ``"class"`` (default): the TPR term counts the N⁺_c = n_c − 1 positives of
+                a class-c query; ``"num_v"``: the released code's |v| + 1.
+            **kwargs: any other :class:`SOPRCLoss` argument (not ``prior`` or ``positives``).
         """
-        if "prior" in kwargs:
-            raise ValueError("`from_labels` computes `prior`; pass it to SOPRCLoss(...) instead.")
+        for computed in ("prior", "positives"):
+            if computed in kwargs:
+                raise ValueError(
+                    f"`from_labels` computes `{computed}`; pass it to SOPRCLoss(...) instead."
+                )
+        tpr_count = check_choice(tpr_count, "tpr_count", TPR_COUNTS)
         labels = as_tensor(train_labels, "train_labels")
         if labels.ndim != 1 or labels.numel() < 2:
             raise ValueError(
@@ -632,7 +709,9 @@ class SOPRCLoss(RankingLoss):
         top = int(labels.max()) + 1
         if num_classes is None:
             num_classes = top
-        elif num_classes < top:
+        else:
+            num_classes = check_scalar(num_classes, "num_classes", Interval("integer", 2, None))
+        if num_classes < top:
             raise ValueError(
                 f"`train_labels` holds class id {top - 1} but `num_classes` = {num_classes}; "
                 "pass num_classes > max(train_labels)."
@@ -641,10 +720,12 @@ class SOPRCLoss(RankingLoss):
         if prior_scale is None:
             prior = (counts - 1).clamp(min=0) / (labels.numel() - 1)
         else:
-            if not isinstance(prior_scale, (int, float)) or not 0 < prior_scale <= 1:
-                raise ValueError(f"`prior_scale` must be in (0, 1], got {prior_scale!r}.")
+            prior_scale = check_scalar(
+                prior_scale, "prior_scale", Interval("real", 0, 1, closed="neither")
+            )
             prior = prior_scale * counts / counts.max()
-        return cls(num_classes, prior=prior, **kwargs)
+        positives = (counts - 1).clamp(min=1) if tpr_count == "class" else None
+        return cls(num_classes, prior=prior, positives=positives, **kwargs)
 
     # -- forward ---------------------------------------------------------------------------------
     def _check_batch(self, batch: PairBatch) -> None:
@@ -712,39 +793,33 @@ class SOPRCLoss(RankingLoss):
 
     def _compute(self, batch: PairBatch, pair_scores: _PairScores | None) -> torch.Tensor:
         self._check_batch(batch)
-        rows_updated = self._update_v(batch, pair_scores) if self.training and self.use_v else 0
-
         anchor, ref, s_pos = _positive_pairs(batch)
         anchor_labels = batch.labels[anchor]
         n_pos = batch.pos_mask.sum(1)[anchor].to(s_pos.dtype)
         n_neg = batch.neg_mask.sum(1)[anchor].to(s_pos.dtype)
-        fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
+        if self.unbiased:
+            # checked before v is updated: a call that raises leaves the state as it was
+            prior = self._anchor_priors(anchor_labels)
+            rate = prior / (1 - prior)  # π/(1 − π), the prior odds of a positive
+        else:
+            rate = n_pos / n_neg  # π0/(1 − π0) with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
+        rows_updated = self._update_v(batch, pair_scores) if self.training and self.use_v else 0
 
+        fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
         s_tpr = s_pos.detach() if self.detach_tpr else s_pos
         if self.use_v:
+            # the positive itself (ℓ_{0,1}(0) = 1) plus the share of the class's other
+            # N⁺ − 1 positives that v places above s⁺, out of N⁺
             v_rows = self.v[anchor_labels].to(s_pos.dtype)
-            tpr = (1 + sigmoid_surrogate(s_tpr[:, None] - v_rows, self.tau2).sum(1)) / (
-                self.num_v + 1
-            )
+            above = sigmoid_surrogate(s_tpr[:, None] - v_rows, self.tau2).mean(1)
+            n_class = self.positives[anchor_labels].to(s_pos.dtype)
+            tpr = (1 + (n_class - 1) * above) / n_class
         else:
             scores = batch.scores.detach() if self.detach_tpr else batch.scores
             others = _other_positive_sigmoid_sum(scores, anchor, ref, s_tpr, self.tau2)
             tpr = (1 + others) / n_pos
 
-        if self.unbiased:
-            prior = self.prior.to(s_pos.dtype)[anchor_labels]
-            if bool((prior <= 0).any()):
-                zero = torch.unique(anchor_labels[prior <= 0]).tolist()
-                raise ValueError(
-                    f"`prior` is 0 for class(es) {zero[:10]} used in this batch (a class with a "
-                    "single training sample, or absent from `train_labels`); pass a positive "
-                    "prior for them, use from_labels(..., prior_scale=...), or unbiased=False."
-                )
-            odds = (1 - prior) / prior
-        else:
-            odds = n_neg / n_pos  # (1 − π0)/π0 with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
-
-        auprc_term = _sigma(odds * fpr / tpr).mean()
+        auprc_term = _one_minus_precision(fpr, tpr, rate).mean().to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
             loss_auprc=float(auprc_term.detach()),
@@ -754,7 +829,20 @@ class SOPRCLoss(RankingLoss):
         )
         return _plus_semi_variance(self, auprc_term, batch)
 
+    def _anchor_priors(self, anchor_labels: torch.Tensor) -> torch.Tensor:
+        """π of every pair's anchor class; raises when one of them is 0."""
+        prior = self.prior[anchor_labels]
+        if bool((prior <= 0).any()):
+            zero = torch.unique(anchor_labels[prior <= 0]).tolist()
+            raise ValueError(
+                f"`prior` is 0 for class(es) {zero[:10]} used in this batch (a class with a "
+                "single training sample, or absent from `train_labels`); pass a positive "
+                "prior for them, use from_labels(..., prior_scale=...), or unbiased=False."
+            )
+        return prior
+
     def extra_repr(self) -> str:
+        """Hyper-parameters shown by ``repr``."""
         return (
             f"num_classes={self.num_classes}, num_v={self.num_v}, beta={self.beta}, "
             f"tau1={self.tau1}, tau2={self.tau2}, unbiased={self.unbiased}, use_v={self.use_v}, "

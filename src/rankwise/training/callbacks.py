@@ -630,12 +630,13 @@ def config_collapse_advice(config: Config) -> str:
         fixes.append("optimizer.name=adamw (decoupled weight decay) or optimizer.weight_decay=0")
     causes.append(f"a learning rate too high for this loss (optimizer.lr={oc.lr:g})")
     fixes.append("a lower optimizer.lr")
-    if config.loss.name == "soprc" and config.loss.params.get("prior_scale") is None:
+    params = config.loss.params
+    if config.loss.name == "soprc" and "prior_scale" in params and params["prior_scale"] is None:
         causes.append(
             "SOPRC's gradient shrinks with the class prior, and the raw priors of a many-class "
-            "dataset (~1e-4) leave almost none"
+            "dataset (prior_scale=null, ~1e-4) leave almost none"
         )
-        fixes.append("loss.params.prior_scale (see docs/losses.md, SOPRC)")
+        fixes.append("the default loss.params.prior_scale=0.1 (see docs/losses.md, SOPRC)")
     return f"Likely cause: {'; or '.join(causes)}. Fix: {'; '.join(fixes)}."
 
 
