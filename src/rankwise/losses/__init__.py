@@ -1,5 +1,7 @@
-"""Ranking-metric losses: SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss,
-the Wilcoxon loss, Smooth-AP, DIR (histogram AP), BlackBox-AP, the semi-variance regularizer, and
+"""Ranking-metric losses, each with the one call ``loss(embeddings, labels)``.
+
+SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss, the Wilcoxon loss,
+Smooth-AP, DIR (histogram AP), BlackBox-AP, the semi-variance regularizer, and
 pytorch-metric-learning baselines through :func:`baseline`.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,
