@@ -1,4 +1,4 @@
-"""Ranking-metric losses, each with the one call ``loss(embeddings, labels)``.
+"""Ranking-metric losses and pytorch-metric-learning baselines.
 
 SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss, the Wilcoxon loss,
 Smooth-AP, DIR (histogram AP), BlackBox-AP, the semi-variance regularizer, and
