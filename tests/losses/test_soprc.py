@@ -774,3 +774,42 @@ def test_float16_dot_similarity_with_norms_past_the_float16_range():
     torch.testing.assert_close(
         grad.double(), ref_grad.to(torch.float16).double(), rtol=1e-2, atol=1e-3
     )
+
+
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_every_raising_call_leaves_the_buffers_bitwise_unchanged(warm_start):
+    """Issue 14 §2: validate first, then mutate. A trained loss in training mode; each call below
+    raises ValueError and v, v_updates, prior and positives keep every bit (warm_start included,
+    whose first update of a class would copy φ)."""
+    loss = trained_soprc("cpu", torch.float32, warm_start=warm_start)
+    loss.prior[3] = 0.0  # class 3: a zero prior
+    e, _ = batch("cpu", torch.float32, labels=[0, 0, 1, 1, 2, 2, 3, 3])
+    bad_calls = {
+        "zero prior": (e, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])),
+        "label out of range": (e, torch.tensor([0, 0, 1, 1, 2, 2, 4, 4])),
+        "ref_labels out of range": (
+            e,
+            torch.tensor([0, 0, 1, 1, 2, 2, 0, 1]),
+            e,
+            torch.full((8,), 9),
+        ),
+        "NaN ref_embeddings": (
+            e,
+            torch.tensor([0, 0, 1, 1, 2, 2, 0, 1]),
+            torch.full_like(e, math.nan),
+            torch.zeros(8, dtype=torch.long),
+        ),
+        "nothing to rank": (e[:3], torch.tensor([0, 1, 2])),
+    }
+    for case, args in bad_calls.items():
+        before = {k: v.clone() for k, v in loss.state_dict().items()}
+        with pytest.raises(ValueError):
+            loss(*args)
+        for key, value in loss.state_dict().items():
+            old = before[key]
+            assert torch.equal(
+                value.flatten().view(torch.uint8), old.flatten().view(torch.uint8)
+            ), (
+                case,
+                key,
+            )
