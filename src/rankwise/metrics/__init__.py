@@ -17,6 +17,12 @@ from .curves import (
     roc_curve_from_embeddings,
     tpr_at_fpr,
 )
+from .distributed import (
+    distributed_pr_curve,
+    distributed_retrieval_metrics,
+    merge_pr_curves,
+    merge_retrieval_reports,
+)
 from .module import RetrievalMetric
 from .ranking import average_precision, batched_average_precision, batched_ndcg, ndcg
 from .retrieval import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
@@ -39,4 +45,8 @@ __all__ = [
     "operating_point",
     "OperatingPoint",
     "RetrievalMetric",
+    "merge_retrieval_reports",
+    "merge_pr_curves",
+    "distributed_retrieval_metrics",
+    "distributed_pr_curve",
 ]
