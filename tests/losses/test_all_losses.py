@@ -281,3 +281,103 @@ def test_bad_inputs_are_named(name):
         loss_fn(torch.full_like(x, math.nan), y)
     with raises_naming("labels"):
         loss_fn(x, y[:-1])
+
+
+def state_snapshot(loss_fn):
+    return {k: v.clone() for k, v in loss_fn.state_dict().items()}
+
+
+def assert_same_state(loss_fn, snapshot):
+    state = loss_fn.state_dict()
+    assert state.keys() == snapshot.keys()
+    for key, value in state.items():
+        before = snapshot[key]
+        assert value.dtype == before.dtype and value.shape == before.shape, key
+        # bitwise: NaN payloads and signed zeros included
+        as_bytes = value.contiguous().flatten().view(torch.uint8)
+        assert torch.equal(as_bytes, before.contiguous().flatten().view(torch.uint8)), key
+
+
+def raising_calls():
+    """Calls every loss must refuse with a ValueError, by what is wrong with them."""
+    x, y = pk_batch(seed=3)
+    unseen = torch.tensor([1000, 1001, 1002])  # one sample each, in no memory: nothing to rank
+    return {
+        "nan-embeddings": (torch.full_like(x, math.nan), y),
+        "labels-too-short": (x, y[:-1]),
+        "nothing-to-rank": (x[:3], unseen),
+        "one-class": (x[:4], torch.zeros(4, dtype=torch.long)),
+    }
+
+
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("trained", [False, True], ids=["fresh", "trained"])
+def test_a_raising_call_changes_no_state(name, trained):
+    """Validate first, then mutate: after a call that raises every buffer is bitwise what it was
+    (SOPRC's v and v_updates, the XBM memory and queue position, any later moving average)."""
+    loss_fn = trained_copy(name) if trained else make(name)
+    loss_fn.train()
+    for case, (x, y) in raising_calls().items():
+        if case == "one-class" and trained and name == "xbm":
+            continue  # the memory holds other classes: a one-class batch is valid for XBM
+        snapshot = state_snapshot(loss_fn)
+        with pytest.raises(ValueError):
+            loss_fn(x, y)
+        assert_same_state(loss_fn, snapshot)
+    # and the loss still works
+    x, y = pk_batch(seed=4)
+    assert torch.isfinite(loss_fn(x, y))
+
+
+def similarity_kwargs(name):
+    return {"similarity": "dot"} if "similarity" in loss_parameters(name) else {}
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_float16_dot_scores_beyond_the_float16_range(name):
+    """Half-precision rows whose squared norms exceed 65504: a float16 dot product overflows, so
+    every loss scores and computes in float32 and returns float32. The value equals the float64
+    loss of the same (float16) inputs, and, with a loss scale that fits the gradient into float16
+    (what torch.amp.GradScaler finds), so does the gradient."""
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.arange(3).repeat_interleave(4)
+    centres = torch.randn(N_CLASSES, DIM, generator=generator)
+    x = (centres[labels] + 0.5 * torch.randn(12, DIM, generator=generator)) * 300
+    x = x.half()
+    assert float((x.double() ** 2).sum(1).min()) > 65504
+    outputs = {}
+    for dtype in (torch.float16, torch.float64):
+        loss_fn = make(name, **similarity_kwargs(name))
+        loss_fn = loss_fn.double() if dtype == torch.float64 else loss_fn
+        xd = x.detach().to(dtype, copy=True).requires_grad_(True)
+        value = loss_fn(xd, labels)
+        outputs[dtype] = (value, xd)
+    value, xh = outputs[torch.float16]
+    reference, xd = outputs[torch.float64]
+    assert value.dtype == torch.float32 and torch.isfinite(value)
+    assert float(value.detach()) == pytest.approx(float(reference.detach()), rel=1e-5, abs=1e-6)
+    reference.backward()
+    scale = 1.0 / max(float(xd.grad.abs().max()), 1e-30)
+    (value * scale).backward()
+    assert xh.grad.dtype == torch.float16 and bool(torch.isfinite(xh.grad).all())
+    torch.testing.assert_close(xh.grad.double(), xd.grad * scale, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("name", [n for n in LOSSES if "similarity" in loss_parameters(n)])
+def test_non_finite_dot_scores_name_the_embeddings(name):
+    """float32 overflows too, at squared norms past 3.4e38: a clear error, not a NaN loss."""
+    x, y = pk_batch()
+    with raises_naming("embeddings"):
+        make(name, similarity="dot")(x.detach() * 1e20, y)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_autocast_does_not_lower_the_score_precision(name):
+    """Under torch.autocast the score product would run in bfloat16 (CPU) or float16 (CUDA): the
+    losses switch it off and give the value of the float32 inputs."""
+    x, y = pk_batch()
+    expected = make(name)(x, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = make(name)(x, y)
+    assert got.dtype == torch.float32
+    assert float(got.detach()) == pytest.approx(float(expected.detach()), rel=1e-6, abs=1e-7)

@@ -300,3 +300,34 @@ def test_wilcoxon_gradcheck_and_float32():
 def test_wilcoxon_rejects_bad_slope(slope):
     with pytest.raises(ValueError, match="slope"):
         WilcoxonLoss(slope=slope)
+
+
+# ---------------------------------------------------------------------------------------------
+# batch-all in chunks (issue 14 §6)
+# ---------------------------------------------------------------------------------------------
+def test_chunked_batch_all_equals_the_one_block_form(monkeypatch):
+    """Above _BLOCK_ELEMENTS the (n_scores, K) sigmoid block is built chunk by chunk, forward and
+    backward: the same value and gradient as the one-block form (up to the order of the sums)."""
+    import rankwise.losses.auc as auc_module
+
+    emb, lab = random_batch(n=24, d=5, seed=9, labels=[i % 6 for i in range(24)])
+    results = []
+    for block in (auc_module._BLOCK_ELEMENTS, 41 * 7):  # one block, then chunks of 7 scores
+        monkeypatch.setattr(auc_module, "_BLOCK_ELEMENTS", block)
+        e = emb.clone().requires_grad_(True)
+        value = AUCLoss(strategy="all")(e, lab)
+        value.backward()
+        results.append((value.detach(), e.grad))
+    (one_block, one_grad), (chunked, chunked_grad) = results
+    assert float(chunked) == pytest.approx(float(one_block), abs=1e-14)
+    torch.testing.assert_close(chunked_grad, one_grad, rtol=1e-12, atol=1e-15)
+
+
+def test_chunked_batch_all_gradcheck(monkeypatch):
+    import rankwise.losses.auc as auc_module
+
+    monkeypatch.setattr(auc_module, "_BLOCK_ELEMENTS", 11 * 3)
+    emb, lab = random_batch(n=10, d=3, seed=6)
+    emb.requires_grad_(True)
+    loss_fn = AUCLoss(delta_s=0.2, strategy="all")  # 11 thresholds: chunks of 3 scores
+    assert torch.autograd.gradcheck(lambda e: loss_fn(e, lab), (emb,))

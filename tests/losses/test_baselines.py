@@ -196,3 +196,48 @@ def test_device(device, name):
     cpu_value = baseline(name)(emb, labels)
     value = baseline(name).to(device)(emb.to(device), labels.to(device))
     assert value.item() == pytest.approx(cpu_value.item(), rel=1e-5, abs=1e-6)
+
+
+def test_xbm_half_precision_keeps_the_memory_dtype_and_matches_float32():
+    """A float16 batch is enqueued in the memory's dtype (PML would turn the whole memory into
+    float16, a lossy change of state); the loss is computed in float32 like every loss."""
+    half, full = (baseline("xbm", embedding_size=8, memory_size=24) for _ in range(2))
+    for seed in range(3):
+        emb, labels = pk_batch(seed=seed)
+        emb = emb.half()
+        value = half(emb.requires_grad_(True), labels)
+        reference = full(emb.detach().float(), labels)
+        assert value.dtype == torch.float32
+        assert float(value.detach()) == pytest.approx(float(reference), rel=1e-6, abs=1e-7)
+        value.backward()
+        assert emb.grad.dtype == torch.float16 and bool(torch.isfinite(emb.grad).all())
+    assert half.loss.embedding_memory.dtype == torch.float32
+    assert torch.equal(half.loss.embedding_memory, full.loss.embedding_memory)
+
+
+def test_xbm_batch_with_nothing_to_rank_leaves_the_memory_as_it_was():
+    """Issue 14 §2: the anchor counts are taken on the memory as the enqueue would leave it, so
+    the ValueError comes before PML writes the memory or moves the queue."""
+    module = baseline("xbm", embedding_size=8, memory_size=24)
+    emb, _ = pk_batch()
+    with pytest.raises(ValueError, match="no anchor"):
+        module(emb[:4], torch.zeros(4, dtype=torch.long))  # one class, empty memory
+    assert int(module.memory_queue_index) == 0 and int(module.memory_filled) == 0
+    assert module.loss.embedding_memory.abs().sum() == 0
+    # the same batch is fine once the memory holds other classes, and the counts agree with PML's
+    module(*pk_batch(seed=1))
+    value = module(emb[:4], torch.zeros(4, dtype=torch.long))
+    assert torch.isfinite(value) and module.last_stats["n_memory_items"] == 20
+
+
+def test_xbm_counts_before_the_enqueue_agree_with_the_memory_after_it():
+    """The pre-enqueue prediction of the memory (slots, filled flag) matches PML's state after
+    the call, across wrap-arounds of the queue (memory 24, batches of 16 and 8)."""
+    module = baseline("xbm", embedding_size=8, memory_size=24)
+    for seed, (p, k) in enumerate([(4, 4), (4, 4), (2, 4), (4, 4), (4, 2)]):
+        module(*pk_batch(p=p, k=k, seed=seed))
+        xbm = module.loss
+        n_memory = xbm.memory_size if xbm.has_been_filled else xbm.queue_idx
+        assert module.last_stats["n_memory_items"] == n_memory
+        assert int(module.memory_queue_index) == xbm.queue_idx
+        assert bool(module.memory_filled) == xbm.has_been_filled

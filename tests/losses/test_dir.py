@@ -170,3 +170,80 @@ def test_bad_arguments():
         DIRLoss(similarity="manhattan")
     with pytest.raises(ValueError, match="no anchor"):
         DIRLoss()(torch.randn(4, 3), torch.tensor([0, 1, 2, 3]))
+
+
+def dense_histograms(scores, mask, num_bins, score_range):
+    """The (B, num_bins, M) form of P_m / N_m the sparse histograms replace."""
+    from rankwise.losses.dir import triangular_bin_weights
+
+    return (triangular_bin_weights(scores, num_bins, score_range) * mask[:, None]).sum(-1)
+
+
+@pytest.mark.parametrize(
+    "num_bins,score_range", [(20, (-1.0, 1.0)), (2, (-1.0, 1.0)), (7, (-0.5, 0.3)), (9, (-4, 4))]
+)
+def test_sparse_histograms_equal_the_dense_kernel_values_and_gradients(num_bins, score_range):
+    """Issue 14 §6: O(B·M) histograms instead of the (B, num_bins, M) block, the same values and
+    gradients up to rounding, also for scores on bin centres and knots (the integer dot scores of
+    binary codes) and beyond the range."""
+    from rankwise.losses.dir import _bin_histograms
+
+    g = torch.Generator().manual_seed(num_bins)
+    lo, hi = score_range
+    centres = torch.linspace(hi, lo, num_bins, dtype=torch.float64)
+    s = torch.cat(
+        [
+            torch.rand(40, 30, generator=g, dtype=torch.float64) * (hi - lo) * 1.4 + lo * 1.2,
+            centres.expand(40, -1),  # on every centre
+            torch.full((40, 2), hi + 0.5, dtype=torch.float64),  # beyond both ends
+            torch.full((40, 2), lo - 0.5, dtype=torch.float64),
+        ],
+        dim=1,
+    )
+    mask = (torch.rand(s.shape, generator=g) > 0.3).double()
+    weights = torch.randn(40, num_bins, generator=g, dtype=torch.float64)
+    dense_in, sparse_in = s.clone().requires_grad_(True), s.clone().requires_grad_(True)
+    dense = dense_histograms(dense_in, mask, num_bins, score_range)
+    (sparse,) = _bin_histograms(sparse_in, (mask,), num_bins, score_range)
+    torch.testing.assert_close(sparse, dense, rtol=0, atol=1e-13)
+    (dense * weights).sum().backward()
+    (sparse * weights).sum().backward()
+    # the backward pass applies −sign(s − b)/Δ in one step: equal up to rounding
+    torch.testing.assert_close(sparse_in.grad, dense_in.grad, rtol=1e-13, atol=1e-12)
+    assert torch.equal(sparse_in.grad == 0, dense_in.grad == 0)  # same zero pattern (knots)
+
+
+def test_dir_loss_equals_the_dense_form_and_keeps_no_cubic_block():
+    """The loss and gradient of DIRLoss equal AP_Q computed from the dense (B, bins, M) weights;
+    the largest tensor autograd keeps is the two (B, M) masks, not a (B, bins, M) block."""
+    from rankwise.losses.dir import triangular_bin_weights
+
+    g = torch.Generator().manual_seed(0)
+    labels = torch.arange(8).repeat_interleave(4)
+    emb = torch.randn(32, 6, generator=g, dtype=torch.float64)
+
+    def dense_loss(e):
+        s = F.normalize(e, dim=1) @ F.normalize(e, dim=1).T
+        pos = (labels[:, None] == labels[None, :]).fill_diagonal_(False)
+        ranked = ~torch.eye(32, dtype=torch.bool)
+        w = triangular_bin_weights(s, 20, (-1.0, 1.0))
+        p_m = (w * pos.double()[:, None]).sum(-1)
+        n_m = (w * ranked.double()[:, None]).sum(-1)
+        precision = p_m.cumsum(-1) / n_m.cumsum(-1).clamp_min(1e-300)
+        return 1 - ((precision * p_m / pos.sum(1, keepdim=True)).sum(-1)).mean()
+
+    a, b = emb.clone().requires_grad_(True), emb.clone().requires_grad_(True)
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        value = DIRLoss()(a, labels)
+    expected = dense_loss(b)
+    assert float(value.detach()) == pytest.approx(float(expected.detach()), abs=1e-13)
+    value.backward()
+    expected.backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-10, atol=1e-13)
+    assert max(saved) <= 2 * 32 * 32

@@ -184,3 +184,29 @@ def test_tiny_temperature_keeps_gradients_finite():
 def test_smooth_ap_rejects_bad_temperature(tau):
     with pytest.raises(ValueError, match="temperature"):
         SmoothAPLoss(temperature=tau)
+
+
+def test_float16_dot_similarity_with_norms_past_the_float16_range():
+    """Issue 14 §3: float16 rows with squared norms > 65504 and similarity='dot' (scores ~1e5,
+    the temperature scaled to them): the float16 dot products would be inf and the loss NaN; the
+    loss scores in float32 and equals the float64 value and gradient of the same inputs."""
+    g = torch.Generator().manual_seed(3)
+    y = torch.arange(4).repeat_interleave(4)
+    centres = torch.randn(4, 16, generator=g)
+    rows = centres[y] + 0.5 * torch.randn(16, 16, generator=g)
+    e = (300 * rows / rows.norm(dim=1, keepdim=True)).half()  # squared norms 9e4
+    assert float((e.double() ** 2).sum(1).min()) > 65504
+    scale = float((e.double() ** 2).sum(1).mean())
+    results = []
+    for dtype in (torch.float16, torch.float64):
+        x = e.detach().to(dtype, copy=True).requires_grad_(True)
+        value = SmoothAPLoss(temperature=0.01 * scale, similarity="dot")(x, y)
+        (value * scale).backward()  # a loss scale that fits the gradient into float16
+        results.append((value, x.grad))
+    (value, grad), (reference, ref_grad) = results
+    assert value.dtype == torch.float32 and torch.isfinite(value)
+    assert 0.01 < float(reference) < 0.99
+    assert float(value.detach()) == pytest.approx(float(reference), rel=1e-5)
+    torch.testing.assert_close(
+        grad.double(), ref_grad.to(torch.float16).double(), rtol=1e-2, atol=1e-3
+    )

@@ -721,3 +721,95 @@ def test_numpy_integer_sizes_are_accepted_as_ints():
         SOPRCLoss(2.5)
     with pytest.raises(ValueError, match="num_v"):
         SOPRCLoss(4, num_v=True)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: SOPRCLoss(8, prior=torch.full((8,), 1e-3)), lambda: SOPRCLoss(1000)],
+    ids=["prior-1e-3", "1000-classes"],
+)
+def test_half_precision_training_mode_keeps_v_and_the_value_finite(make):
+    """Issue 14 §1 in training mode: v is updated from float16 pair scores, the loss (float32)
+    equals the float64 loss of the same inputs, and the moving average is the float64 one."""
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(1, 16, generator=g)
+    e = (base + 1e-3 * torch.randn(32, 16, generator=g)).half()
+    y = torch.arange(8).repeat_interleave(4)
+    half, double = make().train(), make().double().train()
+    for _ in range(3):
+        value = half(e.detach().requires_grad_(True), y)
+        reference = double(e.double(), y)
+        assert value.dtype == torch.float32 and torch.isfinite(value)
+        assert float(value.detach()) == pytest.approx(float(reference), abs=1e-5)
+    assert bool(torch.isfinite(half.v).all())
+    torch.testing.assert_close(half.v.double(), double.v, rtol=0, atol=1e-6)
+    assert torch.equal(half.v_updates, double.v_updates)
+
+
+def test_float16_dot_similarity_with_norms_past_the_float16_range():
+    """Issue 14 §3: float16 rows with squared norms > 65504 and similarity='dot' (scores ~1e5,
+    temperatures scaled to them) give the float64 value and gradient, and a finite v."""
+    g = torch.Generator().manual_seed(2)
+    y = torch.arange(4).repeat_interleave(4)
+    centres = torch.randn(4, 16, generator=g)
+    rows = centres[y] + 1.0 * torch.randn(16, 16, generator=g)
+    e = (300 * rows / rows.norm(dim=1, keepdim=True)).half()  # squared norms 9e4
+    assert float((e.double() ** 2).sum(1).min()) > 65504
+    scale = float((e.double() ** 2).sum(1).mean())
+    options = dict(similarity="dot", tau1=0.1 * scale, tau2=0.01 * scale, score_range=None)
+    results = []
+    for dtype in (torch.float16, torch.float64):
+        loss = SOPRCLoss(4, prior=torch.full((4,), 0.05), v_init_range=(0, scale), **options)
+        loss = loss.double() if dtype == torch.float64 else loss
+        x = e.detach().to(dtype, copy=True).requires_grad_(True)
+        value = loss(x, y)
+        (value * scale).backward()  # a loss scale that fits the gradient into float16
+        results.append((value, x.grad, loss.v))
+    (value, grad, v), (reference, ref_grad, ref_v) = results
+    assert value.dtype == torch.float32 and torch.isfinite(value)
+    assert 0.01 < float(reference) < 0.99  # not saturated: the scores matter
+    assert float(value.detach()) == pytest.approx(float(reference), rel=1e-5)
+    assert bool(torch.isfinite(v).all())
+    torch.testing.assert_close(v.double(), ref_v, rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        grad.double(), ref_grad.to(torch.float16).double(), rtol=1e-2, atol=1e-3
+    )
+
+
+@pytest.mark.parametrize("warm_start", [False, True])
+def test_every_raising_call_leaves_the_buffers_bitwise_unchanged(warm_start):
+    """Issue 14 §2: validate first, then mutate. A trained loss in training mode; each call below
+    raises ValueError and v, v_updates, prior and positives keep every bit (warm_start included,
+    whose first update of a class would copy φ)."""
+    loss = trained_soprc("cpu", torch.float32, warm_start=warm_start)
+    loss.prior[3] = 0.0  # class 3: a zero prior
+    e, _ = batch("cpu", torch.float32, labels=[0, 0, 1, 1, 2, 2, 3, 3])
+    bad_calls = {
+        "zero prior": (e, torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])),
+        "label out of range": (e, torch.tensor([0, 0, 1, 1, 2, 2, 4, 4])),
+        "ref_labels out of range": (
+            e,
+            torch.tensor([0, 0, 1, 1, 2, 2, 0, 1]),
+            e,
+            torch.full((8,), 9),
+        ),
+        "NaN ref_embeddings": (
+            e,
+            torch.tensor([0, 0, 1, 1, 2, 2, 0, 1]),
+            torch.full_like(e, math.nan),
+            torch.zeros(8, dtype=torch.long),
+        ),
+        "nothing to rank": (e[:3], torch.tensor([0, 1, 2])),
+    }
+    for case, args in bad_calls.items():
+        before = {k: v.clone() for k, v in loss.state_dict().items()}
+        with pytest.raises(ValueError):
+            loss(*args)
+        for key, value in loss.state_dict().items():
+            old = before[key]
+            assert torch.equal(
+                value.flatten().view(torch.uint8), old.flatten().view(torch.uint8)
+            ), (
+                case,
+                key,
+            )

@@ -9,6 +9,11 @@ L2-normalized embeddings unless ``similarity="dot"`` or ``"euclidean"`` (alias `
 is configured; the names and the score matrix come from :mod:`rankwise.similarity`.
 Anchors without a positive or without a negative cannot be ranked; they are skipped and counted in
 ``loss.last_stats``, and a batch where no anchor can be ranked raises ``ValueError``.
+Half-precision embeddings (float16, bfloat16; also under ``torch.autocast``) are scored and the loss
+computed in float32, returned as float32: a dot or Euclidean score of two float16 rows overflows
+65504 once their squared norms do, and the losses' temperatures (SOPRC's τ2 = 0.001, Smooth-AP's
+0.01) are finer than float16's spacing of scores near 1 (0.0005 to 0.001). Scores that are still
+not finite (float32 overflow) raise a ``ValueError`` naming ``embeddings``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ __all__ = [
     "PairBatch",
     "RankingLoss",
     "anchor_statistics",
+    "loss_scores",
     "raise_if_nothing_to_rank",
+    "score_dtype",
     "similarity_matrix",
     "validate_pair_inputs",
 ]
@@ -60,6 +67,39 @@ def validate_pair_inputs(
         ref_labels, ref.shape[0], "ref_labels", device=emb.device, allow_multi_hot=False
     )
     return emb, lab, ref, ref_lab
+
+
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the losses score and compute in: float32 for half-precision inputs, else ``dtype``."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def loss_scores(
+    emb: torch.Tensor, ref: torch.Tensor, similarity: str, self_reference: bool
+) -> torch.Tensor:
+    """The (B, M) differentiable score matrix of a loss, in :func:`score_dtype`, checked finite.
+
+    Half-precision rows are upcast (the gradient flows back in their own dtype) and autocast is
+    switched off for the product, which it would otherwise run in half precision again.
+
+    Raises:
+        ValueError: a score is not finite (only possible for ``"dot"`` / ``"euclidean"``, whose
+            scores grow with the norms), naming ``embeddings`` and the fix.
+    """
+    dtype = score_dtype(emb.dtype)
+    with torch.autocast(emb.device.type, enabled=False):
+        emb_c = emb.to(dtype)
+        # `refs is queries` lets cosine normalise the batch once
+        ref_c = emb_c if self_reference else ref.to(dtype)
+        scores = similarity_matrix(emb_c, ref_c, similarity)
+    if similarity != "cosine" and not bool(torch.isfinite(scores).all()):
+        norm = float(emb.detach().to(torch.float64).norm(dim=1).max())
+        raise ValueError(
+            f"`embeddings` give non-finite {similarity} similarities in {dtype} (largest row norm "
+            f"{norm:.3g}); scale the embeddings down, L2-normalise them, or use "
+            "similarity='cosine'."
+        )
+    return scores
 
 
 def anchor_statistics(
@@ -181,7 +221,7 @@ class RankingLoss(nn.Module):
         self_reference = ref is None
         if self_reference:
             ref, ref_lab = emb, lab
-        scores = similarity_matrix(emb, ref, self.similarity)
+        scores = loss_scores(emb, ref, self.similarity, self_reference)
         same = lab[:, None] == ref_lab[None, :]
         pos_mask = same.clone()
         if self_reference:
@@ -207,7 +247,7 @@ class RankingLoss(nn.Module):
             ref_labels: (M,) integer class ids of the reference set.
 
         Returns:
-            A scalar tensor.
+            A scalar tensor (float32 for float16 / bfloat16 embeddings, see the module docstring).
         """
         batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
         return self.compute(batch)

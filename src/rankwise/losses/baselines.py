@@ -28,7 +28,7 @@ from torch import nn
 
 from .._extras import require
 from .._validation import Interval, check_bool, check_choice, check_scalar
-from .base import anchor_statistics, raise_if_nothing_to_rank, validate_pair_inputs
+from .base import anchor_statistics, raise_if_nothing_to_rank, score_dtype, validate_pair_inputs
 
 __all__ = [
     "BASELINES",
@@ -252,6 +252,9 @@ class PMLBaseline(nn.Module):
             A scalar tensor.
         """
         emb, lab, ref, ref_lab = self._validate(embeddings, labels, ref_embeddings, ref_labels)
+        # half precision is computed in float32, like the rankwise losses (rankwise.losses.base)
+        emb = emb.to(score_dtype(emb.dtype))
+        ref = None if ref is None else ref.to(emb.dtype)
         if ref is None:
             self_index = torch.arange(lab.shape[0], device=lab.device)
             n_valid = self._count_anchors(lab, lab, self_index)
@@ -260,9 +263,11 @@ class PMLBaseline(nn.Module):
         self._raise_if_nothing_to_rank(n_valid, lab)
         indices_tuple = None
         if self.miner is not None:
-            indices_tuple = self.miner(emb, lab, ref, ref_lab)
+            with torch.autocast(emb.device.type, enabled=False):
+                indices_tuple = self.miner(emb, lab, ref, ref_lab)
             self._record_mining(indices_tuple)
-        return self.loss(emb, lab, indices_tuple, ref, ref_lab)
+        with torch.autocast(emb.device.type, enabled=False):
+            return self.loss(emb, lab, indices_tuple, ref, ref_lab)
 
     def extra_repr(self) -> str:
         """The constructor arguments, shown by ``repr``."""
@@ -281,9 +286,12 @@ class CrossBatchMemoryBaseline(PMLBaseline):
     ``reference_set_error`` is fixed: the memory is the reference set.
 
     ``last_stats`` adds ``n_memory_items``; the anchor counts are taken against the memory actually
-    used (after this batch is enqueued, the anchor's own slot excluded). A batch where no anchor
-    has both a positive and a negative in the memory raises ``ValueError`` after it was enqueued.
-    In eval mode the memory is frozen: the batch is ranked against it and not enqueued.
+    used (after this batch is enqueued, the anchor's own slot excluded). A call that raises leaves
+    the memory as it was: the counts are taken on the memory as it would be after the enqueue,
+    and a batch where no anchor has both a positive and a negative there raises ``ValueError``
+    before PML writes anything. In eval mode the memory is frozen: the batch is ranked against it
+    and not enqueued. The batch is enqueued in the memory's dtype or wider (half-precision
+    embeddings are computed in float32), so a call never narrows the memory's dtype.
     """
 
     def __init__(self, name: str, memory: nn.Module) -> None:
@@ -330,20 +338,26 @@ class CrossBatchMemoryBaseline(PMLBaseline):
                 f"`embeddings` has {emb.shape[0]} rows, more than the XBM memory_size="
                 f"{xbm.memory_size}; use memory_size >= batch size."
             )
+        emb = emb.to(torch.promote_types(score_dtype(emb.dtype), xbm.embedding_memory.dtype))
         xbm.queue_idx = int(self.memory_queue_index)
         xbm.has_been_filled = bool(self.memory_filled)
         if not self.training:
             return self._frozen_forward(emb, lab)
-        value = xbm(emb, lab)
-        self.memory_queue_index.fill_(int(xbm.queue_idx))
-        self.memory_filled.fill_(int(xbm.has_been_filled))
-        n_memory = xbm.memory_size if xbm.has_been_filled else xbm.queue_idx
-        # curr_batch_idx holds the memory slots this batch was written to (anchor i -> slot i).
-        n_valid = self._count_anchors(
-            lab, xbm.label_memory[:n_memory], xbm.curr_batch_idx.to(lab.device)
-        )
+        # Validate first, then mutate: count the anchors against the memory as PML's enqueue will
+        # leave it (slots queue_idx, queue_idx + 1, ... mod memory_size; anchor i -> slot i).
+        batch_size = lab.shape[0]
+        slots = (xbm.queue_idx + torch.arange(batch_size, device=lab.device)) % xbm.memory_size
+        filled = xbm.has_been_filled or xbm.queue_idx + batch_size >= xbm.memory_size
+        n_memory = xbm.memory_size if filled else xbm.queue_idx + batch_size
+        memory_labels = xbm.label_memory.to(lab.device, copy=True)
+        memory_labels[slots] = lab
+        n_valid = self._count_anchors(lab, memory_labels[:n_memory], slots)
         self.last_stats["n_memory_items"] = int(n_memory)
         self._raise_if_nothing_to_rank(n_valid, lab)
+        with torch.autocast(emb.device.type, enabled=False):
+            value = xbm(emb, lab)
+        self.memory_queue_index.fill_(int(xbm.queue_idx))
+        self.memory_filled.fill_(int(xbm.has_been_filled))
         return value
 
     def _frozen_forward(self, emb: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
@@ -356,7 +370,8 @@ class CrossBatchMemoryBaseline(PMLBaseline):
         self._raise_if_nothing_to_rank(n_valid, lab)
         nothing = torch.zeros(emb.shape[0], dtype=torch.bool, device=emb.device)
         try:
-            return xbm(emb, lab, enqueue_mask=nothing)
+            with torch.autocast(emb.device.type, enabled=False):
+                return xbm(emb, lab, enqueue_mask=nothing)
         finally:
             # PML's bookkeeping counts an empty enqueue as a wrap-around ("memory full"): undo
             xbm.queue_idx = int(self.memory_queue_index)

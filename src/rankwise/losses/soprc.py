@@ -30,7 +30,7 @@ from .._validation import (
     check_range_pair,
     check_scalar,
 )
-from .base import PairBatch, RankingLoss, validate_pair_inputs
+from .base import PairBatch, RankingLoss, score_dtype, validate_pair_inputs
 
 __all__ = [
     "APLoss",
@@ -298,7 +298,9 @@ class _PairScores:
     """
 
     def __init__(self, emb: torch.Tensor, ref: torch.Tensor, similarity: str) -> None:
-        emb, ref = emb.detach(), ref.detach()
+        # in the dtype of the loss's scores: float16 dot products overflow past 65504
+        dtype = score_dtype(emb.dtype)
+        emb, ref = emb.detach().to(dtype), ref.detach().to(dtype)
         if similarity == "cosine":
             emb, ref = F.normalize(emb, dim=1), F.normalize(ref, dim=1)
         self.emb, self.ref, self.similarity = emb, ref, similarity
