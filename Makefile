@@ -21,10 +21,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[test]" "$(TORCH)"
 	rm -f $(VENV)/.installed-* && touch $@
 
-# the many-class instance protocol on the bundled digits (issue 7): 4 losses x 150 steps of 16 x 4
+# the many-class instance protocol on the bundled digits (issue 7): 4 losses x 150 steps of 16 x 4;
+# runs/demo is the demo's own folder, replaced on each run (--overwrite)
 demo: $(STAMP)
 	$(BIN)/rankwise bench --dataset digits-instances --quick --losses contrastive,ap,soprc,auc \
-		--output runs/demo sampler.batch_size=64
+		--output runs/demo --overwrite sampler.batch_size=64
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q

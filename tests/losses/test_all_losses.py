@@ -63,39 +63,6 @@ def constructor_defaults(name):
     return out
 
 
-def _soprc_checks_pending():
-    """True until SOPRCLoss / APLoss check their arguments with rankwise._validation (the soprc
-    branch of issue 9): then tau1=inf is rejected and the marks below switch themselves off."""
-    try:
-        make("soprc", tau1=float("inf"))
-    except ValueError:
-        return False
-    return True
-
-
-SOPRC_PENDING = pytest.mark.xfail(
-    _soprc_checks_pending(),
-    reason="SOPRCLoss/APLoss argument checks land with the soprc branch (issue 9)",
-    strict=True,
-)
-
-
-_PENDING = {
-    "soprc-beta",
-    "soprc-tau1",
-    "soprc-tau2",
-    "soprc-seed",
-    "ap-tau1",
-    "ap-tau2",
-    "soprc-unbiased",
-    "soprc-use_v",
-    "soprc-detach_tpr",
-    "soprc-warm_start",
-    "soprc-score_range",
-    "soprc-v_init_range",
-}
-
-
 def params_of_kind(kind):
     """(loss, parameter, default) for every parameter of the given kind, over all losses."""
     cases = []
@@ -116,8 +83,7 @@ def params_of_kind(kind):
                     and all(isinstance(v, (int, float)) for v in default)
                 )
             if ok:
-                marks = [SOPRC_PENDING] if f"{name}-{param}" in _PENDING else []
-                cases.append(pytest.param(name, param, default, id=f"{name}-{param}", marks=marks))
+                cases.append(pytest.param(name, param, default, id=f"{name}-{param}"))
     return cases
 
 
