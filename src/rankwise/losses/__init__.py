@@ -1,5 +1,6 @@
 """Ranking-metric losses: SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss,
-the Wilcoxon loss, Smooth-AP, DIR (histogram AP), BlackBox-AP, the semi-variance regularizer, and
+the Wilcoxon loss, Smooth-AP, DIR (histogram AP), BlackBox-AP, the semi-variance regularizer,
+the binary-code losses (tie-aware AP / NDCG of TALR, He et al., CVPR 2018; the DPSH baseline), and
 pytorch-metric-learning baselines through :func:`baseline`.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,
@@ -13,7 +14,9 @@ from .blackbox_ap import BlackBoxAPLoss
 from .dir import DIRLoss
 from .registry import LOSSES, build_loss
 from .smooth_ap import SmoothAPLoss
+from .pairwise_hashing import DPSHLoss
 from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
+from .tie_aware import TieAwareAPLoss, TieAwareNDCGLoss
 
 __all__ = [
     "APLoss",
@@ -21,12 +24,15 @@ __all__ = [
     "BASELINES",
     "BlackBoxAPLoss",
     "DIRLoss",
+    "DPSHLoss",
     "LOSSES",
     "PairBatch",
     "RankingLoss",
     "SOPRCLoss",
     "SemiVarianceRegularizer",
     "SmoothAPLoss",
+    "TieAwareAPLoss",
+    "TieAwareNDCGLoss",
     "WilcoxonLoss",
     "auc_slope",
     "baseline",

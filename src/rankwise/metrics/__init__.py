@@ -4,7 +4,8 @@ Tie-aware AP and NDCG follow He et al., "Hashing as Tie-Aware Learning to Rank" 
 Prop. 1 / App. A (McSherry & Najork 2008); MAP@R and R-precision follow Musgrave et al., "A Metric
 Learning Reality Check" (ECCV 2020); ROC curves, ROC AUC and TPR at a fixed FPR (Vogel et al.,
 ICML 2018) live in :mod:`rankwise.metrics.curves`, the accumulating ``RetrievalMetric`` in
-:mod:`rankwise.metrics.module`.
+:mod:`rankwise.metrics.module`; Hamming rankings of binary codes are evaluated by counting sort
+in :mod:`rankwise.metrics.hamming` (TALR, Sec. 3.2).
 """
 
 from .curves import (
@@ -16,6 +17,11 @@ from .curves import (
     roc_curve,
     roc_curve_from_embeddings,
     tpr_at_fpr,
+)
+from .hamming import (
+    EuclideanThresholdAffinity,
+    HammingRetrievalReport,
+    hamming_retrieval_metrics,
 )
 from .module import RetrievalMetric
 from .ranking import average_precision, batched_average_precision, batched_ndcg, ndcg
@@ -39,4 +45,7 @@ __all__ = [
     "operating_point",
     "OperatingPoint",
     "RetrievalMetric",
+    "hamming_retrieval_metrics",
+    "HammingRetrievalReport",
+    "EuclideanThresholdAffinity",
 ]
