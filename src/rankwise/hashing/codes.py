@@ -125,7 +125,8 @@ def _word_dtype(bits: int) -> np.dtype:
 def _to_bytes(words: np.ndarray, bits: int) -> np.ndarray:
     """Little-endian byte form ``(n, ceil(bits / 8))`` of packed words."""
     little = words.astype(words.dtype.newbyteorder("<"), copy=False)
-    raw = np.ascontiguousarray(little).view(np.uint8).reshape(words.shape[0], -1)
+    width = words.shape[1] * words.dtype.itemsize
+    raw = np.ascontiguousarray(little).view(np.uint8).reshape(words.shape[0], width)
     return np.ascontiguousarray(raw[:, : -(-bits // 8)])
 
 
@@ -192,19 +193,15 @@ def _bits_from_values(arr: np.ndarray, name: str) -> np.ndarray:
         return arr
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise ValueError(f"`{name}` contains NaN or inf; binary codes are needed.")
-    negative = arr < 0
-    if negative.any():
-        if not np.isin(arr, (-1, 1)).all():
-            raise ValueError(
-                f"`{name}` mixes -1 with values other than +1; codes must be in {{-1, +1}} (or "
-                "{0, 1}). For real-valued network outputs use HashingHead.encode() or sign()."
-            )
-        return arr > 0
-    if not np.isin(arr, (0, 1)).all():
+    if not np.isin(arr, (-1, 0, 1)).all():
         raise ValueError(
             f"`{name}` must hold binary codes in {{-1, +1}} or {{0, 1}}; got values such as "
             f"{_offending(arr)}. For real-valued (relaxed) codes use HashingHead.encode() or "
             "sign(); packed codes must be an unsigned integer array."
+        )
+    if (arr < 0).any() and (arr == 0).any():
+        raise ValueError(
+            f"`{name}` mixes -1 and 0; codes must be either in {{-1, +1}} or in {{0, 1}}."
         )
     return arr > 0
 
@@ -218,7 +215,7 @@ def pack_bits(bits_matrix: np.ndarray, dtype: np.dtype | None = None) -> PackedC
     """Pack an ``(n, b)`` boolean matrix (True = +1) into words (narrowest type by default)."""
     n, bits = bits_matrix.shape
     raw = np.packbits(bits_matrix, axis=1, bitorder="little")
-    packed = PackedCodes(_repack(raw.reshape(n, -1), bits, np.dtype(np.uint8)), bits)
+    packed = PackedCodes(_repack(raw.reshape(n, -(-bits // 8)), bits, np.dtype(np.uint8)), bits)
     return packed.to(dtype if dtype is not None else _word_dtype(bits))
 
 

@@ -12,9 +12,9 @@ from .base import PairBatch, RankingLoss, similarity_matrix
 from .baselines import BASELINES, baseline
 from .blackbox_ap import BlackBoxAPLoss
 from .dir import DIRLoss
+from .pairwise_hashing import DPSHLoss
 from .registry import LOSSES, build_loss
 from .smooth_ap import SmoothAPLoss
-from .pairwise_hashing import DPSHLoss
 from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
 from .tie_aware import TieAwareAPLoss, TieAwareNDCGLoss
 

@@ -653,7 +653,7 @@ def hamming_retrieval_metrics(
     database_codes: Any = None,
     database_labels: Any = None,
     *,
-    ks: Any = (100,),
+    ks: Any = None,
     affinity: Any = "labels",
     ties: str = "expected",
     bits: int | None = None,
@@ -674,7 +674,8 @@ def hamming_retrieval_metrics(
         database_codes: ``(n, b)`` codes or packed words; None = rank the queries against each
             other, each query's own row excluded (leave-one-out).
         database_labels: labels of the database (same kind); None with ``database_codes=None``.
-        ks: cutoffs of AP@k, NDCG@k, R@k and P@k; each must be at most the database size.
+        ks: cutoffs of AP@k, NDCG@k, R@k and P@k; each must be at most the number of ranked
+            database items. None: those of 1, 10 and 100 that fit.
         affinity: ``"labels"`` (binary: same class id, or at least one shared multi-hot label),
             ``"shared_labels"`` (multi-level: number of shared labels), an
             :class:`EuclideanThresholdAffinity`, or a callable ``f(query_labels[chunk],
@@ -710,6 +711,8 @@ def hamming_retrieval_metrics(
     n_ranked = n_db - 1 if leave_one_out else n_db
     if n_ranked < 1:
         raise ValueError("the database is empty (a single code ranked against itself).")
+    if ks is None:
+        ks = tuple(k for k in (1, 10, 100) if k <= n_ranked)
     ks = _check_ks(ks, n_ranked)
     aff = _resolve_affinity(affinity, query_labels, database_labels, n_q, n_db)
     self_index = _self_index(leave_one_out, n_q)
