@@ -83,6 +83,7 @@ def make_codes(n: int, seed: int):
 
 
 def dataset(params: dict[str, Any]):
+    """Packed query and database codes with their labels for ``n_q`` / ``n_db``."""
     q, q_labels = make_codes(params["n_q"], seed=1)
     db, db_labels = make_codes(params["n_db"], seed=2)
     return q, q_labels, db, db_labels
@@ -188,6 +189,7 @@ def _ties(params, q, q_labels, db, db_labels) -> dict[str, Any]:
 
 
 def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Run one method in this (sub)process and return its measurements."""
     import torch
 
     q, q_labels, db, db_labels = dataset(params)
@@ -224,6 +226,7 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Run :func:`worker` in a fresh subprocess (so its peak RSS is its own)."""
     print(f"  [{time.strftime('%H:%M:%S')}] {method} {json.dumps(params)} ...", flush=True)
     proc = subprocess.run(
         [sys.executable, __file__, "--worker", method, "--params", json.dumps(params)],
@@ -243,6 +246,7 @@ def run_worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def machine_info() -> dict[str, str]:
+    """Hardware and library versions of this run."""
     import numba
     import torch
 
@@ -298,6 +302,7 @@ def _case_rows(results: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def run(sizes: str) -> str:
+    """Every case of ``sizes``; returns the markdown section."""
     cfg = SIZES[sizes]
     started = time.perf_counter()
     main_p, large_p = cfg["main"], cfg["large"]
