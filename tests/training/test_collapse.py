@@ -9,13 +9,15 @@ import json
 import pytest
 import torch
 
-from rankwise.training import NonFiniteLossError, Trainer, config_from_dict, load_checkpoint
-from rankwise.training.config import apply_overrides
-from rankwise.training.trainer import (
-    COLLAPSE_SPREAD,
+from rankwise.training import (
     CollapsedEmbeddingsError,
-    embedding_spread,
+    NonFiniteLossError,
+    Trainer,
+    config_from_dict,
+    load_checkpoint,
 )
+from rankwise.training.callbacks import COLLAPSE_SPREAD, embedding_spread
+from rankwise.training.config import apply_overrides
 
 
 def make_config(run_dir, **extra):
@@ -73,7 +75,7 @@ def collapse_at(trainer, monkeypatch, step, *, training):
 
 
 def test_a_collapsed_training_batch_stops_the_run_with_cause_and_fix(tmp_path, monkeypatch):
-    trainer = Trainer(make_config(tmp_path / "run"))
+    trainer = Trainer.from_config(make_config(tmp_path / "run"))
     collapse_at(trainer, monkeypatch, 5, training=True)
     with pytest.raises(CollapsedEmbeddingsError) as info:
         trainer.fit()
@@ -95,7 +97,7 @@ def test_a_collapsed_training_batch_stops_the_run_with_cause_and_fix(tmp_path, m
 
 def test_a_collapsed_validation_split_stops_the_run(tmp_path, monkeypatch):
     config = make_config(tmp_path / "run", **{"optimizer.name": "adamw"})
-    trainer = Trainer(config)
+    trainer = Trainer.from_config(config)
     collapse_at(trainer, monkeypatch, 3, training=False)
     with pytest.raises(CollapsedEmbeddingsError, match="embeddings of the validation split") as e:
         trainer.fit()
@@ -109,6 +111,6 @@ def test_a_collapsed_validation_split_stops_the_run(tmp_path, monkeypatch):
 
 
 def test_a_healthy_run_is_not_stopped(tmp_path):
-    result = Trainer(make_config(tmp_path / "run", **{"budget.iterations": 4})).fit()
+    result = Trainer.from_config(make_config(tmp_path / "run", **{"budget.iterations": 4})).fit()
     assert result.status == "completed"
     assert error_records(tmp_path / "run") == []

@@ -25,7 +25,9 @@ def test_digits_training_learns(tmp_path, loss):
     config = load_config(
         CONFIG, [f"loss.name={loss}", f"output_dir={tmp_path / 'run'}", "progress=false"]
     )
-    untrained = Trainer(config.model_copy(update={"output_dir": str(tmp_path / "untrained")}))
+    untrained = Trainer.from_config(
+        config.model_copy(update={"output_dir": str(tmp_path / "untrained")})
+    )
     base_val = untrained.evaluate("val").map
     result = train(config)
     assert result.status == "completed"

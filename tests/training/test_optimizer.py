@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rankwise.training import ConfigError, Trainer, config_from_dict
+from rankwise.training.build import build_optimizer
 from rankwise.training.config import OptimizerConfig, apply_overrides
-from rankwise.training.trainer import build_optimizer
 
 
 def base(tmp_path, **extra):
@@ -33,7 +33,7 @@ def base(tmp_path, **extra):
 )
 def test_the_trainer_builds_the_named_optimizer(tmp_path, name, cls):
     config = base(tmp_path, **{"optimizer.name": name.upper()})
-    trainer = Trainer(config)
+    trainer = Trainer.from_config(config)
     assert type(trainer.optimizer) is cls
     group = trainer.optimizer.param_groups[0]
     assert group["lr"] == 1e-3 and group["weight_decay"] == 0.01

@@ -64,7 +64,7 @@ def records(run_dir, kind):
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
-    result = Trainer(make_config(run_dir)).fit()
+    result = Trainer.from_config(make_config(run_dir)).fit()
     return run_dir, result
 
 
@@ -104,7 +104,7 @@ def test_checkpoints_load_with_weights_only_and_no_tmp_files_remain(reference_ru
 
 def test_same_seed_gives_identical_metrics_and_weights(reference_run, tmp_path):
     run_dir, result = reference_run
-    again = Trainer(make_config(tmp_path / "again")).fit()
+    again = Trainer.from_config(make_config(tmp_path / "again")).fit()
     assert again.test.to_dict() == result.test.to_dict()
     assert records(tmp_path / "again", "val") == records(run_dir, "val")
     assert_same_tensors(
@@ -114,7 +114,9 @@ def test_same_seed_gives_identical_metrics_and_weights(reference_run, tmp_path):
 
 def test_another_seed_gives_other_weights(reference_run, tmp_path):
     run_dir, _ = reference_run
-    Trainer(make_config(tmp_path / "other", seed=4, budget={"iterations": 2}, eval_every=2)).fit()
+    Trainer.from_config(
+        make_config(tmp_path / "other", seed=4, budget={"iterations": 2}, eval_every=2)
+    ).fit()
     other = load_checkpoint(tmp_path / "other" / "checkpoints" / "last.pt")["model"]
     reference = final_state(run_dir)[0]["model"]
     assert any(not torch.equal(other[k], reference[k]) for k in reference)
@@ -130,9 +132,10 @@ def test_interrupted_and_resumed_run_matches_uninterrupted_run(reference_run, tm
             raise KeyboardInterrupt
 
     with pytest.raises(TrainingInterrupted) as info:
-        Trainer(make_config(interrupted)).fit(callbacks=[ctrl_c])
+        Trainer.from_config(make_config(interrupted)).fit(callbacks=[ctrl_c])
     assert info.value.step == stop_at
-    assert f"rankwise train --resume {interrupted}" in str(info.value)
+    assert info.value.run_dir == interrupted and info.value.checkpoint_step == stop_at
+    assert f"Trainer.from_run_dir({str(interrupted)!r})" in str(info.value)
     assert load_checkpoint(interrupted / "checkpoints" / "last.pt")["step"] == stop_at
 
     resumed = Trainer.from_run_dir(interrupted)
@@ -150,7 +153,7 @@ def test_interrupted_and_resumed_run_matches_uninterrupted_run(reference_run, tm
 
 def test_max_steps_stops_with_a_checkpoint_and_resume_finishes(reference_run, tmp_path):
     run_dir, result = reference_run
-    stopped = Trainer(make_config(tmp_path / "r")).fit(max_steps=5)
+    stopped = Trainer.from_config(make_config(tmp_path / "r")).fit(max_steps=5)
     assert stopped.status == "stopped" and stopped.steps == 5 and stopped.test is None
     finished = Trainer.from_run_dir(tmp_path / "r").fit()
     assert finished.test.to_dict() == result.test.to_dict()
@@ -162,13 +165,13 @@ def test_existing_run_directory_is_not_overwritten(reference_run):
     from rankwise.training import ConfigError
 
     with pytest.raises(ConfigError, match="already holds a run"):
-        Trainer(make_config(run_dir))
+        Trainer.from_config(make_config(run_dir))
 
 
 def test_nan_loss_stops_with_the_step_number_and_keeps_the_last_good_checkpoint(
     tmp_path, monkeypatch
 ):
-    trainer = Trainer(make_config(tmp_path / "nan"))
+    trainer = Trainer.from_config(make_config(tmp_path / "nan"))
     real_forward = trainer.loss_fn.forward
     calls = {"n": 0}
 
@@ -200,7 +203,7 @@ def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkey
     """The loop fetches samples item by item through the sampler's batches: over one epoch no
     more items than one copy of the training split (plus the sampler's within-class padding of
     each class's last chunk), exactly batch_size per step."""
-    from rankwise.training.trainer import load_splits
+    from rankwise.training.build import load_splits
 
     config = make_config(
         tmp_path / "run",
@@ -223,7 +226,8 @@ def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkey
 
     counting.__getitem__ = getitem
     monkeypatch.setattr(train, "__class__", counting)
-    trainer = Trainer(config, splits=splits)
+    trainer = Trainer.from_config(config, splits=splits)
+    fetched.clear()  # the constructor checks the first item; count the epoch's fetches only
     trainer.fit()
     n_classes = len(set(train.labels.tolist()))
     if num_workers == 0:  # worker processes count in their own copy of the list
@@ -236,13 +240,13 @@ def test_resume_between_two_train_log_records_logs_the_same_window_mean(referenc
     """log_every=2 and a stop at step 5: the record of step 6 averages the losses of steps 5 and
     6 in an uninterrupted run, so the resumed run must carry step 5's loss in its checkpoint."""
     run_dir, _ = reference_run
-    Trainer(make_config(tmp_path / "odd")).fit(max_steps=5)
+    Trainer.from_config(make_config(tmp_path / "odd")).fit(max_steps=5)
     Trainer.from_run_dir(tmp_path / "odd").fit()
     assert records(tmp_path / "odd", "train") == records(run_dir, "train")
 
 
 def test_resuming_a_completed_run_keeps_a_single_test_record(reference_run, tmp_path):
-    Trainer(make_config(tmp_path / "done", **{"budget.iterations": 4})).fit()
+    Trainer.from_config(make_config(tmp_path / "done", **{"budget.iterations": 4})).fit()
     Trainer.from_run_dir(tmp_path / "done").fit()
     assert [r["step"] for r in records(tmp_path / "done", "test")] == [4]
 
@@ -272,13 +276,13 @@ def test_overwrite_removes_the_previous_runs_checkpoints(tmp_path):
     """A crash of an --overwrite run before its first checkpoint must not leave the old run's
     last.pt next to the new config.yaml, where --resume would pick it up."""
     run_dir = tmp_path / "run"
-    Trainer(make_config(run_dir, **{"budget.iterations": 4})).fit()
+    Trainer.from_config(make_config(run_dir, **{"budget.iterations": 4})).fit()
 
     def crash(trainer):
         raise RuntimeError("simulated crash")
 
     with pytest.raises(RuntimeError, match="simulated crash"):
-        Trainer(make_config(run_dir, seed=5), overwrite=True).fit(callbacks=[crash])
+        Trainer.from_config(make_config(run_dir, seed=5), overwrite=True).fit(callbacks=[crash])
     assert not (run_dir / "checkpoints" / "last.pt").exists()
     assert not (run_dir / "checkpoints" / "best.pt").exists()
     assert not (run_dir / "report.json").exists()

@@ -66,7 +66,7 @@ def test_budget_needs_exactly_one_of_epochs_or_iterations():
 def test_unknown_loss_param_raises_before_training(tmp_path):
     config = config_from_dict(base(**{"loss.params.betta": 0.1, "output_dir": str(tmp_path / "r")}))
     with pytest.raises(ConfigError, match=r"loss\.params.*'betta'"):
-        Trainer(config)
+        Trainer.from_config(config)
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
@@ -74,7 +74,7 @@ def test_more_classes_per_batch_than_the_training_split_has(tmp_path):
     # digits (open-set) trains on 5 classes: 32 / 4 = 8 classes per batch cannot be drawn
     config = config_from_dict(base(**{"sampler.batch_size": 32, "output_dir": str(tmp_path)}))
     with pytest.raises(ConfigError, match=r"sampler\.batch_size: 32 / sampler\.m=4 = 8 classes"):
-        Trainer(config)
+        Trainer.from_config(config)
 
 
 def test_milestones_past_the_budget(tmp_path):
@@ -88,7 +88,7 @@ def test_milestones_past_the_budget(tmp_path):
         )
     )
     with pytest.raises(ConfigError, match=r"schedule\.milestones"):
-        Trainer(config)
+        Trainer.from_config(config)
 
 
 def test_overrides_are_typed_by_yaml(tmp_path):
@@ -151,7 +151,7 @@ def test_learning_rate_schedule_matches_torch_schedulers(name):
 
 def test_ablation_plan_reproduces_table_2_rows(tmp_path):
     from rankwise.training.bench import plan_bench
-    from rankwise.training.trainer import load_splits, preflight
+    from rankwise.training.build import load_splits, preflight
 
     data = base(
         **{
@@ -210,7 +210,7 @@ def test_bench_plan_applies_run_overrides_to_every_loss_after_the_switch(tmp_pat
         run_overrides={"loss.params.lambda_val": 50.0},
     )
     assert runs[0].config.loss.params == {"lambda_val": 50.0}
-    with pytest.raises(ConfigError, match="--losses"):
+    with pytest.raises(ConfigError, match="`losses`"):
         plan_bench(
             base(), losses=["soprc"], seeds=[0], output=tmp_path, run_overrides={"loss.name": "auc"}
         )

@@ -1,2 +1,50 @@
-"""Implementations of the ``rankwise`` command-line sub-commands (kept out of :mod:`rankwise.cli`
-so that each sub-command imports only what it needs)."""
+"""The sub-commands of the ``rankwise`` command line, one module each.
+
+Adding a sub-command is one file plus one registration line:
+
+1. write ``commands/<name>.py`` with a typer command function (its docstring is the help text,
+   its parameters the options); import heavy modules inside the function, so ``rankwise --help``
+   stays fast, and run the body inside :func:`~rankwise.commands.common.cli_errors`, which turns
+   the library's errors into the shared exit codes (:mod:`rankwise.commands.common`) and rewrites
+   argument names into this command's flags;
+2. add ``"<name>": "<module>:<function>"`` to :data:`COMMANDS` below (the target may also be a
+   ``typer.Typer`` of sub-commands, e.g. ``rankwise experiment list``; it is added as a group).
+
+:func:`register` adds every entry of :data:`COMMANDS` to a typer app, in this order (the order of
+``rankwise --help``); :mod:`rankwise.cli` calls it. The library underneath speaks in config keys
+and argument names; only this package knows flags.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import typer
+
+__all__ = ["COMMANDS", "register"]
+
+# sub-command name -> "<module in rankwise.commands>:<typer command function>"
+COMMANDS: dict[str, str] = {
+    "evaluate": "evaluate:evaluate",
+    "train": "train:train",
+    "bench": "bench:bench",
+    "tune": "tune:tune",
+    "experiment": "experiment:experiment_app",
+}
+
+
+def register(app: typer.Typer) -> typer.Typer:
+    """Add every sub-command of :data:`COMMANDS` to ``app`` and return it."""
+    import typer
+
+    for name, target in COMMANDS.items():
+        module_name, _, function_name = target.partition(":")
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        command = getattr(module, function_name)
+        if isinstance(command, typer.Typer):
+            app.add_typer(command, name=name)
+        else:
+            app.command(name)(command)
+    return app

@@ -1,4 +1,6 @@
-"""``rankwise bench``: every loss trained with the same backbone, sampler, budget and seeds on one
+"""``rankwise bench``: compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset.
+
+``rankwise bench``: every loss trained with the same backbone, sampler, budget and seeds on one
 dataset, reported Table 1-style (mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds),
 or, with ``--ablation``, Table 2's SOPRC ablation (Wen et al., *Exploring the Algorithm-Dependent
 Generalization of AUPRC Optimization with List Stability*, NeurIPS 2022, Sec. 5.2-5.3). Writes
@@ -7,29 +9,41 @@ Generalization of AUPRC Optimization with List Stability*, NeurIPS 2022, Sec. 5.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-import yaml
-from rich.console import Console
-from rich.markup import escape
+
+from .common import cli_errors, output_console
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = [
+    "FLAGS",
     "bench",
     "default_config_path",
     "option_overrides",
+    "print_outputs",
     "read_base_config",
-    "sweep_console",
 ]
 
-EXIT_CONFIG = 2
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+# argument / config key of the library -> flag of bench and tune (see common.to_flags)
+FLAGS = {
+    "losses": "--losses",
+    "seeds": "--seeds",
+    "output": "--output",
+    "quick": "--quick",
+    "grid": "--grid",
+}
 
 
 def default_config_path(dataset: str) -> Path:
-    """``configs/<dataset>.yaml`` (``-`` read as ``_``), looked up in the working directory, then
-    in the source checkout rankwise is installed from."""
+    """The default config of a dataset: ``configs/<dataset>.yaml`` (``-`` read as ``_``).
+
+    Looked up in the working directory, then in the source checkout rankwise is installed from.
+    """
     name = f"{dataset.lower().replace('-', '_')}.yaml"
     candidates = [Path("configs") / name, Path(__file__).resolve().parents[3] / "configs" / name]
     for path in candidates:
@@ -42,12 +56,15 @@ def default_config_path(dataset: str) -> Path:
 
 
 def read_base_config(dataset: str | None, config: Path | None) -> dict:
-    """The base config of a sweep (``bench`` / ``tune``): ``--config FILE``, else the dataset's
-    default ``configs/<dataset>.yaml``, parsed with ``yaml.safe_load``.
+    """The base config of a sweep (``bench`` / ``tune``), parsed with ``yaml.safe_load``.
+
+    ``--config FILE``, else the dataset's default ``configs/<dataset>.yaml``.
 
     Raises:
         ConfigError: neither option given, a missing file, invalid YAML, or not a mapping.
     """
+    import yaml
+
     from ..training import ConfigError
 
     if config is None and dataset is None:
@@ -70,8 +87,7 @@ def read_base_config(dataset: str | None, config: Path | None) -> dict:
 def option_overrides(
     dataset: str | None, data_dir: str | None, device: str | None, num_workers: int | None
 ) -> dict:
-    """The dotted overrides that the shared ``--dataset/--data-dir/--device/--num-workers``
-    options stand for."""
+    """The dotted overrides the shared ``--dataset/--data-dir/--device/--num-workers`` stand for."""
     extra: dict = {}
     if dataset is not None:
         extra["dataset.name"] = dataset
@@ -82,13 +98,6 @@ def option_overrides(
     if num_workers is not None:
         extra["num_workers"] = num_workers
     return extra
-
-
-def sweep_console(width: int) -> Console:
-    """A rich console; piped or captured output gets ``width`` columns so tables are not
-    squeezed into 80."""
-    console = Console()
-    return console if console.is_terminal else Console(width=width)
 
 
 def bench(
@@ -117,13 +126,12 @@ def bench(
     num_workers: int | None = typer.Option(None, "--num-workers", min=0),
 ) -> None:
     """Compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset."""
-    from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted
-    from ..training.bench import run_bench
-    from ..training.config import apply_overrides, parse_overrides
+    console = output_console(140)
+    with cli_errors("bench", FLAGS):
+        from ..reporting import print_bench_table
+        from ..training.bench import run_bench
+        from ..training.config import apply_overrides, parse_overrides
 
-    console = sweep_console(140)
-    err = Console(stderr=True)
-    try:
         base = read_base_config(dataset, config)
         extra = parse_overrides(list(overrides or []))
         # Command-line KEY=VALUE overrides are applied to every run last: after each run's loss
@@ -143,7 +151,7 @@ def bench(
             if output is not None
             else (Path("runs") / "bench" / f"{name}{'-ablation' if ablation else ''}")
         )
-        run_bench(
+        summary = run_bench(
             base,
             losses=loss_list,
             seeds=list(range(n_seeds)),
@@ -153,12 +161,23 @@ def bench(
             console=console,
             run_overrides=run_overrides,
         )
-    except ConfigError as exc:
-        err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(EXIT_CONFIG) from None
-    except TrainingInterrupted as exc:
-        err.print(f"[yellow]bench interrupted: {escape(str(exc))}[/yellow]")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    except NonFiniteLossError as exc:
-        err.print(f"[red]bench failed:[/red] {escape(str(exc))}")
-        raise typer.Exit(EXIT_FAILED) from None
+    print_bench_table(summary, console, ablation)
+    print_outputs(
+        console,
+        results=[out / "bench.json", out / "bench.md"],
+        plots=f"{out / 'pr_curves.png'} (per run: <run>/pr_curve.png, <run>/training_curves.png)",
+    )
+
+
+def print_outputs(console: Console, *, results: Sequence[Path], plots: str | None = None) -> None:
+    """Print the closing lines of a sweep: where its results (and plots) were written.
+
+    Args:
+        console: where to print.
+        results: the result files.
+        plots: the plot files, as one line of text.
+    """
+    # soft_wrap: paths are printed whole, never broken across lines
+    console.print(f"results: {', '.join(str(p) for p in results)}", soft_wrap=True)
+    if plots is not None:
+        console.print(f"plots: {plots}", soft_wrap=True)

@@ -23,9 +23,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .common import cli_errors
+
 __all__ = ["evaluate", "load_array", "parse_ks"]
 
-EXIT_BAD_INPUT = 2
 _EXTENSIONS = (".npy", ".npz", ".pt", ".pth")
 
 
@@ -185,8 +186,7 @@ def evaluate(
     from ..plots import plot_pr_curves
 
     console = Console()
-    errors = Console(stderr=True)
-    try:
+    with cli_errors("evaluation", bad_input=(ValueError, FileNotFoundError)):
         ks_tuple = parse_ks(ks)
         dev = _check_device(device)
         if (gallery is None) != (gallery_labels is None):
@@ -208,12 +208,6 @@ def evaluate(
             if plot_pr is not None
             else None
         )
-    except (ValueError, FileNotFoundError) as exc:
-        errors.print(
-            f"[bold red]error:[/bold red] [red]{escape(str(exc).splitlines()[0])}[/red]",
-            soft_wrap=True,
-        )
-        raise typer.Exit(code=EXIT_BAD_INPUT) from None
 
     mode = "leave-one-out" if gallery is None else f"gallery {gallery}"
     console.print(

@@ -1,4 +1,6 @@
-"""``rankwise train``: one training run from a YAML config with ``KEY=VALUE`` overrides, or the
+"""``rankwise train``: one training run from a YAML config, or the resumption of one.
+
+``rankwise train``: one training run from a YAML config with ``KEY=VALUE`` overrides, or the
 resumption of an interrupted run (``--resume RUN_DIR``), following the image-retrieval protocol of
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
 Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the
@@ -11,14 +13,21 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-__all__ = ["train"]
+from .common import cli_errors, output_console
 
-EXIT_CONFIG = 2
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+__all__ = ["FLAGS", "train"]
+
+# argument / config key of the library -> flag of this command (see common.to_flags)
+FLAGS = {
+    "output_dir": "--output",
+    "run_dir": "--resume",
+    "resume": "--resume",
+    "overwrite": "--overwrite",
+    "config": "--config",
+    "num_workers": "--num-workers",
+    "device": "--device",
+}
 
 
 def train(
@@ -46,20 +55,11 @@ def train(
     ),
 ) -> None:
     """Train an embedding model with a ranking loss; writes checkpoints, metrics and plots."""
-    from ..training import (
-        ConfigError,
-        NonFiniteLossError,
-        Trainer,
-        TrainingInterrupted,
-        load_config,
-    )
-
-    console = Console()
-    if not console.is_terminal:  # piped / captured: do not squeeze the table into 80 columns
-        console = Console(width=140)
-    err = Console(stderr=True)
+    console = output_console(140)
     overrides = list(overrides or [])
-    try:
+    with cli_errors("training", FLAGS) as err:
+        from ..training import ConfigError, Trainer, load_config
+
         if resume is not None:
             if config is not None or overrides or output is not None:
                 raise ConfigError(
@@ -80,19 +80,10 @@ def train(
                 extra.append(f"num_workers={num_workers}")
             if device is not None:
                 extra.append(f"device={device}")
-            trainer = Trainer(
+            trainer = Trainer.from_config(
                 load_config(config, overrides + extra), overwrite=overwrite, console=err
             )
         result = trainer.fit()
-    except ConfigError as exc:
-        err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(EXIT_CONFIG) from None
-    except TrainingInterrupted as exc:
-        err.print(f"[yellow]{escape(str(exc))}[/yellow]", soft_wrap=True)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
-    except NonFiniteLossError as exc:
-        err.print(f"[red]training failed:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(EXIT_FAILED) from None
 
     console.print(str(result.test))
     if result.best_step is not None:

@@ -1,4 +1,6 @@
-"""``rankwise tune``: hyper-parameter selection on the validation split, as Wen et al., *Exploring
+"""``rankwise tune``: hyper-parameter selection on the validation split.
+
+``rankwise tune``: hyper-parameter selection on the validation split, as Wen et al., *Exploring
 the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
 Sec. 5.1 and App. D.1, tuned every loss before its test report. Every point of a ``--grid`` of
 dotted overrides is trained per loss with the ``rankwise bench`` protocol and scored by the mean
@@ -12,15 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
-from .bench import option_overrides, read_base_config, sweep_console
+from .bench import FLAGS, option_overrides, print_outputs, read_base_config
+from .common import cli_errors, output_console
 
 __all__ = ["tune"]
-
-EXIT_CONFIG = 2
-EXIT_INTERRUPTED = 130
 
 
 def tune(
@@ -55,14 +53,14 @@ def tune(
     num_workers: int | None = typer.Option(None, "--num-workers", min=0),
 ) -> None:
     """Select each loss's hyper-parameters on validation mAP; write tune.json and tuned.yaml."""
-    from ..training import ConfigError, TrainingInterrupted
-    from ..training.config import apply_overrides, parse_overrides
-    from ..training.tune import parse_grid_values
-    from ..training.tune import tune as run_tune
+    console = output_console(160)
+    with cli_errors("tune", FLAGS):
+        from ..reporting import print_tune_table
+        from ..training import ConfigError
+        from ..training.config import apply_overrides, parse_overrides
+        from ..training.tune import parse_grid_values
+        from ..training.tune import tune as run_tune
 
-    console = sweep_console(160)
-    err = Console(stderr=True)
-    try:
         base = read_base_config(dataset, config)
         extra = parse_overrides(list(overrides or []))
         for key in extra:
@@ -84,7 +82,7 @@ def tune(
             loss_list = [name.strip() for name in losses.split(",") if name.strip()]
         name = str((base.get("dataset") or {}).get("name", "tune")).replace("_", "-")
         out = output if output is not None else Path("runs") / "tune" / name
-        run_tune(
+        summary = run_tune(
             base,
             losses=loss_list,
             grid=parsed_grid,
@@ -93,9 +91,12 @@ def tune(
             output=out,
             console=console,
         )
-    except ConfigError as exc:
-        err.print(f"[red]config error:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(EXIT_CONFIG) from None
-    except TrainingInterrupted as exc:
-        err.print(f"[yellow]tune interrupted: {escape(str(exc))}[/yellow]")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    print_tune_table(summary, console)
+    for loss, winner in summary["winners"].items():
+        if winner is None:
+            console.print(
+                f"[red]{loss}: every trial diverged; its bench overrides are "
+                "unchanged in tuned.yaml[/red]",
+                soft_wrap=True,
+            )
+    print_outputs(console, results=[out / "tune.json", Path(summary["tuned_config"])])

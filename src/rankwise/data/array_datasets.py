@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,12 +23,13 @@ import torch
 from .base import ArrayDataset, CorruptDatasetError, RetrievalSplits
 from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, read_idx
 from .locate import find_dataset_root
-from .splits import closed_set_split, stratified_split
+from .splits import closed_set_split, split_validation
 
 __all__ = [
     "FASHION_MNIST_SYSTEM_DIR",
     "read_mnist_family",
     "read_cifar10",
+    "read_digits_images",
     "load_digits_dataset",
     "load_mnist_family_dataset",
     "load_cifar10_dataset",
@@ -206,6 +208,7 @@ def assemble_array_splits(
     seed: int,
     n_query: int | None,
     n_train: int | None,
+    val_holdout: str = "samples",
 ) -> RetrievalSplits:
     """Build :class:`RetrievalSplits` from arrays with the open-set or closed-set protocol.
 
@@ -218,7 +221,16 @@ def assemble_array_splits(
             ``"closed-set"`` (see module docstring).
         val_fraction, seed: the stratified validation split carved from the training data.
         n_query, n_train: closed-set per-class counts (``None``: all).
+        val_holdout: ``"samples"`` (validation = held-out samples of the training classes) or
+            ``"classes"`` (held-out training classes: open-set validation; open-set only, as
+            closed-set queries belong to the training classes).
     """
+    if val_holdout == "classes" and protocol == "closed-set":
+        raise ValueError(
+            "val_holdout='classes' needs protocol='open-set': closed-set test queries belong to "
+            "the training classes, so holding classes out of training would test on classes "
+            "never trained on; use val_holdout='samples'."
+        )
     notes: list[str] = []
     single_pool = test_x is None
     if protocol == "open-set":
@@ -265,7 +277,7 @@ def assemble_array_splits(
     else:
         raise ValueError(f"`protocol` must be 'open-set' or 'closed-set', got {protocol!r}.")
 
-    kept, held = stratified_split(tr_y, val_fraction, seed)
+    kept, held, tr_y, val_note = split_validation(tr_y, val_fraction, seed, val_holdout)
     if val_fraction > 0 and held.size == 0:
         raise ValueError(
             f"`val_fraction`={val_fraction} leaves no validation sample for {name!r} (every class "
@@ -279,10 +291,7 @@ def assemble_array_splits(
         val_ds = ArrayDataset(
             torch.from_numpy(np.ascontiguousarray(tr_x[held])), tr_y[held], name=f"{name}/val"
         )
-        notes.append(
-            f"val: {held.size} of {tr_y.size} training samples held out (stratified, "
-            f"{np.unique(tr_y[held]).size} classes, seed {seed}); evaluated leave-one-out"
-        )
+        notes.append(val_note)
     test_ds = ArrayDataset(torch.from_numpy(np.ascontiguousarray(te_x)), te_y, name=f"{name}/test")
     gallery_ds = None
     if gallery:
@@ -300,6 +309,18 @@ def assemble_array_splits(
     )
 
 
+def read_digits_images(with_labels: bool = False) -> Any:
+    """scikit-learn's bundled digits as ``(1797, 1, 8, 8)`` float32 in [0, 1] (pixel values 0-16
+    divided by 16), and their ``(1797,)`` int64 labels when ``with_labels``."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = (np.asarray(bunch.images, dtype=np.float32) / 16.0)[:, None, :, :]
+    if not with_labels:
+        return images
+    return images, np.asarray(bunch.target, dtype=np.int64)
+
+
 def load_digits_dataset(
     *,
     protocol: str,
@@ -307,15 +328,12 @@ def load_digits_dataset(
     seed: int,
     n_query: int | None = 20,
     n_train: int | None = 100,
+    val_holdout: str = "samples",
 ) -> RetrievalSplits:
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes) as ``(N, 1, 8, 8)`` float32
     in [0, 1] (pixel values 0-16 divided by 16). Bundled with scikit-learn: nothing is read
     from the network."""
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    images = (np.asarray(bunch.images, dtype=np.float32) / 16.0)[:, None, :, :]
-    labels = np.asarray(bunch.target, dtype=np.int64)
+    images, labels = read_digits_images(with_labels=True)
     return assemble_array_splits(
         "digits",
         images,
@@ -327,6 +345,7 @@ def load_digits_dataset(
         seed=seed,
         n_query=n_query,
         n_train=n_train,
+        val_holdout=val_holdout,
     )
 
 
@@ -339,6 +358,7 @@ def load_mnist_family_dataset(
     seed: int,
     n_query: int | None = 100,
     n_train: int | None = 500,
+    val_holdout: str = "samples",
 ) -> RetrievalSplits:
     """MNIST / Fashion-MNIST from local IDX files as ``(N, 1, 28, 28)`` uint8 (see
     :func:`read_mnist_family` for where the files are looked for)."""
@@ -354,6 +374,7 @@ def load_mnist_family_dataset(
         seed=seed,
         n_query=n_query,
         n_train=n_train,
+        val_holdout=val_holdout,
     )
 
 
@@ -365,6 +386,7 @@ def load_cifar10_dataset(
     seed: int,
     n_query: int | None = 100,
     n_train: int | None = 500,
+    val_holdout: str = "samples",
 ) -> RetrievalSplits:
     """CIFAR-10 from the local python batches as ``(N, 3, 32, 32)`` uint8."""
     train_x, train_y, test_x, test_y = read_cifar10(data_dir)
@@ -379,4 +401,5 @@ def load_cifar10_dataset(
         seed=seed,
         n_query=n_query,
         n_train=n_train,
+        val_holdout=val_holdout,
     )

@@ -27,7 +27,7 @@ import torch
 
 from .base import CorruptDatasetError, ImageFolderDataset, RetrievalSplits
 from .locate import find_dataset_root
-from .splits import stratified_split
+from .splits import split_validation
 
 __all__ = [
     "IMAGE_DATASETS",
@@ -338,6 +338,7 @@ def load_image_dataset(
     image_size: int,
     transform: ImageTransform | None = None,
     train_transform: ImageTransform | None = None,
+    val_holdout: str = "samples",
     **reader_kwargs: Any,
 ) -> RetrievalSplits:
     """Load an image-folder benchmark (``name`` in :data:`IMAGE_DATASETS`).
@@ -352,6 +353,9 @@ def load_image_dataset(
         transform: PIL image -> tensor for val / test / gallery (default: resize + normalize).
         train_transform: the same for the training split (default: ``transform``), e.g. with
             random crops and flips.
+        val_holdout: ``"samples"`` (validation = held-out images of the training classes) or
+            ``"classes"`` (held-out training classes: open-set validation; every folder
+            benchmark's test classes are disjoint from its training classes, In-Shop's included).
         reader_kwargs: dataset-specific options (``test_size`` for ``vehicleid``).
     """
     spec = IMAGE_DATASETS[name]
@@ -376,7 +380,9 @@ def load_image_dataset(
             f"({len(train_paths)} train, {len(parsed[query_key][0])} test images)."
         )
     train_labels = np.asarray([mapping[c] for c in train_raw], dtype=np.int64)
-    kept, held = stratified_split(train_labels, val_fraction, seed)
+    kept, held, train_labels, val_note = split_validation(
+        train_labels, val_fraction, seed, val_holdout
+    )
     if val_fraction > 0 and held.size == 0:
         raise ValueError(
             f"`val_fraction`={val_fraction} leaves no validation sample for {name!r} (no class "
@@ -401,10 +407,7 @@ def load_image_dataset(
     notes = [f"{name}: images under {str(image_root)!r}, loaded lazily"]
     if held.size:
         val_ds = make([train_paths[i] for i in held], train_labels[held], "val", eval_tf)
-        notes.append(
-            f"val: {held.size} of {len(train_paths)} training images held out (stratified, "
-            f"{np.unique(train_labels[held]).size} classes, seed {seed}); evaluated leave-one-out"
-        )
+        notes.append(val_note)
     q_paths, q_raw = parsed[query_key]
     test_ds = make(
         q_paths, np.asarray([mapping[c] for c in q_raw], dtype=np.int64), "test", eval_tf

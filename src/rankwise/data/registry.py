@@ -2,8 +2,11 @@
 
 Protocols: open-set metric learning (Wen et al., NeurIPS 2022, Sec. 6: official test split,
 the rest split 9:1 into train / validation; Gajić et al., Sec. 4.1) and closed-set hashing
-(He et al., CVPR 2018, Sec. 5.1, CIFAR-10 settings 1 and 2). Nothing is ever downloaded: data is
-read from ``data_dir``, ``$RANKWISE_DATA`` or system dataset packages.
+(He et al., CVPR 2018, Sec. 5.1, CIFAR-10 settings 1 and 2), plus the augmented-instance
+benchmarks ``<name>-instances`` (:mod:`rankwise.data.instances`: every source image a class, the
+many-class regime of SOPRC). Validation holds out samples of the training classes or, with
+``val_holdout="classes"``, whole training classes (open-set validation). Nothing is ever
+downloaded: data is read from ``data_dir``, ``$RANKWISE_DATA`` or system dataset packages.
 """
 
 from __future__ import annotations
@@ -12,11 +15,30 @@ import inspect
 import os
 from typing import Any
 
-from .array_datasets import load_cifar10_dataset, load_digits_dataset, load_mnist_family_dataset
+import numpy as np
+
+from .array_datasets import (
+    load_cifar10_dataset,
+    load_digits_dataset,
+    load_mnist_family_dataset,
+    read_cifar10,
+    read_digits_images,
+    read_mnist_family,
+)
 from .base import RetrievalSplits
 from .image_datasets import IMAGE_DATASETS, load_image_dataset, read_vehicleid
+from .instances import INSTANCE_OPTIONS, build_instance_splits
+from .splits import VAL_HOLDOUTS
 
-__all__ = ["DATASETS", "DATASET_ALIASES", "PROTOCOLS", "load_dataset", "dataset_protocols"]
+__all__ = [
+    "DATASETS",
+    "DATASET_ALIASES",
+    "INSTANCE_DATASETS",
+    "PROTOCOLS",
+    "load_dataset",
+    "dataset_protocols",
+    "default_val_holdout",
+]
 
 DATASETS: tuple[str, ...] = (
     "digits",
@@ -29,7 +51,18 @@ DATASETS: tuple[str, ...] = (
     "inshop",
     "inaturalist",
     "vehicleid",
+    "digits-instances",
+    "mnist-instances",
+    "fashion-mnist-instances",
+    "cifar10-instances",
 )
+# augmented-instance benchmarks -> the dataset their source images come from
+INSTANCE_DATASETS: dict[str, str] = {
+    "digits-instances": "digits",
+    "mnist-instances": "mnist",
+    "fashion-mnist-instances": "fashion-mnist",
+    "cifar10-instances": "cifar10",
+}
 PROTOCOLS: tuple[str, ...] = ("open-set", "closed-set")
 
 DATASET_ALIASES: dict[str, str] = {
@@ -52,6 +85,12 @@ DATASET_ALIASES: dict[str, str] = {
     "inat2018": "inaturalist",
     "pku-vehicleid": "vehicleid",
     "vehicle-id": "vehicleid",
+    "fashion-mnist-instance": "fashion-mnist-instances",
+    "fashion_mnist_instances": "fashion-mnist-instances",
+    "digits_instances": "digits-instances",
+    "mnist_instances": "mnist-instances",
+    "cifar10_instances": "cifar10-instances",
+    "cifar-10-instances": "cifar10-instances",
 }
 
 _CLOSED_SET_KWARGS = ("n_query", "n_train")
@@ -63,7 +102,15 @@ def dataset_protocols(name: str) -> tuple[str, ...]:
     name = _canonical(name)
     if name in IMAGE_DATASETS:
         return (IMAGE_DATASETS[name]["protocol"],)
+    if name in INSTANCE_DATASETS:
+        return ("open-set",)
     return PROTOCOLS
+
+
+def default_val_holdout(name: str) -> str:
+    """What ``val_holdout=None`` means for ``name``: ``"classes"`` for the instance benchmarks
+    (validation on unseen sources), ``"samples"`` for the others (the papers' 9:1 split)."""
+    return "classes" if _canonical(name) in INSTANCE_DATASETS else "samples"
 
 
 def _canonical(name: str) -> str:
@@ -94,6 +141,7 @@ def load_dataset(
     val_fraction: float = 0.1,
     seed: int = 0,
     image_size: int = 224,
+    val_holdout: str | None = None,
     **kw: Any,
 ) -> RetrievalSplits:
     """Load a retrieval benchmark and split it for training and evaluation.
@@ -103,19 +151,30 @@ def load_dataset(
         protocol: ``"open-set"`` (test classes disjoint from training classes; the test set is
             queried leave-one-out) or ``"closed-set"`` (queries vs a database of the same
             classes). ``None`` (default) picks the dataset's usual protocol: open-set for all but
-            ``inshop``. ``inshop`` is closed-set
-            (query vs gallery) only; the other folder datasets are open-set only.
+            ``inshop``. ``inshop`` is closed-set (query vs gallery) only; the other folder
+            datasets and the ``*-instances`` benchmarks are open-set only.
         data_dir: folder holding the dataset (or holding it under its conventional folder name);
             defaults to ``$RANKWISE_DATA``, then system locations
             (``/usr/share/datasets/fashion-mnist``).
-        val_fraction: share of the training data held out as a stratified validation split
-            (``0`` -> ``val=None``).
-        seed: seed of every random choice (validation and closed-set splits).
+        val_fraction: share of the training data held out for validation (``0`` -> ``val=None``):
+            of its samples (``val_holdout="samples"``, stratified) or of its classes
+            (``"classes"``). Not used by the ``*-instances`` benchmarks, whose validation split
+            is ``val_classes`` unseen sources.
+        seed: seed of every random choice (validation and closed-set splits, instance sources
+            and their fixed validation / test views).
         image_size: side of the square image tensors of the folder datasets.
+        val_holdout: ``"samples"`` (held-out samples of the training classes: closed-set
+            validation, the papers' 9:1 split), ``"classes"`` (held-out training classes:
+            open-set validation, like the test) or ``None``: ``"classes"`` for the instance
+            benchmarks (the only choice there), ``"samples"`` for the others.
         **kw: ``n_query``, ``n_train`` (closed-set per-class counts, ``None`` = all; defaults
             100 / 500, digits 20 / 100) for digits / mnist / fashion-mnist / cifar10;
             ``transform``, ``train_transform`` for folder datasets; ``test_size``
-            ("small" | "medium" | "large") for vehicleid.
+            ("small" | "medium" | "large") for vehicleid; the options of
+            :func:`rankwise.data.instances.build_instance_splits` (``train_classes``,
+            ``views_per_class``, ``val_classes``, ``test_classes``, ``eval_views_per_class``,
+            ``rotation``, ``scale``, ``translation``, ``noise``, ``padding``) for the
+            ``*-instances`` benchmarks.
 
     Returns:
         :class:`RetrievalSplits`.
@@ -131,7 +190,18 @@ def load_dataset(
         protocol = dataset_protocols(key)[0]
     if protocol not in PROTOCOLS:
         raise ValueError(f"`protocol` must be one of {PROTOCOLS}, got {protocol!r}.")
-    common = {"protocol": protocol, "val_fraction": float(val_fraction), "seed": int(seed)}
+    if val_holdout is None:
+        val_holdout = default_val_holdout(key)
+    if val_holdout not in VAL_HOLDOUTS:
+        raise ValueError(f"`val_holdout` must be one of {VAL_HOLDOUTS}, got {val_holdout!r}.")
+    if key in INSTANCE_DATASETS:
+        return _load_instances(key, protocol, data_dir, seed, val_holdout, kw)
+    common = {
+        "protocol": protocol,
+        "val_fraction": float(val_fraction),
+        "seed": int(seed),
+        "val_holdout": val_holdout,
+    }
     if key == "digits":
         _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
         return load_digits_dataset(**common, **kw)
@@ -144,3 +214,36 @@ def load_dataset(
     extra = tuple(p for p in inspect.signature(read_vehicleid).parameters if p != "data_dir")
     _check_kwargs(key, kw, _IMAGE_KWARGS + (extra if key == "vehicleid" else ()))
     return load_image_dataset(key, data_dir=data_dir, image_size=image_size, **common, **kw)
+
+
+def _load_instances(
+    key: str,
+    protocol: str,
+    data_dir: str | os.PathLike | None,
+    seed: int,
+    val_holdout: str,
+    kw: dict[str, Any],
+) -> RetrievalSplits:
+    """An augmented-instance benchmark from the images of its source dataset."""
+    if protocol != "open-set":
+        raise ValueError(
+            f"dataset {key!r} supports only protocol='open-set' (unseen test sources, "
+            f"leave-one-out); got {protocol!r}."
+        )
+    if val_holdout != "classes":
+        raise ValueError(
+            f"dataset {key!r} validates on unseen sources only (val_holdout='classes'); the "
+            "training views are redrawn every step, so there are no fixed training samples to "
+            f"hold out; got val_holdout={val_holdout!r}."
+        )
+    _check_kwargs(key, kw, INSTANCE_OPTIONS)
+    base = INSTANCE_DATASETS[key]
+    test_pool: np.ndarray | None
+    if base == "digits":
+        train_pool, test_pool = read_digits_images(), None
+    elif base == "cifar10":
+        train_pool, _, test_pool, _ = read_cifar10(data_dir)
+    else:
+        train_x, _, test_x, _ = read_mnist_family(base, data_dir)
+        train_pool, test_pool = train_x[:, None], test_x[:, None]
+    return build_instance_splits(key, train_pool, test_pool, seed=int(seed), defaults_of=base, **kw)

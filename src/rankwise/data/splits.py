@@ -5,7 +5,10 @@ is kept and the rest is split 9:1 into training and validation data; the validat
 evaluated leave-one-out, so every class that contributes to it contributes at least two samples
 (a lone sample would be a query without a positive). Closed-set split: He et al., CVPR 2018
 (tie-aware hashing), Sec. 5.1, CIFAR-10 "setting 1" -- 100 queries per class, the rest is the
-database, 500 training images per class sampled from the database.
+database, 500 training images per class sampled from the database. Open-set validation
+(:func:`class_holdout_split`): whole training classes are held out instead of samples, as the
+test classes are, so model selection measures transfer to unseen classes (the class-disjoint
+validation of Musgrave et al., "A Metric Learning Reality Check", ECCV 2020).
 """
 
 from __future__ import annotations
@@ -14,7 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["stratified_split", "ClosedSetIndices", "closed_set_split"]
+__all__ = [
+    "VAL_HOLDOUTS",
+    "stratified_split",
+    "class_holdout_split",
+    "split_validation",
+    "ClosedSetIndices",
+    "closed_set_split",
+]
+
+VAL_HOLDOUTS: tuple[str, ...] = ("samples", "classes")
 
 
 def stratified_split(
@@ -76,6 +88,93 @@ def stratified_split(
     mask = np.ones(n, dtype=bool)
     mask[held] = False
     return all_idx[mask], held.astype(np.int64)
+
+
+def class_holdout_split(
+    labels: np.ndarray, fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hold out whole classes (open-set validation) instead of samples of every class.
+
+    ``max(2, round(fraction * C))`` of the ``C`` classes are held out, drawn at random among the
+    classes with at least two samples (a held-out class is queried leave-one-out, so a lone
+    sample would be a query without a positive); at least two classes stay for training.
+
+    Args:
+        labels: ``(N,)`` integer class ids.
+        fraction: share of the classes to hold out, in ``(0, 1)``.
+        seed: seed of the ``numpy.random.Generator`` (same seed -> same split).
+
+    Returns:
+        ``(kept, held_out, relabelled)``: sorted ``np.int64`` index arrays partitioning
+        ``range(N)``, and ``(N,)`` new labels: the kept classes become ``0 .. K - 1`` (in the order
+        of their ids) and the held-out ones ``K .. C - 1``, so training labels stay contiguous
+        (per-class loss state is indexed by label) and never collide with labels ``>= C``.
+
+    Raises:
+        ValueError: ``fraction`` outside ``(0, 1)``, or too few classes to keep two and hold two
+            out.
+    """
+    labels = np.asarray(labels)
+    if not 0.0 < float(fraction) < 1.0:
+        raise ValueError(
+            f"`val_fraction` must be in (0, 1) to hold out classes, got {fraction}; it is the "
+            "share of the training classes held out for validation."
+        )
+    classes, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    n_held = max(2, int(round(fraction * classes.size)))
+    eligible = np.flatnonzero(counts >= 2)
+    if classes.size - n_held < 2 or eligible.size < n_held:
+        raise ValueError(
+            f"val_holdout='classes' needs {n_held} held-out classes with >= 2 samples each and "
+            f"2 classes left to train on, but the training split has {classes.size} classes "
+            f"({eligible.size} with >= 2 samples); use val_holdout='samples' or a dataset with "
+            "more classes."
+        )
+    rng = np.random.default_rng(seed)
+    held_classes = np.zeros(classes.size, dtype=bool)
+    held_classes[rng.choice(eligible, size=n_held, replace=False)] = True
+    order = np.concatenate([np.flatnonzero(~held_classes), np.flatnonzero(held_classes)])
+    new_id = np.empty(classes.size, dtype=np.int64)
+    new_id[order] = np.arange(classes.size, dtype=np.int64)
+    held_mask = held_classes[inverse]
+    all_idx = np.arange(labels.shape[0], dtype=np.int64)
+    return all_idx[~held_mask], all_idx[held_mask], new_id[inverse]
+
+
+def split_validation(
+    labels: np.ndarray, fraction: float, seed: int, holdout: str = "samples"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """Carve a validation split out of training labels, by samples or by classes.
+
+    Args:
+        labels: ``(N,)`` training class ids (``0 .. C - 1`` in every rankwise loader).
+        fraction: share held out (of the samples, or of the classes); ``0`` -> no validation.
+        seed: seed of the split.
+        holdout: ``"samples"`` (:func:`stratified_split`: closed-set validation on the training
+            classes) or ``"classes"`` (:func:`class_holdout_split`: open-set validation).
+
+    Returns:
+        ``(kept, held_out, labels, note)``: index arrays, the (possibly relabelled) ``(N,)``
+        labels to use for both parts, and a human-readable description of the held-out part.
+    """
+    if holdout not in VAL_HOLDOUTS:
+        raise ValueError(f"`val_holdout` must be one of {VAL_HOLDOUTS}, got {holdout!r}.")
+    labels = np.asarray(labels)
+    if holdout == "samples" or float(fraction) == 0.0:
+        kept, held = stratified_split(labels, fraction, seed)
+        note = (
+            f"val: {held.size} of {labels.size} training samples held out (stratified, "
+            f"{np.unique(labels[held]).size} classes, seed {seed}); evaluated leave-one-out"
+        )
+        return kept, held, labels, note
+    kept, held, relabelled = class_holdout_split(labels, fraction, seed)
+    n_classes = np.unique(labels).size
+    note = (
+        f"val (open-set): {np.unique(labels[held]).size} of {n_classes} training classes held "
+        f"out with all their {held.size} samples (seed {seed}); the model never trains on them; "
+        "evaluated leave-one-out"
+    )
+    return kept, held, relabelled, note
 
 
 @dataclass(frozen=True)

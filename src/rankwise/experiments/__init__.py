@@ -1,1 +1,109 @@
-"""rankwise.experiments (being implemented)."""
+"""Reproductions of the papers' analysis figures, one module per experiment.
+
+Each experiment writes JSON, a PNG figure and a one-line verdict: the SOPRC estimator study and interpolation error of Wen et al.,
+*Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
+(NeurIPS 2022, Sec. 3.3, Fig. 1, App. B.2, Fig. 4-5), the sigmoid slope of Gajić et al., *Area
+Under the ROC Curve Maximization for Metric Learning* (Eq. 10, Table 1, Fig. 2) and the fast
+generalization rates of Vogel, Bellet and Clémençon, *A Probabilistic Theory of Supervised
+Similarity Learning for Pointwise ROC Curve Optimization* (ICML 2018, Sec. 5.2, Fig. 2-3).
+
+Every experiment runs from Python and from the command line with the same arguments::
+
+    from rankwise.experiments import estimator_bias
+    result = estimator_bias.run(distribution="bibeta", quick=True, seed=1, output="runs/eb")
+    print(result.verdict)            # one line
+    result.data["rows"]              # what the JSON holds; result.figure is the matplotlib figure
+
+    rankwise experiment list
+    rankwise experiment estimator-bias --distribution bibeta --quick --seed 1 --output runs/eb
+
+``output`` is a directory (``NAME.json`` and ``NAME.png`` inside) or a ``.json`` file (the PNG
+beside it); existing files are only replaced with ``overwrite=True`` / ``--overwrite``. From
+Python, ``output=None`` (the default) writes nothing; the command line writes to
+``runs/experiments/`` by default.
+
+Adding an experiment takes one module and one registry entry:
+
+1. ``src/rankwise/experiments/my_study.py`` defines ``run`` with the :func:`experiment` decorator::
+
+       from .base import ExperimentResult, experiment, new_figure
+
+       @experiment("my-study", summary="One line for `rankwise experiment list`.",
+                   reference="Author et al., Venue Year, Sec. 5, Fig. 3")
+       def run(*, quick: bool = False, seed: int = 0, sizes: tuple[int, ...] = (10, 100)):
+           # docstring: a summary line, then a Google-style Args section with one entry per
+           # option ("sizes: Sample sizes, comma-separated."): it is the option's --help text
+           ...
+           return ExperimentResult("my-study", data={...}, verdict="my-study: ...",
+                                   consistent=True, figure=figure)
+
+   Options are keyword-only with defaults; ``bool``, ``int``, ``float``, ``str``, ``X | None`` and
+   ``tuple[X, ...]`` annotations become ``--kebab-case`` options of the command (tuples as
+   comma-separated lists), and the docstring's ``Args:`` lines their help. ``quick`` and ``seed``
+   are required; ``output`` and ``overwrite`` are added by the decorator. Validate options with the
+   helpers of :mod:`rankwise._validation` (a ``ValueError`` becomes a one-line ``error:`` and exit
+   code 2 on the command line). Keep module-level imports light (numpy): the command line imports
+   every registered module to build its options.
+2. Add ``"my-study": "rankwise.experiments.my_study"`` to :data:`REGISTRY` below.
+
+Tests (``tests/experiments/``) run every registered experiment with ``quick=True`` and check that
+it finishes within a minute and is deterministic for a seed, so a new experiment is covered at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from .base import ExperimentResult, ExperimentSpec, experiment
+
+__all__ = [
+    "REGISTRY",
+    "ExperimentResult",
+    "ExperimentSpec",
+    "experiment",
+    "get_experiment",
+    "list_experiments",
+    "run_experiment",
+]
+
+#: Experiment name -> module defining its ``run`` (imported on first use).
+REGISTRY: dict[str, str] = {
+    "auc-slope": "rankwise.experiments.auc_slope",
+}
+
+
+def get_experiment(name: str) -> Callable[..., ExperimentResult]:
+    """The ``run`` function of a registered experiment (with its spec as ``run.spec``).
+
+    Raises:
+        ValueError: unknown name (the message lists the registered ones).
+    """
+    if name not in REGISTRY:
+        raise ValueError(
+            f"unknown experiment {name!r}; available: {', '.join(REGISTRY)} "
+            "(`rankwise experiment list`)."
+        )
+    module = importlib.import_module(REGISTRY[name])
+    run = module.run
+    if run.spec.name != name:
+        raise RuntimeError(
+            f"REGISTRY maps {name!r} to {REGISTRY[name]}, whose experiment is {run.spec.name!r}."
+        )
+    return run
+
+
+def list_experiments() -> list[ExperimentSpec]:
+    """The specs of every registered experiment, in registry order."""
+    return [get_experiment(name).spec for name in REGISTRY]
+
+
+def run_experiment(name: str, **options: Any) -> ExperimentResult:
+    """Run a registered experiment by name: ``run_experiment("auc-slope", quick=True)``.
+
+    Args:
+        name: a key of :data:`REGISTRY`.
+        **options: the experiment's options, plus ``output`` and ``overwrite``.
+    """
+    return get_experiment(name)(**options)

@@ -1,26 +1,54 @@
-"""Training and benchmarking of embedding models with ranking losses, following the protocol of
+"""Training and benchmarking of embedding models with ranking losses.
+
+Training and benchmarking of embedding models with ranking losses, following the protocol of
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
 Stability* (NeurIPS 2022), Sec. 5.1 and App. D: P x K batches, model selection by validation
 mAUPRC, test report of the selected model, and the Table 1 / Table 2 comparisons
 (:mod:`rankwise.training.bench`).
+
+:class:`Trainer` takes your model, loss and data (:mod:`~rankwise.training.trainer`);
+:meth:`Trainer.from_config` builds them from a YAML config (:mod:`~rankwise.training.build`);
+:mod:`~rankwise.training.callbacks` holds the progress bar, the metrics log, the best-checkpoint
+selection, the plots and the collapse detector. Needs the ``train`` extra
+(``pip install 'rankwise[train]'``).
 """
 
-from .checkpoint import atomic_save, atomic_write_text, load_checkpoint
-from .config import Config, ConfigError, config_from_dict, load_config, parse_overrides
-from .trainer import (
-    NonFiniteLossError,
-    RunResult,
-    Trainer,
-    TrainingInterrupted,
-    learning_rate_at,
-    train,
+from .._extras import require
+
+require(("rich", "pydantic", "yaml", "matplotlib"), "train", "rankwise.training")
+
+from .callbacks import (  # noqa: E402 - after the dependency check
+    BestCheckpoint,
+    Callback,
+    CollapseDetector,
+    MetricsLogger,
+    PlotCurves,
+    ProgressBar,
+    StepOutput,
 )
+from .checkpoint import atomic_save, atomic_write_text, load_checkpoint  # noqa: E402
+from .config import Config, config_from_dict, load_config, parse_overrides  # noqa: E402
+from .errors import (  # noqa: E402
+    CollapsedEmbeddingsError,
+    ConfigError,
+    NonFiniteLossError,
+    TrainingInterrupted,
+)
+from .trainer import RunResult, Trainer, learning_rate_at, train  # noqa: E402
 
 __all__ = [
+    "BestCheckpoint",
+    "Callback",
+    "CollapseDetector",
+    "CollapsedEmbeddingsError",
     "Config",
     "ConfigError",
+    "MetricsLogger",
     "NonFiniteLossError",
+    "PlotCurves",
+    "ProgressBar",
     "RunResult",
+    "StepOutput",
     "Trainer",
     "TrainingInterrupted",
     "atomic_save",

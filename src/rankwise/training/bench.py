@@ -1,4 +1,6 @@
-"""Loss comparison and ablation sweeps: the Table 1 and Table 2 protocol of Wen et al.,
+"""Loss comparison and ablation sweeps (Tables 1 and 2 of the SOPRC paper).
+
+Loss comparison and ablation sweeps: the Table 1 and Table 2 protocol of Wen et al.,
 *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
 (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale.
 
@@ -13,26 +15,33 @@ semi-variance regularizer L_var (Eq. 9), and SGD versus Adam.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from .build import load_splits, preflight
 from .checkpoint import atomic_write_text
 from .config import Config, ConfigError, apply_overrides, config_from_dict
-from .trainer import RunResult, Trainer, load_splits, preflight
+from .trainer import RunResult, Trainer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..data import RetrievalSplits
+    from ..metrics import PRCurve
 
 __all__ = [
     "ABLATION_ROWS",
     "BenchRow",
     "BenchRun",
     "aggregate_rows",
-    "bench_table_markdown",
     "plan_bench",
+    "prepare_splits",
+    "reference_rows",
     "run_bench",
 ]
 
@@ -73,6 +82,7 @@ class BenchRow:
     results: list[RunResult]
 
     def to_dict(self) -> dict[str, Any]:
+        """The row of ``bench.json``: mean and std over seeds of every metric, and bookkeeping."""
         out: dict[str, Any] = {"loss": self.info.get("loss", self.label)}
         for key, getter in _METRICS:
             values = [float(getter(r.test)) for r in self.results]
@@ -116,7 +126,7 @@ def plan_bench(
         ablation: plan Table 2's five SOPRC rows instead of the loss comparison.
         output: sweep directory; run ``<label>/seed<k>`` goes below it.
         run_overrides: dotted ``{key: value}`` overrides applied to every run last (after its loss
-            is chosen and after the ``--quick`` budget), e.g. ``{"loss.params.lambda_val": 50}`` or
+            is chosen and after the ``quick`` budget), e.g. ``{"loss.params.lambda_val": 50}`` or
             ``{"budget.iterations": 20}`` from the command line (a parameter a run's loss does not
             take is reported as a config error naming the run).
 
@@ -159,11 +169,11 @@ def plan_bench(
     runs = []
     run_overrides = dict(run_overrides or {})
     if "loss.name" in run_overrides or "loss" in run_overrides:
-        raise ConfigError("bench: choose losses with --losses, not a loss.name override.")
-    reserved = {"seed": "--seeds", "output_dir": "--output"}
-    for key, flag in reserved.items():
+        raise ConfigError("bench: choose losses with `losses`, not a loss.name override.")
+    reserved = {"seed": "seeds", "output_dir": "output"}
+    for key, argument in reserved.items():
         if key in run_overrides:
-            raise ConfigError(f"bench: set {key} with {flag}, not a {key}= override.")
+            raise ConfigError(f"bench: set {key} with `{argument}`, not a {key}= override.")
     for label, data, info in plans:
         for seed in seeds:
             resolved = apply_overrides(
@@ -174,7 +184,7 @@ def plan_bench(
                     "output_dir": str(Path(output) / label / f"seed{seed}"),
                 },
             )
-            # last, so that command-line values win over the --quick budget too
+            # last, so that the caller's values win over the quick budget too
             resolved = apply_overrides(resolved, run_overrides)
             try:
                 config = config_from_dict(resolved)
@@ -182,7 +192,7 @@ def plan_bench(
                 raise ConfigError(f"bench run {label} (seed {seed}): {exc}") from None
             runs.append(BenchRun(label, int(seed), config, info))
     if not runs:
-        raise ConfigError("bench: nothing to run (empty --losses or --seeds).")
+        raise ConfigError("bench: nothing to run (empty `losses` or `seeds`).")
     return runs
 
 
@@ -195,83 +205,9 @@ def aggregate_rows(runs: Sequence[BenchRun], results: Sequence[RunResult]) -> li
     return list(rows.values())
 
 
-def _pct(mean: float, std: float) -> str:
-    return f"{100 * mean:.2f} ± {100 * std:.2f}"
-
-
-def _check(flag: bool) -> str:
-    return "✓" if flag else "✗"
-
-
-def _table_columns(ablation: bool) -> list[str]:
-    head = ["No.", "Unb. Est.", "with v", "with L_var", "Opt."] if ablation else ["Loss"]
-    return head + ["mAUPRC", "R@1", "R@10", "MAP@R", "s / run"]
-
-
-def _table_cells(row: Mapping[str, Any], ablation: bool) -> list[str]:
-    if ablation:
-        head = [
-            str(row["variant"]),
-            _check(row["unbiased_estimator"]),
-            _check(row["with_v"]),
-            _check(row["with_semi_variance"]),
-            "SGD" if row["optimizer"] == "sgd" else "Adam",
-        ]
-    else:
-        head = [row["loss"]]
-    return head + [
-        _pct(row["map_mean"], row["map_std"]),
-        _pct(row["recall_at_1_mean"], row["recall_at_1_std"]),
-        _pct(row["recall_at_10_mean"], row["recall_at_10_std"]),
-        _pct(row["map_at_r_mean"], row["map_at_r_std"]),
-        f"{row['seconds']:.1f}",
-    ]
-
-
-def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> str:
-    """Markdown table of a ``bench.json`` summary (values in %, mean ± std over seeds)."""
-    columns = _table_columns(ablation)
-    lines = [
-        f"# rankwise bench: {summary['dataset']} ({summary['protocol']})",
-        "",
-        f"Seeds: {summary['seeds']}. Test metrics of the checkpoint with the best validation "
-        "mAP, in %, mean ± sample std over seeds; mAUPRC is the tie-aware mAP.",
-        "",
-        "| " + " | ".join(columns) + " |",
-        "|" + "|".join("---" for _ in columns) + "|",
-    ]
-    for row in summary["rows"]:
-        lines.append("| " + " | ".join(_table_cells(row, ablation)) + " |")
-    for row in summary.get("reference_rows", []) if not ablation else []:
-        cells = _table_cells(row, ablation)
-        lines.append("| " + " | ".join([f"*{cells[0]}*", *cells[1:-1], "—"]) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def print_bench_table(summary: Mapping[str, Any], console: Any, ablation: bool = False) -> None:
-    """Rich table of a ``bench.json`` summary; the best mAUPRC row is bold."""
-    from rich.table import Table
-
-    title = (
-        f"{'Ablation (Table 2)' if ablation else 'Table 1'}: {summary['dataset']} "
-        f"({summary['protocol']}), {len(summary['seeds'])} seed(s), test metrics in %"
-    )
-    table = Table(title=title)
-    for i, name in enumerate(_table_columns(ablation)):
-        table.add_column(name, justify="left" if i == 0 and not ablation else "right")
-    best = max((row["map_mean"] for row in summary["rows"]), default=math.nan)
-    for row in summary["rows"]:
-        style = "bold" if row["map_mean"] == best else None
-        table.add_row(*_table_cells(row, ablation), style=style)
-    references = summary.get("reference_rows", []) if not ablation else []
-    if references:
-        table.add_section()  # a rule between the trained rows and the no-learning references
-    for row in references:
-        table.add_row(*_table_cells(row, ablation)[:-1], "—", style="dim italic")
-    console.print(table)
-
-
-def prepare_splits(runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]) -> Any:
+def prepare_splits(
+    runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]
+) -> RetrievalSplits:
     """One data load for a whole sweep, then every data-dependent check of every distinct run.
 
     Args:
@@ -304,7 +240,7 @@ def prepare_splits(runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]
 
 
 def reference_rows(
-    runs: Sequence[BenchRun], splits: Any, seeds: Sequence[int], output: Path
+    runs: Sequence[BenchRun], splits: RetrievalSplits, seeds: Sequence[int], output: Path
 ) -> list[dict[str, Any]]:
     """What the table must be read against: the same test protocol with no learning at all.
 
@@ -333,7 +269,7 @@ def reference_rows(
             out[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
         return out
 
-    def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:
+    def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:  # an in-memory ArrayDataset
         x = dataset.inputs.reshape(len(dataset.labels), -1).to(torch.float32)
         return x, np.asarray(dataset.labels)
 
@@ -352,13 +288,13 @@ def reference_rows(
         config = runs[0].config.model_copy(
             update={"seed": int(seed), "output_dir": str(output / "untrained" / f"seed{seed}")}
         )
-        trainer = Trainer(config, splits=splits, overwrite=True)
+        trainer = Trainer.from_config(config, splits=splits, overwrite=True)
         reports.append(trainer.evaluate("test"))
     rows.append(row("untrained network", reports))
     return rows
 
 
-def _mean_curve(results: Sequence[RunResult]) -> Any:
+def _mean_curve(results: Sequence[RunResult]) -> PRCurve:
     from ..metrics import PRCurve
 
     curves = [r.pr_curve for r in results]
@@ -377,12 +313,13 @@ def run_bench(
     quick: bool = False,
     ablation: bool = False,
     output: str | Path,
-    console: Any = None,
+    console: Console | None = None,
     run_overrides: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train every planned run, then write ``bench.json``, ``bench.md`` and ``pr_curves.png``.
 
-    Arguments as in :func:`plan_bench`. All configuration errors (including the data-dependent
+    Arguments as in :func:`plan_bench`; ``console`` receives one progress line per run (the
+    table itself is :func:`rankwise.reporting.print_bench_table` of the returned summary). All configuration errors (including the data-dependent
     ones: unknown loss parameter, too many classes per batch) are raised before the first run.
 
     Returns:
@@ -393,6 +330,7 @@ def run_bench(
     from rich.console import Console
 
     from ..plots import plot_pr_curves
+    from ..reporting import bench_table_markdown
 
     console = console if console is not None else Console()
     output = Path(output)
@@ -414,7 +352,8 @@ def run_bench(
     )
     results: list[RunResult] = []
     for i, run in enumerate(runs, 1):
-        result = Trainer(run.config, splits=splits, overwrite=True, console=console).fit()
+        trainer = Trainer.from_config(run.config, splits=splits, overwrite=True, console=console)
+        result = trainer.fit()
         results.append(result)
         console.print(
             f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
@@ -441,13 +380,5 @@ def run_bench(
         title=f"mean PR curves on {summary['dataset']} test "
         f"({'SOPRC ablation' if ablation else 'all losses'})",
         labels={row.label: row.to_dict()["map_mean"] for row in rows},
-    )
-    print_bench_table(summary, console, ablation)
-    # soft_wrap: paths are printed whole, never broken across lines
-    console.print(f"results: {output / 'bench.json'}, {output / 'bench.md'}", soft_wrap=True)
-    console.print(
-        f"plots: {output / 'pr_curves.png'} (per run: <run>/pr_curve.png, "
-        "<run>/training_curves.png)",
-        soft_wrap=True,
     )
     return summary

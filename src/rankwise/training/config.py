@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .errors import ConfigError
+
 __all__ = [
     "BenchConfig",
     "BudgetConfig",
@@ -37,10 +39,6 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
-    """A configuration problem, reported before any training with the offending dotted key."""
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -55,8 +53,13 @@ class DatasetConfig(_Strict):
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     image_size: int = Field(224, gt=0)
     split_seed: int = 0  # fixed across training seeds, so seeds vary only the optimization
+    # validation = held-out "samples" of the training classes (the papers' 9:1 split) or held-out
+    # "classes" (open-set, like the test: selection on held-out samples saturates on small
+    # benchmarks); None = the dataset's default ("classes" for *-instances, else "samples")
+    val_holdout: Literal["samples", "classes"] | None = None
     # extra keyword arguments of rankwise.data.load_dataset for this dataset, e.g.
-    # {test_size: large} for VehicleID or {n_query: 100, n_train: 500} for closed-set splits
+    # {test_size: large} for VehicleID, {n_query: 100, n_train: 500} for closed-set splits or
+    # {train_classes: 10000, views_per_class: 4} for an instance benchmark
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -98,6 +101,7 @@ class SamplerConfig(_Strict):
 
     @property
     def classes_per_batch(self) -> int:
+        """Distinct classes in a batch: ``batch_size // m``."""
         return self.batch_size // self.m
 
 

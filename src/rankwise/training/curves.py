@@ -1,4 +1,6 @@
-"""Convergence figure of a training run: training loss and validation mAUPRC (tie-aware mAP)
+"""Convergence figure of a training run (training loss and validation mAP).
+
+Convergence figure of a training run: training loss and validation mAUPRC (tie-aware mAP)
 against the optimizer step, the right panel of Fig. 2 of Wen et al., *Exploring the
 Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022).
 

@@ -1,39 +1,69 @@
-"""Training loop of the image-retrieval experiments of Wen et al., *Exploring the
+"""The training loop: a Trainer for your own model, loss and data.
+
+The training loop of the image-retrieval experiments of Wen et al., *Exploring the
 Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
 Sec. 5.1 and App. D.1: an embedding network trained end to end with a ranking loss (SOPRC's
 Alg. 1 or a competitor) on P x K mini-batches with exactly ``m`` samples per class, model selection
 by validation mAUPRC (tie-aware mAP), and a final test report of the selected model (open-set:
-leave-one-out on the test split; closed-set: test queries against the gallery).
+leave-one-out on the test data; closed-set: test queries against a gallery).
+
+:class:`Trainer` takes objects — your ``nn.Module``, a loss, a dataset — and runs that loop;
+:meth:`Trainer.from_config` builds them from a YAML config (:mod:`rankwise.training.build`). The
+progress bar, the ``metrics.jsonl`` log, the best-checkpoint selection, the plots and the collapse
+detector are callbacks (:mod:`rankwise.training.callbacks`), so :meth:`Trainer.fit` is the loop.
 
 The loop is resumable bit for bit: a checkpoint holds the weights, the optimizer, the loss buffers
-(SOPRC's auxiliary vector ``v`` of Eq. (10)), the sampler position (epoch and batch), every RNG
-stream, the step counter and the best-so-far. Random data transforms draw from a generator seeded
-by ``(seed, epoch, batch, slot)``, so batches do not depend on where a run was interrupted nor on
-``num_workers``. The learning rate is a pure function of the step, so the schedule needs no state.
+(SOPRC's auxiliary vector ``v`` of Eq. (10)), the learning-rate scheduler, the sampler position
+(epoch and batch), every RNG stream, the step counter and the callbacks' state (the best-so-far,
+the logged loss window). Random data transforms draw from a generator seeded by
+``(seed, epoch, batch, slot)``, so batches do not depend on where a run was interrupted nor on
+``num_workers``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import random
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import yaml
+from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .._threads import preserve_torch_threads
+from .._validation import Interval, check_bool, check_scalar
+from .build import (
+    build_loss_from_config,
+    build_model_from_config,
+    build_optimizer,
+    build_sampler_from_config,
+    check_batch_classes,
+    learning_rate_at,
+    load_splits,
+    preflight,
+    resolve_device,
+    seed_everything,
+    total_steps,
+)
+from .callbacks import (
+    BestCheckpoint,
+    Callback,
+    CollapseDetector,
+    MetricsLogger,
+    PlotCurves,
+    ProgressBar,
+    StepCallback,
+    StepOutput,
+)
 from .checkpoint import (
     atomic_save,
     atomic_write_text,
@@ -41,74 +71,30 @@ from .checkpoint import (
     load_checkpoint,
     restore_rng_state,
 )
-from .config import Config, ConfigError, OptimizerConfig, config_from_dict
+from .config import Config, config_from_dict
+from .errors import ConfigError, NonFiniteLossError, TrainingInterrupted
+from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..data import RetrievalSplits
+    from ..metrics import PRCurve, RetrievalReport
 
 __all__ = [
-    "COLLAPSE_SPREAD",
-    "CollapsedEmbeddingsError",
-    "NonFiniteLossError",
+    "LRSchedule",
     "RunResult",
     "Trainer",
-    "TrainingInterrupted",
     "build_optimizer",
-    "embedding_spread",
     "learning_rate_at",
     "load_splits",
     "preflight",
     "train",
 ]
 
-CHECKPOINT_FORMAT = 1
-# embedding_spread below which a run counts as collapsed: every cosine score then lies within
-# 2 * spread**2 = 2e-6 of every other (a few float32 ulps near 1), i.e. every score ties
-COLLAPSE_SPREAD = 1e-3
-Callback = Callable[["Trainer"], None]
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; the run stopped without applying that step."""
-
-    def __init__(self, message: str, step: int, last_good_checkpoint: Path | None) -> None:
-        super().__init__(message)
-        self.step = step
-        self.last_good_checkpoint = last_good_checkpoint
-
-
-class CollapsedEmbeddingsError(NonFiniteLossError):
-    """Every score ties: the embeddings of a training batch or of the validation split all point
-    in the same direction, so nothing can be ranked any more; the run stopped.
-
-    A subclass of :class:`NonFiniteLossError` so every handler of a diverged run (the CLI, ``tune``
-    recording a failed trial) handles a collapsed one too. ``spread`` is the
-    :func:`embedding_spread` that triggered it, ``where`` ``"training batch"`` or
-    ``"validation split"``.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        step: int,
-        last_good_checkpoint: Path | None,
-        spread: float,
-        where: str,
-    ) -> None:
-        super().__init__(message, step, last_good_checkpoint)
-        self.spread = spread
-        self.where = where
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or a callback raising ``KeyboardInterrupt``) stopped the run after a checkpoint."""
-
-    def __init__(self, message: str, step: int, run_dir: Path, checkpoint_step: int | None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.step = step
-        self.run_dir = run_dir
-        self.checkpoint_step = checkpoint_step
-
-    def __str__(self) -> str:
-        return self.message
+# a learning rate per 0-based step, or a torch scheduler stepped after every optimizer step
+LRSchedule = Callable[[int], float] | torch.optim.lr_scheduler.LRScheduler
+CallbackLike = Callback | Callable[["Trainer"], None]
 
 
 @dataclass
@@ -116,25 +102,26 @@ class RunResult:
     """Outcome of :meth:`Trainer.fit`.
 
     Attributes:
-        run_dir: the run directory.
-        status: ``"completed"`` (budget reached, test report written) or ``"stopped"``
-            (``max_steps`` reached; ``last.pt`` holds the state, resume to finish).
+        run_dir: the run directory (``None`` for a trainer without one).
+        status: ``"completed"`` (budget reached, test report made) or ``"stopped"``
+            (``max_steps`` reached; resume to finish).
         steps: optimizer steps taken.
         seconds: wall-clock seconds spent in this run, summed over resumptions.
-        best_step: step of the best validation mAP (``None`` before the first evaluation).
-        best_val: the best validation ``RetrievalReport.to_dict()``.
-        test: the test :class:`~rankwise.metrics.RetrievalReport` of the best model (completed only).
-        pr_curve: the test :class:`~rankwise.metrics.PRCurve` of the best model (completed only).
+        best_step: step of the best validation score (``None`` before the first evaluation).
+        best_val: the best validation ``RetrievalReport`` summary (a dict).
+        test: the test report of the selected model (completed runs with test data only).
+        pr_curve: the test mean precision-recall curve of the selected model (idem).
+        config: the run's config as a dict (empty for a trainer built from objects).
     """
 
-    run_dir: Path
+    run_dir: Path | None
     status: str
     steps: int
     seconds: float
     best_step: int | None
     best_val: dict[str, Any] | None
-    test: Any = None
-    pr_curve: Any = None
+    test: RetrievalReport | None = None
+    pr_curve: PRCurve | None = None
     config: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,144 +133,12 @@ class RunResult:
             "best_step": self.best_step,
             "best_val": self.best_val,
             "test": None if self.test is None else self.test.to_dict(),
-            "run_dir": str(self.run_dir),
+            "run_dir": None if self.run_dir is None else str(self.run_dir),
         }
 
 
-# -- helpers --------------------------------------------------------------------------------------
-
-
-def learning_rate_at(config: Config, step: int, total_steps: int) -> float:
-    """Learning rate of the optimizer step with 0-based index ``step``.
-
-    multistep: ``lr * gamma ** (number of milestones <= step)`` (as ``MultiStepLR`` stepped per
-    iteration); cosine: ``min_lr + (lr - min_lr) * (1 + cos(pi * step / total_steps)) / 2``.
-    """
-    base = config.optimizer.lr
-    schedule = config.schedule
-    if schedule.name == "multistep":
-        passed = sum(1 for milestone in schedule.milestones if milestone <= step)
-        return base * schedule.gamma**passed
-    if schedule.name == "cosine":
-        progress = min(step, total_steps) / max(total_steps, 1)
-        return schedule.min_lr + (base - schedule.min_lr) * 0.5 * (
-            1.0 + math.cos(math.pi * progress)
-        )
-    return base
-
-
-def embedding_spread(embeddings: torch.Tensor) -> float:
-    """Largest distance of an L2-normalized row of ``embeddings`` (N, d) from the first one.
-
-    Cosine scores are ranked by direction only, and for unit vectors 1 - u_i.u_j = |u_i - u_j|^2 / 2,
-    so a spread ``r`` puts every pairwise score within 2 r^2 of every other. 0 means every row has
-    the same direction (or every row is zero); ``inf`` for fewer than 2 rows (nothing to compare).
-    O(N d), no score matrix.
-    """
-    if embeddings.shape[0] < 2:
-        return math.inf
-    unit = torch.nn.functional.normalize(embeddings.detach().float(), dim=1)
-    return float((unit - unit[:1]).norm(dim=1).max())
-
-
-def _mix_seed(*parts: int) -> int:
-    """splitmix64 over the parts: decorrelated 63-bit seeds from small integers."""
-    mask = (1 << 64) - 1
-    state = 0x9E3779B97F4A7C15
-    for part in parts:
-        state = (state + (int(part) & mask) + 0x9E3779B97F4A7C15) & mask
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
-        state = z ^ (z >> 31)
-    return state >> 1
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: 'cuda' requested but no CUDA device is available; use auto/cpu.")
-    return torch.device(name)
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))  # noqa: NPY002
-    torch.manual_seed(seed)
-
-
-class _PositionedBatches:
-    """Batch sampler yielding ``(index, item_seed, epoch, position)`` tuples forever.
-
-    Starts at batch ``position`` of ``epoch`` of the underlying P x K sampler (whose batches are a
-    function of its seed and ``set_epoch``) and continues with the following epochs. The epoch and
-    position travel with the items, so the trainer knows exactly which batch it consumed even when
-    DataLoader workers prefetch ahead.
-    """
-
-    def __init__(self, sampler: Any, seed: int, epoch: int, position: int) -> None:
-        self.sampler = sampler
-        self.seed = seed
-        self.epoch = epoch
-        self.position = position
-
-    def __iter__(self) -> Iterator[list[tuple[int, int, int, int]]]:
-        epoch, skip = self.epoch, self.position
-        while True:
-            self.sampler.set_epoch(epoch)
-            produced = 0
-            for position, batch in enumerate(self.sampler):
-                produced += 1
-                if position < skip:
-                    continue
-                yield [
-                    (int(index), _mix_seed(self.seed, epoch, position, slot), epoch, position)
-                    for slot, index in enumerate(batch)
-                ]
-            if produced == 0:
-                raise RuntimeError("the batch sampler produced no batch in an epoch.")
-            epoch, skip = epoch + 1, 0
-
-
-class _SeededItems(Dataset):
-    """Wraps a dataset so every item's random transform is seeded by its batch coordinates."""
-
-    def __init__(self, dataset: Dataset, reseed: bool) -> None:
-        self.dataset = dataset
-        self.reseed = reseed
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def __getitem__(self, key: tuple[int, int, int, int]) -> tuple[Any, int, torch.Tensor]:
-        index, item_seed, epoch, position = key
-        meta = torch.tensor([epoch, position], dtype=torch.int64)
-        if not self.reseed:
-            x, label = self.dataset[index]
-            return x, label, meta
-        np_state, py_state = np.random.get_state(), random.getstate()  # noqa: NPY002
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(item_seed)
-            np.random.seed(item_seed % (2**32))  # noqa: NPY002
-            random.seed(item_seed)
-            try:
-                x, label = self.dataset[index]
-            finally:
-                np.random.set_state(np_state)  # noqa: NPY002
-                random.setstate(py_state)
-        return x, label, meta
-
-
-def _worker_init(worker_id: int) -> None:
-    # each worker gets a distinct, reproducible stream (the DataLoader generator fixes base seeds)
-    worker_seed = torch.initial_seed() % (2**32)
-    np.random.seed(worker_seed)  # noqa: NPY002
-    random.seed(worker_seed)
-
-
 @contextlib.contextmanager
-def _determinism(enabled: bool, device: torch.device) -> Iterator[None]:
+def _determinism(enabled: bool) -> Iterator[None]:
     previous = torch.are_deterministic_algorithms_enabled()
     previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     previous_cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
@@ -310,9 +165,10 @@ def _graceful_sigint(trainer: Trainer) -> Iterator[None]:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
         trainer._stop_requested = True
+        saving = " and saving a checkpoint" if trainer.run_dir is not None else ""
         trainer.console.print(
-            "[yellow]Ctrl-C: stopping after this step and saving a checkpoint "
-            "(press Ctrl-C again to abort without saving).[/yellow]",
+            f"[yellow]Ctrl-C: stopping after this step{saving} "
+            "(press Ctrl-C again to abort at once).[/yellow]",
             soft_wrap=True,
         )
 
@@ -323,250 +179,394 @@ def _graceful_sigint(trainer: Trainer) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _report_value(report: Any, name: str) -> float:
-    return float(getattr(report, name))
-
-
-def _collapse_advice(config: Config) -> str:
-    """Likely causes of a collapse under ``config`` and the settings that fix them."""
-    oc = config.optimizer
-    causes, fixes = [], []
-    if oc.weight_decay > 0 and oc.name != "adamw":
-        how = (
-            "Adam divides the decay term by the gradient's scale, so it moves every weight by a "
-            "full lr-sized step towards 0"
-            if oc.name == "adam"
-            else "it shrinks the weights towards 0"
-        )
-        causes.append(
-            f"weight decay coupled to the gradient (optimizer.name={oc.name}, weight_decay="
-            f"{oc.weight_decay:g}) outweighing a tiny loss gradient: {how}"
-        )
-        fixes.append("optimizer.name=adamw (decoupled weight decay) or optimizer.weight_decay=0")
-    causes.append(f"a learning rate too high for this loss (optimizer.lr={oc.lr:g})")
-    fixes.append("a lower optimizer.lr")
-    if config.loss.name == "soprc" and config.loss.params.get("prior_scale") is None:
-        causes.append(
-            "SOPRC's gradient shrinks with the class prior, and the raw priors of a many-class "
-            "dataset (~1e-4) leave almost none"
-        )
-        fixes.append("loss.params.prior_scale (see docs/losses.md, SOPRC)")
-    return f"Likely cause: {'; or '.join(causes)}. Fix: {'; '.join(fixes)}."
-
-
-def _summary(report: Any) -> dict[str, Any]:
-    """``report.to_dict()`` without the per-query list (kept only in ``report.json``)."""
-    out = report.to_dict()
-    out.pop("per_query_ap", None)
-    return out
-
-
-# -- data-dependent configuration checks ---------------------------------------------------------
-
-
-def load_splits(config: Config) -> Any:
-    """:func:`rankwise.data.load_dataset` for ``config.dataset``; failures as :class:`ConfigError`."""
-    from ..data import load_dataset
-
-    ds = config.dataset
+def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
+    if device is None:
+        first = next(iter(model.parameters()), None)
+        return first.device if first is not None else torch.device("cpu")
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return load_dataset(
-            ds.name,
-            protocol=ds.protocol,
-            data_dir=ds.data_dir,
-            val_fraction=ds.val_fraction,
-            seed=ds.split_seed,
-            image_size=ds.image_size,
-            **ds.options,
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"`device`: unknown device {device!r} (use cpu, cuda or auto).") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"`device` {device!r}: no CUDA device is available on this machine.")
+    return dev
+
+
+def _check_dataset(data: Any, name: str, required: bool = False) -> None:
+    if data is None:
+        if required:
+            raise ValueError(f"`{name}` is required: a map-style dataset of (x, label) items.")
+        return
+    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        raise ValueError(
+            f"`{name}` must be a map-style dataset (with __len__ and __getitem__ returning "
+            f"(x, label)), got {type(data).__name__}."
         )
-    except FileNotFoundError as exc:
-        raise ConfigError(f"dataset.data_dir: {exc}") from None
-    except ValueError as exc:
-        raise ConfigError(f"dataset: {exc}") from None
-
-
-def _check_batch_classes(config: Config, splits: Any) -> tuple[np.ndarray, int]:
-    train_labels = np.asarray(splits.train.labels, dtype=np.int64)
-    n_classes = int(np.unique(train_labels).size)
-    per_batch = config.sampler.classes_per_batch
-    if per_batch > n_classes:
-        raise ConfigError(
-            f"sampler.batch_size: {config.sampler.batch_size} / sampler.m={config.sampler.m} "
-            f"= {per_batch} classes per batch, but the training split of "
-            f"{config.dataset.name!r} has only {n_classes} classes; use sampler.batch_size <= "
-            f"{n_classes * config.sampler.m}."
+    if len(data) == 0:
+        raise ValueError(f"`{name}` is empty.")
+    item = data[0]  # one item, so a wrong layout fails here and not in a worker process
+    if not (isinstance(item, (tuple, list)) and len(item) == 2):
+        raise ValueError(
+            f"`{name}[0]` must be an (x, label) pair, got {type(item).__name__}; wrap the data "
+            "in a Dataset whose __getitem__ returns (input, class id)."
         )
-    return train_labels, n_classes
 
 
-def _build_loss(config: Config, train_labels: np.ndarray, n_classes: int) -> torch.nn.Module:
-    from ..losses import build_loss
-
-    try:
-        return build_loss(
-            config.loss.name,
-            train_labels=train_labels,
-            num_classes=n_classes,
-            embedding_dim=config.model.embedding_dim,
-            **config.loss.params,
-        )
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"loss.params ({config.loss.name}): {exc}") from None
-
-
-def _build_sampler(config: Config, train_labels: np.ndarray) -> Any:
-    from ..sampling import MPerClassBatchSampler
-
-    try:
-        sampler = MPerClassBatchSampler(
-            train_labels, config.sampler.m, config.sampler.batch_size, seed=config.seed
-        )
-    except ValueError as exc:
-        raise ConfigError(f"sampler: {exc}") from None
-    if len(sampler) <= 0:
-        raise ConfigError("sampler: the training split yields no full batch per epoch.")
-    return sampler
-
-
-def build_optimizer(
-    oc: OptimizerConfig, params: Sequence[torch.nn.Parameter]
-) -> torch.optim.Optimizer:
-    """The optimizer named by ``oc`` over ``params``.
-
-    ``sgd`` and ``adam`` add ``weight_decay * w`` to the gradient (coupled L2); ``adamw`` decays
-    the weights by ``lr * weight_decay * w`` outside the adaptive step (decoupled), so a tiny loss
-    gradient cannot be outweighed by the decay term (see docs/losses.md, SOPRC).
-    """
-    if oc.name == "sgd":
-        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
-    if oc.name == "adamw":
-        return torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
-    return torch.optim.Adam(params, lr=oc.lr, weight_decay=oc.weight_decay)
-
-
-def _total_steps(config: Config, steps_per_epoch: int) -> int:
-    budget = config.budget
-    total = budget.iterations if budget.iterations is not None else budget.epochs * steps_per_epoch
-    milestones = config.schedule.milestones
-    if config.schedule.name == "multistep" and milestones[-1] >= total:
-        raise ConfigError(
-            f"schedule.milestones: {milestones} reach past the budget of {total} steps; the "
-            "last decay would never happen."
-        )
-    return total
-
-
-def preflight(config: Config, splits: Any) -> int:
-    """Every check :class:`Trainer` makes before training, without building the model.
-
-    Returns the number of training steps of the run. Raises :class:`ConfigError`.
-    """
-    import warnings
-
-    train_labels, n_classes = _check_batch_classes(config, splits)
-    _build_loss(config, train_labels, n_classes)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the Trainer warns about undersized classes itself
-        sampler = _build_sampler(config, train_labels)
-    return _total_steps(config, len(sampler))
-
-
-# -- trainer --------------------------------------------------------------------------------------
+def _positive_int(value: Any, name: str, low: int = 1) -> int:
+    return check_scalar(value, name, Interval("integer", low, None))
 
 
 class Trainer:
-    """Builds everything a run needs from a :class:`Config` and trains it.
+    """Train an embedding model with a ranking loss; select it on validation, test it.
 
-    All configuration errors that need the data (unknown loss parameter, more classes per batch
-    than the training split has, missing dataset files, milestones past the budget) are raised as
-    :class:`ConfigError` by the constructor, before any training step.
+    The loop of :meth:`fit`: P x K batches from ``sampler``; per step ``model(x)`` ->
+    ``loss_fn(embeddings, labels)`` -> ``optimizer.step()`` (:meth:`train_step`); every
+    ``eval_every`` steps (and at the end) the validation data is ranked leave-one-out with the
+    exact tie-aware metrics of :func:`rankwise.metrics.retrieval_metrics`, the best model by
+    validation mAP is kept, and a checkpoint is written; at the end the selected model is tested.
+
+    What the data must provide: ``train_data`` (and ``val_data`` / ``test_data`` /
+    ``gallery_data``) are map-style datasets whose ``dataset[i]`` returns ``(x, label)`` with an
+    integer class id; a batch of ``x`` goes through ``model`` as is. The default sampler reads
+    the class ids without loading items, from a ``labels`` attribute ((N,) ints; every
+    :mod:`rankwise.data` dataset has one) or from ``TensorDataset(inputs, labels)``; with your
+    own ``sampler`` that attribute is not needed for training. A dataset with a ``transform``
+    attribute that is ``None`` is read without per-item RNG seeding (nothing random happens).
 
     Args:
-        config: the validated run configuration.
-        splits: optional pre-loaded :class:`~rankwise.data.RetrievalSplits` (a benchmark reuses
-            one load for every run); by default :func:`rankwise.data.load_dataset` is called.
-        resume: resume from ``<run_dir>/checkpoints/last.pt`` (use :meth:`from_run_dir`).
-        overwrite: allow starting a fresh run in a directory that already holds one.
-        console: rich console for messages; by default one on stderr.
+        model: the embedding network, ``(B, ...) -> (B, d)``; moved to ``device``.
+        loss_fn: the loss, an ``nn.Module`` called as ``loss_fn(embeddings, labels)`` (every
+            :mod:`rankwise.losses` loss); its buffers are checkpointed. Moved to ``device``.
+        train_data: the training data.
+        optimizer: default ``torch.optim.Adam(lr=1e-3)`` over the trainable parameters of
+            ``model`` and ``loss_fn``.
+        sampler: a batch sampler (an iterable of index lists with a length; ``set_epoch`` makes
+            resumption exact). Default: :class:`~rankwise.sampling.MPerClassBatchSampler` with
+            ``m=4`` samples per class and ``min(32, 4 x classes)`` samples, seeded by ``seed``.
+        val_data: validation data, ranked leave-one-out; it selects the model (``None``: the
+            final model is tested).
+        test_data: test queries; ranked leave-one-out (open-set), or against ``gallery_data``
+            (closed-set). ``None``: no test report.
+        gallery_data: the gallery (database) of a closed-set test.
+        run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go. ``None``
+            writes no file at all: the history, the best model and the result stay in memory,
+            and a run cannot be resumed.
+        callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
+            ``fn(trainer)`` (called after every complete step). A callback of the type of a
+            default one (``ProgressBar``, ``MetricsLogger``, ``BestCheckpoint``,
+            ``CollapseDetector``, ``PlotCurves``) replaces that default.
+        iterations: the budget in optimizer steps; or
+        epochs: the budget in passes of the sampler (default 1 when neither is given).
+        lr_schedule: a function ``step -> learning rate`` (0-based step; the rate is set on
+            every parameter group before the step) or a torch ``LRScheduler`` (stepped after
+            every optimizer step; its state is checkpointed). ``None`` keeps the optimizer's.
+        eval_every: steps between evaluations and checkpoints (default: once per epoch).
+        log_every: steps between training records in the history.
+        eval_ks: cut-offs of recall@k / precision@k in the reports.
+        eval_batch_size: batch size when embedding evaluation data.
+        device: ``"cpu"``, ``"cuda"``, ``"auto"`` or a ``torch.device``; default: where the
+            model's parameters are.
+        seed: seeds the default sampler, the per-item transform seeds and the data loaders.
+            Seed your model's initialisation yourself (``torch.manual_seed`` before building it).
+        num_workers: DataLoader worker processes (batches do not depend on it).
+        deterministic: deterministic algorithms (warn-only) and cuDNN during training.
+        progress: show a progress bar (``None``: only when stdout is a terminal).
+        detect_collapse: stop when every score ties (:class:`CollapseDetector`).
+        resume: continue from ``run_dir/checkpoints/last.pt``; build the same objects first.
+        overwrite: start afresh in a ``run_dir`` that already holds a run.
+        console: a rich console for messages and the progress bar (default: stderr).
+        name: the run's name on the progress bar and plots (default: the loss's).
+        config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
+            written to ``run_dir/config.yaml`` and into checkpoints, and used in messages.
+
+    Raises:
+        ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
+            already holds a run, or a checkpoint that cannot be resumed).
     """
+
+    CHECKPOINT_FORMAT = 2
 
     def __init__(
         self,
-        config: Config,
+        model: nn.Module,
+        loss_fn: nn.Module,
+        train_data: Dataset,
         *,
-        splits: Any = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        sampler: BatchSampler | None = None,
+        val_data: Dataset | None = None,
+        test_data: Dataset | None = None,
+        gallery_data: Dataset | None = None,
+        run_dir: str | Path | None = None,
+        callbacks: Sequence[CallbackLike] = (),
+        iterations: int | None = None,
+        epochs: int | None = None,
+        lr_schedule: LRSchedule | None = None,
+        eval_every: int | None = None,
+        log_every: int = 10,
+        eval_ks: Sequence[int] = (1, 10, 100),
+        eval_batch_size: int = 256,
+        device: str | torch.device | None = None,
+        seed: int = 0,
+        num_workers: int = 0,
+        deterministic: bool = True,
+        progress: bool | None = None,
+        detect_collapse: bool = True,
         resume: bool = False,
         overwrite: bool = False,
-        console: Any = None,
+        console: Console | None = None,
+        name: str | None = None,
+        config: Config | None = None,
     ) -> None:
-        from rich.console import Console
-
-        from ..models import build_model
-
+        if isinstance(model, Config):
+            raise TypeError(
+                "Trainer(config) became Trainer.from_config(config); Trainer() takes the model, "
+                "the loss and the training data."
+            )
+        self._check_modules(model, loss_fn)
+        _check_dataset(train_data, "train_data", required=True)
+        for data, data_name in ((val_data, "val_data"), (test_data, "test_data")):
+            _check_dataset(data, data_name)
+        _check_dataset(gallery_data, "gallery_data")
+        if gallery_data is not None and test_data is None:
+            raise ValueError("`gallery_data` is the gallery of a test: pass `test_data` too.")
         self.config = config
-        self.console = console if console is not None else Console(stderr=True)
-        self.run_dir = config.resolved_output_dir()
-        self.checkpoint_dir = self.run_dir / "checkpoints"
-        self.device = _resolve_device(config.device)
-        if self.device.type == "cuda" and config.deterministic:
+        self.model = model
+        self.loss_fn = loss_fn
+        self.train_data = train_data
+        self.val_data = val_data
+        self.test_data = test_data
+        self.gallery_data = gallery_data
+        self.seed = _positive_int(seed, "seed", 0)
+        self.num_workers = _positive_int(num_workers, "num_workers", 0)
+        self.eval_batch_size = _positive_int(eval_batch_size, "eval_batch_size")
+        self.eval_ks = tuple(sorted({_positive_int(k, "eval_ks", 1) for k in eval_ks}))
+        if not self.eval_ks:
+            raise ValueError("`eval_ks` must hold at least one positive integer.")
+        self.deterministic = check_bool(deterministic, "deterministic")
+        self.run_dir = None if run_dir is None else Path(run_dir)
+        self.checkpoint_dir = (
+            self.run_dir / "checkpoints" if self.run_dir is not None else Path("checkpoints")
+        )
+        self._check_run_dir(check_bool(resume, "resume"), check_bool(overwrite, "overwrite"))
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True)
+        self.console = console
+
+        self.device = _device_of(model, device)
+        if self.device.type == "cuda" and self.deterministic:
             # cuBLAS reads this once, at its first use: it must be set before any CUDA matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
-
-        if not resume and not overwrite and (self.checkpoint_dir / "last.pt").exists():
-            raise ConfigError(
-                f"output_dir: {str(self.run_dir)!r} already holds a run; resume it with "
-                f"`rankwise train --resume {self.run_dir}` or choose another --output."
-            )
-
-        # -- data, then every data-dependent check before anything is trained ----------------
-        self.splits = splits if splits is not None else load_splits(config)
-        train_labels, n_classes = _check_batch_classes(config, self.splits)
-
-        # -- model, loss, sampler, optimizer (seeded: the same seed gives the same init) ------
-        _seed_everything(config.seed)
-        mc = config.model
-        try:
-            self.model = build_model(
-                mc.backbone,
-                tuple(self.splits.train.input_shape),
-                mc.embedding_dim,
-                weights_path=mc.weights_path,
-                frozen_bn=mc.frozen_bn,
-            ).to(self.device)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"model.weights_path: {exc}") from None
-        except ValueError as exc:
-            raise ConfigError(f"model: {exc}") from None
-        self.loss_fn = _build_loss(config, train_labels, n_classes).to(self.device)
-        self.sampler = _build_sampler(config, train_labels)
+        self.model.to(self.device)
+        self.loss_fn.to(self.device)
+        self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
+        self.sampler = sampler if sampler is not None else self._default_sampler()
         self.steps_per_epoch = len(self.sampler)
-        self.total_steps = _total_steps(config, self.steps_per_epoch)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        params += [p for p in self.loss_fn.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(config.optimizer, params)
+        if self.steps_per_epoch <= 0:
+            raise ValueError("`sampler` yields no batch per epoch.")
+        self.total_steps = self._budget(iterations, epochs)
+        self.eval_every = (
+            self.steps_per_epoch if eval_every is None else _positive_int(eval_every, "eval_every")
+        )
+        self.lr_schedule = lr_schedule
+        self._lr_function = self._check_schedule(lr_schedule)
+        self.name = name or self.loss_name
 
-        # -- progress state -------------------------------------------------------------------
+        # -- progress state (checkpointed) ---------------------------------------------------
         self.step = 0
         self.next_epoch = 0
         self.next_position = 0
         self.seconds = 0.0
-        self.best_map: float | None = None
-        self.best_step: int | None = None
-        self.best_val: dict[str, Any] | None = None
         self.last_checkpoint_step: int | None = None
-        self.history: list[dict[str, Any]] = []
         self._stop_requested = False
         self._in_step = False
-        self._last_val_embeddings: torch.Tensor | None = None
-        # losses of the steps since the last train log record: checkpointed, so a run resumed
-        # between two records logs the same window mean as an uninterrupted run
-        self._window_losses: list[float] = []
+        self._tick = time.perf_counter()
+        self.callbacks = self._default_callbacks(
+            _positive_int(log_every, "log_every"),
+            progress,
+            check_bool(detect_collapse, "detect_collapse"),
+        )
+        for callback in callbacks:
+            self._add_callback(self._as_callback(callback))
+        self._active: list[Callback] = list(self.callbacks)
         if resume:
             self._load_last()
 
-    # -- construction from a run directory ---------------------------------------------------
+    # -- construction -----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_modules(model: Any, loss_fn: Any) -> None:
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"`model` must be a torch.nn.Module, got {type(model).__name__}.")
+        if not isinstance(loss_fn, nn.Module):
+            raise ValueError(
+                f"`loss_fn` must be a torch.nn.Module called as loss_fn(embeddings, labels) "
+                f"(every rankwise.losses loss is one), got {type(loss_fn).__name__}."
+            )
+
+    def _check_run_dir(self, resume: bool, overwrite: bool) -> None:
+        if resume and self.run_dir is None:
+            raise ValueError("`resume` needs the `run_dir` of the run to continue.")
+        if resume and overwrite:
+            raise ValueError("pass `resume` or `overwrite`, not both.")
+        if not resume and not overwrite and self.run_dir is not None:
+            if (self.checkpoint_dir / "last.pt").exists():
+                raise ConfigError(
+                    f"run_dir: {str(self.run_dir)!r} already holds a run (checkpoints/last.pt); "
+                    "continue it with `resume` or start afresh with `overwrite`."
+                )
+
+    @staticmethod
+    def _check_schedule(schedule: LRSchedule | None) -> Callable[[int], float] | None:
+        """The per-step learning-rate function of ``schedule`` (``None``: a scheduler, or none)."""
+        if schedule is None or isinstance(schedule, torch.optim.lr_scheduler.LRScheduler):
+            return None
+        if not callable(schedule):
+            raise ValueError(
+                "`lr_schedule` must be a function step -> learning rate or a torch LRScheduler, "
+                f"got {type(schedule).__name__}."
+            )
+        return schedule
+
+    def _default_optimizer(self) -> torch.optim.Optimizer:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        params += [p for p in self.loss_fn.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("`model` has no trainable parameter (requires_grad) to optimize.")
+        return torch.optim.Adam(params, lr=1e-3)
+
+    def _default_sampler(self) -> BatchSampler:
+        return default_sampler(dataset_labels(self.train_data, "train_data"), self.seed)
+
+    def _budget(self, iterations: int | None, epochs: int | None) -> int:
+        if iterations is not None and epochs is not None:
+            raise ValueError("pass `iterations` or `epochs`, not both.")
+        if iterations is not None:
+            return _positive_int(iterations, "iterations")
+        return _positive_int(1 if epochs is None else epochs, "epochs") * self.steps_per_epoch
+
+    def _default_callbacks(
+        self, log_every: int, progress: bool | None, detect_collapse: bool
+    ) -> list[Callback]:
+        callbacks: list[Callback] = []
+        if detect_collapse:  # first: a collapsed validation split is neither logged nor kept
+            callbacks.append(CollapseDetector())
+        callbacks += [
+            MetricsLogger(log_every),
+            BestCheckpoint(),
+            ProgressBar(progress, log_every),
+            PlotCurves(),
+        ]
+        return callbacks
+
+    @staticmethod
+    def _as_callback(callback: CallbackLike) -> Callback:
+        if isinstance(callback, Callback):
+            return callback
+        if callable(callback):
+            return StepCallback(callback)
+        raise ValueError(
+            f"`callbacks` must hold Callback objects or functions fn(trainer), got "
+            f"{type(callback).__name__}."
+        )
+
+    def _add_callback(self, callback: Callback) -> None:
+        for i, existing in enumerate(self.callbacks):
+            if type(existing) is not StepCallback and isinstance(callback, type(existing)):
+                self.callbacks[i] = callback  # a user's ProgressBar replaces the default one
+                return
+        self.callbacks.append(callback)
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Config,
+        *,
+        splits: RetrievalSplits | None = None,
+        resume: bool = False,
+        overwrite: bool = False,
+        console: Console | None = None,
+        callbacks: Sequence[CallbackLike] = (),
+    ) -> Trainer:
+        """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
+
+        All configuration errors that need the data (unknown loss parameter, more classes per
+        batch than the training split has, missing dataset files, milestones past the budget)
+        are raised as :class:`ConfigError` naming the key, before any training step.
+
+        Args:
+            config: the validated run configuration.
+            splits: pre-loaded :class:`~rankwise.data.RetrievalSplits` (a sweep reuses one
+                load for every run); by default :func:`rankwise.data.load_dataset` is called.
+            resume: continue from ``<output_dir>/checkpoints/last.pt`` (see
+                :meth:`from_run_dir`).
+            overwrite: start afresh in an output directory that already holds a run.
+            console: rich console for messages (default: stderr).
+            callbacks: extra callbacks (see :class:`Trainer`).
+
+        Returns:
+            The trainer, its ``run_dir`` the config's output directory.
+        """
+        run_dir = config.resolved_output_dir()
+        if not resume and not overwrite and (run_dir / "checkpoints" / "last.pt").exists():
+            raise ConfigError(
+                f"output_dir: {str(run_dir)!r} already holds a run; continue it with `resume` "
+                "or start afresh with `overwrite` (or choose another output_dir)."
+            )
+        device = resolve_device(config.device)
+        if device.type == "cuda" and config.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        # data, then every data-dependent check before anything is built
+        splits = splits if splits is not None else load_splits(config)
+        train_labels, n_classes = check_batch_classes(config, splits)
+        # model, loss, sampler, optimizer (seeded: the same seed gives the same init)
+        seed_everything(config.seed)
+        model = build_model_from_config(config, splits.train.input_shape)
+        loss_fn = build_loss_from_config(config, train_labels, n_classes)
+        sampler = build_sampler_from_config(config, train_labels)
+        steps = total_steps(config, len(sampler))
+        params = [p for p in model.parameters() if p.requires_grad]
+        params += [p for p in loss_fn.parameters() if p.requires_grad]
+        name = f"{config.loss.name} on {config.dataset.name}"
+        plots = PlotCurves(
+            title=name,
+            pr_title=f"test mean PR curve ({config.dataset.name})",
+            label=config.loss.name,
+        )
+        return cls(
+            model,
+            loss_fn,
+            splits.train,
+            optimizer=build_optimizer(config.optimizer, params),
+            sampler=sampler,
+            val_data=splits.val,
+            test_data=splits.test,
+            gallery_data=splits.gallery,
+            run_dir=run_dir,
+            callbacks=[plots, *callbacks],
+            iterations=steps,
+            lr_schedule=partial(learning_rate_at, config, total_steps=steps),
+            eval_every=config.eval_every,
+            log_every=config.log_every,
+            eval_ks=config.eval_ks,
+            eval_batch_size=config.eval_batch_size,
+            device=device,
+            seed=config.seed,
+            num_workers=config.num_workers,
+            deterministic=config.deterministic,
+            progress=config.progress,
+            resume=resume,
+            overwrite=overwrite,
+            console=console,
+            name=name,
+            config=config,
+        )
 
     @classmethod
     def from_run_dir(
@@ -575,18 +575,29 @@ class Trainer:
         *,
         num_workers: int | None = None,
         device: str | None = None,
-        console: Any = None,
+        console: Console | None = None,
     ) -> Trainer:
-        """Trainer that resumes the run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
+        """Trainer that resumes the config run in ``run_dir``.
 
-        ``num_workers`` may change freely (batches do not depend on it); ``device`` may change
-        too, but then results are no longer bit-identical to an uninterrupted run.
+        It reads the run's ``config.yaml`` and ``checkpoints/last.pt``.
+
+        Args:
+            run_dir: the run directory of a :meth:`from_config` run.
+            num_workers: may change freely (batches do not depend on it).
+            device: may change too, but then results are no longer bit-identical to an
+                uninterrupted run.
+            console: rich console for messages.
+
+        Returns:
+            The trainer, at the step of the checkpoint.
         """
+        import yaml
+
         run_dir = Path(run_dir)
         config_path = run_dir / "config.yaml"
         if not config_path.is_file() or not (run_dir / "checkpoints" / "last.pt").is_file():
             raise ConfigError(
-                f"--resume: {str(run_dir)!r} is not a run directory (it needs config.yaml and "
+                f"run_dir: {str(run_dir)!r} is not a run directory (it needs config.yaml and "
                 "checkpoints/last.pt)."
             )
         data = yaml.safe_load(config_path.read_text())
@@ -595,343 +606,395 @@ class Trainer:
             data["num_workers"] = num_workers
         if device is not None:
             data["device"] = device
-        return cls(config_from_dict(data), resume=True, console=console)
+        return cls.from_config(config_from_dict(data), resume=True, console=console)
+
+    # -- names and messages -----------------------------------------------------------------
+
+    @property
+    def loss_name(self) -> str:
+        """The loss's name: its config name, or its class name."""
+        if self.config is not None:
+            return self.config.loss.name
+        return type(self.loss_fn).__name__
+
+    @property
+    def last_good_checkpoint(self) -> Path | None:
+        """``checkpoints/last.pt`` once a checkpoint was written in this run, else ``None``."""
+        if self.run_dir is None or self.last_checkpoint_step is None:
+            return None
+        return self.checkpoint_dir / "last.pt"
+
+    def kept_checkpoint_message(self) -> str:
+        """What survives a failure now: ``"the last good checkpoint (...) is kept"`` or why not.
+
+        Returns:
+            A clause for error messages.
+        """
+        if self.run_dir is None:
+            return "nothing was saved (the trainer has no run_dir)"
+        if self.last_checkpoint_step is None:
+            return "no checkpoint had been written yet"
+        return (
+            f"the last good checkpoint ({self.checkpoint_dir / 'last.pt'}, step "
+            f"{self.last_checkpoint_step}) is kept"
+        )
+
+    def _callback(self, kind: type[Callback]) -> Any:
+        return next((c for c in self._active if isinstance(c, kind)), None)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The records of the run so far (train, val, test, error), as in ``metrics.jsonl``."""
+        logger = self._callback(MetricsLogger)
+        return logger.records if logger is not None else []
+
+    @property
+    def best_step(self) -> int | None:
+        """Step of the best validation score so far."""
+        best = self._callback(BestCheckpoint)
+        return None if best is None else best.best_step
+
+    @property
+    def best_val(self) -> dict[str, Any] | None:
+        """Validation report summary of the best step so far."""
+        best = self._callback(BestCheckpoint)
+        return None if best is None else best.best_val
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def _state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
+        """The complete state after ``self.step`` (what ``checkpoints/last.pt`` holds)."""
+        scheduler = self.lr_schedule
         return {
-            "format": CHECKPOINT_FORMAT,
-            "config": self.config.to_dict(),
+            "format": self.CHECKPOINT_FORMAT,
+            "config": None if self.config is None else self.config.to_dict(),
             "step": self.step,
             "next_epoch": self.next_epoch,
             "next_position": self.next_position,
             "seconds": self.seconds,
-            "best_map": self.best_map,
-            "best_step": self.best_step,
-            "best_val": self.best_val,
             "model": self.model.state_dict(),
             "loss": self.loss_fn.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": scheduler.state_dict()
+            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
+            else None,
             "sampler": {"epoch": self.next_epoch, "position": self.next_position},
             "rng": capture_rng_state(),
-            "window_losses": list(self._window_losses),
+            "callbacks": {
+                c.state_key: c.state_dict() for c in self._active if c.state_key is not None
+            },
         }
 
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/last.pt`` atomically with the complete state after ``self.step``."""
+        """Write ``checkpoints/last.pt`` atomically with the complete state after ``self.step``.
+
+        Returns:
+            The checkpoint's path.
+        """
+        if self.run_dir is None:
+            raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
+        self._account_time()
         path = self.checkpoint_dir / "last.pt"
-        atomic_save(self._state(), path)
+        atomic_save(self.state_dict(), path)
         self.last_checkpoint_step = self.step
         return path
 
     def _load_last(self) -> None:
         state = load_checkpoint(self.checkpoint_dir / "last.pt", map_location=self.device)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ConfigError(f"--resume: unsupported checkpoint format {state.get('format')!r}.")
+        fmt = state.get("format")
+        if fmt not in (1, self.CHECKPOINT_FORMAT):
+            raise ConfigError(f"run_dir: unsupported checkpoint format {fmt!r}.")
         self.model.load_state_dict(state["model"])
         self.loss_fn.load_state_dict(state["loss"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("lr_scheduler") is not None:
+            if not isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
+                raise ValueError(
+                    "the checkpoint holds a learning-rate scheduler: pass the same `lr_schedule`."
+                )
+            self.lr_schedule.load_state_dict(state["lr_scheduler"])
         self.step = int(state["step"])
         self.next_epoch = int(state["next_epoch"])
         self.next_position = int(state["next_position"])
         self.seconds = float(state["seconds"])
-        self.best_map = state["best_map"]
-        self.best_step = state["best_step"]
-        self.best_val = state["best_val"]
         self.last_checkpoint_step = self.step
         restore_rng_state(state["rng"])
-        self._window_losses = [float(v) for v in state.get("window_losses", [])]
-        # records written after the checkpoint (a crash between checkpoints) are replayed anyway;
-        # the test record is rewritten by the final test, which a resumed run always runs again
-        self.history = [
-            r
-            for r in self._read_metrics()
-            if int(r.get("step", 0)) <= self.step and r.get("kind") != "test"
-        ]
-        self._rewrite_metrics()
+        states = state.get("callbacks", {}) if fmt != 1 else _format1_callback_states(state)
+        for callback in self.callbacks:
+            if callback.state_key is not None and callback.state_key in states:
+                callback.load_state_dict(states[callback.state_key])
 
-    # -- metrics log ------------------------------------------------------------------------
+    def _prepare_run_dir(self) -> None:
+        if self.run_dir is None:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if self.config is not None:
+            import yaml
 
-    @property
-    def metrics_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
-
-    def _read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics_path.is_file():
-            return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line]
-
-    def _rewrite_metrics(self) -> None:
-        atomic_write_text("".join(json.dumps(r) + "\n" for r in self.history), self.metrics_path)
-
-    def _log(self, record: dict[str, Any]) -> None:
-        self.history.append(record)
-        with open(self.metrics_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            atomic_write_text(
+                yaml.safe_dump(self.config.to_dict(), sort_keys=False),
+                self.run_dir / "config.yaml",
+            )
+        if self.step == 0:
+            # a fresh run (possibly overwriting one): drop the previous run's checkpoints and
+            # outputs, so a crash before the first checkpoint cannot leave them to a resume
+            for stale in ("checkpoints/last.pt", "checkpoints/best.pt", "report.json"):
+                (self.run_dir / stale).unlink(missing_ok=True)
+            for stale in ("pr_curve.json", "pr_curve.png", "training_curves.png"):
+                (self.run_dir / stale).unlink(missing_ok=True)
 
     # -- evaluation -------------------------------------------------------------------------
 
     def embed(self, dataset: Dataset) -> tuple[torch.Tensor, np.ndarray]:
-        """Embeddings ``(N, d)`` (on the model's device) and ``(N,)`` int64 labels of a split.
+        """Embeddings ``(N, d)`` (on the trainer's device) and ``(N,)`` int64 labels of a dataset.
 
-        Streams the split in batches of ``eval_batch_size`` under ``torch.no_grad()`` in eval mode
-        and restores the previous mode afterwards.
+        Streams the dataset in batches of ``eval_batch_size`` under ``torch.no_grad()`` in eval
+        mode and restores the previous mode afterwards.
+
+        Args:
+            dataset: a map-style dataset of ``(x, label)`` items.
+
+        Returns:
+            ``(embeddings, labels)``.
         """
         loader = DataLoader(
             dataset,
-            batch_size=self.config.eval_batch_size,
+            batch_size=self.eval_batch_size,
             shuffle=False,
-            num_workers=self.config.num_workers,
-            worker_init_fn=_worker_init,
-            generator=torch.Generator().manual_seed(self.config.seed),
+            num_workers=self.num_workers,
+            worker_init_fn=worker_init,
+            generator=torch.Generator().manual_seed(self.seed),
             pin_memory=self.device.type == "cuda",
         )
         was_training = self.model.training
         self.model.eval()
-        chunks = []
+        chunks, labels = [], []
         try:
             with torch.no_grad():
-                for x, _ in loader:
+                for x, y in loader:
                     chunks.append(self.model(x.to(self.device, non_blocking=True)))
+                    labels.append(torch.as_tensor(y).reshape(-1))
         finally:
             self.model.train(was_training)
-        return torch.cat(chunks), np.asarray(dataset.labels, dtype=np.int64)
+        return torch.cat(chunks), torch.cat(labels).numpy().astype(np.int64, copy=False)
 
-    def evaluate(self, split: str = "val") -> Any:
-        """:class:`~rankwise.metrics.RetrievalReport` of the current model on ``val`` or ``test``."""
+    def _data(self, split: str) -> Dataset:
+        data = {"val": self.val_data, "test": self.test_data}.get(split)
+        if split not in ("val", "test"):
+            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
+        if data is None:
+            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
+        return data
+
+    def _rank(
+        self, split: str, with_curve: bool = False
+    ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
+        from ..metrics import pr_curve, retrieval_metrics
+
+        query, query_labels = self.embed(self._data(split))
+        gallery: tuple[torch.Tensor, np.ndarray] | tuple[None, None] = (None, None)
+        if split == "test" and self.gallery_data is not None:
+            gallery = self.embed(self.gallery_data)
+        report = retrieval_metrics(query, query_labels, *gallery, ks=self.eval_ks)
+        curve = pr_curve(query, query_labels, *gallery) if with_curve else None
+        return report, query, curve
+
+    def evaluate(self, split: str = "val") -> RetrievalReport:
+        """The exact retrieval report of the current model on the ``"val"`` or ``"test"`` data.
+
+        Validation data is ranked leave-one-out; test data leave-one-out too, or against
+        ``gallery_data`` when there is one.
+
+        Args:
+            split: ``"val"`` or ``"test"``.
+
+        Returns:
+            A :class:`~rankwise.metrics.RetrievalReport`.
+        """
         with preserve_torch_threads():
-            return self._evaluate(split)
+            return self._rank(split)[0]
 
-    def _evaluate(self, split: str) -> Any:
-        from ..metrics import retrieval_metrics
+    def test(self) -> tuple[RetrievalReport, PRCurve]:
+        """Test report and mean precision-recall curve of the current model (one embedding pass).
 
-        query_set = self.splits.val if split == "val" else self.splits.test
-        if query_set is None:
-            raise ValueError(f"the dataset has no {split!r} split.")
-        query, query_labels = self.embed(query_set)
-        if split == "val":
-            self._last_val_embeddings = query  # for the collapse check of _validate_and_checkpoint
-        if split == "test" and self.splits.protocol == "closed-set":
-            gallery, gallery_labels = self.embed(self.splits.gallery)
-            return retrieval_metrics(
-                query, query_labels, gallery, gallery_labels, ks=self.config.eval_ks
-            )
-        return retrieval_metrics(query, query_labels, ks=self.config.eval_ks)
-
-    def test_pr_curve(self) -> Any:
-        """Mean precision-recall curve of the current model on the test split."""
+        Returns:
+            ``(report, curve)``.
+        """
         with preserve_torch_threads():
-            return self._test_pr_curve()
-
-    def _test_pr_curve(self) -> Any:
-        from ..metrics import pr_curve
-
-        query, query_labels = self.embed(self.splits.test)
-        if self.splits.protocol == "closed-set":
-            gallery, gallery_labels = self.embed(self.splits.gallery)
-            return pr_curve(query, query_labels, gallery, gallery_labels)
-        return pr_curve(query, query_labels)
+            report, _, curve = self._rank("test", with_curve=True)
+        assert curve is not None
+        return report, curve
 
     def _validate_and_checkpoint(self) -> None:
-        if self.splits.val is not None:
-            report = self.evaluate("val")
-            # the step is applied but not checkpointed: the last good checkpoint stays
-            self._stop_if_collapsed(self._last_val_embeddings, "validation split", self.step)
-            self._last_val_embeddings = None
-            metrics = _summary(report)
-            self._log({"kind": "val", "step": self.step, **metrics})
-            value = _report_value(report, "map")
-            if self.best_map is None or value > self.best_map:
-                self.best_map, self.best_step, self.best_val = value, self.step, metrics
-                atomic_save(
-                    {
-                        "format": CHECKPOINT_FORMAT,
-                        "step": self.step,
-                        "val": metrics,
-                        "config": self.config.to_dict(),
-                        "model": self.model.state_dict(),
-                        "loss": self.loss_fn.state_dict(),
-                    },
-                    self.checkpoint_dir / "best.pt",
-                )
-        self.save_checkpoint()
+        if self.val_data is not None:
+            with preserve_torch_threads():
+                report, embeddings, _ = self._rank("val")
+            self._emit("on_validation_end", report, embeddings)
+        if self.run_dir is not None:
+            self.save_checkpoint()
 
     # -- training ---------------------------------------------------------------------------
 
-    def _make_loader(self) -> DataLoader:
-        train = self.splits.train
-        reseed = getattr(train, "transform", True) is not None
-        return DataLoader(
-            _SeededItems(train, reseed),
-            batch_sampler=_PositionedBatches(
-                self.sampler, self.config.seed, self.next_epoch, self.next_position
-            ),
-            num_workers=self.config.num_workers,
-            worker_init_fn=_worker_init,
-            generator=torch.Generator().manual_seed(
-                _mix_seed(self.config.seed, self.next_epoch, self.next_position)
-            ),
-            pin_memory=self.device.type == "cuda",
-        )
+    def _emit(self, hook: str, *args: Any) -> None:
+        for callback in self._active:
+            getattr(callback, hook)(self, *args)
 
-    def _show_progress(self) -> bool:
-        if self.config.progress is not None:
-            return self.config.progress
-        return bool(self.console.is_terminal) and sys.stdout.isatty()
+    def _account_time(self) -> None:
+        now = time.perf_counter()
+        self.seconds += now - self._tick
+        self._tick = now
 
-    def _write_run_files(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(
-            yaml.safe_dump(self.config.to_dict(), sort_keys=False), self.run_dir / "config.yaml"
-        )
-        if self.step == 0:
-            # a fresh run (possibly --overwrite): drop the previous run's checkpoints and report,
-            # so a crash before the first checkpoint cannot leave them to a later --resume
-            for stale in (
-                self.checkpoint_dir / "last.pt",
-                self.checkpoint_dir / "best.pt",
-                self.run_dir / "report.json",
-            ):
-                stale.unlink(missing_ok=True)
-            self.history = []
-            self._rewrite_metrics()
-
-    def fit(self, *, max_steps: int | None = None, callbacks: Sequence[Callback] = ()) -> RunResult:
-        """Train to the budget (or to ``max_steps``), then test the best model.
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of the 0-based ``step`` (of the first parameter group).
 
         Args:
-            max_steps: stop after this many total steps with a checkpoint (``status="stopped"``);
-                resuming later continues exactly where it stopped.
-            callbacks: called as ``callback(trainer)`` after every step (and its evaluation);
-                raising ``KeyboardInterrupt`` from one behaves like Ctrl-C.
+            step: 0-based index of the optimizer step.
+
+        Returns:
+            The rate ``lr_schedule`` gives (or the optimizer's current one).
+        """
+        if self._lr_function is not None:
+            return float(self._lr_function(step))
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One optimizer step on the batch ``(x, y)`` at the learning rate of ``self.step``.
+
+        Forward pass, the checks of a healthy model (finite embeddings; the callbacks'
+        ``on_train_batch``, e.g. the collapse detector), the loss, its check, backward and the
+        optimizer (and scheduler) step. A failed check raises before anything is applied.
+
+        Args:
+            x: a batch of inputs (moved to the trainer's device).
+            y: its (B,) class ids.
+
+        Returns:
+            The batch's loss, detached.
+        """
+        if self._lr_function is not None:
+            lr = self._lr_function(self.step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        embeddings = self.model(x.to(self.device, non_blocking=True))
+        if not bool(torch.isfinite(embeddings).all()):
+            # a diverged model: stop like a non-finite loss (the loss would only reject its
+            # input), keeping the last good checkpoint
+            self._raise_non_finite(None)
+        labels = y.to(self.device, non_blocking=True)
+        self._emit("on_train_batch", embeddings, labels)
+        loss = self.loss_fn(embeddings, labels)
+        if not torch.isfinite(loss):
+            self._raise_non_finite(loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        if isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
+            self.lr_schedule.step()
+        return loss.detach()
+
+    def _advance(self, meta: torch.Tensor) -> tuple[int, int]:
+        epoch, position = int(meta[0, 0]), int(meta[0, 1])
+        if position + 1 >= self.steps_per_epoch:
+            self.next_epoch, self.next_position = epoch + 1, 0
+        else:
+            self.next_epoch, self.next_position = epoch, position + 1
+        return epoch, position
+
+    def _run_step(self, batches: Iterator[Any]) -> None:
+        self._in_step = True
+        x, y, meta = next(batches)
+        lr = self.learning_rate(self.step)
+        loss = self.train_step(x, y)
+        self.step += 1
+        epoch, position = self._advance(meta)
+        output = StepOutput(self.step, epoch, position, float(loss), lr, int(y.shape[0]))
+        self._emit("on_train_step_end", output)
+        if self.step % self.eval_every == 0 or self.step == self.total_steps:
+            self._validate_and_checkpoint()
+        # the step, its records and its evaluation are complete: a safe stop point
+        self._in_step = False
+        self._emit("on_step_end")
+        if self._stop_requested:
+            raise KeyboardInterrupt
+
+    def fit(
+        self,
+        *,
+        max_steps: int | None = None,
+        callbacks: Sequence[CallbackLike] = (),
+        test: bool = True,
+    ) -> RunResult:
+        """Train to the budget (or to ``max_steps``), then test the selected model.
+
+        Args:
+            max_steps: stop after this many total steps (with a checkpoint when there is a
+                ``run_dir``; ``status="stopped"``); resuming later continues exactly there.
+            callbacks: extra callbacks for this call only (see :class:`Trainer`).
+            test: test the selected model at the end (``False``: no test report; tuning on
+                validation data never reads test data).
+
+        Returns:
+            The :class:`RunResult`.
 
         Raises:
             TrainingInterrupted: Ctrl-C; ``last.pt`` holds the state after the last full step.
-            NonFiniteLossError: the loss became NaN/inf; the last good checkpoint is kept.
+            NonFiniteLossError: the loss or the model became NaN/inf, or the model collapsed
+                (:class:`~rankwise.training.errors.CollapsedEmbeddingsError`); the last good
+                checkpoint is kept.
         """
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
-
-        cfg = self.config
-        self._write_run_files()
+        if max_steps is not None:
+            max_steps = _positive_int(max_steps, "max_steps", 0)
+        self._active = self.callbacks + [self._as_callback(c) for c in callbacks]
+        self._prepare_run_dir()
         self._stop_requested = False
-        progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}  {task.fields[rate]:.0f} samples/s"),
-            console=self.console,
-            disable=not self._show_progress(),
-            transient=False,
-        )
-        window_start = time.perf_counter()
-        window_steps = 0
-        tick = time.perf_counter()
-        with _determinism(cfg.deterministic, self.device), _graceful_sigint(self), progress:
-            task = progress.add_task(
-                f"{cfg.loss.name} on {cfg.dataset.name}",
-                total=self.total_steps,
-                completed=self.step,
-                loss=float("nan"),
-                rate=0.0,
-            )
+        self._tick = time.perf_counter()
+        self._emit("on_fit_start")
+        with _determinism(self.deterministic), _graceful_sigint(self):
             self.model.train()
-            batches = iter(self._make_loader())
+            batches = iter(self._loader())
             try:
-                while self.step < self.total_steps:
-                    if max_steps is not None and self.step >= max_steps:
-                        break
-                    self._in_step = True
-                    x, y, meta = next(batches)
-                    lr = learning_rate_at(cfg, self.step, self.total_steps)
-                    for group in self.optimizer.param_groups:
-                        group["lr"] = lr
-                    embeddings = self.model(x.to(self.device, non_blocking=True))
-                    if not bool(torch.isfinite(embeddings).all()):
-                        # a diverged model: stop like a non-finite loss (the loss would only
-                        # reject its input), keeping the last good checkpoint
-                        self._raise_non_finite(None)
-                    self._stop_if_collapsed(embeddings, "training batch", self.step + 1)
-                    loss = self.loss_fn(embeddings, y.to(self.device, non_blocking=True))
-                    if not torch.isfinite(loss):
-                        self._raise_non_finite(loss)
-                    self.optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    self.optimizer.step()
-                    self.step += 1
-                    epoch, position = int(meta[0, 0]), int(meta[0, 1])
-                    if position + 1 >= self.steps_per_epoch:
-                        self.next_epoch, self.next_position = epoch + 1, 0
-                    else:
-                        self.next_epoch, self.next_position = epoch, position + 1
-                    now = time.perf_counter()
-                    self.seconds += now - tick
-                    tick = now
-
-                    window_steps += 1
-                    self._window_losses.append(float(loss.detach()))
-                    if self.step % cfg.log_every == 0 or self.step == self.total_steps:
-                        elapsed = max(now - window_start, 1e-9)
-                        rate = window_steps * cfg.sampler.batch_size / elapsed
-                        stats = {
-                            k: v
-                            for k, v in getattr(self.loss_fn, "last_stats", {}).items()
-                            if isinstance(v, (int, float))
-                        }
-                        self._log(
-                            {
-                                "kind": "train",
-                                "step": self.step,
-                                "epoch": epoch,
-                                "loss": float(np.mean(self._window_losses)),
-                                "lr": lr,
-                                "samples_per_s": rate,
-                                "loss_stats": stats,
-                            }
-                        )
-                        progress.update(task, loss=float(np.mean(self._window_losses)), rate=rate)
-                        window_start, window_steps, self._window_losses = now, 0, []
-                    progress.update(task, completed=self.step)
-                    if self.step % cfg.eval_every == 0 or self.step == self.total_steps:
-                        self._validate_and_checkpoint()
-                    # the step, its log record and its evaluation are complete: a safe stop point
-                    self._in_step = False
-                    for callback in callbacks:
-                        callback(self)
-                    if self._stop_requested:
-                        raise KeyboardInterrupt
-                    now = time.perf_counter()
-                    self.seconds += now - tick
-                    tick = now
+                while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
+                    self._run_step(batches)
             except KeyboardInterrupt:
                 raise self._interrupted() from None
+            except NonFiniteLossError as exc:
+                self._emit("on_failure", exc)
+                raise
             finally:
-                self.seconds += time.perf_counter() - tick
-                tick = time.perf_counter()
+                self._account_time()
                 del batches  # shuts DataLoader workers down
+                self._emit("on_train_end")
 
         if self.step < self.total_steps:  # max_steps reached
-            if self.last_checkpoint_step != self.step:
+            if self.run_dir is not None and self.last_checkpoint_step != self.step:
                 self.save_checkpoint()
-            return self._result("stopped")
-        with _determinism(cfg.deterministic, self.device):
-            return self._finish()
+            result = self._result("stopped")
+        else:
+            with _determinism(self.deterministic):
+                result = self._finish(test)
+        self._emit("on_fit_end", result)
+        return result
+
+    def _loader(self) -> DataLoader:
+        return training_loader(
+            self.train_data,
+            self.sampler,
+            seed=self.seed,
+            epoch=self.next_epoch,
+            position=self.next_position,
+            num_workers=self.num_workers,
+            pin_memory=self.device.type == "cuda",
+        )
 
     def _interrupted(self) -> TrainingInterrupted:
         if not self._in_step:
-            if self.last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            detail = f"checkpoint saved at step {self.step}"
+            if self.run_dir is None:
+                detail = f"nothing was saved (no run_dir); the model holds step {self.step}"
+            else:
+                if self.last_checkpoint_step != self.step:
+                    self.save_checkpoint()
+                detail = f"checkpoint saved at step {self.step}"
         elif self.last_checkpoint_step is not None:
             detail = (
                 f"step {self.step + 1} was cut short, so the checkpoint of step "
@@ -939,68 +1002,38 @@ class Trainer:
             )
         else:
             detail = "no checkpoint had been written yet; start the run again"
-        message = (
-            f"training interrupted at step {self.step}/{self.total_steps}: {detail}. "
-            f"Resume with: rankwise train --resume {self.run_dir}"
+        message = f"training interrupted at step {self.step}/{self.total_steps}: {detail}"
+        hint = (
+            f"Trainer.from_run_dir({str(self.run_dir)!r})"
+            if self.config is not None
+            else "Trainer(<the same objects>, run_dir=..., resume=True)"
         )
-        return TrainingInterrupted(message, self.step, self.run_dir, self.last_checkpoint_step)
+        return TrainingInterrupted(
+            message, self.step, self.run_dir, self.last_checkpoint_step, hint
+        )
 
     def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
-        last = self.checkpoint_dir / "last.pt" if self.last_checkpoint_step is not None else None
-        kept = (
-            f"the last good checkpoint ({last}, step {self.last_checkpoint_step}) is kept"
-            if last is not None
-            else "no checkpoint had been written yet"
-        )
         what = (
             f"the loss is {float(loss.detach())}"
             if loss is not None
             else "the model's embeddings contain NaN/inf"
         )
+        fix = "optimizer.lr" if self.config is not None else "the learning rate"
         message = (
-            f"{what} at step {self.step + 1} "
-            f"(epoch {self.next_epoch}, loss {self.config.loss.name}); training stopped without "
-            f"applying that step and {kept}. Lower optimizer.lr or check the loss parameters."
+            f"{what} at step {self.step + 1} (epoch {self.next_epoch}, loss {self.loss_name}); "
+            f"training stopped without applying that step and {self.kept_checkpoint_message()}. "
+            f"Lower {fix} or check the loss parameters."
         )
-        self._log(
-            {
-                "kind": "error",
-                "step": self.step + 1,
-                "error": "non-finite loss" if loss is not None else "non-finite embeddings",
-            }
-        )
-        raise NonFiniteLossError(message, self.step + 1, last)
+        record = {
+            "kind": "error",
+            "step": self.step + 1,
+            "error": "non-finite loss" if loss is not None else "non-finite embeddings",
+        }
+        raise NonFiniteLossError(message, self.step + 1, self.last_good_checkpoint, record)
 
-    def _stop_if_collapsed(self, embeddings: torch.Tensor, where: str, step: int) -> None:
-        """Raise :class:`CollapsedEmbeddingsError` when every score of ``embeddings`` ties."""
-        spread = embedding_spread(embeddings)
-        if spread > COLLAPSE_SPREAD:
-            return
-        last = self.checkpoint_dir / "last.pt" if self.last_checkpoint_step is not None else None
-        kept = (
-            f"the last good checkpoint ({last}, step {self.last_checkpoint_step}) is kept"
-            if last is not None
-            else "no checkpoint had been written yet"
-        )
-        message = (
-            f"every score ties at step {step} (epoch {self.next_epoch}, loss "
-            f"{self.config.loss.name}): the {embeddings.shape[0]} embeddings of the {where} all "
-            f"point in the same direction (spread {spread:.2e} <= {COLLAPSE_SPREAD:g}), so the "
-            f"model has collapsed and cannot rank; training stopped and {kept}. "
-            + _collapse_advice(self.config)
-        )
-        self._log(
-            {
-                "kind": "error",
-                "step": step,
-                "error": "collapsed embeddings",
-                "where": where,
-                "spread": spread,
-            }
-        )
-        raise CollapsedEmbeddingsError(message, step, last, spread, where)
-
-    def _result(self, status: str, test: Any = None, curve: Any = None) -> RunResult:
+    def _result(
+        self, status: str, test: RetrievalReport | None = None, curve: PRCurve | None = None
+    ) -> RunResult:
         return RunResult(
             run_dir=self.run_dir,
             status=status,
@@ -1010,65 +1043,77 @@ class Trainer:
             best_val=self.best_val,
             test=test,
             pr_curve=curve,
-            config=self.config.to_dict(),
+            config={} if self.config is None else self.config.to_dict(),
         )
 
-    def _finish(self) -> RunResult:
-        from ..plots import plot_pr_curves
-        from .curves import plot_training_curves
-
-        start = time.perf_counter()
-        best_path = self.checkpoint_dir / "best.pt"
-        final_weights = None
-        if best_path.is_file():
-            final_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(load_checkpoint(best_path, self.device)["model"])
+    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
+        best = self._callback(BestCheckpoint)
+        weights = None if best is None else best.best_model_state(self)
+        final = None
+        if weights is not None:
+            final = {k: v.clone() for k, v in self.model.state_dict().items()}
+            self.model.load_state_dict(weights)
         try:
-            test = self.evaluate("test")
-            curve = self.test_pr_curve()
+            return self.test()
         finally:
-            if final_weights is not None:
-                self.model.load_state_dict(final_weights)
+            if final is not None:
+                self.model.load_state_dict(final)
+
+    def _finish(self, test: bool) -> RunResult:
+        start = time.perf_counter()
+        report, curve = None, None
+        if test and self.test_data is not None:
+            report, curve = self._test_selected()
+            self._emit("on_test_end", report, curve)
         self.seconds += time.perf_counter() - start
-        result = self._result("completed", test, curve)
-        self._log({"kind": "test", "step": self.step, **_summary(test)})
-        atomic_write_text(
-            json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json"
-        )
-        atomic_write_text(
-            json.dumps(
-                {
+        result = self._result("completed", report, curve)
+        if self.run_dir is not None:
+            atomic_write_text(
+                json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json"
+            )
+            if curve is not None:
+                data = {
                     "recall": [float(v) for v in curve.recall],
                     "precision": [float(v) for v in curve.precision],
                     "n_queries": int(curve.n_queries),
                 }
-            )
-            + "\n",
-            self.run_dir / "pr_curve.json",
-        )
-        plot_training_curves(
-            self.history,
-            self.run_dir / "training_curves.png",
-            title=f"{self.config.loss.name} on {self.config.dataset.name}",
-        )
-        plot_pr_curves(
-            {self.config.loss.name: curve},
-            self.run_dir / "pr_curve.png",
-            title=f"test mean PR curve ({self.config.dataset.name})",
-            labels={self.config.loss.name: float(test.map)},
-        )
+                atomic_write_text(json.dumps(data) + "\n", self.run_dir / "pr_curve.json")
         return result
+
+
+def _format1_callback_states(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The callback states of a format-1 checkpoint (best-so-far and loss window at top level)."""
+    return {
+        "best_checkpoint": {
+            "best_value": state.get("best_map"),
+            "best_step": state.get("best_step"),
+            "best_val": state.get("best_val"),
+        },
+        "metrics_logger": {"window_losses": state.get("window_losses", [])},
+    }
 
 
 def train(
     config: Config,
     *,
-    splits: Any = None,
+    splits: RetrievalSplits | None = None,
     overwrite: bool = False,
     max_steps: int | None = None,
-    callbacks: Sequence[Callback] = (),
-    console: Any = None,
+    callbacks: Sequence[CallbackLike] = (),
+    console: Console | None = None,
 ) -> RunResult:
-    """Build a :class:`Trainer` from ``config`` and run :meth:`Trainer.fit`."""
-    trainer = Trainer(config, splits=splits, overwrite=overwrite, console=console)
+    """Build a :class:`Trainer` from ``config`` and run :meth:`Trainer.fit`.
+
+    Args:
+        config: the validated run configuration.
+        splits: pre-loaded dataset splits (default: loaded from ``config.dataset``).
+        overwrite: start afresh in an output directory that already holds a run.
+        max_steps: stop early (see :meth:`Trainer.fit`).
+        callbacks: extra callbacks.
+        console: rich console for messages.
+
+    Returns:
+        The :class:`RunResult`.
+    """
+    trainer = Trainer.from_config(config, splits=splits, overwrite=overwrite, console=console)
     return trainer.fit(max_steps=max_steps, callbacks=callbacks)

@@ -1,4 +1,6 @@
-"""Hyper-parameter selection on the validation split, the way Wen et al., *Exploring the
+"""Hyper-parameter selection on the validation split.
+
+Hyper-parameter selection on the validation split, the way Wen et al., *Exploring the
 Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
 Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of dotted overrides is trained with
 the benchmark protocol of :mod:`rankwise.training.bench` (same backbone, sampler, budget and seeds)
@@ -18,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -26,7 +28,13 @@ import yaml
 from .bench import BenchRun, plan_bench, prepare_splits
 from .checkpoint import atomic_write_text
 from .config import ConfigError, config_from_dict
-from .trainer import NonFiniteLossError, RunResult, Trainer
+from .errors import NonFiniteLossError
+from .trainer import RunResult, Trainer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..data import RetrievalSplits
 
 __all__ = [
     "SeedOutcome",
@@ -89,6 +97,7 @@ class TuneTrial:
 
     @property
     def failed(self) -> bool:
+        """Whether a seed failed (non-finite loss) or was not run."""
         return any(o.val_map is None for o in self.outcomes) or len(self.outcomes) < len(self.runs)
 
     @property
@@ -100,6 +109,7 @@ class TuneTrial:
         return mean if math.isfinite(mean) else None
 
     def to_dict(self) -> dict[str, Any]:
+        """The trial's entry of ``tune.json``."""
         return {
             "trial": self.index,
             "loss": self.loss,
@@ -154,19 +164,42 @@ def parse_grid_values(item: str) -> tuple[str, list[Any]]:
     key = key.strip()
     if not sep or not key or not raw.strip():
         raise ConfigError(
-            f"--grid {item!r} must look like KEY=V1,V2,..., e.g. optimizer.lr=0.0003,0.001,0.003."
+            f"`grid` item {item!r} must look like KEY=V1,V2,..., e.g. "
+            "optimizer.lr=0.0003,0.001,0.003."
         )
     try:
         values = yaml.safe_load(f"[{raw}]")
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--grid {key}: cannot parse values {raw!r}: {exc}") from None
+        raise ConfigError(f"`grid` {key}: cannot parse values {raw!r}: {exc}") from None
     if not isinstance(values, list) or not values:
-        raise ConfigError(f"--grid {key}: no values in {raw!r}.")
+        raise ConfigError(f"`grid` {key}: no values in {raw!r}.")
     return key, values
 
 
 def _overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _check_grid_key(key: Any, checked: Sequence[str], quick_keys: Sequence[str]) -> None:
+    """A grid key must be a dotted key the protocol does not set, overlapping no other key."""
+    if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"grid key {key!r} must be a dotted config key, e.g. optimizer.lr.")
+    for reserved in _RESERVED_KEYS:
+        if key == reserved or (reserved in ("dataset", "bench") and key.startswith(reserved)):
+            raise ConfigError(
+                f"grid {key}: the tuning protocol sets {reserved} itself (seeds with `seeds`, "
+                "losses with `losses`, the dataset is shared by every trial); tune "
+                "loss parameters as loss.params.NAME."
+            )
+    for quick_key in quick_keys:
+        if _overlap(key, quick_key):
+            raise ConfigError(
+                f"grid {key}: `quick` fixes {quick_key} (bench.quick.overrides); drop `quick` "
+                "or this grid key."
+            )
+    for other in checked:
+        if _overlap(key, other):
+            raise ConfigError(f"grid keys {other} and {key} overlap; keep one of them.")
 
 
 def _check_grid(
@@ -176,27 +209,10 @@ def _check_grid(
     from ..losses.registry import loss_parameters
 
     if not grid:
-        raise ConfigError("tune: the grid is empty; pass at least one --grid KEY=V1,V2.")
+        raise ConfigError("tune: the grid is empty; give `grid` at least one key with values.")
     checked: dict[str, list[Any]] = {}
     for key, values in grid.items():
-        if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
-            raise ConfigError(f"grid key {key!r} must be a dotted config key, e.g. optimizer.lr.")
-        for reserved in _RESERVED_KEYS:
-            if key == reserved or (reserved in ("dataset", "bench") and key.startswith(reserved)):
-                raise ConfigError(
-                    f"grid {key}: the tuning protocol sets {reserved} itself (seeds with --seeds, "
-                    "losses with --losses, the dataset is shared by every trial); tune "
-                    "loss parameters as loss.params.NAME."
-                )
-        for quick_key in quick_keys:
-            if _overlap(key, quick_key):
-                raise ConfigError(
-                    f"grid {key}: --quick fixes {quick_key} (bench.quick.overrides); drop --quick "
-                    "or this grid key."
-                )
-        for other in checked:
-            if _overlap(key, other):
-                raise ConfigError(f"grid keys {other} and {key} overlap; keep one of them.")
+        _check_grid_key(key, list(checked), quick_keys)
         if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
             raise ConfigError(f"grid {key}: give a list of values, got {values!r}.")
         if not values:
@@ -244,11 +260,11 @@ def plan_tune(
     base_config = config_from_dict(base)
     loss_list = list(losses if losses is not None else base_config.bench.losses)
     if not loss_list:
-        raise ConfigError("tune: no losses to tune (empty --losses).")
+        raise ConfigError("tune: no losses to tune (empty `losses`).")
     if not list(seeds):
-        raise ConfigError("tune: no seeds (--seeds must be at least 1).")
+        raise ConfigError("tune: no seeds (`seeds` must hold at least one seed).")
     if len(set(loss_list)) != len(loss_list):
-        raise ConfigError(f"tune: --losses names a loss twice: {loss_list}.")
+        raise ConfigError(f"tune: `losses` names a loss twice: {loss_list}.")
     plan_bench(base, losses=loss_list, seeds=seeds[:1], quick=quick, output=output)
     quick_keys = list(base_config.bench.quick.overrides) if quick else []
     checked = _check_grid(grid, loss_list, quick_keys)
@@ -299,23 +315,27 @@ def _without_run_prefix(exc: ConfigError) -> str:
     return text
 
 
-def _shared_splits(trials: Sequence[TuneTrial]) -> Any:
+def _shared_splits(trials: Sequence[TuneTrial]) -> RetrievalSplits:
     """One data load for the sweep, then every data-dependent check of every distinct run."""
     trial_of = {id(run): trial for trial in trials for run in trial.runs}
 
-    def describe(run: Any) -> str:
+    def describe(run: BenchRun) -> str:
         trial = trial_of[id(run)]
         return f"tune trial {_describe(trial.loss, trial.params)}"
 
     return prepare_splits([run for trial in trials for run in trial.runs], describe)
 
 
-def _run_trial(trial: TuneTrial, splits: Any, console: Any) -> None:
+def _run_trial(trial: TuneTrial, splits: RetrievalSplits, console: Console | None) -> None:
     """Train every seed of ``trial``; keep only validation scores (a RunResult goes no further)."""
     for run in trial.runs:
         start = time.perf_counter()
         try:
-            result = Trainer(run.config, splits=splits, overwrite=True, console=console).fit()
+            trainer = Trainer.from_config(
+                run.config, splits=splits, overwrite=True, console=console
+            )
+            # tuning selects on validation data only: the test data is never evaluated
+            result = trainer.fit(test=False)
         except NonFiniteLossError as exc:
             # a diverging point is a legitimate tuning outcome: record it, never select it
             trial.outcomes.append(
@@ -357,9 +377,11 @@ def _winners(trials: Sequence[TuneTrial]) -> dict[str, TuneTrial | None]:
 def tuned_config(
     base: Mapping[str, Any], winners: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """The base config with ``bench.overrides[loss]`` updated by each loss's winning overrides
-    (existing per-loss overrides are kept unless the grid set the same key) and ``bench.losses``
-    set to the tuned losses, in order."""
+    """The base config with each loss's winning overrides as its ``bench.overrides[loss]``.
+
+    Existing per-loss overrides are kept unless the grid set the same key; ``bench.losses`` is
+    set to the tuned losses, in order.
+    """
     data = copy.deepcopy(dict(base))  # keeps the base file's section order
     bench = data.setdefault("bench", {}) or {}
     data["bench"] = bench
@@ -393,7 +415,7 @@ def _check_reproduces(
 
 def _summary(
     trials: Sequence[TuneTrial],
-    splits: Any,
+    splits: RetrievalSplits,
     grid: Mapping[str, Any],
     seeds: Sequence[int],
     quick: bool,
@@ -428,50 +450,6 @@ def _summary(
     return out
 
 
-def _fmt(value: Any) -> str:
-    return "null" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
-
-
-def print_tune_table(summary: Mapping[str, Any], console: Any) -> None:
-    """Rich table of a ``tune.json`` summary: validation mAP in %, the winner of each loss ★."""
-    from rich.table import Table
-
-    winners = {loss: w["trial"] for loss, w in (summary.get("winners") or {}).items() if w}
-    keys = list(summary["grid"])
-    table = Table(
-        title=(
-            f"rankwise tune: {summary['dataset']} ({summary['protocol']}), "
-            f"{len(summary['seeds'])} seed(s), validation mAP in % (test never read); ★ = winner"
-        )
-    )
-    table.add_column("", justify="center")
-    table.add_column("Loss")
-    table.add_column("Trial", justify="right")
-    for key in keys:
-        table.add_column(key, justify="right")
-    table.add_column("val mAP", justify="right")
-    table.add_column("per seed", justify="right")
-    table.add_column("s", justify="right")
-    for trial in summary["trials"]:
-        won = winners.get(trial["loss"]) == trial["trial"]
-        cells = ["—" if key in trial["skipped"] else _fmt(trial["params"].get(key)) for key in keys]
-        mean = trial["val_map_mean"]
-        per_seed = " ".join(
-            "nan" if v is None else f"{100 * v:.2f}" for v in trial["val_map_per_seed"]
-        )
-        table.add_row(
-            "★" if won else "",
-            trial["loss"],
-            str(trial["trial"]),
-            *cells,
-            "diverged" if mean is None else f"{100 * mean:.2f}",
-            per_seed,
-            f"{trial['seconds']:.1f}",
-            style="bold" if won else None,
-        )
-    console.print(table)
-
-
 def tune(
     base: Mapping[str, Any],
     *,
@@ -480,10 +458,11 @@ def tune(
     seeds: Sequence[int] = (0,),
     output: str | Path,
     quick: bool = False,
-    console: Any = None,
+    console: Console | None = None,
 ) -> dict[str, Any]:
-    """Select each loss's hyper-parameters on the validation split; write ``tune.json`` and
-    ``tuned.yaml`` to ``output``.
+    """Select each loss's hyper-parameters on the validation split.
+
+    Writes ``tune.json`` and ``tuned.yaml`` to ``output``.
 
     Arguments as in :func:`plan_tune`. Every configuration error (including the data-dependent
     ones checked by :func:`~rankwise.training.trainer.preflight`) is raised before the first run.
@@ -552,13 +531,4 @@ def tune(
     atomic_write_text(header + yaml.safe_dump(tuned, sort_keys=False), tuned_path)
     summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path)
     atomic_write_text(json.dumps(summary, indent=2) + "\n", tune_path)
-    print_tune_table(summary, console)
-    for loss, trial in winners.items():
-        if trial is None:
-            console.print(
-                f"[red]{loss}: every trial diverged; its bench overrides are "
-                "unchanged in tuned.yaml[/red]",
-                soft_wrap=True,
-            )
-    console.print(f"results: {tune_path}, {tuned_path}", soft_wrap=True)
     return summary

@@ -1,0 +1,169 @@
+"""Exit codes, error handling and flag names shared by every sub-command.
+
+What every ``rankwise`` sub-command shares: exit codes, the mapping of library errors to exit
+codes and messages, the translation of argument names into command-line flags, and consoles.
+
+The library speaks in keys: its errors name config keys (``sampler.batch_size``) and Python
+arguments, the latter written in backticks (`` `losses` ``, `` `run_dir` ``). Only the command line
+knows its flags, so :func:`to_flags` rewrites those names into the flags of the command that
+raised them (`` `losses` `` becomes ``--losses``, a leading ``run_dir:`` becomes ``--resume:``).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from .._extras import MissingDependencyError
+
+if TYPE_CHECKING:  # typer and rich are imported where used: the exit codes need neither
+    from rich.console import Console
+
+__all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_MISSING_DEPENDENCY",
+    "cli_errors",
+    "error_console",
+    "output_console",
+    "to_flags",
+]
+
+EXIT_FAILED = 1  # the run itself failed: a non-finite loss, a collapsed model
+EXIT_CONFIG = 2  # a configuration error, reported before any training (as click's usage errors)
+EXIT_BAD_INPUT = 2  # unreadable or invalid input files (``rankwise evaluate``)
+EXIT_MISSING_DEPENDENCY = 3  # an optional dependency is missing: install the extra it names
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM after a checkpoint (128 + SIGINT, as shells report it)
+
+_BACKTICKED = re.compile(r"`([A-Za-z_][A-Za-z0-9_]*)`")
+
+
+def to_flags(message: str, flags: Mapping[str, str]) -> str:
+    """Rewrite the argument names of a library message into command-line flags.
+
+    Args:
+        message: the library's message.
+        flags: argument or config key -> flag of this command, e.g. ``{"run_dir": "--resume"}``.
+
+    Returns:
+        ``message`` with every backticked name of ``flags`` replaced by its flag, and a leading
+        ``"<name>: "`` (the key the message is about) replaced by ``"<flag>: "``.
+    """
+
+    def backticked(match: re.Match[str]) -> str:
+        return flags.get(match.group(1), match.group(0))
+
+    head, sep, rest = message.partition(": ")
+    if sep and head in flags:
+        message = f"{flags[head]}: {rest}"
+    return _BACKTICKED.sub(backticked, message)
+
+
+def output_console(width: int = 140) -> Console:
+    """A rich console on stdout.
+
+    Piped or captured output gets ``width`` columns, so tables are not squeezed into 80.
+    """
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=width)
+
+
+def error_console() -> Console:
+    """The rich console on stderr that every command writes its errors to."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else text
+
+
+def _training_errors() -> tuple[type[BaseException], ...]:
+    """The training exception classes (none when :mod:`rankwise.training` was never imported).
+
+    A command that never used the training code cannot have raised its exceptions, so pydantic
+    and the rest of the training stack are not imported to check for them.
+    """
+    if "rankwise.training" not in sys.modules:
+        return ()
+    from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted
+
+    return ConfigError, NonFiniteLossError, TrainingInterrupted
+
+
+def _exit_for(exc: BaseException, err: Console, flags: Mapping[str, str], what: str) -> int | None:
+    """Print the message of a known error and return its exit code (``None``: not ours)."""
+    from rich.markup import escape
+
+    text = to_flags(str(exc), flags)
+    if isinstance(exc, MissingDependencyError):
+        err.print(f"[red]missing dependency:[/red] {escape(text)}", soft_wrap=True)
+        return EXIT_MISSING_DEPENDENCY
+    known = _training_errors()
+    if known:
+        config_error, failed, interrupted = known
+        if isinstance(exc, config_error):
+            err.print(f"[red]config error:[/red] {escape(text)}", soft_wrap=True)
+            return EXIT_CONFIG
+        if isinstance(exc, interrupted):
+            text = to_flags(exc.message, flags) + "."
+            if exc.run_dir is not None and exc.checkpoint_step is not None:
+                text = f"{text[:-1]}. Resume with: rankwise train --resume {exc.run_dir}"
+            prefix = f"{what} interrupted: " if what != "training" else ""
+            err.print(f"[yellow]{escape(prefix + text)}[/yellow]", soft_wrap=True)
+            return EXIT_INTERRUPTED
+        if isinstance(exc, failed):
+            err.print(f"[red]{what} failed:[/red] {escape(text)}", soft_wrap=True)
+            return EXIT_FAILED
+    return None
+
+
+@contextmanager
+def cli_errors(
+    what: str,
+    flags: Mapping[str, str] | None = None,
+    *,
+    bad_input: tuple[type[Exception], ...] = (),
+    err: Console | None = None,
+) -> Iterator[Console]:
+    """Turn the library's errors into one message on stderr and the command's exit code.
+
+    ``ConfigError`` -> ``config error: ...``, exit 2; ``TrainingInterrupted`` -> its message
+    (which says how to resume), exit 130; ``NonFiniteLossError`` (and its subclasses) ->
+    ``<what> failed: ...``, exit 1; :class:`~rankwise._extras.MissingDependencyError` -> the
+    extra to install, exit 3; an exception of ``bad_input`` -> ``error: <first line>``, exit 2.
+    Anything else propagates (a bug: its traceback is wanted).
+
+    Args:
+        what: the activity, for the messages (``"training"``, ``"bench"``, ``"tune"``).
+        flags: argument / config key -> flag, applied to every message with :func:`to_flags`.
+        bad_input: exception types that mean invalid input (``rankwise evaluate``).
+        err: the console to print to (default :func:`error_console`).
+
+    Yields:
+        The error console.
+    """
+    import typer
+    from rich.markup import escape
+
+    err = err if err is not None else error_console()
+    flags = dict(flags or {})
+    try:
+        yield err
+    except (Exception, KeyboardInterrupt) as exc:
+        code = _exit_for(exc, err, flags, what)
+        if code is None and bad_input and isinstance(exc, bad_input):
+            text = escape(_first_line(to_flags(str(exc), flags)))
+            err.print(f"[bold red]error:[/bold red] [red]{text}[/red]", soft_wrap=True)
+            code = EXIT_BAD_INPUT
+        if code is None:
+            raise
+        raise typer.Exit(code) from None

@@ -1,0 +1,188 @@
+"""``rankwise experiment``: the papers' analysis figures as commands.
+
+``rankwise experiment list`` and ``rankwise experiment NAME [--output DIR|FILE] [--quick]
+[--seed N] [options]``, each writing JSON, a PNG figure and printing a one-line verdict. The experiments live in :mod:`rankwise.experiments`;
+this module only turns each registered experiment's keyword options into command-line options
+(``tuple`` options as comma-separated lists) and maps errors to exit codes: bad options and existing
+outputs end with a one-line ``error:`` and exit code 2, Ctrl-C / SIGTERM with code 130 and nothing
+written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import signal
+import types
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ..experiments import REGISTRY, ExperimentSpec, get_experiment
+from ..experiments.base import DEFAULT_OUTPUT_DIR, option_help, parse_sequence
+
+__all__ = ["experiment_app"]
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+experiment_app = typer.Typer(
+    name="experiment",
+    help="Reproduce the papers' analysis figures: JSON, a PNG figure and a one-line verdict.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@experiment_app.command("list")
+def list_command() -> None:
+    """List the experiments with what they reproduce."""
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("experiment")
+    table.add_column("what it does")
+    table.add_column("paper")
+    for name in REGISTRY:
+        spec = get_experiment(name).spec
+        table.add_row(spec.name, escape(spec.summary), escape(spec.reference))
+    console = Console()
+    if not console.is_terminal:  # captured output: one row per line, not squeezed to 80 columns
+        console = Console(width=200)
+    console.print(table)
+
+
+# -- one command per registered experiment --------------------------------------------------------
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0], True
+    return annotation, False
+
+
+def _cli_option(
+    param: inspect.Parameter, annotation: Any, help_text: str
+) -> tuple[inspect.Parameter, Callable[[Any], Any]]:
+    """The typer parameter for one experiment option, and the converter of its parsed value."""
+    inner, optional = _unwrap_optional(annotation)
+    flag = "--" + param.name.replace("_", "-")
+    default = param.default
+    convert: Callable[[Any], Any] = lambda value: value  # noqa: E731
+    if typing.get_origin(inner) is tuple:
+        kind = typing.get_args(inner)[0]
+
+        def convert(value: Any, _name: str = param.name, _kind: type = kind) -> Any:
+            return value if value is None else parse_sequence(value, _name, _kind)
+
+        cli_type: Any = Optional[str]  # noqa: UP045 - typer reads typing.Optional
+        if default is not None:
+            default = ",".join(str(v) for v in default)
+    elif inner in (bool, int, float, str):
+        cli_type = Optional[inner] if optional else inner  # noqa: UP045
+    else:
+        raise TypeError(f"option `{param.name}`: unsupported annotation {annotation!r}.")
+    option = typer.Option(default, flag, help=help_text, show_default=default is not None)
+    return (
+        inspect.Parameter(
+            param.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=cli_type
+        ),
+        convert,
+    )
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM is handled like Ctrl-C while an experiment runs (nothing is written)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _fail(message: str, code: int, options: tuple[str, ...] = ()) -> typer.Exit:
+    for name in options:  # the Python argument names in messages become the command's flags
+        message = message.replace(f"`{name}`", "--" + name.replace("_", "-"))
+    Console(stderr=True).print(
+        f"[bold red]error:[/bold red] [red]{escape(message.splitlines()[0])}[/red]", soft_wrap=True
+    )
+    return typer.Exit(code=code)
+
+
+def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
+    hints = typing.get_type_hints(spec.compute)
+    helps = option_help(spec.compute)
+    run = get_experiment(spec.name)
+    converters: dict[str, Callable[[Any], Any]] = {}
+    params = [
+        inspect.Parameter(
+            "output",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(
+                None,
+                "--output",
+                "-o",
+                help="Directory (NAME.json and NAME.png inside) or a .json file (PNG beside it); "
+                f"default {DEFAULT_OUTPUT_DIR}/.",
+            ),
+            annotation=Optional[Path],  # noqa: UP045
+        ),
+        inspect.Parameter(
+            "overwrite",
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(False, "--overwrite", help="Replace existing result files."),
+            annotation=bool,
+        ),
+    ]
+    for param in spec.parameters():
+        cli_param, converters[param.name] = _cli_option(
+            param, hints[param.name], helps.get(param.name, "")
+        )
+        params.append(cli_param)
+
+    def command(**kwargs: Any) -> None:
+        output = kwargs.pop("output") or DEFAULT_OUTPUT_DIR
+        overwrite = kwargs.pop("overwrite")
+        try:
+            options = {name: converters[name](value) for name, value in kwargs.items()}
+            with _sigterm_as_interrupt():
+                result = run(output=output, overwrite=overwrite, **options)
+        except (ValueError, FileExistsError) as exc:
+            raise _fail(str(exc), EXIT_BAD_INPUT, tuple(converters)) from None
+        except KeyboardInterrupt:
+            raise _fail(f"{spec.name} interrupted; nothing written.", EXIT_INTERRUPTED) from None
+        console = Console()
+        console.print(result.verdict, markup=False, highlight=False, soft_wrap=True)
+        console.print(
+            f"wrote {result.json_path} and {result.figure_path}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__name__ = spec.name.replace("-", "_")
+    doc = inspect.getdoc(spec.compute) or spec.summary
+    command.__doc__ = f"{doc.split(chr(10) + chr(10))[0]}\n\nReproduces {spec.reference}."
+    return command
+
+
+for _name in REGISTRY:
+    _spec = get_experiment(_name).spec
+    experiment_app.command(_name, short_help=_spec.summary)(_make_command(_spec))

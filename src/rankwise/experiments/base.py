@@ -1,0 +1,322 @@
+"""The experiment framework: registration, results and output rules.
+
+The :func:`experiment` decorator turns a function computing a paper's analysis figure into a
+registered experiment, the :class:`ExperimentResult` it returns
+(JSON-ready data, a matplotlib figure, a one-line verdict) and the output rules shared by every
+experiment (``--output DIR|FILE``, no silent overwrite, atomic writes).
+
+An experiment function takes keyword-only arguments with defaults and type annotations (``bool``,
+``int``, ``float``, ``str``, ``X | None`` or ``tuple[X, ...]``); two of them, ``quick: bool`` and
+``seed: int``, are common to all. Its Google-style docstring's ``Args:`` section is the help text of
+the matching ``rankwise experiment NAME --option``. The decorator adds ``output`` and ``overwrite``,
+so ``module.run(output="out.json", quick=True, seed=1, ...)`` and
+``rankwise experiment NAME --output out.json --quick --seed 1 ...`` do the same thing.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_OUTPUT_DIR",
+    "ExperimentResult",
+    "ExperimentSpec",
+    "experiment",
+    "new_figure",
+    "option_help",
+    "parse_sequence",
+    "resolve_output",
+]
+
+#: Where the command line writes when ``--output`` is not given.
+DEFAULT_OUTPUT_DIR = Path("runs") / "experiments"
+
+_NAME_PATTERN = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
+_RESERVED = ("output", "overwrite")
+
+
+# -- results ------------------------------------------------------------------------------------
+def _jsonable(value: Any) -> Any:
+    """``value`` with numpy scalars / arrays, tuples and paths turned into JSON types.
+
+    A NaN or an infinity becomes ``None`` (JSON has neither).
+    """
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+@dataclass
+class ExperimentResult:
+    """What an experiment produces.
+
+    Attributes:
+        name: the experiment's registered name, e.g. ``"estimator-bias"``.
+        data: JSON-ready results (numpy values are converted when written).
+        verdict: one line saying what was measured and whether it agrees with the paper.
+        consistent: True when the measurement agrees with the paper's claim.
+        figure: the matplotlib :class:`~matplotlib.figure.Figure` (Agg canvas), or None.
+        json_path: where :meth:`save` wrote the JSON (None before).
+        figure_path: where :meth:`save` wrote the PNG (None before).
+    """
+
+    name: str
+    data: dict[str, Any]
+    verdict: str
+    consistent: bool
+    figure: Any = field(default=None, repr=False)
+    json_path: Path | None = None
+    figure_path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON document: ``{"experiment": name, **data, "verdict", "consistent_with_paper"}``."""
+        payload = {"experiment": self.name, **self.data}
+        payload["verdict"] = self.verdict
+        payload["consistent_with_paper"] = bool(self.consistent)
+        return _jsonable(payload)
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as indented JSON text (no NaN: non-finite numbers are written as null)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False) + "\n"
+
+    def save(self, output: str | Path, overwrite: bool = False) -> tuple[Path, Path]:
+        """Write the JSON and the PNG figure (see :func:`resolve_output` for the paths).
+
+        Args:
+            output: a ``.json`` file (the PNG goes beside it, same stem) or a directory (``NAME.json``
+                and ``NAME.png`` inside it).
+            overwrite: replace existing files; without it an existing file raises.
+
+        Returns:
+            (json_path, png_path).
+
+        Raises:
+            FileExistsError: a target exists and ``overwrite`` is False.
+        """
+        json_path, png_path = resolve_output(self.name, output, overwrite)
+        _atomic_write(json_path, self.to_json().encode())
+        if self.figure is not None:
+            _atomic_write(png_path, _figure_png(self.figure))
+        self.json_path, self.figure_path = json_path, png_path
+        return json_path, png_path
+
+
+def resolve_output(name: str, output: str | Path, overwrite: bool = False) -> tuple[Path, Path]:
+    """The (JSON, PNG) paths an experiment writes for ``output``, checked before any work is done.
+
+    A path ending in ``.json`` names the JSON file and the PNG gets the same stem; anything else is a
+    directory holding ``NAME.json`` and ``NAME.png``.
+
+    Raises:
+        ValueError: ``output`` ends in another file suffix (``.png``, ``.txt``...).
+        FileExistsError: a target exists and ``overwrite`` is False (results are never overwritten
+            silently).
+    """
+    out = Path(output)
+    if out.suffix.lower() == ".json":
+        json_path, png_path = out, out.with_suffix(".png")
+    elif out.suffix and not out.is_dir() and out.suffix.lower() in (".png", ".txt", ".csv", ".md"):
+        raise ValueError(
+            f"--output must be a directory or a .json file, got {str(output)!r}; the PNG is "
+            "written beside the JSON with the same name."
+        )
+    else:
+        json_path, png_path = out / f"{name}.json", out / f"{name}.png"
+    if not overwrite:
+        for path in (json_path, png_path):
+            if path.exists():
+                raise FileExistsError(
+                    f"{path} exists; pass --overwrite (overwrite=True) to replace it, or choose "
+                    "another --output."
+                )
+    return json_path, png_path
+
+
+def _atomic_write(path: Path, payload: bytes) -> None:
+    """Write through a temporary file in the same folder and rename it.
+
+    A crash or Ctrl-C never leaves a half-written result.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _figure_png(figure: Any) -> bytes:
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(figure)
+    buffer = io.BytesIO()
+    # no "Software" metadata: the same result gives the same bytes across matplotlib patch versions
+    figure.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def new_figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4, 4.8)) -> tuple:
+    """A matplotlib figure on an Agg canvas (no pyplot state, safe on headless machines).
+
+    Returns:
+        (figure, axes), ``axes`` a 2-D array of shape (nrows, ncols).
+    """
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=size, layout="constrained")
+    axes = figure.subplots(nrows, ncols, squeeze=False)
+    return figure, axes
+
+
+# -- options -------------------------------------------------------------------------------------
+def parse_sequence(value: Any, name: str, kind: type = float) -> tuple:
+    """A tuple of ``kind`` from a sequence or a comma-separated string (``"0.01,0.02"``).
+
+    Raises:
+        ValueError: naming ``name`` when an item is not a ``kind`` or the sequence is empty.
+    """
+    items = value.split(",") if isinstance(value, str) else value
+    try:
+        parsed = tuple(kind(item.strip()) if isinstance(item, str) else item for item in items)
+    except (TypeError, ValueError):
+        parsed = None
+    if not parsed:
+        what = {float: "numbers", int: "integers", str: "names"}.get(kind, kind.__name__)
+        raise ValueError(f"`{name}` must be comma-separated {what}, got {value!r}.")
+    return parsed
+
+
+def option_help(func: Callable[..., Any]) -> dict[str, str]:
+    """The ``Args:`` section of a Google-style docstring: parameter name -> one-line help text."""
+    doc = inspect.getdoc(func) or ""
+    helps: dict[str, str] = {}
+    in_args, current = False, None
+    for line in doc.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            in_args = line.strip() == "Args:"
+            current = None
+            continue
+        if not in_args:
+            continue
+        match = re.match(r"^    (\w+)(?: \([^)]*\))?: (.*)$", line)
+        if match:
+            current = match.group(1)
+            helps[current] = match.group(2).strip()
+        elif current is not None:
+            helps[current] += " " + line.strip()
+    return helps
+
+
+# -- registration -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """A registered experiment.
+
+    Attributes:
+        name: command name (lower-case words joined by ``-``).
+        summary: one line for ``rankwise experiment list``.
+        reference: the paper, section and figure / table it reproduces.
+        compute: the undecorated function (keyword-only options, returns ExperimentResult).
+        module: the module defining it.
+    """
+
+    name: str
+    summary: str
+    reference: str
+    compute: Callable[..., ExperimentResult]
+    module: str
+
+    def parameters(self) -> list[inspect.Parameter]:
+        """The options of ``compute`` (``quick`` and ``seed`` included), in signature order."""
+        return list(inspect.signature(self.compute).parameters.values())
+
+
+def _check_signature(name: str, func: Callable[..., Any]) -> None:
+    params = inspect.signature(func).parameters
+    for required in ("quick", "seed"):
+        if required not in params:
+            raise TypeError(f"experiment {name!r}: the function must accept `{required}`.")
+    for param in params.values():
+        if param.kind is not inspect.Parameter.KEYWORD_ONLY:
+            raise TypeError(f"experiment {name!r}: option `{param.name}` must be keyword-only.")
+        if param.default is inspect.Parameter.empty:
+            raise TypeError(f"experiment {name!r}: option `{param.name}` needs a default.")
+        if param.name in _RESERVED:
+            raise TypeError(f"experiment {name!r}: `{param.name}` is added by the framework.")
+
+
+def experiment(name: str, summary: str, reference: str) -> Callable[[Callable], Callable]:
+    """Decorator registering an experiment function; the result is the module's ``run``.
+
+    The decorated function gains two keyword arguments: ``output`` (None: return the result and
+    write nothing; a directory or a ``.json`` path: write JSON and PNG there, checked before the
+    computation starts) and ``overwrite`` (replace existing files).
+
+    Args:
+        name: the command name, e.g. ``"estimator-bias"``.
+        summary: one line shown by ``rankwise experiment list``.
+        reference: the paper, section and figure it reproduces.
+    """
+    if not _NAME_PATTERN.match(name):
+        raise ValueError(f"experiment name {name!r} must be lower-case words joined by '-'.")
+
+    def decorate(func: Callable[..., ExperimentResult]) -> Callable[..., ExperimentResult]:
+        _check_signature(name, func)
+
+        @functools.wraps(func)
+        def run(
+            *, output: str | Path | None = None, overwrite: bool = False, **options: Any
+        ) -> ExperimentResult:
+            if output is not None:
+                resolve_output(name, output, overwrite)  # fail before the work, not after
+            result = func(**options)
+            if output is not None:
+                result.save(output, overwrite=overwrite)
+            return result
+
+        extra = [
+            inspect.Parameter("output", inspect.Parameter.KEYWORD_ONLY, default=None),
+            inspect.Parameter("overwrite", inspect.Parameter.KEYWORD_ONLY, default=False),
+        ]
+        signature = inspect.signature(func)
+        run.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*extra, *signature.parameters.values()]
+        )
+        run.spec = ExperimentSpec(  # type: ignore[attr-defined]
+            name=name, summary=summary, reference=reference, compute=func, module=func.__module__
+        )
+        return run
+
+    return decorate

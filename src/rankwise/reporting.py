@@ -1,0 +1,164 @@
+"""Tables of sweep results, as Markdown and as rich tables.
+
+Tables of sweep results: the Table 1 / Table 2 layout of Wen et al., *Exploring the
+Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
+Sec. 5.2-5.3 (test mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds, in %) as
+Markdown (``bench.md``) and as rich tables, and the validation table of a tuning sweep.
+
+The functions read the plain ``bench.json`` / ``tune.json`` summaries, so a table can be
+re-rendered from a finished sweep without re-running anything. Rendering is kept out of the
+training code: :mod:`rankwise.training` computes the summaries, this module (and the command
+line) shows them. Rich is imported only by the functions that print.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = ["bench_table_markdown", "print_bench_table", "print_tune_table"]
+
+
+def _pct(mean: float, std: float) -> str:
+    return f"{100 * mean:.2f} ± {100 * std:.2f}"
+
+
+def _check(flag: bool) -> str:
+    return "✓" if flag else "✗"
+
+
+def _table_columns(ablation: bool) -> list[str]:
+    head = ["No.", "Unb. Est.", "with v", "with L_var", "Opt."] if ablation else ["Loss"]
+    return head + ["mAUPRC", "R@1", "R@10", "MAP@R", "s / run"]
+
+
+def _table_cells(row: Mapping[str, Any], ablation: bool) -> list[str]:
+    if ablation:
+        head = [
+            str(row["variant"]),
+            _check(row["unbiased_estimator"]),
+            _check(row["with_v"]),
+            _check(row["with_semi_variance"]),
+            "SGD" if row["optimizer"] == "sgd" else "Adam",
+        ]
+    else:
+        head = [row["loss"]]
+    return head + [
+        _pct(row["map_mean"], row["map_std"]),
+        _pct(row["recall_at_1_mean"], row["recall_at_1_std"]),
+        _pct(row["recall_at_10_mean"], row["recall_at_10_std"]),
+        _pct(row["map_at_r_mean"], row["map_at_r_std"]),
+        f"{row['seconds']:.1f}",
+    ]
+
+
+def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> str:
+    """Markdown table of a ``bench.json`` summary (values in %, mean ± std over seeds).
+
+    Args:
+        summary: the content of ``bench.json`` (``dataset``, ``protocol``, ``seeds``, ``rows``
+            and optionally ``reference_rows``).
+        ablation: render the Table 2 columns (variant, estimator, v, L_var, optimizer).
+
+    Returns:
+        The Markdown text, ending with a newline; reference rows are italic, without timing.
+    """
+    columns = _table_columns(ablation)
+    lines = [
+        f"# rankwise bench: {summary['dataset']} ({summary['protocol']})",
+        "",
+        f"Seeds: {summary['seeds']}. Test metrics of the checkpoint with the best validation "
+        "mAP, in %, mean ± sample std over seeds; mAUPRC is the tie-aware mAP.",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---" for _ in columns) + "|",
+    ]
+    for row in summary["rows"]:
+        lines.append("| " + " | ".join(_table_cells(row, ablation)) + " |")
+    for row in summary.get("reference_rows", []) if not ablation else []:
+        cells = _table_cells(row, ablation)
+        lines.append("| " + " | ".join([f"*{cells[0]}*", *cells[1:-1], "—"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def print_bench_table(summary: Mapping[str, Any], console: Console, ablation: bool = False) -> None:
+    """Print a ``bench.json`` summary as a rich table; the best mAUPRC row is bold.
+
+    Args:
+        summary: the content of ``bench.json``.
+        console: the rich console to print to.
+        ablation: render the Table 2 columns.
+    """
+    from rich.table import Table
+
+    title = (
+        f"{'Ablation (Table 2)' if ablation else 'Table 1'}: {summary['dataset']} "
+        f"({summary['protocol']}), {len(summary['seeds'])} seed(s), test metrics in %"
+    )
+    table = Table(title=title)
+    for i, name in enumerate(_table_columns(ablation)):
+        table.add_column(name, justify="left" if i == 0 and not ablation else "right")
+    best = max((row["map_mean"] for row in summary["rows"]), default=math.nan)
+    for row in summary["rows"]:
+        style = "bold" if row["map_mean"] == best else None
+        table.add_row(*_table_cells(row, ablation), style=style)
+    references = summary.get("reference_rows", []) if not ablation else []
+    if references:
+        table.add_section()  # a rule between the trained rows and the no-learning references
+    for row in references:
+        table.add_row(*_table_cells(row, ablation)[:-1], "—", style="dim italic")
+    console.print(table)
+
+
+def _fmt(value: Any) -> str:
+    return "null" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
+
+
+def print_tune_table(summary: Mapping[str, Any], console: Console) -> None:
+    """Print a ``tune.json`` summary: validation mAP in %, the winner of each loss marked ★.
+
+    Args:
+        summary: the content of ``tune.json`` (``grid``, ``trials`` and, once complete,
+            ``winners``).
+        console: the rich console to print to.
+    """
+    from rich.table import Table
+
+    winners = {loss: w["trial"] for loss, w in (summary.get("winners") or {}).items() if w}
+    keys = list(summary["grid"])
+    table = Table(
+        title=(
+            f"rankwise tune: {summary['dataset']} ({summary['protocol']}), "
+            f"{len(summary['seeds'])} seed(s), validation mAP in % (test never read); ★ = winner"
+        )
+    )
+    table.add_column("", justify="center")
+    table.add_column("Loss")
+    table.add_column("Trial", justify="right")
+    for key in keys:
+        table.add_column(key, justify="right")
+    table.add_column("val mAP", justify="right")
+    table.add_column("per seed", justify="right")
+    table.add_column("s", justify="right")
+    for trial in summary["trials"]:
+        won = winners.get(trial["loss"]) == trial["trial"]
+        cells = ["—" if key in trial["skipped"] else _fmt(trial["params"].get(key)) for key in keys]
+        mean = trial["val_map_mean"]
+        per_seed = " ".join(
+            "nan" if v is None else f"{100 * v:.2f}" for v in trial["val_map_per_seed"]
+        )
+        table.add_row(
+            "★" if won else "",
+            trial["loss"],
+            str(trial["trial"]),
+            *cells,
+            "diverged" if mean is None else f"{100 * mean:.2f}",
+            per_seed,
+            f"{trial['seconds']:.1f}",
+            style="bold" if won else None,
+        )
+    console.print(table)

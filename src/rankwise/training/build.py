@@ -1,0 +1,290 @@
+"""Config to objects: the data, model, loss, sampler, optimizer and schedule of a run.
+
+From a validated :class:`~rankwise.training.config.Config` to the objects a
+:class:`~rankwise.training.trainer.Trainer` takes: the dataset splits, the embedding model, the
+loss, the P x K sampler, the optimizer and the learning-rate schedule, following the protocol of
+Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
+Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1.
+
+Every check that needs the data (an unknown loss parameter, more classes per batch than the
+training split has, milestones past the budget, missing files) is made here and raised as a
+:class:`~rankwise.training.errors.ConfigError` naming the config key, before anything is trained;
+:func:`preflight` runs them all without building the model, so a sweep can validate every run
+first. The trainer itself knows nothing of configs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import Config, OptimizerConfig
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..data import RetrievalSplits
+    from ..sampling import MPerClassBatchSampler
+
+__all__ = [
+    "build_loss_from_config",
+    "build_model_from_config",
+    "build_optimizer",
+    "build_sampler_from_config",
+    "check_batch_classes",
+    "learning_rate_at",
+    "load_splits",
+    "preflight",
+    "resolve_device",
+    "seed_everything",
+    "total_steps",
+]
+
+
+def learning_rate_at(config: Config, step: int, total_steps: int) -> float:
+    """Learning rate of the optimizer step with 0-based index ``step``.
+
+    multistep: ``lr * gamma ** (number of milestones <= step)`` (as ``MultiStepLR`` stepped per
+    iteration); cosine: ``min_lr + (lr - min_lr) * (1 + cos(pi * step / total_steps)) / 2``.
+
+    Args:
+        config: the run configuration (``optimizer.lr`` and the ``schedule`` section).
+        step: 0-based index of the optimizer step.
+        total_steps: the run's budget in steps (the cosine period).
+
+    Returns:
+        The learning rate; a pure function of the step, so the schedule needs no state.
+    """
+    base = config.optimizer.lr
+    schedule = config.schedule
+    if schedule.name == "multistep":
+        passed = sum(1 for milestone in schedule.milestones if milestone <= step)
+        return base * schedule.gamma**passed
+    if schedule.name == "cosine":
+        progress = min(step, total_steps) / max(total_steps, 1)
+        return schedule.min_lr + (base - schedule.min_lr) * 0.5 * (
+            1.0 + math.cos(math.pi * progress)
+        )
+    return base
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is a ConfigError.
+
+    Args:
+        name: ``"auto"``, ``"cpu"`` or ``"cuda"`` (the ``device`` key).
+
+    Returns:
+        The torch device.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: 'cuda' requested but no CUDA device is available; use auto/cpu.")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's ``random``, numpy's global generator and torch (CPU and CUDA).
+
+    Args:
+        seed: a non-negative integer.
+    """
+    random.seed(seed)
+    np.random.seed(seed % (2**32))  # noqa: NPY002
+    torch.manual_seed(seed)
+
+
+def load_splits(config: Config) -> RetrievalSplits:
+    """:func:`rankwise.data.load_dataset` for ``config.dataset``; failures as ConfigError.
+
+    Args:
+        config: the run configuration.
+
+    Returns:
+        The dataset's :class:`~rankwise.data.RetrievalSplits`.
+    """
+    from ..data import load_dataset
+
+    ds = config.dataset
+    try:
+        return load_dataset(
+            ds.name,
+            protocol=ds.protocol,
+            data_dir=ds.data_dir,
+            val_fraction=ds.val_fraction,
+            seed=ds.split_seed,
+            image_size=ds.image_size,
+            val_holdout=ds.val_holdout,
+            **ds.options,
+        )
+    except FileNotFoundError as exc:
+        raise ConfigError(f"dataset.data_dir: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"dataset: {exc}") from None
+
+
+def check_batch_classes(config: Config, splits: RetrievalSplits) -> tuple[np.ndarray, int]:
+    """The training labels and class count, after checking a batch's classes fit in them.
+
+    Args:
+        config: the run configuration.
+        splits: the loaded dataset splits.
+
+    Returns:
+        ``(train_labels (N,) int64, number of training classes)``.
+    """
+    train_labels = np.asarray(splits.train.labels, dtype=np.int64)
+    n_classes = int(np.unique(train_labels).size)
+    per_batch = config.sampler.classes_per_batch
+    if per_batch > n_classes:
+        raise ConfigError(
+            f"sampler.batch_size: {config.sampler.batch_size} / sampler.m={config.sampler.m} "
+            f"= {per_batch} classes per batch, but the training split of "
+            f"{config.dataset.name!r} has only {n_classes} classes; use sampler.batch_size <= "
+            f"{n_classes * config.sampler.m}."
+        )
+    return train_labels, n_classes
+
+
+def build_loss_from_config(config: Config, train_labels: np.ndarray, n_classes: int) -> nn.Module:
+    """:func:`rankwise.losses.build_loss` for ``config.loss``; bad parameters as ConfigError.
+
+    Args:
+        config: the run configuration.
+        train_labels: (N,) class ids of the training split.
+        n_classes: number of training classes.
+
+    Returns:
+        The loss module.
+    """
+    from ..losses import build_loss
+
+    try:
+        return build_loss(
+            config.loss.name,
+            train_labels=train_labels,
+            num_classes=n_classes,
+            embedding_dim=config.model.embedding_dim,
+            **config.loss.params,
+        )
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"loss.params ({config.loss.name}): {exc}") from None
+
+
+def build_sampler_from_config(config: Config, train_labels: np.ndarray) -> MPerClassBatchSampler:
+    """The P x K batch sampler of ``config.sampler``, seeded with ``config.seed``.
+
+    Args:
+        config: the run configuration.
+        train_labels: (N,) class ids of the training split.
+
+    Returns:
+        The sampler (at least one full batch per epoch).
+    """
+    from ..sampling import MPerClassBatchSampler
+
+    try:
+        sampler = MPerClassBatchSampler(
+            train_labels, config.sampler.m, config.sampler.batch_size, seed=config.seed
+        )
+    except ValueError as exc:
+        raise ConfigError(f"sampler: {exc}") from None
+    if len(sampler) <= 0:
+        raise ConfigError("sampler: the training split yields no full batch per epoch.")
+    return sampler
+
+
+def build_model_from_config(config: Config, input_shape: Sequence[int]) -> nn.Module:
+    """:func:`rankwise.models.build_model` for ``config.model``; failures as ConfigError.
+
+    Args:
+        config: the run configuration.
+        input_shape: the shape of one input item, e.g. ``(1, 8, 8)``.
+
+    Returns:
+        The embedding model (on the CPU).
+    """
+    from ..models import build_model
+
+    mc = config.model
+    try:
+        return build_model(
+            mc.backbone,
+            tuple(input_shape),
+            mc.embedding_dim,
+            weights_path=mc.weights_path,
+            frozen_bn=mc.frozen_bn,
+        )
+    except FileNotFoundError as exc:
+        raise ConfigError(f"model.weights_path: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"model: {exc}") from None
+
+
+def build_optimizer(
+    oc: OptimizerConfig, params: Sequence[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    """The optimizer named by ``oc`` over ``params``.
+
+    ``sgd`` and ``adam`` add ``weight_decay * w`` to the gradient (coupled L2); ``adamw`` decays
+    the weights by ``lr * weight_decay * w`` outside the adaptive step (decoupled), so a tiny loss
+    gradient cannot be outweighed by the decay term (see docs/losses.md, SOPRC).
+
+    Args:
+        oc: the ``optimizer`` section.
+        params: the parameters to optimize.
+
+    Returns:
+        The torch optimizer.
+    """
+    if oc.name == "sgd":
+        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
+    if oc.name == "adamw":
+        return torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
+    return torch.optim.Adam(params, lr=oc.lr, weight_decay=oc.weight_decay)
+
+
+def total_steps(config: Config, steps_per_epoch: int) -> int:
+    """The run's budget in optimizer steps (``budget.iterations`` or epochs x batches).
+
+    Args:
+        config: the run configuration.
+        steps_per_epoch: batches the sampler yields per epoch.
+
+    Returns:
+        The number of steps; milestones at or past it are a ConfigError.
+    """
+    budget = config.budget
+    total = budget.iterations if budget.iterations is not None else budget.epochs * steps_per_epoch
+    milestones = config.schedule.milestones
+    if config.schedule.name == "multistep" and milestones[-1] >= total:
+        raise ConfigError(
+            f"schedule.milestones: {milestones} reach past the budget of {total} steps; the "
+            "last decay would never happen."
+        )
+    return total
+
+
+def preflight(config: Config, splits: RetrievalSplits) -> int:
+    """Every check :meth:`Trainer.from_config` makes before training, without building the model.
+
+    Args:
+        config: the run configuration.
+        splits: the loaded dataset splits.
+
+    Returns:
+        The number of training steps of the run.
+    """
+    train_labels, n_classes = check_batch_classes(config, splits)
+    build_loss_from_config(config, train_labels, n_classes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the trainer warns about undersized classes itself
+        sampler = build_sampler_from_config(config, train_labels)
+    return total_steps(config, len(sampler))

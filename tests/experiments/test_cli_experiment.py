@@ -1,0 +1,86 @@
+"""`rankwise experiment list` and `rankwise experiment NAME` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from rankwise.cli import app
+from rankwise.experiments import REGISTRY
+
+runner = CliRunner()
+
+
+def _run(*args):
+    return runner.invoke(app, ["experiment", *map(str, args)])
+
+
+def test_list_names_every_experiment():
+    result = _run("list")
+    assert result.exit_code == 0, result.output
+    for name in REGISTRY:
+        assert name in result.output
+
+
+def test_help_lists_the_options():
+    result = _run("auc-slope", "--help")
+    assert result.exit_code == 0
+    for flag in ("--output", "--overwrite", "--quick", "--seed", "--delta-s", "--figure-delta-s"):
+        assert flag in result.output
+
+
+def test_run_writes_json_and_png_and_prints_one_verdict_line(tmp_path):
+    out = tmp_path / "res.json"
+    result = _run("auc-slope", "--quick", "--delta-s", "0.1,0.2", "--output", out)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("auc-slope: Table 1 within 1% for Δs 0.1")
+    assert lines[1] == f"wrote {out} and {out.with_suffix('.png')}"
+    payload = json.loads(out.read_text())
+    assert [row["delta_s"] for row in payload["rows"]] == [0.1, 0.2]
+    assert payload["verdict"] == lines[0]
+
+    again = _run("auc-slope", "--quick", "--delta-s", "0.2", "--output", out)
+    assert again.exit_code == 2
+    assert again.output.strip() == (
+        f"error: {out} exists; pass --overwrite (overwrite=True) to replace it, or choose another "
+        "--output."
+    )
+    assert json.loads(out.read_text()) == payload  # untouched
+    replaced = _run("auc-slope", "--quick", "--delta-s", "0.2", "--output", out, "--overwrite")
+    assert replaced.exit_code == 0, replaced.output
+    assert [row["delta_s"] for row in json.loads(out.read_text())["rows"]] == [0.2]
+
+
+def test_negative_values_of_a_list_option_parse(tmp_path):
+    result = _run(
+        "auc-slope", "--quick", "--delta-s", "0.5", "--score-range", "-2,2", "-o", tmp_path
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "auc-slope.json").read_text())["score_range"] == [-2.0, 2.0]
+
+
+def test_bad_options_are_one_line_errors_with_exit_2(tmp_path):
+    cases = [
+        (
+            ("--delta-s", "0.1,abc"),
+            "error: --delta-s must be comma-separated numbers, got '0.1,abc'.",
+        ),
+        (("--delta-s", "3"), "error: --delta-s must be a finite number in (0, 2), got 3.0."),
+        (("--seed", "-1"), "error: --seed must be an integer >= 0, got -1."),
+        (("--score-range", "1,0"), "error: --score-range must be a pair (low, high)"),
+    ]
+    for args, message in cases:
+        result = _run("auc-slope", "--quick", *args, "--output", tmp_path)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.strip().startswith(message), result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert not list(tmp_path.iterdir())  # nothing written by failed runs
+    assert _run("auc-slope", "--output", tmp_path / "x.png").exit_code == 2
+
+
+def test_unknown_experiment_and_option_exit_2():
+    assert _run("nope").exit_code == 2
+    result = _run("auc-slope", "--bogus", "1")
+    assert result.exit_code == 2 and "--bogus" in result.output
