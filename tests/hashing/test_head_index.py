@@ -28,7 +28,7 @@ def random_codes(n, bits, seed=0):
 
 def test_head_relaxes_while_training_and_binarizes_in_eval():
     torch.manual_seed(0)
-    head = HashingHead(5, 12, gamma=2.0)
+    head = HashingHead(5, 12, gamma=2.0, center=False)
     x = torch.randn(7, 5)
     f = head.activations(x)
     relaxed = head(x)
@@ -41,8 +41,27 @@ def test_head_relaxes_while_training_and_binarizes_in_eval():
     assert torch.equal(head.encode(x), torch.where(f >= 0, 1, -1).to(torch.int8))
 
 
+def test_centered_head_balances_bits_and_encodes_with_running_statistics():
+    torch.manual_seed(0)
+    head = HashingHead(6, 16)  # center=True: BatchNorm1d without affine parameters
+    x = torch.rand(64, 6) + 3.0  # positive features: a plain linear map gives one code for all
+    plain = HashingHead(6, 16, center=False)
+    assert len({tuple(c.tolist()) for c in plain.encode(x)}) < 8
+    relaxed = head(x)
+    assert relaxed.mean(0).abs().max() < 0.2  # every bit centred over the batch
+    before = head.norm.running_mean.clone()
+    head.encode(x)  # encoding never updates the running statistics
+    assert torch.equal(head.norm.running_mean, before)
+    for _ in range(50):
+        head(x)
+    head.eval()
+    codes = head.encode(x)
+    assert torch.equal(codes, head(x).to(torch.int8))
+    assert len({tuple(c.tolist()) for c in codes}) > 32
+
+
 def test_zero_activation_maps_to_plus_one():
-    head = HashingHead(3, 4)
+    head = HashingHead(3, 4, center=False)
     with torch.no_grad():
         head.linear.weight.zero_()
         head.linear.bias.copy_(torch.tensor([0.0, -1.0, 1.0, -0.0]))
@@ -51,11 +70,11 @@ def test_zero_activation_maps_to_plus_one():
 
 
 def test_gamma_is_a_buffer_and_can_be_annealed():
-    head = HashingHead(3, 4, gamma=1.0)
+    head = HashingHead(3, 4, gamma=1.0, center=False)
     head.set_gamma(8.0)
     state = head.state_dict()
     assert float(state["gamma"]) == 8.0
-    other = HashingHead(3, 4)
+    other = HashingHead(3, 4, center=False)
     other.load_state_dict(state)
     assert float(other.gamma) == 8.0
     x = torch.randn(2, 3)

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "bench": "bench:bench",
     "tune": "tune:tune",
     "experiment": "experiment:experiment_app",
+    "hash": "hash:hash_app",
 }
 
 

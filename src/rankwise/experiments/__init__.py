@@ -71,6 +71,7 @@ __all__ = [
 #: Experiment name -> module defining its ``run`` (imported on first use).
 REGISTRY: dict[str, str] = {
     "auc-slope": "rankwise.experiments.auc_slope",
+    "hash-euclidean-ndcg": "rankwise.experiments.hash_euclidean_ndcg",
 }
 
 

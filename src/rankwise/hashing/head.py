@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .._validation import Interval, check_bool, check_scalar
+from .._validation import Interval, check_bool, check_choice, check_scalar
 from .codes import pack_codes
 
 __all__ = ["HashingHead", "HashingModel", "build_hashing_model", "binarize"]
@@ -39,6 +40,15 @@ class HashingHead(nn.Module):
         bias: learn a bias in the linear map.
         hard_eval: in eval mode, ``forward`` returns the binary codes (as ``±1`` floats) instead
             of the relaxation, so any evaluation of the model's outputs ranks by Hamming distance.
+        relaxation: ``"tanh"`` (``tanh(γ f / 2)``, TALR) or ``"identity"`` (the activations
+            ``f`` themselves, for losses with their own quantization term such as DPSH, whose
+            outputs ``u`` are linear, Li et al. IJCAI 2016, Eq. 5).
+        center: batch-normalize the activations (``BatchNorm1d`` without affine parameters):
+            every bit is centred over the data and of unit scale, so the codes of a freshly
+            initialised network are not all equal (a linear map of non-negative ReLU features
+            has the same sign for every input) and ``tanh(γ f / 2)`` starts in its sensitive
+            range. In eval mode the running statistics are used (a fixed affine map per bit).
+            ``center=False`` is the paper's plain linear layer (fine on pretrained features).
 
     Shapes:
         ``forward``: ``(B, in_features) -> (B, bits)``, values in ``(-1, 1)`` when training.
@@ -52,13 +62,18 @@ class HashingHead(nn.Module):
         gamma: float = 1.0,
         bias: bool = True,
         hard_eval: bool = True,
+        relaxation: str = "tanh",
+        center: bool = True,
     ) -> None:
         super().__init__()
         self.in_features = check_scalar(in_features, "in_features", Interval("integer", 1, None))
         self.bits = check_scalar(bits, "bits", Interval("integer", 1, None))
         gamma = check_scalar(gamma, "gamma", Interval("real", 0, None, closed="neither"))
         self.hard_eval = check_bool(hard_eval, "hard_eval")
+        self.relaxation = check_choice(relaxation, "relaxation", ("tanh", "identity"))
         self.linear = nn.Linear(self.in_features, self.bits, bias=check_bool(bias, "bias"))
+        self.center = check_bool(center, "center")
+        self.norm = nn.BatchNorm1d(self.bits, affine=False) if self.center else None
         self.register_buffer("gamma", torch.tensor(float(gamma), dtype=torch.float64))
 
     def set_gamma(self, gamma: float) -> None:
@@ -73,19 +88,32 @@ class HashingHead(nn.Module):
                 f"HashingHead expects features (B, {self.in_features}), got "
                 f"{tuple(features.shape)}."
             )
-        return self.linear(features)
+        f = self.linear(features)
+        return f if self.norm is None else self.norm(f)
+
+    def _frozen_activations(self, features: torch.Tensor) -> torch.Tensor:
+        """Activations with the running statistics, whatever the mode (encoding never updates
+        them)."""
+        if self.norm is None or not self.training:
+            return self.activations(features)
+        f = self.linear(features)
+        return F.batch_norm(
+            f, self.norm.running_mean, self.norm.running_var, training=False, eps=self.norm.eps
+        )
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Relaxed codes ``tanh(γ f / 2)`` (training), or ``±1`` codes in eval mode if hard_eval."""
         f = self.activations(features)
         if not self.training and self.hard_eval:
             return binarize(f).to(f.dtype)
+        if self.relaxation == "identity":
+            return f
         return torch.tanh(self.gamma.to(f.dtype) * f / 2)
 
     @torch.no_grad()
     def encode(self, features: torch.Tensor) -> torch.Tensor:
         """Binary codes ``sgn(f)`` as int8 ``{-1, +1}`` (``f = 0`` gives ``+1``)."""
-        return binarize(self.activations(features))
+        return binarize(self._frozen_activations(features))
 
     def pack(self, features: torch.Tensor, dtype: str = "uint8") -> np.ndarray:
         """Packed codes (see :func:`rankwise.hashing.pack_codes`): 8 bytes per 64-bit code."""
@@ -95,7 +123,7 @@ class HashingHead(nn.Module):
         """The settings shown by ``repr``."""
         return (
             f"in_features={self.in_features}, bits={self.bits}, gamma={float(self.gamma):g}, "
-            f"hard_eval={self.hard_eval}"
+            f"hard_eval={self.hard_eval}, relaxation={self.relaxation!r}, center={self.center}"
         )
 
 
@@ -143,6 +171,8 @@ def build_hashing_model(
     bits: int,
     *,
     gamma: float = 1.0,
+    relaxation: str = "tanh",
+    center: bool = True,
     weights_path: str | os.PathLike | None = None,
     frozen_bn: bool = True,
     **kw: Any,
@@ -155,6 +185,8 @@ def build_hashing_model(
         input_shape: shape of one input item.
         bits: code length.
         gamma: relaxation steepness.
+        relaxation: ``"tanh"`` or ``"identity"`` (see :class:`HashingHead`).
+        center: batch-normalize the activations (see :class:`HashingHead`).
         weights_path: local ResNet-50 weights (resnet50 only), as
             :func:`rankwise.models.build_backbone`.
         frozen_bn: freeze the backbone's BatchNorm layers (resnet50).
@@ -165,8 +197,12 @@ def build_hashing_model(
     if backbone == "linear":
         if kw or weights_path is not None:
             raise ValueError("the 'linear' backbone takes no options.")
-        return HashingModel(nn.Flatten(), HashingHead(int(np.prod(input_shape)), bits, gamma))
+        head = HashingHead(
+            int(np.prod(input_shape)), bits, gamma, relaxation=relaxation, center=center
+        )
+        return HashingModel(nn.Flatten(), head)
     net = build_backbone(
         backbone, input_shape, weights_path=weights_path, frozen_bn=frozen_bn, **kw
     )
-    return HashingModel(net, HashingHead(net.out_features, bits, gamma))
+    head = HashingHead(net.out_features, bits, gamma, relaxation=relaxation, center=center)
+    return HashingModel(net, head)

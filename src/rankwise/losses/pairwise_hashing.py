@@ -12,11 +12,14 @@ self-pairs excluded, and over code entries), as in the common PyTorch re-impleme
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .._validation import Interval, check_embeddings, check_labels, check_scalar
+from .._validation import Interval, check_embeddings, check_scalar
+from .tie_aware import affinity_labels, affinity_levels, check_affinity
 
 __all__ = ["DPSHLoss"]
 
@@ -26,15 +29,21 @@ class DPSHLoss(nn.Module):
 
     Args:
         eta: weight ``η >= 0`` of the quantization term ``mean ||sgn(u) - u||²``.
+        affinity: which pairs are similar: ``"labels"`` (same class id / a shared multi-hot
+            label; ``"shared_labels"`` is the same here), an
+            :class:`~rankwise.metrics.EuclideanThresholdAffinity` (labels are features; affinity
+            > 0 is similar: multi-level affinities are made binary, as the paper does for DPSH in
+            Sec. 5.3) or a callable ``f(labels, ref_labels) -> (B, M)``.
 
-    Call as ``loss(codes (B, b), labels (B,) or (B, C) multi-hot, ref_codes=None (M, b),
-    ref_labels=None)``: pairs sharing a class (a label, multi-hot) are similar. Returns a scalar.
+    Call as ``loss(codes (B, b), labels, ref_codes=None (M, b), ref_labels=None)``; returns a
+    scalar.
     ``last_stats``: ``n_pairs``, ``n_similar_pairs``, ``likelihood``, ``quantization``.
     """
 
-    def __init__(self, eta: float = 0.1) -> None:
+    def __init__(self, eta: float = 0.1, affinity: Any = "labels") -> None:
         super().__init__()
         self.eta = check_scalar(eta, "eta", Interval("real", 0, None))
+        self.affinity = check_affinity(affinity)
         self.last_stats: dict[str, float] = {}
 
     def forward(
@@ -46,7 +55,7 @@ class DPSHLoss(nn.Module):
     ) -> torch.Tensor:
         """Loss of one batch (see the class docstring for the arguments)."""
         u = check_embeddings(embeddings, "embeddings")
-        lab = check_labels(labels, u.shape[0], "labels", device=u.device)
+        lab = affinity_labels(self.affinity, labels, u.shape[0], "labels", u.device)
         if (ref_embeddings is None) != (ref_labels is None):
             raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
         if ref_embeddings is None:
@@ -57,13 +66,10 @@ class DPSHLoss(nn.Module):
                 raise ValueError(
                     f"`ref_embeddings` has {ref.shape[1]} bits but `embeddings` has {u.shape[1]}."
                 )
-            ref_lab = check_labels(ref_labels, ref.shape[0], "ref_labels", device=u.device)
-        if lab.ndim != ref_lab.ndim:
-            raise ValueError("`labels` and `ref_labels` must be the same kind of labels.")
-        if lab.ndim == 1:
-            similar = lab[:, None] == ref_lab[None, :]
-        else:
-            similar = (lab.to(u.dtype) @ ref_lab.to(u.dtype).T) > 0
+            ref_lab = affinity_labels(
+                self.affinity, ref_labels, ref.shape[0], "ref_labels", u.device
+            )
+        similar = affinity_levels(self.affinity, lab, ref_lab) > 0
         pairs = torch.ones_like(similar)
         if ref_embeddings is None:
             pairs.fill_diagonal_(False)

@@ -26,10 +26,10 @@ exactly what the approximation dropped:
   (a bin holding one item has no within-tie term, as in Eq. 6), and near it ``F`` is evaluated by
   its Taylor series in ``ε = n - 1`` (see ``_within_tie_term``).
 * DCG: the cumulative discount ``S(N) = Σ_{t ≤ N} 1 / log2(t + 1)`` is continued to real ``x``
-  the way ψ is computed: ``S(x) = S_∞(x + M) - Σ_{t=1}^{M} D(x + t)`` with ``M = 64`` and
+  the way ψ is computed: ``S(x) = S_∞(x + M) - Σ_{t=1}^{M} D(x + t)`` with ``M = 32`` and
   ``S_∞(y) = ln 2 Li(y + 1) + D(y)/2 + D'(y)/12 - D'''(y)/720 + D^(5)(y)/30240 + const`` — the
   paper's logarithmic integral plus its Euler-Maclaurin corrections, evaluated only where they
-  converge (``y ≥ 64``; residual below 1e-16). ``S`` is smooth on ``x > -1``, exact at integers,
+  converge (``y ≥ 32``; residual below 1e-14). ``S`` is smooth on ``x > -1``, exact at integers,
   and ``DCG(d) = (Σ_v G(v) c_{d,v}) / c_d · (S(C_d) - S(C_{d-1}))`` (Eq. 7 / 19).
 
 So with hard codes (large ``γ``, every distance at a bin centre) the objectives equal AP_T and
@@ -68,13 +68,14 @@ __all__ = [
     "soft_histograms",
     "tie_aware_ap_relaxation",
     "tie_aware_dcg_relaxation",
+    "affinity_levels",
 ]
 
 FORMS = ("exact", "midpoint")
 LABEL_AFFINITIES = ("labels", "shared_labels")
 _EULER_GAMMA = 0.57721566490153286061
 _LN2 = math.log(2.0)
-_SHIFT = 64  # M: positions summed exactly before the Euler-Maclaurin tail takes over
+_SHIFT = 32  # M: positions summed exactly before the Euler-Maclaurin tail takes over
 _TAYLOR_RADIUS = 1e-4  # |n - 1| / (g + 2) below which F(g, n) uses its Taylor series
 
 
@@ -258,7 +259,8 @@ def tie_aware_ap_relaxation(
         return terms.sum(1) / n_pos.to(torch.float64)
     occupied = c > 0
     c_safe = torch.where(occupied, c, torch.ones_like(c))
-    delta_h = relaxed_harmonic(cum) - relaxed_harmonic(prev)
+    at_cum = relaxed_harmonic(cum)
+    delta_h = at_cum - _previous(at_cum)  # H(C_{d-1}) is the previous bin's H(C_d); H(0) = 0
     inner = (prev_p + 1.0) * delta_h + (cp - 1.0) * _within_tie_term(prev, c, delta_h)
     terms = torch.where(occupied, cp / c_safe * inner, torch.zeros_like(c))
     return terms.sum(1) / n_pos.to(torch.float64)
@@ -285,7 +287,8 @@ def tie_aware_dcg_relaxation(
         return (g / torch.log2(prev + (c + 1.0) / 2 + 1.0)).sum(1)
     occupied = c > 0
     c_safe = torch.where(occupied, c, torch.ones_like(c))
-    span = relaxed_cumulative_discount(cum) - relaxed_cumulative_discount(prev)
+    at_cum = relaxed_cumulative_discount(cum)
+    span = at_cum - _previous(at_cum)  # S(C_{d-1}) is the previous bin's S(C_d); S(0) = 0
     return torch.where(occupied, g / c_safe * span, torch.zeros_like(c)).sum(1)
 
 
@@ -295,6 +298,61 @@ def ideal_dcg(gains: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     ordered = torch.sort(g, dim=1, descending=True).values
     positions = torch.arange(1, g.shape[1] + 1, dtype=torch.float64, device=g.device)
     return (ordered / torch.log2(positions + 1.0)).sum(1)
+
+
+# -- affinities -------------------------------------------------------------------------------
+
+
+def check_affinity(affinity: Any) -> Any:
+    """Validate the ``affinity`` argument of a binary-code loss (see :class:`TieAwareAPLoss`)."""
+    if isinstance(affinity, str):
+        return check_choice(affinity, "affinity", LABEL_AFFINITIES)
+    if isinstance(affinity, EuclideanThresholdAffinity) or callable(affinity):
+        return affinity
+    raise ValueError(
+        f"`affinity` must be one of {LABEL_AFFINITIES}, an EuclideanThresholdAffinity or a "
+        f"callable, got {affinity!r}."
+    )
+
+
+def affinity_labels(affinity: Any, labels: Any, n: int, name: str, device) -> torch.Tensor:
+    """Validated labels for ``affinity``: class ids / multi-hot, features, or anything."""
+    if isinstance(affinity, str):
+        return check_labels(labels, n, name, device=device)
+    if isinstance(affinity, EuclideanThresholdAffinity):
+        return check_embeddings(labels, name, device).to(torch.float64)
+    out = torch.as_tensor(labels, device=device)
+    if out.shape[0] != n:
+        raise ValueError(f"`{name}` has {out.shape[0]} rows but the codes have {n}.")
+    return out
+
+
+def affinity_levels(affinity: Any, lab: torch.Tensor, ref_lab: torch.Tensor) -> torch.Tensor:
+    """``(B, M)`` float64 affinity levels between anchors and references.
+
+    Args:
+        affinity: ``"labels"`` (binary: same class id, or at least one shared multi-hot label),
+            ``"shared_labels"`` (number of shared labels), an
+            :class:`~rankwise.metrics.EuclideanThresholdAffinity` (labels are features) or a
+            callable ``f(labels, ref_labels) -> (B, M)`` of non-negative levels.
+        lab: anchor labels.
+        ref_lab: reference labels.
+    """
+    if isinstance(affinity, str):
+        if lab.ndim != ref_lab.ndim:
+            raise ValueError("`labels` and `ref_labels` must be the same kind of labels.")
+        if lab.ndim == 1:
+            return (lab[:, None] == ref_lab[None, :]).to(torch.float64)
+        shared = lab.to(torch.float64) @ ref_lab.to(torch.float64).T
+        return shared.clamp_max(1.0) if affinity == "labels" else shared
+    levels = affinity(lab.cpu().numpy(), ref_lab.cpu().numpy())
+    levels = torch.as_tensor(np.asarray(levels), device=lab.device).to(torch.float64)
+    if levels.shape != (lab.shape[0], ref_lab.shape[0]) or bool((levels < 0).any()):
+        raise ValueError(
+            "the affinity must return non-negative levels of shape (n_anchors, n_refs), got "
+            f"{tuple(levels.shape)}."
+        )
+    return levels
 
 
 # -- the losses ------------------------------------------------------------------------------------
@@ -323,14 +381,7 @@ class _TieAwareLoss(nn.Module):
             delta = spacing
         self.delta = check_scalar(delta, "delta", Interval("real", 0, None, closed="neither"))
         self.form = check_choice(form, "form", FORMS)
-        if isinstance(affinity, str):
-            check_choice(affinity, "affinity", LABEL_AFFINITIES)
-        elif not (isinstance(affinity, EuclideanThresholdAffinity) or callable(affinity)):
-            raise ValueError(
-                f"`affinity` must be one of {LABEL_AFFINITIES}, an EuclideanThresholdAffinity or "
-                f"a callable, got {affinity!r}."
-            )
-        self.affinity = affinity
+        self.affinity = check_affinity(affinity)
         self.last_stats: dict[str, float] = {}
 
     # -- inputs ------------------------------------------------------------------------------
@@ -349,34 +400,9 @@ class _TieAwareLoss(nn.Module):
             )
         return codes
 
-    def _labels(self, labels: Any, n: int, name: str, device) -> torch.Tensor:
-        if isinstance(self.affinity, str):
-            return check_labels(labels, n, name, device=device)
-        if isinstance(self.affinity, EuclideanThresholdAffinity):
-            return check_embeddings(labels, name, device).to(torch.float64)
-        return torch.as_tensor(labels, device=device)
-
-    def _levels(self, lab: torch.Tensor, ref_lab: torch.Tensor) -> torch.Tensor:
-        """``(B, M)`` float affinity levels between anchors and references."""
-        if isinstance(self.affinity, str):
-            if lab.ndim != ref_lab.ndim:
-                raise ValueError("`labels` and `ref_labels` must be the same kind of labels.")
-            if lab.ndim == 1:
-                return (lab[:, None] == ref_lab[None, :]).to(torch.float64)
-            shared = lab.to(torch.float64) @ ref_lab.to(torch.float64).T
-            return shared.clamp_max(1.0) if self.affinity == "labels" else shared
-        levels = self.affinity(lab.cpu().numpy(), ref_lab.cpu().numpy())
-        levels = torch.as_tensor(np.asarray(levels), device=lab.device).to(torch.float64)
-        if levels.shape != (lab.shape[0], ref_lab.shape[0]) or bool((levels < 0).any()):
-            raise ValueError(
-                "the affinity must return non-negative levels of shape (n_anchors, n_refs), got "
-                f"{tuple(levels.shape)}."
-            )
-        return levels
-
     def _batch(self, embeddings, labels, ref_embeddings, ref_labels):
         emb = self._codes(embeddings, "embeddings")
-        lab = self._labels(labels, emb.shape[0], "labels", emb.device)
+        lab = affinity_labels(self.affinity, labels, emb.shape[0], "labels", emb.device)
         if (ref_embeddings is None) != (ref_labels is None):
             raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
         self_reference = ref_embeddings is None
@@ -384,8 +410,10 @@ class _TieAwareLoss(nn.Module):
             ref, ref_lab = emb, lab
         else:
             ref = self._codes(ref_embeddings, "ref_embeddings").to(emb.dtype)
-            ref_lab = self._labels(ref_labels, ref.shape[0], "ref_labels", emb.device)
-        levels = self._levels(lab, ref_lab)
+            ref_lab = affinity_labels(
+                self.affinity, ref_labels, ref.shape[0], "ref_labels", emb.device
+            )
+        levels = affinity_levels(self.affinity, lab, ref_lab)
         ranked = torch.ones_like(levels, dtype=torch.bool)
         if self_reference:
             ranked.fill_diagonal_(False)

@@ -52,6 +52,7 @@ __all__ = [
     "AFFINITIES",
     "EuclideanThresholdAffinity",
     "HammingRetrievalReport",
+    "IndexedAffinity",
     "hamming_histograms",
     "hamming_retrieval_metrics",
     "group_counts_from_histograms",
@@ -145,11 +146,34 @@ class EuclideanThresholdAffinity:
 
     def __call__(self, query_features: Any, database_features: Any) -> np.ndarray:
         """``(n_q, n)`` uint8 affinity levels."""
-        dist = _distances(_features(query_features, "query_labels"), database_features)
-        out = np.zeros(dist.shape, dtype=np.uint8)
-        for threshold, level in zip(self.thresholds, self.levels, strict=True):
-            out[dist <= threshold] = level
-        return out
+        return self.against(database_features)(query_features)
+
+    def against(self, database_features: Any) -> Callable[[Any], np.ndarray]:
+        """``levels(query_features) -> (n_q, n)`` for a fixed database, prepared once.
+
+        The database is centred once (distances are translation-invariant; centring avoids the
+        cancellation of ``|q|² + |g|² - 2 qᵀg`` far from the origin) and its squared norms kept.
+        """
+        g = _features(database_features, "database_labels")
+        centre = g.mean(0)
+        gc = g - centre
+        g_sq = (gc * gc).sum(1)
+
+        def levels(query_features: Any) -> np.ndarray:
+            q = _features(query_features, "query_labels")
+            if q.shape[1] != gc.shape[1]:
+                raise ValueError(
+                    f"query features have {q.shape[1]} columns but database features {gc.shape[1]}."
+                )
+            qc = q - centre
+            sq = (qc * qc).sum(1)[:, None] + g_sq[None, :] - 2.0 * (qc @ gc.T)
+            dist = np.sqrt(np.maximum(sq, 0.0))
+            out = np.zeros(dist.shape, dtype=np.uint8)
+            for threshold, level in zip(self.thresholds, self.levels, strict=True):
+                out[dist <= threshold] = level
+            return out
+
+        return levels
 
     @property
     def max_level(self) -> int:
@@ -165,6 +189,31 @@ class EuclideanThresholdAffinity:
             f"<= {t:.4g}: {lv}" for t, lv in zip(self.thresholds, self.levels, strict=True)
         )
         return f"EuclideanThresholdAffinity({pairs})"
+
+
+class IndexedAffinity:
+    """An affinity between items named by their row in a feature table.
+
+    For training and evaluation code that passes integer item ids as labels (a batch sampler
+    needs labels, the Euclidean affinity needs features): ``IndexedAffinity(features,
+    affinity)(ids_a, ids_b) = affinity(features[ids_a], features[ids_b])``.
+
+    Args:
+        features: ``(N, F)`` original features of every item.
+        affinity: an :class:`EuclideanThresholdAffinity` (or any callable of two feature
+            matrices returning ``(n_a, n_b)`` integer levels with a ``max_level`` attribute).
+    """
+
+    def __init__(self, features: Any, affinity: EuclideanThresholdAffinity) -> None:
+        self.features = _features(features, "features")
+        self.affinity = affinity
+        self.max_level = int(affinity.max_level)
+
+    def __call__(self, ids_a: Any, ids_b: Any) -> np.ndarray:
+        """``(n_a, n_b)`` uint8 levels between the items ``ids_a`` and ``ids_b``."""
+        a = np.asarray(ids_a.cpu() if isinstance(ids_a, torch.Tensor) else ids_a, dtype=np.int64)
+        b = np.asarray(ids_b.cpu() if isinstance(ids_b, torch.Tensor) else ids_b, dtype=np.int64)
+        return self.affinity(self.features[a.reshape(-1)], self.features[b.reshape(-1)])
 
 
 def _features(x: Any, name: str) -> np.ndarray:
@@ -186,21 +235,6 @@ def _pair_distances(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.nda
         diff = x[rows[lo : lo + step]] - x[cols[lo : lo + step]]
         out[lo : lo + step] = np.sqrt(np.einsum("ij,ij->i", diff, diff))
     return out
-
-
-def _distances(q: np.ndarray, database: Any) -> np.ndarray:
-    """Euclidean distances in float64, centred first (translation-invariant, no cancellation)."""
-    g = database if isinstance(database, np.ndarray) and database.dtype == np.float64 else None
-    if g is None:
-        g = _features(database, "database_labels")
-    if g.shape[1] != q.shape[1]:
-        raise ValueError(
-            f"query features have {q.shape[1]} columns but database features {g.shape[1]}."
-        )
-    centre = g.mean(0)
-    qc, gc = q - centre, g - centre
-    sq = (qc * qc).sum(1)[:, None] + (gc * gc).sum(1)[None, :] - 2.0 * qc @ gc.T
-    return np.sqrt(np.maximum(sq, 0.0))
 
 
 # -- histogram kernels -----------------------------------------------------------------------------
@@ -420,9 +454,14 @@ def _resolve_affinity(affinity: Any, query_labels, db_labels, n_q: int, n_db: in
                 f"{q.shape} and {g.shape}."
             )
         values = np.arange(affinity.max_level + 1)
-        return _Affinity("euclidean_thresholds", values, "dense", q, g, affinity)
+        prepared = affinity.against(g)
+        return _Affinity(
+            "euclidean_thresholds", values, "dense", q, g, lambda query, _: prepared(query)
+        )
     if callable(affinity):
-        return _Affinity("callable", np.arange(256), "dense", query_labels, db_labels, affinity)
+        # a callable that states its largest level gets histograms of that many levels, not 256
+        top = int(getattr(affinity, "max_level", 255))
+        return _Affinity("callable", np.arange(top + 1), "dense", query_labels, db_labels, affinity)
     raise ValueError(
         f"`affinity` must be one of {AFFINITIES}, an EuclideanThresholdAffinity or a callable, "
         f"got {type(affinity).__name__}."
@@ -445,8 +484,12 @@ def _dense_levels(aff: _Affinity, lo: int, hi: int) -> np.ndarray:
         not np.isfinite(levels).all() or not (levels == np.round(levels)).all()
     ):
         raise ValueError("the affinity callable must return integer affinities (no NaN).")
-    if levels.size and (levels.min() < 0 or levels.max() > 255):
-        raise ValueError("affinities must be integers in [0, 255] (gain 2^a - 1).")
+    top = aff.n_levels - 1
+    if levels.size and (levels.min() < 0 or levels.max() > top):
+        raise ValueError(
+            f"affinities must be integers in [0, {top}] (gain 2^a - 1); got values in "
+            f"[{levels.min():g}, {levels.max():g}]."
+        )
     return np.ascontiguousarray(levels.astype(np.uint8))
 
 
@@ -509,14 +552,8 @@ class HammingRetrievalReport(RetrievalReport):
     per_query_ndcg: torch.Tensor | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict (per-query arrays as lists with None for NaN)."""
+        """JSON-safe dict: per-query AP as a list (None for NaN), other per-query arrays left out."""
         out = super().to_dict()
-
-        def listed(t: torch.Tensor | None) -> list | None:
-            if t is None:
-                return None
-            return [None if v != v else v for v in t.reshape(-1).tolist()]
-
         out.update(
             bits=self.bits,
             affinity=self.affinity,
@@ -525,7 +562,6 @@ class HammingRetrievalReport(RetrievalReport):
             ndcg_at={str(k): v for k, v in self.ndcg_at.items()},
             map_range=list(self.map_range),
             ndcg_range=list(self.ndcg_range),
-            per_query_ndcg=listed(self.per_query_ndcg),
         )
         return out
 
@@ -632,9 +668,15 @@ def _ndcg_metrics(acc: _Accumulator, lo: int, hist: np.ndarray, values, ties: st
         acc.put(f"ndcg@{k}", lo, ndcg_from_histograms(hist, values, k, ties, cd))
 
 
-def _chunks(n_q: int, n_db: int, bits: int, n_levels: int, chunk_size: int | None) -> Iterator:
+def _chunks(
+    n_q: int, n_db: int, bits: int, aff: _Affinity, chunk_size: int | None
+) -> Iterator[tuple[int, int]]:
     if chunk_size is None:
-        per_query = (bits + 1) * n_levels * 8 * 6 + n_db
+        # histograms (and their reductions), plus a dense affinity block: one byte per pair, and
+        # for Euclidean thresholds the float64 distances and their temporaries
+        per_query = (bits + 1) * aff.n_levels * 8 * 6
+        if aff.kind == "dense":
+            per_query += n_db * (33 if aff.name == "euclidean_thresholds" else 1)
         chunk_size = max(1, _CHUNK_BYTES // per_query)
     else:
         chunk_size = check_scalar(chunk_size, "chunk_size", Interval("integer", 1, None))
@@ -718,7 +760,7 @@ def hamming_retrieval_metrics(
     self_index = _self_index(leave_one_out, n_q)
     cd = cumulative_discount(n_ranked)
     acc = _Accumulator(n_q, ks)
-    for lo, hi in _chunks(n_q, n_db, q.bits, aff.n_levels, chunk_size):
+    for lo, hi in _chunks(n_q, n_db, q.bits, aff, chunk_size):
         hist = hamming_histograms(q, db, aff, lo, hi, self_index)
         if aff.name == "callable":
             used = np.flatnonzero(hist.any(axis=(0, 1)))
