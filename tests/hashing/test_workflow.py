@@ -167,3 +167,27 @@ def test_table_and_tie_range_plot(tmp_path):
     path = plot_tie_ranges(results, tmp_path / "ranges.png", "test")
     assert path.stat().st_size > 1000
     assert np.isfinite([r.map for r in results]).all()
+
+
+def test_untrained_codes_are_calibrated_not_collapsed():
+    """An untrained centred head keeps batch-norm's initial statistics (mean 0, var 1) unless
+    they are set from the data: ReLU features are all positive, so every image then gets the
+    same code. calibrate_batch_norm sets the exact data statistics and restores the model."""
+    from rankwise.data import load_dataset
+    from rankwise.hashing import build_hashing_model
+    from rankwise.hashing.workflow import calibrate_batch_norm, encode_dataset
+
+    splits = load_dataset("digits", protocol="closed-set", n_query=10, n_train=40, seed=0)
+    torch.manual_seed(0)
+    model = build_hashing_model("small_cnn", splits.input_shape, 16, center=True, width=8)
+    model.eval()
+    raw, _ = encode_dataset(model, splits.train, 128)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in norms]
+    calibrate_batch_norm(model, splits.train, batch_size=37)
+    assert not model.training and [m.momentum for m in norms] == momenta
+    codes, _ = encode_dataset(model, splits.train, 128)
+    assert len(torch.unique(raw, dim=0)) <= 2  # the collapse this guards against
+    assert len(torch.unique(codes, dim=0)) > len(codes) // 2
+    # every bit is balanced to within sampling error: the head's inputs are centred
+    assert codes.float().mean(0).abs().max() < 0.5

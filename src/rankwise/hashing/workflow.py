@@ -21,8 +21,9 @@ with model selection and test reports by Hamming ranking of the binary codes:
 * ``smooth_ap`` / ``triplet``: an L2-normalised ``bits``-dimensional embedding trained with
   Smooth-AP, or with the triplet loss (margin 0.2, semi-hard mining), binarised by ``sign`` at
   test time;
-* ``untrained``: the codes of the initial (untrained) hashing network, the reference a trained
-  model has to beat.
+* ``untrained``: the codes of the initial (untrained) hashing network — its batch-norm statistics
+  set from the training data, so the codes are centred random projections of random features —
+  the reference a trained model has to beat.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "HashingTrainer",
     "MethodResult",
     "build_hash_trainer",
+    "calibrate_batch_norm",
     "evaluate_codes",
     "load_hash_config",
     "run_hash_experiment",
@@ -153,8 +155,7 @@ class HashSettings(BaseModel):
 
 
 def _codes(outputs: torch.Tensor) -> torch.Tensor:
-    """``{-1, +1}`` codes of a model's eval-mode outputs (a hashing head's, or ``sign`` of an
-    embedding's)."""
+    """``{-1, +1}`` codes of eval-mode outputs (a hashing head's, or ``sign`` of an embedding's)."""
     return binarize(outputs)
 
 
@@ -398,8 +399,10 @@ def encode_dataset(model: nn.Module, dataset, batch_size: int = 512, device=None
 
 
 def evaluate_codes(model: nn.Module, splits, ks: Sequence[int] = (100, 1000), batch_size=512):
-    """Test report of a model's codes: test queries against the gallery (closed-set) or
-    leave-one-out (open-set), by :func:`~rankwise.metrics.hamming_retrieval_metrics`."""
+    """Test report of a model's codes, by :func:`~rankwise.metrics.hamming_retrieval_metrics`.
+
+    Test queries against the gallery (closed-set) or leave-one-out (open-set).
+    """
     from ..metrics import hamming_retrieval_metrics
 
     q, ql = encode_dataset(model, splits.test, batch_size)
@@ -527,12 +530,53 @@ def _write_sweep_files(output: Path, config, settings: HashSettings) -> None:
     atomic_write_text(yaml.safe_dump(data, sort_keys=False), output / "hash_config.yaml")
 
 
-def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> MethodResult:
+@torch.no_grad()
+def calibrate_batch_norm(model: nn.Module, dataset, batch_size: int = 512) -> nn.Module:
+    """Set the running statistics of every batch-norm layer to the data's, without training.
+
+    An untrained network's centred head would otherwise keep its initial statistics (mean 0,
+    variance 1), which do not centre anything. The statistics are the exact averages over one
+    pass of ``dataset`` (``momentum=None``); the model's mode and momenta are restored.
+
+    Args:
+        model: the network.
+        dataset: map-style ``(x, label)`` dataset (the training data).
+        batch_size: items per forward pass.
+    """
+    from torch.utils.data import DataLoader
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model
+    device = next(model.parameters()).device
+    momenta = [m.momentum for m in norms]
+    was_training = model.training
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    try:
+        for x, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            model(x.to(device))
+    finally:
+        for m, momentum in zip(norms, momenta, strict=True):
+            m.momentum = momentum
+        model.train(was_training)
+    return model
+
+
+def _untrained(cfg, settings, splits) -> nn.Module:
+    """The hashing network at its initialisation (the seed of the runs), statistics calibrated."""
     from ..training.build import seed_everything
 
+    seed_everything(cfg.seed)
+    model = _build_model(cfg, "talr", settings, splits.train.input_shape)
+    return calibrate_batch_norm(model, splits.train, cfg.eval_batch_size)
+
+
+def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> MethodResult:
     if method == "untrained":
-        seed_everything(cfg.seed)
-        model = _build_model(cfg, "talr", settings, splits.train.input_shape)
+        model = _untrained(cfg, settings, splits)
         return _result(method, bits, evaluate_codes(model, splits, batch_size=cfg.eval_batch_size))
     run_dir = cfg.resolved_output_dir()
     done = run_dir / "hash_result.json"
@@ -682,10 +726,12 @@ def evaluate_sweep(output: str | Path, device: str | None = None) -> list[Method
         for method in settings.methods:
             cfg = method_config(config, settings, method, bits, output)
             dev = resolve_device(device or cfg.device)
-            seed_everything(cfg.seed)
-            model = _build_model(cfg, method, settings, splits.train.input_shape).to(dev)
             run_dir, best_step = None, None
-            if method != "untrained":
+            if method == "untrained":
+                model = _untrained(cfg, settings, splits).to(dev)
+            else:
+                seed_everything(cfg.seed)
+                model = _build_model(cfg, method, settings, splits.train.input_shape).to(dev)
                 run_dir = cfg.resolved_output_dir()
                 path = run_dir / "checkpoints" / "best.pt"
                 if not path.is_file():
