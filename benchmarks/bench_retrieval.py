@@ -3,12 +3,13 @@ chunked argsort baseline, pytorch-metric-learning's ``AccuracyCalculator`` and t
 ``RetrievalMAP``.
 
 The metrics are the tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank* (CVPR 2018,
-Prop. 1, Eq. 6 as corrected in the seeds errata), recall@k and MAP@R (Musgrave et al., ECCV 2020),
+Prop. 1, Eq. 6 as corrected in docs/errata.md), recall@k and MAP@R (Musgrave et al., ECCV 2020),
 on the leave-one-out protocol of Stanford Online Products used by the SOPRC paper (Wen et al.,
 NeurIPS 2022, Table 1). Every method runs in a fresh subprocess so that its peak resident memory
 (``ru_maxrss``) is its own; a "data only" subprocess measures what generating the embeddings costs.
 
     python benchmarks/bench_retrieval.py --sizes quick    # smoke test, about a minute
+    python benchmarks/bench_retrieval.py --sizes mid      # a third of SOP, a few minutes
     python benchmarks/bench_retrieval.py --sizes full     # SOP-sized, a few minutes on 2 cores
 
 Results go to the "## Retrieval evaluation" section of ``docs/benchmarks.md`` (other sections of
@@ -43,6 +44,12 @@ SIZES: dict[str, dict[str, Any]] = {
         "pml_full_k": [1_000, 2_000],
         "few": {"n": 4_000, "classes": 10, "dim": 128, "noise": 3.0},
         "tm": {"n": 500, "classes": 50, "dim": 64, "noise": 1.5, "code_bits": 16},
+    },
+    "mid": {
+        "sop": {"n": 20_000, "classes": 3_667, "dim": 128, "noise": 1.5, "baseline_queries": 2_000},
+        "pml_full_k": [1_000, 2_000],
+        "few": {"n": 10_000, "classes": 10, "dim": 128, "noise": 3.0},
+        "tm": {"n": 1_000, "classes": 50, "dim": 64, "noise": 1.5, "code_bits": 16},
     },
     "full": {
         "sop": {
@@ -493,10 +500,9 @@ def run(sizes: str) -> str:
         + ".",
         "",
     ]
-    if sizes == "quick":
+    if sizes != "full":
         header += [
-            "*Smoke-test sizes (`--sizes quick`) on a machine shared with other jobs: timings are "
-            "noisy; run `--sizes full` on a quiet machine for the numbers to quote.*",
+            f"*Reduced sizes (`--sizes {sizes}`); `--sizes full` is the SOP-sized run.*",
             "",
         ]
     return "\n".join(header + lines)

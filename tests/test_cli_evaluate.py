@@ -138,3 +138,35 @@ def test_bad_input_exits_2_with_one_line_message(saved, make_args, message):
     assert "Traceback" not in result.output
     assert result.output.strip().startswith("error:")
     assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot-pr"])
+@pytest.mark.parametrize("where", ["under_a_file", "is_a_directory"])
+def test_unwritable_output_path_exits_2_with_one_line_message(saved, flag, where):
+    tmp, _, _ = saved
+    (tmp / "a_file").write_text("not a directory\n")
+    (tmp / "a_dir.png").mkdir()
+    name = "out.json" if flag == "--json" else "out.png"
+    target = tmp / "a_file" / name if where == "under_a_file" else tmp / "a_dir.png"
+    if flag == "--json" and where == "is_a_directory":
+        target = tmp / "a_dir.png"  # a directory, whatever its suffix
+    result = _run(tmp / "emb.npy", tmp / "labels.npy", flag, target)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().startswith("error:") and flag in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_write_failure_after_the_evaluation_exits_2_with_one_line_message(saved, monkeypatch):
+    tmp, _, _ = saved
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("pathlib.Path.write_text", refuse)
+    result = _run(tmp / "emb.npy", tmp / "labels.npy", "--json", tmp / "report.json")
+    assert result.exit_code == 2, result.output
+    # the report was printed before the write failed; the failure is one line at the end
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith("error:") and "--json" in last and "Permission denied" in last
+    assert "Traceback" not in result.output and result.output.count("error:") == 1

@@ -24,7 +24,12 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "vision": ("torchvision", "PIL"),
 }
 # import name -> distribution name, where they differ
-_DISTRIBUTIONS = {"yaml": "PyYAML", "sklearn": "scikit-learn", "PIL": "Pillow"}
+_DISTRIBUTIONS = {
+    "yaml": "PyYAML",
+    "sklearn": "scikit-learn",
+    "PIL": "Pillow",
+    "pytorch_metric_learning": "pytorch-metric-learning",
+}
 
 
 class MissingDependencyError(ImportError):
@@ -65,8 +70,8 @@ def require(modules: Sequence[str], extra: str, feature: str) -> list[ModuleType
             missing.append(_DISTRIBUTIONS.get(name, name))
     if missing:
         raise MissingDependencyError(
-            f"{feature} needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
-            f"not installed; install the {extra!r} extra: pip install 'rankwise[{extra}]'",
+            f"{feature}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+            f"installed; install the {extra!r} extra: pip install 'rankwise[{extra}]'",
             extra,
             missing,
         )

@@ -35,18 +35,25 @@ def as_tensor(x: Any, name: str, device: torch.device | str | None = None) -> to
     """Convert a numpy array / tensor / nested sequence to a tensor without copying when possible."""
     if isinstance(x, torch.Tensor):
         t = x
-    elif isinstance(x, np.ndarray):
-        if x.dtype == object:
-            raise ValueError(f"`{name}` has dtype object; pass a numeric array.")
-        t = torch.from_numpy(np.ascontiguousarray(x))
     else:
-        try:
-            t = torch.as_tensor(np.asarray(x))
-        except Exception as exc:  # pragma: no cover - message path
-            raise ValueError(f"`{name}` could not be converted to a tensor: {exc}") from exc
+        array = x if isinstance(x, np.ndarray) else _as_array(x, name)
+        if array.dtype.kind not in "biufc":
+            what = "strings" if array.dtype.kind in "US" else f"dtype {array.dtype}"
+            raise ValueError(
+                f"`{name}` holds {what}; pass a numeric array (map class names to integer ids "
+                f"first, e.g. np.unique({name}, return_inverse=True)[1])."
+            )
+        t = torch.from_numpy(np.ascontiguousarray(array))
     if device is not None:
         t = t.to(device)
     return t
+
+
+def _as_array(x: Any, name: str) -> np.ndarray:
+    try:
+        return np.asarray(x)
+    except Exception as exc:  # pragma: no cover - message path (ragged nested lists)
+        raise ValueError(f"`{name}` could not be converted to an array: {exc}") from exc
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:
@@ -74,6 +81,11 @@ def check_embeddings(
         raise ValueError(f"`{name}` must be 2-D (n_samples, dim), got shape {tuple(t.shape)}.")
     if not allow_empty and t.shape[0] == 0:
         raise ValueError(f"`{name}` is empty (0 rows); pass at least one sample.")
+    if t.shape[1] == 0:
+        raise ValueError(
+            f"`{name}` has shape {tuple(t.shape)}: 0 dimensions, so every similarity would tie; "
+            "pass embeddings with at least one column."
+        )
     if t.dtype == torch.bool or not t.is_floating_point():
         if t.is_complex():
             raise ValueError(f"`{name}` must be real-valued, got {t.dtype}.")

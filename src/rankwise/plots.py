@@ -1,4 +1,6 @@
-"""PNG figures of evaluation curves: precision-recall curves of the retrieval view (the AP that
+"""PNG figures of evaluation curves (precision-recall and ROC).
+
+Precision-recall curves of the retrieval view (the AP that
 SOPRC, Wen et al. NeurIPS 2022, and tie-aware AP_T, He et al. CVPR 2018, optimize) and ROC curves
 of the pair view (Gajić et al., Eq. 1-3; Vogel et al., ICML 2018, pointwise ROC at FPR = alpha).
 
@@ -13,10 +15,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+
+from ._extras import require
+
+require(("matplotlib",), "train", "rankwise.plots")
+
+import matplotlib  # noqa: E402 - after the dependency check
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 __all__ = ["plot_pr_curves", "plot_roc_curves"]
 
@@ -41,9 +48,11 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 
 def _line_styles(n: int) -> list[dict[str, object]]:
-    """A distinct colour per curve (tab20: the 10 dark shades, then the 10 light ones), solid for
-    the first 10 curves and dashed after: matplotlib's default cycle repeats after 10 colours, and
-    a benchmark plots 11 methods on one figure."""
+    """A distinct colour per curve: tab20's 10 dark shades, then its 10 light ones.
+
+    Solid for the first 10 curves and dashed after: matplotlib's default cycle repeats after 10
+    colours, and a benchmark plots 11 methods on one figure.
+    """
     order = [*range(0, 20, 2), *range(1, 20, 2)]
     cmap = matplotlib.colormaps["tab20"]
     return [{"color": cmap(order[i % 20]), "linestyle": "-" if i < 10 else "--"} for i in range(n)]

@@ -146,15 +146,14 @@ def test_training_views_are_fresh_and_reproducible_from_the_item_seed():
 def test_trainer_item_seeds_give_fresh_reproducible_views():
     # the trainer seeds each item by (seed, epoch, batch, slot): same key -> same view,
     # another step -> another view
-    from rankwise.training.loader import SeededItems as _SeededItems
-    from rankwise.training.loader import mix_seed as _mix_seed
+    from rankwise.training.loader import SeededItems, mix_seed
 
     splits = load_dataset("digits-instances", **SMALL)
-    items = _SeededItems(splits.train, reseed=splits.train.transform is not None)
+    items = SeededItems(splits.train, reseed=splits.train.transform is not None)
     assert items.reseed
 
     def key(epoch, position, slot, index=3):
-        return (index, _mix_seed(0, epoch, position, slot), epoch, position)
+        return (index, mix_seed(0, epoch, position, slot), epoch, position)
 
     a, _, _ = items[key(0, 0, 0)]
     b, _, _ = items[key(0, 0, 0)]
@@ -162,6 +161,24 @@ def test_trainer_item_seeds_give_fresh_reproducible_views():
     d, _, _ = items[key(1, 0, 0)]
     assert torch.equal(a, b)
     assert not torch.equal(a, c) and not torch.equal(a, d)
+
+
+def test_trainer_batch_fetch_matches_item_fetch_and_keeps_global_rng():
+    from rankwise.training.loader import SeededItems, mix_seed
+
+    splits = load_dataset("digits-instances", **SMALL)
+    items = SeededItems(splits.train, reseed=True)
+    keys = [(i, mix_seed(0, 0, 2, i), 0, 2) for i in (0, 5, 9, 17)]
+    torch.manual_seed(11)
+    before = torch.rand(3)
+    torch.manual_seed(11)
+    batch = items.__getitems__(keys)
+    after = torch.rand(3)
+    assert torch.equal(before, after)  # the global stream is not consumed
+    for (x, label, meta), key in zip(batch, keys, strict=True):
+        x_item, label_item, meta_item = items[key]
+        assert torch.equal(x, x_item) and label == label_item and torch.equal(meta, meta_item)
+        assert meta.tolist() == [0, 2]
 
 
 def test_batch_is_vectorised_and_labelled():
@@ -286,7 +303,7 @@ def test_val_holdout_samples_is_refused_for_instances():
 
 def test_config_errors_name_the_dataset_option():
     from rankwise.training import ConfigError, config_from_dict
-    from rankwise.training.trainer import load_splits
+    from rankwise.training.build import load_splits
 
     config = config_from_dict(
         {
@@ -355,3 +372,37 @@ def test_raw_pixels_retrieve_poorly_on_default_fashion_mnist_instances():
 def test_missing_fashion_mnist_names_the_package(tmp_path):
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
         load_dataset("fashion-mnist-instances", data_dir=tmp_path)
+
+
+# --------------------------------------------------------------------------- with the trainer
+
+
+def test_training_on_instances_resumes_bit_for_bit(tmp_path):
+    # fresh views every step come from the trainer's per-item seeds, so an interrupted and
+    # resumed run sees exactly the views of an uninterrupted one
+    from rankwise.training import Trainer, config_from_dict
+
+    def config(out):
+        return config_from_dict(
+            {
+                "dataset": {"name": "digits-instances", "options": SMALL},
+                "model": {"backbone": "small_cnn", "embedding_dim": 8},
+                "loss": {"name": "contrastive"},
+                "sampler": {"m": 4, "batch_size": 16},
+                "budget": {"iterations": 4},
+                "eval_every": 2,
+                "threads": 1,
+                "progress": False,
+                "output_dir": str(out),
+            }
+        )
+
+    whole = Trainer.from_config(config(tmp_path / "whole"))
+    whole.fit()
+    part = Trainer.from_config(config(tmp_path / "part"))
+    assert part.fit(max_steps=2).status == "stopped"
+    resumed = Trainer.from_run_dir(tmp_path / "part")
+    result = resumed.fit()
+    assert result.status == "completed" and result.steps == 4
+    for key, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[key]), key

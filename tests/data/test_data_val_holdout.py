@@ -151,7 +151,7 @@ def test_inshop_query_gallery_allows_class_holdout(tmp_path):
 
 def test_config_key_reaches_the_loader():
     from rankwise.training import ConfigError, config_from_dict
-    from rankwise.training.trainer import load_splits
+    from rankwise.training.build import load_splits
 
     base = {"loss": {"name": "ap"}, "budget": {"iterations": 1}}
     config = config_from_dict(

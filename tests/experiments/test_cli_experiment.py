@@ -84,3 +84,41 @@ def test_unknown_experiment_and_option_exit_2():
     assert _run("nope").exit_code == 2
     result = _run("auc-slope", "--bogus", "1")
     assert result.exit_code == 2 and "--bogus" in result.output
+
+
+def test_sigterm_is_an_interrupt_with_exit_130_and_nothing_written(tmp_path):
+    import os
+    import signal
+
+    import typer
+
+    from rankwise.commands.experiment import _make_command
+    from rankwise.experiments import ExperimentResult, experiment
+
+    @experiment("terminated", summary="Sends itself SIGTERM.", reference="none")
+    def run(*, quick: bool = False, seed: int = 0):
+        """Toy.
+
+        Args:
+            quick: Unused.
+            seed: Unused.
+        """
+        os.kill(os.getpid(), signal.SIGTERM)
+        return ExperimentResult("terminated", {}, "terminated: never", True)
+
+    import rankwise.commands.experiment as module
+
+    app = typer.Typer()
+    original = module.get_experiment
+    module.get_experiment = lambda name: run
+    try:
+        app.command("terminated")(_make_command(run.spec))
+        app.command("other")(lambda: None)  # two commands: typer keeps the sub-command name
+    finally:
+        module.get_experiment = original
+    previous = signal.getsignal(signal.SIGTERM)
+    result = runner.invoke(app, ["terminated", "--output", str(tmp_path)])
+    assert result.exit_code == 130, result.output
+    assert "terminated interrupted; nothing written." in result.output
+    assert not list(tmp_path.iterdir())
+    assert signal.getsignal(signal.SIGTERM) is previous  # the handler is restored

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import os
 import typing
 
 import numpy as np
@@ -100,6 +101,9 @@ def test_decorator_adds_output_and_writes_json(tmp_path):
     run(output=tmp_path / "out", seed=4, overwrite=True)
     assert json.loads(result.json_path.read_text())["seed"] == 4
     assert not list((tmp_path / "out").glob(".toy*"))  # no temporary files left behind
+    umask = os.umask(0)
+    os.umask(umask)
+    assert result.json_path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_option_help_reads_google_args():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -81,6 +82,32 @@ def test_roc_curve_drop_intermediate_matches_sklearn():
     assert curve.auc == pytest.approx(roc_auc_score(y, s), abs=1e-12)
 
 
+def test_roc_curve_drop_intermediate_uses_exact_counts_and_keeps_the_first_point():
+    # 11 distinct scores, the single positive on top: scikit-learn keeps (0,0), (0,1), (1,1);
+    # rates like 3/10 - 2/10 != 2/10 - 1/10 in floating point kept collinear points before
+    s, y = np.arange(11)[::-1].astype(np.float64), np.array([1] + [0] * 10, dtype=bool)
+    curve = roc_curve(s, y, drop_intermediate=True)
+    fpr, tpr, thr = sklearn_roc_curve(y, s, drop_intermediate=True)
+    assert len(curve) == len(fpr) == 3
+    np.testing.assert_array_equal(curve.fpr, fpr)
+    np.testing.assert_array_equal(curve.tpr, tpr)
+    np.testing.assert_array_equal(curve.thresholds, thr)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("n", [3, 40, 700])
+def test_roc_curve_drop_intermediate_equals_sklearn_point_for_point(seed, n):
+    rng = np.random.default_rng(seed)
+    y = rng.random(n) < rng.uniform(0.05, 0.6)
+    y[0], y[1] = True, False
+    for s in (rng.integers(0, 7, n).astype(np.float32), rng.normal(size=n) + y):
+        curve = roc_curve(s, y, drop_intermediate=True)
+        fpr, tpr, thr = sklearn_roc_curve(y, s, drop_intermediate=True)
+        np.testing.assert_array_equal(curve.fpr, fpr)
+        np.testing.assert_array_equal(curve.tpr, tpr)
+        np.testing.assert_array_equal(curve.thresholds, thr)
+
+
 # --------------------------------------------------------------------------------------------
 # TPR at FPR against a brute force over every threshold
 # --------------------------------------------------------------------------------------------
@@ -125,6 +152,40 @@ def test_tpr_at_fpr_moves_ties_together():
     assert point.tpr == 1.0 and point.fpr == 0.5 and point.threshold == 0.2
     point = operating_point(s, y, fpr=0.75)
     assert point.tpr == 1.0 and point.fpr == 0.5 and point.threshold == 0.2
+
+
+def test_operating_point_never_returns_a_dominated_threshold():
+    # threshold 2 reaches tpr 0.5 at fpr 0.5, but threshold 3 reaches the same tpr at fpr 0
+    assert operating_point([3, 2, 1, 0], [1, 0, 0, 1], 0.5) == (0.5, 0.0, 3.0)
+    assert tpr_at_fpr([3, 2, 1, 0], [1, 0, 0, 1], 0.5, return_threshold=True) == (0.5, 3.0)
+
+
+def _brute_operating_point(s, y, alpha):
+    """Among the thresholds (and +inf) with FPR <= alpha: max TPR, then min FPR (exact counts)."""
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    candidates = [(0, 0, math.inf)]
+    for t in np.unique(s):
+        tp, fp = int((s[y] >= t).sum()), int((s[~y] >= t).sum())
+        if Fraction(fp, n_neg) <= Fraction(alpha):
+            candidates.append((tp, fp, float(t)))
+    tp, fp, t = max(candidates, key=lambda c: (c[0], -c[1]))
+    return (tp / n_pos, fp / n_neg, t) if tp else (0.0, 0.0, math.inf)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_operating_point_is_maximal_tpr_then_minimal_fpr(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 60))
+    y = rng.random(n) < 0.4
+    y[0], y[1] = True, False
+    s = rng.integers(0, int(rng.integers(2, 8)), n).astype(np.float64)  # heavy ties
+    for alpha in (0.05, 0.1, 1 / 3, 0.5, 0.7):
+        assert tuple(operating_point(s, y, alpha)) == _brute_operating_point(s, y, alpha)
+    # a budget hit exactly: 1 negative of 10 at alpha 0.1 is admissible (no rounding of 1/10)
+    y10 = np.array([False] * 10 + [True])
+    s10 = np.r_[np.arange(10.0), 20.0]
+    s10[9] = 30.0  # the top score is a negative
+    assert operating_point(s10, y10, 0.1) == (1.0, 0.1, 20.0)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0, -0.1, 1.5, "x", float("nan")])
@@ -311,7 +372,8 @@ def test_plot_roc_and_pr_curves_write_pngs(tmp_path):
 def test_euclidean_pair_scores_accept_half_precision_on_cpu(dtype):
     x = torch.tensor([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]], dtype=dtype)
     scores, is_positive = pair_scores(x, torch.tensor([0, 0, 1]), similarity="euclidean")
-    assert scores.dtype == dtype
+    # float64, exact: rounding the scores to the input's half precision would invent ties
+    assert scores.dtype == torch.float64
     # pairs (0,1), (0,2), (1,2): distances 5, 1, sqrt(18)
-    np.testing.assert_allclose(scores.float().numpy(), [-5.0, -1.0, -math.sqrt(18.0)], rtol=1e-2)
+    assert scores.tolist() == [-5.0, -1.0, -math.sqrt(18.0)]
     assert is_positive.tolist() == [True, False, False]

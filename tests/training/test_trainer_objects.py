@@ -292,3 +292,39 @@ def test_any_rankwise_loss_and_a_float64_model(tmp_path):
     trainer = Trainer(model, SmoothAPLoss(), data, iterations=2, progress=False)
     assert trainer.fit().status == "completed"
     assert np.isfinite(trainer.history[-1]["loss"])
+
+
+def test_a_custom_metric_and_curve():
+    from functools import partial
+
+    from rankwise.metrics import pr_curve, retrieval_metrics
+
+    calls = []
+
+    def curve(*args, **kwargs):
+        calls.append(len(args))
+        return pr_curve(*args, similarity="dot", **kwargs)
+
+    trainer = make_trainer(
+        iterations=2, metric_fn=partial(retrieval_metrics, similarity="dot"), curve_fn=curve
+    )
+    result = trainer.fit()
+    assert result.test.similarity == "dot" and result.best_val["similarity"] == "dot"
+    assert calls == [4]  # query, labels and the (absent) gallery
+    with pytest.raises(ValueError, match="`metric_fn` must be a function"):
+        make_trainer(metric_fn="map")
+
+
+def test_ctrl_c_without_a_run_dir_stops_after_the_step_and_says_nothing_was_saved():
+    def stop(trainer):
+        if trainer.step == 3:
+            raise KeyboardInterrupt
+
+    trainer = make_trainer()
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit(callbacks=[stop])
+    assert info.value.step == 3 and info.value.checkpoint_step is None
+    assert "nothing was saved" in str(info.value) and "Resume" not in str(info.value)
+    assert trainer.step == 3
+    with pytest.raises(ValueError, match="`progress` must be True or False"):
+        make_trainer(progress="yes")

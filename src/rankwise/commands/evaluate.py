@@ -2,7 +2,7 @@
 
 Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery (or,
 leave-one-out, against the other samples) and prints mAP (the tie-aware AP_T of He et al., *Hashing
-as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with the errata's corrected Eq. 6), recall@k,
+as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6 as corrected in docs/errata.md), recall@k,
 precision@k, MAP@R and R-precision as computed by
 :func:`rankwise.metrics.retrieval.retrieval_metrics`. Optionally writes the report as JSON and the
 mean precision-recall curve as a PNG. Bad input ends with a one-line error and exit code 2.
@@ -11,6 +11,7 @@ mean precision-recall curve as a PNG. Bad input ends with a one-line error and e
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import zipfile
 from pathlib import Path
@@ -42,8 +43,10 @@ def _split_key(spec: str) -> tuple[Path, str | None]:
 
 
 def load_array(spec: str, name: str) -> torch.Tensor:
-    """Load one array from ``.npy``, ``.npz`` (``file.npz:key`` or a single-array archive) or
-    ``.pt`` / ``.pth`` (a tensor, or ``file.pt:key`` for a dict of tensors).
+    """Load one array from a ``.npy``, ``.npz`` or ``.pt`` / ``.pth`` file.
+
+    ``.npz`` takes ``file.npz:key`` or a single-array archive; ``.pt`` / ``.pth`` a tensor, or
+    ``file.pt:key`` for a dict of tensors.
 
     Args:
         spec: the path, optionally followed by ``:key``.
@@ -65,56 +68,64 @@ def load_array(spec: str, name: str) -> torch.Tensor:
         raise ValueError(f"{name}: could not read {path.name}: {exc}") from exc
 
 
+def _load_npy(path: Path, key: str | None, name: str) -> np.ndarray:
+    if key is not None:
+        raise ValueError(f"{name}: a .npy file holds one array; drop the ':{key}' suffix.")
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as exc:  # pickled objects or a corrupt header
+        raise ValueError(f"{name}: could not read {path.name} as a .npy array: {exc}") from exc
+
+
+def _load_npz(path: Path, key: str | None, name: str) -> np.ndarray:
+    with np.load(path, allow_pickle=False) as archive:
+        keys = list(archive.keys())
+        if key is None:
+            if len(keys) != 1:
+                raise ValueError(
+                    f"{name}: {path.name} holds {len(keys)} arrays ({', '.join(keys) or 'none'}); "
+                    f"choose one with {path.name}:KEY."
+                )
+            key = keys[0]
+        if key not in keys:
+            raise ValueError(
+                f"{name}: {path.name} has no array {key!r}; available: {', '.join(keys)}."
+            )
+        return archive[key]
+
+
+def _load_pt(path: Path, key: str | None, name: str) -> torch.Tensor:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise ValueError(
+            f"{name}: could not read {path.name} with torch.load(weights_only=True); save "
+            "a plain tensor (torch.save(tensor, path)) or a dict of tensors."
+        ) from exc
+    if isinstance(obj, dict):
+        if key is None or key not in obj:
+            keys = ", ".join(map(str, obj.keys()))
+            raise ValueError(
+                f"{name}: {path.name} holds a dict ({keys}); choose a tensor with {path.name}:KEY."
+            )
+        obj = obj[key]
+    elif key is not None:
+        raise ValueError(f"{name}: {path.name} holds a single tensor; drop ':{key}'.")
+    if not isinstance(obj, torch.Tensor):
+        raise ValueError(f"{name}: {path.name} must hold a tensor, got {type(obj).__name__}.")
+    return obj
+
+
 def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
     suffix = path.suffix.lower()
-    if suffix == ".npy":
-        if key is not None:
-            raise ValueError(f"{name}: a .npy file holds one array; drop the ':{key}' suffix.")
-        try:
-            array = np.load(path, allow_pickle=False)
-        except ValueError as exc:  # pickled objects or a corrupt header
-            raise ValueError(f"{name}: could not read {path.name} as a .npy array: {exc}") from exc
-    elif suffix == ".npz":
-        with np.load(path, allow_pickle=False) as archive:
-            keys = list(archive.keys())
-            if key is None:
-                if len(keys) != 1:
-                    raise ValueError(
-                        f"{name}: {path.name} holds {len(keys)} arrays ({', '.join(keys) or 'none'}); "
-                        f"choose one with {path.name}:KEY."
-                    )
-                key = keys[0]
-            if key not in keys:
-                raise ValueError(
-                    f"{name}: {path.name} has no array {key!r}; available: {', '.join(keys)}."
-                )
-            array = archive[key]
-    elif suffix in (".pt", ".pth"):
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as exc:
-            raise ValueError(
-                f"{name}: could not read {path.name} with torch.load(weights_only=True); save "
-                "a plain tensor (torch.save(tensor, path)) or a dict of tensors."
-            ) from exc
-        if isinstance(obj, dict):
-            if key is None or key not in obj:
-                keys = ", ".join(map(str, obj.keys()))
-                raise ValueError(
-                    f"{name}: {path.name} holds a dict ({keys}); choose a tensor with "
-                    f"{path.name}:KEY."
-                )
-            obj = obj[key]
-        elif key is not None:
-            raise ValueError(f"{name}: {path.name} holds a single tensor; drop ':{key}'.")
-        if not isinstance(obj, torch.Tensor):
-            raise ValueError(f"{name}: {path.name} must hold a tensor, got {type(obj).__name__}.")
-        return obj
-    else:
+    if suffix in (".pt", ".pth"):
+        return _load_pt(path, key, name)
+    if suffix not in (".npy", ".npz"):
         raise ValueError(
             f"{name}: unsupported file type {suffix or '(none)'!r} for {path.name}; use one of "
             f"{', '.join(_EXTENSIONS)}."
         )
+    array = (_load_npy if suffix == ".npy" else _load_npz)(path, key, name)
     if array.dtype == object or array.dtype.kind not in "biuf":
         raise ValueError(f"{name}: {path.name} must hold a numeric array, got dtype {array.dtype}.")
     return torch.from_numpy(np.ascontiguousarray(array))
@@ -141,6 +152,62 @@ def _check_device(device: str | None) -> torch.device | None:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: no CUDA device is available on this machine.")
     return dev
+
+
+def _check_output_path(path: Path | None, flag: str) -> None:
+    """Fail before any work when ``path`` cannot be written (a directory, a file as a parent)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; name a file to write.")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ValueError(
+            f"{flag} {path}: {ancestor} is not a directory, so {path.name} cannot be written."
+        )
+    if not os.access(ancestor, os.W_OK | os.X_OK) or (
+        path.exists() and not os.access(path, os.W_OK)
+    ):
+        raise ValueError(f"{flag} {path}: no permission to write there; choose another path.")
+
+
+def _write_outputs(
+    report: Any,
+    curve: Any,
+    json_out: Path | None,
+    plot_pr: Path | None,
+    embeddings: str,
+    mode: str,
+    console: Console,
+) -> None:
+    """Write the JSON report and the PR plot (an OSError becomes a one-line error in evaluate)."""
+    from ..plots import plot_pr_curves
+
+    if json_out is not None:
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        except OSError as exc:
+            raise ValueError(
+                f"--json {json_out}: could not write the report ({exc.strerror or exc})."
+            ) from exc
+        console.print(f"wrote {json_out}", soft_wrap=True)
+    if curve is not None:
+        name = Path(_split_key(embeddings)[0]).stem
+        try:
+            written = plot_pr_curves(
+                {name: curve},
+                plot_pr,
+                title=f"Precision-recall ({mode})",
+                labels={name: report.map},
+            )
+        except OSError as exc:
+            raise ValueError(
+                f"--plot-pr {plot_pr}: could not write the plot ({exc.strerror or exc})."
+            ) from exc
+        console.print(f"wrote {written}", soft_wrap=True)
 
 
 def _report_table(report: Any) -> Table:
@@ -183,7 +250,6 @@ def evaluate(
 ) -> None:
     """Exact tie-aware retrieval metrics (mAP, recall@k, MAP@R) of saved embeddings."""
     from ..metrics.retrieval import pr_curve, retrieval_metrics
-    from ..plots import plot_pr_curves
 
     console = Console()
     with cli_errors("evaluation", bad_input=(ValueError, FileNotFoundError)):
@@ -193,6 +259,8 @@ def evaluate(
             raise ValueError("pass both --gallery and --gallery-labels, or neither.")
         if plot_pr is not None and plot_pr.suffix.lower() != ".png":
             raise ValueError(f"--plot-pr must name a .png file, got {plot_pr}.")
+        _check_output_path(json_out, "--json")
+        _check_output_path(plot_pr, "--plot-pr")
         query = load_array(embeddings, "EMBEDDINGS")
         query_labels = load_array(labels, "LABELS")
         gallery_t = load_array(gallery, "--gallery") if gallery is not None else None
@@ -223,13 +291,5 @@ def evaluate(
     )
     for k, used in report.clamped_ks.items():
         console.print(f"k={k} exceeds the ranked list; evaluated at k={used}.", soft_wrap=True)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-        console.print(f"wrote {json_out}", soft_wrap=True)
-    if curve is not None:
-        name = Path(_split_key(embeddings)[0]).stem
-        written = plot_pr_curves(
-            {name: curve}, plot_pr, title=f"Precision-recall ({mode})", labels={name: report.map}
-        )
-        console.print(f"wrote {written}", soft_wrap=True)
+    with cli_errors("evaluation", bad_input=(ValueError,)):  # a write that fails after all
+        _write_outputs(report, curve, json_out, plot_pr, embeddings, mode, console)

@@ -1,11 +1,11 @@
 """``rankwise experiment``: the papers' analysis figures as commands.
 
 ``rankwise experiment list`` and ``rankwise experiment NAME [--output DIR|FILE] [--quick]
-[--seed N] [options]``, each writing JSON, a PNG figure and printing a one-line verdict. The experiments live in :mod:`rankwise.experiments`;
-this module only turns each registered experiment's keyword options into command-line options
-(``tuple`` options as comma-separated lists) and maps errors to exit codes: bad options and existing
-outputs end with a one-line ``error:`` and exit code 2, Ctrl-C / SIGTERM with code 130 and nothing
-written.
+[--seed N] [options]``, each writing JSON, a PNG figure and printing a one-line verdict. The
+experiments live in :mod:`rankwise.experiments`; this module only turns each registered experiment's keyword options into command-line options
+(``tuple`` options as comma-separated lists); errors go through
+:func:`~rankwise.commands.common.cli_errors`: bad options and existing outputs end with a one-line
+``error:`` naming the flag and exit code 2, Ctrl-C / SIGTERM with code 130 and nothing written.
 """
 
 from __future__ import annotations
@@ -20,17 +20,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from ..experiments import REGISTRY, ExperimentSpec, get_experiment
 from ..experiments.base import DEFAULT_OUTPUT_DIR, option_help, parse_sequence
+from .common import EXIT_INTERRUPTED, cli_errors, error_console, output_console
 
 __all__ = ["experiment_app"]
-
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 experiment_app = typer.Typer(
     name="experiment",
@@ -51,10 +48,7 @@ def list_command() -> None:
     for name in REGISTRY:
         spec = get_experiment(name).spec
         table.add_row(spec.name, escape(spec.summary), escape(spec.reference))
-    console = Console()
-    if not console.is_terminal:  # captured output: one row per line, not squeezed to 80 columns
-        console = Console(width=200)
-    console.print(table)
+    output_console(width=200).print(table)
 
 
 # -- one command per registered experiment --------------------------------------------------------
@@ -116,15 +110,6 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _fail(message: str, code: int, options: tuple[str, ...] = ()) -> typer.Exit:
-    for name in options:  # the Python argument names in messages become the command's flags
-        message = message.replace(f"`{name}`", "--" + name.replace("_", "-"))
-    Console(stderr=True).print(
-        f"[bold red]error:[/bold red] [red]{escape(message.splitlines()[0])}[/red]", soft_wrap=True
-    )
-    return typer.Exit(code=code)
-
-
 def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
     hints = typing.get_type_hints(spec.compute)
     helps = option_help(spec.compute)
@@ -156,18 +141,25 @@ def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
         )
         params.append(cli_param)
 
+    # the Python argument names in messages become this command's flags
+    flags = {name: "--" + name.replace("_", "-") for name in converters}
+
     def command(**kwargs: Any) -> None:
         output = kwargs.pop("output") or DEFAULT_OUTPUT_DIR
         overwrite = kwargs.pop("overwrite")
         try:
-            options = {name: converters[name](value) for name, value in kwargs.items()}
-            with _sigterm_as_interrupt():
+            with (
+                cli_errors("experiment", flags, bad_input=(ValueError, FileExistsError)),
+                _sigterm_as_interrupt(),
+            ):
+                options = {name: converters[name](value) for name, value in kwargs.items()}
                 result = run(output=output, overwrite=overwrite, **options)
-        except (ValueError, FileExistsError) as exc:
-            raise _fail(str(exc), EXIT_BAD_INPUT, tuple(converters)) from None
         except KeyboardInterrupt:
-            raise _fail(f"{spec.name} interrupted; nothing written.", EXIT_INTERRUPTED) from None
-        console = Console()
+            error_console().print(
+                f"[yellow]{escape(spec.name)} interrupted; nothing written.[/yellow]"
+            )
+            raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        console = output_console(width=400)
         console.print(result.verdict, markup=False, highlight=False, soft_wrap=True)
         console.print(
             f"wrote {result.json_path} and {result.figure_path}",

@@ -214,13 +214,17 @@ def assemble_array_splits(
 
     Args:
         name: dataset name.
-        train_x, train_y: official training split, ``(N, C, H, W)`` uint8/float and ``(N,)`` ids.
-        test_x, test_y: official test split, or ``None`` when the dataset has a single pool
+        train_x: official training split, ``(N, C, H, W)`` uint8 / float images.
+        train_y: its ``(N,)`` class ids.
+        test_x: official test split, or ``None`` when the dataset has a single pool
             (``digits``): then both halves / the query pool come from ``train_x``.
+        test_y: its class ids, or ``None``.
         protocol: ``"open-set"`` (lower half of the classes to train, upper half to test) or
             ``"closed-set"`` (see module docstring).
-        val_fraction, seed: the stratified validation split carved from the training data.
-        n_query, n_train: closed-set per-class counts (``None``: all).
+        val_fraction: share of the training data held out for validation (``0``: none).
+        seed: seed of the validation and closed-set splits.
+        n_query: closed-set queries per class (``None``: all).
+        n_train: closed-set training samples per class (``None``: all).
         val_holdout: ``"samples"`` (validation = held-out samples of the training classes) or
             ``"classes"`` (held-out training classes: open-set validation; open-set only, as
             closed-set queries belong to the training classes).
@@ -310,8 +314,11 @@ def assemble_array_splits(
 
 
 def read_digits_images(with_labels: bool = False) -> Any:
-    """scikit-learn's bundled digits as ``(1797, 1, 8, 8)`` float32 in [0, 1] (pixel values 0-16
-    divided by 16), and their ``(1797,)`` int64 labels when ``with_labels``."""
+    """Scikit-learn's bundled digits as ``(1797, 1, 8, 8)`` float32 in [0, 1].
+
+    Pixel values 0-16 are divided by 16. Returns the images, or ``(images, (1797,) int64
+    labels)`` when ``with_labels``.
+    """
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
@@ -330,9 +337,12 @@ def load_digits_dataset(
     n_train: int | None = 100,
     val_holdout: str = "samples",
 ) -> RetrievalSplits:
-    """scikit-learn's bundled 8x8 digits (1797 images, 10 classes) as ``(N, 1, 8, 8)`` float32
-    in [0, 1] (pixel values 0-16 divided by 16). Bundled with scikit-learn: nothing is read
-    from the network."""
+    """Scikit-learn's bundled 8x8 digits (1797 images, 10 classes) as retrieval splits.
+
+    Images are ``(N, 1, 8, 8)`` float32 in [0, 1] (pixel values 0-16 divided by 16). Bundled with
+    scikit-learn: nothing is read from the network. Keywords as in
+    :func:`assemble_array_splits`.
+    """
     images, labels = read_digits_images(with_labels=True)
     return assemble_array_splits(
         "digits",
@@ -360,8 +370,11 @@ def load_mnist_family_dataset(
     n_train: int | None = 500,
     val_holdout: str = "samples",
 ) -> RetrievalSplits:
-    """MNIST / Fashion-MNIST from local IDX files as ``(N, 1, 28, 28)`` uint8 (see
-    :func:`read_mnist_family` for where the files are looked for)."""
+    """MNIST / Fashion-MNIST from local IDX files as ``(N, 1, 28, 28)`` uint8 retrieval splits.
+
+    See :func:`read_mnist_family` for where the files are looked for; keywords as in
+    :func:`assemble_array_splits`.
+    """
     train_x, train_y, test_x, test_y = read_mnist_family(name, data_dir)
     return assemble_array_splits(
         name,
@@ -388,7 +401,10 @@ def load_cifar10_dataset(
     n_train: int | None = 500,
     val_holdout: str = "samples",
 ) -> RetrievalSplits:
-    """CIFAR-10 from the local python batches as ``(N, 3, 32, 32)`` uint8."""
+    """CIFAR-10 from the local python batches as ``(N, 3, 32, 32)`` uint8 retrieval splits.
+
+    Keywords as in :func:`assemble_array_splits`.
+    """
     train_x, train_y, test_x, test_y = read_cifar10(data_dir)
     return assemble_array_splits(
         "cifar10",

@@ -151,8 +151,11 @@ class ArrayDataset(Dataset):
 
 
 class NumpyImageTransform:
-    """PIL image -> ``(3, size, size)`` float32 tensor: RGB, bilinear resize, [0, 1], ImageNet
-    mean / std normalization; numpy + PIL only (picklable, so DataLoader workers can use it)."""
+    """PIL image -> ``(3, size, size)`` float32 tensor, numpy + PIL only.
+
+    RGB, bilinear resize, [0, 1], ImageNet mean / std normalization; picklable, so DataLoader
+    workers can use it.
+    """
 
     def __init__(self, image_size: int) -> None:
         self.image_size = int(image_size)
@@ -160,6 +163,7 @@ class NumpyImageTransform:
         self.std = np.asarray(IMAGENET_STD, dtype=np.float32).reshape(3, 1, 1)
 
     def __call__(self, image: Any) -> torch.Tensor:
+        """Transform one PIL image."""
         from PIL import Image
 
         size = (self.image_size, self.image_size)

@@ -236,8 +236,11 @@ INAT_LAYOUT = """  <dir>/Inat_dataset_splits/Inaturalist_train_set1.txt  one rel
 
 
 def read_inaturalist(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]:
-    """iNaturalist 2018, metric-learning split of Brown et al.: the class of an image is its
-    ``<supercategory>/<category id>`` folder (the last two directories of its path)."""
+    """Read iNaturalist 2018 with the metric-learning split of Brown et al.
+
+    The class of an image is its ``<supercategory>/<category id>`` folder (the last two
+    directories of its path).
+    """
     split_dir = "Inat_dataset_splits"
     root = find_dataset_root(
         "inaturalist",
@@ -348,7 +351,8 @@ def load_image_dataset(
         data_dir: where to look (see :func:`rankwise.data.locate.find_dataset_root`).
         protocol: must equal the dataset's protocol ("closed-set" for ``inshop``, query vs
             gallery; "open-set" for the others).
-        val_fraction, seed: stratified validation split carved from the training data.
+        val_fraction: share of the training data held out for validation (``0``: none).
+        seed: seed of the validation split.
         image_size: side of the square tensors made by the default transform.
         transform: PIL image -> tensor for val / test / gallery (default: resize + normalize).
         train_transform: the same for the training split (default: ``transform``), e.g. with

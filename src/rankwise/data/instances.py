@@ -98,8 +98,10 @@ class ViewAugmentation:
         }
 
     def _affine(self, u: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        """``(n, 2, 3)`` float64 sampling matrices (output -> input coordinates of
-        ``F.affine_grid``) from ``(n, 4)`` uniforms in ``[0, 1)``."""
+        """``(n, 2, 3)`` float64 sampling matrices from ``(n, 4)`` uniforms in ``[0, 1)``.
+
+        The matrices map output to input coordinates, as ``F.affine_grid`` expects.
+        """
         theta = (2.0 * u[:, 0] - 1.0) * math.radians(self.rotation)
         s = self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 1]
         shift = (2.0 * u[:, 2:] - 1.0) * (2.0 * self.translation)  # normalised coords span 2
@@ -137,9 +139,16 @@ class ViewAugmentation:
     def render(
         self, images: torch.Tensor, uniforms: torch.Tensor, noise: torch.Tensor | None
     ) -> torch.Tensor:
-        """Views of ``(n, C, H, W)`` images from given draws: ``(n, 4)`` uniforms in ``[0, 1)``
-        (rotation, scale, x shift, y shift) and a standard-normal ``(n, C, H, W)`` noise field
-        (``None``: no noise). :meth:`apply` is this with fresh draws."""
+        """Views of images from given draws (:meth:`apply` is this with fresh draws).
+
+        Args:
+            images: ``(n, C, H, W)`` float images in ``[0, 1]``.
+            uniforms: ``(n, 4)`` uniforms in ``[0, 1)``: rotation, scale, x shift, y shift.
+            noise: a standard-normal ``(n, C, H, W)`` field, or ``None`` for no noise.
+
+        Returns:
+            ``(n, C, H, W)`` float32 views in ``[0, 1]``.
+        """
         images = images.to(torch.float32)
         _, _, height, width = images.shape
         theta = self._affine(uniforms, height, width).to(torch.float32)
@@ -215,10 +224,9 @@ def _base_grid(height: int, width: int) -> torch.Tensor:
 
 
 class InstanceViews(Dataset):
-    """Training split of an instance benchmark: ``views_per_class`` items per source image, each a
-    fresh random view at every fetch.
+    """Training split of an instance benchmark: a fresh random view at every fetch.
 
-    Item ``i`` is a view of source ``i // views_per_class`` with label ``i // views_per_class``
+    There are ``views_per_class`` items per source image. Item ``i`` is a view of source ``i // views_per_class`` with label ``i // views_per_class``
     (labels are ``0 .. S - 1``, one class per source). The view is drawn from the global torch
     generator, which the trainer seeds per item (see the module docstring).
 

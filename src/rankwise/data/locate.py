@@ -25,8 +25,11 @@ def candidate_dirs(
     subfolders: Sequence[str],
     system_dirs: Sequence[str] = (),
 ) -> list[Path]:
-    """Directories to probe, in order: ``data_dir`` (+ subfolders) or ``$RANKWISE_DATA`` (+
-    subfolders), then ``system_dirs``. ``data_dir`` given -> the environment is not consulted."""
+    """Directories to probe, in order.
+
+    ``data_dir`` (+ subfolders) or ``$RANKWISE_DATA`` (+ subfolders), then ``system_dirs``.
+    ``data_dir`` given -> the environment is not consulted.
+    """
     bases: list[Path] = []
     if data_dir is not None:
         bases.append(Path(data_dir).expanduser())

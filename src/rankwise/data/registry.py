@@ -108,8 +108,11 @@ def dataset_protocols(name: str) -> tuple[str, ...]:
 
 
 def default_val_holdout(name: str) -> str:
-    """What ``val_holdout=None`` means for ``name``: ``"classes"`` for the instance benchmarks
-    (validation on unseen sources), ``"samples"`` for the others (the papers' 9:1 split)."""
+    """What ``val_holdout=None`` means for ``name``.
+
+    ``"classes"`` for the instance benchmarks (validation on unseen sources), ``"samples"`` for
+    the others (the papers' 9:1 split).
+    """
     return "classes" if _canonical(name) in INSTANCE_DATASETS else "samples"
 
 

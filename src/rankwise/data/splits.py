@@ -232,7 +232,8 @@ def closed_set_split(
         query_pool_labels: ``(Nq,)`` labels of the pool queries are drawn from (a test split).
         database_pool_labels: ``(Nd,)`` labels of the pool that is entirely database (a train
             split); may be empty.
-        n_query, n_train: per-class counts, or ``None`` for all.
+        n_query: queries per class, or ``None`` for all.
+        n_train: training samples per class, or ``None`` for all.
         seed: seed of the generator.
 
     Returns:

@@ -70,7 +70,10 @@ __all__ = [
 
 #: Experiment name -> module defining its ``run`` (imported on first use).
 REGISTRY: dict[str, str] = {
+    "estimator-bias": "rankwise.experiments.estimator_bias",
+    "interpolation-error": "rankwise.experiments.interpolation_error",
     "auc-slope": "rankwise.experiments.auc_slope",
+    "fast-rates": "rankwise.experiments.fast_rates",
     "hash-euclidean-ndcg": "rankwise.experiments.hash_euclidean_ndcg",
 }
 

@@ -167,15 +167,26 @@ def _atomic_write(path: Path, payload: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
+        # mkstemp creates the file private (0600); a result gets the usual permissions
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
+def _require_matplotlib() -> None:
+    from .._extras import require
+
+    require(("matplotlib",), "train", "the figures of rankwise.experiments")
+
+
 def _figure_png(figure: Any) -> bytes:
     import io
 
+    _require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     FigureCanvasAgg(figure)
@@ -191,6 +202,7 @@ def new_figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4,
     Returns:
         (figure, axes), ``axes`` a 2-D array of shape (nrows, ncols).
     """
+    _require_matplotlib()
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=size, layout="constrained")

@@ -52,6 +52,8 @@ __all__ = [
     "build_hash_trainer",
     "calibrate_batch_norm",
     "evaluate_codes",
+    "hamming_curve_fn",
+    "hamming_metric_fn",
     "load_hash_config",
     "run_hash_experiment",
 ]
@@ -159,41 +161,74 @@ def _codes(outputs: torch.Tensor) -> torch.Tensor:
     return binarize(outputs)
 
 
+def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *, ks=(100,)):
+    """Evaluation of a :class:`~rankwise.training.Trainer` by Hamming ranking of ``sign`` codes.
+
+    The ``metric_fn`` of :class:`HashingTrainer`: the eval-mode outputs are binarised and ranked
+    by :func:`~rankwise.metrics.hamming_retrieval_metrics` (tie-aware AP_T, NDCG_T and the
+    tie-breaking ranges). Cut-offs beyond the number of ranked items are dropped, as a validation
+    split may hold fewer items than the test cut-offs.
+
+    Args:
+        query: ``(n, bits)`` outputs of the queries.
+        query_labels: ``(n,)`` labels.
+        gallery: ``(m, bits)`` outputs of the database, or None for leave-one-out.
+        gallery_labels: ``(m,)`` labels.
+        ks: cut-offs of recall@k / precision@k / AP_T@k / NDCG_T@k.
+
+    Returns:
+        A :class:`~rankwise.metrics.HammingRetrievalReport`.
+    """
+    from ..metrics import hamming_retrieval_metrics
+
+    query_codes = _codes(query)
+    gallery_codes = None if gallery is None else _codes(gallery)
+    n_ranked = len(query_codes) - 1 if gallery_codes is None else len(gallery_codes)
+    ks = tuple(k for k in (ks or ()) if k <= n_ranked) or None
+    return hamming_retrieval_metrics(
+        query_codes, query_labels, gallery_codes, gallery_labels, ks=ks
+    )
+
+
+def hamming_curve_fn(query, query_labels, gallery=None, gallery_labels=None):
+    """Mean precision-recall curve of the ``sign`` codes (the ``curve_fn`` of HashingTrainer).
+
+    Ranked by the integer inner products of the ±1 codes (``similarity="dot"``, exact on
+    codes), the same order as the Hamming distances.
+
+    Args:
+        query: ``(n, bits)`` outputs of the queries.
+        query_labels: ``(n,)`` labels.
+        gallery: ``(m, bits)`` outputs of the database, or None for leave-one-out.
+        gallery_labels: ``(m,)`` labels.
+    """
+    from ..metrics import pr_curve
+
+    return pr_curve(
+        _codes(query).float(),
+        query_labels,
+        None if gallery is None else _codes(gallery).float(),
+        gallery_labels,
+        similarity="dot",
+    )
+
+
 class HashingTrainer(Trainer):
     """The library's :class:`~rankwise.training.Trainer`, ranking by Hamming distance of codes.
 
     Model selection (validation, leave-one-out) and the test report (queries against the
-    gallery) use :func:`~rankwise.metrics.hamming_retrieval_metrics` on ``sign`` of the model's
-    eval-mode outputs, so the selected model is the one whose *codes* have the best tie-aware
-    mAP, and the test report carries NDCG_T and the tie-breaking ranges. Everything else is the
-    library's loop (steps, checkpoints, bit-for-bit resume, callbacks); arguments as
-    :class:`~rankwise.training.Trainer`.
+    gallery) use :func:`hamming_metric_fn` (``sign`` of the model's eval-mode outputs ranked by
+    :func:`~rankwise.metrics.hamming_retrieval_metrics`), so the selected model is the one whose
+    *codes* have the best tie-aware mAP, and the test report carries NDCG_T and the
+    tie-breaking ranges. Everything else is the library's loop (steps, checkpoints, bit-for-bit
+    resume, callbacks); arguments as :class:`~rankwise.training.Trainer`, whose ``metric_fn``
+    and ``curve_fn`` default here to :func:`hamming_metric_fn` and :func:`hamming_curve_fn`.
     """
 
-    def _rank(self, split: str, with_curve: bool = False):
-        from ..metrics import hamming_retrieval_metrics, pr_curve
-
-        query, query_labels = self.embed(self._data(split))
-        query_codes = _codes(query)
-        gallery_codes, gallery_labels = None, None
-        if split == "test" and self.gallery_data is not None:
-            gallery, gallery_labels = self.embed(self.gallery_data)
-            gallery_codes = _codes(gallery)
-        n_ranked = len(query_codes) - 1 if gallery_codes is None else len(gallery_codes)
-        ks = tuple(k for k in self.eval_ks if k <= n_ranked) or None
-        report = hamming_retrieval_metrics(
-            query_codes, query_labels, gallery_codes, gallery_labels, ks=ks
-        )
-        curve = None
-        if with_curve:
-            curve = pr_curve(
-                query_codes.float(),
-                query_labels,
-                None if gallery_codes is None else gallery_codes.float(),
-                gallery_labels,
-                similarity="dot",  # integer inner products of ±1 codes: exact ties
-            )
-        return report, query, curve
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("metric_fn", hamming_metric_fn)
+        kwargs.setdefault("curve_fn", hamming_curve_fn)
+        super().__init__(*args, **kwargs)
 
 
 # -- configs ---------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
-"""The AUC loss and the Wilcoxon loss of Gajić, Amato, Baldrich, van de Weijer and Gatta, *Area Under
-the ROC Curve Maximization for Metric Learning*: the area under the ROC curve of a batch's positive and
-negative pair similarities, computed with the trapezoidal rule over thresholds s = t_min, t_min + Δs,
-…, t_max (Eq. 5) of the sigmoid-relaxed TPR T*(s) and FPR F*(s) of Eq. (7), σ_r(x, s) =
-1 / (1 + exp(−r (x − s))) (Eq. 6); loss 1 − A (Eq. 8/9, read as in the project errata
-``shared/seeds/README.md``), with the batch-hard and batch-all pair strategies of Sec. 3.3. The slope r
-defaults to the non-degenerate local minimum of Eq. (10), the integrated squared second derivative of
-the sum of all threshold sigmoids (:func:`auc_slope`, Table 1). :class:`WilcoxonLoss` is the
-batch-hard Wilcoxon–Mann–Whitney baseline of Eq. (11) (Sec. 4.3.4).
+"""The AUC loss and the Wilcoxon loss of Gajić et al., ROC-area maximization for metric learning.
+
+Gajić, Amato, Baldrich, van de Weijer and Gatta, *Area Under the ROC Curve Maximization for Metric
+Learning*: the area under the ROC curve of a batch's positive and negative pair similarities,
+computed with the trapezoidal rule over thresholds s = t_min, t_min + Δs, …, t_max (Eq. 5) of the
+sigmoid-relaxed TPR T*(s) and FPR F*(s) of Eq. (7), σ_r(x, s) = 1 / (1 + exp(−r (x − s))) (Eq. 6);
+loss 1 − A (Eq. 8/9, read as in ``docs/errata.md``, "AUC loss"), with the batch-hard and batch-all
+pair strategies of Sec. 3.3. The slope r defaults to the non-degenerate local minimum of Eq. (10),
+the integrated squared second derivative of the sum of all threshold sigmoids (:func:`auc_slope`,
+Table 1). :class:`WilcoxonLoss` is the batch-hard Wilcoxon–Mann–Whitney baseline of Eq. (11) (Sec.
+4.3.4).
 """
 
 from __future__ import annotations
@@ -20,43 +22,25 @@ import torch
 from scipy import integrate, optimize
 from scipy.special import expit
 
+from .._validation import Interval, check_choice, check_range_pair, check_scalar
 from .base import PairBatch, RankingLoss
 
 __all__ = ["AUCLoss", "WilcoxonLoss", "auc_slope", "auc_thresholds", "STRATEGIES"]
 
 STRATEGIES = ("hard", "all")
+_POSITIVE = Interval("real", 0, None, closed="neither")
 
 
 # ------------------------------------------------------------------------------------------------
 # threshold grid and the slope of Eq. (10)
 # ------------------------------------------------------------------------------------------------
 def _check_score_range(score_range: Sequence[float]) -> tuple[float, float]:
-    try:
-        t_min, t_max = (float(v) for v in score_range)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"`score_range` must be a pair (t_min, t_max) of numbers, got {score_range!r}."
-        ) from exc
-    if not (math.isfinite(t_min) and math.isfinite(t_max)) or t_min >= t_max:
-        raise ValueError(
-            f"`score_range` must be finite with t_min < t_max, got {score_range!r}; use (-1, 1) "
-            "for cosine similarity."
-        )
-    return t_min, t_max
+    return check_range_pair(score_range, "score_range")
 
 
 def _check_delta_s(delta_s: float, t_min: float, t_max: float) -> float:
-    try:
-        step = float(delta_s)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"`delta_s` must be a number, got {delta_s!r}.") from exc
-    width = t_max - t_min
-    if not (math.isfinite(step) and 0.0 < step < width):
-        raise ValueError(
-            f"`delta_s` must lie in (0, {width:g}) (the width of `score_range`), got {delta_s!r}; "
-            "the paper uses 0.05 on [-1, 1]."
-        )
-    return step
+    # a step as wide as the range would leave a single trapezoid (the paper uses 0.05 on [-1, 1])
+    return check_scalar(delta_s, "delta_s", Interval("real", 0, t_max - t_min, closed="neither"))
 
 
 def _n_steps(delta_s: float, t_min: float, t_max: float) -> int:
@@ -230,15 +214,13 @@ class AUCLoss(RankingLoss):
         similarity: str = "cosine",
     ) -> None:
         super().__init__(similarity)
-        if strategy not in STRATEGIES:
-            raise ValueError(f"`strategy` must be one of {STRATEGIES}, got {strategy!r}.")
+        self.strategy = check_choice(strategy, "strategy", STRATEGIES)
         self.t_min, self.t_max = _check_score_range(score_range)
         self.delta_s = _check_delta_s(delta_s, self.t_min, self.t_max)
         if slope is None:
             self.slope = auc_slope(self.delta_s, (self.t_min, self.t_max))
         else:
-            self.slope = _check_positive(slope, "slope")
-        self.strategy = strategy
+            self.slope = check_scalar(slope, "slope", _POSITIVE)
         self._thresholds = auc_thresholds(self.delta_s, (self.t_min, self.t_max))
 
     def relaxed_auc(self, pos_scores: torch.Tensor, neg_scores: torch.Tensor) -> torch.Tensor:
@@ -251,6 +233,7 @@ class AUCLoss(RankingLoss):
         return (0.5 * (tpr[:-1] + tpr[1:]) * (fpr[:-1] - fpr[1:])).sum()
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """The loss of a validated batch (see the class docstring)."""
         if self.strategy == "hard":
             pos_scores, neg_scores = _hardest_scores(batch)
         else:
@@ -262,6 +245,7 @@ class AUCLoss(RankingLoss):
         return 1.0 - area
 
     def extra_repr(self) -> str:
+        """The constructor arguments, shown by ``repr``."""
         return (
             f"delta_s={self.delta_s}, slope={self.slope:.4g}, strategy={self.strategy!r}, "
             f"score_range=({self.t_min}, {self.t_max}), similarity={self.similarity!r}"
@@ -269,8 +253,10 @@ class AUCLoss(RankingLoss):
 
 
 class WilcoxonLoss(RankingLoss):
-    """Batch-hard Wilcoxon loss (Gajić et al., Eq. 11), the sigmoid-relaxed Wilcoxon–Mann–Whitney
-    statistic over hardest positives × hardest negatives.
+    """Batch-hard Wilcoxon loss (Gajić et al., Eq. 11).
+
+    The sigmoid-relaxed Wilcoxon–Mann–Whitney statistic over hardest positives × hardest
+    negatives.
 
     L = 1 − (1 / N²) Σ_i Σ_j σ(r (f_{p_i} − f_{n_j})), f_{p_i} the hardest (lowest) positive score
     and f_{n_j} the hardest (highest) negative score of valid anchors i and j, N the number of
@@ -287,9 +273,10 @@ class WilcoxonLoss(RankingLoss):
 
     def __init__(self, slope: float = 1.0, similarity: str = "cosine") -> None:
         super().__init__(similarity)
-        self.slope = _check_positive(slope, "slope")
+        self.slope = check_scalar(slope, "slope", _POSITIVE)
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """The loss of a validated batch (see the class docstring)."""
         hardest_pos, hardest_neg = _hardest_scores(batch)
         statistic = torch.sigmoid(self.slope * (hardest_pos[:, None] - hardest_neg[None, :]))
         wmw = statistic.mean()
@@ -297,14 +284,5 @@ class WilcoxonLoss(RankingLoss):
         return 1.0 - wmw
 
     def extra_repr(self) -> str:
+        """The constructor arguments, shown by ``repr``."""
         return f"slope={self.slope:.4g}, similarity={self.similarity!r}"
-
-
-def _check_positive(value: float, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"`{name}` must be a positive number, got {value!r}.") from exc
-    if not (math.isfinite(v) and v > 0):
-        raise ValueError(f"`{name}` must be a finite number > 0, got {value!r}.")
-    return v

@@ -1,11 +1,12 @@
-"""Common machinery of every rankwise loss: input validation, the score matrix, positive / negative
-masks and the bookkeeping of skipped anchors.
+"""Common machinery of every rankwise loss: validation, score matrix, masks, skipped anchors.
 
-All ranking losses in rankwise follow the pytorch-metric-learning call signature
+Input validation, the score matrix, positive / negative masks and the bookkeeping of skipped
+anchors shared by the losses. All ranking losses in rankwise follow the pytorch-metric-learning call signature
 ``loss(embeddings, labels, ref_embeddings=None, ref_labels=None)``. Each row of ``embeddings`` is a
 query (anchor); it is ranked against ``ref_embeddings`` (a memory bank, a gallery) or, by default,
 against the other rows of the batch (its own row excluded). Scores are cosine similarities of the
-L2-normalized embeddings unless ``similarity="dot"`` (or ``"neg_euclidean"``) is configured.
+L2-normalized embeddings unless ``similarity="dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``)
+is configured; the names and the score matrix come from :mod:`rankwise.similarity`.
 Anchors without a positive or without a negative cannot be ranked; they are skipped and counted in
 ``loss.last_stats``, and a batch where no anchor can be ranked raises ``ValueError``.
 """
@@ -15,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .._validation import check_embeddings, check_labels
+from ..similarity import SIMILARITIES, check_similarity, similarity_matrix
 
 __all__ = [
     "SIMILARITIES",
@@ -29,26 +30,6 @@ __all__ = [
     "similarity_matrix",
     "validate_pair_inputs",
 ]
-
-SIMILARITIES = ("cosine", "dot", "neg_euclidean")
-
-
-def similarity_matrix(
-    queries: torch.Tensor, refs: torch.Tensor, similarity: str = "cosine"
-) -> torch.Tensor:
-    """Score matrix (n_queries, n_refs): higher means more similar."""
-    if similarity == "cosine":
-        unit_queries = F.normalize(queries, dim=1)
-        # a batch ranked against itself is normalized once (half the work, forward and backward)
-        unit_refs = unit_queries if refs is queries else F.normalize(refs, dim=1)
-        return unit_queries @ unit_refs.T
-    if similarity == "dot":
-        return queries @ refs.T
-    if similarity == "neg_euclidean":
-        # cdist has an unstable gradient at 0 distance; expand the square instead and clamp.
-        sq = (queries * queries).sum(1, keepdim=True) + (refs * refs).sum(1) - 2 * queries @ refs.T
-        return -sq.clamp_min(1e-12).sqrt()
-    raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
 
 
 def validate_pair_inputs(
@@ -87,7 +68,8 @@ def anchor_statistics(
     """Which anchors can be ranked, and the counts every loss reports in ``last_stats``.
 
     Args:
-        pos_mask, neg_mask: (B, M) bool masks of each anchor's positives / negatives.
+        pos_mask: (B, M) bool mask of each anchor's positives.
+        neg_mask: (B, M) bool mask of each anchor's negatives.
 
     Returns:
         ``valid`` (B,) bool (at least one positive and one negative) and the dict
@@ -170,18 +152,18 @@ class RankingLoss(nn.Module):
     """Base class: subclasses implement :meth:`compute` on a validated :class:`PairBatch`.
 
     Args:
-        similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (negative Euclidean
+            distance; alias ``"neg_euclidean"``).
     """
 
     def __init__(self, similarity: str = "cosine") -> None:
         super().__init__()
-        if similarity not in SIMILARITIES:
-            raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
-        self.similarity = similarity
+        self.similarity = check_similarity(similarity)  # "neg_euclidean" -> "euclidean"
         self.last_stats: dict[str, float] = {}
 
     # -- subclasses override -------------------------------------------------------------------
     def compute(self, batch: PairBatch) -> torch.Tensor:  # pragma: no cover - abstract
+        """The loss of a validated batch (implemented by every subclass)."""
         raise NotImplementedError
 
     # -- shared path -----------------------------------------------------------------------------
@@ -231,4 +213,5 @@ class RankingLoss(nn.Module):
         return self.compute(batch)
 
     def extra_repr(self) -> str:
+        """The similarity, shown in the module's repr."""
         return f"similarity={self.similarity!r}"

@@ -1,4 +1,6 @@
-"""Metric-learning baselines built from pytorch-metric-learning (PML, Musgrave et al., "A Metric
+"""Pairwise metric-learning baselines from pytorch-metric-learning, behind the rankwise call.
+
+The baselines are built from pytorch-metric-learning (PML, Musgrave et al., "A Metric
 Learning Reality Check", ECCV 2020), wrapped in the rankwise call contract
 ``loss(embeddings, labels, ref_embeddings=None, ref_labels=None)``. Nothing is re-implemented:
 the contrastive loss (Hadsell et al., CVPR 2006, in its cosine form with the margins of the XBM
@@ -9,17 +11,23 @@ around the contrastive loss all come from PML.
 Inputs are validated like every rankwise loss, anchors that cannot be ranked are counted in
 ``last_stats`` (a batch where none can be ranked raises ``ValueError``), and the XBM queue
 position is kept in registered buffers so ``state_dict()`` and ``.to()`` carry the whole memory.
+Scalar parameters are checked like every rankwise loss's (``rankwise._validation``). PML is the
+``baselines`` extra and is imported on the first baseline built, so users of the rankwise losses
+never load it.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+from types import ModuleType
 from typing import Any
 
 import torch
-from pytorch_metric_learning import distances, losses, miners
 from torch import nn
 
+from .._extras import require
+from .._validation import Interval, check_bool, check_choice, check_scalar
 from .base import anchor_statistics, raise_if_nothing_to_rank, validate_pair_inputs
 
 __all__ = [
@@ -43,34 +51,73 @@ _PML_COMMON_KEYS = (
 # Cosine contrastive margins of the XBM paper (Wang et al. 2020, Sec. 4.1): positives are pulled
 # to similarity 1, negatives are pushed below 0.5.
 _CONTRASTIVE_DEFAULTS = {"pos_margin": 1.0, "neg_margin": 0.5}
-_LOSS_CLASSES: dict[str, type] = {
-    "contrastive": losses.ContrastiveLoss,
-    "triplet": losses.TripletMarginLoss,
-    "triplet_semihard": losses.TripletMarginLoss,
-    "multi_similarity": losses.MultiSimilarityLoss,
-    "fastap": losses.FastAPLoss,
-    "xbm": losses.ContrastiveLoss,
+# baseline -> PML loss class name, and the miner class name of the mined baselines
+_LOSS_CLASSES = {
+    "contrastive": "ContrastiveLoss",
+    "triplet": "TripletMarginLoss",
+    "triplet_semihard": "TripletMarginLoss",
+    "multi_similarity": "MultiSimilarityLoss",
+    "fastap": "FastAPLoss",
+    "xbm": "ContrastiveLoss",
 }
-_MINER_CLASSES: dict[str, type] = {
-    "triplet": miners.BatchHardMiner,
-    "triplet_semihard": miners.TripletMarginMiner,
-    "multi_similarity": miners.MultiSimilarityMiner,
+_MINER_CLASSES = {
+    "triplet": "BatchHardMiner",
+    "triplet_semihard": "TripletMarginMiner",
+    "multi_similarity": "MultiSimilarityMiner",
 }
 _NO_REFERENCE_SET = {
     "fastap": "PML's FastAPLoss ranks each batch against itself only",
     "xbm": "the cross-batch memory is the reference set",
 }
+# Scalar parameters of the PML losses and miners, checked like every rankwise loss's: numpy
+# scalars accepted, bool never a number, NaN and inf never.
+_REAL = Interval("real")
+_NON_NEGATIVE = Interval("real", 0, None)
+_POSITIVE = Interval("real", 0, None, closed="neither")
+_SCALARS: dict[str, Interval] = {
+    "pos_margin": _REAL,
+    "neg_margin": _REAL,
+    "margin": _NON_NEGATIVE,
+    "alpha": _POSITIVE,
+    "beta": _POSITIVE,
+    "base": _REAL,
+    "num_bins": Interval("integer", 1, None),
+    "embedding_reg_weight": _NON_NEGATIVE,
+    "embedding_size": Interval("integer", 1, None),
+    "memory_size": Interval("integer", 1, None),
+    "epsilon": _NON_NEGATIVE,
+}
+_FLAGS = ("swap", "smooth_loss")
+_TRIPLET_TYPES = ("all", "hard", "semihard", "easy")
 
 
-def baseline_parameters(name: str) -> tuple[str, ...]:
-    """Keyword arguments :func:`baseline` accepts for baseline ``name`` (sorted)."""
-    _check_name(name)
-    signature = inspect.signature(_LOSS_CLASSES[name].__init__)
-    keys = {
+def _pml(submodule: str) -> ModuleType:
+    """A pytorch-metric-learning submodule (``losses``, ``miners``, ``distances``)."""
+    require(("pytorch_metric_learning",), "baselines", "the pytorch-metric-learning baselines")
+    return importlib.import_module(f"pytorch_metric_learning.{submodule}")
+
+
+def _named_parameters(cls: type) -> set[str]:
+    signature = inspect.signature(cls.__init__)
+    return {
         p.name
         for p in signature.parameters.values()
         if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
     }
+
+
+def baseline_parameters(name: str) -> tuple[str, ...]:
+    """Keyword arguments :func:`baseline` accepts for baseline ``name``.
+
+    Args:
+        name: one of :data:`BASELINES`.
+
+    Returns:
+        The sorted parameter names (the PML loss's, its base classes', ``miner_kwargs`` for the
+        mined baselines, ``embedding_size`` / ``memory_size`` for ``"xbm"``).
+    """
+    _check_name(name)
+    keys = _named_parameters(getattr(_pml("losses"), _LOSS_CLASSES[name]))
     keys.update(_PML_COMMON_KEYS)
     if name in _MINER_CLASSES:
         keys.add("miner_kwargs")
@@ -79,19 +126,39 @@ def baseline_parameters(name: str) -> tuple[str, ...]:
     return tuple(sorted(keys))
 
 
-def _check_miner_kwargs(name: str, miner_kwargs: dict[str, Any]) -> None:
-    signature = inspect.signature(_MINER_CLASSES[name].__init__)
-    valid = {
-        p.name
-        for p in signature.parameters.values()
-        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    } | {"distance", "collect_stats"}
+def _check_values(params: dict[str, Any], owner: str) -> dict[str, Any]:
+    """``params`` with every known scalar checked (and converted to a Python int / float)."""
+    checked = dict(params)
+    for key, value in params.items():
+        if key in _SCALARS:
+            checked[key] = check_scalar(value, key, _SCALARS[key])
+        elif key in _FLAGS:
+            checked[key] = check_bool(value, key)
+        elif key == "collect_stats" and value is not None:
+            checked[key] = check_bool(value, key)
+        elif key == "type_of_triplets":
+            checked[key] = check_choice(value, key, _TRIPLET_TYPES)
+        elif key == "triplets_per_anchor" and value != "all":
+            checked[key] = check_scalar(value, key, Interval("integer", 1, None))
+    return checked
+
+
+def _check_miner_kwargs(name: str, miner_kwargs: Any) -> dict[str, Any]:
+    if miner_kwargs is None:
+        return {}
+    if not isinstance(miner_kwargs, dict):
+        raise ValueError(f"`miner_kwargs` must be a dict, got {type(miner_kwargs).__name__}.")
+    if name not in _MINER_CLASSES:
+        raise ValueError(f"baseline {name!r} has no miner; drop `miner_kwargs`.")
+    miner_class = getattr(_pml("miners"), _MINER_CLASSES[name])
+    valid = _named_parameters(miner_class) | {"distance", "collect_stats"}
     for key in miner_kwargs:
         if key not in valid:
             raise ValueError(
                 f"baseline {name!r} got an unknown miner parameter {key!r} in `miner_kwargs`; "
                 f"valid miner parameters: {', '.join(sorted(valid))}."
             )
+    return _check_values(miner_kwargs, name)
 
 
 def _check_name(name: str) -> None:
@@ -198,6 +265,7 @@ class PMLBaseline(nn.Module):
         return self.loss(emb, lab, indices_tuple, ref, ref_lab)
 
     def extra_repr(self) -> str:
+        """The constructor arguments, shown by ``repr``."""
         return f"name={self.name!r}"
 
 
@@ -215,9 +283,10 @@ class CrossBatchMemoryBaseline(PMLBaseline):
     ``last_stats`` adds ``n_memory_items``; the anchor counts are taken against the memory actually
     used (after this batch is enqueued, the anchor's own slot excluded). A batch where no anchor
     has both a positive and a negative in the memory raises ``ValueError`` after it was enqueued.
+    In eval mode the memory is frozen: the batch is ranked against it and not enqueued.
     """
 
-    def __init__(self, name: str, memory: losses.CrossBatchMemory) -> None:
+    def __init__(self, name: str, memory: nn.Module) -> None:
         super().__init__(name, memory, None, _NO_REFERENCE_SET["xbm"])
         self.register_buffer("memory_queue_index", torch.zeros((), dtype=torch.int64))
         self.register_buffer("memory_filled", torch.zeros((), dtype=torch.int64))
@@ -243,8 +312,8 @@ class CrossBatchMemoryBaseline(PMLBaseline):
         Args:
             embeddings: (B, embedding_size) float tensor, B <= memory_size.
             labels: (B,) integer class ids.
-            ref_embeddings, ref_labels: not supported (``ValueError``); the memory is the
-                reference set.
+            ref_embeddings: not supported (``ValueError``); the memory is the reference set.
+            ref_labels: likewise.
 
         Returns:
             A scalar tensor.
@@ -263,6 +332,8 @@ class CrossBatchMemoryBaseline(PMLBaseline):
             )
         xbm.queue_idx = int(self.memory_queue_index)
         xbm.has_been_filled = bool(self.memory_filled)
+        if not self.training:
+            return self._frozen_forward(emb, lab)
         value = xbm(emb, lab)
         self.memory_queue_index.fill_(int(xbm.queue_idx))
         self.memory_filled.fill_(int(xbm.has_been_filled))
@@ -274,6 +345,22 @@ class CrossBatchMemoryBaseline(PMLBaseline):
         self.last_stats["n_memory_items"] = int(n_memory)
         self._raise_if_nothing_to_rank(n_valid, lab)
         return value
+
+    def _frozen_forward(self, emb: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
+        """Eval mode: the batch is ranked against the memory and never enqueued."""
+        xbm = self.loss
+        n_memory = xbm.memory_size if xbm.has_been_filled else xbm.queue_idx
+        # the counts first: an empty or one-class memory is an error before PML is called
+        n_valid = self._count_anchors(lab, xbm.label_memory[:n_memory].to(lab.device), None)
+        self.last_stats["n_memory_items"] = int(n_memory)
+        self._raise_if_nothing_to_rank(n_valid, lab)
+        nothing = torch.zeros(emb.shape[0], dtype=torch.bool, device=emb.device)
+        try:
+            return xbm(emb, lab, enqueue_mask=nothing)
+        finally:
+            # PML's bookkeeping counts an empty enqueue as a wrap-around ("memory full"): undo
+            xbm.queue_idx = int(self.memory_queue_index)
+            xbm.has_been_filled = bool(self.memory_filled)
 
 
 def baseline(name: str, **kw: Any) -> nn.Module:
@@ -309,44 +396,36 @@ def baseline(name: str, **kw: Any) -> nn.Module:
                 f"baseline {name!r} got an unknown parameter {key!r}; valid parameters: "
                 f"{', '.join(valid)}."
             )
-    kw = dict(kw)
-    miner_kwargs = kw.pop("miner_kwargs", None) or {}
-    if not isinstance(miner_kwargs, dict):
-        raise ValueError(f"`miner_kwargs` must be a dict, got {type(miner_kwargs).__name__}.")
-    miner_kwargs = dict(miner_kwargs)
+    kw = _check_values(dict(kw), name)
+    miner_kwargs = _check_miner_kwargs(name, kw.pop("miner_kwargs", None))
+    loss_kwargs: dict[str, Any] = {}
     if name in ("contrastive", "xbm"):
-        loss_kwargs = {**_CONTRASTIVE_DEFAULTS, "distance": distances.CosineSimilarity()}
-    else:
-        loss_kwargs = {}
+        loss_kwargs = {**_CONTRASTIVE_DEFAULTS, "distance": _pml("distances").CosineSimilarity()}
     if name == "xbm":
-        embedding_size = kw.pop("embedding_size", None)
-        memory_size = kw.pop("memory_size", 1024)
-        if (
-            isinstance(embedding_size, bool)
-            or not isinstance(embedding_size, int)
-            or embedding_size < 1
-        ):
-            raise ValueError(
-                f"baseline 'xbm' needs `embedding_size`, a positive int (the embedding "
-                f"dimension), got {embedding_size!r}."
-            )
-        if isinstance(memory_size, bool) or not isinstance(memory_size, int) or memory_size < 1:
-            raise ValueError(f"`memory_size` must be a positive int, got {memory_size!r}.")
+        return _cross_batch_memory(name, loss_kwargs, kw)
     loss_kwargs.update(kw)
-    loss = _LOSS_CLASSES[name](**loss_kwargs)
-    if name == "xbm":
-        memory = losses.CrossBatchMemory(loss, embedding_size, memory_size=memory_size)
-        return CrossBatchMemoryBaseline(name, memory)
+    loss = getattr(_pml("losses"), _LOSS_CLASSES[name])(**loss_kwargs)
     miner = None
-    if miner_kwargs:
-        _check_miner_kwargs(name, miner_kwargs)
-    if name == "triplet":
-        miner = miners.BatchHardMiner(**miner_kwargs)
-    elif name == "triplet_semihard":
+    if name == "triplet_semihard":
         # Semi-hard is defined relative to the loss margin, so the miner uses the same margin.
         miner_kwargs.setdefault("margin", loss.margin)
         miner_kwargs.setdefault("type_of_triplets", "semihard")
-        miner = miners.TripletMarginMiner(**miner_kwargs)
-    elif name == "multi_similarity":
-        miner = miners.MultiSimilarityMiner(**miner_kwargs)
+    if name in _MINER_CLASSES:
+        miner = getattr(_pml("miners"), _MINER_CLASSES[name])(**miner_kwargs)
     return PMLBaseline(name, loss, miner, _NO_REFERENCE_SET.get(name))
+
+
+def _cross_batch_memory(
+    name: str, loss_kwargs: dict[str, Any], kw: dict[str, Any]
+) -> CrossBatchMemoryBaseline:
+    """XBM: a cosine contrastive loss inside PML's ``CrossBatchMemory``."""
+    embedding_size = kw.pop("embedding_size", None)
+    if embedding_size is None:
+        raise ValueError(
+            "baseline 'xbm' needs `embedding_size`, a positive int (the embedding dimension)."
+        )
+    memory_size = kw.pop("memory_size", 1024)
+    pml_losses = _pml("losses")
+    loss = pml_losses.ContrastiveLoss(**{**loss_kwargs, **kw})
+    memory = pml_losses.CrossBatchMemory(loss, embedding_size, memory_size=memory_size)
+    return CrossBatchMemoryBaseline(name, memory)

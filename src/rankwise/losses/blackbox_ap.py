@@ -1,4 +1,6 @@
-"""BlackBox-AP: average precision from exact ranks, differentiated with blackbox differentiation of
+"""BlackBox-AP: average precision from exact ranks with a blackbox-differentiated ranking.
+
+Average precision from exact ranks, differentiated with blackbox differentiation of
 the ranking function, after Rolínek, Musil, Paulus, Vlastelica, Michaelis and Martius, "Optimizing
 Rank-based Metrics with Blackbox Differentiation" (CVPR 2020), Sec. 3 and 4. The ranking
 ``rk(s) = argmin_π <s, π>`` is piecewise constant; its blackbox gradient (Vlastelica et al.,
@@ -22,6 +24,7 @@ import math
 
 import torch
 
+from .._validation import Interval, check_scalar
 from .base import PairBatch, RankingLoss
 
 __all__ = ["BlackBoxAPLoss", "BlackBoxAP", "BlackBoxRank", "normalized_ranks"]
@@ -48,8 +51,10 @@ def normalized_ranks(scores: torch.Tensor) -> torch.Tensor:
 def _ranks_and_positive_ranks(
     scores: torch.Tensor, pos_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalised ranks among all columns and, on positive columns, among the positives only
-    (0 elsewhere); both divided by the row length ``M``."""
+    """Normalised ranks among all columns and, on positive columns, among the positives only.
+
+    Both are divided by the row length ``M``; the second is 0 off the positives.
+    """
     rank_all = normalized_ranks(scores)
     # Rank among positives = rank of the positive's overall rank among the positives; the
     # non-positives get +inf keys and sink below every positive.
@@ -59,8 +64,9 @@ def _ranks_and_positive_ranks(
 
 
 class BlackBoxRank(torch.autograd.Function):
-    """Exact normalised ranks with the blackbox-differentiation backward pass (the authors'
-    ``TrueRanker``), a building block for losses of the ranks.
+    """Exact normalised ranks with the blackbox-differentiation backward pass.
+
+    The authors' ``TrueRanker``, a building block for losses of the ranks.
 
     ``BlackBoxRank.apply(scores (B, M), lambda_val: float) -> ranks (B, M)``; the backward pass
     returns ``-(rk(s) - rk(s + λ · grad_output)) / λ`` for ``scores`` and nothing for ``λ``.
@@ -70,6 +76,7 @@ class BlackBoxRank(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, scores: torch.Tensor, lambda_val: float) -> torch.Tensor:
+        """The normalised ranks of ``scores`` (B, M) within each row."""
         ranks = normalized_ranks(scores)
         ctx.lambda_val = lambda_val
         ctx.save_for_backward(scores, ranks)
@@ -77,6 +84,7 @@ class BlackBoxRank(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
+        """``-(rk(s) - rk(s + λ · grad_output)) / λ`` for the scores."""
         scores, ranks = ctx.saved_tensors
         perturbed_ranks = normalized_ranks(scores + ctx.lambda_val * grad_output)
         return -(ranks - perturbed_ranks) / ctx.lambda_val, None
@@ -109,6 +117,7 @@ class BlackBoxAP(torch.autograd.Function):
     def forward(
         ctx, scores: torch.Tensor, pos_mask: torch.Tensor, lambda_val: float
     ) -> torch.Tensor:
+        """Per-row AP of the margin-shifted ``scores`` with positives ``pos_mask``."""
         rank_all, rank_pos = _ranks_and_positive_ranks(scores, pos_mask)
         n_pos = pos_mask.sum(1).to(scores.dtype)
         precision_at_positive = torch.where(pos_mask, rank_pos / rank_all, 0)
@@ -118,6 +127,7 @@ class BlackBoxAP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_ap: torch.Tensor):
+        """The blackbox gradient of each row's ``1 - AP`` (see the class docstring)."""
         scores, pos_mask, rank_all, rank_pos = ctx.saved_tensors
         lam = ctx.lambda_val
         n_pos = pos_mask.sum(1, keepdim=True).to(scores.dtype)
@@ -158,16 +168,13 @@ class BlackBoxAPLoss(RankingLoss):
         self, lambda_val: float = 1.0, margin: float = 0.02, similarity: str = "cosine"
     ) -> None:
         super().__init__(similarity)
-        if not (
-            isinstance(lambda_val, (int, float)) and math.isfinite(lambda_val) and lambda_val > 0
-        ):
-            raise ValueError(f"`lambda_val` must be a finite number > 0, got {lambda_val!r}.")
-        if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
-            raise ValueError(f"`margin` must be a finite number >= 0, got {margin!r}.")
-        self.lambda_val = float(lambda_val)
-        self.margin = float(margin)
+        self.lambda_val = float(
+            check_scalar(lambda_val, "lambda_val", Interval("real", 0, None, closed="neither"))
+        )
+        self.margin = float(check_scalar(margin, "margin", Interval("real", 0, None)))
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """The loss of a validated batch (see the class docstring)."""
         b = batch.restrict_to_valid()
         ranked = b.pos_mask | b.neg_mask
         scores = b.scores
@@ -184,4 +191,5 @@ class BlackBoxAPLoss(RankingLoss):
         return 1 - ap.mean()
 
     def extra_repr(self) -> str:
+        """The constructor arguments, shown by ``repr``."""
         return f"lambda_val={self.lambda_val}, margin={self.margin}, similarity={self.similarity!r}"

@@ -1,23 +1,23 @@
-"""DIR loss: average precision over a quantized, histogram-binned ranking, after Revaud, Almazán,
-Rezende and de Souza, "Learning with Average Precision: Training Image Retrieval with a Listwise
-Loss" (ICCV 2019), Sec. 3 (quantization function and quantized AP, AP_Q). The score range is
-split into ``M`` bins with centres ``b_1 > ... > b_M`` and every score is spread over its two
-nearest bins by the triangular kernel ``δ(s, m) = max(0, 1 - |s - b_m| (M - 1) / (hi - lo))``.
-Per anchor, with
-``P_m = Σ_pos δ`` and ``N_m = Σ_{pos ∪ neg} δ``, the quantized precision and incremental recall
-are ``prec_m = Σ_{m' ≤ m} P_m' / Σ_{m' ≤ m} N_m'`` and ``r_m = P_m / |pos|``, and
-``AP_Q = Σ_m prec_m r_m``; the loss is ``1 - mean AP_Q``. As in the authors' released
-``APLoss`` (naver/deep-image-retrieval), the top and bottom bins are half-open, so a score above
-``hi`` (below ``lo``) is counted fully in the top (bottom) bin and the kernel weights of every
-score sum to 1 whatever the similarity.
+"""DIR loss: average precision over a quantized, histogram-binned ranking.
+
+After Revaud, Almazán, Rezende and de Souza, "Learning with Average Precision: Training Image
+Retrieval with a Listwise Loss" (ICCV 2019), Sec. 3 (quantization function and quantized AP, AP_Q).
+The score range is split into ``M`` bins with centres ``b_1 > ... > b_M`` and every score is spread
+over its two nearest bins by the triangular kernel
+``δ(s, m) = max(0, 1 - |s - b_m| (M - 1) / (hi - lo))``. Per anchor, with ``P_m = Σ_pos δ`` and
+``N_m = Σ_{pos ∪ neg} δ``, the quantized precision and incremental recall are
+``prec_m = Σ_{m' ≤ m} P_m' / Σ_{m' ≤ m} N_m'`` and ``r_m = P_m / |pos|``, and
+``AP_Q = Σ_m prec_m r_m``; the loss is ``1 - mean AP_Q``. As in the authors' released ``APLoss``
+(naver/deep-image-retrieval), the top and bottom bins are half-open, so a score above ``hi`` (below
+``lo``) is counted fully in the top (bottom) bin and the kernel weights of every score sum to 1
+whatever the similarity.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .._validation import Interval, check_range_pair, check_scalar
 from .base import PairBatch, RankingLoss
 
 __all__ = ["DIRLoss", "quantized_average_precision", "triangular_bin_weights"]
@@ -106,20 +106,11 @@ class DIRLoss(RankingLoss):
         similarity: str = "cosine",
     ) -> None:
         super().__init__(similarity)
-        if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 2:
-            raise ValueError(f"`num_bins` must be an integer >= 2, got {num_bins!r}.")
-        try:
-            lo, hi = (float(v) for v in score_range)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"`score_range` must be a pair (lo, hi) of numbers, got {score_range!r}."
-            ) from exc
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-            raise ValueError(f"`score_range` must be finite with lo < hi, got {score_range!r}.")
-        self.num_bins = num_bins
-        self.score_range = (lo, hi)
+        self.num_bins = check_scalar(num_bins, "num_bins", Interval("integer", 2, None))
+        self.score_range = check_range_pair(score_range, "score_range")
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """The loss of a validated batch (see the class docstring)."""
         b = batch.restrict_to_valid()
         ap = quantized_average_precision(
             b.scores, b.pos_mask, b.neg_mask, self.num_bins, self.score_range
@@ -128,6 +119,7 @@ class DIRLoss(RankingLoss):
         return 1 - ap.mean()
 
     def extra_repr(self) -> str:
+        """The constructor arguments, shown by ``repr``."""
         return (
             f"num_bins={self.num_bins}, score_range={self.score_range}, "
             f"similarity={self.similarity!r}"

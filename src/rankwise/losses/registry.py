@@ -1,5 +1,6 @@
-"""Name-based construction of every loss the trainer can use: the rankwise ranking losses (SOPRC
-with its semi-variance regularizer, Wen et al., NeurIPS 2022, Alg. 1 and Eq. 9; the biased AP
+"""Name-based construction of every loss the trainer can use.
+
+The rankwise ranking losses (SOPRC with its semi-variance regularizer, Wen et al., NeurIPS 2022, Alg. 1 and Eq. 9; the biased AP
 baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon loss, Eq. 11; Smooth-AP;
 DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020) and the
 pytorch-metric-learning baselines of :mod:`rankwise.losses.baselines`. Parameters are checked
@@ -16,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from .._validation import Interval, check_scalar
 from .baselines import BASELINES, baseline, baseline_parameters
 
 __all__ = ["LOSSES", "build_loss", "loss_parameters"]
@@ -86,8 +88,11 @@ def _keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspec
 
 
 def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded) and, through its **kwargs,
-    by ``SOPRCLoss.__init__``; ``semi_variance`` is replaced by ``semi_variance_weights``."""
+    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded).
+
+    Through its ``**kwargs`` also those of ``SOPRCLoss.__init__``; ``semi_variance`` is replaced
+    by ``semi_variance_weights``.
+    """
     named, var_kw = _keyword_parameters(cls.from_labels, skip=1)
     if var_kw:
         init_named, var_kw = _keyword_parameters(cls.__init__)
@@ -131,8 +136,10 @@ def _with_context(
     context: dict[str, Any],
     required_from: dict[str, inspect.Parameter] | None = None,
 ) -> dict[str, Any]:
-    """Fill constructor parameters named like a context argument, then check that the required
-    parameters of ``required_from`` (default ``named``) are all given."""
+    """Fill constructor parameters named like a context argument, then check the required ones.
+
+    The required parameters are those of ``required_from`` (default ``named``).
+    """
     filled = dict(params)
     for param_name, context_name in _CONTEXT_NAMES.items():
         if param_name in named and param_name not in filled and context[context_name] is not None:
@@ -205,6 +212,25 @@ def build_loss(
     return cls(**_with_context(name, named, params, context))
 
 
+def _check_weight_pair(weights: Any) -> tuple[float, float]:
+    """``semi_variance_weights``: a pair of finite numbers >= 0 (numpy scalars accepted)."""
+    message = (
+        "loss 'soprc': `semi_variance_weights` must be a pair (lambda_pos, lambda_neg) of finite "
+        f"numbers >= 0, or None, got {weights!r}."
+    )
+    if isinstance(weights, (str, bytes)):
+        raise ValueError(message)
+    try:
+        pair = [
+            check_scalar(w, "semi_variance_weights", Interval("real", 0, None)) for w in weights
+        ]
+    except (TypeError, ValueError):
+        raise ValueError(message) from None
+    if len(pair) != 2:
+        raise ValueError(message)
+    return float(pair[0]), float(pair[1])
+
+
 def _build_soprc(
     cls: type, train_labels: Any, params: dict[str, Any], context: dict[str, Any]
 ) -> nn.Module:
@@ -225,16 +251,9 @@ def _build_soprc(
         )
     if not var_kw:
         _reject_unknown("soprc", params, (*named, "semi_variance_weights"))
-    if weights is None:
-        regularizer = None
-    else:
-        try:
-            lambda_pos, lambda_neg = (float(w) for w in weights)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                "loss 'soprc': `semi_variance_weights` must be a pair (lambda_pos, lambda_neg) "
-                f"of numbers or None, got {weights!r}."
-            ) from exc
+    regularizer = None
+    if weights is not None:
+        lambda_pos, lambda_neg = _check_weight_pair(weights)
         regularizer = SemiVarianceRegularizer(lambda_pos, lambda_neg)
     # from_labels derives the rest of SOPRCLoss's required arguments from the labels.
     from_labels_named, _ = _keyword_parameters(cls.from_labels, skip=1)

@@ -1,4 +1,6 @@
-"""Smooth-AP of Brown, Xie, Kalogeiton and Zisserman, *Smooth-AP: Smoothing the Path Towards
+"""Smooth-AP: average precision with sigmoid-relaxed ranks (Brown et al., ECCV 2020).
+
+Smooth-AP of Brown, Xie, Kalogeiton and Zisserman, *Smooth-AP: Smoothing the Path Towards
 Large-Scale Image Retrieval* (ECCV 2020): the average precision of each anchor's ranking, AP_q =
 (1/|P_q|) Σ_{i∈P_q} R(i, P_q) / R(i, Ω_q) (Eq. 3), with the indicator of "j ranked above i" in both
 ranks replaced by the sigmoid G(s_j − s_i; τ) = sigmoid((s_j − s_i)/τ) (Eq. 5–6). This version is
@@ -10,10 +12,9 @@ the samples per class and includes each query in its own ranking.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .._validation import Interval, check_scalar
 from .base import PairBatch, RankingLoss
 
 __all__ = ["SmoothAPLoss"]
@@ -45,15 +46,9 @@ class SmoothAPLoss(RankingLoss):
 
     def __init__(self, temperature: float = 0.01, similarity: str = "cosine") -> None:
         super().__init__(similarity)
-        try:
-            tau = float(temperature)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"`temperature` must be a positive number, got {temperature!r}."
-            ) from exc
-        if not (math.isfinite(tau) and tau > 0):
-            raise ValueError(f"`temperature` must be a finite number > 0, got {temperature!r}.")
-        self.temperature = tau
+        self.temperature = check_scalar(
+            temperature, "temperature", Interval("real", 0, None, closed="neither")
+        )
 
     def smooth_average_precision(self, batch: PairBatch) -> torch.Tensor:
         """(N,) relaxed AP of each valid anchor, in the order of ``batch.valid``'s True entries."""
@@ -76,10 +71,12 @@ class SmoothAPLoss(RankingLoss):
         return ap_sum / pos_mask.sum(dim=1).to(scores.dtype)
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
+        """The loss of a validated batch (see the class docstring)."""
         ap = self.smooth_average_precision(batch)
         mean_ap = ap.mean()
         self.last_stats["mean_smooth_ap"] = float(mean_ap.detach())
         return 1.0 - mean_ap
 
     def extra_repr(self) -> str:
+        """The constructor arguments, shown by ``repr``."""
         return f"temperature={self.temperature:g}, similarity={self.similarity!r}"

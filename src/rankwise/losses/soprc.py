@@ -317,7 +317,7 @@ class _PairScores:
 
     def __call__(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         a, b = self.emb[rows], self.ref[cols]
-        if self.similarity == "neg_euclidean":
+        if self.similarity == "euclidean":  # the canonical name (rankwise.similarity)
             return -(a - b).norm(dim=1)
         return (a * b).sum(1)
 

@@ -1,7 +1,7 @@
 """Counting kernels behind the exact, tie-aware retrieval metrics.
 
 Tie-aware average precision (McSherry & Najork 2008; He et al., "Hashing as Tie-Aware Learning to
-Rank", CVPR 2018, Prop. 1 / Eq. 6 with the errata's per-position form) decomposes additively over
+Rank", CVPR 2018, Prop. 1 / Eq. 6 in the per-position form of docs/errata.md) decomposes additively over
 tie groups, and a tie group holding no relevant item contributes nothing. So for one query the
 whole ranking is summarised, for every distinct score value ``v`` held by a relevant item, by three
 counts: the number of items scoring strictly higher than ``v`` (``N_{d-1}`` in the paper), the
@@ -21,10 +21,17 @@ Two interchangeable producers of the counts live here:
 
 Both return the same integers in the same order (groups by decreasing score value), so every metric
 derived from them is bit-identical between the two paths.
+
+:func:`relevant_group_counts_from_lists` also takes an *approximate* block with a per-row error
+bound (``bound=``, see :mod:`rankwise.metrics._scores`) and a callback for exact keys: the same
+one pass then lists the items within twice the bound of a relevant value, asks for their exact
+keys (and those of relevant items whose order or ties are uncertain), and returns the counts of
+the exact keys. This is the interface between "scores for a block" and "counts from scores".
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +47,7 @@ __all__ = [
     "relevant_group_counts_torch",
     "relevant_group_counts_from_lists",
     "relevant_lists_from_classes",
+    "relevant_lists_from_mask",
     "BUCKETS_PER_VALUE",
 ]
 
@@ -123,6 +131,68 @@ def _n_strictly_above(distinct, s, lo, hi):  # pragma: no cover - numba
     return lo
 
 
+@njit(cache=True)
+def _distinct_descending(vals):  # pragma: no cover - numba
+    """Distinct values of the ascending ``vals``, decreasing, with their multiplicities."""
+    n = vals.shape[0]
+    distinct = np.empty(n, dtype=vals.dtype)
+    count = np.zeros(n, dtype=np.int64)
+    m = 0
+    for t in range(n - 1, -1, -1):
+        v = vals[t]
+        if m > 0 and distinct[m - 1] == v:
+            count[m - 1] += 1
+        else:
+            distinct[m] = v
+            count[m] = 1
+            m += 1
+    return distinct, count, m
+
+
+@njit(cache=True)
+def _bucket_table(values, m, buckets_per_value):  # pragma: no cover - numba
+    """Bucket table over the decreasing ``values[:m]`` (duplicates allowed).
+
+    Bucket b holds ``values[first[b]:first[b + 1]]``. A score in bucket b lies below every value of
+    the earlier buckets and above those of the later ones (monotone bucketing), so only its own
+    bucket's few values need a search.
+    """
+    top = np.float64(values[0])
+    n_buckets = max(1, min(buckets_per_value * m, _MAX_BUCKETS))
+    value_span = top - np.float64(values[m - 1])
+    scale = n_buckets / value_span if value_span > 0.0 else 0.0
+    if not scale < np.inf:  # a span of subnormals: one bucket, a plain binary search
+        scale = 0.0
+    last_bucket = np.float64(n_buckets - 1)
+    first = np.zeros(n_buckets + 1, dtype=np.int64)
+    for k in range(m):
+        first[_bucket_of(np.float64(values[k]), top, scale, last_bucket) + 1] += 1
+    for b in range(n_buckets):
+        first[b + 1] += first[b]
+    return first, top, scale, last_bucket
+
+
+@njit(cache=True, inline="always")
+def _n_above(values, first, top, scale, last_bucket, s):  # pragma: no cover - numba
+    """Number of the decreasing ``values`` strictly greater than ``s`` (through the table)."""
+    b = _bucket_of(np.float64(s), top, scale, last_bucket)
+    return _n_strictly_above(values, s, first[b], first[b + 1])
+
+
+@njit(cache=True)
+def _write_groups(
+    start, m, between, equal, rel_count, greater, size, n_relevant
+):  # pragma: no cover - numba
+    """Counts of the m groups of one row from items strictly between / equal to each value."""
+    above = 0
+    for k in range(m):
+        above += between[k]
+        greater[start + k] = above
+        size[start + k] = equal[k]
+        n_relevant[start + k] = rel_count[k]
+        above += equal[k]
+
+
 @njit(parallel=True, cache=True)
 def _group_counts_kernel(
     scores, rel_ptr, rel_cols, self_index, buckets_per_value, greater, size, n_relevant, n_groups
@@ -132,49 +202,24 @@ def _group_counts_kernel(
         start = rel_ptr[i]
         n_rel = rel_ptr[i + 1] - start
         skip = self_index[i]
+        n_groups[i] = 0
         if n_rel == 0:
-            n_groups[i] = 0
             continue
         # The distinct relevant values, decreasing, and how many relevant items hold each.
         vals = np.empty(n_rel, dtype=scores.dtype)
         for c in range(n_rel):
             vals[c] = scores[i, rel_cols[start + c]]
         vals.sort()
-        distinct = np.empty(n_rel, dtype=scores.dtype)
-        rel_count = np.zeros(n_rel, dtype=np.int64)
-        m = 0
-        for t in range(n_rel - 1, -1, -1):
-            v = vals[t]
-            if m > 0 and distinct[m - 1] == v:
-                rel_count[m - 1] += 1
-            else:
-                distinct[m] = v
-                rel_count[m] = 1
-                m += 1
+        distinct, rel_count, m = _distinct_descending(vals)
         lowest = distinct[m - 1]
-        # Bucket table over [lowest, top]: bucket b holds distinct[first[b]:first[b + 1]]. An item
-        # in bucket b lies below every value of the earlier buckets and above those of the later
-        # ones (monotone bucketing), so only its own bucket's few values need a search.
-        top = np.float64(distinct[0])
-        n_buckets = max(1, min(buckets_per_value * m, _MAX_BUCKETS))
-        value_span = top - np.float64(lowest)
-        scale = n_buckets / value_span if value_span > 0.0 else 0.0
-        if not scale < np.inf:  # a span of subnormals: one bucket, a plain binary search
-            scale = 0.0
-        last_bucket = np.float64(n_buckets - 1)
-        first = np.zeros(n_buckets + 1, dtype=np.int64)
-        for k in range(m):
-            first[_bucket_of(np.float64(distinct[k]), top, scale, last_bucket) + 1] += 1
-        for b in range(n_buckets):
-            first[b + 1] += first[b]
+        first, top, scale, last_bucket = _bucket_table(distinct, m, buckets_per_value)
         between = np.zeros(m, dtype=np.int64)  # items strictly between distinct[k-1] and [k]
         equal = np.zeros(m, dtype=np.int64)
         for j in range(n_items):
             s = scores[i, j]
             if s < lowest:
                 continue
-            b = _bucket_of(np.float64(s), top, scale, last_bucket)
-            lo = _n_strictly_above(distinct, s, first[b], first[b + 1])
+            lo = _n_above(distinct, first, top, scale, last_bucket, s)
             if distinct[lo] == s:
                 equal[lo] += 1
             else:
@@ -186,13 +231,207 @@ def _group_counts_kernel(
                 equal[lo] -= 1
             else:
                 between[lo] -= 1
-        above = 0
-        for k in range(m):
-            above += between[k]
-            greater[start + k] = above
-            size[start + k] = equal[k]
-            n_relevant[start + k] = rel_count[k]
-            above += equal[k]
+        _write_groups(start, m, between, equal, rel_count, greater, size, n_relevant)
+        n_groups[i] = m
+
+
+# ----------------------------------------------------------------------------------------------
+# counts of the exact keys from an approximate block (see rankwise.metrics._scores)
+#
+# Phase A (_approx_pass_kernel): per row, the relevant items sorted by approximate value; runs of
+# them closer than 2 * bound (their order or ties are uncertain); every other item either lies more
+# than 2 * bound away from every relevant value -- then the number p of relevant items above it is
+# certain and it is tallied in gap[p] -- or it is "ambiguous": listed with the window [a, b) of
+# relevant positions it is close to. Phase B (the caller): exact keys of the ambiguous items and of
+# the relevant items that need one (in a run, or in an ambiguous item's window). Phase C
+# (_verified_groups_kernel): runs re-sorted by exact key, groups of equal keys, ambiguous items
+# placed by exact comparison, certain items by their gap: the counts of the exact keys.
+# ----------------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def _sorted_relevant(scores, i, rel_cols, start, n_rel, order):  # pragma: no cover - numba
+    """Approximate values of row i's relevant items, decreasing; their columns go to ``order``."""
+    vals = np.empty(n_rel)
+    for c in range(n_rel):
+        vals[c] = np.float64(scores[i, rel_cols[start + c]])
+    idx = np.argsort(vals)
+    sv = np.empty(n_rel)
+    for t in range(n_rel):
+        sv[t] = vals[idx[n_rel - 1 - t]]
+        order[start + t] = rel_cols[start + idx[n_rel - 1 - t]]
+    return sv
+
+
+@njit(cache=True)
+def _mark_runs(sv, two_e, start, run_start, need):  # pragma: no cover - numba
+    """Runs of relevant positions whose neighbours are within 2 * bound: all need exact keys."""
+    for t in range(sv.shape[0]):
+        run_start[start + t] = t == 0 or sv[t - 1] - sv[t] > two_e
+        need[start + t] = False
+    for t in range(1, sv.shape[0]):
+        if not run_start[start + t]:
+            need[start + t - 1] = True
+            need[start + t] = True
+
+
+@njit(cache=True)
+def _scan_row(
+    scores, i, sv, table, two_e, rel_cols, start, skip, need, gap, gap_base, slots, amb
+):  # pragma: no cover - numba
+    """Tally the certain items of row i in ``gap``; list the ambiguous ones; return their count."""
+    first, top, scale, last_bucket = table
+    amb_col, amb_lo, amb_hi = amb
+    n_rel = sv.shape[0]
+    low_cut = sv[n_rel - 1] - two_e
+    # the cut in the scores' own dtype, rounded down: a cheaper first test that is still certain
+    cut = np.empty(1, dtype=scores.dtype)
+    cut[0] = low_cut
+    if np.float64(cut[0]) > low_cut:
+        cut[0] = np.nextafter(cut[0], -np.inf)
+    native_cut = cut[0]
+    next_rel = start  # relevant columns are increasing: skip them with a moving pointer
+    slot_lo, slot_hi = slots
+    n_amb = 0
+    for j in range(scores.shape[1]):
+        if scores[i, j] < native_cut:  # below every relevant value, certainly (never relevant)
+            continue
+        s = np.float64(scores[i, j])
+        if s < low_cut:
+            continue
+        if next_rel < start + n_rel and rel_cols[next_rel] == j:
+            next_rel += 1
+            continue
+        if j == skip:
+            continue
+        a = _n_above(sv, first, top, scale, last_bucket, s + two_e)
+        if a < n_rel and sv[a] >= s - two_e:
+            b = a + 1
+            while b < n_rel and sv[b] >= s - two_e:
+                b += 1
+            for t in range(a, b):
+                need[start + t] = True
+            if slot_lo + n_amb < slot_hi:
+                amb_col[slot_lo + n_amb] = j
+                amb_lo[slot_lo + n_amb] = a
+                amb_hi[slot_lo + n_amb] = b
+            n_amb += 1
+        else:
+            gap[gap_base + a] += 1
+    return n_amb
+
+
+@njit(parallel=True, cache=True)
+def _approx_pass_kernel(
+    scores,
+    bound,
+    rel_ptr,
+    rel_cols,
+    self_index,
+    buckets_per_value,
+    order,
+    run_start,
+    need,
+    gap,
+    amb_count,
+    amb_ptr,
+    amb_col,
+    amb_lo,
+    amb_hi,
+):  # pragma: no cover - numba
+    for i in prange(scores.shape[0]):
+        start = rel_ptr[i]
+        n_rel = rel_ptr[i + 1] - start
+        amb_count[i] = 0
+        for t in range(n_rel + 1):
+            gap[start + i + t] = 0
+        if n_rel == 0:
+            continue
+        two_e = 2.0 * bound[i]
+        sv = _sorted_relevant(scores, i, rel_cols, start, n_rel, order)
+        _mark_runs(sv, two_e, start, run_start, need)
+        table = _bucket_table(sv, n_rel, buckets_per_value)
+        amb_count[i] = _scan_row(
+            scores,
+            i,
+            sv,
+            table,
+            two_e,
+            rel_cols,
+            start,
+            self_index[i],
+            need,
+            gap,
+            start + i,
+            (amb_ptr[i], amb_ptr[i + 1]),
+            (amb_col, amb_lo, amb_hi),
+        )
+
+
+@njit(cache=True)
+def _sort_runs_descending(ex, run_start, start):  # pragma: no cover - numba
+    """Sort every run of ``ex`` (exact keys of a row's relevant positions) in decreasing order."""
+    n = ex.shape[0]
+    r = 0
+    while r < n:
+        e = r + 1
+        while e < n and not run_start[start + e]:
+            e += 1
+        if e - r > 1:
+            part = np.sort(ex[r:e])
+            for t in range(e - r):
+                ex[r + t] = part[e - r - 1 - t]
+        r = e
+
+
+@njit(parallel=True, cache=True)
+def _verified_groups_kernel(
+    rel_ptr,
+    run_start,
+    rel_keys,
+    gap,
+    amb_ptr,
+    amb_lo,
+    amb_hi,
+    amb_count,
+    amb_key,
+    greater,
+    size,
+    n_relevant,
+    n_groups,
+):  # pragma: no cover - numba
+    for i in prange(rel_ptr.shape[0] - 1):
+        start = rel_ptr[i]
+        n_rel = rel_ptr[i + 1] - start
+        n_groups[i] = 0
+        if n_rel == 0:
+            continue
+        ex = rel_keys[start : start + n_rel].copy()
+        _sort_runs_descending(ex, run_start, start)
+        # a new group at every run start and at every change of exact key inside a run
+        group_of = np.empty(n_rel, dtype=np.int64)
+        m = 0
+        for t in range(n_rel):
+            if t == 0 or run_start[start + t] or ex[t] != ex[t - 1]:
+                m += 1
+            group_of[t] = m - 1
+        between = np.zeros(m, dtype=np.int64)
+        equal = np.zeros(m, dtype=np.int64)
+        rel_count = np.zeros(m, dtype=np.int64)
+        for t in range(n_rel):
+            equal[group_of[t]] += 1
+            rel_count[group_of[t]] += 1
+            between[group_of[t]] += gap[start + i + t]  # certain items just above position t
+        for slot in range(amb_ptr[i], amb_ptr[i] + amb_count[i]):
+            x = amb_key[slot]
+            c = amb_lo[slot]
+            while c < amb_hi[slot] and ex[c] > x:
+                c += 1
+            if c < amb_hi[slot] and ex[c] == x:
+                equal[group_of[c]] += 1
+            elif c < n_rel:
+                between[group_of[c]] += 1
+        _write_groups(start, m, between, equal, rel_count, greater, size, n_relevant)
         n_groups[i] = m
 
 
@@ -307,6 +546,9 @@ def relevant_group_counts_from_lists(
     rel_cols: np.ndarray,
     self_index: np.ndarray | None = None,
     buckets_per_value: int = BUCKETS_PER_VALUE,
+    *,
+    bound: np.ndarray | None = None,
+    exact_keys: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> RelevantGroupCounts:
     """Tie-group counts with the parallel numba kernel, relevant items given as index lists.
 
@@ -318,6 +560,15 @@ def relevant_group_counts_from_lists(
         self_index: (B,) int64, a column to remove from each row entirely, -1 for none.
         buckets_per_value: lookup-table buckets per distinct relevant value; the counts do not
             depend on it (``0`` leaves a single bucket per row: a plain binary search).
+        bound: None when ``scores`` are the exact scores. Otherwise (B,) float64: ``scores``
+            approximate exact keys, ``|scores[i, j] - phi_i(key_ij)| <= bound[i]`` for a strictly
+            increasing ``phi_i``, and the counts returned are those of the exact keys.
+        exact_keys: with ``bound``: ``exact_keys(rows, cols)`` returns the float64 exact keys of
+            the pairs (row ``rows[m]`` of this block, column ``cols[m]``); it is asked only for the
+            pairs whose order or ties the approximation leaves open.
+
+    Returns:
+        The counts, groups ordered by decreasing (exact) score within each row.
     """
     if (
         isinstance(buckets_per_value, bool)
@@ -332,6 +583,12 @@ def relevant_group_counts_from_lists(
     self_index = _self_index_or_none(self_index, n_rows)
     rel_ptr = np.ascontiguousarray(rel_ptr, dtype=np.int64)
     rel_cols = np.ascontiguousarray(rel_cols, dtype=np.int64)
+    if bound is not None:
+        if exact_keys is None:
+            raise ValueError("`exact_keys` is required with `bound` (approximate scores).")
+        return _verified_counts(
+            scores, rel_ptr, rel_cols, self_index, bound, exact_keys, int(buckets_per_value)
+        )
     n_slots = int(rel_ptr[-1])
     greater = np.empty(n_slots, dtype=np.int64)
     size = np.empty(n_slots, dtype=np.int64)
@@ -352,6 +609,124 @@ def relevant_group_counts_from_lists(
     return RelevantGroupCounts(n_groups, greater, size, n_relevant)
 
 
+def _increasing_within_rows(rel_ptr: np.ndarray, rel_cols: np.ndarray) -> np.ndarray:
+    """``rel_cols`` sorted increasingly inside every row (the verified scan skips them in order)."""
+    sizes = np.diff(rel_ptr)
+    rows = np.repeat(np.arange(sizes.shape[0], dtype=np.int64), sizes)
+    increasing = np.diff(rel_cols) > 0
+    row_change = rows[1:] != rows[:-1]
+    if bool((increasing | row_change).all()):
+        return rel_cols
+    return np.ascontiguousarray(rel_cols[np.lexsort((rel_cols, rows))])
+
+
+def _verified_counts(
+    scores: np.ndarray,
+    rel_ptr: np.ndarray,
+    rel_cols: np.ndarray,
+    self_index: np.ndarray,
+    bound: np.ndarray,
+    exact_keys: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    buckets_per_value: int,
+) -> RelevantGroupCounts:
+    """Counts of the exact keys from approximate scores (phases A-C, see the kernels above)."""
+    n_rows = scores.shape[0]
+    n_slots = int(rel_ptr[-1])
+    sizes = np.diff(rel_ptr)
+    rel_cols = _increasing_within_rows(rel_ptr, rel_cols)
+    bound = np.ascontiguousarray(bound, dtype=np.float64)
+    order = np.empty(n_slots, dtype=np.int64)
+    run_start = np.empty(n_slots, dtype=np.bool_)
+    need = np.zeros(n_slots, dtype=np.bool_)
+    gap = np.zeros(n_slots + n_rows, dtype=np.int64)
+    amb_count = np.zeros(n_rows, dtype=np.int64)
+    capacity = 4 * sizes + 64  # ambiguous items listed per row; rows with more are scanned again
+    while True:
+        amb_ptr = np.zeros(n_rows + 1, dtype=np.int64)
+        np.cumsum(capacity, out=amb_ptr[1:])
+        amb = tuple(np.empty(int(amb_ptr[-1]), dtype=np.int64) for _ in range(3))
+        _approx_pass_kernel(
+            scores,
+            bound,
+            rel_ptr,
+            rel_cols,
+            self_index,
+            buckets_per_value,
+            order,
+            run_start,
+            need,
+            gap,
+            amb_count,
+            amb_ptr,
+            *amb,
+        )
+        if bool((amb_count <= capacity).all()):
+            break
+        capacity = np.maximum(capacity, amb_count)
+    # phase B: exact keys of the ambiguous items and of the relevant items that need one
+    amb_rows = np.repeat(np.arange(n_rows, dtype=np.int64), amb_count)
+    first_of_row = np.cumsum(amb_count) - amb_count
+    slots = amb_ptr[amb_rows] + np.arange(amb_rows.shape[0]) - first_of_row[amb_rows]
+    rel_rows = np.repeat(np.arange(n_rows, dtype=np.int64), sizes)[need]
+    keys = np.asarray(
+        exact_keys(
+            np.concatenate([amb_rows, rel_rows]), np.concatenate([amb[0][slots], order[need]])
+        ),
+        dtype=np.float64,
+    )
+    amb_key = np.empty(int(amb_ptr[-1]), dtype=np.float64)
+    amb_key[slots] = keys[: slots.shape[0]]
+    rel_keys = np.full(n_slots, np.nan)
+    rel_keys[need] = keys[slots.shape[0] :]
+    # phase C
+    greater = np.empty(n_slots, dtype=np.int64)
+    size = np.empty(n_slots, dtype=np.int64)
+    n_relevant = np.empty(n_slots, dtype=np.int64)
+    n_groups = np.zeros(n_rows, dtype=np.int64)
+    _verified_groups_kernel(
+        rel_ptr,
+        run_start,
+        rel_keys,
+        gap,
+        amb_ptr,
+        amb[1],
+        amb[2],
+        amb_count,
+        amb_key,
+        greater,
+        size,
+        n_relevant,
+        n_groups,
+    )
+    greater, size, n_relevant = _compact(rel_ptr, n_groups, greater, size, n_relevant)
+    return RelevantGroupCounts(n_groups, greater, size, n_relevant)
+
+
+def relevant_lists_from_mask(
+    relevant: np.ndarray, self_index: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Relevant-item lists (increasing columns) of a (B, N) bool mask, excluded columns removed.
+
+    Args:
+        relevant: (B, N) bool numpy array.
+        self_index: (B,) int64 column to leave out of each row's list, -1 for none.
+
+    Returns:
+        ``(rel_ptr, rel_cols)`` as taken by :func:`relevant_group_counts_from_lists`.
+    """
+    n_rows = relevant.shape[0]
+    self_index = _self_index_or_none(self_index, n_rows)
+    relevant = np.asarray(relevant, dtype=np.bool_)
+    rows_with_self = np.nonzero(self_index >= 0)[0]
+    if rows_with_self.size and relevant[rows_with_self, self_index[rows_with_self]].any():
+        relevant = relevant.copy()
+        relevant[rows_with_self, self_index[rows_with_self]] = False
+    rows, cols = np.nonzero(relevant)
+    rel_ptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=n_rows), out=rel_ptr[1:])
+    return rel_ptr, cols.astype(np.int64)
+
+
 def relevant_group_counts_numba(
     scores: np.ndarray,
     relevant: np.ndarray,
@@ -367,16 +742,7 @@ def relevant_group_counts_numba(
             relevant), -1 for none. ``None`` removes nothing.
         buckets_per_value: as :func:`relevant_group_counts_from_lists`.
     """
-    n_rows = scores.shape[0]
-    self_index = _self_index_or_none(self_index, n_rows)
-    relevant = np.asarray(relevant, dtype=np.bool_)
-    rows_with_self = np.nonzero(self_index >= 0)[0]
-    if rows_with_self.size and relevant[rows_with_self, self_index[rows_with_self]].any():
-        relevant = relevant.copy()
-        relevant[rows_with_self, self_index[rows_with_self]] = False
-    rows, cols = np.nonzero(relevant)
-    rel_ptr = np.zeros(n_rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=n_rows), out=rel_ptr[1:])
+    rel_ptr, cols = relevant_lists_from_mask(relevant, self_index)
     return relevant_group_counts_from_lists(scores, rel_ptr, cols, self_index, buckets_per_value)
 
 

@@ -1,5 +1,6 @@
-"""Verification (pair) view of an embedding: exact, tie-aware ROC curve, ROC AUC and TPR at a fixed
-FPR over all (query, item) pairs.
+"""Verification (pair) view of an embedding: exact, tie-aware ROC, ROC AUC and TPR at a fixed FPR.
+
+The curves are computed over all (query, item) pairs.
 
 Every pair of samples is a binary example: positive when the two share a label, negative otherwise,
 scored by their similarity. This is the view of Gajić et al., *Area Under the ROC Curve
@@ -19,13 +20,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from .._validation import as_tensor, check_embeddings, check_labels
+from .._threads import keeps_torch_threads
+from .._validation import Interval, as_tensor, check_bool, check_range_pair, check_scalar
+from ..similarity import SIMILARITIES, similarity_from_keys
+from ._inputs import QueryGallery, check_chunk_size, check_query_gallery
+from ._scores import BlockScorer
 
 __all__ = [
     "RocCurve",
@@ -39,7 +44,7 @@ __all__ = [
     "operating_point",
 ]
 
-PAIR_SIMILARITIES = ("cosine", "dot", "euclidean")
+PAIR_SIMILARITIES = SIMILARITIES  # one vocabulary (rankwise.similarity)
 
 # Score-matrix elements materialized per chunk when ``chunk_size`` is not given (~64 MB in fp32).
 _DEFAULT_CHUNK_ELEMENTS = 16_000_000
@@ -78,6 +83,7 @@ class RocCurve:
 
     @property
     def exact(self) -> bool:
+        """True for an exact curve, False for one built from a histogram."""
         return self.bin_width is None
 
     def __len__(self) -> int:
@@ -165,26 +171,20 @@ def _distinct_score_counts(
 # ----------------------------------------------------------------------------------------------
 
 
-def _drop_collinear(fpr: np.ndarray, tpr: np.ndarray) -> np.ndarray:
-    """Indices of the corners of the curve (the rule of scikit-learn's ``drop_intermediate``)."""
-    if fpr.shape[0] <= 2:
-        return np.arange(fpr.shape[0])
-    corner = np.logical_or(np.diff(fpr, 2) != 0, np.diff(tpr, 2) != 0)
-    return np.flatnonzero(np.r_[True, corner, True])
-
-
 def roc_curve(scores: Any, is_positive: Any, *, drop_intermediate: bool = False) -> RocCurve:
     """Exact, tie-aware ROC curve of scored binary examples (Gajić et al., Eq. 2-3).
 
     One point per distinct score: tied examples always enter together, so a run of ties is one
     diagonal segment and not a staircase whose shape depends on the input order. Equal to
-    ``sklearn.metrics.roc_curve(is_positive, scores, drop_intermediate=False)``.
+    ``sklearn.metrics.roc_curve(is_positive, scores, drop_intermediate=drop_intermediate)``.
 
     Args:
         scores: (n,) real scores, higher means "more likely positive"; tensor or array, any device.
         is_positive: (n,) bool or 0/1 targets.
-        drop_intermediate: drop points lying on a straight segment between their neighbours
-            (scikit-learn's default); the area is unchanged.
+        drop_intermediate: scikit-learn's rule, on the exact integer counts: drop a threshold
+            whose cumulative true- and false-positive counts both change by the same amount before
+            and after it (it sits on a straight, evenly stepped segment); the first and last
+            thresholds and the (0, 0) point are always kept, and the area is unchanged.
 
     Returns:
         :class:`RocCurve` with (fpr, tpr, thresholds) float64 numpy arrays.
@@ -192,17 +192,27 @@ def roc_curve(scores: Any, is_positive: Any, *, drop_intermediate: bool = False)
     Raises:
         ValueError: mismatched lengths, NaN scores, or no positive / no negative.
     """
+    drop_intermediate = check_bool(drop_intermediate, "drop_intermediate")
     s, y = _check_binary_scores(scores, is_positive)
     distinct, pos, neg = _distinct_score_counts(s, y, descending=True)
     n_pos, n_neg = int(pos.sum()), int(neg.sum())
-    tps = np.r_[0, torch.cumsum(pos, 0).cpu().numpy()].astype(np.float64)
-    fps = np.r_[0, torch.cumsum(neg, 0).cpu().numpy()].astype(np.float64)
-    thresholds = np.r_[np.inf, distinct.to(torch.float64).cpu().numpy()]
-    tpr, fpr = tps / n_pos, fps / n_neg
-    if drop_intermediate:
-        keep = _drop_collinear(fpr, tpr)
-        fpr, tpr, thresholds = fpr[keep], tpr[keep], thresholds[keep]
-    return RocCurve(fpr=fpr, tpr=tpr, thresholds=thresholds, n_positive=n_pos, n_negative=n_neg)
+    tps = torch.cumsum(pos, 0).cpu().numpy()
+    fps = torch.cumsum(neg, 0).cpu().numpy()
+    thresholds = distinct.to(torch.float64).cpu().numpy()
+    if drop_intermediate and fps.shape[0] > 2:
+        # second differences of integer counts: exact, unlike differences of rounded rates
+        corner = (np.diff(fps, 2) != 0) | (np.diff(tps, 2) != 0)
+        keep = np.flatnonzero(np.r_[True, corner, True])
+        tps, fps, thresholds = tps[keep], fps[keep], thresholds[keep]
+    tpr = np.r_[0, tps].astype(np.float64) / n_pos
+    fpr = np.r_[0, fps].astype(np.float64) / n_neg
+    return RocCurve(
+        fpr=fpr,
+        tpr=tpr,
+        thresholds=np.r_[np.inf, thresholds],
+        n_positive=n_pos,
+        n_negative=n_neg,
+    )
 
 
 def roc_auc(scores: Any, is_positive: Any) -> float:
@@ -229,11 +239,15 @@ def roc_auc(scores: Any, is_positive: Any) -> float:
 
 
 def operating_point(scores: Any, is_positive: Any, fpr: float) -> OperatingPoint:
-    """The threshold with the largest TPR whose FPR is at most ``fpr`` (pointwise ROC, Vogel et al.).
+    """The threshold to deploy under an FPR budget (pointwise ROC, Vogel et al., ICML 2018).
 
-    The rule is "positive iff score >= threshold" and thresholds are the distinct scores, so tied
-    examples are accepted or rejected together: no randomized splitting of a tie to hit the budget
-    exactly. The achieved FPR is therefore at most ``fpr`` and can be smaller.
+    Among the thresholds whose false positive rate is at most ``fpr``, it returns one with the
+    largest true positive rate and, among those, the smallest false positive rate (the highest
+    such threshold): no other admissible threshold is better on either rate. The rule is "positive
+    iff score >= threshold" and the thresholds are the distinct scores, so tied examples are
+    accepted or rejected together (no randomized splitting of a tie to hit the budget exactly);
+    the achieved FPR can therefore be smaller than ``fpr``. The budget is checked in exact
+    rational arithmetic on the integer counts.
 
     Args:
         scores: (n,) real scores.
@@ -241,24 +255,24 @@ def operating_point(scores: Any, is_positive: Any, fpr: float) -> OperatingPoint
         fpr: the FPR budget alpha, in (0, 1).
 
     Returns:
-        :class:`OperatingPoint` (tpr, fpr achieved, threshold); threshold ``+inf`` when even the
-        highest score has too many negatives (then tpr = fpr = 0).
+        :class:`OperatingPoint` (tpr, fpr achieved, threshold); threshold ``+inf`` (predict nothing
+        positive, tpr = fpr = 0) when no distinct score reaches a positive within the budget.
     """
     alpha = _check_alpha(fpr)
     s, y = _check_binary_scores(scores, is_positive)
     distinct, pos, neg = _distinct_score_counts(s, y, descending=True)
     n_pos, n_neg = int(pos.sum()), int(neg.sum())
-    false_pos = torch.cumsum(neg, 0)
-    # FPR is non-decreasing as the threshold goes down, and so is TPR: the best admissible
-    # threshold is the lowest distinct score whose FPR is still within the budget.
-    admissible = false_pos.to(torch.float64) / n_neg <= alpha
-    n_admissible = int(admissible.sum())
-    if n_admissible == 0:
+    false_pos = torch.cumsum(neg, 0).cpu().numpy()
+    true_pos = torch.cumsum(pos, 0).cpu().numpy()
+    # FP / n_neg <= alpha  <=>  FP <= floor(alpha * n_neg), alpha taken as the exact binary value
+    budget = math.floor(Fraction(alpha) * n_neg)
+    n_admissible = int(np.searchsorted(false_pos, budget, side="right"))  # FP is non-decreasing
+    best = int(true_pos[n_admissible - 1]) if n_admissible else 0
+    if best == 0:
         return OperatingPoint(tpr=0.0, fpr=0.0, threshold=math.inf)
-    k = n_admissible - 1
-    true_pos = int(torch.cumsum(pos, 0)[k])
+    k = int(np.searchsorted(true_pos, best, side="left"))  # the first threshold reaching `best`
     return OperatingPoint(
-        tpr=true_pos / n_pos,
+        tpr=best / n_pos,
         fpr=int(false_pos[k]) / n_neg,
         threshold=float(distinct[k]),
     )
@@ -277,15 +291,7 @@ def tpr_at_fpr(
 
 
 def _check_alpha(fpr: Any) -> float:
-    try:
-        alpha = float(fpr)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"`fpr` must be a number in (0, 1), got {fpr!r}.") from exc
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(
-            f"`fpr` must lie strictly between 0 and 1 (a false positive rate budget), got {fpr!r}."
-        )
-    return alpha
+    return check_scalar(fpr, "fpr", Interval("real", 0.0, 1.0, closed="neither"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -295,33 +301,17 @@ def _check_alpha(fpr: Any) -> float:
 
 @dataclass
 class _PairProblem:
-    query: torch.Tensor
-    query_labels: torch.Tensor
-    gallery: torch.Tensor
-    gallery_labels: torch.Tensor
-    leave_one_out: bool
+    qg: QueryGallery
     exclude_self: bool
-    similarity: str
     chunk_size: int
+    scorer: BlockScorer
 
     @property
     def n_pairs(self) -> int:
-        nq, ng = self.query.shape[0], self.gallery.shape[0]
-        if self.leave_one_out:
+        nq, ng = self.qg.query.shape[0], self.qg.gallery.shape[0]
+        if self.qg.leave_one_out:
             return nq * (nq - 1) // 2 if self.exclude_self else nq * (nq + 1) // 2
         return nq * ng - (nq if self.exclude_self else 0)
-
-
-def _check_pair_labels(labels: Any, n: int, name: str, device: torch.device) -> torch.Tensor:
-    """Class ids or multi-hot; integer multi-hot must be 0/1 (check_labels only checks floats)."""
-    t = as_tensor(labels, name)
-    if t.ndim == 2 and not t.is_floating_point() and t.dtype != torch.bool:
-        if not bool(((t == 0) | (t == 1)).all()):
-            raise ValueError(
-                f"multi-hot `{name}` must contain only 0 and 1; got other values "
-                "(pass a bool / 0-1 matrix, one column per label)."
-            )
-    return check_labels(t, n, name, device=device)
 
 
 def _prepare_pairs(
@@ -333,67 +323,30 @@ def _prepare_pairs(
     exclude_self: bool | None,
     chunk_size: int | None,
     device: torch.device | str | None,
+    *,
+    approximate: bool = False,
 ) -> _PairProblem:
-    if similarity not in PAIR_SIMILARITIES:
-        raise ValueError(f"`similarity` must be one of {PAIR_SIMILARITIES}, got {similarity!r}.")
+    qg = check_query_gallery(
+        query, query_labels, gallery, gallery_labels, similarity=similarity, device=device
+    )
     if exclude_self is not None and not isinstance(exclude_self, (bool, np.bool_)):
         raise ValueError(
             f"`exclude_self` must be None, True or False for pair scores, got {exclude_self!r}."
         )
-    q = check_embeddings(query, "query", device=device)
-    dev = q.device
-    ql = _check_pair_labels(query_labels, q.shape[0], "query_labels", dev)
-    if (gallery is None) != (gallery_labels is None):
-        raise ValueError("pass both `gallery` and `gallery_labels`, or neither (leave-one-out).")
-    leave_one_out = gallery is None
-    if leave_one_out:
-        g, gl = q, ql
+    chunk_size = check_chunk_size(chunk_size)
+    if qg.leave_one_out:
         exclude = True if exclude_self is None else bool(exclude_self)
     else:
-        g = check_embeddings(gallery, "gallery", device=dev)
-        if g.shape[1] != q.shape[1]:
-            raise ValueError(
-                f"`gallery` has dimension {g.shape[1]} but `query` has {q.shape[1]}; "
-                "they must live in the same embedding space."
-            )
-        gl = _check_pair_labels(gallery_labels, g.shape[0], "gallery_labels", dev)
-        if (ql.ndim == 2) != (gl.ndim == 2):
-            raise ValueError(
-                "`query_labels` and `gallery_labels` must be of the same kind: both 1-D class ids "
-                "or both (n, C) multi-hot matrices."
-            )
-        if ql.ndim == 2 and ql.shape[1] != gl.shape[1]:
-            raise ValueError(
-                f"multi-hot `query_labels` has {ql.shape[1]} columns but `gallery_labels` has "
-                f"{gl.shape[1]}; they must index the same label set."
-            )
         exclude = bool(exclude_self) if exclude_self is not None else False
-        if exclude and g.shape[0] != q.shape[0]:
+        if exclude and qg.gallery.shape[0] != qg.query.shape[0]:
             raise ValueError(
                 "`exclude_self=True` drops the pairs (i, i), so `gallery` must have as many rows "
-                f"as `query` (got {g.shape[0]} and {q.shape[0]})."
+                f"as `query` (got {qg.gallery.shape[0]} and {qg.query.shape[0]})."
             )
-    dtype = torch.promote_types(q.dtype, g.dtype)
-    q, g = q.to(dtype), g.to(dtype)
-    if similarity == "cosine":
-        q, g = F.normalize(q, dim=1), F.normalize(g, dim=1)
-    if leave_one_out:
-        g = q
     if chunk_size is None:
-        chunk_size = max(1, _DEFAULT_CHUNK_ELEMENTS // max(1, g.shape[0]))
-    elif int(chunk_size) < 1:
-        raise ValueError(f"`chunk_size` must be a positive number of query rows, got {chunk_size}.")
-    return _PairProblem(q, ql, g, gl, leave_one_out, exclude, similarity, int(chunk_size))
-
-
-def _block_scores(q: torch.Tensor, g: torch.Tensor, similarity: str) -> torch.Tensor:
-    """(b, m) similarity block; inputs are already normalized for cosine."""
-    if similarity == "euclidean":
-        if q.device.type == "cpu" and q.dtype not in (torch.float32, torch.float64):
-            # CPU cdist has no fp16 / bf16 kernel: compute in float32, return the input dtype
-            return -torch.cdist(q.float(), g.float()).to(q.dtype)
-        return -torch.cdist(q, g)
-    return q @ g.T
+        chunk_size = max(1, _DEFAULT_CHUNK_ELEMENTS // max(1, qg.gallery.shape[0]))
+    scorer = BlockScorer(qg.query, qg.gallery, qg.similarity, approximate=approximate)
+    return _PairProblem(qg, exclude, chunk_size, scorer)
 
 
 def _block_relevance(ql: torch.Tensor, gl: torch.Tensor) -> torch.Tensor:
@@ -403,32 +356,39 @@ def _block_relevance(ql: torch.Tensor, gl: torch.Tensor) -> torch.Tensor:
     return ql[:, None] == gl[None, :]
 
 
-def _iter_pair_blocks(p: _PairProblem) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Yield (scores, is_positive) 1-D blocks covering every pair exactly once, row-chunk by chunk."""
-    nq = p.query.shape[0]
+def _pair_blocks(p: _PairProblem) -> Iterator[tuple[int, int, int, torch.Tensor]]:
+    """(first row, last row + 1, first column, (b, m) bool mask of the pairs to keep) per block.
+
+    Together the blocks cover every pair exactly once: leave-one-out keeps the upper triangle
+    (j > i, or j >= i with the self pairs), a gallery keeps every pair but (i, i) when excluded.
+    """
+    nq = p.qg.query.shape[0]
+    dev = p.qg.device
     for start in range(0, nq, p.chunk_size):
         stop = min(nq, start + p.chunk_size)
-        rows = torch.arange(start, stop, device=p.query.device)
-        if p.leave_one_out:
-            # Only columns >= start can hold pairs with j > i (or j >= i) for these rows.
-            cols = torch.arange(start, nq, device=p.query.device)
-            scores = _block_scores(p.query[start:stop], p.gallery[start:], p.similarity)
-            rel = _block_relevance(p.query_labels[start:stop], p.gallery_labels[start:])
+        rows = torch.arange(start, stop, device=dev)
+        col_lo = start if p.qg.leave_one_out else 0  # no pair j > i in the columns before `start`
+        cols = torch.arange(col_lo, p.qg.gallery.shape[0], device=dev)
+        if p.qg.leave_one_out:
             keep = (
                 cols[None, :] > rows[:, None] if p.exclude_self else cols[None, :] >= rows[:, None]
             )
-            yield scores[keep], rel[keep]
+        elif p.exclude_self:
+            keep = cols[None, :] != rows[:, None]
         else:
-            scores = _block_scores(p.query[start:stop], p.gallery, p.similarity)
-            rel = _block_relevance(p.query_labels[start:stop], p.gallery_labels)
-            if p.exclude_self:
-                cols = torch.arange(p.gallery.shape[0], device=p.query.device)
-                keep = cols[None, :] != rows[:, None]
-                yield scores[keep], rel[keep]
-            else:
-                yield scores.reshape(-1), rel.reshape(-1)
+            keep = torch.ones(stop - start, cols.shape[0], dtype=torch.bool, device=dev)
+        yield start, stop, col_lo, keep
 
 
+def _iter_pair_values(p: _PairProblem) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(exact float64 similarity values, is_positive) 1-D blocks covering every pair once."""
+    for start, stop, col_lo, keep in _pair_blocks(p):
+        keys = p.scorer.keys(start, stop, col_lo)
+        rel = _block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])
+        yield similarity_from_keys(keys, p.qg.similarity)[keep], rel[keep]
+
+
+@keeps_torch_threads
 def pair_scores(
     query: Any,
     query_labels: Any,
@@ -448,20 +408,26 @@ def pair_scores(
     self-pairs (i, i)). With a gallery: every (query, gallery) pair, n_q * n_g of them
     (``exclude_self=True`` drops the pairs (i, i) when the gallery is the query set passed again).
 
+    The scores are the exact similarity values of :func:`rankwise.similarity.exact_similarity`
+    (float64, computed pair by pair in one fixed order): a pair's score does not depend on
+    ``chunk_size``, the order of the samples or the device, and equal similarities of codes and
+    low-precision embeddings are equal numbers.
+
     Args:
         query: (n_q, d) float embeddings (any device; computed there unless ``device`` is given).
         query_labels: (n_q,) integer class ids or (n_q, C) multi-hot; a pair is positive when the
             two share at least one label.
         gallery: optional (n_g, d) embeddings; ``None`` pairs the queries with each other.
         gallery_labels: (n_g,) or (n_g, C), same kind as ``query_labels``.
-        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (negative distance).
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (score ``-||q - g||``;
+            alias ``"neg_euclidean"``).
         exclude_self: see above; default True for leave-one-out, False with a gallery.
         max_pairs: refuse to materialize more pairs than this (memory guard).
         chunk_size: query rows per block of the score matrix (default: ~16M scores per block).
         device: where to compute; default the device of ``query``.
 
     Returns:
-        ``(scores, is_positive)``: (n_pairs,) tensor of the query dtype and (n_pairs,) bool tensor,
+        ``(scores, is_positive)``: (n_pairs,) float64 tensor and (n_pairs,) bool tensor,
         leave-one-out pairs in row-major order of the upper triangle.
 
     Raises:
@@ -471,18 +437,20 @@ def pair_scores(
     p = _prepare_pairs(
         query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
     )
+    max_pairs = check_scalar(max_pairs, "max_pairs", Interval("integer", 0, None))
     n_pairs = p.n_pairs
     if n_pairs > max_pairs:
         raise ValueError(
             f"{n_pairs:,} pairs exceed `max_pairs`={max_pairs:,} (about "
-            f"{n_pairs * (p.query.element_size() + 1) / 2**30:.1f} GiB); pass `bins=` (e.g. "
+            f"{n_pairs * 9 / 2**30:.1f} GiB); pass `bins=` (e.g. "
             "bins=10_000) to roc_curve_from_embeddings() for a memory-bounded histogram ROC, "
             "subsample the queries, or raise `max_pairs`."
         )
-    scores = torch.empty(n_pairs, dtype=p.query.dtype, device=p.query.device)
-    is_positive = torch.empty(n_pairs, dtype=torch.bool, device=p.query.device)
+    dev = p.qg.device
+    scores = torch.empty(n_pairs, dtype=torch.float64, device=dev)
+    is_positive = torch.empty(n_pairs, dtype=torch.bool, device=dev)
     offset = 0
-    for block_scores, block_pos in _iter_pair_blocks(p):
+    for block_scores, block_pos in _iter_pair_values(p):
         n = block_scores.shape[0]
         scores[offset : offset + n] = block_scores
         is_positive[offset : offset + n] = block_pos
@@ -495,34 +463,82 @@ def pair_scores(
 # ----------------------------------------------------------------------------------------------
 
 
+def _block_value_bounds(
+    p: _PairProblem, start: int, stop: int, col_lo: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Exact values of a block, or (low, high) bounds of them when the block is approximate."""
+    block = p.scorer.block(start, stop, col_lo, keys=True)
+    if block.bound is None:
+        return similarity_from_keys(block.values.to(torch.float64), p.qg.similarity), None
+    return p.scorer.value_interval(block)
+
+
 def _score_range(p: _PairProblem) -> tuple[float, float]:
-    """Min and max pair score, one streaming pass (used for histograms of dot / euclidean)."""
+    """Range of the pair scores, one streaming pass (used for histograms of dot / euclidean)."""
     lo, hi = math.inf, -math.inf
-    for block_scores, _ in _iter_pair_blocks(p):
-        if block_scores.numel():
-            lo = min(lo, float(block_scores.min()))
-            hi = max(hi, float(block_scores.max()))
+    for start, stop, col_lo, keep in _pair_blocks(p):
+        low, high = _block_value_bounds(p, start, stop, col_lo)
+        high = low if high is None else high
+        if bool(keep.any()):
+            lo = min(lo, float(low[keep].min()))
+            hi = max(hi, float(high[keep].max()))
     if hi == lo:  # every pair has the same score: one bin holds them all
         hi = lo + 1.0
     return lo, hi
 
 
+def _bins_of(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """Bin k of each value: the number of lower edges ``edges[1:]`` at or below it.
+
+    So a value is in a bin >= k exactly when it is ``>= edges[k]`` (k >= 1): the histogram's
+    points are the exact (FPR, TPR) of those thresholds. Values below ``edges[1]`` (including
+    those below the range) fall in bin 0, values above the range in the last bin.
+    """
+    bins = edges.shape[0]
+    width = float(edges[1] - edges[0])
+    guess = ((values - float(edges[0])) / width).floor().clamp_(0, bins - 1).long()
+    # the division may round across an edge: one comparison with the true edges on each side
+    guess -= ((values < edges[guess]) & (guess > 0)).long()
+    upper = (guess + 1).clamp_(max=bins - 1)
+    guess += ((values >= edges[upper]) & (guess < bins - 1)).long()
+    return guess
+
+
+def _block_bins(
+    p: _PairProblem, start: int, stop: int, col_lo: int, edges: torch.Tensor
+) -> torch.Tensor:
+    """(b, m) bin of the exact score of every pair of the block.
+
+    Approximate blocks are binned from both ends of each pair's interval; the few pairs whose
+    interval straddles a bin edge get their exact key (the bin is monotone in the value).
+    """
+    low, high = _block_value_bounds(p, start, stop, col_lo)
+    low_bins = _bins_of(low, edges)
+    if high is None:
+        return low_bins
+    rows, cols = torch.nonzero(low_bins != _bins_of(high, edges), as_tuple=True)
+    if rows.numel():
+        keys = p.scorer.pair_keys((rows + start).cpu().numpy(), (cols + col_lo).cpu().numpy())
+        exact = similarity_from_keys(torch.from_numpy(keys), p.qg.similarity).to(low.device)
+        low_bins[rows, cols] = _bins_of(exact, edges)
+    return low_bins
+
+
 def _histogram_roc(p: _PairProblem, bins: int, score_range: tuple[float, float] | None) -> RocCurve:
     if score_range is None:
-        score_range = (-1.0, 1.0) if p.similarity == "cosine" else _score_range(p)
-    lo, hi = float(score_range[0]), float(score_range[1])
-    if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
-        raise ValueError(f"`score_range` must be two finite numbers lo < hi, got {score_range!r}.")
+        score_range = (-1.0, 1.0) if p.qg.similarity == "cosine" else _score_range(p)
+    lo, hi = check_range_pair(score_range, "score_range")
     width = (hi - lo) / bins
-    dev = p.query.device
+    dev = p.qg.device
+    edges = lo + width * torch.arange(bins, dtype=torch.float64, device=dev)
     pos_hist = torch.zeros(bins, dtype=torch.int64, device=dev)
     neg_hist = torch.zeros(bins, dtype=torch.int64, device=dev)
-    for block_scores, block_pos in _iter_pair_blocks(p):
-        # Scores outside the range (fp rounding of cosine above 1, or a user range) are clamped
-        # into the end bins: counted, never dropped.
-        idx = ((block_scores.to(torch.float64) - lo) / width).floor().clamp_(0, bins - 1).long()
-        pos_hist += torch.bincount(idx[block_pos], minlength=bins)
-        neg_hist += torch.bincount(idx[~block_pos], minlength=bins)
+    for start, stop, col_lo, keep in _pair_blocks(p):
+        # Scores outside the range are clamped into the end bins: counted, never dropped.
+        idx = _block_bins(p, start, stop, col_lo, edges)[keep]
+        pos = _block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])[keep]
+        pos_hist += torch.bincount(idx[pos], minlength=bins)
+        neg_hist += torch.bincount(idx[~pos], minlength=bins)
     n_pos, n_neg = int(pos_hist.sum()), int(neg_hist.sum())
     if n_pos == 0 or n_neg == 0:
         missing = "positive (same-label)" if n_pos == 0 else "negative (different-label)"
@@ -533,7 +549,7 @@ def _histogram_roc(p: _PairProblem, bins: int, score_range: tuple[float, float] 
     pos_np = pos_hist.cpu().numpy()[::-1]
     neg_np = neg_hist.cpu().numpy()[::-1]
     nonempty = (pos_np + neg_np) > 0
-    lower_edges = (lo + width * np.arange(bins, dtype=np.float64))[::-1]
+    lower_edges = edges.cpu().numpy()[::-1]
     tps = np.r_[0, np.cumsum(pos_np)[nonempty]].astype(np.float64)
     fps = np.r_[0, np.cumsum(neg_np)[nonempty]].astype(np.float64)
     thresholds = np.r_[np.inf, lower_edges[nonempty]]
@@ -551,6 +567,7 @@ def _histogram_roc(p: _PairProblem, bins: int, score_range: tuple[float, float] 
     )
 
 
+@keeps_torch_threads
 def roc_curve_from_embeddings(
     query: Any,
     query_labels: Any,
@@ -571,21 +588,27 @@ def roc_curve_from_embeddings(
     ``bins=None`` (default): exact and tie-aware, through :func:`pair_scores` and
     :func:`roc_curve` (memory O(n_pairs); refused above ``max_pairs``).
 
-    ``bins=int``: approximate, memory O(bins + chunk): the pair scores are streamed chunk by chunk
-    into a positive and a negative histogram of ``bins`` equal bins over ``score_range`` (default
-    [-1, 1] for cosine; for dot / euclidean one extra streaming pass finds the min and max). Each
-    point is the exact (FPR, TPR) of the threshold "score >= lower bin edge" (up to fp rounding
-    of scores within ~1e-7 of an edge); only the points between edges are missing, replaced by a
-    straight segment. The error is therefore bounded by the bin width in score, and the AUC error
-    by ``curve.max_auc_error`` (reported on the result).
+    ``bins=int``: memory O(bins + chunk): the pair scores are streamed chunk by chunk into a
+    positive and a negative histogram of ``bins`` equal bins over ``score_range`` (default [-1, 1]
+    for cosine; for dot / euclidean one extra streaming pass finds the min and max). Every pair is
+    binned by its exact score (a float32 matmul with a proven error bound, and the exact key for
+    the few pairs within that bound of a bin edge), so each point is the exact (FPR, TPR) of the
+    threshold "score >= lower bin edge"; only the points between edges are missing, replaced by a
+    straight segment. The AUC error is bounded by ``curve.max_auc_error`` (reported on the result).
 
     Args:
-        query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device:
-            as in :func:`pair_scores`.
+        query: (n_q, d) embeddings, as in :func:`pair_scores`.
+        query_labels: (n_q,) class ids or (n_q, C) multi-hot.
+        gallery: optional (n_g, d) embeddings; None pairs the queries with each other.
+        gallery_labels: labels of the gallery.
+        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
+        exclude_self: as in :func:`pair_scores`.
         bins: number of histogram bins (>= 2), or ``None`` for the exact curve.
         score_range: ``(lo, hi)`` of the histogram; scores outside are clamped into the end bins.
         drop_intermediate: exact curve only; see :func:`roc_curve`.
         max_pairs: exact curve only; memory guard of :func:`pair_scores`.
+        chunk_size: query rows per block.
+        device: where to compute; default the device of ``query``.
 
     Returns:
         :class:`RocCurve` (``bin_width`` and ``max_auc_error`` set for the histogram form).
@@ -605,11 +628,16 @@ def roc_curve_from_embeddings(
         if scores.numel() == 0:
             raise ValueError("`query` has fewer than 2 rows: there is no pair to score.")
         return roc_curve(scores, is_positive, drop_intermediate=drop_intermediate)
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 2:
-        raise ValueError(
-            f"`bins` must be an integer >= 2 (or None for the exact curve), got {bins!r}."
-        )
+    bins = check_scalar(bins, "bins", Interval("integer", 2, None))
     p = _prepare_pairs(
-        query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
+        query,
+        query_labels,
+        gallery,
+        gallery_labels,
+        similarity,
+        exclude_self,
+        chunk_size,
+        device,
+        approximate=True,
     )
-    return _histogram_roc(p, int(bins), score_range)
+    return _histogram_roc(p, bins, score_range)

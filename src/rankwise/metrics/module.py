@@ -1,9 +1,10 @@
-"""Accumulating retrieval evaluator: collect embeddings batch by batch, then compute the exact,
-tie-aware retrieval report once.
+"""Accumulating retrieval evaluator: collect embeddings batch by batch, compute the report once.
+
+The report is the exact, tie-aware one of :func:`rankwise.metrics.retrieval.retrieval_metrics`.
 
 A torchmetrics-style ``nn.Module`` around :func:`rankwise.metrics.retrieval.retrieval_metrics`,
 whose AP is the tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank* (CVPR 2018,
-Prop. 1; per-tie term as corrected in the seeds' errata, McSherry & Najork 2008). Retrieval metrics
+Prop. 1; per-tie term as corrected in docs/errata.md, McSherry & Najork 2008). Retrieval metrics
 are not decomposable over batches (every query is ranked against the whole gallery), so the module
 only stores detached copies of the batches and defers all work to :meth:`RetrievalMetric.compute`.
 The concatenation of the stored batches goes through :meth:`RetrievalMetric._gathered`, the single
@@ -17,9 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._validation import check_embeddings, check_labels
+from .._validation import check_embeddings
+from ..similarity import check_similarity
+from ._inputs import check_ks, check_label_array
 from .ranking import check_ties
-from .retrieval import SIMILARITIES, RetrievalReport, _check_ks, retrieval_metrics
+from .retrieval import RetrievalReport, retrieval_metrics
 
 __all__ = ["RetrievalMetric"]
 
@@ -40,7 +43,8 @@ class _Store:
     def append(self, embeddings: Any, labels: Any, store_device: torch.device | None) -> None:
         name = "embeddings" if self.role == "query" else "gallery embeddings"
         emb = check_embeddings(embeddings, name)
-        lab = check_labels(labels, emb.shape[0], "labels", device=emb.device)
+        # the same label rules as retrieval_metrics (multi-hot 0/1 only, a hint for (n, 1) ids)
+        lab = check_label_array(labels, emb.shape[0], "labels", emb.device)
         if self.dim is not None and emb.shape[1] != self.dim:
             raise ValueError(
                 f"`embeddings` has dimension {emb.shape[1]} but the earlier {self.role} batches "
@@ -84,7 +88,7 @@ class RetrievalMetric(nn.Module):
 
     Args:
         ks: cut-offs of recall@k / precision@k.
-        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"``.
+        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
         ties: ``"expected"`` (tie-aware, default), ``"optimistic"`` or ``"pessimistic"``.
         exclude_self: passed to :func:`retrieval_metrics` (default there: True for leave-one-out).
         gallery_mode: ``"self"`` -- every accumulated sample queries all the others
@@ -119,13 +123,9 @@ class RetrievalMetric(nn.Module):
             raise ValueError(
                 f"`gallery_mode` must be one of {_GALLERY_MODES}, got {gallery_mode!r}."
             )
-        if similarity not in SIMILARITIES:
-            raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
+        similarity = check_similarity(similarity)
         check_ties(ties)
-        ks = _check_ks(ks)  # ValueError for non-integers (1.7 is not silently cut to 1)
-        if not ks or any(k < 1 for k in ks):
-            raise ValueError(f"`ks` must be a non-empty sequence of positive integers, got {ks}.")
-        self.ks = ks
+        self.ks = check_ks(ks)  # the rules of retrieval_metrics: non-empty positive integers
         self.similarity = similarity
         self.ties = ties
         self.exclude_self = exclude_self
@@ -236,6 +236,7 @@ class RetrievalMetric(nn.Module):
         )
 
     def extra_repr(self) -> str:
+        """Settings and the number of accumulated samples, shown in the module's repr."""
         return (
             f"ks={self.ks}, similarity={self.similarity!r}, ties={self.ties!r}, "
             f"gallery_mode={self.gallery_mode!r}, n_samples={self.n_samples}"

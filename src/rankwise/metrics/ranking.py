@@ -4,7 +4,7 @@ Implements AP_T and DCG_T of He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware
 (CVPR 2018), Prop. 1 (Eq. 6, 7) and App. A (Eq. 18, 19), which follow McSherry & Najork (ECIR 2008):
 the expected value of the metric over every ordering of tied items. With tie groups d of size n_d
 holding n_d^+ relevant items, N_{d-1} items and N^+_{d-1} relevant items strictly above, and N^+
-relevant items in all, the per-group term of AP_T is (seeds errata, Eq. 6 corrected)
+relevant items in all, the per-group term of AP_T is (docs/errata.md, Eq. 6 corrected)
 
     AP_T(d) = n_d^+ / (n_d N^+) * sum_{t=N_{d-1}+1}^{N_d} [N^+_{d-1} + 1 + (t - N_{d-1} - 1) b] / t,
     b = (n_d^+ - 1) / (n_d - 1)  (0 when n_d = 1),
@@ -52,6 +52,7 @@ _DIRECT_HARMONIC_TERMS = 16
 
 
 def check_ties(ties: str) -> str:
+    """``ties`` if it is one of :data:`TIES`, else a ValueError naming the argument."""
     if ties not in TIES:
         raise ValueError(f"`ties` must be one of {TIES}, got {ties!r}.")
     return ties
@@ -124,7 +125,9 @@ def expected_relevant_in_top(counts: RelevantGroupCounts, k: np.ndarray, ties: s
     r * (k - g) / n for the group straddling the cutoff.
 
     Args:
+        counts: the groups of a chunk of queries.
         k: (S,) int64 cutoff of every entry (a scalar broadcasts).
+        ties: "expected", "optimistic" or "pessimistic".
     """
     g = counts.greater
     n = counts.size
@@ -150,7 +153,11 @@ def hit_probability_at(
     item with probability C(n - r, k - g) / C(n, k - g).
 
     Args:
-        first_greater, first_size, first_relevant: (Q,) int64 counts of each query's best group.
+        first_greater: (Q,) int64 items strictly above each query's best relevant group.
+        first_size: (Q,) int64 items tied in that group.
+        first_relevant: (Q,) int64 relevant items in that group.
+        k: the cutoff, a scalar or (Q,) per query.
+        ties: "expected", "optimistic" or "pessimistic".
     """
     g, n, r = first_greater, first_size, first_relevant
     t = k - g
@@ -314,6 +321,12 @@ def batched_ndcg(
     positions = torch.arange(1, n_items + 1, device=device, dtype=torch.float64)
     discount = torch.where(positions <= cutoff, 1.0 / torch.log2(positions + 1.0), 0.0)
     ideal = (torch.sort(gain, dim=1, descending=True).values * discount).sum(1)
+    if not bool(torch.isfinite(ideal).all()):
+        raise ValueError(
+            f"`gains` up to {float(a.max()):g} overflow float64: the gain 2^a - 1 (or the ideal "
+            "DCG summing them) exceeds 1.8e308 when a approaches 1024; rescale the graded "
+            "relevance (e.g. use ranks 0, 1, 2, ... instead of raw scores)."
+        )
     if ties == "expected":
         sorted_scores, order = torch.sort(s, dim=1, descending=True)
         g_sorted = torch.gather(gain, 1, order)

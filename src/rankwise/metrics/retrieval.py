@@ -2,16 +2,19 @@
 
 Every query is ranked against the gallery by similarity; the metrics are the expectations over all
 orderings of tied items (McSherry & Najork 2008; He et al., "Hashing as Tie-Aware Learning to
-Rank", CVPR 2018, Prop. 1, Eq. 6 as corrected in the seeds errata). MAP@R and R-precision follow
+Rank", CVPR 2018, Prop. 1, Eq. 6 as corrected in docs/errata.md). MAP@R and R-precision follow
 Musgrave, Belongie & Lim, "A Metric Learning Reality Check" (ECCV 2020): with R the number of items
 relevant to the query, MAP@R = (1/R) sum_{i<=R} P(i) rel(i) and RP = (#relevant in the top R) / R;
 their tie-aware forms are the AP_T per-position terms truncated to positions <= R and the
 hypergeometric expectation of the relevant items in the top R. The mean PR curve is the one plotted
 by Wen et al. (NeurIPS 2022, SOPRC, Fig. 2): the mean over queries of interpolated precision.
 
-Scores are computed chunk-wise over queries (one matmul against the whole gallery per chunk, never
-an N x N matrix); each chunk is reduced to per-relevant-group counts by the kernels of
-:mod:`rankwise.metrics._kernels` and then to metrics in closed form.
+Queries are processed in chunks (never an N x N matrix). Each chunk's scores are the exact keys
+of :mod:`rankwise.similarity` -- a pair's key depends on the two rows only, never on the chunk, the
+gallery order or the backend -- produced by :mod:`rankwise.metrics._scores` ("scores for a block":
+an exact matmul when the inputs allow it, else a float32 matmul with a proven error bound) and
+reduced to per-relevant-group counts of those keys by :mod:`rankwise.metrics._kernels` ("counts
+from scores"), then to metrics in closed form.
 """
 
 from __future__ import annotations
@@ -23,16 +26,19 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .._threads import keeps_torch_threads
-from .._validation import as_tensor, check_embeddings, check_labels
+from .._validation import as_tensor, check_choice
+from ..similarity import SIMILARITIES
+from ._inputs import QueryGallery, check_chunk_size, check_ks, check_query_gallery
 from ._kernels import (
     RelevantGroupCounts,
-    relevant_group_counts,
     relevant_group_counts_from_lists,
+    relevant_group_counts_torch,
     relevant_lists_from_classes,
+    relevant_lists_from_mask,
 )
+from ._scores import BlockScorer
 from .ranking import (
     average_precision_from_counts,
     check_ties,
@@ -44,12 +50,12 @@ from .ranking import (
 
 __all__ = ["RetrievalReport", "PRCurve", "retrieval_metrics", "pr_curve", "SIMILARITIES"]
 
-SIMILARITIES = ("cosine", "dot", "euclidean")
-# Memory budget of one chunk's score block (the numba path). The torch path sorts the block and
-# keeps about ten int64 index / cumulative-sum arrays of the same shape (~100 bytes per score), so
-# it takes proportionally fewer rows.
+# Memory budget of one chunk's score block. The torch path sorts the block and keeps about ten
+# int64 index / cumulative-sum arrays of the same shape, so it takes proportionally fewer rows.
 _CHUNK_BYTES = 256 * 2**20
-_TORCH_WORK_FACTOR = 24
+_TORCH_SORT_BYTES = 96
+# Above this mean number of relevant items per query the scores are approximated in float64.
+_FLOAT64_APPROXIMATION_RELEVANT = 256
 
 
 @dataclass
@@ -152,8 +158,6 @@ class PRCurve:
 
 @dataclass
 class _Prepared:
-    query: torch.Tensor
-    gallery: torch.Tensor
     query_labels: torch.Tensor
     gallery_labels: torch.Tensor
     self_index: torch.Tensor | None
@@ -161,7 +165,10 @@ class _Prepared:
     similarity: str
     backend: str
     chunk_size: int
+    n_query: int
+    n_gallery: int
     n_ranked: int  # items in each ranked list (gallery minus the excluded row, if any)
+    scorer: BlockScorer
     classes: _ClassIndex | None = None  # class id labels on the numba path
 
 
@@ -171,10 +178,11 @@ class _ClassIndex:
 
     query_class: np.ndarray  # (n_q,) int64 compact class of each query, -1 if not in the gallery
     class_ptr: np.ndarray  # (C + 1,) int64, class c's rows are members[class_ptr[c]:class_ptr[c+1]]
-    members: np.ndarray  # (n_g,) int64 gallery rows sorted by class
+    members: np.ndarray  # (n_g,) int64 gallery rows sorted by class (increasing within a class)
 
     @staticmethod
     def build(query_labels: torch.Tensor, gallery_labels: torch.Tensor) -> _ClassIndex:
+        """Index the gallery rows of every class and the class of every query."""
         gl = gallery_labels.cpu().numpy()
         ql = query_labels.cpu().numpy()
         classes, g_class = np.unique(gl, return_inverse=True)
@@ -185,6 +193,12 @@ class _ClassIndex:
         query_class = np.where(classes[pos] == ql, pos, -1).astype(np.int64)
         return _ClassIndex(query_class, class_ptr, members)
 
+    def mean_relevant(self) -> float:
+        """Mean number of gallery items of each query's class."""
+        sizes = np.diff(self.class_ptr)
+        counts = np.where(self.query_class >= 0, sizes[self.query_class], 0)
+        return float(counts.mean()) if counts.size else 0.0
+
     def relevant_lists(self, lo: int, hi: int, self_index: np.ndarray | None):
         """(rel_ptr, rel_cols) of queries lo..hi-1: their class's gallery rows, self removed."""
         return relevant_lists_from_classes(
@@ -192,15 +206,43 @@ class _ClassIndex:
         )
 
 
-def _check_labels_kind(y: Any, n: int, name: str, device) -> torch.Tensor:
-    t = as_tensor(y, name)
-    if t.ndim == 2 and not t.is_floating_point() and t.dtype != torch.bool:
-        if not bool(((t == 0) | (t == 1)).all()):
+def _self_index(exclude_self: Any, qg: QueryGallery) -> tuple[torch.Tensor | None, int]:
+    """Gallery row excluded from each query's list (or None) and the list length."""
+    n_q, n_g = qg.query.shape[0], qg.gallery.shape[0]
+    if exclude_self is None:
+        exclude_self = qg.leave_one_out
+    self_index = None
+    if isinstance(exclude_self, (bool, np.bool_)):
+        if exclude_self:
+            if n_g != n_q:
+                raise ValueError(
+                    f"`exclude_self=True` needs the query rows to be the gallery rows, but "
+                    f"`query` has {n_q} rows and `gallery` {n_g}; pass an index "
+                    "array (gallery row of each query, -1 for none) instead."
+                )
+            self_index = torch.arange(n_q, device=qg.device)
+    else:
+        idx = as_tensor(exclude_self, "exclude_self", qg.device)
+        if (
+            idx.ndim != 1
+            or idx.shape[0] != n_q
+            or idx.is_floating_point()
+            or idx.dtype == torch.bool
+        ):
             raise ValueError(
-                f"multi-hot `{name}` must contain only 0 and 1; got other values "
-                "(pass a bool / 0-1 matrix, one column per label)."
+                "`exclude_self` must be None, a bool, or a 1-D integer array with the gallery "
+                f"row of each of the {n_q} queries (-1 for none)."
             )
-    return check_labels(t, n, name, device)
+        self_index = idx.to(torch.int64)
+        if bool(((self_index < -1) | (self_index >= n_g)).any()):
+            raise ValueError(f"`exclude_self` indices must lie in [-1, {n_g - 1}].")
+    n_ranked = n_g - (1 if self_index is not None and bool((self_index >= 0).any()) else 0)
+    if n_ranked < 1:
+        raise ValueError(
+            "the gallery is empty once each query's own row is excluded; pass a `gallery` with at "
+            "least one other item."
+        )
+    return self_index, n_ranked
 
 
 def _prepare(
@@ -214,157 +256,83 @@ def _prepare(
     device,
     backend,
 ) -> _Prepared:
-    if similarity == "neg_euclidean":
-        similarity = "euclidean"
-    if similarity not in SIMILARITIES:
-        raise ValueError(f"`similarity` must be one of {SIMILARITIES}, got {similarity!r}.")
-    if backend not in ("auto", "numba", "torch"):
-        raise ValueError(f"`backend` must be 'auto', 'numba' or 'torch', got {backend!r}.")
-    if device is None:
-        device = query.device if isinstance(query, torch.Tensor) else torch.device("cpu")
-    device = torch.device(device)
-    q = check_embeddings(query, "query", device)
-    ql = _check_labels_kind(query_labels, q.shape[0], "query_labels", device)
-    if gallery is None:
-        if gallery_labels is not None:
-            raise ValueError("`gallery_labels` was given without `gallery`; pass both or neither.")
-        g, gl = q, ql
-    else:
-        if gallery_labels is None:
-            raise ValueError("`gallery` was given without `gallery_labels`; pass both.")
-        g = check_embeddings(gallery, "gallery", device)
-        gl = _check_labels_kind(gallery_labels, g.shape[0], "gallery_labels", device)
-        if g.shape[1] != q.shape[1]:
-            raise ValueError(
-                f"`gallery` has dimension {g.shape[1]} but `query` has {q.shape[1]}; embed both "
-                "with the same model."
-            )
-    if ql.ndim != gl.ndim:
-        raise ValueError(
-            "`query_labels` and `gallery_labels` must be the same kind: both 1-D class ids or "
-            f"both (n, C) multi-hot; got {ql.ndim}-D and {gl.ndim}-D."
-        )
-    if ql.ndim == 2 and ql.shape[1] != gl.shape[1]:
-        raise ValueError(
-            f"multi-hot `query_labels` has {ql.shape[1]} columns but `gallery_labels` has "
-            f"{gl.shape[1]}; use the same label vocabulary."
-        )
-    # scores in float32 on the CPU (exact widening of fp16, so fp16 ties persist), input dtype else
-    work_dtype = q.dtype if q.dtype == g.dtype else torch.promote_types(q.dtype, g.dtype)
-    if device.type == "cpu" and work_dtype not in (torch.float32, torch.float64):
-        work_dtype = torch.float32
-    q = q.detach().to(work_dtype)
-    g = g.detach().to(work_dtype)
-
-    if exclude_self is None:
-        exclude_self = gallery is None
-    self_index = None
-    if isinstance(exclude_self, (bool, np.bool_)):
-        if exclude_self:
-            if g.shape[0] != q.shape[0]:
-                raise ValueError(
-                    f"`exclude_self=True` needs the query rows to be the gallery rows, but "
-                    f"`query` has {q.shape[0]} rows and `gallery` {g.shape[0]}; pass an index "
-                    "array (gallery row of each query, -1 for none) instead."
-                )
-            self_index = torch.arange(q.shape[0], device=device)
-    else:
-        idx = as_tensor(exclude_self, "exclude_self", device)
-        if (
-            idx.ndim != 1
-            or idx.shape[0] != q.shape[0]
-            or idx.is_floating_point()
-            or idx.dtype == torch.bool
-        ):
-            raise ValueError(
-                "`exclude_self` must be None, a bool, or a 1-D integer array with the gallery "
-                f"row of each of the {q.shape[0]} queries (-1 for none)."
-            )
-        idx = idx.to(torch.int64)
-        if bool(((idx < -1) | (idx >= g.shape[0])).any()):
-            raise ValueError(f"`exclude_self` indices must lie in [-1, {g.shape[0] - 1}].")
-        self_index = idx
-    n_ranked = g.shape[0] - (1 if self_index is not None and bool((self_index >= 0).any()) else 0)
-    if n_ranked < 1:
-        raise ValueError(
-            "the gallery is empty once each query's own row is excluded; pass a `gallery` with at "
-            "least one other item."
-        )
+    backend = check_choice(backend, "backend", ("auto", "numba", "torch"))
+    qg = check_query_gallery(
+        query, query_labels, gallery, gallery_labels, similarity=similarity, device=device
+    )
+    chunk_size = check_chunk_size(chunk_size)
+    self_index, n_ranked = _self_index(exclude_self, qg)
     if backend == "auto":
-        backend = "numba" if device.type == "cpu" else "torch"
+        backend = "numba" if qg.device.type == "cpu" else "torch"
+    classes = None
+    if backend == "numba" and not qg.multi_hot:
+        classes = _ClassIndex.build(qg.query_labels, qg.gallery_labels)
+    # The sort-based torch path compares values, so it gets exact ones; the numba path refines
+    # an approximation itself (rankwise.metrics._scores). With many relevant items per query a
+    # float64 approximation leaves far fewer pairs to recompute exactly than a float32 one.
+    scorer = BlockScorer(
+        qg.query,
+        qg.gallery,
+        qg.similarity,
+        approximate=backend == "numba",
+        float64_approximation=classes is not None
+        and classes.mean_relevant() > _FLOAT64_APPROXIMATION_RELEVANT,
+    )
+    n_q, n_g = qg.query.shape[0], qg.gallery.shape[0]
     if chunk_size is None:
-        bytes_per_row = g.shape[0] * 4 * (_TORCH_WORK_FACTOR if backend == "torch" else 1)
-        chunk_size = max(1, min(q.shape[0], _CHUNK_BYTES // max(bytes_per_row, 1)))
-    elif (
-        isinstance(chunk_size, bool)
-        or not isinstance(chunk_size, (int, np.integer))
-        or chunk_size < 1
-    ):
-        raise ValueError(f"`chunk_size` must be a positive integer or None, got {chunk_size!r}.")
-    if similarity == "cosine":
-        q = F.normalize(q, dim=1)
-        g = F.normalize(g, dim=1)
-    classes = _ClassIndex.build(ql, gl) if backend == "numba" and ql.ndim == 1 else None
+        per_score = scorer.bytes_per_score + (_TORCH_SORT_BYTES if backend == "torch" else 0)
+        chunk_size = max(1, min(n_q, _CHUNK_BYTES // max(n_g * per_score, 1)))
     return _Prepared(
-        q,
-        g,
-        ql,
-        gl,
+        qg.query_labels,
+        qg.gallery_labels,
         self_index,
-        ql.ndim == 2,
-        similarity,
+        qg.multi_hot,
+        qg.similarity,
         backend,
-        int(chunk_size),
+        chunk_size,
+        n_q,
+        n_g,
         n_ranked,
+        scorer,
         classes,
+    )
+
+
+def _relevance_mask(p: _Prepared, lo: int, hi: int) -> torch.Tensor:
+    """(hi - lo, n_g) bool: same class id, or (multi-hot) at least one shared label."""
+    if p.multi_hot:
+        shared = p.query_labels[lo:hi].to(torch.float32) @ p.gallery_labels.to(torch.float32).T
+        return shared > 0
+    return p.query_labels[lo:hi, None] == p.gallery_labels[None, :]
+
+
+def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
+    """Tie-group counts of the exact keys of query rows lo..hi-1 ("counts from scores")."""
+    block = p.scorer.block(lo, hi)
+    self_index = None if p.self_index is None else p.self_index[lo:hi]
+    if p.backend == "torch":
+        values = block.values if block.bound is None else p.scorer.keys(lo, hi)
+        return relevant_group_counts_torch(values, _relevance_mask(p, lo, hi), self_index)
+    si = None if self_index is None else self_index.cpu().numpy()
+    if p.classes is not None:
+        rel_ptr, rel_cols = p.classes.relevant_lists(lo, hi, si)
+    else:
+        rel_ptr, rel_cols = relevant_lists_from_mask(_relevance_mask(p, lo, hi).cpu().numpy(), si)
+    return relevant_group_counts_from_lists(
+        block.values.cpu().numpy(),
+        rel_ptr,
+        rel_cols,
+        si,
+        bound=block.bound,
+        exact_keys=lambda rows, cols: p.scorer.pair_keys(rows + lo, cols),
     )
 
 
 def _iterate_counts(p: _Prepared) -> Iterator[tuple[int, int, RelevantGroupCounts]]:
     """Yield (first row, last row + 1, group counts) for each chunk of queries."""
-    n_query = p.query.shape[0]
-    gallery_sq = (p.gallery * p.gallery).sum(1) if p.similarity == "euclidean" else None
-    gallery_hot = p.gallery_labels.to(torch.float32) if p.multi_hot else None
-    for lo in range(0, n_query, p.chunk_size):
-        hi = min(n_query, lo + p.chunk_size)
-        q = p.query[lo:hi]
-        if q.shape[0] == 1:
-            # BLAS computes a one-row product with gemv, whose rounding differs from gemm's: mirror
-            # the row so that a last chunk of one query scores exactly like the other chunks.
-            scores = (torch.cat([q, q]) @ p.gallery.T)[:1]
-        else:
-            scores = q @ p.gallery.T
-        if p.similarity == "euclidean":
-            # -||q - g||^2 ranks like -||q - g||; the clamp ties rounding-negative distances at 0
-            scores = -((q * q).sum(1, keepdim=True) + gallery_sq - 2 * scores).clamp_min_(0)
-        self_index = None if p.self_index is None else p.self_index[lo:hi]
-        if p.classes is not None:
-            si = None if self_index is None else self_index.cpu().numpy()
-            rel_ptr, rel_cols = p.classes.relevant_lists(lo, hi, si)
-            yield (
-                lo,
-                hi,
-                relevant_group_counts_from_lists(scores.cpu().numpy(), rel_ptr, rel_cols, si),
-            )
-            continue
-        if p.multi_hot:
-            relevant = (p.query_labels[lo:hi].to(torch.float32) @ gallery_hot.T) > 0
-        else:
-            relevant = p.query_labels[lo:hi, None] == p.gallery_labels[None, :]
-        yield lo, hi, relevant_group_counts(scores, relevant, self_index, p.backend)
-
-
-def _check_ks(ks: Any) -> tuple[int, ...]:
-    if isinstance(ks, (int, np.integer)) and not isinstance(ks, bool):
-        ks = (ks,)
-    try:
-        ks = tuple(ks)
-    except TypeError:
-        raise ValueError(f"`ks` must be a sequence of positive integers, got {ks!r}.") from None
-    for k in ks:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"`ks` must hold positive integers, got {k!r} in {ks!r}.")
-    return tuple(int(k) for k in ks)
+    for lo in range(0, p.n_query, p.chunk_size):
+        hi = min(p.n_query, lo + p.chunk_size)
+        yield lo, hi, _block_counts(p, lo, hi)
 
 
 @keeps_torch_threads
@@ -405,7 +373,7 @@ def retrieval_metrics(
         ValueError: bad input (naming the argument), or no query has a relevant gallery item.
     """
     check_ties(ties)
-    ks = tuple(dict.fromkeys(_check_ks(ks)))
+    ks = check_ks(ks)
     p = _prepare(
         query,
         query_labels,
@@ -417,9 +385,9 @@ def retrieval_metrics(
         device,
         backend,
     )
-    n_query = p.query.shape[0]
+    n_query = p.n_query
     # each query's list length: an `exclude_self` index array may leave some queries' rows in
-    list_length = np.full(n_query, p.gallery.shape[0], dtype=np.int64)
+    list_length = np.full(n_query, p.n_gallery, dtype=np.int64)
     if p.self_index is not None:
         list_length -= (p.self_index >= 0).cpu().numpy()
     clamped = {k: min(k, p.n_ranked) for k in ks if k > p.n_ranked}
@@ -479,7 +447,7 @@ def retrieval_metrics(
         per_query_ap=torch.from_numpy(ap),
         n_queries=n_query,
         n_queries_without_relevant=n_without,
-        n_gallery=int(p.gallery.shape[0]),
+        n_gallery=p.n_gallery,
         ties=ties,
         similarity=p.similarity,
         ks=ks,

@@ -31,7 +31,7 @@ from .trainer import RunResult, Trainer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..data import RetrievalSplits
+    from ..data import ArrayDataset, RetrievalSplits
     from ..metrics import PRCurve
 
 __all__ = [
@@ -269,7 +269,7 @@ def reference_rows(
             out[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
         return out
 
-    def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:  # an in-memory ArrayDataset
+    def flat(dataset: ArrayDataset) -> tuple[torch.Tensor, np.ndarray]:
         x = dataset.inputs.reshape(len(dataset.labels), -1).to(torch.float32)
         return x, np.asarray(dataset.labels)
 

@@ -43,6 +43,8 @@ from .checkpoint import atomic_save, atomic_write_text, load_checkpoint
 from .errors import CollapsedEmbeddingsError, NonFiniteLossError
 
 if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
     from ..metrics import PRCurve, RetrievalReport
     from .config import Config
     from .trainer import RunResult, Trainer
@@ -389,8 +391,8 @@ class ProgressBar(Callback):
     def __init__(self, enabled: bool | None = None, log_every: int = 10) -> None:
         self.enabled = enabled
         self.log_every = log_every
-        self._progress: Any = None
-        self._task: Any = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._losses: list[float] = []
         self._steps = 0
         self._start = time.perf_counter()

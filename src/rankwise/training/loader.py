@@ -14,7 +14,7 @@ resumed from its checkpoint sees exactly the batches an uninterrupted run sees, 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -191,22 +191,45 @@ class SeededItems(Dataset):
 
     def __getitem__(self, key: tuple[int, int, int, int]) -> tuple[Any, Any, torch.Tensor]:
         """``(x, label, tensor([epoch, position]))`` of ``key = (index, seed, epoch, position)``."""
-        index, item_seed, epoch, position = key
-        meta = torch.tensor([epoch, position], dtype=torch.int64)
+        return self.__getitems__([key])[0]
+
+    def __getitems__(
+        self, keys: Sequence[tuple[int, int, int, int]]
+    ) -> list[tuple[Any, Any, torch.Tensor]]:
+        """The items of a batch of keys, as :meth:`__getitem__` gives them one by one.
+
+        A DataLoader fetches a whole batch through this method, so the global numpy / python /
+        torch RNG states are saved and restored once per batch instead of once per item (the
+        same items, at half the loader time of an augmented 224-item batch).
+
+        Args:
+            keys: ``(index, seed, epoch, position)`` tuples.
+
+        Returns:
+            One ``(x, label, tensor([epoch, position]))`` per key.
+        """
         if not self.reseed:
-            x, label = self.dataset[index]
-            return x, label, meta
+            return [self._item(key) for key in keys]
         np_state, py_state = np.random.get_state(), random.getstate()  # noqa: NPY002
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(item_seed)
-            np.random.seed(item_seed % (2**32))  # noqa: NPY002
-            random.seed(item_seed)
             try:
-                x, label = self.dataset[index]
+                return [self._item(key, seeded=True) for key in keys]
             finally:
                 np.random.set_state(np_state)  # noqa: NPY002
                 random.setstate(py_state)
-        return x, label, meta
+
+    def _item(
+        self, key: tuple[int, int, int, int], seeded: bool = False
+    ) -> tuple[Any, Any, torch.Tensor]:
+        index, item_seed, epoch, position = key
+        if seeded:
+            # the CPU generator only: torch.manual_seed would also (lazily) seed accelerator
+            # generators, which fork_rng(devices=[]) does not restore, at ~1 ms per item
+            torch.default_generator.manual_seed(item_seed)
+            np.random.seed(item_seed % (2**32))  # noqa: NPY002
+            random.seed(item_seed)
+        x, label = self.dataset[index]
+        return x, label, torch.tensor([epoch, position], dtype=torch.int64)
 
 
 def worker_init(worker_id: int) -> None:

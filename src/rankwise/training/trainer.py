@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -95,6 +95,7 @@ __all__ = [
 # a learning rate per 0-based step, or a torch scheduler stepped after every optimizer step
 LRSchedule = Callable[[int], float] | torch.optim.lr_scheduler.LRScheduler
 CallbackLike = Callback | Callable[["Trainer"], None]
+_C = TypeVar("_C", bound=Callback)
 
 
 @dataclass
@@ -266,6 +267,13 @@ class Trainer:
         log_every: steps between training records in the history.
         eval_ks: cut-offs of recall@k / precision@k in the reports.
         eval_batch_size: batch size when embedding evaluation data.
+        metric_fn: the evaluation, called as ``metric_fn(query, query_labels, gallery,
+            gallery_labels, ks=eval_ks)`` (``gallery`` ``None`` for leave-one-out); default
+            :func:`rankwise.metrics.retrieval_metrics` (cosine, tie-aware). Its report needs the
+            attribute the selection monitors (``map``) and ``to_dict()``; e.g.
+            ``functools.partial(retrieval_metrics, similarity="dot")``.
+        curve_fn: the test curve, called like ``metric_fn`` without ``ks``; default
+            :func:`rankwise.metrics.pr_curve`.
         device: ``"cpu"``, ``"cuda"``, ``"auto"`` or a ``torch.device``; default: where the
             model's parameters are.
         seed: seeds the default sampler, the per-item transform seeds and the data loaders.
@@ -308,6 +316,8 @@ class Trainer:
         log_every: int = 10,
         eval_ks: Sequence[int] = (1, 10, 100),
         eval_batch_size: int = 256,
+        metric_fn: Callable[..., RetrievalReport] | None = None,
+        curve_fn: Callable[..., PRCurve] | None = None,
         device: str | torch.device | None = None,
         seed: int = 0,
         num_workers: int = 0,
@@ -346,6 +356,13 @@ class Trainer:
         if not self.eval_ks:
             raise ValueError("`eval_ks` must hold at least one positive integer.")
         self.deterministic = check_bool(deterministic, "deterministic")
+        from ..metrics import pr_curve, retrieval_metrics
+
+        for fn, fn_name in ((metric_fn, "metric_fn"), (curve_fn, "curve_fn")):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"`{fn_name}` must be a function, got {type(fn).__name__}.")
+        self.metric_fn = metric_fn if metric_fn is not None else retrieval_metrics
+        self.curve_fn = curve_fn if curve_fn is not None else pr_curve
         self.run_dir = None if run_dir is None else Path(run_dir)
         self.checkpoint_dir = (
             self.run_dir / "checkpoints" if self.run_dir is not None else Path("checkpoints")
@@ -387,7 +404,7 @@ class Trainer:
         self._tick = time.perf_counter()
         self.callbacks = self._default_callbacks(
             _positive_int(log_every, "log_every"),
-            progress,
+            None if progress is None else check_bool(progress, "progress"),
             check_bool(detect_collapse, "detect_collapse"),
         )
         for callback in callbacks:
@@ -639,7 +656,7 @@ class Trainer:
             f"{self.last_checkpoint_step}) is kept"
         )
 
-    def _callback(self, kind: type[Callback]) -> Any:
+    def _callback(self, kind: type[_C]) -> _C | None:
         return next((c for c in self._active if isinstance(c, kind)), None)
 
     @property
@@ -790,14 +807,12 @@ class Trainer:
     def _rank(
         self, split: str, with_curve: bool = False
     ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
-        from ..metrics import pr_curve, retrieval_metrics
-
         query, query_labels = self.embed(self._data(split))
         gallery: tuple[torch.Tensor, np.ndarray] | tuple[None, None] = (None, None)
         if split == "test" and self.gallery_data is not None:
             gallery = self.embed(self.gallery_data)
-        report = retrieval_metrics(query, query_labels, *gallery, ks=self.eval_ks)
-        curve = pr_curve(query, query_labels, *gallery) if with_curve else None
+        report = self.metric_fn(query, query_labels, *gallery, ks=self.eval_ks)
+        curve = self.curve_fn(query, query_labels, *gallery) if with_curve else None
         return report, query, curve
 
     def evaluate(self, split: str = "val") -> RetrievalReport:
@@ -952,6 +967,7 @@ class Trainer:
         self._emit("on_fit_start")
         with _determinism(self.deterministic), _graceful_sigint(self):
             self.model.train()
+            self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = iter(self._loader())
             try:
                 while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
@@ -988,13 +1004,12 @@ class Trainer:
         )
 
     def _interrupted(self) -> TrainingInterrupted:
-        if not self._in_step:
-            if self.run_dir is None:
-                detail = f"nothing was saved (no run_dir); the model holds step {self.step}"
-            else:
-                if self.last_checkpoint_step != self.step:
-                    self.save_checkpoint()
-                detail = f"checkpoint saved at step {self.step}"
+        if self.run_dir is None:
+            detail = "nothing was saved (the trainer has no run_dir)"
+        elif not self._in_step:
+            if self.last_checkpoint_step != self.step:
+                self.save_checkpoint()
+            detail = f"checkpoint saved at step {self.step}"
         elif self.last_checkpoint_step is not None:
             detail = (
                 f"step {self.step + 1} was cut short, so the checkpoint of step "

@@ -1,0 +1,172 @@
+"""One argument check for every metric that ranks a query set against a gallery.
+
+``retrieval_metrics``, ``pr_curve``, ``pair_scores``, ``roc_curve_from_embeddings`` and
+``RetrievalMetric`` all take ``(query, query_labels, gallery=None, gallery_labels=None)`` plus a
+similarity, a device and a chunk size; this module validates them once, with one set of messages
+naming the argument (the retrieval protocol is that of Musgrave et al., *A Metric Learning Reality
+Check*, ECCV 2020: leave-one-out when no gallery is given).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._validation import Interval, as_tensor, check_embeddings, check_labels, check_scalar
+from ..similarity import check_similarity
+
+__all__ = [
+    "QueryGallery",
+    "check_chunk_size",
+    "check_device",
+    "check_ks",
+    "check_label_array",
+    "check_query_gallery",
+]
+
+
+@dataclass
+class QueryGallery:
+    """Checked query / gallery embeddings and labels on one device.
+
+    Attributes:
+        query: (n_q, d) floating tensor (fp16 / bf16 kept; integer / bool codes cast to float32).
+        query_labels: (n_q,) int64 class ids or (n_q, C) bool multi-hot.
+        gallery: (n_g, d) floating tensor; the query tensor itself for leave-one-out.
+        gallery_labels: labels of the gallery, same kind as ``query_labels``.
+        leave_one_out: True when no gallery was given.
+        similarity: canonical similarity name.
+        device: where the tensors live.
+    """
+
+    query: torch.Tensor
+    query_labels: torch.Tensor
+    gallery: torch.Tensor
+    gallery_labels: torch.Tensor
+    leave_one_out: bool
+    similarity: str
+    device: torch.device
+
+    @property
+    def multi_hot(self) -> bool:
+        """True for (n, C) multi-hot labels."""
+        return self.query_labels.ndim == 2
+
+
+def check_device(device: Any, query: Any) -> torch.device:
+    """The device to compute on: ``device``, else the query tensor's device, else the CPU.
+
+    Raises:
+        ValueError: an unknown device string, or a device this machine does not have.
+    """
+    if device is None:
+        return query.device if isinstance(query, torch.Tensor) else torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"`device` must name a torch device such as 'cpu', 'cuda' or 'cuda:1', got {device!r}."
+        ) from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"`device`={device!r} but no CUDA device is available on this machine; pass "
+            "device='cpu' (or None for the device of `query`)."
+        )
+    try:
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError) as exc:
+        raise ValueError(
+            f"`device`={device!r} cannot be used on this machine ({exc}); pass device='cpu'."
+        ) from exc
+    return dev
+
+
+def check_label_array(labels: Any, n: int, name: str, device: torch.device) -> torch.Tensor:
+    """Class ids (n,) or multi-hot (n, C) of 0/1 values, with a hint for (n, 1) class ids."""
+    t = as_tensor(labels, name)
+    if t.ndim == 2 and t.dtype != torch.bool and not t.is_complex():
+        if not bool(((t == 0) | (t == 1)).all()):
+            if t.shape[1] == 1:
+                raise ValueError(
+                    f"`{name}` has shape {tuple(t.shape)}: a 2-D label array is read as multi-hot "
+                    "(0/1 per label), but it holds other values; pass 1-D class ids instead "
+                    f"({name}.reshape(-1))."
+                )
+            raise ValueError(
+                f"multi-hot `{name}` must contain only 0 and 1; got other values "
+                "(pass a bool / 0-1 matrix, one column per label, or 1-D class ids)."
+            )
+    return check_labels(t, n, name, device)
+
+
+def check_query_gallery(
+    query: Any,
+    query_labels: Any,
+    gallery: Any,
+    gallery_labels: Any,
+    *,
+    similarity: Any = "cosine",
+    device: Any = None,
+) -> QueryGallery:
+    """Validate the query / gallery arguments shared by every embedding metric.
+
+    Raises:
+        ValueError: naming the argument: NaN / inf / empty / zero-dimensional embeddings, label
+            shape or kind, a lone ``gallery`` or ``gallery_labels``, mismatched dimensions or label
+            vocabularies, an unknown similarity or device.
+    """
+    similarity = check_similarity(similarity)
+    dev = check_device(device, query)
+    q = check_embeddings(query, "query", dev)
+    ql = check_label_array(query_labels, q.shape[0], "query_labels", dev)
+    if (gallery is None) != (gallery_labels is None):
+        missing = "gallery" if gallery is None else "gallery_labels"
+        raise ValueError(
+            f"`{missing}` is missing: pass both `gallery` and `gallery_labels`, or neither "
+            "(leave-one-out over the queries)."
+        )
+    if gallery is None:
+        g, gl = q, ql
+    else:
+        g = check_embeddings(gallery, "gallery", dev)
+        gl = check_label_array(gallery_labels, g.shape[0], "gallery_labels", dev)
+        if g.shape[1] != q.shape[1]:
+            raise ValueError(
+                f"`gallery` has dimension {g.shape[1]} but `query` has {q.shape[1]}; embed both "
+                "with the same model."
+            )
+        if ql.ndim != gl.ndim:
+            raise ValueError(
+                "`query_labels` and `gallery_labels` must be the same kind: both 1-D class ids or "
+                f"both (n, C) multi-hot; got {ql.ndim}-D and {gl.ndim}-D."
+            )
+        if ql.ndim == 2 and ql.shape[1] != gl.shape[1]:
+            raise ValueError(
+                f"multi-hot `query_labels` has {ql.shape[1]} columns but `gallery_labels` has "
+                f"{gl.shape[1]}; use the same label vocabulary."
+            )
+    return QueryGallery(q.detach(), ql, g.detach(), gl, gallery is None, similarity, dev)
+
+
+def check_ks(ks: Any) -> tuple[int, ...]:
+    """Cut-offs of R@k / P@k: a positive integer or a non-empty sequence of them (deduplicated)."""
+    if isinstance(ks, (int, np.integer)) and not isinstance(ks, (bool, np.bool_)):
+        ks = (ks,)
+    try:
+        ks = tuple(ks)
+    except TypeError:
+        raise ValueError(f"`ks` must be a sequence of positive integers, got {ks!r}.") from None
+    if not ks:
+        raise ValueError("`ks` is empty; pass at least one cut-off, e.g. ks=(1, 10, 100).")
+    checked = [check_scalar(k, "ks", Interval("integer", 1, None)) for k in ks]
+    return tuple(dict.fromkeys(checked))
+
+
+def check_chunk_size(chunk_size: Any) -> int | None:
+    """``None`` or a positive number of query rows per chunk."""
+    if chunk_size is None:
+        return None
+    return check_scalar(chunk_size, "chunk_size", Interval("integer", 1, None))

@@ -1,0 +1,353 @@
+"""One similarity vocabulary: names, the losses' score matrix and the metrics' exact keys.
+
+The names, the differentiable score matrix of the losses, and the exact scores the metrics rank
+by.
+
+Three similarities, one spelling: ``"cosine"`` (rows L2-normalised, then the inner product; the
+score of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
+List Stability*, NeurIPS 2022, Sec. 5, and of the AUC loss of Gajić et al., Eq. 1-3),
+``"dot"`` (the raw inner product, e.g. of binary codes, He et al., *Hashing as Tie-Aware Learning to
+Rank*, CVPR 2018, Eq. 2) and ``"euclidean"`` (ranking by *increasing* Euclidean distance, i.e. the
+score is ``-||q - g||``). ``"neg_euclidean"`` is accepted everywhere as an alias of
+``"euclidean"`` and normalised to it (:data:`SIMILARITY_ALIASES`).
+
+Two computations of the scores live here:
+
+* :func:`similarity_matrix` -- differentiable, in the input dtype, for the losses (one matmul).
+* :func:`ranking_keys` -- the exact evaluation keys of the metrics. A key is a float64 number that
+  ranks and ties exactly like the similarity: ``q . g`` for ``"dot"``,
+  ``cos * |cos| = (q . g) |q . g| / (||q||^2 ||g||^2)`` for ``"cosine"`` (one division per pair, by
+  the norm product, and no square root) and ``-||q - g||^2`` for ``"euclidean"`` (differences
+  first: translation-invariant and accurate near 0). Every sum runs over ``k = 0, 1, ..., d - 1`` in
+  that order in float64, each operation rounded once. The key of a pair is therefore a function of
+  the two rows only: it does not depend on the chunk, the block, the gallery order or the device
+  (the numba kernels and the torch implementation perform the same operations). For inputs of at
+  most float32 precision every product is exact in float64, and when all partial sums are exact too
+  (integer and binary codes, fp16 / bf16 and float32 data on a coarse enough grid; see
+  ``docs/metrics.md``) the keys are exact, so mathematically equal similarities give equal keys.
+  :func:`similarity_from_keys` turns keys back into similarities (``cos``, ``q . g``,
+  ``-||q - g||``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ._threads import keeps_torch_threads
+from ._validation import check_choice, check_embeddings
+
+__all__ = [
+    "SIMILARITIES",
+    "SIMILARITY_ALIASES",
+    "ExactOperands",
+    "check_similarity",
+    "exact_similarity",
+    "ranking_keys",
+    "similarity_from_keys",
+    "similarity_matrix",
+]
+
+SIMILARITIES = ("cosine", "dot", "euclidean")
+SIMILARITY_ALIASES = {"neg_euclidean": "euclidean"}
+
+# Kernel codes (rankwise._similarity_kernels uses the same numbers).
+_CODES = {"dot": 0, "cosine": 1, "euclidean": 2}
+# float64 keys of float64 inputs overflow past ~1.8e308; refuse anything whose bound exceeds this.
+_OVERFLOW_LIMIT = 2.0**1000
+
+
+def check_similarity(similarity: Any, name: str = "similarity") -> str:
+    """The canonical name of ``similarity`` (``"neg_euclidean"`` becomes ``"euclidean"``).
+
+    Raises:
+        ValueError: naming ``name`` and the accepted values.
+    """
+    if isinstance(similarity, str):
+        similarity = SIMILARITY_ALIASES.get(similarity, similarity)
+    try:
+        return check_choice(similarity, name, SIMILARITIES)
+    except ValueError:
+        raise ValueError(
+            f"`{name}` must be one of 'cosine', 'dot' or 'euclidean' ('neg_euclidean' is an alias "
+            f"of 'euclidean'), got {similarity!r}."
+        ) from None
+
+
+def similarity_matrix(
+    queries: torch.Tensor, refs: torch.Tensor, similarity: str = "cosine"
+) -> torch.Tensor:
+    """Differentiable score matrix (n_queries, n_refs) of the losses: higher means more similar.
+
+    Args:
+        queries: (n_q, d) float tensor.
+        refs: (n_r, d) float tensor (``refs is queries`` normalises once for cosine).
+        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``):
+            ``-||q - r||``, computed by expanding the square and clamping at 1e-12 before the
+            square root (``cdist`` has an unstable gradient at distance 0).
+
+    Returns:
+        (n_q, n_r) tensor in the input dtype. For exact evaluation use :func:`ranking_keys`.
+    """
+    similarity = check_similarity(similarity)
+    if similarity == "cosine":
+        unit_queries = F.normalize(queries, dim=1)
+        # a batch ranked against itself is normalized once (half the work, forward and backward)
+        unit_refs = unit_queries if refs is queries else F.normalize(refs, dim=1)
+        return unit_queries @ unit_refs.T
+    if similarity == "dot":
+        return queries @ refs.T
+    sq = (queries * queries).sum(1, keepdim=True) + (refs * refs).sum(1) - 2 * queries @ refs.T
+    return -sq.clamp_min(1e-12).sqrt()
+
+
+# ----------------------------------------------------------------------------------------------
+# exact evaluation keys
+# ----------------------------------------------------------------------------------------------
+
+
+def _power_of_two_row_scale(x: torch.Tensor) -> torch.Tensor:
+    """Rows multiplied by powers of two so that their largest |entry| lies in [0.5, 1) (exact)."""
+    _, exponent = torch.frexp(x.abs().amax(dim=1))
+    return torch.ldexp(x, -exponent.to(torch.int64)[:, None].to(x.dtype))
+
+
+def safe_row_norms(x: torch.Tensor) -> torch.Tensor:
+    """(n,) float64 Euclidean norms without overflow or underflow of the squares (to rounding)."""
+    x = x.to(torch.float64)
+    largest = x.abs().amax(dim=1)
+    scale = torch.where(largest > 0, largest, torch.ones_like(largest))
+    return largest * torch.linalg.vector_norm(x / scale[:, None], dim=1)
+
+
+def _sequential_norms2(x: torch.Tensor) -> torch.Tensor:
+    """(n,) sum_k x[:, k] * x[:, k] in the order k = 0, 1, ... (the definition's own norms)."""
+    if x.device.type == "cpu":
+        from ._similarity_kernels import squared_norms
+
+        return torch.from_numpy(squared_norms(x.numpy()))
+    acc = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    for k in range(x.shape[1]):
+        acc = acc + x[:, k] * x[:, k]
+    return acc
+
+
+def _torch_keys(
+    code: int, q: torch.Tensor, g: torch.Tensor, q_norm2: torch.Tensor, g_norm2: torch.Tensor
+) -> torch.Tensor:
+    """(B, N) keys with torch ops, one elementwise operation per step (no fused multiply-add)."""
+    acc = torch.zeros(q.shape[0], g.shape[0], dtype=torch.float64, device=q.device)
+    for k in range(q.shape[1]):
+        if code == _CODES["euclidean"]:
+            t = q[:, k, None] - g[None, :, k]
+            acc = acc + t * t
+        else:
+            acc = acc + q[:, k, None] * g[None, :, k]
+    if code == _CODES["dot"]:
+        return acc
+    if code == _CODES["euclidean"]:
+        return -acc
+    den = q_norm2[:, None] * g_norm2[None, :]
+    return torch.where(den == 0, torch.zeros_like(acc), (acc * acc.abs()) / den)
+
+
+@dataclass(frozen=True)
+class ExactOperands:
+    """The float64 rows and norms from which the exact keys of a query set and a gallery follow.
+
+    Build with :meth:`build`. For cosine the rows are multiplied by powers of two (max |entry| in
+    [0.5, 1)), which leaves every key unchanged and keeps float64 inputs from overflowing.
+
+    Attributes:
+        similarity: canonical similarity name.
+        query: (n_q, d) float64.
+        gallery: (n_g, d) float64.
+        query_norm2: (n_q,) float64 sequential squared norms of ``query`` (cosine; else zeros).
+        gallery_norm2: (n_g,) float64, likewise.
+    """
+
+    similarity: str
+    query: torch.Tensor
+    gallery: torch.Tensor
+    query_norm2: torch.Tensor
+    gallery_norm2: torch.Tensor
+
+    @property
+    def code(self) -> int:
+        """Kernel code of the similarity."""
+        return _CODES[self.similarity]
+
+    @classmethod
+    def build(cls, query: torch.Tensor, gallery: torch.Tensor, similarity: str) -> ExactOperands:
+        """Operands of checked (n, d) floating tensors on one device.
+
+        Raises:
+            ValueError: float64 inputs whose keys would overflow float64.
+        """
+        similarity = check_similarity(similarity)
+        same = gallery is query  # leave-one-out: one set of operands serves both sides
+        q = query.detach().to(torch.float64)
+        g = q if same else gallery.detach().to(torch.float64)
+        if similarity == "cosine":
+            q = _power_of_two_row_scale(q).contiguous()
+            g = q if same else _power_of_two_row_scale(g).contiguous()
+            q_norm2 = _sequential_norms2(q)
+            g_norm2 = q_norm2 if same else _sequential_norms2(g)
+        else:
+            _check_no_overflow(q, g, similarity, query.dtype, gallery.dtype)
+            q, g = q.contiguous(), (q.contiguous() if same else g.contiguous())
+            q_norm2 = torch.zeros(q.shape[0], dtype=torch.float64, device=q.device)
+            g_norm2 = (
+                q_norm2 if same else torch.zeros(g.shape[0], dtype=torch.float64, device=g.device)
+            )
+        return cls(similarity, q, g, q_norm2, g_norm2)
+
+    def keys(self, lo: int = 0, hi: int | None = None, col_lo: int = 0) -> torch.Tensor:
+        """(hi - lo, n_g - col_lo) float64 keys of query rows ``lo:hi``, gallery rows ``col_lo:``."""
+        hi = self.query.shape[0] if hi is None else hi
+        q = self.query[lo:hi]
+        qn = self.query_norm2[lo:hi]
+        gn = self.gallery_norm2[col_lo:]
+        if q.device.type == "cpu":
+            from ._similarity_kernels import block_keys
+
+            out = torch.empty(q.shape[0], gn.shape[0], dtype=torch.float64)
+            block_keys(
+                self.code,
+                q.numpy(),
+                self.gallery_transposed[:, col_lo:].numpy(),
+                qn.numpy(),
+                gn.numpy(),
+                out.numpy(),
+            )
+            return out
+        return _torch_keys(self.code, q, self.gallery[col_lo:], qn, gn)
+
+    @property
+    def gallery_transposed(self) -> torch.Tensor:
+        """(d, n_g) contiguous copy of the gallery (built once; the CPU block kernel reads it)."""
+        cached = self.__dict__.get("_gallery_t")
+        if cached is None:
+            cached = self.gallery.T.contiguous()
+            object.__setattr__(self, "_gallery_t", cached)
+        return cached
+
+    def pair_keys(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """(m,) float64 keys of the pairs (query ``rows[i]``, gallery ``cols[i]``)."""
+        if self.query.device.type == "cpu":
+            from ._similarity_kernels import pair_keys
+
+            out = torch.empty(rows.shape[0], dtype=torch.float64)
+            pair_keys(
+                self.code,
+                self.query.numpy(),
+                self.gallery.numpy(),
+                rows.to(torch.int64).numpy(),
+                cols.to(torch.int64).numpy(),
+                self.query_norm2.numpy(),
+                self.gallery_norm2.numpy(),
+                out.numpy(),
+            )
+            return out
+        q, g = self.query[rows], self.gallery[cols]
+        acc = torch.zeros(rows.shape[0], dtype=torch.float64, device=q.device)
+        for k in range(q.shape[1]):
+            if self.similarity == "euclidean":
+                t = q[:, k] - g[:, k]
+                acc = acc + t * t
+            else:
+                acc = acc + q[:, k] * g[:, k]
+        if self.similarity == "dot":
+            return acc
+        if self.similarity == "euclidean":
+            return -acc
+        den = self.query_norm2[rows] * self.gallery_norm2[cols]
+        return torch.where(den == 0, torch.zeros_like(acc), (acc * acc.abs()) / den)
+
+
+def _check_no_overflow(
+    q: torch.Tensor, g: torch.Tensor, similarity: str, q_dtype: torch.dtype, g_dtype: torch.dtype
+) -> None:
+    """float64 keys of dot / euclidean can overflow only for float64 inputs; refuse those."""
+    if q_dtype != torch.float64 and g_dtype != torch.float64:
+        return  # |q_k g_k| <= 1.2e77 and d terms: float64 never overflows for float32 inputs
+    if similarity == "dot":
+        bound = float(safe_row_norms(q).max()) * float(safe_row_norms(g).max())
+        what = "inner products"
+    else:
+        center = g.mean(0, keepdim=True)
+        spread = float(safe_row_norms(q - center).max()) + float(safe_row_norms(g - center).max())
+        bound = spread * spread
+        what = "squared distances"
+    if not bound < _OVERFLOW_LIMIT:
+        raise ValueError(
+            f"the {what} of `query` and `gallery` overflow float64 (bound {bound:.3g}); rescale "
+            "the embeddings (e.g. divide them by their largest absolute value) or use "
+            "similarity='cosine', which is scale-free."
+        )
+
+
+def _checked_pair(query: Any, gallery: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    q = check_embeddings(query, "query")
+    g = q if gallery is None else check_embeddings(gallery, "gallery", device=q.device)
+    if g.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"`gallery` has dimension {g.shape[1]} but `query` has {q.shape[1]}; embed both with "
+            "the same model."
+        )
+    return q, g
+
+
+@keeps_torch_threads
+def ranking_keys(query: Any, gallery: Any = None, similarity: str = "cosine") -> torch.Tensor:
+    """Exact float64 keys ranking every (query, gallery) pair like ``similarity`` (ties included).
+
+    Args:
+        query: (n_q, d) embeddings (tensor or array; fp16 / bf16 / integer codes accepted).
+        gallery: (n_g, d) embeddings, or None for the query set itself.
+        similarity: ``"cosine"`` (key ``cos * |cos|``), ``"dot"`` (``q . g``) or ``"euclidean"``
+            (``-||q - g||^2``); alias ``"neg_euclidean"``.
+
+    Returns:
+        (n_q, n_g) float64 tensor on the query's device; see the module docstring for the exact
+        sequence of operations that defines each key.
+    """
+    q, g = _checked_pair(query, gallery)
+    return ExactOperands.build(q, g, similarity).keys()
+
+
+def similarity_from_keys(keys: torch.Tensor, similarity: str) -> torch.Tensor:
+    """The similarity values of keys: ``cos``, ``q . g`` or ``-||q - g||`` (float64).
+
+    Equal keys give equal values; the square roots of cosine and euclidean are correctly rounded
+    and monotone, so the order is kept (keys one float64 ulp apart can round to one value).
+    """
+    similarity = check_similarity(similarity)
+    if similarity == "dot":
+        return keys
+    if similarity == "cosine":
+        return torch.copysign(_correctly_rounded_sqrt(keys.abs()), keys)
+    return -_correctly_rounded_sqrt(-keys)
+
+
+def _correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """Correctly rounded (IEEE) square root of a float64 tensor.
+
+    torch's vectorised CPU kernel is off by one ulp for ~1% of float64 inputs (torch 2.13), which
+    could even swap the order of neighbouring keys; numpy's is exact, and so is CUDA's
+    double-precision sqrt.
+    """
+    if x.device.type == "cpu":
+        return torch.from_numpy(np.sqrt(x.numpy()))
+    return torch.sqrt(x)
+
+
+@keeps_torch_threads
+def exact_similarity(query: Any, gallery: Any = None, similarity: str = "cosine") -> torch.Tensor:
+    """(n_q, n_g) float64 similarities from the exact keys (see :func:`ranking_keys`)."""
+    similarity = check_similarity(similarity)
+    return similarity_from_keys(ranking_keys(query, gallery, similarity), similarity)
