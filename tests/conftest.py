@@ -1,4 +1,13 @@
-"""Shared pytest fixtures: CUDA-marked tests are skipped when no GPU is present."""
+"""Shared pytest fixtures: CUDA-marked tests are skipped when no GPU is present; 2-process
+torch.distributed (gloo, CPU) runs of tests/distributed_worker.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,3 +26,91 @@ def pytest_collection_modifyitems(config, items):
 def device(request):
     """Run a test on the CPU, and on CUDA too when a GPU is present."""
     return torch.device(request.param)
+
+
+WORKER = Path(__file__).with_name("distributed_worker.py")
+DISTRIBUTED_CASES = ("losses", "errors", "trainer", "metrics", "digits")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The variables torchrun sets for a worker, one intra-op thread each (2 shared cores)."""
+    return {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "NUMBA_NUM_THREADS": "1",
+    }
+
+
+def run_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> list[str]:
+    """Run ``python *args`` as ``world_size`` ranks; fail with every rank's output if one fails.
+
+    Returns:
+        Each rank's combined stdout and stderr.
+    """
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *args],
+            env=rank_environment(rank, world_size, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            if proc.poll() is None:  # a rank hung (a collective another rank never joined)
+                proc.kill()
+                proc.wait()
+    codes = [proc.returncode for proc in procs]
+    if any(codes):
+        details = "\n".join(
+            f"--- rank {r} (exit {c}) ---\n{o[-4000:]}"
+            for r, (c, o) in enumerate(zip(codes, outputs, strict=True))
+        )
+        pytest.fail(f"a distributed worker failed:\n{details}")
+    return outputs
+
+
+@pytest.fixture(scope="session")
+def launch_ranks():
+    """:func:`run_ranks`: ``launch_ranks(args, world_size=2)`` runs ``python *args`` as ranks."""
+    return run_ranks
+
+
+@pytest.fixture(scope="session")
+def distributed_results(tmp_path_factory):
+    """Every case of distributed_worker.py, run once per session by 2 gloo ranks.
+
+    Returns:
+        A function ``(case, rank) -> the rank's saved result``; its ``out_dir`` holds the
+        run directories the trainer case wrote.
+    """
+    import torch
+
+    out = tmp_path_factory.mktemp("distributed")
+    run_ranks([str(WORKER), ",".join(DISTRIBUTED_CASES), str(out)])
+
+    def load(case: str, rank: int):
+        return torch.load(out / f"{case}-rank{rank}.pt", weights_only=True)
+
+    load.out_dir = out
+    return load

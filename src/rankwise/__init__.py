@@ -1,6 +1,7 @@
-"""rankwise: learn embeddings, similarities and binary codes by directly optimizing the ranking
-metrics they are judged by (AUPRC / average precision, ROC AUC, tie-aware AP and NDCG, TPR at a
-fixed FPR).
+"""rankwise: learn embeddings, similarities and binary codes by optimizing ranking metrics.
+
+They are judged by those metrics (AUPRC / average precision, ROC AUC, tie-aware AP and NDCG, TPR
+at a fixed FPR), so rankwise optimizes them directly.
 
 Subpackages: ``metrics`` (exact, tie-aware evaluation; no training code), ``losses`` (SOPRC, AP,
 AUC, Wilcoxon, Smooth-AP, DIR, BlackBox-AP and pytorch-metric-learning baselines), ``sampling``

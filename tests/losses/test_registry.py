@@ -24,6 +24,7 @@ RANKWISE_CLASSES = {
     "tie_aware_ap": ("rankwise.losses.tie_aware", "TieAwareAPLoss"),
     "tie_aware_ndcg": ("rankwise.losses.tie_aware", "TieAwareNDCGLoss"),
     "dpsh": ("rankwise.losses.pairwise_hashing", "DPSHLoss"),
+    "pointwise_roc": ("rankwise.losses.pointwise_roc", "PointwiseROCLoss"),
 }
 # losses of binary codes take relaxed codes in [-1, 1] (a HashingHead's tanh output)
 HASHING = {"tie_aware_ap", "tie_aware_ndcg", "dpsh"}

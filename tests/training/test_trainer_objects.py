@@ -328,3 +328,21 @@ def test_ctrl_c_without_a_run_dir_stops_after_the_step_and_says_nothing_was_save
     assert trainer.step == 3
     with pytest.raises(ValueError, match="`progress` must be True or False"):
         make_trainer(progress="yes")
+
+
+def test_sigterm_stops_after_the_step_with_a_checkpoint_like_ctrl_c(tmp_path):
+    """What a scheduler (or torchrun, forwarding it) sends: handled like Ctrl-C, then restored."""
+    import os
+    import signal
+
+    def sigterm(trainer):
+        if trainer.step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = make_trainer(tmp_path / "run")
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit(callbacks=[sigterm])
+    assert info.value.step == 3 and info.value.checkpoint_step == 3
+    assert "checkpoint saved at step 3" in str(info.value)
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -64,15 +64,19 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
     return _BACKTICKED.sub(backticked, message)
 
 
-def output_console(width: int = 140) -> Console:
+def output_console(width: int = 140, quiet: bool = False) -> Console:
     """A rich console on stdout.
 
     Piped or captured output gets ``width`` columns, so tables are not squeezed into 80.
+
+    Args:
+        width: columns of piped or captured output.
+        quiet: print nothing (the ranks other than 0 of a data-parallel run).
     """
     from rich.console import Console
 
-    console = Console()
-    return console if console.is_terminal else Console(width=width)
+    console = Console(quiet=quiet)
+    return console if console.is_terminal else Console(width=width, quiet=quiet)
 
 
 def error_console() -> Console:

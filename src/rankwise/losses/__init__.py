@@ -1,6 +1,9 @@
-"""Ranking-metric losses: SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss,
-the Wilcoxon loss, Smooth-AP, DIR (histogram AP), BlackBox-AP, the semi-variance regularizer,
-the binary-code losses (tie-aware AP / NDCG of TALR, He et al., CVPR 2018; the DPSH baseline), and
+"""Ranking-metric losses and pytorch-metric-learning baselines.
+
+SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss, the Wilcoxon loss,
+Smooth-AP, DIR (histogram AP), BlackBox-AP, the pointwise ROC loss (TPR at FPR ≤ α), the
+semi-variance regularizer, the binary-code losses (tie-aware AP / NDCG of TALR, He et al., CVPR
+2018; the DPSH baseline), and
 pytorch-metric-learning baselines through :func:`baseline`.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,
@@ -13,6 +16,7 @@ from .baselines import BASELINES, baseline
 from .blackbox_ap import BlackBoxAPLoss
 from .dir import DIRLoss
 from .pairwise_hashing import DPSHLoss
+from .pointwise_roc import PointwiseROCLoss
 from .registry import LOSSES, build_loss
 from .smooth_ap import SmoothAPLoss
 from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
@@ -27,6 +31,7 @@ __all__ = [
     "DPSHLoss",
     "LOSSES",
     "PairBatch",
+    "PointwiseROCLoss",
     "RankingLoss",
     "SOPRCLoss",
     "SemiVarianceRegularizer",

@@ -2,7 +2,8 @@
 
 The rankwise ranking losses (SOPRC with its semi-variance regularizer, Wen et al., NeurIPS 2022, Alg. 1 and Eq. 9; the biased AP
 baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon loss, Eq. 11; Smooth-AP;
-DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020) and the
+DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020; the pointwise ROC loss,
+Vogel et al., ICML 2018, problem (1)) and the
 pytorch-metric-learning baselines of :mod:`rankwise.losses.baselines`. Parameters are checked
 against the constructor signature, so a misspelt key fails with a ``ValueError`` naming the loss,
 the key and the valid keys instead of being ignored. Loss modules are imported inside the
@@ -22,7 +23,16 @@ from .baselines import BASELINES, baseline, baseline_parameters
 
 __all__ = ["LOSSES", "build_loss", "loss_parameters"]
 
-RANKWISE_LOSSES = ("soprc", "ap", "auc", "wilcoxon", "smooth_ap", "dir", "blackbox_ap")
+RANKWISE_LOSSES = (
+    "soprc",
+    "ap",
+    "auc",
+    "wilcoxon",
+    "smooth_ap",
+    "dir",
+    "blackbox_ap",
+    "pointwise_roc",
+)
 # binary-code losses (relaxed codes of a HashingHead as embeddings): TALR's tie-aware AP / NDCG
 # (He et al., CVPR 2018, Eq. 11-12) and the DPSH pairwise-likelihood baseline
 HASHING_LOSSES = ("tie_aware_ap", "tie_aware_ndcg", "dpsh")
@@ -68,6 +78,10 @@ def _loss_class(name: str) -> type:
         from .blackbox_ap import BlackBoxAPLoss
 
         return BlackBoxAPLoss
+    if name == "pointwise_roc":
+        from .pointwise_roc import PointwiseROCLoss
+
+        return PointwiseROCLoss
     raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(LOSSES)}.")
 
 
@@ -209,6 +223,8 @@ def build_loss(
     named, var_kw = _keyword_parameters(cls.__init__)
     if not var_kw:
         _reject_unknown(name, params, tuple(named))
+    if name == "pointwise_roc" and train_labels is not None:
+        return cls.from_labels(train_labels, **params)  # checks the labels can form both pairs
     return cls(**_with_context(name, named, params, context))
 
 

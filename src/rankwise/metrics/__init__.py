@@ -18,6 +18,12 @@ from .curves import (
     roc_curve_from_embeddings,
     tpr_at_fpr,
 )
+from .distributed import (
+    distributed_pr_curve,
+    distributed_retrieval_metrics,
+    merge_pr_curves,
+    merge_retrieval_reports,
+)
 from .hamming import (
     EuclideanThresholdAffinity,
     HammingRetrievalReport,
@@ -48,4 +54,8 @@ __all__ = [
     "hamming_retrieval_metrics",
     "HammingRetrievalReport",
     "EuclideanThresholdAffinity",
+    "merge_retrieval_reports",
+    "merge_pr_curves",
+    "distributed_retrieval_metrics",
+    "distributed_pr_curve",
 ]

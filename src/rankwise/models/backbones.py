@@ -83,6 +83,7 @@ class FrozenBatchNorm(nn.Module):
         return frozen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize ``(B, C, ...)`` with the frozen statistics and affine parameters."""
         if x.ndim < 2 or x.shape[1] != self.num_features:
             raise ValueError(
                 f"FrozenBatchNorm expects input (B, {self.num_features}, ...), got {tuple(x.shape)}."
@@ -93,6 +94,7 @@ class FrozenBatchNorm(nn.Module):
         return x * scale.reshape(shape) + shift.reshape(shape)
 
     def extra_repr(self) -> str:
+        """Feature count, epsilon and whether the affine parameters train."""
         return f"{self.num_features}, eps={self.eps}, trainable_affine={self.trainable_affine}"
 
 
@@ -154,6 +156,7 @@ class SmallCNN(nn.Module):
         self.out_features = 8 * w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Map images ``(B, C, H, W)`` to features ``(B, out_features)``."""
         if x.ndim != 4 or x.shape[1] != self.in_channels:
             raise ValueError(
                 f"SmallCNN expects input (B, {self.in_channels}, H, W), got {tuple(x.shape)}."
@@ -196,6 +199,7 @@ class MLPBackbone(nn.Module):
         self.out_features = prev
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Flatten ``(B, ...)`` to ``(B, in_features)`` and map it to ``(B, out_features)``."""
         flat = x.reshape(x.shape[0], -1)
         if flat.shape[1] != self.in_features:
             raise ValueError(
@@ -229,7 +233,7 @@ def _load_state_dict_file(weights_path: str | os.PathLike) -> dict[str, torch.Te
 def resnet50_backbone(
     weights_path: str | os.PathLike | None = None, frozen_bn: bool = True
 ) -> nn.Module:
-    """torchvision's ResNet-50 without its classifier: ``(B, 3, H, W)`` -> ``(B, 2048)``.
+    """ResNet-50 of torchvision without its classifier: ``(B, 3, H, W)`` -> ``(B, 2048)``.
 
     Args:
         weights_path: local state dict (``torch.load(weights_only=True)``), e.g. ImageNet

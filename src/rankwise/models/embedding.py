@@ -36,6 +36,7 @@ class EmbeddingHead(nn.Module):
         self.linear = nn.Linear(self.in_features, self.dim)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Project features ``(B, in_features)`` to embeddings ``(B, dim)``."""
         if features.ndim != 2 or features.shape[1] != self.in_features:
             raise ValueError(
                 f"EmbeddingHead expects features (B, {self.in_features}), got {tuple(features.shape)}."
@@ -44,6 +45,7 @@ class EmbeddingHead(nn.Module):
         return F.normalize(z, p=2.0, dim=1, eps=1e-12) if self.normalize else z
 
     def extra_repr(self) -> str:
+        """Input and output sizes and whether outputs are L2-normalized."""
         return f"in_features={self.in_features}, dim={self.dim}, normalize={self.normalize}"
 
 
@@ -65,6 +67,7 @@ class EmbeddingModel(nn.Module):
         self.embedding_dim = int(getattr(head, "dim", 0)) or None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Embed a batch: ``x`` of the backbone's input shape -> ``(B, d)``."""
         features = self.backbone(x)
         if features.ndim != 2:
             features = features.flatten(1)

@@ -223,7 +223,8 @@ class MetricsLogger(Callback):
 
     def on_fit_start(self, trainer: Trainer) -> None:
         """Start (or, after a resume, cut back) the history."""
-        self._path = None if trainer.run_dir is None else trainer.run_dir / "metrics.jsonl"
+        writes = trainer.run_dir is not None and trainer.is_main_process
+        self._path = trainer.run_dir / "metrics.jsonl" if writes else None
         if trainer.step == 0:
             self.records = []
         elif self._path is not None:
@@ -330,6 +331,8 @@ class BestCheckpoint(Callback):
         self.best_value, self.best_step, self.best_val = value, trainer.step, metrics
         if trainer.run_dir is None:
             self._in_memory = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+            return
+        if not trainer.is_main_process:  # rank 0 writes best.pt (and hands it over for the test)
             return
         atomic_save(
             {
@@ -474,7 +477,7 @@ class PlotCurves(Callback):
 
     def on_fit_end(self, trainer: Trainer, result: RunResult) -> None:
         """Draw both figures."""
-        if trainer.run_dir is None or result.status != "completed":
+        if trainer.run_dir is None or not trainer.is_main_process or result.status != "completed":
             return
         from ..plots import plot_pr_curves
         from .curves import plot_training_curves

@@ -27,6 +27,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "DatasetConfig",
+    "DistributedConfig",
     "LossConfig",
     "ModelConfig",
     "OptimizerConfig",
@@ -210,6 +211,21 @@ class BenchConfig(_Strict):
     ablation: AblationConfig = Field(default_factory=AblationConfig)
 
 
+class DistributedConfig(_Strict):
+    """Data-parallel training under ``torchrun`` (ignored by a single-process run).
+
+    See :mod:`rankwise.training.distributed` and docs/distributed.md.
+    """
+
+    # process-group backend: nccl for CUDA devices, gloo for the CPU ("auto" picks by device)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    # steps between checks that every rank holds the same weights, loss buffers and optimizer
+    # state (they are also checked before every checkpoint); None: only at checkpoints
+    check_every: int | None = Field(None, gt=0)
+    # convert BatchNorm layers to SyncBatchNorm on CUDA (global-batch statistics)
+    sync_batchnorm: bool = True
+
+
 class Config(_Strict):
     """One training run. See ``configs/*.yaml`` for complete examples."""
 
@@ -231,6 +247,7 @@ class Config(_Strict):
     deterministic: bool = True
     threads: int | None = Field(None, gt=0)  # torch intra-op threads; None keeps the default
     progress: bool | None = None  # progress bar; None = only when stdout is a terminal
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
 
     @field_validator("eval_ks")

@@ -18,6 +18,7 @@ __all__ = [
     "CollapsedEmbeddingsError",
     "ConfigError",
     "NonFiniteLossError",
+    "ReplicaDivergenceError",
     "TrainingInterrupted",
 ]
 
@@ -77,6 +78,35 @@ class CollapsedEmbeddingsError(NonFiniteLossError):
         super().__init__(message, step, last_good_checkpoint, record)
         self.spread = spread
         self.where = where
+
+
+class ReplicaDivergenceError(NonFiniteLossError):
+    """The data-parallel processes no longer hold the same model, loss state or optimizer state.
+
+    Every rank of a data-parallel run must hold bit-identical weights, loss buffers (SOPRC's
+    ``v``, the XBM queue) and optimizer state; a difference means the ranks computed different
+    updates (a non-deterministic kernel, a rank-dependent branch, a buffer updated from the local
+    batch only). The run stops before the diverged state is checkpointed, so the last good
+    checkpoint is kept. A subclass of :class:`NonFiniteLossError` so every handler of a failed
+    run (the command line, ``tune``) handles it too.
+
+    Attributes:
+        names: the tensors that differ (``model.``, ``loss.`` or ``optimizer.`` prefixed).
+        ranks: the ranks whose copy differs from rank 0's.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        step: int,
+        last_good_checkpoint: Path | None,
+        names: list[str],
+        ranks: list[int],
+        record: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, step, last_good_checkpoint, record)
+        self.names = list(names)
+        self.ranks = list(ranks)
 
 
 class TrainingInterrupted(KeyboardInterrupt):

@@ -154,6 +154,9 @@ class PositionedBatches:
     def __iter__(self) -> Iterator[list[tuple[int, int, int, int]]]:
         """Yield the batches from the start position on, epoch after epoch."""
         epoch, skip = self.epoch, self.position
+        # a data-parallel shard seeds its items by their slot in the global batch, so the
+        # augmentations do not depend on the number of ranks
+        offset = int(getattr(self.sampler, "slot_offset", 0))
         while True:
             set_epoch = getattr(self.sampler, "set_epoch", None)
             if set_epoch is not None:
@@ -165,7 +168,7 @@ class PositionedBatches:
                     continue
                 yield [
                     (int(index), mix_seed(self.seed, epoch, position, slot), epoch, position)
-                    for slot, index in enumerate(batch)
+                    for slot, index in enumerate(batch, start=offset)
                 ]
             if produced == 0:
                 raise RuntimeError("the batch sampler produced no batch in an epoch.")

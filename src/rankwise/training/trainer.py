@@ -156,7 +156,11 @@ def _determinism(enabled: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _graceful_sigint(trainer: Trainer) -> Iterator[None]:
-    """First Ctrl-C: finish the current step, then checkpoint and stop. Second: abort at once."""
+    """First Ctrl-C or SIGTERM: finish the step, then checkpoint and stop. Second: abort at once.
+
+    SIGTERM is what schedulers (and torchrun, forwarding it to every process) send before they
+    kill a job, so it is handled like Ctrl-C: the run stops at a step boundary with a checkpoint.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -167,17 +171,19 @@ def _graceful_sigint(trainer: Trainer) -> Iterator[None]:
             raise KeyboardInterrupt
         trainer._stop_requested = True
         saving = " and saving a checkpoint" if trainer.run_dir is not None else ""
+        name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
         trainer.console.print(
-            f"[yellow]Ctrl-C: stopping after this step{saving} "
+            f"[yellow]{name}: stopping after this step{saving} "
             "(press Ctrl-C again to abort at once).[/yellow]",
             soft_wrap=True,
         )
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
@@ -628,6 +634,16 @@ class Trainer:
     # -- names and messages -----------------------------------------------------------------
 
     @property
+    def is_main_process(self) -> bool:
+        """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
+        return True
+
+    @property
+    def world_size(self) -> int:
+        """The number of data-parallel processes training the model (1 here)."""
+        return 1
+
+    @property
     def loss_name(self) -> str:
         """The loss's name: its config name, or its class name."""
         if self.config is not None:
@@ -685,6 +701,7 @@ class Trainer:
         return {
             "format": self.CHECKPOINT_FORMAT,
             "config": None if self.config is None else self.config.to_dict(),
+            "world_size": self.world_size,
             "step": self.step,
             "next_epoch": self.next_epoch,
             "next_position": self.next_position,
@@ -712,7 +729,9 @@ class Trainer:
             raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
         self._account_time()
         path = self.checkpoint_dir / "last.pt"
-        atomic_save(self.state_dict(), path)
+        state = self.state_dict()
+        if self.is_main_process:
+            atomic_save(state, path)
         self.last_checkpoint_step = self.step
         return path
 
@@ -721,6 +740,18 @@ class Trainer:
         fmt = state.get("format")
         if fmt not in (1, self.CHECKPOINT_FORMAT):
             raise ConfigError(f"run_dir: unsupported checkpoint format {fmt!r}.")
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != self.world_size:
+            raise ConfigError(
+                f"run_dir: the checkpoint was written by a run of {saved_world} data-parallel "
+                f"process(es) and this run has {self.world_size}; each process's batches and "
+                f"random streams depend on that number, so resume with {saved_world} process(es)"
+                + (
+                    f" (torchrun --nproc-per-node {saved_world} ...)."
+                    if saved_world > 1
+                    else " (plain `rankwise train --resume`, without torchrun)."
+                )
+            )
         self.model.load_state_dict(state["model"])
         self.loss_fn.load_state_dict(state["loss"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -735,14 +766,17 @@ class Trainer:
         self.next_position = int(state["next_position"])
         self.seconds = float(state["seconds"])
         self.last_checkpoint_step = self.step
-        restore_rng_state(state["rng"])
+        self._restore_rng(state)
         states = state.get("callbacks", {}) if fmt != 1 else _format1_callback_states(state)
         for callback in self.callbacks:
             if callback.state_key is not None and callback.state_key in states:
                 callback.load_state_dict(states[callback.state_key])
 
+    def _restore_rng(self, state: dict[str, Any]) -> None:
+        restore_rng_state(state["rng"])
+
     def _prepare_run_dir(self) -> None:
-        if self.run_dir is None:
+        if self.run_dir is None or not self.is_main_process:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -891,12 +925,11 @@ class Trainer:
             lr = self._lr_function(self.step)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-        embeddings = self.model(x.to(self.device, non_blocking=True))
+        embeddings, labels = self._forward(x, y)
         if not bool(torch.isfinite(embeddings).all()):
             # a diverged model: stop like a non-finite loss (the loss would only reject its
             # input), keeping the last good checkpoint
             self._raise_non_finite(None)
-        labels = y.to(self.device, non_blocking=True)
         self._emit("on_train_batch", embeddings, labels)
         loss = self.loss_fn(embeddings, labels)
         if not torch.isfinite(loss):
@@ -907,6 +940,15 @@ class Trainer:
         if isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
             self.lr_schedule.step()
         return loss.detach()
+
+    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The embeddings and labels the loss of a training batch sees (on the device).
+
+        The data-parallel trainer (:mod:`rankwise.training.distributed`) overrides it to
+        all-gather the batch of every rank.
+        """
+        embeddings = self.model(x.to(self.device, non_blocking=True))
+        return embeddings, y.to(self.device, non_blocking=True)
 
     def _advance(self, meta: torch.Tensor) -> tuple[int, int]:
         epoch, position = int(meta[0, 0]), int(meta[0, 1])
@@ -953,7 +995,8 @@ class Trainer:
             The :class:`RunResult`.
 
         Raises:
-            TrainingInterrupted: Ctrl-C; ``last.pt`` holds the state after the last full step.
+            TrainingInterrupted: Ctrl-C or SIGTERM; ``last.pt`` holds the state after the last
+                full step.
             NonFiniteLossError: the loss or the model became NaN/inf, or the model collapsed
                 (:class:`~rankwise.training.errors.CollapsedEmbeddingsError`); the last good
                 checkpoint is kept.
@@ -1061,9 +1104,13 @@ class Trainer:
             config={} if self.config is None else self.config.to_dict(),
         )
 
-    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
+    def _selected_weights(self) -> dict[str, torch.Tensor] | None:
+        """The weights of the model selected on validation (``None``: the final model)."""
         best = self._callback(BestCheckpoint)
-        weights = None if best is None else best.best_model_state(self)
+        return None if best is None else best.best_model_state(self)
+
+    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
+        weights = self._selected_weights()
         final = None
         if weights is not None:
             final = {k: v.clone() for k, v in self.model.state_dict().items()}
@@ -1082,7 +1129,7 @@ class Trainer:
             self._emit("on_test_end", report, curve)
         self.seconds += time.perf_counter() - start
         result = self._result("completed", report, curve)
-        if self.run_dir is not None:
+        if self.run_dir is not None and self.is_main_process:
             atomic_write_text(
                 json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json"
             )

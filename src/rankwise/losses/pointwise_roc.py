@@ -1,0 +1,274 @@
+"""Pointwise ROC loss: maximize the TPR of a thresholded similarity subject to FPR ≤ α.
+
+For neural similarities (Vogel, Bellet & Clémençon, *A Probabilistic
+Theory of Supervised Similarity Learning for Pointwise ROC Curve Optimization*, ICML 2018,
+problem (1) and its empirical form (6), with the Lagrangian of Eq. (2)).
+
+The similarity of a pair is the indicator S(x, x') = 1{s(x, x') ≥ t} of its score s (cosine of the
+embeddings by default) passing a threshold t. Its risks over a batch are the U-statistics of
+Eq. (4)/(5) over the pairs i < j: R̂⁺ is the TPR and R̂⁻ the FPR of the threshold. The loss is the
+negated Lagrangian −(R̃⁺ − λ (R̃⁻ − α)) in which the indicator is replaced by a smooth surrogate ψ of
+u = (s − t)/τ (:func:`surrogate_risks`), and the multiplier λ ≥ 0 (a buffer) follows projected dual
+ascent λ ← max(0, λ + η (R̂⁻ − α)) after every training batch, so that at convergence R̂⁻ ≤ α: λ
+grows while the batches violate the constraint and shrinks towards 0 when it is slack.
+
+By default (``dual_update="indicator"``) the dual step uses the FPR of the indicator itself and the
+surrogate only shapes the gradient of the network (the "proxy Lagrangian" of Cotter, Jiang &
+Sridharan, ALT 2019): the constraint the multiplier enforces is then the true FPR at t, not a
+relaxation of it; ``dual_update="surrogate"`` uses the surrogate's R̃⁻ (the plain Lagrangian).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .._validation import Interval, as_tensor, check_choice, check_scalar
+from .base import PairBatch, RankingLoss
+
+__all__ = [
+    "DUAL_UPDATES",
+    "PointwiseROCLoss",
+    "SURROGATES",
+    "pair_score_sets",
+    "pointwise_roc_lagrangian",
+    "surrogate_risks",
+]
+
+SURROGATES = ("sigmoid", "softplus")
+DUAL_UPDATES = ("indicator", "surrogate")
+
+_OPEN_UNIT = Interval("real", 0, 1, closed="neither")
+_POSITIVE = Interval("real", 0, None, closed="neither")
+_NON_NEGATIVE = Interval("real", 0, None)
+_SOFTPLUS_ONE = math.log1p(math.e)  # softplus(1), the normalizer of the softplus bounds
+
+
+def surrogate_risks(
+    pos_margins: torch.Tensor, neg_margins: torch.Tensor, surrogate: str = "sigmoid"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Smooth surrogates (R̃⁺, R̃⁻) of the TPR and FPR of the indicator 1{u ≥ 0}.
+
+    ``"sigmoid"``: ψ(u) = σ(u) for both; ψ → 1{u ≥ 0} as the temperature goes to 0, but its
+    gradient vanishes for pairs far on the wrong side.
+
+    ``"softplus"``: smoothed hinge bounds, R̃⁺ = mean(1 − softplus(1 − u)/softplus(1)) ≤ TPR and
+    R̃⁻ = mean(softplus(1 + u)/softplus(1)) ≥ FPR (both exact bounds of the indicator, and linear,
+    never flat, on the wrong side), the bounds of Eban et al., AISTATS 2017, made smooth.
+
+    Args:
+        pos_margins: (P,) u = (s − t)/τ of the positive pairs.
+        neg_margins: (Q,) u of the negative pairs.
+        surrogate: ``"sigmoid"`` or ``"softplus"``.
+
+    Returns:
+        Two scalar tensors.
+    """
+    if surrogate == "sigmoid":
+        return torch.sigmoid(pos_margins).mean(), torch.sigmoid(neg_margins).mean()
+    if surrogate == "softplus":
+        positive = 1 - F.softplus(1 - pos_margins).mean() / _SOFTPLUS_ONE
+        negative = F.softplus(1 + neg_margins).mean() / _SOFTPLUS_ONE
+        return positive, negative
+    raise ValueError(f"`surrogate` must be one of {SURROGATES}, got {surrogate!r}.")
+
+
+def pointwise_roc_lagrangian(
+    pos_scores: torch.Tensor,
+    neg_scores: torch.Tensor,
+    multiplier: float | torch.Tensor,
+    alpha: float,
+    threshold: float | torch.Tensor = 0.0,
+    temperature: float = 1.0,
+    surrogate: str = "sigmoid",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The negated Lagrangian −(R̃⁺ − λ(R̃⁻ − α)) of problem (1) on given pair scores.
+
+    Args:
+        pos_scores: (P,) scores of the positive pairs (differentiable).
+        neg_scores: (Q,) scores of the negative pairs.
+        multiplier: λ ≥ 0 (not differentiated).
+        alpha: the FPR budget α.
+        threshold: t, a float or a scalar tensor (which may require grad).
+        temperature: τ > 0; the margins are u = (s − t)/τ.
+        surrogate: see :func:`surrogate_risks`.
+
+    Returns:
+        ``(loss, positive_risk, negative_risk)``, the last two the surrogate risks R̃⁺, R̃⁻.
+    """
+    # a copy: the buffer is updated in place after the call, autograd must keep this value
+    lam = multiplier.detach().clone() if isinstance(multiplier, torch.Tensor) else multiplier
+    positive, negative = surrogate_risks(
+        (pos_scores - threshold) / temperature, (neg_scores - threshold) / temperature, surrogate
+    )
+    if isinstance(lam, torch.Tensor):
+        lam = lam.to(positive.dtype)
+    return -(positive - lam * (negative - alpha)), positive, negative
+
+
+def pair_score_sets(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P,) positive and (Q,) negative pair scores of a batch, the pairs of Eq. (4)/(5).
+
+    Without a reference set every unordered pair {i, j} of the batch counts once (i < j, the
+    U-statistics of the paper); with one, every (anchor, reference) pair counts once.
+    """
+    if batch.self_reference:
+        n = batch.scores.shape[0]
+        upper = torch.ones(n, n, dtype=torch.bool, device=batch.scores.device).triu_(1)
+        return batch.scores[batch.pos_mask & upper], batch.scores[batch.neg_mask & upper]
+    return batch.scores[batch.pos_mask], batch.scores[batch.neg_mask]
+
+
+class PointwiseROCLoss(RankingLoss):
+    """Maximize the TPR at FPR ≤ α of the thresholded similarity 1{s(x, x') ≥ t} (problem (1)).
+
+    The value is −(R̃⁺ − λ(R̃⁻ − α)) over the pairs i < j of the batch (or the anchor–reference
+    pairs), R̃± the surrogate TPR / FPR of :func:`surrogate_risks` at margins (s − t)/τ. In training
+    mode each call then takes one projected dual-ascent step λ ← max(0, λ + η(R̂⁻ − α)) on the
+    multiplier buffer, with R̂⁻ the batch FPR of the indicator (``dual_update="indicator"``) or
+    the surrogate R̃⁻ (``"surrogate"``); the loss of that call uses λ from before the step. Eval
+    mode never changes a buffer, and a call that raises changes none either.
+
+    Deploying the model: predict "same class" when s(x, x') ≥ ``threshold``; the constraint was
+    enforced on training batches at that threshold (check it on held-out pairs with
+    :func:`rankwise.metrics.roc_curve_from_embeddings`).
+
+    Args:
+        alpha: the FPR budget α in (0, 1).
+        threshold: t, in the units of the similarity (cosine: in (−1, 1); default 0.5).
+        temperature: τ > 0 of the surrogate (default 0.05 for cosine).
+        surrogate: ``"sigmoid"`` (default) or ``"softplus"`` (smoothed hinge bounds).
+        dual_lr: η ≥ 0, the dual step size (0 freezes λ).
+        initial_multiplier: λ₀ ≥ 0.
+        dual_update: ``"indicator"`` (default) or ``"surrogate"``.
+        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (negative Euclidean
+            distance; alias ``"neg_euclidean"``), see :mod:`rankwise.similarity`.
+
+    Buffers (``state_dict()``, ``.to()``): ``multiplier`` (λ, float64 scalar), ``n_dual_steps``
+    (int64 scalar).
+
+    ``last_stats`` after a call: ``tpr`` and ``fpr`` (indicator, on the batch pairs),
+    ``positive_risk`` / ``negative_risk`` (surrogates), ``multiplier`` (λ used by the call),
+    ``n_positive_pairs``, ``n_negative_pairs`` and the anchor counts of :class:`RankingLoss`.
+
+    Call: ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)`` → scalar.
+    """
+
+    multiplier: torch.Tensor
+    n_dual_steps: torch.Tensor
+
+    def __init__(
+        self,
+        alpha: float = 0.05,
+        threshold: float = 0.5,
+        temperature: float = 0.05,
+        surrogate: str = "sigmoid",
+        dual_lr: float = 0.5,
+        initial_multiplier: float = 1.0,
+        dual_update: str = "indicator",
+        similarity: str = "cosine",
+    ) -> None:
+        super().__init__(similarity)
+        self.alpha = check_scalar(alpha, "alpha", _OPEN_UNIT)
+        self.threshold = check_scalar(threshold, "threshold", Interval("real"))
+        if similarity == "cosine" and not -1 < self.threshold < 1:
+            raise ValueError(
+                f"`threshold` must lie in (-1, 1) for cosine similarity, got {threshold!r}."
+            )
+        self.temperature = check_scalar(temperature, "temperature", _POSITIVE)
+        self.surrogate = check_choice(surrogate, "surrogate", SURROGATES)
+        self.dual_lr = check_scalar(dual_lr, "dual_lr", _NON_NEGATIVE)
+        self.dual_update = check_choice(dual_update, "dual_update", DUAL_UPDATES)
+        start = check_scalar(initial_multiplier, "initial_multiplier", _NON_NEGATIVE)
+        self.register_buffer("multiplier", torch.tensor(start, dtype=torch.float64))
+        self.register_buffer("n_dual_steps", torch.tensor(0, dtype=torch.long))
+
+    @classmethod
+    def from_labels(cls, train_labels: Any, **kwargs: Any) -> PointwiseROCLoss:
+        """Build the loss after checking that the training labels can form both kinds of pairs.
+
+        The risks are conditional means over positive and over negative pairs, so no class prior
+        enters the loss; the labels only have to hold two classes (negative pairs) and a class
+        with two samples (positive pairs), which is checked here, before any training.
+
+        Args:
+            train_labels: (N,) integer class ids of the training set.
+            **kwargs: the arguments of :class:`PointwiseROCLoss`.
+
+        Raises:
+            ValueError: labels that are not 1-D integers, a single class, or no class with two
+                samples.
+        """
+        labels = as_tensor(train_labels, "train_labels")
+        if labels.ndim != 1 or labels.is_floating_point() or labels.dtype == torch.bool:
+            raise ValueError(
+                "`train_labels` must be a 1-D array of integer class ids, got shape "
+                f"{tuple(labels.shape)} and dtype {labels.dtype}."
+            )
+        _, counts = torch.unique(labels, return_counts=True)
+        if counts.numel() < 2:
+            raise ValueError(
+                "`train_labels` holds a single class: there is no negative pair, so the FPR "
+                "constraint is undefined; train on at least two classes."
+            )
+        if int(counts.max()) < 2:
+            raise ValueError(
+                "`train_labels` has no class with two samples: there is no positive pair, so the "
+                "TPR is undefined."
+            )
+        return cls(**kwargs)
+
+    def compute(self, batch: PairBatch) -> torch.Tensor:
+        """Negated Lagrangian of the batch; one dual step on λ in training mode (see the class)."""
+        if self.multiplier.device != batch.scores.device:
+            raise ValueError(
+                f"PointwiseROCLoss buffers are on {self.multiplier.device} but `embeddings` are "
+                f"on {batch.scores.device}; move the loss with loss.to(device)."
+            )
+        pos_scores, neg_scores = pair_score_sets(batch)
+        if pos_scores.numel() == 0 or neg_scores.numel() == 0:  # pragma: no cover - prepare checks
+            raise ValueError("PointwiseROCLoss: the batch has no positive or no negative pair.")
+        loss, positive, negative = pointwise_roc_lagrangian(
+            pos_scores,
+            neg_scores,
+            self.multiplier,
+            self.alpha,
+            self.threshold,
+            self.temperature,
+            self.surrogate,
+        )
+        with torch.no_grad():
+            tpr = float((pos_scores >= self.threshold).double().mean())
+            fpr = float((neg_scores >= self.threshold).double().mean())
+        used = float(self.multiplier)
+        self.last_stats.update(
+            tpr=tpr,
+            fpr=fpr,
+            positive_risk=float(positive.detach()),
+            negative_risk=float(negative.detach()),
+            multiplier=used,
+            n_positive_pairs=int(pos_scores.numel()),
+            n_negative_pairs=int(neg_scores.numel()),
+        )
+        if self.training and self.dual_lr > 0:
+            # every check is behind us: the buffers change only for a call that succeeds
+            violation = (fpr if self.dual_update == "indicator" else float(negative)) - self.alpha
+            if not math.isfinite(violation):
+                raise ValueError(
+                    "PointwiseROCLoss: the negative risk is not finite; the multiplier is kept."
+                )
+            self.multiplier.add_(self.dual_lr * violation).clamp_(min=0.0)
+            self.n_dual_steps.add_(1)
+        return loss
+
+    def extra_repr(self) -> str:
+        """The hyper-parameters and the current multiplier, for ``repr``."""
+        return (
+            f"alpha={self.alpha}, threshold={self.threshold}, temperature={self.temperature}, "
+            f"surrogate={self.surrogate!r}, dual_lr={self.dual_lr}, "
+            f"dual_update={self.dual_update!r}, multiplier={float(self.multiplier):.4g}, "
+            + super().extra_repr()
+        )

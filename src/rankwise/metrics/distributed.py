@@ -1,0 +1,505 @@
+"""Exact retrieval metrics over query shards: per-shard reports merged, and the torch.distributed form.
+
+The retrieval metrics of :mod:`rankwise.metrics.retrieval` (tie-aware AP of He et al., CVPR 2018,
+Prop. 1; MAP@R and R-precision of Musgrave et al., ECCV 2020; the mean interpolated PR curve of
+Wen et al., NeurIPS 2022, Fig. 2) are means over queries of per-query values, and a query's value
+depends only on its own scores against the whole gallery. So the queries can be split into
+shards, each shard ranked against the full gallery, and the shard results merged:
+
+* :func:`merge_retrieval_reports` concatenates the per-query AP of the shards (in shard order) and
+  takes the mean over the queries with a relevant item exactly as
+  :func:`~rankwise.metrics.retrieval_metrics` does, so the merged mAP is the single-process value
+  (bit for bit when the shards' per-query APs are); R@k, P@k, MAP@R and R-precision are the
+  query-weighted means of the shard means (equal up to the rounding of a float64 mean);
+* :func:`merge_pr_curves` does the same for the mean PR curve;
+* :func:`distributed_retrieval_metrics` / :func:`distributed_pr_curve` run this across the ranks
+  of a ``torch.distributed`` process group: each rank passes its shard of the queries (and of the
+  gallery, or the whole gallery), the gallery is all-gathered, each rank ranks its own queries,
+  and every rank returns the same merged result, equal to the single-process one on the
+  concatenation of the shards in rank order. Every rank holds the whole gallery
+  (``n_gallery x d``); the score block of a rank covers its own queries only.
+
+This module uses :mod:`torch.distributed` only, never training code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .._distributed import all_gather_rows, is_distributed, rank_and_world_size
+from .._validation import as_tensor, check_embeddings
+from ..similarity import check_similarity
+from ._inputs import check_device, check_label_array, check_query_gallery
+from .retrieval import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
+
+__all__ = [
+    "distributed_pr_curve",
+    "distributed_retrieval_metrics",
+    "merge_pr_curves",
+    "merge_retrieval_reports",
+]
+
+_NO_RELEVANT = (
+    "no query has a relevant item in the gallery (no shared label in `query_labels` / "
+    "`gallery_labels`, after excluding each query's own row); the metrics are undefined. "
+    "Check the labels, or pass a gallery that contains the query classes."
+)
+
+
+def _weighted_mean(values: Sequence[float], weights: Sequence[int]) -> float:
+    total = sum(weights)
+    return math.fsum(v * w for v, w in zip(values, weights, strict=True) if w) / total
+
+
+def _n_evaluated(report: RetrievalReport) -> int:
+    return report.n_queries - report.n_queries_without_relevant
+
+
+def _check_same(reports: Sequence[Any], attribute: str, what: str) -> None:
+    values = [getattr(r, attribute) for r in reports]
+    if any(v != values[0] for v in values[1:]):
+        raise ValueError(
+            f"`{what}` must come from the same evaluation setting; their {attribute} differ "
+            f"({values}). Rank every shard against the same gallery with the same arguments."
+        )
+
+
+def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalReport:
+    """The report of all queries from the reports of disjoint query shards (in query order).
+
+    Each report must rank its shard of the queries against the same gallery with the same
+    ``ks``, ``similarity`` and ``ties`` (and each query's own row excluded as in the
+    single-process call). A shard in which no query has a relevant item is passed as a report
+    whose ``per_query_ap`` is all NaN and ``n_queries_without_relevant == n_queries`` (its means
+    are ignored).
+
+    Args:
+        reports: one :class:`~rankwise.metrics.RetrievalReport` per shard, in the order of the
+            shards' queries.
+
+    Returns:
+        The merged report: ``per_query_ap`` concatenated; mAP the mean of the per-query APs with
+        a relevant item (as :func:`~rankwise.metrics.retrieval_metrics` computes it); the other
+        means weighted by the shards' numbers of evaluated queries; counts summed; a clamped
+        cut-off at the smallest list length of any shard.
+
+    Raises:
+        ValueError: no report, reports of different settings, or no query with a relevant item.
+    """
+    reports = list(reports)
+    if not reports:
+        raise ValueError("`reports` is empty; pass the report of at least one query shard.")
+    for attribute in ("ties", "similarity", "ks", "n_gallery"):
+        _check_same(reports, attribute, "reports")
+    ap = torch.cat([r.per_query_ap.to(torch.float64).cpu() for r in reports]).numpy()
+    valid = ~np.isnan(ap)
+    if not valid.any():
+        raise ValueError(_NO_RELEVANT)
+    used = [r for r in reports if _n_evaluated(r) > 0]
+    weights = [_n_evaluated(r) for r in used]
+    ks = reports[0].ks
+    clamped: dict[int, int] = {}
+    for report in reports:
+        for k, k_used in report.clamped_ks.items():
+            clamped[k] = min(k_used, clamped.get(k, k_used))
+    return RetrievalReport(
+        map=float(ap[valid].mean()),
+        recall_at={k: _weighted_mean([r.recall_at[k] for r in used], weights) for k in ks},
+        precision_at={k: _weighted_mean([r.precision_at[k] for r in used], weights) for k in ks},
+        map_at_r=_weighted_mean([r.map_at_r for r in used], weights),
+        r_precision=_weighted_mean([r.r_precision for r in used], weights),
+        per_query_ap=torch.from_numpy(ap),
+        n_queries=sum(r.n_queries for r in reports),
+        n_queries_without_relevant=sum(r.n_queries_without_relevant for r in reports),
+        n_gallery=reports[0].n_gallery,
+        ties=reports[0].ties,
+        similarity=reports[0].similarity,
+        ks=ks,
+        clamped_ks={k: clamped[k] for k in ks if k in clamped},
+    )
+
+
+def merge_pr_curves(curves: Sequence[PRCurve]) -> PRCurve:
+    """The mean PR curve of all queries from the curves of disjoint query shards.
+
+    Args:
+        curves: one :class:`~rankwise.metrics.PRCurve` per shard (same recall levels); a shard
+            without a query with a relevant item has ``n_queries == 0``.
+
+    Returns:
+        The curve averaged over every shard's queries (weighted by ``n_queries``).
+
+    Raises:
+        ValueError: no curve, different recall levels, or no query with a relevant item.
+    """
+    curves = list(curves)
+    if not curves:
+        raise ValueError("`curves` is empty; pass the curve of at least one query shard.")
+    recall = np.asarray(curves[0].recall, dtype=np.float64)
+    for curve in curves[1:]:
+        if not np.array_equal(np.asarray(curve.recall, dtype=np.float64), recall):
+            raise ValueError("`curves` have different recall levels; use the same num_points.")
+    used = [c for c in curves if c.n_queries > 0]
+    if not used:
+        raise ValueError(
+            "no query has a relevant item in the gallery (no shared label in `query_labels` / "
+            "`gallery_labels`); the PR curve is undefined."
+        )
+    weights = [c.n_queries for c in used]
+    stacked = np.stack([np.asarray(c.precision, dtype=np.float64) for c in used])
+    precision = np.array(
+        [_weighted_mean(list(stacked[:, j]), weights) for j in range(recall.shape[0])]
+    )
+    return PRCurve(
+        recall,
+        precision,
+        sum(weights),
+        sum(c.n_queries_without_relevant for c in curves),
+    )
+
+
+# -- torch.distributed ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Shard:
+    query: torch.Tensor
+    query_labels: torch.Tensor
+    gallery: torch.Tensor
+    gallery_labels: torch.Tensor
+    exclude_self: Any  # as passed (None / bool / index array), resolved by `self_index`
+    offset: int  # global row of this rank's first query
+    n_total: int  # queries on all ranks
+
+    def self_index(self) -> torch.Tensor | None:
+        """The gallery row of each local query (-1: none), or None; may raise ValueError."""
+        return _self_index(
+            self.exclude_self,
+            self.offset,
+            self.query.shape[0],
+            self.n_total,
+            self.gallery.shape[0],
+            self.query.device,
+        )
+
+
+def _relevant_counts(
+    query_labels: torch.Tensor, gallery_labels: torch.Tensor, self_index: torch.Tensor | None
+) -> torch.Tensor:
+    """Relevant gallery items of every query, its own row excluded: (n_q,) int64."""
+    if query_labels.ndim == 1:
+        classes, counts = torch.unique(gallery_labels, return_counts=True)
+        pos = torch.searchsorted(classes, query_labels).clamp(max=classes.numel() - 1)
+        found = classes[pos] == query_labels
+        relevant = torch.where(found, counts[pos], 0)
+    else:
+        gallery_hot = gallery_labels.to(torch.float32)
+        relevant = torch.cat(
+            [
+                ((rows.to(torch.float32) @ gallery_hot.T) > 0).sum(1)
+                for rows in query_labels.split(4096)
+            ]
+        )
+    if self_index is not None:
+        own = self_index >= 0
+        if query_labels.ndim == 1:
+            same = gallery_labels[self_index.clamp(min=0)] == query_labels
+        else:
+            same = (gallery_labels[self_index.clamp(min=0)] & query_labels).any(1)
+        relevant = relevant - (own & same).to(relevant.dtype)
+    return relevant
+
+
+def _check_local(
+    query: Any,
+    query_labels: Any,
+    gallery: Any,
+    gallery_labels: Any,
+    similarity: Any,
+    device: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """This rank's arguments through the shared query/gallery check (empty shards allowed)."""
+    q_rows = as_tensor(query, "query").shape[0] if query is not None else 0
+    g_rows = 1 if gallery is None else as_tensor(gallery, "gallery").shape[0]
+    if q_rows and g_rows:  # the one check every metric uses, with its messages
+        qg = check_query_gallery(
+            query, query_labels, gallery, gallery_labels, similarity=similarity, device=device
+        )
+        if qg.leave_one_out:
+            return qg.query, qg.query_labels, None, None
+        return qg.query, qg.query_labels, qg.gallery, qg.gallery_labels
+    # an empty shard (a rank without queries, or without gallery rows): the same checks, per part
+    check_similarity(similarity)
+    dev = check_device(device, query)
+    q = check_embeddings(query, "query", dev, allow_empty=True)
+    ql = check_label_array(query_labels, q.shape[0], "query_labels", dev)
+    if (gallery is None) != (gallery_labels is None):
+        missing = "gallery" if gallery is None else "gallery_labels"
+        raise ValueError(
+            f"`{missing}` is missing: pass both `gallery` and `gallery_labels`, or neither "
+            "(leave-one-out over the queries)."
+        )
+    if gallery is None:
+        return q, ql, None, None
+    g = check_embeddings(gallery, "gallery", dev, allow_empty=True)
+    return q, ql, g, check_label_array(gallery_labels, g.shape[0], "gallery_labels", dev)
+
+
+def _agree(error: Exception | None, group: Any) -> None:
+    """Raise the same ``ValueError`` on every rank when the local check failed on any rank.
+
+    Every rank must know before the first tensor collective, or the ranks that passed would wait
+    in it for the one that raised.
+    """
+    _, world = rank_and_world_size(group)
+    messages: list[Any] = [None] * world
+    dist.all_gather_object(messages, None if error is None else str(error), group=group)
+    failed = [(r, m) for r, m in enumerate(messages) if m is not None]
+    if not failed:
+        return
+    if len(failed) == 1:
+        rank, message = failed[0]
+        raise ValueError(f"{message} (on rank {rank})") from error
+    if len({m for _, m in failed}) == 1:
+        where = "every rank" if len(failed) == world else f"ranks {[r for r, _ in failed]}"
+        raise ValueError(f"{failed[0][1]} (on {where})") from error
+    raise ValueError(
+        "bad input on several ranks: " + "; ".join(f"rank {r}: {m}" for r, m in failed)
+    ) from error
+
+
+def _self_index(
+    exclude_self: Any, offset: int, n_local: int, n_total: int, n_gallery: int, device
+) -> torch.Tensor | None:
+    if exclude_self is None or exclude_self is False:
+        return None
+    if exclude_self is True:
+        if n_total != n_gallery:
+            raise ValueError(
+                f"`exclude_self=True` needs the query rows to be the gallery rows, but the "
+                f"shards hold {n_total} queries and {n_gallery} gallery rows; pass an index "
+                "array (global gallery row of each local query, -1 for none) instead."
+            )
+        return torch.arange(offset, offset + n_local, device=device)
+    idx = as_tensor(exclude_self, "exclude_self", device)
+    if (
+        idx.ndim != 1
+        or idx.shape[0] != n_local
+        or idx.is_floating_point()
+        or idx.dtype == torch.bool
+    ):
+        raise ValueError(
+            "`exclude_self` must be None, a bool, or a 1-D integer array with the global gallery "
+            f"row of each of this rank's {n_local} queries (-1 for none)."
+        )
+    idx = idx.to(torch.int64)
+    if bool(((idx < -1) | (idx >= n_gallery)).any()):
+        raise ValueError(f"`exclude_self` indices must lie in [-1, {n_gallery - 1}].")
+    return idx
+
+
+def _shard(
+    query: Any,
+    query_labels: Any,
+    gallery: Any,
+    gallery_labels: Any,
+    gallery_sharded: bool,
+    exclude_self: Any,
+    group: Any,
+    kwargs: dict[str, Any],
+) -> _Shard:
+    try:
+        q, ql, g, gl = _check_local(
+            query,
+            query_labels,
+            gallery,
+            gallery_labels,
+            kwargs.get("similarity", "cosine"),
+            kwargs.get("device"),
+        )
+        error = None
+    except ValueError as exc:
+        error = exc
+    _agree(error, group)
+    full_q, sizes = all_gather_rows(q, group)
+    rank, _ = rank_and_world_size(group)
+    offset = sum(sizes[:rank])
+    if g is None:
+        g, gl = full_q, all_gather_rows(ql, group)[0]
+        exclude_self = True if exclude_self is None else exclude_self
+    elif gallery_sharded:
+        g, gl = all_gather_rows(g, group)[0], all_gather_rows(gl, group)[0]
+    return _Shard(q, ql, g, gl, exclude_self, offset, sum(sizes))
+
+
+def _merged(local: Any, group: Any) -> list[Any]:
+    """All-gather each rank's result (or exception); raise on every rank when one failed."""
+    _, world = rank_and_world_size(group)
+    gathered: list[Any] = [None] * world
+    payload = (
+        ("error", f"{type(local).__name__}: {local}") if isinstance(local, Exception) else local
+    )
+    dist.all_gather_object(gathered, payload, group=group)
+    if isinstance(local, Exception):
+        raise local
+    failed = [
+        f"rank {r}: {item[1]}"
+        for r, item in enumerate(gathered)
+        if isinstance(item, tuple) and item and item[0] == "error"
+    ]
+    if failed:
+        raise ValueError("the evaluation failed on other ranks: " + "; ".join(failed))
+    return gathered
+
+
+def _local_result(shard: _Shard, compute: Any) -> Any:
+    """This rank's result: ``compute(shard, self_index)``, ``("empty", n)`` or the error.
+
+    ``("empty", n_queries)`` when no local query can be ranked; an error is returned, and raised
+    on every rank by :func:`_merged`, never here (the other ranks would hang in the gather).
+    """
+    try:
+        self_index = shard.self_index()
+        if shard.query.shape[0] == 0:
+            return ("empty", 0)
+        relevant = _relevant_counts(shard.query_labels, shard.gallery_labels, self_index)
+        if not bool((relevant > 0).any()):
+            return ("empty", int(shard.query.shape[0]))
+        return compute(shard, self_index)
+    except Exception as exc:  # any failure: every rank must hear of it, or the others hang
+        return exc
+
+
+def distributed_retrieval_metrics(
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    gallery_sharded: bool = True,
+    exclude_self: Any = None,
+    group: Any = None,
+    **kwargs: Any,
+) -> RetrievalReport:
+    """:func:`~rankwise.metrics.retrieval_metrics` of queries sharded across the ranks of a group.
+
+    A collective: every rank of ``group`` calls it with its shard and gets the same report, equal
+    to ``retrieval_metrics`` on the concatenation of the shards in rank order (see the module
+    docstring for what is exact). Without an initialized multi-rank process group it is
+    ``retrieval_metrics`` itself.
+
+    Args:
+        query: this rank's ``(n_rank, d)`` query embeddings (``n_rank`` may differ between
+            ranks, and be 0).
+        query_labels: their ``(n_rank,)`` class ids or ``(n_rank, C)`` multi-hot labels.
+        gallery: ``None`` ranks the queries of all ranks against each other, each query's own
+            row excluded (leave-one-out); or this rank's shard of the gallery
+            (``gallery_sharded=True``), or the whole gallery, the same on every rank
+            (``gallery_sharded=False``).
+        gallery_labels: the gallery's labels, sharded like ``gallery``.
+        gallery_sharded: whether ``gallery`` is a shard to all-gather.
+        exclude_self: ``None`` (leave-one-out iff ``gallery`` is ``None``), a bool (``True``: the
+            global query ``i`` is the global gallery row ``i``), or an ``(n_rank,)`` integer
+            array with the global gallery row of each local query (``-1``: none).
+        group: the process group (``None``: the default one).
+        **kwargs: ``ks``, ``similarity``, ``ties``, ``chunk_size``, ``device``, ``backend`` as
+            for :func:`~rankwise.metrics.retrieval_metrics`.
+
+    Returns:
+        The merged :class:`~rankwise.metrics.RetrievalReport` (on every rank).
+
+    Raises:
+        ValueError: bad input on any rank (the same error on every rank), or no query with a
+            relevant item.
+    """
+    if not is_distributed(group):
+        return retrieval_metrics(
+            query, query_labels, gallery, gallery_labels, exclude_self=exclude_self, **kwargs
+        )
+    shard = _shard(
+        query, query_labels, gallery, gallery_labels, gallery_sharded, exclude_self, group, kwargs
+    )
+
+    def compute(s: _Shard, self_index: torch.Tensor | None) -> RetrievalReport:
+        self_index = False if self_index is None else self_index
+        return retrieval_metrics(
+            s.query, s.query_labels, s.gallery, s.gallery_labels, exclude_self=self_index, **kwargs
+        )
+
+    results = _merged(_local_result(shard, compute), group)
+    reports = [r for r in results if isinstance(r, RetrievalReport)]
+    if not reports:
+        raise ValueError(_NO_RELEVANT)
+    like = reports[0]
+    filled = [
+        r
+        if isinstance(r, RetrievalReport)
+        else dataclasses.replace(
+            like,
+            map=math.nan,
+            recall_at=dict.fromkeys(like.ks, math.nan),
+            precision_at=dict.fromkeys(like.ks, math.nan),
+            map_at_r=math.nan,
+            r_precision=math.nan,
+            per_query_ap=torch.full((r[1],), math.nan, dtype=torch.float64),
+            n_queries=r[1],
+            n_queries_without_relevant=r[1],
+            clamped_ks={},
+        )
+        for r in results
+    ]
+    return merge_retrieval_reports(filled)
+
+
+def distributed_pr_curve(
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    gallery_sharded: bool = True,
+    exclude_self: Any = None,
+    group: Any = None,
+    **kwargs: Any,
+) -> PRCurve:
+    """:func:`~rankwise.metrics.pr_curve` of queries sharded across the ranks of a group.
+
+    A collective with the arguments of :func:`distributed_retrieval_metrics`; ``kwargs`` are
+    those of :func:`~rankwise.metrics.pr_curve` (``num_points``, ``similarity``, ``ties``, ...).
+
+    Returns:
+        The merged :class:`~rankwise.metrics.PRCurve` (on every rank).
+    """
+    if not is_distributed(group):
+        return pr_curve(
+            query, query_labels, gallery, gallery_labels, exclude_self=exclude_self, **kwargs
+        )
+    shard = _shard(
+        query, query_labels, gallery, gallery_labels, gallery_sharded, exclude_self, group, kwargs
+    )
+
+    def compute(s: _Shard, self_index: torch.Tensor | None) -> PRCurve:
+        self_index = False if self_index is None else self_index
+        return pr_curve(
+            s.query, s.query_labels, s.gallery, s.gallery_labels, exclude_self=self_index, **kwargs
+        )
+
+    results = _merged(_local_result(shard, compute), group)
+    curves = [r for r in results if isinstance(r, PRCurve)]
+    if not curves:
+        raise ValueError(_NO_RELEVANT)
+    like = curves[0]
+    filled = [
+        r
+        if isinstance(r, PRCurve)
+        else PRCurve(like.recall, np.zeros_like(like.precision), 0, r[1])
+        for r in results
+    ]
+    return merge_pr_curves(filled)
