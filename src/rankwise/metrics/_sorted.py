@@ -362,8 +362,7 @@ def sorted_row_counts(
     # are the runs of equal (row, greater), in increasing order of greater (decreasing score)
     composite = rows * n_items + greater
     if not ordered:
-        composite, order = torch.sort(composite)
-        size = size[order]
+        composite, size = _sorted_by_composite(composite, size, rows, strategy == "segment")
     distinct, n_relevant = torch.unique_consecutive(composite, return_counts=True)
     group_row = torch.div(distinct, n_items, rounding_mode="floor")
     first = torch.cumsum(n_relevant, 0) - n_relevant
@@ -375,6 +374,30 @@ def sorted_row_counts(
         _to_numpy(group_size),
         _to_numpy(n_relevant),
     )
+
+
+def _sorted_by_composite(
+    composite: torch.Tensor, size: torch.Tensor, rows: torch.Tensor, rows_grouped: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``composite`` sorted increasingly and ``size`` permuted alike.
+
+    With ``rows_grouped`` (the items of a row contiguous, rows non-decreasing, as "segment" lists
+    them in sorted-value order) only the rows out of order are sorted: their exact order differs
+    from the values' only where the exact-key windows reordered near-ties, usually nowhere.
+    """
+    if not rows_grouped:
+        composite, order = torch.sort(composite)
+        return composite, size[order]
+    out_of_order = composite[1:] < composite[:-1]
+    if not bool(out_of_order.any()):
+        return composite, size
+    bad_rows = torch.unique(rows[1:][out_of_order])
+    where = torch.nonzero(torch.isin(rows, bad_rows)).squeeze(1)
+    part, order = torch.sort(composite[where])
+    composite, size = composite.clone(), size.clone()
+    composite[where] = part
+    size[where] = size[where][order]
+    return composite, size
 
 
 def _gathered_keys(block: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
