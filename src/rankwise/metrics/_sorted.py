@@ -85,11 +85,12 @@ def class_relevant_lists(
     start = class_ptr[safe_class]
     sizes = torch.where(present, class_ptr[safe_class + 1] - start, torch.zeros_like(start))
     rows = torch.repeat_interleave(torch.arange(n_rows, device=device), sizes)
-    first = torch.cumsum(sizes, 0) - sizes
-    cols = members[start[rows] + torch.arange(rows.shape[0], device=device) - first[rows]]
+    # index_select: cheaper on the CPU than tensor indexing for these long (S,) gathers
+    offset = (start - (torch.cumsum(sizes, 0) - sizes)).index_select(0, rows)
+    cols = members.index_select(0, offset + torch.arange(rows.shape[0], device=device))
     if self_index is not None:
-        keep = cols != self_index[rows]
-        rows, cols = rows[keep], cols[keep]
+        keep = torch.nonzero(cols != self_index.index_select(0, rows)).squeeze(1)
+        rows, cols = rows.index_select(0, keep), cols.index_select(0, keep)
     return RelevantLists(rows, cols, n_rows)
 
 
@@ -202,11 +203,11 @@ def _relevant_item_counts(
         # relevant item (relevant values are finite)
         rows = torch.nonzero(self_index >= 0).squeeze(1)
         sort_values[rows, self_index[rows]] = float("-inf")
-    own = sort_values[lists.rows, lists.cols]
     if bound is not None and exact_keys is None:
         raise ValueError("`exact_keys` is required with `bound` (approximate scores).")
     if strategy == "segment":
         return _segment_counts(sort_values, bound, lists, exact_keys)
+    own = sort_values[lists.rows, lists.cols]
     if strategy == "table":
         if bound is None:
             return (lists.rows, *_exact_table_counts(sort_values, own, lists), False)
@@ -256,24 +257,34 @@ def _segment_counts(
     n_rows, n_items = sort_values.shape
     device = sort_values.device
     descending, order = torch.sort(sort_values, dim=1, descending=True)
-    relevant = torch.zeros(n_rows, n_items, dtype=torch.bool, device=device)
-    relevant[lists.rows, lists.cols] = True
-    # row-major: rows non-decreasing, positions increasing within a row
-    rows, position = torch.nonzero(relevant.gather(1, order), as_tuple=True)
+    # flat (row-major) indices and index_select: much cheaper on the CPU than 2-d indexing
+    relevant = torch.zeros(n_rows * n_items, dtype=torch.bool, device=device)
+    relevant[lists.rows * n_items + lists.cols] = True
+    relevant = relevant.view(n_rows, n_items).gather(1, order).view(-1)
+    # increasing: rows non-decreasing, positions increasing within a row
+    flat = torch.nonzero(relevant).squeeze(1)
+    rows = torch.div(flat, n_items, rounding_mode="floor")
+    position = flat - rows * n_items
     if bound is None:
         greater, size = _run_counts(descending, rows, position)
         return rows, greater, size, True
-    value = descending[rows, position]
-    half_width = (2.0 * _WINDOW_SLACK) * bound.to(device, torch.float64)[rows]
-    low = _outward(value.to(torch.float64) - half_width, descending.dtype, float("-inf"))
-    high = _outward(value.to(torch.float64) + half_width, descending.dtype, float("inf"))
-    previous = descending[rows, (position - 1).clamp_min(0)]
-    following = descending[rows, (position + 1).clamp_max(n_items - 1)]
-    alone = ((position == 0) | (previous > high)) & ((position == n_items - 1) | (following < low))
+    flat_descending = descending.view(-1)
+    value = flat_descending.index_select(0, flat).to(torch.float64)
+    half_width = (2.0 * _WINDOW_SLACK) * bound.to(device, torch.float64).index_select(0, rows)
+    low = _outward(value - half_width, descending.dtype, float("-inf"))
+    high = _outward(value + half_width, descending.dtype, float("inf"))
+    first, last = position == 0, position == n_items - 1
+    # the neighbours' flat indices stay inside the block; the row's ends are masked by first/last
+    previous = flat_descending.index_select(0, (flat - 1).clamp_min(0))
+    following = flat_descending.index_select(0, (flat + 1).clamp_max(flat_descending.numel() - 1))
+    alone = (first | (previous > high)) & (last | (following < low))
     greater, size = position.clone(), torch.ones_like(position)
     close = torch.nonzero(~alone).squeeze(1)
     if close.numel():
-        sub = RelevantLists(rows[close], order[rows[close], position[close]], n_rows)
+        close_flat = flat.index_select(0, close)
+        sub = RelevantLists(
+            rows.index_select(0, close), order.view(-1).index_select(0, close_flat), n_rows
+        )
         # the negated descending row is ascending: the window [low, high] is [-high, -low] there
         negated = -descending
         padded_high, slot = _padded(-high[close], sub)
