@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1
 # every optional dependency `make test` and `make demo` use (cli, baselines, lightning, ...).
 TORCH   ?= torch==2.13.0
 
-.PHONY: demo test test-slow lint lint-strict bench clean venv
+.PHONY: demo test test-slow lint bench clean venv
 
 venv: $(STAMP)
 
@@ -33,13 +33,10 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q
 
+# ruff's rules include complexity <= 12 and google-style docstrings (pyproject.toml [tool.ruff.lint])
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
-
-# complexity <= 12 and google-style docstrings (settings in pyproject.toml [tool.ruff.lint.*])
-lint-strict: $(STAMP)
-	$(BIN)/ruff check src benchmarks examples --select C90,D --ignore D105,D107
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_retrieval.py

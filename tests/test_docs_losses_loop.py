@@ -37,4 +37,8 @@ def test_the_drop_in_loop_learns():
     # the printed output in the docs is what the code prints
     section = DOC.read_text().split("## Drop-in training loop", 1)[1]
     documented = section.split("```text\n", 1)[1].split("```", 1)[0]
-    assert "epoch 4: loss" in documented and f"test mAP {maps[-1]:.4f}" in documented
+    # (to 0.02: another CPU's BLAS sums in another order, and 5 epochs of training amplify the
+    # last-bit differences; the docs show this machine's output)
+    shown = [float(v) for v in re.findall(r"epoch \d+: .* test mAP ([\d.]+)", documented)]
+    assert len(shown) == len(maps), documented
+    assert all(abs(a - b) < 0.02 for a, b in zip(shown, maps, strict=True)), (shown, maps)

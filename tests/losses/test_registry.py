@@ -21,8 +21,13 @@ RANKWISE_CLASSES = {
     "smooth_ap": ("rankwise.losses.smooth_ap", "SmoothAPLoss"),
     "dir": ("rankwise.losses.dir", "DIRLoss"),
     "blackbox_ap": ("rankwise.losses.blackbox_ap", "BlackBoxAPLoss"),
+    "tie_aware_ap": ("rankwise.losses.tie_aware", "TieAwareAPLoss"),
+    "tie_aware_ndcg": ("rankwise.losses.tie_aware", "TieAwareNDCGLoss"),
+    "dpsh": ("rankwise.losses.pairwise_hashing", "DPSHLoss"),
     "pointwise_roc": ("rankwise.losses.pointwise_roc", "PointwiseROCLoss"),
 }
+# losses of binary codes take relaxed codes in [-1, 1] (a HashingHead's tanh output)
+HASHING = {"tie_aware_ap", "tie_aware_ndcg", "dpsh"}
 
 
 def pk_batch(p=4, k=4, dim=8, seed=0):
@@ -44,6 +49,8 @@ def test_every_name_builds_a_working_loss(name):
         if cls is None:
             pytest.skip(f"{module_name}.{attr} is still a placeholder in this checkout")
     emb, labels = pk_batch()
+    if name in HASHING:
+        emb = torch.tanh(emb)
     train_labels = torch.arange(4).repeat_interleave(10)
     loss = build_loss(name, train_labels=train_labels, num_classes=4, embedding_dim=8)
     if name in RANKWISE_CLASSES:

@@ -28,6 +28,15 @@ def test_configs_are_shipped():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_config_validates_and_plans(path, tmp_path):
     data = yaml.safe_load(path.read_text())
+    if "hash" in data:  # a hashing sweep (rankwise hash train): training config + hash section
+        from rankwise.hashing.workflow import load_hash_config, method_config
+
+        config, settings = load_hash_config(path)
+        for bits in settings.bits:
+            for method in settings.methods:
+                run = method_config(config, settings, method, bits, tmp_path)
+                assert run.model.embedding_dim == bits and run.loss.name
+        return
     config = config_from_dict(data)
     assert config.loss.name
     runs = plan_bench(data, seeds=[0], output=tmp_path)

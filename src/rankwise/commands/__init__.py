@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "tune": "tune:tune",
     "embed": "embed:embed",
     "experiment": "experiment:experiment_app",
+    "hash": "hash:hash_app",
     "roc": "roc:roc_app",
 }
 

@@ -74,6 +74,7 @@ REGISTRY: dict[str, str] = {
     "interpolation-error": "rankwise.experiments.interpolation_error",
     "auc-slope": "rankwise.experiments.auc_slope",
     "fast-rates": "rankwise.experiments.fast_rates",
+    "hash-euclidean-ndcg": "rankwise.experiments.hash_euclidean_ndcg",
     "pointwise-roc-sphere": "rankwise.experiments.pointwise_roc_sphere",
     "mmc-subsampling": "rankwise.experiments.mmc_subsampling",
 }

@@ -2,7 +2,8 @@
 
 SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss, the Wilcoxon loss,
 Smooth-AP, DIR (histogram AP), BlackBox-AP, the pointwise ROC loss (TPR at FPR ≤ α), the
-semi-variance regularizer, and
+semi-variance regularizer, the binary-code losses (tie-aware AP / NDCG of TALR, He et al., CVPR
+2018; the DPSH baseline), and
 pytorch-metric-learning baselines through :func:`baseline`.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,
@@ -14,10 +15,12 @@ from .base import PairBatch, RankingLoss, similarity_matrix
 from .baselines import BASELINES, baseline
 from .blackbox_ap import BlackBoxAPLoss
 from .dir import DIRLoss
+from .pairwise_hashing import DPSHLoss
 from .pointwise_roc import PointwiseROCLoss
 from .registry import LOSSES, build_loss
 from .smooth_ap import SmoothAPLoss
 from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
+from .tie_aware import TieAwareAPLoss, TieAwareNDCGLoss
 
 __all__ = [
     "APLoss",
@@ -25,6 +28,7 @@ __all__ = [
     "BASELINES",
     "BlackBoxAPLoss",
     "DIRLoss",
+    "DPSHLoss",
     "LOSSES",
     "PairBatch",
     "PointwiseROCLoss",
@@ -32,6 +36,8 @@ __all__ = [
     "SOPRCLoss",
     "SemiVarianceRegularizer",
     "SmoothAPLoss",
+    "TieAwareAPLoss",
+    "TieAwareNDCGLoss",
     "WilcoxonLoss",
     "auc_slope",
     "baseline",

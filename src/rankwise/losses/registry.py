@@ -33,7 +33,10 @@ RANKWISE_LOSSES = (
     "blackbox_ap",
     "pointwise_roc",
 )
-LOSSES = RANKWISE_LOSSES + BASELINES
+# binary-code losses (relaxed codes of a HashingHead as embeddings): TALR's tie-aware AP / NDCG
+# (He et al., CVPR 2018, Eq. 11-12) and the DPSH pairwise-likelihood baseline
+HASHING_LOSSES = ("tie_aware_ap", "tie_aware_ndcg", "dpsh")
+LOSSES = RANKWISE_LOSSES + HASHING_LOSSES + BASELINES
 
 # Released SOPRC configs: weight 1 on positives below their mean, 5 on negatives above it.
 DEFAULT_SEMI_VARIANCE_WEIGHTS = (1.0, 5.0)
@@ -44,6 +47,7 @@ _CONTEXT_NAMES = {
     "num_classes": "num_classes",
     "embedding_dim": "embedding_dim",
     "embedding_size": "embedding_dim",
+    "bits": "embedding_dim",
 }
 
 
@@ -64,6 +68,14 @@ def _loss_class(name: str) -> type:
         from .dir import DIRLoss
 
         return DIRLoss
+    if name in ("tie_aware_ap", "tie_aware_ndcg"):
+        from .tie_aware import TieAwareAPLoss, TieAwareNDCGLoss
+
+        return TieAwareAPLoss if name == "tie_aware_ap" else TieAwareNDCGLoss
+    if name == "dpsh":
+        from .pairwise_hashing import DPSHLoss
+
+        return DPSHLoss
     if name == "blackbox_ap":
         from .blackbox_ap import BlackBoxAPLoss
 
@@ -159,6 +171,7 @@ def _with_context(
             "num_classes": "num_classes=",
             "embedding_dim": "embedding_dim=",
             "embedding_size": "embedding_dim=",
+            "bits": "embedding_dim=",
         }
         fixes = ", ".join(hint.get(m, f"{m}=") + "..." for m in missing)
         raise ValueError(f"loss {name!r} needs {', '.join(map(repr, missing))}; pass {fixes}.")

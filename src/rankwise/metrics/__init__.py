@@ -4,7 +4,8 @@ Tie-aware AP and NDCG follow He et al., "Hashing as Tie-Aware Learning to Rank" 
 Prop. 1 / App. A (McSherry & Najork 2008); MAP@R and R-precision follow Musgrave et al., "A Metric
 Learning Reality Check" (ECCV 2020); ROC curves, ROC AUC and TPR at a fixed FPR (Vogel et al.,
 ICML 2018) live in :mod:`rankwise.metrics.curves`, the accumulating ``RetrievalMetric`` in
-:mod:`rankwise.metrics.module`.
+:mod:`rankwise.metrics.module`; Hamming rankings of binary codes are evaluated by counting sort
+in :mod:`rankwise.metrics.hamming` (TALR, Sec. 3.2).
 """
 
 from .curves import (
@@ -22,6 +23,11 @@ from .distributed import (
     distributed_retrieval_metrics,
     merge_pr_curves,
     merge_retrieval_reports,
+)
+from .hamming import (
+    EuclideanThresholdAffinity,
+    HammingRetrievalReport,
+    hamming_retrieval_metrics,
 )
 from .module import RetrievalMetric
 from .ranking import average_precision, batched_average_precision, batched_ndcg, ndcg
@@ -45,6 +51,9 @@ __all__ = [
     "operating_point",
     "OperatingPoint",
     "RetrievalMetric",
+    "hamming_retrieval_metrics",
+    "HammingRetrievalReport",
+    "EuclideanThresholdAffinity",
     "merge_retrieval_reports",
     "merge_pr_curves",
     "distributed_retrieval_metrics",

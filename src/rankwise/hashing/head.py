@@ -1,0 +1,210 @@
+"""Hashing heads: a linear layer whose outputs become bits, relaxed by tanh for training.
+
+He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning to Rank" (CVPR 2018), Sec. 4.1,
+Eq. (8)-(10): bit ``i`` of the code is ``sgn(f_i(x))`` with ``f`` the network's activations, and
+training replaces ``sgn`` by the smooth ``tanh``. Following the authors' released code
+(``2 sigmoid(γ f) - 1``), the relaxation here is ``tanh(γ f / 2)`` with steepness ``γ``
+(``γ = 1`` in every released experiment); larger ``γ`` makes the relaxed codes closer to binary.
+``sgn(0)`` is taken as ``+1`` so that encoding is deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .._validation import Interval, check_bool, check_choice, check_scalar
+from .codes import pack_codes
+
+__all__ = ["HashingHead", "HashingModel", "build_hashing_model", "binarize"]
+
+
+def binarize(values: torch.Tensor) -> torch.Tensor:
+    """``{-1, +1}`` int8 codes of real values: ``+1`` where ``values >= 0`` (so 0 maps to +1)."""
+    return torch.where(values >= 0, 1, -1).to(torch.int8)
+
+
+class HashingHead(nn.Module):
+    """Linear map to ``bits`` activations, relaxed to ``tanh(γ f / 2)`` while training.
+
+    Args:
+        in_features: size of the input features.
+        bits: code length ``b``.
+        gamma: steepness ``γ > 0`` of the relaxation (a buffer: it travels with ``state_dict``
+            and can be annealed with :meth:`set_gamma`).
+        bias: learn a bias in the linear map.
+        hard_eval: in eval mode, ``forward`` returns the binary codes (as ``±1`` floats) instead
+            of the relaxation, so any evaluation of the model's outputs ranks by Hamming distance.
+        relaxation: ``"tanh"`` (``tanh(γ f / 2)``, TALR) or ``"identity"`` (the activations
+            ``f`` themselves, for losses with their own quantization term such as DPSH, whose
+            outputs ``u`` are linear, Li et al. IJCAI 2016, Eq. 5).
+        center: batch-normalize the activations (``BatchNorm1d`` without affine parameters):
+            every bit is centred over the data and of unit scale, so the codes of a freshly
+            initialised network are not all equal (a linear map of non-negative ReLU features
+            has the same sign for every input) and ``tanh(γ f / 2)`` starts in its sensitive
+            range. In eval mode the running statistics are used (a fixed affine map per bit).
+            ``center=False`` is the paper's plain linear layer (fine on pretrained features).
+
+    Shapes:
+        ``forward``: ``(B, in_features) -> (B, bits)``, values in ``(-1, 1)`` when training.
+        ``encode``: ``(B, in_features) -> (B, bits)`` int8 in ``{-1, +1}``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        bits: int,
+        gamma: float = 1.0,
+        bias: bool = True,
+        hard_eval: bool = True,
+        relaxation: str = "tanh",
+        center: bool = True,
+    ) -> None:
+        super().__init__()
+        self.in_features = check_scalar(in_features, "in_features", Interval("integer", 1, None))
+        self.bits = check_scalar(bits, "bits", Interval("integer", 1, None))
+        gamma = check_scalar(gamma, "gamma", Interval("real", 0, None, closed="neither"))
+        self.hard_eval = check_bool(hard_eval, "hard_eval")
+        self.relaxation = check_choice(relaxation, "relaxation", ("tanh", "identity"))
+        self.linear = nn.Linear(self.in_features, self.bits, bias=check_bool(bias, "bias"))
+        self.center = check_bool(center, "center")
+        self.norm = nn.BatchNorm1d(self.bits, affine=False) if self.center else None
+        self.register_buffer("gamma", torch.tensor(float(gamma), dtype=torch.float64))
+
+    def set_gamma(self, gamma: float) -> None:
+        """Change the steepness ``γ`` (e.g. doubled every few epochs, as the released code can)."""
+        value = check_scalar(gamma, "gamma", Interval("real", 0, None, closed="neither"))
+        self.gamma.fill_(value)
+
+    def activations(self, features: torch.Tensor) -> torch.Tensor:
+        """The real-valued activations ``f`` (B, bits) whose signs are the bits."""
+        if features.ndim != 2 or features.shape[1] != self.in_features:
+            raise ValueError(
+                f"HashingHead expects features (B, {self.in_features}), got "
+                f"{tuple(features.shape)}."
+            )
+        f = self.linear(features)
+        return f if self.norm is None else self.norm(f)
+
+    def _frozen_activations(self, features: torch.Tensor) -> torch.Tensor:
+        """Activations with the running statistics, whatever the mode.
+
+        Encoding never updates them.
+        """
+        if self.norm is None or not self.training:
+            return self.activations(features)
+        f = self.linear(features)
+        return F.batch_norm(
+            f, self.norm.running_mean, self.norm.running_var, training=False, eps=self.norm.eps
+        )
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Relaxed codes ``tanh(γ f / 2)`` (training), or ``±1`` codes in eval mode if hard_eval."""
+        f = self.activations(features)
+        if not self.training and self.hard_eval:
+            return binarize(f).to(f.dtype)
+        if self.relaxation == "identity":
+            return f
+        return torch.tanh(self.gamma.to(f.dtype) * f / 2)
+
+    @torch.no_grad()
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        """Binary codes ``sgn(f)`` as int8 ``{-1, +1}`` (``f = 0`` gives ``+1``)."""
+        return binarize(self._frozen_activations(features))
+
+    def pack(self, features: torch.Tensor, dtype: str = "uint8") -> np.ndarray:
+        """Packed codes (see :func:`rankwise.hashing.pack_codes`): 8 bytes per 64-bit code."""
+        return pack_codes(self.encode(features), dtype=dtype)
+
+    def extra_repr(self) -> str:
+        """The settings shown by ``repr``."""
+        return (
+            f"in_features={self.in_features}, bits={self.bits}, gamma={float(self.gamma):g}, "
+            f"hard_eval={self.hard_eval}, relaxation={self.relaxation!r}, center={self.center}"
+        )
+
+
+class HashingModel(nn.Module):
+    """A backbone followed by a :class:`HashingHead`.
+
+    Args:
+        backbone: module mapping a batch to ``(B, F)`` features (or anything ``flatten(1)`` makes
+            so).
+        head: the hashing head.
+
+    Attributes:
+        bits: the code length; ``embedding_dim`` is the same number (the Trainer's name for it).
+    """
+
+    def __init__(self, backbone: nn.Module, head: HashingHead) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+        self.bits = head.bits
+        self.embedding_dim = head.bits
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Backbone features ``(B, F)``."""
+        out = self.backbone(x)
+        return out.flatten(1) if out.ndim != 2 else out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Relaxed codes while training, ``±1`` codes in eval mode (see :class:`HashingHead`)."""
+        return self.head(self.features(x))
+
+    @torch.no_grad()
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """int8 ``{-1, +1}`` codes of a batch (the model's mode is left unchanged)."""
+        return self.head.encode(self.features(x))
+
+    def pack(self, x: torch.Tensor, dtype: str = "uint8") -> np.ndarray:
+        """Packed codes of a batch."""
+        return pack_codes(self.encode(x), dtype=dtype)
+
+
+def build_hashing_model(
+    backbone: str,
+    input_shape: tuple[int, ...],
+    bits: int,
+    *,
+    gamma: float = 1.0,
+    relaxation: str = "tanh",
+    center: bool = True,
+    weights_path: str | os.PathLike | None = None,
+    frozen_bn: bool = True,
+    **kw: Any,
+) -> HashingModel:
+    """A :class:`HashingModel` on one of :data:`rankwise.models.BACKBONES`.
+
+    Args:
+        backbone: ``"small_cnn"``, ``"mlp"``, ``"resnet50"`` or ``"linear"`` (no hidden layer:
+            the linear hash functions ``f_i(x) = w_iᵀx`` of the paper's LabelMe experiment).
+        input_shape: shape of one input item.
+        bits: code length.
+        gamma: relaxation steepness.
+        relaxation: ``"tanh"`` or ``"identity"`` (see :class:`HashingHead`).
+        center: batch-normalize the activations (see :class:`HashingHead`).
+        weights_path: local ResNet-50 weights (resnet50 only), as
+            :func:`rankwise.models.build_backbone`.
+        frozen_bn: freeze the backbone's BatchNorm layers (resnet50).
+        **kw: backbone options (``width``; ``hidden``, ``dropout``).
+    """
+    from ..models import build_backbone
+
+    if backbone == "linear":
+        if kw or weights_path is not None:
+            raise ValueError("the 'linear' backbone takes no options.")
+        head = HashingHead(
+            int(np.prod(input_shape)), bits, gamma, relaxation=relaxation, center=center
+        )
+        return HashingModel(nn.Flatten(), head)
+    net = build_backbone(
+        backbone, input_shape, weights_path=weights_path, frozen_bn=frozen_bn, **kw
+    )
+    head = HashingHead(net.out_features, bits, gamma, relaxation=relaxation, center=center)
+    return HashingModel(net, head)

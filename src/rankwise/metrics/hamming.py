@@ -1,0 +1,807 @@
+"""Tie-aware retrieval metrics of binary codes by counting sort: no ranking is ever sorted.
+
+He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning to Rank" (CVPR 2018), Sec. 3.2 and
+Prop. 1: ranked by the integer Hamming distance ``d ∈ {0, ..., b}``, a database splits into
+``b + 1`` tie groups, and AP_T (Eq. 6, per-position form of McSherry & Najork 2008) and DCG_T
+(Eq. 7) are sums of per-group terms that need only the per-distance histograms ``n_{d,v}`` of the
+items of each affinity level ``v``. Per query this module builds those histograms in one pass
+over the packed codes (XOR + popcount; the paper's "counting sort", ``O(bN)``), then:
+
+* turns the relevant / total counts into :class:`~rankwise.metrics._kernels.RelevantGroupCounts`
+  (group ``d``: ``N_{d-1}`` items above, ``n_d`` tied, ``n_d^+`` relevant) and evaluates AP_T,
+  AP_T@k (App. A, Eq. 15: the per-position terms up to ``k`` over ``N^+``), MAP@R, R@k, P@k and
+  R-precision with the same closed forms as :func:`rankwise.metrics.retrieval_metrics`;
+* evaluates NDCG_T and NDCG_T@k (App. A, Eq. 18/19: each item of a group receives the group's
+  mean gain times the discounts of the positions the group spans, truncated at ``k``) with
+  ``G(a) = 2^a - 1``, ``D(t) = 1 / log2(t + 1)``, the ideal DCG from the per-level totals;
+* gives the **tie-breaking range** of the paper's Fig. 3: the best and worst AP (and NDCG)
+  attainable by reordering each query's ties (relevant / high-gain items first or last).
+
+Affinities (Sec. 3.1, 5.2-5.3): binary from class labels or from multi-hot labels (share at least
+one label), multi-level as the number of shared labels (NUS-WIDE), or multi-level from thresholded
+Euclidean distances of the original features (LabelMe: the 5 %, 1 %, 0.2 %, 0.1 % quantiles of
+the training pairs' distances give affinities 1, 2, 5, 10), or any callable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from .._threads import keeps_torch_threads
+from .._validation import Interval, as_tensor, check_scalar
+from ..hashing.codes import PackedCodes, as_packed_codes, check_same_bits, code_distance, popcount
+from ._kernels import RelevantGroupCounts
+from .ranking import (
+    average_precision_from_counts,
+    check_ties,
+    expected_relevant_in_top,
+    hit_probability_at,
+    precision_weighted_sum,
+    relevant_above,
+)
+from .retrieval import RetrievalReport
+
+__all__ = [
+    "AFFINITIES",
+    "EuclideanThresholdAffinity",
+    "HammingRetrievalReport",
+    "IndexedAffinity",
+    "hamming_histograms",
+    "hamming_retrieval_metrics",
+    "group_counts_from_histograms",
+    "ndcg_from_histograms",
+    "cumulative_discount",
+]
+
+AFFINITIES = ("labels", "shared_labels")
+# Working memory of one chunk of queries: its histograms and, for dense affinities, its
+# (chunk, n_database) affinity block (one byte per pair).
+_CHUNK_BYTES = 64 * 2**20
+
+
+# -- affinities ------------------------------------------------------------------------------------
+
+
+class EuclideanThresholdAffinity:
+    """Multi-level affinity from Euclidean distances of the original features (LabelMe, Sec. 5.3).
+
+    A pair at distance ``δ`` gets the level of the smallest threshold ``t_i >= δ``; pairs beyond
+    every threshold get 0. The paper's LabelMe setting: thresholds at the 5 %, 1 %, 0.2 % and
+    0.1 % quantiles of the training pairs' distances give levels 1, 2, 5 and 10
+    (:meth:`from_quantiles`). A single threshold gives the binary "Euclidean neighbour" affinity.
+
+    Args:
+        thresholds: distances, one per level (any order; matched to ``levels`` by size: the
+            largest threshold gets the smallest level).
+        levels: positive integer affinities (at most 255), as many as thresholds.
+
+    Called as ``affinity(query_features (n_q, F), database_features (n, F))`` it returns an
+    ``(n_q, n)`` uint8 array of levels.
+    """
+
+    def __init__(self, thresholds: Sequence[float], levels: Sequence[int] = (1, 2, 5, 10)) -> None:
+        t = np.asarray(
+            [check_scalar(v, "thresholds", Interval("real", 0, None)) for v in thresholds]
+        )
+        lv = np.asarray([check_scalar(v, "levels", Interval("integer", 1, 255)) for v in levels])
+        if t.size == 0 or t.size != lv.size:
+            raise ValueError(
+                f"`thresholds` ({t.size}) and `levels` ({lv.size}) must be non-empty and of the "
+                "same length."
+            )
+        order_t = np.argsort(-t, kind="stable")
+        order_l = np.argsort(lv, kind="stable")
+        if np.unique(t).size != t.size or np.unique(lv).size != lv.size:
+            raise ValueError("`thresholds` and `levels` must each hold distinct values.")
+        # decreasing thresholds <-> increasing levels
+        self.thresholds = t[order_t].astype(np.float64)
+        self.levels = lv[order_l].astype(np.uint8)
+
+    @classmethod
+    def from_quantiles(
+        cls,
+        features: Any,
+        quantiles: Sequence[float] = (0.05, 0.01, 0.002, 0.001),
+        levels: Sequence[int] = (1, 2, 5, 10),
+        *,
+        max_pairs: int = 20_000_000,
+        seed: int = 0,
+    ) -> EuclideanThresholdAffinity:
+        """Thresholds at quantiles of the pairwise distances of ``features`` (the training set).
+
+        Args:
+            features: ``(n, F)`` original features.
+            quantiles: fractions of the closest pairs, one per level (paper: 5 %, 1 %, 0.2 %,
+                0.1 %).
+            levels: the affinities of those quantiles (paper: 1, 2, 5, 10).
+            max_pairs: above this many distinct pairs, the quantiles are taken over a uniform
+                random sample of that many pairs (seeded); below it, over every pair exactly.
+            seed: seed of the pair sample.
+        """
+        x = _features(features, "features")
+        n = x.shape[0]
+        if n < 2:
+            raise ValueError("`features` needs at least 2 rows to have pairwise distances.")
+        q = [
+            check_scalar(v, "quantiles", Interval("real", 0, 1, closed="neither"))
+            for v in quantiles
+        ]
+        n_pairs = n * (n - 1) // 2
+        if n_pairs <= max_pairs:
+            rows, cols = np.triu_indices(n, 1)
+        else:
+            rng = np.random.default_rng(seed)
+            rows = rng.integers(0, n, max_pairs)
+            cols = rng.integers(0, n - 1, max_pairs)
+            cols = cols + (cols >= rows)  # uniform over j != i
+        dist = _pair_distances(x, rows, cols)
+        return cls(np.quantile(dist, q), levels)
+
+    def __call__(self, query_features: Any, database_features: Any) -> np.ndarray:
+        """``(n_q, n)`` uint8 affinity levels."""
+        return self.against(database_features)(query_features)
+
+    def against(self, database_features: Any) -> Callable[[Any], np.ndarray]:
+        """``levels(query_features) -> (n_q, n)`` for a fixed database, prepared once.
+
+        The database is centred once (distances are translation-invariant; centring avoids the
+        cancellation of ``|q|² + |g|² - 2 qᵀg`` far from the origin) and its squared norms kept.
+        """
+        g = _features(database_features, "database_labels")
+        centre = g.mean(0)
+        gc = g - centre
+        g_sq = (gc * gc).sum(1)
+
+        def levels(query_features: Any) -> np.ndarray:
+            q = _features(query_features, "query_labels")
+            if q.shape[1] != gc.shape[1]:
+                raise ValueError(
+                    f"query features have {q.shape[1]} columns but database features {gc.shape[1]}."
+                )
+            qc = q - centre
+            sq = (qc * qc).sum(1)[:, None] + g_sq[None, :] - 2.0 * (qc @ gc.T)
+            dist = np.sqrt(np.maximum(sq, 0.0))
+            out = np.zeros(dist.shape, dtype=np.uint8)
+            for threshold, level in zip(self.thresholds, self.levels, strict=True):
+                out[dist <= threshold] = level
+            return out
+
+        return levels
+
+    @property
+    def max_level(self) -> int:
+        """Largest affinity value."""
+        return int(self.levels.max())
+
+    def to_dict(self) -> dict[str, list]:
+        """JSON-safe form (``EuclideanThresholdAffinity(**d)`` rebuilds it)."""
+        return {"thresholds": self.thresholds.tolist(), "levels": self.levels.tolist()}
+
+    def __repr__(self) -> str:
+        pairs = ", ".join(
+            f"<= {t:.4g}: {lv}" for t, lv in zip(self.thresholds, self.levels, strict=True)
+        )
+        return f"EuclideanThresholdAffinity({pairs})"
+
+
+class IndexedAffinity:
+    """An affinity between items named by their row in a feature table.
+
+    For training and evaluation code that passes integer item ids as labels (a batch sampler
+    needs labels, the Euclidean affinity needs features): ``IndexedAffinity(features,
+    affinity)(ids_a, ids_b) = affinity(features[ids_a], features[ids_b])``.
+
+    Args:
+        features: ``(N, F)`` original features of every item.
+        affinity: an :class:`EuclideanThresholdAffinity` (or any callable of two feature
+            matrices returning ``(n_a, n_b)`` integer levels with a ``max_level`` attribute).
+    """
+
+    def __init__(self, features: Any, affinity: EuclideanThresholdAffinity) -> None:
+        self.features = _features(features, "features")
+        self.affinity = affinity
+        self.max_level = int(affinity.max_level)
+
+    def __call__(self, ids_a: Any, ids_b: Any) -> np.ndarray:
+        """``(n_a, n_b)`` uint8 levels between the items ``ids_a`` and ``ids_b``."""
+        a = np.asarray(ids_a.cpu() if isinstance(ids_a, torch.Tensor) else ids_a, dtype=np.int64)
+        b = np.asarray(ids_b.cpu() if isinstance(ids_b, torch.Tensor) else ids_b, dtype=np.int64)
+        return self.affinity(self.features[a.reshape(-1)], self.features[b.reshape(-1)])
+
+
+def _features(x: Any, name: str) -> np.ndarray:
+    t = as_tensor(x, name)
+    if t.ndim != 2:
+        raise ValueError(
+            f"`{name}` must be 2-D (n, n_features) original features, got {tuple(t.shape)}."
+        )
+    arr = t.detach().cpu().to(torch.float64).numpy()
+    if not np.isfinite(arr).all():
+        raise ValueError(f"`{name}` contains NaN or inf.")
+    return arr
+
+
+def _pair_distances(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    out = np.empty(rows.size, dtype=np.float64)
+    step = 1 << 20
+    for lo in range(0, rows.size, step):
+        diff = x[rows[lo : lo + step]] - x[cols[lo : lo + step]]
+        out[lo : lo + step] = np.sqrt(np.einsum("ij,ij->i", diff, diff))
+    return out
+
+
+# -- histogram kernels -----------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True)
+def _class_histograms(qw, dbw, q_class, db_class, self_index, out):  # pragma: no cover - numba
+    n = dbw.shape[0]
+    for i in prange(qw.shape[0]):
+        c = q_class[i]
+        skip = self_index[i]
+        for j in range(n):
+            if j == skip:
+                continue
+            d = code_distance(qw, i, dbw, j)
+            if db_class[j] == c:
+                out[i, d, 1] += 1
+            else:
+                out[i, d, 0] += 1
+
+
+@njit(parallel=True, cache=True)
+def _multi_hot_histograms(qw, dbw, q_lab, db_lab, max_level, self_index, out):  # pragma: no cover
+    n = dbw.shape[0]
+    for i in prange(qw.shape[0]):
+        skip = self_index[i]
+        for j in range(n):
+            if j == skip:
+                continue
+            d = code_distance(qw, i, dbw, j)
+            shared = 0
+            for w in range(q_lab.shape[1]):
+                shared += popcount(q_lab[i, w] & db_lab[j, w])
+            out[i, d, min(shared, max_level)] += 1
+
+
+@njit(parallel=True, cache=True)
+def _dense_histograms(qw, dbw, levels, self_index, out):  # pragma: no cover - numba
+    n = dbw.shape[0]
+    for i in prange(qw.shape[0]):
+        skip = self_index[i]
+        for j in range(n):
+            if j == skip:
+                continue
+            out[i, code_distance(qw, i, dbw, j), levels[i, j]] += 1
+
+
+# -- counts -> metrics -----------------------------------------------------------------------------
+
+
+def group_counts_from_histograms(total: np.ndarray, relevant: np.ndarray) -> RelevantGroupCounts:
+    """Tie groups holding a relevant item, from per-distance counts.
+
+    Args:
+        total: ``(Q, b + 1)`` items at each distance ``n_d`` (ranked by increasing distance).
+        relevant: ``(Q, b + 1)`` relevant items at each distance ``n_d^+``.
+
+    Returns:
+        :class:`RelevantGroupCounts` in the order of :mod:`rankwise.metrics._kernels`: per query,
+        the groups with ``n_d^+ > 0`` by increasing distance (= decreasing score).
+    """
+    total = np.asarray(total, dtype=np.int64)
+    relevant = np.asarray(relevant, dtype=np.int64)
+    above = np.cumsum(total, axis=1) - total
+    mask = relevant > 0
+    return RelevantGroupCounts(
+        n_groups=mask.sum(1).astype(np.int64),
+        greater=above[mask],
+        size=total[mask],
+        relevant=relevant[mask],
+    )
+
+
+def cumulative_discount(n: int) -> np.ndarray:
+    """``(n + 1,)`` float64: entry ``t`` is ``sum_{s=1}^{t} 1 / log2(s + 1)`` (entry 0 is 0)."""
+    out = np.zeros(n + 1, dtype=np.float64)
+    np.cumsum(1.0 / np.log2(np.arange(2, n + 2, dtype=np.float64)), out=out[1:])
+    return out
+
+
+def _span(cd: np.ndarray, lo: np.ndarray, hi: np.ndarray, k: int | None) -> np.ndarray:
+    """Sum of the discounts of positions ``lo+1 .. hi``, truncated at ``k``."""
+    if k is not None:
+        lo, hi = np.minimum(lo, k), np.minimum(hi, k)
+    return cd[hi] - cd[lo]
+
+
+def _ordered_dcg(hist: np.ndarray, gains: np.ndarray, cd: np.ndarray, k, descending: bool):
+    """DCG when every tie is ordered by gain (descending: best case; ascending: worst case)."""
+    n = hist.sum(2)
+    start = np.cumsum(n, axis=1) - n  # (Q, D) items above each group
+    order = slice(None, None, -1) if descending else slice(None)
+    h = hist[:, :, order]
+    g = gains[order]
+    within = np.cumsum(h, axis=2)  # items of the group up to and including this level
+    hi = start[:, :, None] + within
+    return (g * _span(cd, hi - h, hi, k)).sum(axis=(1, 2))
+
+
+def ndcg_from_histograms(
+    hist: np.ndarray,
+    level_values: np.ndarray,
+    k: int | None = None,
+    ties: str = "expected",
+    cd: np.ndarray | None = None,
+) -> np.ndarray:
+    """Tie-aware NDCG(@k) of every query from its per-distance, per-level histograms.
+
+    Args:
+        hist: ``(Q, b + 1, L)`` int, items at distance ``d`` with affinity level index ``l``.
+        level_values: ``(L,)`` affinity value ``a`` of each level index (gain ``2^a - 1``).
+        k: cutoff, or None for the whole ranking.
+        ties: ``"expected"`` (App. A, Eq. 18: mean gain of a group times the discounts it spans),
+            ``"optimistic"`` / ``"pessimistic"`` (higher / lower gains first within a tie).
+        cd: :func:`cumulative_discount` table covering the list length (built when None).
+
+    Returns:
+        ``(Q,)`` float64; NaN where the ideal DCG is 0 (no item with a positive affinity).
+    """
+    hist = np.asarray(hist, dtype=np.int64)
+    gains = np.exp2(np.asarray(level_values, dtype=np.float64)) - 1.0
+    n = hist.sum(2)
+    if cd is None:
+        cd = cumulative_discount(int(n.sum(1).max()) if n.size else 0)
+    totals = hist.sum(1)[:, ::-1]  # (Q, L) by decreasing level: the ideal order
+    ideal_hi = np.cumsum(totals, axis=1)
+    ideal = (gains[::-1] * _span(cd, ideal_hi - totals, ideal_hi, k)).sum(1)
+    if ties == "expected":
+        hi = np.cumsum(n, axis=1)
+        gain_sum = hist @ gains
+        mean_gain = np.divide(gain_sum, n, out=np.zeros(gain_sum.shape), where=n > 0)
+        dcg = (mean_gain * _span(cd, hi - n, hi, k)).sum(1)
+    else:
+        dcg = _ordered_dcg(hist, gains, cd, k, descending=ties == "optimistic")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ideal > 0, dcg / np.where(ideal > 0, ideal, 1.0), np.nan)
+
+
+# -- inputs ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Affinity:
+    """How the histograms of a chunk of queries are built."""
+
+    name: str
+    level_values: np.ndarray  # (L,) affinity value of each level index
+    kind: str  # "class" | "multi_hot" | "dense"
+    query: Any = None
+    database: Any = None
+    func: Callable | None = None
+
+    @property
+    def n_levels(self) -> int:
+        return int(self.level_values.shape[0])
+
+
+def _label_array(labels: Any, n: int, name: str) -> np.ndarray:
+    t = as_tensor(labels, name)
+    if t.ndim not in (1, 2) or t.shape[0] != n:
+        raise ValueError(
+            f"`{name}` must be (n,) class ids or an (n, C) multi-hot matrix with one row per code "
+            f"({n}), got shape {tuple(t.shape)}."
+        )
+    arr = t.detach().cpu().numpy()
+    if arr.ndim == 2:
+        if arr.dtype != np.bool_ and not np.isin(arr, (0, 1)).all():
+            raise ValueError(f"multi-hot `{name}` must contain only 0 and 1 (or be bool).")
+        return arr.astype(np.bool_)
+    if arr.dtype.kind == "f":
+        if not np.isfinite(arr).all() or not (arr == np.round(arr)).all():
+            raise ValueError(f"`{name}` must hold integer class ids, got non-integer floats.")
+    elif arr.dtype.kind not in "iu":
+        raise ValueError(f"`{name}` must hold integer class ids, got dtype {arr.dtype}.")
+    return arr.astype(np.int64)
+
+
+def _pack_labels(hot: np.ndarray) -> np.ndarray:
+    n, c = hot.shape
+    raw = np.packbits(hot, axis=1, bitorder="little")
+    padded = np.zeros((n, -(-c // 64) * 8), dtype=np.uint8)
+    padded[:, : raw.shape[1]] = raw
+    return np.ascontiguousarray(padded.view("<u8").astype(np.uint64))
+
+
+def _label_affinity(name: str, query_labels: Any, db_labels: Any, n_q: int, n_db: int) -> _Affinity:
+    ql = _label_array(query_labels, n_q, "query_labels")
+    dl = _label_array(db_labels, n_db, "database_labels")
+    if ql.ndim != dl.ndim or (ql.ndim == 2 and ql.shape[1] != dl.shape[1]):
+        raise ValueError(
+            "`query_labels` and `database_labels` must be the same kind: both class ids or both "
+            f"multi-hot with the same columns; got shapes {ql.shape} and {dl.shape}."
+        )
+    if ql.ndim == 1:
+        return _Affinity(name, np.array([0, 1]), "class", ql, dl)
+    max_level = 1 if name == "labels" else int(ql.shape[1])
+    return _Affinity(
+        name, np.arange(max_level + 1), "multi_hot", _pack_labels(ql), _pack_labels(dl)
+    )
+
+
+def _resolve_affinity(affinity: Any, query_labels, db_labels, n_q: int, n_db: int) -> _Affinity:
+    if isinstance(affinity, str):
+        if affinity not in AFFINITIES:
+            raise ValueError(
+                f"`affinity` must be one of {AFFINITIES}, an EuclideanThresholdAffinity or a "
+                f"callable, got {affinity!r}."
+            )
+        return _label_affinity(affinity, query_labels, db_labels, n_q, n_db)
+    if isinstance(affinity, EuclideanThresholdAffinity):
+        q = _features(query_labels, "query_labels")
+        g = _features(db_labels, "database_labels")
+        if q.shape[0] != n_q or g.shape[0] != n_db:
+            raise ValueError(
+                "with a EuclideanThresholdAffinity the labels are the original features: pass "
+                f"`query_labels` ({n_q}, F) and `database_labels` ({n_db}, F), got "
+                f"{q.shape} and {g.shape}."
+            )
+        values = np.arange(affinity.max_level + 1)
+        prepared = affinity.against(g)
+        return _Affinity(
+            "euclidean_thresholds", values, "dense", q, g, lambda query, _: prepared(query)
+        )
+    if callable(affinity):
+        # a callable that states its largest level gets histograms of that many levels, not 256
+        top = int(getattr(affinity, "max_level", 255))
+        return _Affinity("callable", np.arange(top + 1), "dense", query_labels, db_labels, affinity)
+    raise ValueError(
+        f"`affinity` must be one of {AFFINITIES}, an EuclideanThresholdAffinity or a callable, "
+        f"got {type(affinity).__name__}."
+    )
+
+
+def _dense_levels(aff: _Affinity, lo: int, hi: int) -> np.ndarray:
+    query = aff.query[lo:hi]
+    levels = aff.func(query, aff.database)
+    levels = np.asarray(levels.detach().cpu() if isinstance(levels, torch.Tensor) else levels)
+    n_db = len(aff.database)
+    if levels.shape != (hi - lo, n_db):
+        raise ValueError(
+            f"the affinity callable returned shape {levels.shape} for {hi - lo} queries and "
+            f"{n_db} database items; it must return (n_queries, n_database)."
+        )
+    if levels.dtype.kind == "b":
+        return levels.astype(np.uint8)
+    if levels.dtype.kind == "f" and (
+        not np.isfinite(levels).all() or not (levels == np.round(levels)).all()
+    ):
+        raise ValueError("the affinity callable must return integer affinities (no NaN).")
+    top = aff.n_levels - 1
+    if levels.size and (levels.min() < 0 or levels.max() > top):
+        raise ValueError(
+            f"affinities must be integers in [0, {top}] (gain 2^a - 1); got values in "
+            f"[{levels.min():g}, {levels.max():g}]."
+        )
+    return np.ascontiguousarray(levels.astype(np.uint8))
+
+
+def hamming_histograms(
+    query: PackedCodes,
+    database: PackedCodes,
+    aff: _Affinity,
+    lo: int,
+    hi: int,
+    self_index: np.ndarray,
+) -> np.ndarray:
+    """``(hi - lo, b + 1, L)`` int64 histograms of queries ``lo..hi-1`` (one pass, no sort)."""
+    qw = query.words[lo:hi]
+    dbw = database.words
+    out = np.zeros((hi - lo, query.bits + 1, aff.n_levels), dtype=np.int64)
+    skip = np.ascontiguousarray(self_index[lo:hi])
+    if aff.kind == "class":
+        _class_histograms(qw, dbw, aff.query[lo:hi], aff.database, skip, out)
+    elif aff.kind == "multi_hot":
+        max_level = aff.n_levels - 1
+        _multi_hot_histograms(qw, dbw, aff.query[lo:hi], aff.database, max_level, skip, out)
+    else:
+        _dense_histograms(qw, dbw, _dense_levels(aff, lo, hi), skip, out)
+    return out
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class HammingRetrievalReport(RetrievalReport):
+    """:class:`~rankwise.metrics.RetrievalReport` of a Hamming ranking, with NDCG and tie ranges.
+
+    The inherited fields (``map``, ``recall_at``, ``precision_at``, ``map_at_r``,
+    ``r_precision``, ``per_query_ap``) use binary relevance (affinity > 0) and ``ties``;
+    ``similarity`` is ``"hamming"``.
+
+    Attributes:
+        bits: code length.
+        affinity: the affinity used (``"labels"``, ``"shared_labels"``,
+            ``"euclidean_thresholds"`` or ``"callable"``).
+        map_at: ``{k: mean AP_T@k}`` (App. A, Eq. 15: precision terms of positions ``<= k``
+            summed over all ``N^+`` relevant items).
+        ndcg: mean NDCG_T over the full ranking (gain ``2^a - 1`` of the affinity ``a``).
+        ndcg_at: ``{k: mean NDCG_T@k}``.
+        map_range: ``(worst, best)`` mAP attainable by reordering ties (the paper's Fig. 3).
+        ndcg_range: ``(worst, best)`` mean NDCG attainable by reordering ties.
+        per_query_ap_range: ``(n_queries, 2)`` float64 worst / best AP of each query.
+        per_query_ndcg: ``(n_queries,)`` float64 NDCG (NaN without a relevant item).
+    """
+
+    bits: int = 0
+    affinity: str = "labels"
+    map_at: dict[int, float] = field(default_factory=dict)
+    ndcg: float = math.nan
+    ndcg_at: dict[int, float] = field(default_factory=dict)
+    map_range: tuple[float, float] = (math.nan, math.nan)
+    ndcg_range: tuple[float, float] = (math.nan, math.nan)
+    per_query_ap_range: torch.Tensor | None = None
+    per_query_ndcg: torch.Tensor | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict: per-query AP as a list (None for NaN), other per-query arrays left out."""
+        out = super().to_dict()
+        out.update(
+            bits=self.bits,
+            affinity=self.affinity,
+            map_at={str(k): v for k, v in self.map_at.items()},
+            ndcg=self.ndcg,
+            ndcg_at={str(k): v for k, v in self.ndcg_at.items()},
+            map_range=list(self.map_range),
+            ndcg_range=list(self.ndcg_range),
+        )
+        return out
+
+    def __str__(self) -> str:
+        head = super().__str__().splitlines()
+        head[0] = (
+            f"Hamming retrieval ({self.bits} bits, affinity={self.affinity}, ties={self.ties}): "
+            f"{self.n_queries} queries x {self.n_gallery} database items"
+        )
+        rows = [(f"AP@{k}", v) for k, v in self.map_at.items()]
+        rows += [("NDCG", self.ndcg)] + [(f"NDCG@{k}", v) for k, v in self.ndcg_at.items()]
+        width = max(len(name) for name, _ in rows)
+        lines = [f"  {name:<{width}}  {value:.4f}" for name, value in rows]
+        lines.append(
+            f"  tie-breaking range: mAP in [{self.map_range[0]:.4f}, {self.map_range[1]:.4f}], "
+            f"NDCG in [{self.ndcg_range[0]:.4f}, {self.ndcg_range[1]:.4f}]"
+        )
+        return "\n".join(head[:4] + lines + head[4:])
+
+
+# -- the entry point -------------------------------------------------------------------------------
+
+
+def _check_ks(ks: Any, n_ranked: int) -> tuple[int, ...]:
+    if isinstance(ks, (int, np.integer)) and not isinstance(ks, bool):
+        ks = (ks,)
+    try:
+        ks = tuple(ks)
+    except TypeError:
+        raise ValueError(f"`ks` must be a sequence of positive integers, got {ks!r}.") from None
+    out = []
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"`ks` must hold positive integers, got {k!r} in {ks!r}.")
+        if k > n_ranked:
+            raise ValueError(
+                f"`ks` holds k={int(k)} but each query ranks only {n_ranked} database items; "
+                f"pass cutoffs <= {n_ranked}."
+            )
+        out.append(int(k))
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass
+class _Accumulator:
+    """Per-query results, filled chunk by chunk."""
+
+    n: int
+    ks: tuple[int, ...]
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = ["ap", "ap_best", "ap_worst", "map_at_r", "r_prec", "ndcg", "ndcg_best"]
+        names += ["ndcg_worst"]
+        names += [f"{m}@{k}" for m in ("ap", "recall", "precision", "ndcg") for k in self.ks]
+        self.arrays = {name: np.full(self.n, np.nan) for name in names}
+
+    def put(self, name: str, lo: int, values: np.ndarray) -> None:
+        self.arrays[name][lo : lo + values.shape[0]] = values
+
+    def mean(self, name: str, valid: np.ndarray) -> float:
+        return float(self.arrays[name][valid].mean())
+
+
+def _ap_metrics(acc: _Accumulator, lo: int, counts: RelevantGroupCounts, ties: str, n_ranked: int):
+    """AP_T, its tie range, AP_T@k, MAP@R, R-precision, R@k and P@k of a chunk."""
+    n_rows = counts.n_rows
+    rows = counts.row_ids()
+    n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows)
+    has_rel = n_rel > 0
+    safe = np.where(has_rel, n_rel, 1)
+    above = relevant_above(counts)
+    acc.put("ap", lo, average_precision_from_counts(counts, ties))
+    acc.put("ap_best", lo, average_precision_from_counts(counts, "optimistic"))
+    acc.put("ap_worst", lo, average_precision_from_counts(counts, "pessimistic"))
+    r_of_entry = n_rel[rows].astype(np.int64)
+    at_r = np.bincount(
+        rows, precision_weighted_sum(counts, r_of_entry, ties, above), minlength=n_rows
+    )
+    top_r = np.bincount(rows, expected_relevant_in_top(counts, r_of_entry, ties), minlength=n_rows)
+    acc.put("map_at_r", lo, np.where(has_rel, at_r / safe, np.nan))
+    acc.put("r_prec", lo, np.where(has_rel, top_r / safe, np.nan))
+    first = counts.offsets()[:-1][has_rel]
+    for k in acc.ks:
+        limit = np.full(rows.shape[0], k, dtype=np.int64)
+        at_k = np.bincount(
+            rows, precision_weighted_sum(counts, limit, ties, above), minlength=n_rows
+        )
+        acc.put(f"ap@{k}", lo, np.where(has_rel, at_k / safe, np.nan))
+        hits = np.full(n_rows, np.nan)
+        hits[has_rel] = hit_probability_at(
+            counts.greater[first], counts.size[first], counts.relevant[first], k, ties
+        )
+        acc.put(f"recall@{k}", lo, hits)
+        in_top = np.bincount(rows, expected_relevant_in_top(counts, limit, ties), minlength=n_rows)
+        acc.put(f"precision@{k}", lo, np.where(has_rel, in_top / k, np.nan))
+
+
+def _ndcg_metrics(acc: _Accumulator, lo: int, hist: np.ndarray, values, ties: str, cd) -> None:
+    acc.put("ndcg", lo, ndcg_from_histograms(hist, values, None, ties, cd))
+    acc.put("ndcg_best", lo, ndcg_from_histograms(hist, values, None, "optimistic", cd))
+    acc.put("ndcg_worst", lo, ndcg_from_histograms(hist, values, None, "pessimistic", cd))
+    for k in acc.ks:
+        acc.put(f"ndcg@{k}", lo, ndcg_from_histograms(hist, values, k, ties, cd))
+
+
+def _chunks(
+    n_q: int, n_db: int, bits: int, aff: _Affinity, chunk_size: int | None
+) -> Iterator[tuple[int, int]]:
+    if chunk_size is None:
+        # histograms (and their reductions), plus a dense affinity block: one byte per pair, and
+        # for Euclidean thresholds the float64 distances and their temporaries
+        per_query = (bits + 1) * aff.n_levels * 8 * 6
+        if aff.kind == "dense":
+            per_query += n_db * (33 if aff.name == "euclidean_thresholds" else 1)
+        chunk_size = max(1, _CHUNK_BYTES // per_query)
+    else:
+        chunk_size = check_scalar(chunk_size, "chunk_size", Interval("integer", 1, None))
+    for lo in range(0, n_q, chunk_size):
+        yield lo, min(n_q, lo + chunk_size)
+
+
+def _self_index(exclude_self: bool, n_q: int) -> np.ndarray:
+    return np.arange(n_q, dtype=np.int64) if exclude_self else np.full(n_q, -1, dtype=np.int64)
+
+
+@keeps_torch_threads
+def hamming_retrieval_metrics(
+    query_codes: Any,
+    query_labels: Any,
+    database_codes: Any = None,
+    database_labels: Any = None,
+    *,
+    ks: Any = None,
+    affinity: Any = "labels",
+    ties: str = "expected",
+    bits: int | None = None,
+    chunk_size: int | None = None,
+) -> HammingRetrievalReport:
+    """Exact tie-aware retrieval metrics of binary codes ranked by Hamming distance, by counting.
+
+    Per query, one pass over the packed database builds the histograms of items per (distance,
+    affinity level); every metric follows in closed form from them (TALR paper, Prop. 1 and App.
+    A) — no ranking is sorted, so the cost is ``O(N)`` per query and memory stays bounded.
+
+    Args:
+        query_codes: ``(n_q, b)`` codes in ``{-1, +1}`` / ``{0, 1}`` (numpy / torch, any numeric
+            dtype) or packed unsigned words (see :func:`rankwise.hashing.pack_codes`).
+        query_labels: ``(n_q,)`` class ids or ``(n_q, C)`` multi-hot labels; for a
+            :class:`EuclideanThresholdAffinity`, the ``(n_q, F)`` original features; for a
+            callable affinity, whatever it takes.
+        database_codes: ``(n, b)`` codes or packed words; None = rank the queries against each
+            other, each query's own row excluded (leave-one-out).
+        database_labels: labels of the database (same kind); None with ``database_codes=None``.
+        ks: cutoffs of AP@k, NDCG@k, R@k and P@k; each must be at most the number of ranked
+            database items. None: those of 1, 10 and 100 that fit.
+        affinity: ``"labels"`` (binary: same class id, or at least one shared multi-hot label),
+            ``"shared_labels"`` (multi-level: number of shared labels), an
+            :class:`EuclideanThresholdAffinity`, or a callable ``f(query_labels[chunk],
+            database_labels) -> (chunk, n)`` of integer affinities in ``[0, 255]``. AP-type
+            metrics use binary relevance (affinity > 0); NDCG uses gains ``2^a - 1``.
+        ties: ``"expected"`` (tie-aware, default), ``"optimistic"`` or ``"pessimistic"``; the
+            tie-breaking ranges are always reported.
+        bits: code length of packed input (default every bit of the words).
+        chunk_size: queries per chunk (default: about 64 MB of working memory per chunk).
+
+    Returns:
+        :class:`HammingRetrievalReport` (a :class:`~rankwise.metrics.RetrievalReport`).
+
+    Raises:
+        ValueError: codes not binary, code lengths that differ, labels of the wrong shape or
+            kind, a cutoff larger than the database, or no query with a relevant item.
+    """
+    check_ties(ties)
+    q = as_packed_codes(query_codes, "query_codes", bits)
+    leave_one_out = database_codes is None
+    if leave_one_out:
+        if database_labels is not None:
+            raise ValueError("`database_labels` was given without `database_codes`; pass both.")
+        db, database_labels = q, query_labels
+    else:
+        if database_labels is None:
+            raise ValueError("`database_codes` was given without `database_labels`; pass both.")
+        db = as_packed_codes(database_codes, "database_codes", bits)
+        check_same_bits(q, db, "query_codes", "database_codes")
+        if db.words.dtype != q.words.dtype:
+            db = db.to(q.words.dtype)
+    n_q, n_db = len(q), len(db)
+    n_ranked = n_db - 1 if leave_one_out else n_db
+    if n_ranked < 1:
+        raise ValueError("the database is empty (a single code ranked against itself).")
+    if ks is None:
+        ks = tuple(k for k in (1, 10, 100) if k <= n_ranked)
+    ks = _check_ks(ks, n_ranked)
+    aff = _resolve_affinity(affinity, query_labels, database_labels, n_q, n_db)
+    self_index = _self_index(leave_one_out, n_q)
+    cd = cumulative_discount(n_ranked)
+    acc = _Accumulator(n_q, ks)
+    for lo, hi in _chunks(n_q, n_db, q.bits, aff, chunk_size):
+        hist = hamming_histograms(q, db, aff, lo, hi, self_index)
+        if aff.name == "callable":
+            used = np.flatnonzero(hist.any(axis=(0, 1)))
+            top = int(used.max()) + 1 if used.size else 1
+            hist, values = hist[:, :, :top], aff.level_values[:top]
+        else:
+            values = aff.level_values
+        counts = group_counts_from_histograms(hist.sum(2), hist[:, :, 1:].sum(2))
+        _ap_metrics(acc, lo, counts, ties, n_ranked)
+        _ndcg_metrics(acc, lo, hist, values, ties, cd)
+    return _report(acc, q.bits, aff.name, ties, ks, n_q, n_db)
+
+
+def _report(acc: _Accumulator, bits, affinity, ties, ks, n_q, n_db) -> HammingRetrievalReport:
+    a = acc.arrays
+    valid = ~np.isnan(a["ap"])
+    if not valid.any():
+        raise ValueError(
+            "no query has a relevant database item (affinity > 0); the metrics are undefined. "
+            "Check the labels / affinity, or pass a database that contains the query classes."
+        )
+    return HammingRetrievalReport(
+        map=acc.mean("ap", valid),
+        recall_at={k: acc.mean(f"recall@{k}", valid) for k in ks},
+        precision_at={k: acc.mean(f"precision@{k}", valid) for k in ks},
+        map_at_r=acc.mean("map_at_r", valid),
+        r_precision=acc.mean("r_prec", valid),
+        per_query_ap=torch.from_numpy(a["ap"]),
+        n_queries=n_q,
+        n_queries_without_relevant=int((~valid).sum()),
+        n_gallery=n_db,
+        ties=ties,
+        similarity="hamming",
+        ks=ks,
+        bits=bits,
+        affinity=affinity,
+        map_at={k: acc.mean(f"ap@{k}", valid) for k in ks},
+        ndcg=acc.mean("ndcg", valid),
+        ndcg_at={k: acc.mean(f"ndcg@{k}", valid) for k in ks},
+        map_range=(acc.mean("ap_worst", valid), acc.mean("ap_best", valid)),
+        ndcg_range=(acc.mean("ndcg_worst", valid), acc.mean("ndcg_best", valid)),
+        per_query_ap_range=torch.from_numpy(np.stack([a["ap_worst"], a["ap_best"]], 1)),
+        per_query_ndcg=torch.from_numpy(a["ndcg"]),
+    )
