@@ -299,12 +299,22 @@ def similarity_kwargs(name):
     return {"similarity": "dot"} if "similarity" in loss_parameters(name) else {}
 
 
+# the hashing losses of TALR: inputs are tanh outputs, |score| <= bits
+BOUNDED_CODES = {"tie_aware_ap", "tie_aware_ndcg"}
+
+
 @pytest.mark.parametrize("name", LOSSES)
 def test_float16_dot_scores_beyond_the_float16_range(name):
     """Half-precision rows whose squared norms exceed 65504: a float16 dot product overflows, so
     every loss scores and computes in float32 and returns float32. The value equals the float64
     loss of the same (float16) inputs, and, with a loss scale that fits the gradient into float16
     (what torch.amp.GradScaler finds), so does the gradient."""
+    if name in BOUNDED_CODES:
+        pytest.skip(
+            f"{name} takes relaxed codes in [-1, 1] (refuses anything else): its scores are "
+            "bounded by the bit count and cannot leave the float16 range; half precision is "
+            "covered by the autocast test"
+        )
     generator = torch.Generator().manual_seed(0)
     labels = torch.arange(3).repeat_interleave(4)
     centres = torch.randn(N_CLASSES, DIM, generator=generator)

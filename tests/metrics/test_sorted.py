@@ -28,7 +28,7 @@ def _numba_counts(scores, relevant, self_index):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("kind", ["float32", "float64", "codes", "few_values"])
+@pytest.mark.parametrize("kind", ["float32", "float64", "codes", "few_values", "adjacent_ulps"])
 def test_sorted_row_counts_equal_the_numba_kernel(strategy, kind):
     gen = torch.Generator().manual_seed(3)
     n_rows, n_items = 40, 300
@@ -38,8 +38,11 @@ def test_sorted_row_counts_equal_the_numba_kernel(strategy, kind):
         scores = torch.randn(n_rows, n_items, generator=gen, dtype=torch.float64)
     elif kind == "codes":  # inner products of 8-bit codes: heavy ties
         scores = torch.randint(-8, 9, (n_rows, n_items), generator=gen).to(torch.float32)
-    else:  # every row tied into two values
+    elif kind == "few_values":  # every row tied into two values
         scores = torch.randint(0, 2, (n_rows, n_items), generator=gen).to(torch.float64)
+    else:  # float64 values a few ulps apart: distinct, but equal once rounded to float32
+        steps = torch.randint(0, 5, (n_rows, n_items), generator=gen).to(torch.float64)
+        scores = 0.75 + steps * 2.0**-52
     relevant = torch.rand(n_rows, n_items, generator=gen) < 0.2
     relevant[0] = False  # a row without relevant items
     relevant[1] = True  # a row where every item is relevant
@@ -74,6 +77,27 @@ def test_approximate_blocks_count_the_exact_keys(strategy, similarity):
     )
     exact = scorer.keys(0, 200)
     _assert_same_counts(ours, _numba_counts(exact, relevant, self_index))
+
+
+@pytest.mark.parametrize(("fraction", "expected"), [(0.002, "sort"), (0.3, "segment")])
+def test_auto_strategy_follows_the_relevant_fraction(monkeypatch, fraction, expected):
+    import rankwise.metrics._sorted as sorted_module
+
+    taken = []
+    original = sorted_module._relevant_item_counts
+
+    def spy(*args):
+        taken.append(args[-1])
+        return original(*args)
+
+    monkeypatch.setattr(sorted_module, "_relevant_item_counts", spy)
+    gen = torch.Generator().manual_seed(8)
+    scores = torch.randn(20, 1000, generator=gen)
+    relevant = torch.rand(20, 1000, generator=gen) < fraction
+    lists = mask_relevant_lists(relevant, None)
+    ours = sorted_row_counts(scores, lists)
+    assert taken == [expected]
+    _assert_same_counts(ours, _numba_counts(scores, relevant, None))
 
 
 def test_class_lists_equal_the_mask_lists():

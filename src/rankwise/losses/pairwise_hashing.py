@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .._validation import Interval, check_embeddings, check_scalar
+from .base import score_dtype
 from .tie_aware import affinity_labels, affinity_levels, check_affinity
 
 __all__ = ["DPSHLoss"]
@@ -76,13 +77,28 @@ class DPSHLoss(nn.Module):
         n_pairs = int(pairs.sum())
         if n_pairs == 0:
             raise ValueError("DPSHLoss: the batch has no pair of distinct items; pass >= 2 items.")
-        theta = u @ ref.T / 2
-        nll = F.softplus(theta) - similar.to(u.dtype) * theta
-        likelihood = (nll * pairs).sum() / n_pairs
-        quantization = (torch.where(u >= 0, 1.0, -1.0).to(u.dtype) - u).pow(2).mean()
+        n_similar = int((similar & pairs).sum())
+        if n_similar in (0, n_pairs):
+            # as every loss of the library: a batch of one kind of pair only pulls every code
+            # together (or apart) and teaches nothing about the ranking
+            kind = "similar" if n_similar == 0 else "dissimilar"
+            raise ValueError(
+                f"DPSHLoss: the batch has no {kind} pair ({n_pairs} pairs); sample batches with "
+                "several classes and >= 2 items per class (rankwise.sampling.MPerClassBatchSampler)."
+            )
+        # half precision is computed in float32 with autocast off, as every loss does
+        # (rankwise.losses.base): Θ = ½ uᵀu' overflows float16 for long unsaturated codes
+        dtype = score_dtype(u.dtype)
+        with torch.autocast(u.device.type, enabled=False):
+            u_c = u.to(dtype)
+            ref_c = u_c if ref_embeddings is None else ref.to(dtype)
+            theta = u_c @ ref_c.T / 2
+            nll = F.softplus(theta) - similar.to(dtype) * theta
+            likelihood = (nll * pairs).sum() / n_pairs
+            quantization = (torch.where(u_c >= 0, 1.0, -1.0).to(dtype) - u_c).pow(2).mean()
         self.last_stats = {
             "n_pairs": n_pairs,
-            "n_similar_pairs": int((similar & pairs).sum()),
+            "n_similar_pairs": n_similar,
             "likelihood": float(likelihood.detach()),
             "quantization": float(quantization.detach()),
         }

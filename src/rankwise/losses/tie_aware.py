@@ -55,7 +55,7 @@ from torch import nn
 
 from .._validation import Interval, check_choice, check_embeddings, check_labels, check_scalar
 from ..metrics.hamming import EuclideanThresholdAffinity
-from .base import anchor_statistics, raise_if_nothing_to_rank
+from .base import anchor_statistics, raise_if_nothing_to_rank, score_dtype
 
 __all__ = [
     "TieAwareAPLoss",
@@ -417,7 +417,14 @@ class _TieAwareLoss(nn.Module):
         ranked = torch.ones_like(levels, dtype=torch.bool)
         if self_reference:
             ranked.fill_diagonal_(False)
-        distances = (self.bits - emb @ ref.T) / 2
+        # half-precision codes are scored in float32 (autocast off), as every loss does
+        # (rankwise.losses.base): the relaxed histogram's kernel width is finer than float16's
+        # spacing of distances near `bits`
+        dtype = score_dtype(emb.dtype)
+        with torch.autocast(emb.device.type, enabled=False):
+            emb_c = emb.to(dtype)
+            ref_c = emb_c if self_reference else ref.to(dtype)
+            distances = (self.bits - emb_c @ ref_c.T) / 2
         return distances, levels, ranked, lab
 
     def forward(
@@ -437,7 +444,7 @@ class _TieAwareLoss(nn.Module):
             ref_labels: labels of the reference set.
 
         Returns:
-            A scalar tensor of the embeddings' dtype.
+            A scalar tensor: float32 for half-precision codes, else of the codes' dtype.
         """
         distances, levels, ranked, lab = self._batch(embeddings, labels, ref_embeddings, ref_labels)
         positive = (levels > 0) & ranked

@@ -33,7 +33,10 @@ from ._kernels import RelevantGroupCounts
 
 __all__ = ["RelevantLists", "sorted_row_counts", "class_relevant_lists", "mask_relevant_lists"]
 
-STRATEGIES = ("table", "sort")
+STRATEGIES = ("auto", "segment", "sort", "table")
+# "auto" takes "segment" for chunks where at least this fraction of the (query, item) pairs is
+# relevant, else "sort" (see sorted_row_counts)
+SEGMENT_MIN_RELEVANT_FRACTION = 0.05
 # float32 rounding: |fl32(x) - x| <= 2^-24 |x| for normal results, <= 2^-150 for subnormal ones.
 _HALF_ULP32 = 2.0**-24
 _SUBNORMAL32 = 2.0**-149
@@ -82,11 +85,12 @@ def class_relevant_lists(
     start = class_ptr[safe_class]
     sizes = torch.where(present, class_ptr[safe_class + 1] - start, torch.zeros_like(start))
     rows = torch.repeat_interleave(torch.arange(n_rows, device=device), sizes)
-    first = torch.cumsum(sizes, 0) - sizes
-    cols = members[start[rows] + torch.arange(rows.shape[0], device=device) - first[rows]]
+    # index_select: cheaper on the CPU than tensor indexing for these long (S,) gathers
+    offset = (start - (torch.cumsum(sizes, 0) - sizes)).index_select(0, rows)
+    cols = members.index_select(0, offset + torch.arange(rows.shape[0], device=device))
     if self_index is not None:
-        keep = cols != self_index[rows]
-        rows, cols = rows[keep], cols[keep]
+        keep = torch.nonzero(cols != self_index.index_select(0, rows)).squeeze(1)
+        rows, cols = rows.index_select(0, keep), cols.index_select(0, keep)
     return RelevantLists(rows, cols, n_rows)
 
 
@@ -185,8 +189,11 @@ def _relevant_item_counts(
     self_index: torch.Tensor | None,
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
     strategy: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S,) items scoring strictly higher than / tied with each listed relevant item."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """Row and items scoring strictly higher than / tied with each relevant item (S,) each.
+
+    The last element says whether the items come ordered by (row, items higher).
+    """
     sort_values, bound = _float32_for_sorting(values, bound)
     if sort_values is values:
         sort_values = values.clone()
@@ -196,19 +203,22 @@ def _relevant_item_counts(
         # relevant item (relevant values are finite)
         rows = torch.nonzero(self_index >= 0).squeeze(1)
         sort_values[rows, self_index[rows]] = float("-inf")
-    own = sort_values[lists.rows, lists.cols]
     if bound is not None and exact_keys is None:
         raise ValueError("`exact_keys` is required with `bound` (approximate scores).")
+    if strategy == "segment":
+        return _segment_counts(sort_values, bound, lists, exact_keys)
+    own = sort_values[lists.rows, lists.cols]
     if strategy == "table":
         if bound is None:
-            return _exact_table_counts(sort_values, own, lists)
-        return _approximate_table_counts(sort_values, own, bound, lists, exact_keys)
+            return (lists.rows, *_exact_table_counts(sort_values, own, lists), False)
+        counts = _approximate_table_counts(sort_values, own, bound, lists, exact_keys)
+        return (lists.rows, *counts, False)
     if bound is None:
         ascending = torch.sort(sort_values, dim=1).values
         padded, slot = _padded(own, lists)
         below_or_equal = torch.searchsorted(ascending, padded, right=True).view(-1)[slot]
         below = torch.searchsorted(ascending, padded).view(-1)[slot]
-        return n_items - below_or_equal, below_or_equal - below
+        return lists.rows, n_items - below_or_equal, below_or_equal - below, False
     ascending, order = torch.sort(sort_values, dim=1)
     half_width = (2.0 * _WINDOW_SLACK) * bound.to(own.device, torch.float64)[lists.rows]
     centre = own.to(torch.float64)
@@ -226,7 +236,81 @@ def _relevant_item_counts(
         above, equal = _window_counts(order, sub, lo[wide], hi[wide], exact_keys)
         greater[wide] += above
         size[wide] = equal
-    return greater, size
+    return lists.rows, greater, size, False
+
+
+def _segment_counts(
+    sort_values: torch.Tensor,
+    bound: torch.Tensor | None,
+    lists: RelevantLists,
+    exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """Counts from one descending sort of each row, by linear passes over the sorted rows.
+
+    In a descending row the items above the relevant item at position ``p`` are the positions
+    before its tie group: with exact values the groups are the runs of equal values and each
+    relevant item reads its group's first position and size. With approximate values (``bound``)
+    a relevant item whose neighbours both lie outside its window (twice the bound, rounded
+    outward) is alone in it -- the order of every other item is certain -- so ``p`` items are
+    above it and it is tied with itself only; the others take the exact-key windows.
+    """
+    n_rows, n_items = sort_values.shape
+    device = sort_values.device
+    descending, order = torch.sort(sort_values, dim=1, descending=True)
+    # flat (row-major) indices and index_select: much cheaper on the CPU than 2-d indexing
+    relevant = torch.zeros(n_rows * n_items, dtype=torch.bool, device=device)
+    relevant[lists.rows * n_items + lists.cols] = True
+    relevant = relevant.view(n_rows, n_items).gather(1, order).view(-1)
+    # increasing: rows non-decreasing, positions increasing within a row
+    flat = torch.nonzero(relevant).squeeze(1)
+    rows = torch.div(flat, n_items, rounding_mode="floor")
+    position = flat - rows * n_items
+    if bound is None:
+        greater, size = _run_counts(descending, rows, position)
+        return rows, greater, size, True
+    flat_descending = descending.view(-1)
+    value = flat_descending.index_select(0, flat).to(torch.float64)
+    half_width = (2.0 * _WINDOW_SLACK) * bound.to(device, torch.float64).index_select(0, rows)
+    low = _outward(value - half_width, descending.dtype, float("-inf"))
+    high = _outward(value + half_width, descending.dtype, float("inf"))
+    first, last = position == 0, position == n_items - 1
+    # the neighbours' flat indices stay inside the block; the row's ends are masked by first/last
+    previous = flat_descending.index_select(0, (flat - 1).clamp_min(0))
+    following = flat_descending.index_select(0, (flat + 1).clamp_max(flat_descending.numel() - 1))
+    alone = (first | (previous > high)) & (last | (following < low))
+    greater, size = position.clone(), torch.ones_like(position)
+    close = torch.nonzero(~alone).squeeze(1)
+    if close.numel():
+        close_flat = flat.index_select(0, close)
+        sub = RelevantLists(
+            rows.index_select(0, close), order.view(-1).index_select(0, close_flat), n_rows
+        )
+        # the negated descending row is ascending: the window [low, high] is [-high, -low] there
+        negated = -descending
+        padded_high, slot = _padded(-high[close], sub)
+        padded_low, _ = _padded(-low[close], sub)
+        lo = torch.searchsorted(negated, padded_high).view(-1)[slot]
+        hi = torch.searchsorted(negated, padded_low, right=True).view(-1)[slot]
+        above, equal = _window_counts(order, sub, lo, hi, exact_keys)
+        greater[close] = lo + above
+        size[close] = equal
+    return rows, greater, size, False
+
+
+def _run_counts(
+    descending: torch.Tensor, rows: torch.Tensor, position: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First position and length of the run of equal values holding each (row, position)."""
+    n_rows, n_items = descending.shape
+    starts = torch.ones(n_rows, n_items, dtype=torch.bool, device=descending.device)
+    starts[:, 1:] = descending[:, 1:] != descending[:, :-1]
+    flat_starts = starts.view(-1)
+    run = torch.cumsum(flat_starts, 0) - 1  # run index of every flat position
+    first = torch.nonzero(flat_starts).squeeze(1)
+    end = torch.cat([first[1:], first.new_full((1,), n_rows * n_items)])
+    base = rows * n_items
+    own_run = run[base + position]
+    return first[own_run] - base, end[own_run] - first[own_run]
 
 
 def sorted_row_counts(
@@ -236,7 +320,7 @@ def sorted_row_counts(
     *,
     bound: torch.Tensor | None = None,
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    strategy: str = "sort",
+    strategy: str = "auto",
 ) -> RelevantGroupCounts:
     """Tie-group counts of a score block by vectorised torch ops (any device).
 
@@ -253,11 +337,18 @@ def sorted_row_counts(
             of the pairs (row ``rows[m]`` of this block, column ``cols[m]``), as tensors on the
             block's device. It is asked only for items within twice the bound of a relevant item.
         strategy: ``"sort"`` sorts every row (O(N log N)) and locates the relevant values in
-            it (the default: one device sort, two binary searches per relevant item);
-            ``"table"`` locates every item among its row's sorted relevant values (two binary
-            searches per item, O(N log M) per row of N items with M relevant; slower than the
-            sort on the CPU, where ``torch.searchsorted`` costs about as much per item as the
-            whole sort). Both return the same counts.
+            it (one device sort, two binary searches per relevant item); ``"segment"`` sorts
+            every row with its indices and reads the counts off the sorted row by linear
+            passes (tie-group boundaries where consecutive values differ, the relevant items'
+            positions from the relevance gathered in sorted order; approximate values decide
+            only the relevant items with a neighbour within twice the bound by the exact-key
+            windows); ``"table"`` locates every item among its row's sorted relevant values
+            (two binary searches per item, O(N log M) per row of N items with M relevant;
+            slower than the sort on the CPU, where ``torch.searchsorted`` costs about as much
+            per item as the whole sort). ``"auto"`` (the default) takes ``"segment"`` when at
+            least ``SEGMENT_MIN_RELEVANT_FRACTION`` (5 %) of the block's (row, item) pairs are
+            relevant -- the binary searches of ``"sort"`` then cost more than the linear
+            passes -- and ``"sort"`` otherwise. All return the same counts.
 
     Returns:
         The counts, groups ordered by decreasing score within each row, exactly as
@@ -270,15 +361,23 @@ def sorted_row_counts(
         exact_keys = _gathered_keys(values.to(torch.float64))
     if strategy not in STRATEGIES:
         raise ValueError(f"`strategy` must be one of {STRATEGIES}, got {strategy!r}.")
-    greater, size = _relevant_item_counts(values, bound, lists, self_index, exact_keys, strategy)
+    if strategy == "auto":
+        pairs = values.shape[0] * values.shape[1]
+        dense = lists.rows.numel() >= SEGMENT_MIN_RELEVANT_FRACTION * pairs
+        strategy = "segment" if dense else "sort"
+    rows, greater, size, ordered = _relevant_item_counts(
+        values, bound, lists, self_index, exact_keys, strategy
+    )
     n_items = values.shape[1] + 1
     # tied relevant items share their count of higher items, distinct ones never do: the groups
     # are the runs of equal (row, greater), in increasing order of greater (decreasing score)
-    composite, order = torch.sort(lists.rows * n_items + greater)
+    composite = rows * n_items + greater
+    if not ordered:
+        composite, size = _sorted_by_composite(composite, size, rows, strategy == "segment")
     distinct, n_relevant = torch.unique_consecutive(composite, return_counts=True)
     group_row = torch.div(distinct, n_items, rounding_mode="floor")
     first = torch.cumsum(n_relevant, 0) - n_relevant
-    group_size = size[order][first]
+    group_size = size[first]
     n_groups = torch.bincount(group_row, minlength=lists.n_rows)
     return RelevantGroupCounts(
         _to_numpy(n_groups),
@@ -286,6 +385,30 @@ def sorted_row_counts(
         _to_numpy(group_size),
         _to_numpy(n_relevant),
     )
+
+
+def _sorted_by_composite(
+    composite: torch.Tensor, size: torch.Tensor, rows: torch.Tensor, rows_grouped: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``composite`` sorted increasingly and ``size`` permuted alike.
+
+    With ``rows_grouped`` (the items of a row contiguous, rows non-decreasing, as "segment" lists
+    them in sorted-value order) only the rows out of order are sorted: their exact order differs
+    from the values' only where the exact-key windows reordered near-ties, usually nowhere.
+    """
+    if not rows_grouped:
+        composite, order = torch.sort(composite)
+        return composite, size[order]
+    out_of_order = composite[1:] < composite[:-1]
+    if not bool(out_of_order.any()):
+        return composite, size
+    bad_rows = torch.unique(rows[1:][out_of_order])
+    where = torch.nonzero(torch.isin(rows, bad_rows)).squeeze(1)
+    part, order = torch.sort(composite[where])
+    composite, size = composite.clone(), size.clone()
+    composite[where] = part
+    size[where] = size[where][order]
+    return composite, size
 
 
 def _gathered_keys(block: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
