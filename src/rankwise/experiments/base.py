@@ -142,7 +142,7 @@ def resolve_output(name: str, output: str | Path, overwrite: bool = False) -> tu
         json_path, png_path = out, out.with_suffix(".png")
     elif out.suffix and not out.is_dir() and out.suffix.lower() in (".png", ".txt", ".csv", ".md"):
         raise ValueError(
-            f"--output must be a directory or a .json file, got {str(output)!r}; the PNG is "
+            f"`output` must be a directory or a .json file, got {str(output)!r}; the PNG is "
             "written beside the JSON with the same name."
         )
     else:
