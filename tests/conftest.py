@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: CUDA-marked tests are skipped when no GPU is present; 2-process
+"""Shared pytest fixtures: CUDA-marked tests are skipped when no GPU is present; tests that read
+Fashion-MNIST skip without it (`fashion_mnist`); 2-process
 torch.distributed (gloo, CPU) runs of tests/distributed_worker.py."""
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist():
+    """Skip the test where Fashion-MNIST is not installed (a fresh machine may lack it)."""
+    from rankwise.data import read_mnist_family
+
+    try:
+        read_mnist_family("fashion-mnist", None)
+    except (OSError, ValueError):
+        pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
 
 
 @pytest.fixture(params=["cpu"] + (["cuda"] if torch.cuda.is_available() else []))

@@ -13,7 +13,7 @@ from rankwise.experiments.hash_euclidean_ndcg import METHODS
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def quick(tmp_path_factory, fashion_mnist):
     run = get_experiment("hash-euclidean-ndcg")
     return run(quick=True, seed=0, output=tmp_path_factory.mktemp("hen") / "r.json")
 

@@ -14,24 +14,14 @@ from PIL import Image
 
 from rankwise.experiments import REGISTRY, get_experiment
 
-# experiments whose quick run reads a dataset that a fresh machine may lack
-NEEDS_FASHION_MNIST = {"mmc-subsampling"}
-
-
-def _fashion_mnist_installed() -> bool:
-    from rankwise.data import read_mnist_family
-
-    try:
-        read_mnist_family("fashion-mnist", None)
-    except (OSError, ValueError):
-        return False
-    return True
+# experiments whose quick run reads Fashion-MNIST, which a fresh machine may lack
+NEEDS_FASHION_MNIST = {"mmc-subsampling", "hash-euclidean-ndcg"}
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
-def test_quick_run_writes_json_png_and_is_deterministic(name, tmp_path):
-    if name in NEEDS_FASHION_MNIST and not _fashion_mnist_installed():
-        pytest.skip("Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)")
+def test_quick_run_writes_json_png_and_is_deterministic(name, tmp_path, request):
+    if name in NEEDS_FASHION_MNIST:
+        request.getfixturevalue("fashion_mnist")  # skips where it is not installed
     run = get_experiment(name)
     first = run(quick=True, seed=7, output=tmp_path / "a")
 
