@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -377,6 +377,40 @@ def _local_result(shard: _Shard, compute: Any) -> Any:
         return exc
 
 
+def _sharded_results(
+    metric: Callable[..., Any],
+    result_type: type,
+    data: tuple[Any, Any, Any, Any],
+    gallery_sharded: bool,
+    exclude_self: Any,
+    group: Any,
+    kwargs: dict[str, Any],
+) -> tuple[list[Any], Any]:
+    """Run ``metric`` on this rank's shard and gather every rank's result (a collective).
+
+    Returns:
+        Every rank's result in rank order (a rank without a relevant item contributes its
+        placeholder from :func:`_local_result`) and the first real result, whose fields the
+        callers copy into the placeholders.
+
+    Raises:
+        ValueError: no rank has a query with a relevant item.
+    """
+    shard = _shard(*data, gallery_sharded, exclude_self, group, kwargs)
+
+    def compute(s: _Shard, self_index: torch.Tensor | None) -> Any:
+        self_index = False if self_index is None else self_index
+        return metric(
+            s.query, s.query_labels, s.gallery, s.gallery_labels, exclude_self=self_index, **kwargs
+        )
+
+    results = _merged(_local_result(shard, compute), group)
+    present = [r for r in results if isinstance(r, result_type)]
+    if not present:
+        raise ValueError(_NO_RELEVANT)
+    return results, present[0]
+
+
 def distributed_retrieval_metrics(
     query: Any,
     query_labels: Any,
@@ -423,21 +457,15 @@ def distributed_retrieval_metrics(
         return retrieval_metrics(
             query, query_labels, gallery, gallery_labels, exclude_self=exclude_self, **kwargs
         )
-    shard = _shard(
-        query, query_labels, gallery, gallery_labels, gallery_sharded, exclude_self, group, kwargs
+    results, like = _sharded_results(
+        retrieval_metrics,
+        RetrievalReport,
+        (query, query_labels, gallery, gallery_labels),
+        gallery_sharded,
+        exclude_self,
+        group,
+        kwargs,
     )
-
-    def compute(s: _Shard, self_index: torch.Tensor | None) -> RetrievalReport:
-        self_index = False if self_index is None else self_index
-        return retrieval_metrics(
-            s.query, s.query_labels, s.gallery, s.gallery_labels, exclude_self=self_index, **kwargs
-        )
-
-    results = _merged(_local_result(shard, compute), group)
-    reports = [r for r in results if isinstance(r, RetrievalReport)]
-    if not reports:
-        raise ValueError(_NO_RELEVANT)
-    like = reports[0]
     filled = [
         r
         if isinstance(r, RetrievalReport)
@@ -481,21 +509,15 @@ def distributed_pr_curve(
         return pr_curve(
             query, query_labels, gallery, gallery_labels, exclude_self=exclude_self, **kwargs
         )
-    shard = _shard(
-        query, query_labels, gallery, gallery_labels, gallery_sharded, exclude_self, group, kwargs
+    results, like = _sharded_results(
+        pr_curve,
+        PRCurve,
+        (query, query_labels, gallery, gallery_labels),
+        gallery_sharded,
+        exclude_self,
+        group,
+        kwargs,
     )
-
-    def compute(s: _Shard, self_index: torch.Tensor | None) -> PRCurve:
-        self_index = False if self_index is None else self_index
-        return pr_curve(
-            s.query, s.query_labels, s.gallery, s.gallery_labels, exclude_self=self_index, **kwargs
-        )
-
-    results = _merged(_local_result(shard, compute), group)
-    curves = [r for r in results if isinstance(r, PRCurve)]
-    if not curves:
-        raise ValueError(_NO_RELEVANT)
-    like = curves[0]
     filled = [
         r
         if isinstance(r, PRCurve)
