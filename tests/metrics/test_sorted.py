@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from rankwise.metrics import _sorted
 from rankwise.metrics._kernels import relevant_group_counts_from_lists, relevant_lists_from_mask
 from rankwise.metrics._scores import BlockScorer
 from rankwise.metrics._sorted import (
@@ -14,6 +15,17 @@ from rankwise.metrics._sorted import (
     sorted_row_counts,
 )
 from rankwise.metrics.retrieval import _ClassIndex, pr_curve, retrieval_metrics
+
+
+@pytest.fixture(params=["flat_key", "row_wise"])
+def row_sort(request, monkeypatch):
+    """Both row sorts: the CPU's flat int64-key sort in small parts, and torch's row-wise sort
+    (the one CUDA takes)."""
+    if request.param == "flat_key":
+        monkeypatch.setattr(_sorted, "FLAT_SORT_PART", 700)  # several parts, some of one row
+    else:
+        monkeypatch.setattr(_sorted, "FLAT_KEY_SORT_DEVICES", frozenset())
+    return request.param
 
 
 def _assert_same_counts(a, b):
@@ -29,7 +41,7 @@ def _numba_counts(scores, relevant, self_index):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("kind", ["float32", "float64", "codes", "few_values", "adjacent_ulps"])
-def test_sorted_row_counts_equal_the_numba_kernel(strategy, kind):
+def test_sorted_row_counts_equal_the_numba_kernel(row_sort, strategy, kind):
     gen = torch.Generator().manual_seed(3)
     n_rows, n_items = 40, 300
     if kind == "float32":
@@ -54,7 +66,7 @@ def test_sorted_row_counts_equal_the_numba_kernel(strategy, kind):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
-def test_approximate_blocks_count_the_exact_keys(strategy, similarity):
+def test_approximate_blocks_count_the_exact_keys(row_sort, strategy, similarity):
     # near-duplicate float64 embeddings: the float32 approximation cannot order or tie them
     gen = torch.Generator().manual_seed(4)
     base = torch.randn(1, 16, generator=gen, dtype=torch.float64)
@@ -77,6 +89,26 @@ def test_approximate_blocks_count_the_exact_keys(strategy, similarity):
     )
     exact = scorer.keys(0, 200)
     _assert_same_counts(ours, _numba_counts(exact, relevant, self_index))
+
+
+@pytest.mark.parametrize("descending", [False, True])
+@pytest.mark.parametrize("part", [1, 5, 700, 2**20])
+def test_flat_key_sort_orders_rows_like_torch_sort(monkeypatch, descending, part):
+    # signed zeros, infinities, subnormals, the float32 extremes, heavy ties and random values
+    special = torch.tensor(
+        [0.0, -0.0, float("inf"), float("-inf"), 1e-45, -1e-45, 1.2e-38, -1.2e-38, 3.4e38,
+         -3.4e38, 1.0, -1.0, 1.0000001, -1.0000001],
+        dtype=torch.float32,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(5)
+    picks = special[torch.randint(0, special.numel(), (9, 120), generator=gen)]
+    values = torch.cat([picks, torch.randn(4, 120, generator=gen)]).t().contiguous().t()
+    monkeypatch.setattr(_sorted, "FLAT_SORT_PART", part)
+    ours, columns = _sorted._sort_rows(values, descending=descending)
+    expected = torch.sort(values, dim=1, descending=descending).values
+    assert torch.equal(ours, expected)  # == on floats: -0.0 and 0.0 tie, as in torch.sort
+    assert torch.equal(values.gather(1, columns), ours)
+    assert torch.equal(torch.sort(columns, dim=1).values, torch.arange(120).expand(13, 120))
 
 
 @pytest.mark.parametrize(("fraction", "expected"), [(0.002, "sort"), (0.3, "segment")])

@@ -11,7 +11,8 @@ among the relevant items: a handful of vectorised torch ops per chunk of queries
 This is the path a GPU is good at (one sort per row, no per-item loop); on the CPU the numba
 counting kernel of :mod:`rankwise.metrics._kernels` stays the default.
 
-The rows are sorted in float32 (half the memory traffic of float64). When the values of a block
+The rows are sorted in float32 (half the memory traffic of float64); on the CPU as flat int64
+keys, which torch radix-sorts (``_sort_rows``). When the values of a block
 are not exact float32 numbers -- a float32 / float64 matmul approximating the exact keys of
 :mod:`rankwise.similarity` with a proven error bound ``e`` (:mod:`rankwise.metrics._scores`), or
 exact float64 values rounded to float32 -- only items within ``2 e`` of a relevant item's value can
@@ -31,7 +32,12 @@ import torch
 
 from ._kernels import RelevantGroupCounts
 
-__all__ = ["RelevantLists", "sorted_row_counts", "class_relevant_lists", "mask_relevant_lists"]
+__all__ = [
+    "RelevantLists",
+    "sorted_row_counts",
+    "class_relevant_lists",
+    "mask_relevant_lists",
+]
 
 STRATEGIES = ("auto", "segment", "sort", "table")
 # "auto" takes "segment" for chunks where at least this fraction of the (query, item) pairs is
@@ -44,6 +50,12 @@ _SUBNORMAL32 = 2.0**-149
 _FLOAT32_SAFE = 2.0**126
 # relative slack on the window half-width (the float64 arithmetic of the window's own ends)
 _WINDOW_SLACK = 1.0 + 2.0**-40
+# Devices whose float32 rows are sorted as one flat array of int64 keys (``_sort_rows``): torch
+# sorts a 1-D int64 tensor by radix sort on the CPU, 1.5-2x faster than its row-wise float32
+# sort (benchmarks/bench_retrieval.py --device cpu). On CUDA the row-wise sort is kept: the flat
+# sort has not been measured there (docs/benchmarks.md).
+FLAT_KEY_SORT_DEVICES = frozenset({"cpu"})
+FLAT_SORT_PART = 2**20  # scores sorted at once by the flat sort (``_sort_rows``)
 
 
 @dataclass
@@ -126,6 +138,61 @@ def _float32_for_sorting(
     # |x| <= |fl32(x)| (1 + 2^-23), so the largest float32 magnitude bounds the rounding too
     rounding = largest * (_HALF_ULP32 * (1.0 + 2.0**-22)) + _SUBNORMAL32
     return rounded, rounding if bound is None else bound + rounding
+
+
+def _sort_rows(values: torch.Tensor, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.sort(values, dim=1, descending=descending)``: (B, N) sorted values and columns.
+
+    Ties may come in any order, as with ``torch.sort``. On ``FLAT_KEY_SORT_DEVICES`` a float32
+    block is sorted as flat int64 arrays ``row * 2^32 + k(value)``, where ``k`` maps float32 to
+    integers preserving order and equality (``-0.0`` and ``0.0`` share a key): the row in the high
+    bits keeps each row's items together and in row order. The rows go in parts of about
+    ``FLAT_SORT_PART`` scores: the radix sort is memory-bound, and measured 2x slower per item
+    once its arrays leave the cache (2M scores and more, on this project's CPU).
+    """
+    n_rows, n_items = values.shape
+    flat_key = (
+        values.dtype == torch.float32
+        and values.device.type in FLAT_KEY_SORT_DEVICES
+        and n_rows > 0
+        and n_items > 0
+    )
+    if not flat_key:
+        return torch.sort(values, dim=1, descending=descending)
+    values = values.contiguous()
+    sorted_values = torch.empty_like(values)
+    columns = torch.empty(values.shape, dtype=torch.int64, device=values.device)
+    part = max(1, FLAT_SORT_PART // n_items)
+    for start in range(0, n_rows, part):
+        stop = min(n_rows, start + part)
+        _flat_key_sort(
+            values[start:stop], descending, sorted_values[start:stop], columns[start:stop]
+        )
+    return sorted_values, columns
+
+
+def _flat_key_sort(
+    values: torch.Tensor, descending: bool, sorted_values: torch.Tensor, columns: torch.Tensor
+) -> None:
+    """``_sort_rows`` of a contiguous float32 block (< 2^31 rows) by one flat sort.
+
+    The results go into the contiguous outputs ``sorted_values`` and ``columns`` (same shape).
+    """
+    n_rows, n_items = values.shape
+    bits = values.view(torch.int32)
+    sign = bits >> 31  # -1 for negative values (and -0.0), else 0
+    # |value|'s bits order magnitudes; negating those of negative values orders every float
+    key = (bits & 0x7FFFFFFF).bitwise_xor_(sign).sub_(sign)
+    if descending:
+        key.neg_()  # keys lie in [-(2^31 - 1), 2^31 - 1]: negation cannot overflow
+    row_offset = torch.arange(n_rows, dtype=torch.int64, device=values.device)
+    composite = key.to(torch.int64)
+    del key, sign
+    composite += ((row_offset << 32) + 2**31)[:, None]  # non-negative, rows in the high bits
+    flat_order = torch.sort(composite.view(-1)).indices
+    del composite
+    torch.index_select(values.view(-1), 0, flat_order, out=sorted_values.view(-1))
+    torch.sub(flat_order.view(n_rows, n_items), (row_offset * n_items)[:, None], out=columns)
 
 
 def _outward(x: torch.Tensor, dtype: torch.dtype, direction: float) -> torch.Tensor:
@@ -214,12 +281,12 @@ def _relevant_item_counts(
         counts = _approximate_table_counts(sort_values, own, bound, lists, exact_keys)
         return (lists.rows, *counts, False)
     if bound is None:
-        ascending = torch.sort(sort_values, dim=1).values
+        ascending = _sort_rows(sort_values)[0]
         padded, slot = _padded(own, lists)
         below_or_equal = torch.searchsorted(ascending, padded, right=True).view(-1)[slot]
         below = torch.searchsorted(ascending, padded).view(-1)[slot]
         return lists.rows, n_items - below_or_equal, below_or_equal - below, False
-    ascending, order = torch.sort(sort_values, dim=1)
+    ascending, order = _sort_rows(sort_values)
     half_width = (2.0 * _WINDOW_SLACK) * bound.to(own.device, torch.float64)[lists.rows]
     centre = own.to(torch.float64)
     low = _outward(centre - half_width, sort_values.dtype, float("-inf"))
@@ -256,7 +323,7 @@ def _segment_counts(
     """
     n_rows, n_items = sort_values.shape
     device = sort_values.device
-    descending, order = torch.sort(sort_values, dim=1, descending=True)
+    descending, order = _sort_rows(sort_values, descending=True)
     # flat (row-major) indices and index_select: much cheaper on the CPU than 2-d indexing
     relevant = torch.zeros(n_rows * n_items, dtype=torch.bool, device=device)
     relevant[lists.rows * n_items + lists.cols] = True
