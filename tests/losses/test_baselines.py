@@ -76,6 +76,53 @@ def test_xbm_matches_direct_pml_over_several_batches():
     assert bool(module.memory_filled) and direct.has_been_filled
 
 
+@pytest.mark.parametrize("batch_loss", [False, True])
+def test_xbm_warm_up_ranks_the_batch_alone_then_follows_pml(batch_loss):
+    # the released XBM code: no memory for START_ITERATION steps, then batch loss + memory loss
+    module = build("xbm", memory_size=40, start_iteration=2, batch_loss=batch_loss)
+    inner, _ = direct_pml("contrastive")
+    direct = losses.CrossBatchMemory(inner, 8, memory_size=40)
+    for seed in range(5):
+        emb, labels = pk_batch(seed=seed)
+        value = module(emb, labels).item()
+        if seed < 2:  # warm-up: the batch against itself, nothing enqueued
+            assert value == pytest.approx(inner(emb, labels).item(), rel=1e-6)
+            assert int(module.memory_queue_index) == 0 and not bool(module.memory_filled)
+        else:  # the memory starts empty at the end of the warm-up
+            expected = direct(emb, labels).item() + (inner(emb, labels).item() if batch_loss else 0)
+            assert value == pytest.approx(expected, rel=1e-6)
+    assert int(module.iterations_seen) == 5
+    assert int(module.memory_queue_index) == direct.queue_idx == 48 % 40
+
+
+def test_xbm_warm_up_counter_is_state_and_eval_calls_do_not_advance_it():
+    module = build("xbm", memory_size=40, start_iteration=3)
+    emb, labels = pk_batch()
+    module(emb, labels)
+    module.eval()
+    inner, _ = direct_pml("contrastive")
+    # eval during the warm-up: the batch loss (the memory is still empty), no step counted
+    assert module(emb, labels).item() == pytest.approx(inner(emb, labels).item(), rel=1e-6)
+    assert int(module.iterations_seen) == 1
+    restored = build("xbm", memory_size=40, start_iteration=3)
+    restored.load_state_dict(module.state_dict())
+    assert int(restored.iterations_seen) == 1
+    restored.train()
+    for _ in range(2):
+        restored(emb, labels)
+    assert int(restored.memory_queue_index) == 0  # still warming up after 3 calls in all
+    restored(emb, labels)
+    assert int(restored.memory_queue_index) == 16
+
+
+def test_xbm_warm_up_arguments_are_checked():
+    assert {"start_iteration", "batch_loss"} <= set(baseline_parameters("xbm"))
+    with pytest.raises(ValueError, match="start_iteration"):
+        build("xbm", start_iteration=-1)
+    with pytest.raises(ValueError, match="batch_loss"):
+        build("xbm", batch_loss="yes")
+
+
 def test_batch_hard_mining_counts_one_triplet_per_anchor():
     emb, labels = pk_batch(p=3, k=5)
     module = baseline("triplet")

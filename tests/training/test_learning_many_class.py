@@ -90,6 +90,30 @@ def test_every_ranking_loss_learns_in_the_many_class_regime(splits, tmp_path, lo
     assert trained > untrained + 0.08 and trained > 1.8 * untrained, (loss, untrained, trained)
 
 
+@pytest.mark.parametrize(
+    ("params", "learns"),
+    [({}, False), ({"start_iteration": 80, "batch_loss": True}, True)],
+    ids=["pml-form", "released-form"],
+)
+def test_xbm_needs_its_warm_up_from_scratch(splits, tmp_path, params, learns):
+    """PML's CrossBatchMemory from the first step collapses a network trained from scratch (every
+    embedding to one direction: test mAP below the untrained network's); the released XBM code's
+    warm-up + batch term trains (26.7 vs 9.25 here; contrastive alone reaches 35.1)."""
+    data = copy.deepcopy(TINY)
+    steps = 2 * FAST_STEPS
+    data.update(
+        loss={"name": "xbm", "params": params},
+        budget={"iterations": steps},
+        eval_every=steps,
+        log_every=steps,
+    )
+    trained, untrained = run(data, splits, tmp_path)
+    if learns:
+        assert trained > untrained + 0.08 and trained > 1.8 * untrained, (untrained, trained)
+    else:
+        assert trained < untrained, (untrained, trained)
+
+
 def test_the_issue_7_setting_collapses_and_the_trainer_says_why(splits, tmp_path):
     """Raw class priors, the released TPR term and Adam's coupled weight decay (the setting that
     collapsed on the SOP-shaped proxy): the loss gradient is ~1e-4 of the biased AP loss's, the
