@@ -184,9 +184,7 @@ def recipe_on_proxy(name: str, loss: str, steps: int = RECIPE_STEPS) -> dict:
 
 
 RECIPE_CASES = [
-    pytest.param(recipe, loss, id=f"{recipe}-{loss}")
-    for recipe in RECIPES
-    for loss in LOSSES
+    pytest.param(recipe, loss, id=f"{recipe}-{loss}") for recipe in RECIPES for loss in LOSSES
 ]
 
 
