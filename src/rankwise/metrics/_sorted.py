@@ -25,6 +25,7 @@ the exact keys, identical integer for integer to the numba path.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,11 +164,23 @@ def _sort_rows(values: torch.Tensor, descending: bool = False) -> tuple[torch.Te
     sorted_values = torch.empty_like(values)
     columns = torch.empty(values.shape, dtype=torch.int64, device=values.device)
     part = max(1, FLAT_SORT_PART // n_items)
-    for start in range(0, n_rows, part):
+    starts = range(0, n_rows, part)
+
+    def sort_part(start: int) -> None:
         stop = min(n_rows, start + part)
         _flat_key_sort(
             values[start:stop], descending, sorted_values[start:stop], columns[start:stop]
         )
+
+    # torch's radix sort runs on one thread: the parts (disjoint rows, disjoint outputs) are
+    # spread over torch's intra-op threads instead
+    workers = min(torch.get_num_threads(), len(starts))
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(sort_part, starts))
+    else:
+        for start in starts:
+            sort_part(start)
     return sorted_values, columns
 
 
