@@ -26,12 +26,7 @@ Results go to the "## Hamming ranking evaluation" section of ``docs/benchmarks.m
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import re
-import resource
 import subprocess
 import sys
 import time
@@ -39,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from _report import machine_info, peak_rss_mb, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## Hamming ranking evaluation"
@@ -140,11 +137,6 @@ def matmul_ap(q_bits, q_labels, db_bits, db_labels, rows, chunk: int = 32) -> np
 # -- workers ---------------------------------------------------------------------------------------
 
 
-def _peak_rss_mb() -> float:
-    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-
-
 def _ours(params, q, q_labels, db, db_labels) -> dict[str, Any]:
     from rankwise.metrics import hamming_retrieval_metrics
 
@@ -221,7 +213,7 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
     elif method != "data":
         raise ValueError(f"unknown method {method!r}")
     result["torch_threads"] = torch.get_num_threads()
-    result["peak_rss_mb"] = _peak_rss_mb()
+    result["peak_rss_mb"] = peak_rss_mb()
     return result
 
 
@@ -243,31 +235,6 @@ def run_worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- report ----------------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, str]:
-    """Hardware and library versions of this run."""
-    import numba
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "torch threads": str(torch.get_num_threads()),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numba": numba.__version__,
-        "numpy": np.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def _case_rows(results: dict[str, dict[str, Any]]) -> list[str]:
@@ -358,18 +325,6 @@ def run(sizes: str) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, section: str) -> None:
-    """Replace (or append) this benchmark's section of the benchmarks page, keeping the others."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
-    block = section.rstrip() + "\n\n"
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip() + "\n\n" + block
-    path.write_text(text.rstrip() + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -385,7 +340,7 @@ def main(argv: list[str] | None = None) -> None:
     section = run(args.sizes)
     print(section)
     if not args.no_write:
-        write_section(args.output, section)
+        write_section(args.output, section, SECTION)
         print(f"\nwritten to {args.output}")
 
 

@@ -30,12 +30,7 @@ backend on <device>" section.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import re
-import resource
 import subprocess
 import sys
 import time
@@ -43,6 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from _report import machine_info, peak_rss_mb, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 SECTION = "## Retrieval evaluation"
@@ -160,12 +157,6 @@ def argsort_retrieval(
 # ----------------------------------------------------------------------------------------------
 
 
-def _peak_rss_mb() -> float:
-    # Linux reports kilobytes, macOS bytes.
-    scale = 1 / 1024 if sys.platform != "darwin" else 1 / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-
-
 def _report_values(report) -> dict[str, float]:
     out = {"map": report.map, "map_at_r": report.map_at_r}
     out.update({f"r@{k}": v for k, v in report.recall_at.items()})
@@ -241,7 +232,7 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
         result.update(_torchmetrics_case(method, params, x_t, labels_t))
     else:
         raise ValueError(f"unknown method {method!r}")
-    result["peak_rss_mb"] = _peak_rss_mb()
+    result["peak_rss_mb"] = peak_rss_mb()
     return result
 
 
@@ -383,35 +374,6 @@ def run_worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def machine_info() -> dict[str, str]:
-    """Hardware and library versions for the section header."""
-    import numba
-    import pytorch_metric_learning
-    import torch
-    import torchmetrics
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": str(os.cpu_count()),
-        "torch threads": str(torch.get_num_threads()),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numba": numba.__version__,
-        "numpy": np.__version__,
-        "pytorch-metric-learning": pytorch_metric_learning.__version__,
-        "torchmetrics": torchmetrics.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-    }
-
-
 def _fmt(v: float | None, digits: int = 4) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
@@ -483,7 +445,7 @@ def run(sizes: str) -> str:
     """The CPU retrieval benchmark at ``sizes``: the markdown section."""
     cfg = SIZES[sizes]
     lines: list[str] = []
-    info = machine_info()
+    info = machine_info("pytorch_metric_learning", "torchmetrics")
     started = time.perf_counter()
 
     # -- SOP-sized -------------------------------------------------------------------------------
@@ -644,7 +606,7 @@ def device_cases(sizes: str) -> list[tuple[str, dict[str, Any]]]:
 def run_device(sizes: str, device: str, repeats: int) -> tuple[str, str]:
     """The torch backend vs the argsort baseline on ``device``: (section title, markdown)."""
     started = time.perf_counter()
-    info = machine_info()
+    info = machine_info("pytorch_metric_learning", "torchmetrics")
     rows = []
     for title, params in device_cases(sizes):
         # on the CPU the argsort of every row is slow: both methods run on a query subset
@@ -682,21 +644,6 @@ def run_device(sizes: str, device: str, repeats: int) -> tuple[str, str]:
     return section, "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str, title: str = SECTION) -> None:
-    """Replace (or append) one section of the benchmarks page, keeping the others."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if not text.lstrip().startswith("# Benchmarks"):
-        text = "# Benchmarks\n\n" + text
-    pattern = re.compile(rf"^{re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    block = section.rstrip() + "\n\n"
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip() + "\n\n" + block
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text.rstrip() + "\n")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -726,7 +673,7 @@ def main(argv: list[str] | None = None) -> None:
         print(section)
         return
     section = run(args.sizes)
-    write_section(args.out, section)
+    write_section(args.out, section, SECTION)
     print(f"\nwrote the retrieval section of {args.out}\n", flush=True)
     print(section)
 
