@@ -364,18 +364,16 @@ class CrossBatchMemoryBaseline(PMLBaseline):
         xbm.queue_idx = int(self.memory_queue_index)
         xbm.has_been_filled = bool(self.memory_filled)
         warming_up = int(self.iterations_seen) < self.start_iteration
-        if warming_up or not self.training:
-            if warming_up:
-                value = self._batch_forward(emb, lab)
-            else:
-                value = self._frozen_forward(emb, lab)
-            if self.training:
-                self.iterations_seen += 1
-            return value
-        batch_value = self._batch_forward(emb, lab) if self.batch_loss else None
-        value = self._memory_forward(emb, lab)
+        if not self.training:  # eval calls neither enqueue nor count toward the warm-up
+            return self._batch_forward(emb, lab) if warming_up else self._frozen_forward(emb, lab)
+        if warming_up:
+            value = self._batch_forward(emb, lab)
+        elif self.batch_loss:  # batch first: it validates before the memory is written
+            value = self._batch_forward(emb, lab) + self._memory_forward(emb, lab)
+        else:
+            value = self._memory_forward(emb, lab)
         self.iterations_seen += 1
-        return value if batch_value is None else batch_value + value
+        return value
 
     def _batch_forward(self, emb: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
         """The inner contrastive loss of the batch against itself (the memory untouched)."""
