@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -396,3 +397,84 @@ def test_exact_curve_auc_is_roc_auc_bit_for_bit():
         s = rng.integers(0, 7, 200).astype(np.float64)  # many ties
         y = rng.random(200) < 0.3
         assert roc_curve(s, y).auc == roc_auc(s, y)
+
+
+# --------------------------------------------------------------------------------------------
+# operating_point with sample weights
+# --------------------------------------------------------------------------------------------
+
+
+def _brute_weighted_operating_point(s, y, w, alpha):
+    """Among the thresholds (and +inf) with weighted FPR <= alpha: max weighted TPR, then min FPR.
+
+    Exact rational sums of the (binary) float weights, so the budget is checked without rounding.
+    """
+    weights = [Fraction(float(v)) for v in w]
+    pos_total = sum(v for v, p in zip(weights, y, strict=True) if p)
+    neg_total = sum(v for v, p in zip(weights, y, strict=True) if not p)
+    candidates = [(Fraction(0), Fraction(0), math.inf)]
+    for t in np.unique(s):
+        tp = sum(v for v, p, x in zip(weights, y, s, strict=True) if p and x >= t)
+        fp = sum(v for v, p, x in zip(weights, y, s, strict=True) if not p and x >= t)
+        if fp <= Fraction(alpha) * neg_total:
+            candidates.append((tp, fp, float(t)))
+    tp, fp, t = max(candidates, key=lambda c: (c[0], -c[1]))
+    if tp == 0:
+        return 0.0, 0.0, math.inf
+    return float(tp / pos_total), float(fp / neg_total), t
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_weighted_operating_point_matches_a_brute_force_weighted_count(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(6, 50))
+    y = rng.random(n) < 0.4
+    y[0], y[1] = True, False
+    s = rng.integers(0, 6, n).astype(np.float64)  # ties
+    w = rng.random(n) + 0.05
+    for alpha in (0.05, 0.2, 1 / 3, 0.5, 0.8):
+        got = operating_point(s, y, alpha, sample_weight=w)
+        want = _brute_weighted_operating_point(s, y, w, alpha)
+        assert got.threshold == want[2]
+        assert got.tpr == pytest.approx(want[0], rel=1e-12)
+        assert got.fpr == pytest.approx(want[1], rel=1e-12)
+
+
+def test_integer_weights_count_as_repeated_examples_and_unit_weights_change_nothing():
+    rng = np.random.default_rng(3)
+    s = rng.normal(size=40).round(1)
+    y = rng.random(40) < 0.5
+    y[0], y[1] = True, False
+    w = rng.integers(1, 5, 40)
+    for alpha in (0.1, 0.25, 0.3, 0.5):
+        repeated = operating_point(np.repeat(s, w), np.repeat(y, w), alpha)
+        assert operating_point(s, y, alpha, sample_weight=w) == repeated
+        assert operating_point(s, y, alpha, sample_weight=w / 7) == pytest.approx(repeated)
+        assert operating_point(s, y, alpha, sample_weight=np.ones(40)) == operating_point(
+            s, y, alpha
+        )
+    # the budget is met exactly by weights whose float sums round (10 x 0.1 = 1, 3 x 0.1 = 0.3)
+    s10 = np.r_[30.0, 29.0, 28.0, np.arange(7.0), 20.0]
+    y10 = np.array([False] * 10 + [True])
+    assert operating_point(s10, y10, 0.3, sample_weight=np.full(11, 0.1)) == pytest.approx(
+        (1.0, 0.3, 20.0)
+    )
+    assert (
+        tpr_at_fpr(s, y, 0.25, sample_weight=w) == operating_point(s, y, 0.25, sample_weight=w).tpr
+    )
+
+
+@pytest.mark.parametrize(
+    "weights, message",
+    [
+        ([1.0, 1.0, 1.0], "`sample_weight` has 3 entries but `scores` has 4"),
+        ([1.0, -1.0, 1.0, 1.0], "`sample_weight` must hold finite, non-negative"),
+        ([1.0, np.nan, 1.0, 1.0], "`sample_weight` must hold finite, non-negative"),
+        ([1.0, 0.0, 1.0, 0.0], "`sample_weight` gives the negatives a total weight of 0"),
+        ([0.0, 1.0, 0.0, 1.0], "`sample_weight` gives the positives a total weight of 0"),
+        ([[1.0, 1.0, 1.0, 1.0]], "`sample_weight` must be 1-D"),
+    ],
+)
+def test_bad_sample_weight_is_refused_by_name(weights, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        operating_point([3.0, 2.0, 1.0, 0.0], [1, 0, 1, 0], 0.5, sample_weight=weights)

@@ -256,7 +256,55 @@ def roc_auc(scores: Any, is_positive: Any) -> float:
     return _mann_whitney(pos, negatives_below, neg, int(pos.sum()), int(neg.sum()))
 
 
-def operating_point(scores: Any, is_positive: Any, fpr: float) -> OperatingPoint:
+def _check_sample_weight(sample_weight: Any, is_positive: torch.Tensor) -> torch.Tensor | None:
+    """(n,) int64 (exact) or float64 weights, finite, non-negative, with weight on both classes."""
+    if sample_weight is None:
+        return None
+    w = as_tensor(sample_weight, "sample_weight", device=is_positive.device)
+    if w.ndim != 1:
+        raise ValueError(
+            f"`sample_weight` must be 1-D (one weight per score), got shape {tuple(w.shape)}."
+        )
+    if w.shape[0] != is_positive.shape[0]:
+        raise ValueError(
+            f"`sample_weight` has {w.shape[0]} entries but `scores` has {is_positive.shape[0]}; "
+            "pass one weight per score."
+        )
+    w = w.to(torch.float64) if w.is_floating_point() or w.is_complex() else w.to(torch.int64)
+    if w.is_complex() or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError("`sample_weight` must hold finite, non-negative numbers.")
+    if w.is_floating_point() and bool((w == w.round()).all()) and float(w.sum()) < 2.0**53:
+        w = w.to(torch.int64)  # whole-number weights are counts: keep the exact budget check
+    for name, mask in (("positives", is_positive), ("negatives", ~is_positive)):
+        if not bool((w[mask] > 0).any()):
+            raise ValueError(
+                f"`sample_weight` gives the {name} a total weight of 0, so the "
+                f"{'TPR' if name == 'positives' else 'FPR'} is undefined; give some of them a "
+                "positive weight."
+            )
+    return w
+
+
+def _cumulative_rates(
+    scores: torch.Tensor, is_positive: torch.Tensor, weights: torch.Tensor | None
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """Distinct scores (descending) with the (weighted) positives and negatives scored >= each."""
+    if weights is None:
+        distinct, pos, neg = _distinct_score_counts(scores, is_positive, descending=True)
+        return distinct, torch.cumsum(pos, 0).cpu().numpy(), torch.cumsum(neg, 0).cpu().numpy()
+    sorted_scores, order = torch.sort(scores, descending=True)
+    sorted_pos, sorted_w = is_positive[order], weights[order]
+    distinct, counts = torch.unique_consecutive(sorted_scores, return_counts=True)
+    group_end = torch.cumsum(counts, 0) - 1
+    zero = torch.zeros_like(sorted_w)
+    true_pos = torch.cumsum(torch.where(sorted_pos, sorted_w, zero), 0)[group_end]
+    false_pos = torch.cumsum(torch.where(sorted_pos, zero, sorted_w), 0)[group_end]
+    return distinct, true_pos.cpu().numpy(), false_pos.cpu().numpy()
+
+
+def operating_point(
+    scores: Any, is_positive: Any, fpr: float, *, sample_weight: Any = None
+) -> OperatingPoint:
     """The threshold to deploy under an FPR budget (pointwise ROC, Vogel et al., ICML 2018).
 
     Among the thresholds whose false positive rate is at most ``fpr``, it returns one with the
@@ -267,10 +315,17 @@ def operating_point(scores: Any, is_positive: Any, fpr: float) -> OperatingPoint
     the achieved FPR can therefore be smaller than ``fpr``. The budget is checked in exact
     rational arithmetic on the integer counts.
 
+    With ``sample_weight`` the rates are weighted: TPR = Σ w·1{s ≥ t} over the positives / Σ w
+    over the positives, and the FPR likewise (e.g. the weights n_k n_l / n⁻ of a tuple-based
+    sample of pairs, which make it an unbiased estimate of the FPR over every pair). Whole-number
+    weights count as repeated examples and keep the check exact; other weights are summed in
+    float64 and the budget is checked up to the rounding bound of those sums, n·ε·Σw.
+
     Args:
         scores: (n,) real scores.
         is_positive: (n,) bool or 0/1 targets.
         fpr: the FPR budget alpha, in (0, 1).
+        sample_weight: optional (n,) finite non-negative weights (both classes must carry some).
 
     Returns:
         :class:`OperatingPoint` (tpr, fpr achieved, threshold); threshold ``+inf`` (predict nothing
@@ -278,33 +333,41 @@ def operating_point(scores: Any, is_positive: Any, fpr: float) -> OperatingPoint
     """
     alpha = _check_alpha(fpr)
     s, y = _check_binary_scores(scores, is_positive)
-    distinct, pos, neg = _distinct_score_counts(s, y, descending=True)
-    n_pos, n_neg = int(pos.sum()), int(neg.sum())
-    false_pos = torch.cumsum(neg, 0).cpu().numpy()
-    true_pos = torch.cumsum(pos, 0).cpu().numpy()
-    # FP / n_neg <= alpha  <=>  FP <= floor(alpha * n_neg), alpha taken as the exact binary value
-    budget = math.floor(Fraction(alpha) * n_neg)
+    weights = _check_sample_weight(sample_weight, y)
+    distinct, true_pos, false_pos = _cumulative_rates(s, y, weights)
+    n_pos, n_neg = true_pos[-1].item(), false_pos[-1].item()
+    if weights is None or not weights.is_floating_point():
+        # FP / n_neg <= alpha  <=>  FP <= floor(alpha * n_neg), alpha taken as the exact binary value
+        budget = math.floor(Fraction(alpha) * n_neg)
+    else:
+        budget = alpha * n_neg + s.shape[0] * np.finfo(np.float64).eps * n_neg
     n_admissible = int(np.searchsorted(false_pos, budget, side="right"))  # FP is non-decreasing
-    best = int(true_pos[n_admissible - 1]) if n_admissible else 0
+    best = true_pos[n_admissible - 1].item() if n_admissible else 0
     if best == 0:
         return OperatingPoint(tpr=0.0, fpr=0.0, threshold=math.inf)
     k = int(np.searchsorted(true_pos, best, side="left"))  # the first threshold reaching `best`
     return OperatingPoint(
         tpr=best / n_pos,
-        fpr=int(false_pos[k]) / n_neg,
+        fpr=false_pos[k].item() / n_neg,
         threshold=float(distinct[k]),
     )
 
 
 def tpr_at_fpr(
-    scores: Any, is_positive: Any, fpr: float, *, return_threshold: bool = False
+    scores: Any,
+    is_positive: Any,
+    fpr: float,
+    *,
+    return_threshold: bool = False,
+    sample_weight: Any = None,
 ) -> float | tuple[float, float]:
     """Largest TPR reachable by a threshold whose FPR is at most ``fpr`` (ties move together).
 
-    See :func:`operating_point` for the rule. With ``return_threshold=True`` returns
-    ``(tpr, threshold)``: predict positive iff ``score >= threshold``.
+    See :func:`operating_point` for the rule and ``sample_weight``. With
+    ``return_threshold=True`` returns ``(tpr, threshold)``: predict positive iff
+    ``score >= threshold``.
     """
-    point = operating_point(scores, is_positive, fpr)
+    point = operating_point(scores, is_positive, fpr, sample_weight=sample_weight)
     return (point.tpr, point.threshold) if return_threshold else point.tpr
 
 
