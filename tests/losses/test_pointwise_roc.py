@@ -157,6 +157,20 @@ def test_softplus_surrogates_bound_the_indicator_rates():
         assert float(fpr) >= float((neg >= 0).double().mean()) - 1e-12
 
 
+@pytest.mark.parametrize("surrogate", ["sigmoid", "softplus"])
+def test_weighted_negative_surrogate_counts_whole_weights_as_repeated_pairs(surrogate):
+    """A weighted sample of negative pairs (tuples: n_k n_l / n⁻) enters R̃⁻ with its weights."""
+    g = torch.Generator().manual_seed(0)
+    pos, neg = torch.randn(7, generator=g, dtype=torch.float64), torch.randn(5, generator=g)
+    neg = neg.double()
+    counts = torch.tensor([3, 1, 4, 1, 5])
+    repeated = surrogate_risks(pos, neg.repeat_interleave(counts), surrogate)
+    for weight in (counts, counts / counts.sum()):
+        weighted = surrogate_risks(pos, neg, surrogate, neg_weight=weight)
+        torch.testing.assert_close(weighted[0], repeated[0])
+        torch.testing.assert_close(weighted[1], repeated[1])
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -18,6 +18,7 @@ from rankwise.models.bilinear import (
     projected_gradient_bilinear,
     solve_lambda,
 )
+from rankwise.sampling import incomplete_variances
 
 
 def sphere_data(n, seed=0):
@@ -233,3 +234,65 @@ def test_bad_input_gives_clear_errors():
         BilinearSimilarity(0.4, tolerance=-1).fit(X, y)
     with pytest.raises(ValueError, match="inconsistent numbers of samples|`y`"):
         BilinearSimilarity(0.4).fit(X, y[:-1])
+
+
+def imbalanced_sphere_data(sizes=(300, 30, 30), seed=0):
+    """The sphere classes of :func:`sphere_data` with class sizes ``sizes`` (issue 19: 300/30/30)."""
+    rng = np.random.default_rng(seed)
+    centroids = np.array(
+        [[np.cos(np.pi / 3), np.sin(np.pi / 3), 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    )
+    labels = np.repeat(np.arange(3), sizes)
+    points = centroids[labels] + 0.35 * rng.normal(size=(labels.size, 3))
+    return points / np.linalg.norm(points, axis=1, keepdims=True), labels
+
+
+@pytest.mark.parametrize("risk, alpha", [("indicator", 0.05), ("mean", 0.45)])
+def test_tuple_negatives_keep_the_fpr_over_every_negative_pair_within_alpha(risk, alpha):
+    """Tuples of 300/30/30 classes hold each class pair equally often, but the class pair (1, 2)
+    is only 900 of the 18 900 negative pairs: unweighted, the threshold and the reported FPR
+    describe the wrong mixture (true FPR 0.085 at α = 0.05, 0.529 at α = 0.45 before the fix).
+
+    Tolerance: at a fixed threshold t the tuple estimate of the FPR is the mean of B i.i.d. terms
+    h_t with variance σ²_T (exact, :func:`incomplete_variances` of the indicator 1{S ≥ t}), so
+    its error is σ_T/√B; the threshold is chosen on the same sample, so allow 4 σ_T/√B.
+    """
+    X, y = imbalanced_sphere_data()
+    B = 2000
+    model = BilinearSimilarity(
+        alpha, risk=risk, negatives="tuples", n_negative_samples=B, random_state=0, max_iter=150,
+        n_threads=1,
+    ).fit(X, y)  # fmt: skip
+    S = model.similarity_matrix(X)
+    i, j = np.triu_indices(len(y), 1)
+    negative = y[i] != y[j]
+    true_fpr = np.mean(S[i, j][negative] >= model.threshold_)
+    sigma = np.sqrt(incomplete_variances((S >= model.threshold_) * 1.0, y).tuple_variance)
+    tolerance = 4 * sigma / np.sqrt(B)
+    assert tolerance < 0.02
+    assert true_fpr <= alpha + tolerance
+    assert model.threshold_fpr_ <= alpha  # the reported training FPR: the weighted estimate
+    assert abs(model.threshold_fpr_ - true_fpr) <= tolerance
+    true_tpr = np.mean(S[i, j][~negative] >= model.threshold_)
+    assert model.threshold_tpr_ == pytest.approx(true_tpr)  # every positive pair is used
+    if risk == "indicator":
+        assert model.negative_risk_ == model.threshold_fpr_
+
+
+def test_tuple_negatives_train_the_indicator_on_the_weighted_surrogate():
+    """The smoothed FPR of the Lagrangian is a mean over the negative pairs too: the tuple sample
+    must weight it n_k n_l / n⁻, or the (1, 2) class pair, 1/21 of the negative pairs, gets 1/3
+    of the gradient. The multiplier λ that balances it then lands near the complete statistic's
+    (measured: 2.82-2.90 against 2.45 over three seeds, 4.71-4.83 unweighted)."""
+    X, y = imbalanced_sphere_data()
+    options = dict(risk="indicator", max_iter=150, n_threads=1)
+    complete = BilinearSimilarity(0.05, **options).fit(X, y)
+    sampled = [
+        BilinearSimilarity(
+            0.05, negatives="tuples", n_negative_samples=2000, random_state=seed, **options
+        )
+        .fit(X, y)
+        .lambda_
+        for seed in range(3)
+    ]
+    assert np.mean(sampled) == pytest.approx(complete.lambda_, rel=0.35)

@@ -48,7 +48,11 @@ _SOFTPLUS_ONE = math.log1p(math.e)  # softplus(1), the normalizer of the softplu
 
 
 def surrogate_risks(
-    pos_margins: torch.Tensor, neg_margins: torch.Tensor, surrogate: str = "sigmoid"
+    pos_margins: torch.Tensor,
+    neg_margins: torch.Tensor,
+    surrogate: str = "sigmoid",
+    *,
+    neg_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Smooth surrogates (R̃⁺, R̃⁻) of the TPR and FPR of the indicator 1{u ≥ 0}.
 
@@ -63,17 +67,23 @@ def surrogate_risks(
         pos_margins: (P,) u = (s − t)/τ of the positive pairs.
         neg_margins: (Q,) u of the negative pairs.
         surrogate: ``"sigmoid"`` or ``"softplus"``.
+        neg_weight: optional (Q,) non-negative weights of the negative pairs: R̃⁻ is then their
+            weighted mean (e.g. the n_k n_l / n⁻ weights of a tuple-based sample, Sec. 4).
 
     Returns:
         Two scalar tensors.
     """
     if surrogate == "sigmoid":
-        return torch.sigmoid(pos_margins).mean(), torch.sigmoid(neg_margins).mean()
-    if surrogate == "softplus":
+        positive, negative_terms = torch.sigmoid(pos_margins).mean(), torch.sigmoid(neg_margins)
+    elif surrogate == "softplus":
         positive = 1 - F.softplus(1 - pos_margins).mean() / _SOFTPLUS_ONE
-        negative = F.softplus(1 + neg_margins).mean() / _SOFTPLUS_ONE
-        return positive, negative
-    raise ValueError(f"`surrogate` must be one of {SURROGATES}, got {surrogate!r}.")
+        negative_terms = F.softplus(1 + neg_margins) / _SOFTPLUS_ONE
+    else:
+        raise ValueError(f"`surrogate` must be one of {SURROGATES}, got {surrogate!r}.")
+    if neg_weight is None:
+        return positive, negative_terms.mean()
+    weight = neg_weight.to(negative_terms.dtype)
+    return positive, (negative_terms * weight).sum() / weight.sum()
 
 
 def pointwise_roc_lagrangian(
@@ -84,6 +94,8 @@ def pointwise_roc_lagrangian(
     threshold: float | torch.Tensor = 0.0,
     temperature: float = 1.0,
     surrogate: str = "sigmoid",
+    *,
+    neg_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The negated Lagrangian −(R̃⁺ − λ(R̃⁻ − α)) of problem (1) on given pair scores.
 
@@ -95,6 +107,7 @@ def pointwise_roc_lagrangian(
         threshold: t, a float or a scalar tensor (which may require grad).
         temperature: τ > 0; the margins are u = (s − t)/τ.
         surrogate: see :func:`surrogate_risks`.
+        neg_weight: optional (Q,) weights of the negative pairs, see :func:`surrogate_risks`.
 
     Returns:
         ``(loss, positive_risk, negative_risk)``, the last two the surrogate risks R̃⁺, R̃⁻.
@@ -102,7 +115,10 @@ def pointwise_roc_lagrangian(
     # a copy: the buffer is updated in place after the call, autograd must keep this value
     lam = multiplier.detach().clone() if isinstance(multiplier, torch.Tensor) else multiplier
     positive, negative = surrogate_risks(
-        (pos_scores - threshold) / temperature, (neg_scores - threshold) / temperature, surrogate
+        (pos_scores - threshold) / temperature,
+        (neg_scores - threshold) / temperature,
+        surrogate,
+        neg_weight=neg_weight,
     )
     if isinstance(lam, torch.Tensor):
         lam = lam.to(positive.dtype)

@@ -233,7 +233,14 @@ def _fit_indicator(
         A = scale * (weights + weights.T) / 2
         neg_scores = negative(A)
         loss, _, _ = pointwise_roc_lagrangian(
-            positive(A), neg_scores, lam, estimator.alpha, scale * bias, 1.0, estimator.surrogate
+            positive(A),
+            neg_scores,
+            lam,
+            estimator.alpha,
+            scale * bias,
+            1.0,
+            estimator.surrogate,
+            neg_weight=neg_weight,  # the sample stands for every negative pair (tuples: n_k n_l/n⁻)
         )
         optimizer.zero_grad()
         loss.backward()
@@ -268,8 +275,9 @@ class BilinearSimilarity(BaseEstimator):
     and projected dual ascent on λ (``dual_lr``), starting from the cosine similarity.
 
     In both cases ``threshold_`` is the largest-TPR threshold on S_A whose FPR on the training
-    pairs is at most α (exactly, on the pairs used for training), the rule of
-    :meth:`predict_pairs`.
+    pairs is at most α (exactly, on the pairs used for training; a tuple-based sample counts each
+    pair with its weight n_k n_l / n⁻, so that the FPR it bounds is an unbiased estimate of the
+    FPR over every negative pair), the rule of :meth:`predict_pairs`.
 
     Parameters are validated by :meth:`fit` (scikit-learn convention).
 
@@ -298,6 +306,8 @@ class BilinearSimilarity(BaseEstimator):
         positive_risk_, negative_risk_: the training risks of the solution (mean similarities
             for the mean risk; TPR and FPR of ``threshold_`` for the indicator risk).
         threshold_: decision threshold on S_A (training FPR ≤ α).
+        threshold_tpr_, threshold_fpr_: the training TPR and FPR of ``threshold_`` (weighted
+            like the pairs; for the indicator risk the same as the training risks).
         min_negative_risk_: ½(1 − ‖N‖_F), the smallest feasible mean negative risk.
         constraint_active_: whether λ > 0 (the constraint binds).
         P_, N_: the moment matrices of Sec. 5.1 (N_ from the pairs used).
@@ -421,8 +431,12 @@ class BilinearSimilarity(BaseEstimator):
         self.n_negative_pairs_ = int(neg.size)
         scores = np.concatenate([pos, neg])
         is_positive = np.r_[np.ones(pos.size, bool), np.zeros(neg.size, bool)]
-        point = operating_point(scores, is_positive, float(self.alpha))
+        weights = None
+        if np.ptp(pairs.neg_weight) > 0:  # tuples of unequal classes: weighted n_k n_l / n⁻
+            weights = np.r_[pairs.pos_weight, pairs.neg_weight]
+        point = operating_point(scores, is_positive, float(self.alpha), sample_weight=weights)
         self.threshold_ = point.threshold
+        self.threshold_tpr_, self.threshold_fpr_ = point.tpr, point.fpr
         if self.risk == "mean":
             self.positive_risk_ = _mean_risk(self.A_, self.P_)
             self.negative_risk_ = _mean_risk(self.A_, self.N_)
