@@ -398,8 +398,8 @@ def run(
         n_test: Test images scored (all their pairs).
         variance: Fraction of the variance the PCA keeps.
         complete_max_pairs: Fit the complete statistic when n⁻ is at most this.
-        max_iter: Projected gradient steps of the rankwise MMC.
-        tol: Relative objective gain at which the rankwise MMC stops.
+        max_iter: Projected gradient iterations of the rankwise MMC.
+        tol: Certified relative gap to the optimum at which the rankwise MMC stops.
         metric_learn: Also run metric-learn's MMC_Supervised on the same subsets.
         metric_learn_python: Interpreter with metric-learn (default $RANKWISE_METRIC_LEARN_PYTHON).
         ml_max_iter: metric-learn's max_iter.

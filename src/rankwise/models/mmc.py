@@ -7,22 +7,35 @@ ROC Curve Optimization* (ICML 2018), Sec. 5.3:
     s.t.   (1/n⁺) Σ_{i<j, Y_i=Y_j} d_A²(X_i, X_j) ≤ 1,   A ⪰ 0,
 
 with d_A(x, x') = √((x − x')ᵀ A (x − x')), the empirical problem (3) with α = 0 for an unbounded
-distance (Sec. 2.2). The objective is concave in A and the feasible set convex. :class:`MMC`
-solves it by projected gradient ascent: a gradient step, then the exact Euclidean projection onto
-{A ⪰ 0} ∩ {⟨A, M⁺⟩ ≤ 1} (M⁺ the mean outer product of the positive-pair differences), which is
-Π_PSD(Z − μM⁺) for the smallest μ ≥ 0 that satisfies the constraint (a root found by Brent's method; Π_PSD
-clips the negative eigenvalues of an eigendecomposition). The negative term is computed on every
-negative pair or on an incomplete U-statistic (pair- or tuple-based sampling, Sec. 4), the
-scalability study of Fig. 4.
+distance (Sec. 2.2). The objective is concave in A and the feasible set convex.
+
+:class:`MMC` solves it in the coordinates whitened by M⁺ (the mean outer product of the
+positive-pair differences, so that the constraint is ⟨A, M⁺⟩ ≤ 1): with W = M⁺^(-1/2) on the range
+of M⁺ and A = W B Wᵀ, the feasible set is the spectraplex {B ⪰ 0, tr B ≤ 1}, onto which the
+Euclidean projection is exact and costs one eigendecomposition (the eigenvalues projected onto the
+capped simplex), and the iterates do not depend on an invertible linear map of the features (raw
+or standardized inputs give the same metric). The ascent is projected gradient with
+Barzilai-Borwein step sizes and a backtracking (Armijo) search along the projected direction, the
+spectral projected gradient of Birgin, Martínez & Raydan (SIAM J. Optim., 2000).
+
+The stopping rule certifies what it claims: for a concave objective g and a feasible B, the
+Frank-Wolfe gap max_{S feasible} ⟨∇g(B), S − B⟩ = λ_max(∇g(B))₊ − ⟨∇g(B), B⟩ bounds
+g(B*) − g(B) from above, so ``converged_`` is set only once that gap is at most ``tol`` times the
+objective: the training objective is then within a relative ``tol`` of the optimum.
+
+The negative term is computed on every negative pair or on an incomplete U-statistic (pair- or
+tuple-based sampling, Sec. 4), the scalability study of Fig. 4.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from .._validation import Interval, check_choice, check_scalar
@@ -64,30 +77,37 @@ def project_psd(Z: np.ndarray) -> np.ndarray:
     return (vectors * np.clip(values, 0.0, None)) @ vectors.T
 
 
-def _project_feasible(Z: np.ndarray, scatter: np.ndarray, rtol: float = 1e-12) -> np.ndarray:
-    """Projection onto {A ⪰ 0, ⟨A, M⁺⟩ ≤ 1}: Π_PSD(Z − μM⁺), μ ≥ 0 the smallest feasible.
+def _whitening(scatter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(W, V₀): W = M⁺^(-1/2) on the range of M⁺ (d × r, Wᵀ M⁺ W = I) and its null space (d × k).
 
-    f(μ) = ⟨Π_PSD(Z − μM⁺), M⁺⟩ is continuous and non-increasing in μ (the projection is a
-    monotone map), so μ is the root of f(μ) = 1 when f(0) > 1; Brent's method finds it in a few
-    eigendecompositions. The root is then nudged to the feasible side (A/f(μ) when f(μ) exceeds
-    1 by rounding, a relative change below ``rtol``).
+    Eigenvalues below d·ε·λ_max are rounding noise of ``eigh`` and count as zero.
     """
-    from scipy.optimize import brentq
+    values, vectors = np.linalg.eigh((scatter + scatter.T) / 2)
+    keep = values > scatter.shape[0] * np.finfo(np.float64).eps * values.max()
+    return vectors[:, keep] / np.sqrt(values[keep]), vectors[:, ~keep]
 
-    projected = project_psd(Z)
-    if float((projected * scatter).sum()) <= 1.0:
-        return projected
 
-    def excess(mu: float) -> float:
-        return float((project_psd(Z - mu * scatter) * scatter).sum()) - 1.0
+def _project_spectraplex(Z: np.ndarray) -> np.ndarray:
+    """Euclidean projection onto {B ⪰ 0, tr B ≤ 1}: the eigenvalues projected on the capped simplex.
 
-    high = max(1.0, float(np.linalg.norm(Z)) / max(float(np.linalg.norm(scatter)), 1e-300))
-    while excess(high) > 0:
-        high *= 2.0
-    mu = brentq(excess, 0.0, high, xtol=1e-300, rtol=max(rtol, 4 * np.finfo(float).eps))
-    result = project_psd(Z - mu * scatter)
-    value = float((result * scatter).sum())
-    return result / value if value > 1.0 else result
+    The projection keeps the eigenvectors of the symmetric part of Z and maps its eigenvalues λ to
+    max(λ − θ, 0), θ = 0 when the clipped eigenvalues sum to at most 1 and otherwise the θ > 0
+    that makes them sum to 1 (the projection onto the simplex, by sorting).
+    """
+    values, vectors = np.linalg.eigh((Z + Z.T) / 2)
+    clipped = np.clip(values, 0.0, None)
+    if clipped.sum() > 1.0:
+        ordered = np.sort(values)[::-1]
+        excess = (np.cumsum(ordered) - 1.0) / np.arange(1, ordered.size + 1)
+        last = int(np.flatnonzero(ordered > excess)[-1])
+        clipped = np.clip(values - excess[last], 0.0, None)
+    return (vectors * clipped) @ vectors.T
+
+
+def _frank_wolfe_gap(B: np.ndarray, gradient: np.ndarray) -> float:
+    """The maximum over the spectraplex of ⟨G, S − B⟩ = λ_max(G)₊ − ⟨G, B⟩ ≥ g(B*) − g(B) (g concave)."""
+    top = float(np.linalg.eigvalsh((gradient + gradient.T) / 2)[-1])
+    return max(top, 0.0) - float((gradient * B).sum())
 
 
 class _NegativeTerm:
@@ -101,6 +121,16 @@ class _NegativeTerm:
 
     def __init__(self, X: np.ndarray, first: np.ndarray, second: np.ndarray, w: np.ndarray):
         self.X, self.first, self.second, self.weights = X, first, second, w
+        self._distinct: np.ndarray | None = None  # pairs whose two points differ
+        self.kinked = False  # the last gradient met a pair at d_A = 0 with distinct points
+
+    def _at_kink(self, distance: np.ndarray) -> bool:
+        """Whether a pair of distinct points has d_A = 0, where d_A has no (super)gradient."""
+        if not (distance == 0).any():
+            return False
+        if self._distinct is None:
+            self._distinct = self._distances(np.eye(self.X.shape[1])) > 0
+        return bool(((distance == 0) & self._distinct).any())
 
     def _distances(self, A: np.ndarray) -> np.ndarray:
         values, vectors = np.linalg.eigh((A + A.T) / 2)
@@ -120,6 +150,7 @@ class _NegativeTerm:
         from scipy.sparse import coo_matrix
 
         distance = self._distances(A)
+        self.kinked = self._at_kink(distance)
         coefficient = np.divide(
             self.weights, 2 * distance, out=np.zeros_like(distance), where=distance > 0
         )
@@ -158,22 +189,50 @@ def mmc_objective(X: Any, y: Any, A: np.ndarray, *, chunk_rows: int = 512) -> tu
     return objective, constraint
 
 
+def _check_bounded(X: np.ndarray, null_space: np.ndarray, pairs: Any) -> None:
+    """Refuse data on which the objective is unbounded: negatives that differ where positives don't.
+
+    Along a direction v with vᵀM⁺v = 0 (every class constant along v) the constraint costs
+    nothing, so if the negative pairs differ along v, A + t·vvᵀ raises the objective without
+    bound.
+    """
+    if null_space.shape[1] == 0:
+        return
+    ones = np.full(pairs.neg_first.shape[0], 1.0)
+    spread = _NegativeTerm(X, pairs.neg_first, pairs.neg_second, ones)
+    outside = _NegativeTerm(X @ null_space, pairs.neg_first, pairs.neg_second, ones)
+    total = spread.value(np.eye(X.shape[1]))
+    if outside.value(np.eye(null_space.shape[1])) > 1e-9 * total:
+        raise ValueError(
+            f"`X` has {null_space.shape[1]} direction(s) along which every class is constant but "
+            "the classes differ, so the MMC objective is unbounded (A can grow there at no cost "
+            "to the constraint); drop those features, or give each class more than one value "
+            "along them."
+        )
+
+
 class MMC(BaseEstimator, TransformerMixin):
     """Mahalanobis metric learning for clustering (Xing et al. 2002) by projected gradient ascent.
 
     Maximizes the mean Mahalanobis distance d_A over the negative pairs subject to a mean squared
-    distance of at most 1 over the positive pairs, A ⪰ 0 (Vogel et al., Sec. 5.3). Each iteration
-    takes a gradient step of size η and projects exactly onto the feasible set (eigendecompositions,
-    see the module docstring); a step that lowers the objective is retried with η/2, an accepted
-    one lets η grow by 10 %. Stops when the relative gain of an accepted step is below ``tol``.
+    distance of at most 1 over the positive pairs, A ⪰ 0 (Vogel et al., Sec. 5.3). The ascent runs
+    in the coordinates whitened by M⁺, where the feasible set is {B ⪰ 0, tr B ≤ 1} and the
+    projection exact (one eigendecomposition); each iteration moves along the projected gradient
+    step of Barzilai-Borwein length, backtracking until the objective rises (Armijo), see the
+    module docstring. It stops when the Frank-Wolfe gap, an upper bound on the distance of the
+    objective to the optimum, is at most ``tol`` × objective (``converged_`` = True), after
+    ``max_iter`` iterations, or when no step raises the objective in floating point; the last two
+    leave ``converged_`` False and emit a :class:`~sklearn.exceptions.ConvergenceWarning` with the
+    gap reached.
 
     Args:
         negatives: ``"complete"`` (every negative pair), ``"pairs"`` (B pairs drawn uniformly) or
             ``"tuples"`` (B K-tuples, one sample per class, weighted n_k n_l / n⁻), the incomplete
             U-statistics of Sec. 4 (:mod:`rankwise.sampling.pairs`).
         n_negative_samples: B; ``None`` = n pairs or ⌈0.15 n⌉ tuples (the paper's Fig. 4 budget).
-        max_iter: gradient steps (accepted or not), ≥ 1.
-        tol: relative objective gain below which the ascent stops, > 0.
+        max_iter: ascent iterations, ≥ 1.
+        tol: the certified relative distance to the optimum of the training objective at which
+            the ascent stops, > 0.
         max_pairs: refuse ``negatives="complete"`` above this many negative pairs.
         random_state: seed / ``numpy.random.Generator`` of the sampled pairs.
         n_threads: BLAS threads used by :meth:`fit` (``None``: leave them as they are).
@@ -183,8 +242,10 @@ class MMC(BaseEstimator, TransformerMixin):
         components_: (d, d) L with A = LᵀL; :meth:`transform` maps x to Lx.
         objective_: training objective (on the negative pairs used).
         constraint_: training constraint ⟨A, M⁺⟩ (1 at the optimum).
-        objective_history_: objective after every accepted step.
-        n_iter_: steps taken; converged_: whether ``tol`` was reached.
+        duality_gap_: the Frank-Wolfe gap at ``A_``: the optimum of the training objective is at
+            most ``objective_ + duality_gap_`` (``inf`` where the gradient is undefined).
+        objective_history_: objective at the start and after every iteration (non-decreasing).
+        n_iter_: iterations taken; converged_: whether ``duality_gap_ <= tol * objective_``.
         n_negative_pairs_: negative pairs used (B·K(K−1)/2 for tuples).
         n_features_in_: d.
     """
@@ -249,8 +310,14 @@ class MMC(BaseEstimator, TransformerMixin):
                 "every positive pair has distance 0 (each class is a single repeated point): the "
                 "constraint does not bound A."
             )
-        term = _NegativeTerm(features, pairs.neg_first, pairs.neg_second, pairs.neg_weight)
-        self._ascend(term, scatter, np.eye(features.shape[1]) / float(np.trace(scatter)))
+        whitening, null_space = _whitening(scatter)
+        _check_bounded(features, null_space, pairs)
+        term = _NegativeTerm(
+            features @ whitening, pairs.neg_first, pairs.neg_second, pairs.neg_weight
+        )
+        B = self._ascend(term, whitening.shape[1])
+        self.A_ = whitening @ B @ whitening.T
+        self.A_ = (self.A_ + self.A_.T) / 2
         values, vectors = np.linalg.eigh(self.A_)
         self.components_ = (vectors * np.sqrt(np.clip(values, 0.0, None))).T
         self.constraint_ = float((scatter * self.A_).sum())
@@ -258,33 +325,59 @@ class MMC(BaseEstimator, TransformerMixin):
         self.n_features_in_ = features.shape[1]
         return self
 
-    def _ascend(self, term: _NegativeTerm, scatter: np.ndarray, A: np.ndarray) -> None:
-        value, gradient = term.value_and_gradient(A)
-        step = float(np.linalg.norm(A)) / max(float(np.linalg.norm(gradient)), 1e-300)
+    def _ascend(self, term: _NegativeTerm, rank: int) -> np.ndarray:
+        """Spectral projected gradient ascent on {B ⪰ 0, tr B ≤ 1} from B = I/r; returns B."""
+        B = np.eye(rank) / rank
+        value, gradient = term.value_and_gradient(B)
+        step = float(np.linalg.norm(B)) / max(float(np.linalg.norm(gradient)), 1e-300)
         history = [value]
-        converged = False
+        stalled = False
         iteration = 0
-        for iteration in range(1, self.max_iter + 1):  # noqa: B007 - n_iter_ reads it
-            candidate = _project_feasible(A + step * gradient, scatter)
-            candidate_value, candidate_gradient = term.value_and_gradient(candidate)
-            if candidate_value < value:
-                step /= 2
-                if step < 1e-12 * float(np.linalg.norm(A)):
-                    converged = True  # no ascent direction left at machine precision
+        gap = self._gap(term, B, gradient)
+        while gap > self.tol * value and iteration < self.max_iter:
+            iteration += 1
+            direction = _project_spectraplex(B + step * gradient) - B
+            slope = float((gradient * direction).sum())  # ≥ 0: an ascent direction
+            fraction = 1.0
+            while True:
+                candidate = B + fraction * direction  # feasible: the set is convex
+                candidate_value, candidate_gradient = term.value_and_gradient(candidate)
+                if candidate_value >= value + 1e-4 * fraction * slope:
                     break
-                continue
-            gain = (candidate_value - value) / max(abs(value), 1e-300)
-            A, value, gradient = candidate, candidate_value, candidate_gradient
-            history.append(value)
-            step *= 1.1
-            if gain < self.tol:
-                converged = True
+                fraction /= 2
+                if fraction < 1e-12:  # no step raises the objective in floating point
+                    stalled = True
+                    break
+            if stalled:
                 break
-        self.A_ = A
+            moved, turned = candidate - B, candidate_gradient - gradient
+            B, value, gradient = candidate, candidate_value, candidate_gradient
+            history.append(value)
+            # Barzilai-Borwein: ⟨s, s⟩ / −⟨s, Δ∇g⟩, the inverse curvature along the last move
+            curvature = -float((moved * turned).sum())
+            step = float((moved * moved).sum()) / curvature if curvature > 0 else 10.0 * step
+            step = min(max(step, 1e-12), 1e12)
+            gap = self._gap(term, B, gradient)
         self.objective_ = value
         self.objective_history_ = history
         self.n_iter_ = iteration
-        self.converged_ = converged
+        self.duality_gap_ = gap
+        self.converged_ = gap <= self.tol * value
+        if not self.converged_:
+            why = "stalled in floating point" if stalled else f"reached max_iter={self.max_iter}"
+            warnings.warn(
+                f"MMC {why} with a duality gap of {gap:.3g} ({gap / max(value, 1e-300):.3g} of "
+                f"the objective) above tol={self.tol:g}: the objective is within that gap of the "
+                "optimum; raise max_iter or tol.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+        return B
+
+    @staticmethod
+    def _gap(term: _NegativeTerm, B: np.ndarray, gradient: np.ndarray) -> float:
+        # at a pair of distinct points with d = 0 the objective has no gradient: nothing certified
+        return math.inf if term.kinked else _frank_wolfe_gap(B, gradient)
 
     # -- metric --------------------------------------------------------------------------------
     def transform(self, X: Any) -> np.ndarray:
