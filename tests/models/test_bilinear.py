@@ -12,7 +12,7 @@ from sklearn.exceptions import NotFittedError
 from sklearn.metrics import roc_curve
 
 from rankwise.metrics import tpr_at_fpr
-from rankwise.models import BilinearSimilarity
+from rankwise.models import MMC, BilinearSimilarity
 from rankwise.models.bilinear import (
     pair_moment_matrices,
     projected_gradient_bilinear,
@@ -296,3 +296,39 @@ def test_tuple_negatives_train_the_indicator_on_the_weighted_surrogate():
         for seed in range(3)
     ]
     assert np.mean(sampled) == pytest.approx(complete.lambda_, rel=0.35)
+
+
+@pytest.mark.parametrize("estimator", [BilinearSimilarity(0.45), MMC()], ids=["bilinear", "mmc"])
+def test_input_errors_name_y_and_refuse_strings_and_column_vectors(estimator):
+    """Issue 19: label errors named `labels` (not the `y` of fit), numeric strings in X were
+    converted silently, and y of shape (n, 1) passed with a DataConversionWarning."""
+    X, y = sphere_data(60)
+    with pytest.raises(ValueError, match=r"^`y` must hold integer class ids, got non-integer"):
+        clone(estimator).fit(X, y + 0.5)
+    with pytest.raises(ValueError, match=r"^`y` must hold integer class ids, got dtype <U"):
+        clone(estimator).fit(X, np.array(["a", "b", "c"])[y])
+    with pytest.raises(ValueError, match=r"^`y` must be 1-D .* shape \(60, 1\); pass y\.ravel\(\)"):
+        clone(estimator).fit(X, y[:, None])
+    for strings in (X.astype(str), X.astype(str).astype(object)):
+        with pytest.raises(ValueError, match=r"^`X` holds strings; pass numbers"):
+            clone(estimator).fit(strings, y)
+    fitted = clone(estimator).fit(X, y)
+    with pytest.raises(ValueError, match=r"^`X1` holds strings; pass numbers"):
+        fitted.pair_score(X[:3].astype(str), X[:3])
+
+
+def test_alpha_exactly_at_the_feasibility_floor_is_feasible():
+    """½(1 − ‖N‖_F) is reached by A = −N/‖N‖_F (the only feasible point there); just below it
+    nothing is feasible."""
+    X, y = sphere_data(200)
+    floor = BilinearSimilarity(0.45).fit(X, y).min_negative_risk_
+    model = BilinearSimilarity(floor).fit(X, y)
+    np.testing.assert_allclose(model.A_, -model.N_ / np.linalg.norm(model.N_), atol=1e-12)
+    assert model.negative_risk_ == pytest.approx(floor, abs=1e-12)
+    assert model.lambda_ == np.inf and model.constraint_active_
+    _, brute_negative = brute_mean_risks(model.A_, X, y)
+    assert brute_negative <= floor + 1e-12
+    split = BilinearSimilarity(floor - 0.01, tolerance=0.01).fit(X, y)  # α + Φ at the floor
+    np.testing.assert_allclose(split.A_, model.A_, atol=1e-12)
+    with pytest.raises(ValueError, match="infeasible"):
+        BilinearSimilarity(np.nextafter(floor, 0)).fit(X, y)

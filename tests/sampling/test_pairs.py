@@ -122,6 +122,28 @@ def test_complete_risk_from_a_matrix_a_tensor_or_a_callable_matches_brute_force(
         complete_negative_risk(S, LABELS)
 
 
+@pytest.mark.parametrize(
+    "estimator, sampler",
+    [
+        (pair_based_negative_risk, sample_negative_pairs),
+        (tuple_based_negative_risk, sample_class_tuples),
+    ],
+)
+@pytest.mark.parametrize("to_tensor", [False, True])
+def test_a_similarity_matrix_of_the_wrong_size_is_refused_by_name(estimator, sampler, to_tensor):
+    """Issue 19: a matrix smaller than the labels ended in a bare IndexError (a larger one was
+    silently read in its top-left corner)."""
+    sample = sampler(LABELS, 40, rng=0)
+    S = random_similarity(LABELS.size)
+    convert = torch.from_numpy if to_tensor else np.asarray
+    expected = r"`similarity` has shape \(5, 5\) but the sample is of 14 labelled samples"
+    with pytest.raises(ValueError, match=expected):
+        estimator(convert(S[:5, :5]), sample)
+    with pytest.raises(ValueError, match=r"shape \(15, 15\) but the sample is of 14"):
+        estimator(convert(random_similarity(15)), sample)
+    assert estimator(convert(S), sample) == pytest.approx(estimator(lambda a, b: S[a, b], sample))
+
+
 @pytest.mark.parametrize("scheme", ["pairs", "tuples"])
 def test_incomplete_estimators_are_unbiased(scheme):
     """The mean of 4000 independent estimates lies within 4 standard errors of R̂⁻."""

@@ -38,8 +38,27 @@ NEGATIVE_SCHEMES = ("complete", "pairs", "tuples")
 _COUNT = Interval("integer", 1, None)
 
 
+def _refuse_strings(X: Any, name: str) -> None:
+    """Raise on text, which scikit-learn's float conversion would parse silently ("1.5" -> 1.5)."""
+    if isinstance(X, torch.Tensor):
+        return
+    try:
+        array = np.asarray(X)
+    except (ValueError, TypeError):  # ragged input: check_array reports it
+        return
+    text = array.dtype.kind in "USV" or (
+        array.dtype.kind == "O" and any(isinstance(v, (str, bytes)) for v in array.flat)
+    )
+    if text:
+        raise ValueError(
+            f"`{name}` holds strings; pass numbers (convert numeric text explicitly, e.g. "
+            f"{name}.astype(float), after checking that it is what you meant)."
+        )
+
+
 def check_features(X: Any, name: str = "X", n_features: int | None = None) -> np.ndarray:
     """(n, d) finite float64 array; with ``n_features`` the width must match the fitted one."""
+    _refuse_strings(X, name)
     try:
         array = check_array(X, dtype=np.float64, ensure_2d=True, ensure_min_samples=1)
     except ValueError as exc:
@@ -54,11 +73,17 @@ def check_features(X: Any, name: str = "X", n_features: int | None = None) -> np
 
 def check_training_data(X: Any, y: Any) -> tuple[np.ndarray, np.ndarray]:
     """Validated (n, d) float64 features and (n,) labels with two classes and a positive pair."""
+    _refuse_strings(X, "X")
+    shape = np.shape(y)
+    if len(shape) != 1:
+        raise ValueError(
+            f"`y` must be 1-D (one class id per row of `X`), got shape {shape}; pass y.ravel()."
+        )
     try:
         features, labels = check_X_y(X, y, dtype=np.float64, ensure_min_samples=2)
     except ValueError as exc:
         raise ValueError(f"`X`, `y`: {exc}") from None
-    groups = class_structure(labels)  # raises on a single class
+    groups = class_structure(labels, "y")  # raises on a single class
     if int(groups.sizes.max()) < 2:
         raise ValueError(
             "`y` has no class with two samples: there is no positive pair, so the positive risk "

@@ -69,7 +69,7 @@ def pair_moment_matrices(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.n
     Returns:
         (P, N), two symmetric (d, d) float64 matrices.
     """
-    groups = class_structure(y)
+    groups = class_structure(y, "y")
     X = np.asarray(X, dtype=np.float64)
     total = X.sum(0)
     all_pairs = np.outer(total, total) - X.T @ X
@@ -93,6 +93,8 @@ def _weighted_moment(
 
 # -- the closed form -------------------------------------------------------------------------------
 def _direction(P: np.ndarray, N: np.ndarray, lam: float) -> np.ndarray:
+    if math.isinf(lam):  # the limit λ → ∞: A = −N/‖N‖_F, the smallest negative risk
+        return -N / np.linalg.norm(N)
     matrix = P - lam * N
     norm = np.linalg.norm(matrix)
     if norm == 0:
@@ -111,19 +113,22 @@ def solve_lambda(P: np.ndarray, N: np.ndarray, bound: float, rtol: float = 1e-12
     """Smallest λ ≥ 0 with ½(1 + ⟨A_λ, N⟩) ≤ ``bound``, A_λ = (P − λN)/‖P − λN‖_F, by bisection.
 
     ⟨A_λ, N⟩ is non-increasing in λ (its derivative is −(‖N‖² − ⟨A_λ, N⟩²)/‖P − λN‖ ≤ 0) and
-    tends to −‖N‖_F, so a solution exists iff ``bound`` > ½(1 − ‖N‖_F).
+    tends to −‖N‖_F, so a finite λ exists iff ``bound`` > ½(1 − ‖N‖_F). At ``bound`` = ½(1 − ‖N‖_F)
+    the only feasible point is A = −N/‖N‖_F, the limit λ → ∞: ``inf`` is returned.
 
     Raises:
-        ValueError: ``bound`` at or below the smallest reachable negative risk.
+        ValueError: ``bound`` below the smallest reachable negative risk.
     """
     if _mean_risk(_direction(P, N, 0.0), N) <= bound:
         return 0.0
     floor = 0.5 * (1.0 - float(np.linalg.norm(N)))
-    if bound <= floor:
+    if bound == floor:
+        return math.inf
+    if bound < floor:
         raise ValueError(
             f"`alpha` + `tolerance` = {bound:.4g} is infeasible: no bilinear similarity with "
-            f"‖A‖_F ≤ 1 has a mean negative-pair similarity below {floor:.4g} on these data "
-            "(the limit ½(1 − ‖N‖_F) as λ → ∞). Raise `alpha` above it, or use "
+            f"‖A‖_F ≤ 1 has a mean negative-pair similarity below {floor!r} on these data "
+            "(the limit ½(1 − ‖N‖_F) as λ → ∞). Raise `alpha` to at least that, or use "
             "`risk`='indicator' to bound the false positive rate of a threshold instead."
         )
     high = 1.0
@@ -302,7 +307,8 @@ class BilinearSimilarity(BaseEstimator):
 
     Attributes:
         A_: (d, d) symmetric matrix with ‖A_‖_F = 1.
-        lambda_: the Lagrange multiplier λ of the solution.
+        lambda_: the Lagrange multiplier λ of the solution (``inf`` for α + Φ exactly at the
+            feasibility floor, where A = −N/‖N‖_F is the only feasible point).
         positive_risk_, negative_risk_: the training risks of the solution (mean similarities
             for the mean risk; TPR and FPR of ``threshold_`` for the indicator risk).
         threshold_: decision threshold on S_A (training FPR ≤ α).

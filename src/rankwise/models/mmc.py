@@ -61,7 +61,7 @@ def positive_scatter(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     Per class, Σ_{i<j} (x_i − x_j)(x_i − x_j)ᵀ = n_k Σ_i x_i x_iᵀ − s_k s_kᵀ (s_k the class sum):
     O(n d²), no pair is enumerated.
     """
-    groups = class_structure(y)
+    groups = class_structure(y, "y")
     scatter = np.zeros((X.shape[1], X.shape[1]))
     for start, size in zip(groups.starts, groups.sizes, strict=True):
         members = X[groups.order[start : start + size]]
@@ -382,12 +382,15 @@ class MMC(BaseEstimator, TransformerMixin):
     # -- metric --------------------------------------------------------------------------------
     def transform(self, X: Any) -> np.ndarray:
         """Map x to Lx: (n, d) features to (n, d) points whose Euclidean distance is d_A."""
+        return self._map(X, "X")
+
+    def _map(self, X: Any, name: str) -> np.ndarray:
         check_is_fitted(self, "A_")
-        return check_features(X, "X", self.n_features_in_) @ self.components_.T
+        return check_features(X, name, self.n_features_in_) @ self.components_.T
 
     def pair_distance(self, X1: Any, X2: Any) -> np.ndarray:
         """d_A(X1[i], X2[i]) for every row i: (m,)."""
-        first, second = self.transform(X1), self.transform(X2)
+        first, second = self._map(X1, "X1"), self._map(X2, "X2")
         if first.shape[0] != second.shape[0]:
             raise ValueError(
                 f"`X1` has {first.shape[0]} rows but `X2` has {second.shape[0]}; pass one row of "

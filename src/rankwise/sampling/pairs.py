@@ -80,8 +80,12 @@ class _Classes:
         return int((self.sizes * (self.sizes - 1)).sum()) // 2
 
 
-def class_structure(labels: Any) -> _Classes:
+def class_structure(labels: Any, name: str = "labels") -> _Classes:
     """Validate 1-D integer ``labels`` with at least two classes and group the samples by class.
+
+    Args:
+        labels: (n,) integer class ids (array, tensor or sequence).
+        name: the argument the labels came in as, named by the errors (``"y"`` for an estimator).
 
     Raises:
         ValueError: labels that are not a 1-D array of integer class ids, or a single class (no
@@ -91,17 +95,20 @@ def class_structure(labels: Any) -> _Classes:
         labels = labels.detach().cpu().numpy()
     y = np.asarray(labels)
     if y.ndim != 1:
-        raise ValueError(f"`labels` must be a 1-D array of class ids, got shape {y.shape}.")
+        raise ValueError(f"`{name}` must be a 1-D array of class ids, got shape {y.shape}.")
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-            raise ValueError("`labels` must hold integer class ids, got non-integer floats.")
+            raise ValueError(f"`{name}` must hold integer class ids, got non-integer floats.")
         y = y.astype(np.int64)
     elif y.dtype.kind not in "iu":
-        raise ValueError(f"`labels` must hold integer class ids, got dtype {y.dtype}.")
+        raise ValueError(
+            f"`{name}` must hold integer class ids, got dtype {y.dtype}; map class names to ids "
+            f"first, e.g. np.unique({name}, return_inverse=True)[1]."
+        )
     classes, codes, sizes = np.unique(y, return_inverse=True, return_counts=True)
     if classes.size < 2:
         raise ValueError(
-            f"`labels` holds a single class ({classes.size} distinct value(s) among {y.size} "
+            f"`{name}` holds a single class ({classes.size} distinct value(s) among {y.size} "
             "samples): there is no negative pair; pass samples of at least two classes."
         )
     order = np.argsort(codes, kind="stable").astype(np.int64)
@@ -132,11 +139,13 @@ class NegativePairSample:
         second: (B,) int64 index of the other sample; ``labels[first] != labels[second]`` and
             ``first < second``.
         n_negative_pairs: n⁻, the number of negative pairs of the labels sampled from.
+        n_samples: n, the number of labels sampled from (``None``: not recorded).
     """
 
     first: np.ndarray
     second: np.ndarray
     n_negative_pairs: int
+    n_samples: int | None = None
 
     @property
     def n_pairs(self) -> int:
@@ -224,7 +233,9 @@ def sample_negative_pairs(labels: Any, B: int, rng: RandomState = None) -> Negat
     position = np.where(offset < groups.starts[code], offset, offset + groups.sizes[code])
     second = groups.order[position]
     low, high = np.minimum(first, second), np.maximum(first, second)
-    return NegativePairSample(low.astype(np.int64), high.astype(np.int64), groups.n_negative_pairs)
+    return NegativePairSample(
+        low.astype(np.int64), high.astype(np.int64), groups.n_negative_pairs, n
+    )
 
 
 def sample_class_tuples(labels: Any, B: int, rng: RandomState = None) -> ClassTupleSample:
@@ -346,13 +357,33 @@ def complete_negative_risk(
     return total / groups.n_negative_pairs
 
 
+def _check_sample_matrix(similarity: Similarity, n: int | None, largest_index: int) -> None:
+    """An (n, n) matrix for a sample of n labelled points (before indexing it out of bounds)."""
+    if callable(similarity):
+        return
+    shape = tuple(similarity.shape)
+    square = len(shape) == 2 and shape[0] == shape[1]
+    if n is not None and shape != (n, n):
+        raise ValueError(
+            f"`similarity` has shape {shape} but the sample is of {n} labelled samples; pass the "
+            "(n, n) similarity matrix of the samples the pairs were drawn from."
+        )
+    if n is None and (not square or shape[0] <= largest_index):
+        raise ValueError(
+            f"`similarity` has shape {shape} but the sample holds sample index {largest_index}; "
+            "pass the (n, n) similarity matrix of the samples the pairs were drawn from."
+        )
+
+
 def pair_based_negative_risk(similarity: Similarity, sample: NegativePairSample) -> float:
     """R̄_B(S): the mean of S over the sampled negative pairs (unbiased for R̂⁻(S))."""
+    _check_sample_matrix(similarity, sample.n_samples, int(sample.second.max(initial=0)))
     return float(_pair_values(similarity, sample.first, sample.second).mean())
 
 
 def tuple_based_negative_risk(similarity: Similarity, sample: ClassTupleSample) -> float:
     """R̃_B(S) = (1/B) Σ_tuples h_S(tuple), h_S = Σ_{k<l} (n_k n_l / n⁻) S(X_k, X_l) (unbiased)."""
+    _check_sample_matrix(similarity, int(sample.class_sizes.sum()), int(sample.indices.max()))
     first, second, weights = sample.pairs()
     return float((_pair_values(similarity, first, second) * weights).sum())
 
