@@ -332,3 +332,15 @@ def test_alpha_exactly_at_the_feasibility_floor_is_feasible():
     np.testing.assert_allclose(split.A_, model.A_, atol=1e-12)
     with pytest.raises(ValueError, match="infeasible"):
         BilinearSimilarity(np.nextafter(floor, 0)).fit(X, y)
+
+
+def test_callback_reports_every_primal_dual_iteration():
+    X, y = sphere_data(60)
+    calls = []
+    model = BilinearSimilarity(
+        0.1, risk="indicator", max_iter=7, callback=lambda *a: calls.append(a)
+    )
+    model.fit(X, y)
+    assert calls == [(k, 7) for k in range(1, 8)]
+    with pytest.raises(ValueError, match="`callback` must be callable"):
+        BilinearSimilarity(0.1, callback="print").fit(X, y)

@@ -6,14 +6,19 @@ features (a bundled / installed dataset, or arrays saved with numpy / torch), pr
 (optional centring and PCA, then L2 normalization), fits
 :class:`~rankwise.models.BilinearSimilarity` on the training part and reports, on the pairs of the
 held-out part, the TPR at a few FPR levels next to the cosine similarity of the same features, the
-FPR and TPR of the learned threshold, and writes the ROC curves (PNG), a JSON report and the
-learned model (``.npz``). Bad input ends with a one-line ``error:`` and exit code 2.
+FPR and TPR of the learned threshold, and writes the ROC curves (PNG), a JSON report, the
+learned model (``.npz``) and the split (``split.npz``: the rows of the source used for training and
+for testing, and the seed), from which every reported number can be recomputed. Progress goes to
+stderr (a bar in a terminal, a few lines otherwise). Bad input ends with a one-line ``error:`` and
+exit code 2.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,40 +50,61 @@ _FLAGS = {
     "risk": "--method",
     "X": "--features",
     "y": "--labels",
+    "test_labels": "--test-labels",
 }
 
 
 # -- data ------------------------------------------------------------------------------------------
-def _subsample(X: np.ndarray, y: np.ndarray, n: int | None, rng: np.random.Generator) -> tuple:
-    if n is None or n >= y.size:
-        return X, y
-    keep = np.sort(rng.choice(y.size, size=n, replace=False))
-    return X[keep], y[keep]
+def _subsample(rows: np.ndarray, n: int | None, rng: np.random.Generator) -> np.ndarray:
+    """``n`` of the row indices ``rows`` drawn without replacement (sorted), or all of them."""
+    if n is None or n >= rows.size:
+        return rows
+    return rows[np.sort(rng.choice(rows.size, size=n, replace=False))]
 
 
 def _dataset_features(
     name: str, data_dir: str | None, test_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(train X, train y, test X, test y) of flattened pixels in [0, 1]."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train X, train y, test X, test y, train rows, test rows) of flattened pixels in [0, 1].
+
+    The rows index the source the command names in ``split.npz``: the 1,797 digits images for
+    ``digits`` (both parts), the official training and test sets otherwise.
+    """
     from ..data import read_digits_images, read_mnist_family, stratified_split
 
     if name == "digits":
         images, labels = read_digits_images(with_labels=True)
         X = images.reshape(images.shape[0], -1).astype(np.float64)
         train, test = stratified_split(labels, test_fraction, seed)
-        return X[train], labels[train], X[test], labels[test]
+        return X, labels, X, labels, train, test
     train_x, train_y, test_x, test_y = read_mnist_family(name, data_dir)
     flatten = lambda images: images.reshape(images.shape[0], -1).astype(np.float64) / 255.0  # noqa: E731
-    return flatten(train_x), train_y, flatten(test_x), test_y
+    rows = lambda y: np.arange(y.shape[0])  # noqa: E731
+    return flatten(train_x), train_y, flatten(test_x), test_y, rows(train_y), rows(test_y)
 
 
-def _array_features(spec: str, labels: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _array_features(
+    spec: str, labels: str, flag: str, labels_flag: str, name: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels from files, the labels checked here so that errors name the options."""
+    from ..sampling.pairs import class_structure
     from .evaluate import load_array
 
-    X = load_array(spec, what).numpy().astype(np.float64)
-    y = load_array(labels, f"{what} labels").numpy()
+    X = load_array(spec, flag).numpy().astype(np.float64)
+    y = load_array(labels, labels_flag).numpy()
     if X.ndim != 2:
-        raise ValueError(f"{what}: features must be a 2-D (n, d) array, got shape {X.shape}.")
+        raise ValueError(f"{flag}: features must be a 2-D (n, d) array, got shape {X.shape}.")
+    if y.ndim != 1:
+        raise ValueError(
+            f"{labels_flag} must be 1-D (one class id per row of {flag}), got shape {y.shape}; "
+            "save labels.ravel()."
+        )
+    if y.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"{labels_flag} has {y.shape[0]} entries but {flag} has {X.shape[0]} rows; pass one "
+            "label per row."
+        )
+    class_structure(y, name)  # integer class ids of two classes or more, named by option
     return X, y
 
 
@@ -140,6 +166,7 @@ def _parse_levels(text: str) -> tuple[float, ...]:
 def _outputs(output: Path, overwrite: bool) -> dict[str, Path]:
     paths = {name: output / f"{name}.{ext}" for name, ext in (("roc", "png"), ("report", "json"))}
     paths["model"] = output / "bilinear.npz"
+    paths["split"] = output / "split.npz"
     existing = [str(p) for p in paths.values() if p.exists()]
     if existing and not overwrite:
         raise ValueError(
@@ -171,6 +198,77 @@ def _print_report(console: Any, report: dict[str, Any]) -> None:
         f"on held-out pairs; lambda = {report['lambda']:.4g}",
         soft_wrap=True,
     )
+
+
+# -- progress ---------------------------------------------------------------------------------------
+class _Progress:
+    """The stages of ``roc fit`` on stderr: a bar for the iterations in a terminal, lines otherwise.
+
+    Every stage is one line (``roc fit: fitting ...``); the primal-dual iterations of the indicator
+    risk are a rich bar in a terminal and, in a log or a pipe, a line at most every ``line_every``
+    seconds and at the last iteration, as ``rankwise train`` shows its steps.
+    """
+
+    def __init__(self, console: Any, line_every: float = 10.0) -> None:
+        self.console = console
+        self.line_every = line_every
+        self.bar = bool(console.is_terminal) and sys.stderr.isatty()
+        self._progress: Any = None
+        self._task: Any = None
+        self._start = self._last = time.perf_counter()
+
+    def stage(self, text: str) -> None:
+        """One line naming what the command does now."""
+        self.console.print(f"roc fit: {text}", markup=False, highlight=False, soft_wrap=True)
+
+    def iteration(self, done: int, total: int) -> None:
+        """Called by the estimator after every iteration (``done`` of ``total``)."""
+        now = time.perf_counter()
+        if done == 1:
+            self._start = self._last = now
+            if self.bar:
+                self._start_bar(total)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done)
+            if done == total:
+                self._progress.stop()
+                self._progress = None
+            return
+        if done == total or now - self._last >= self.line_every:
+            elapsed = now - self._start
+            left = f", ~{elapsed / done * (total - done):.1f} s left" if done < total else ""
+            self.stage(
+                f"iteration {done}/{total} ({100 * done / total:.0f}%)  {elapsed:.1f} s "
+                f"elapsed{left}"
+            )
+            self._last = now
+
+    def _start_bar(self, total: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("[bold]roc fit: iterations"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("iterations", total=total)
+
+    def close(self) -> None:
+        """Stop a bar left running (an error in the middle of the fit)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
 
 
 # -- the command -----------------------------------------------------------------------------------
@@ -222,7 +320,7 @@ def fit(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace existing results."),
 ) -> None:
     """Fit a bilinear similarity for FPR = α; print TPR@FPR on held-out pairs; plot the ROC."""
-    with cli_errors("roc fit", _FLAGS, bad_input=(ValueError, FileNotFoundError)):
+    with cli_errors("roc fit", _FLAGS, bad_input=(ValueError, FileNotFoundError)) as err:
         options = dict(
             alpha=alpha, method=method, tolerance=tolerance, center=center, pca=pca,
             negatives=negatives, n_negative_samples=n_negative_samples, max_iter=max_iter,
@@ -236,14 +334,24 @@ def fit(
         source = _source(dataset, features, labels, test_features, test_labels)
         output = output if output is not None else Path("runs") / "roc" / source
         paths = _outputs(output, overwrite)
-        data = _load(dataset, features, labels, test_features, test_labels, data_dir,
-                     test_fraction, n_train, n_test, seed)  # fmt: skip
-        report, model, curves = _fit_and_evaluate(data, levels, options)
+        progress = _Progress(err)
+        _estimator(options, progress)._check_params()  # bad options before any data is read
+        try:
+            progress.stage(f"loading {source}")
+            data, split = _load(dataset, features, labels, test_features, test_labels, data_dir,
+                                test_fraction, n_train, n_test, seed)  # fmt: skip
+            report, model, curves = _fit_and_evaluate(data, levels, options, progress)
+        finally:
+            progress.close()
         report["source"] = source
+        report["split"] = paths["split"].name
+        progress.stage(f"writing {output}")
         _write(paths, report, model, curves, alpha)
+        np.savez(paths["split"], train=split[0], test=split[1], seed=seed, source=source)
     console = output_console()
     _print_report(console, report)
-    console.print(f"wrote {paths['roc']}, {paths['report']}, {paths['model']}", soft_wrap=True)
+    written = ", ".join(str(paths[key]) for key in ("roc", "report", "model", "split"))
+    console.print(f"wrote {written}", soft_wrap=True)
 
 
 def _source(dataset, features, labels, test_features, test_labels) -> str:
@@ -264,6 +372,7 @@ def _source(dataset, features, labels, test_features, test_labels) -> str:
 
 def _load(dataset, features, labels, test_features, test_labels, data_dir, test_fraction,
           n_train, n_test, seed):  # fmt: skip
+    """((X, y, X_test, y_test), (train rows, test rows)): the data and the rows of the source."""
     rng = np.random.default_rng(seed)
     if dataset is not None:
         if not 0 < test_fraction < 1:
@@ -271,31 +380,33 @@ def _load(dataset, features, labels, test_features, test_labels, data_dir, test_
         from ..data import DatasetNotFoundError
 
         try:
-            X, y, X_test, y_test = _dataset_features(dataset, data_dir, test_fraction, seed)
+            X, y, X_test, y_test, train, test = _dataset_features(
+                dataset, data_dir, test_fraction, seed
+            )
         except DatasetNotFoundError as exc:  # several lines: where it looked, how to install it
             lines = (line.strip() for line in str(exc).splitlines())
             raise ValueError(" ".join(line for line in lines if line)) from None
     else:
-        X, y = _array_features(features, labels, "--features")
-        X_test, y_test = _array_features(test_features, test_labels, "--test-features")
+        X, y = _array_features(features, labels, "--features", "--labels", "y")
+        X_test, y_test = _array_features(
+            test_features, test_labels, "--test-features", "--test-labels", "test_labels"
+        )
         if X_test.shape[1] != X.shape[1]:
             raise ValueError(
                 f"--test-features has {X_test.shape[1]} columns but --features has {X.shape[1]}."
             )
+        train, test = np.arange(y.shape[0]), np.arange(y_test.shape[0])
     for flag, value in (("--n-train", n_train), ("--n-test", n_test)):
         if value is not None and value < 2:
             raise ValueError(f"{flag} must be at least 2, got {value}.")
-    X, y = _subsample(X, y, n_train, rng)
-    X_test, y_test = _subsample(X_test, y_test, n_test, rng)
-    return X, y, X_test, y_test
+    train, test = _subsample(train, n_train, rng), _subsample(test, n_test, rng)
+    return (X[train], y[train], X_test[test], y_test[test]), (train, test)
 
 
-def _fit_and_evaluate(data, levels, options) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+def _estimator(options: dict[str, Any], progress: _Progress) -> Any:
     from ..models import BilinearSimilarity
 
-    X, y, X_test, y_test = data
-    train, test, prep = _preprocess(X, X_test, options["center"], options["pca"])
-    model = BilinearSimilarity(
+    return BilinearSimilarity(
         options["alpha"],
         risk=METHODS[options["method"]],
         tolerance=options["tolerance"],
@@ -305,8 +416,27 @@ def _fit_and_evaluate(data, levels, options) -> tuple[dict[str, Any], Any, dict[
         learning_rate=options["learning_rate"],
         random_state=options["seed"],
         n_threads=options["threads"],
-    ).fit(train, y)
+        callback=progress.iteration,
+    )
+
+
+def _fit_and_evaluate(
+    data, levels, options, progress: _Progress
+) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+
+    X, y, X_test, y_test = data
+    if options["center"] or options["pca"] > 0:
+        progress.stage("preprocessing (centring / PCA)")
+    train, test, prep = _preprocess(X, X_test, options["center"], options["pca"])
+    what = (
+        f"indicator, {options['max_iter']} primal-dual iterations"
+        if options["method"] == "indicator"
+        else "closed form"
+    )
+    progress.stage(f"fitting the bilinear similarity on {y.size:,} training samples ({what})")
+    model = _estimator(options, progress).fit(train, y)
     i, j = _test_pairs(np.asarray(y_test), 20_000_000)
+    progress.stage(f"evaluating {i.size:,} held-out pairs")
     same = np.asarray(y_test)[i] == np.asarray(y_test)[j]
     if same.all() or not same.any():
         raise ValueError("the held-out labels give no positive or no negative pair.")
@@ -328,7 +458,7 @@ def _fit_and_evaluate(data, levels, options) -> tuple[dict[str, Any], Any, dict[
         "min_negative_risk": float(model.min_negative_risk_),
         "threshold": {
             "value": float(model.threshold_),
-            "train_fpr": _train_fpr(model),
+            "train_fpr": float(model.threshold_fpr_),
             "test_fpr": float(accepted[~same].mean()),
             "test_tpr": float(accepted[same].mean()),
         },
@@ -339,11 +469,6 @@ def _fit_and_evaluate(data, levels, options) -> tuple[dict[str, Any], Any, dict[
     return report, (model, prep), curves
 
 
-def _train_fpr(model: Any) -> float:
-    # the indicator risk reports the training FPR itself; the mean risk, a mean similarity
-    return float(model.negative_risk_) if model.risk == "indicator" else math.nan
-
-
 def _write(paths: dict[str, Path], report: dict, model: Any, curves: dict, alpha: float) -> None:
     from ..plots import plot_roc_curves
 
@@ -352,8 +477,8 @@ def _write(paths: dict[str, Path], report: dict, model: Any, curves: dict, alpha
     plot_roc_curves(
         curves, paths["roc"], title=f"held-out pairs, bilinear similarity for FPR = {alpha:g}"
     )
-    text = json.dumps(report, indent=2, default=_json_default, allow_nan=True)
-    paths["report"].write_text(text.replace("NaN", "null") + "\n")
+    text = json.dumps(_finite(report), indent=2, default=_json_default, allow_nan=False)
+    paths["report"].write_text(text + "\n")
     np.savez(
         paths["model"],
         A=estimator.A_,
@@ -361,6 +486,15 @@ def _write(paths: dict[str, Path], report: dict, model: Any, curves: dict, alpha
         mean=prep["mean"],
         components=prep["components"],
     )
+
+
+def _finite(value: Any) -> Any:
+    """The report with NaN and ±inf (λ = inf at the feasibility floor) as JSON null."""
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _json_default(value: Any) -> Any:

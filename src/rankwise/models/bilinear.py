@@ -23,6 +23,7 @@ the smoothed Lagrangian of :mod:`rankwise.losses.pointwise_roc` with projected d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -234,7 +235,7 @@ def _fit_indicator(
     bias = torch.tensor(start, dtype=dtype, requires_grad=True)
     optimizer = torch.optim.Adam([weights, bias], lr=estimator.learning_rate)
     lam = 1.0
-    for _ in range(estimator.max_iter):
+    for iteration in range(estimator.max_iter):
         A = scale * (weights + weights.T) / 2
         neg_scores = negative(A)
         loss, _, _ = pointwise_roc_lagrangian(
@@ -253,6 +254,8 @@ def _fit_indicator(
         with torch.no_grad():
             fpr = float(((neg_scores >= scale * bias).to(dtype) * neg_weight).sum())
         lam = max(0.0, lam + estimator.dual_lr * (fpr - estimator.alpha))
+        if estimator.callback is not None:
+            estimator.callback(iteration + 1, estimator.max_iter)
     A = (scale * (weights + weights.T) / 2).detach().numpy()
     norm = float(np.linalg.norm(A))
     return A / norm, float(scale * bias.detach()) / norm, lam
@@ -304,6 +307,8 @@ class BilinearSimilarity(BaseEstimator):
         dual_lr: dual step size η (indicator risk).
         max_iter: primal-dual iterations (indicator risk).
         n_threads: BLAS and torch threads used by :meth:`fit` (``None``: leave them as they are).
+        callback: called as ``callback(iteration, max_iter)`` after every primal-dual iteration
+            (indicator risk), e.g. to show progress; ``None``: nothing.
 
     Attributes:
         A_: (d, d) symmetric matrix with ‖A_‖_F = 1.
@@ -337,6 +342,7 @@ class BilinearSimilarity(BaseEstimator):
         dual_lr: float = 1.0,
         max_iter: int = 500,
         n_threads: int | None = None,
+        callback: Callable[[int, int], None] | None = None,
     ) -> None:
         self.alpha = alpha
         self.risk = risk
@@ -351,6 +357,7 @@ class BilinearSimilarity(BaseEstimator):
         self.dual_lr = dual_lr
         self.max_iter = max_iter
         self.n_threads = n_threads
+        self.callback = callback
 
     # -- validation ----------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -368,6 +375,8 @@ class BilinearSimilarity(BaseEstimator):
         check_scalar(self.max_iter, "max_iter", _COUNT)
         if self.n_threads is not None:
             check_scalar(self.n_threads, "n_threads", _COUNT)
+        if self.callback is not None and not callable(self.callback):
+            raise ValueError(f"`callback` must be callable or None, got {self.callback!r}.")
 
     def _prepare(self, X: Any, name: str = "X") -> np.ndarray:
         check_is_fitted(self, "A_")
