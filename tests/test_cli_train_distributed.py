@@ -63,6 +63,36 @@ def test_stopped_and_resumed_two_process_run_matches_the_uninterrupted_one(
     assert_same_run(run_dir, reference)
 
 
+def test_every_rank_is_refused_when_the_run_folder_is_in_use(launch_ranks_unchecked, tmp_path):
+    """Issue 19 item 1: rank 0 takes the run folder's lock for the run; when another process
+    holds it, every rank is refused (none waits forever in a collective for rank 0)."""
+    from rankwise.training.lock import lock_run_dir
+
+    config = tmp_path / "digits.yaml"
+    config.write_text(DIGITS)
+    run_dir = tmp_path / "busy"
+    with lock_run_dir(run_dir):  # this process: to the ranks, another writer of the folder
+        ranks = launch_ranks_unchecked(
+            ["-m", "rankwise", "train", "-c", str(config), "--output", str(run_dir)]
+        )
+    assert [code for code, _ in ranks] == [2, 2], ranks
+    for _, output in ranks:
+        assert f"is in use by pid {os.getpid()}" in " ".join(output.split()), output
+    assert not run_dir.exists()  # nothing was written
+
+
+DIGITS = """\
+dataset: {name: digits}
+model: {backbone: small_cnn, embedding_dim: 8}
+loss: {name: auc, params: {}}
+sampler: {m: 4, batch_size: 16}
+budget: {iterations: 4}
+eval_every: 2
+progress: false
+threads: 1
+"""
+
+
 def torchrun(args: list[str], **kwargs) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
