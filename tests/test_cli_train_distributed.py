@@ -54,7 +54,10 @@ def test_stopped_and_resumed_two_process_run_matches_the_uninterrupted_one(
     run_dir = out / "digits-cli"
     assert rank0["cli_exit"] == rank1["cli_exit"] == 0, rank0["cli_output"] + rank1["cli_output"]
     assert "stopped after step 6" in rank0["cli_output"]
-    assert f"--resume {run_dir}" in rank0["cli_output"]
+    # the command that continues it is the torchrun one: a plain `rankwise train --resume`
+    # would be refused (the checkpoint holds the random streams of 2 processes)
+    resume = f"torchrun --nproc-per-node 2 -m rankwise train --resume {run_dir}"
+    assert resume in " ".join(rank0["cli_output"].split())
     assert "stopped after" not in rank1["cli_output"]  # rank 1 prints nothing
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 6
     resumed = launch_ranks(["-m", "rankwise", "train", "--resume", str(run_dir)])
@@ -125,7 +128,9 @@ def test_torchrun_interrupted_with_ctrl_c_and_resumed_matches_uninterrupted(
     output = proc.communicate(timeout=300)[0]
     stopped_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
     assert 4 <= stopped_at < 40, output
-    assert f"training interrupted at step {stopped_at}/40" in output
+    said = " ".join(output.split())
+    assert f"training interrupted (Ctrl-C) at step {stopped_at}/40" in said
+    assert f"torchrun --nproc-per-node 2 -m rankwise train --resume {run_dir}" in said
     resumed = torchrun(["--resume", str(run_dir)])
     assert resumed.wait(timeout=600) == 0, resumed.communicate()[0]
     assert_same_run(run_dir, reference)

@@ -175,9 +175,10 @@ def _graceful_stop(trainer: Trainer) -> Iterator[None]:
         trainer._stop_requested = True
         saving = " and saving a checkpoint" if trainer.run_dir is not None else ""
         name = _SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
+        # the hint names the signal that came: a scheduler sends SIGTERM, a person Ctrl-C
+        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {name}"
         trainer.console.print(
-            f"[yellow]{name}: stopping after this step{saving} "
-            "(Ctrl-C again aborts at once).[/yellow]",
+            f"[yellow]{name}: stopping after this step{saving} ({again} aborts at once).[/yellow]",
             soft_wrap=True,
         )
         return True
@@ -435,6 +436,7 @@ class Trainer:
         self._run_lock: RunDirLock | None = None
         self._holds_run_dir = False
         self._left_checkpoint: tuple[int, int, int] | None = None
+        self._completed = False
         self._open_run_dir(resume, overwrite, None if resume_from is None else Path(resume_from))
 
     # -- construction -----------------------------------------------------------------------
@@ -781,6 +783,14 @@ class Trainer:
     def world_size(self) -> int:
         """The number of data-parallel processes training the model (1 here)."""
         return 1
+
+    @property
+    def completed(self) -> bool:
+        """Whether the last :meth:`fit` completed the run (its report is written or being written).
+
+        From then on an interruption loses nothing: ``report.json`` says ``"completed"``.
+        """
+        return self._completed
 
     @property
     def loss_name(self) -> str:
@@ -1206,6 +1216,7 @@ class Trainer:
             self._release_run_dir()
 
     def _fit(self, max_steps: int | None, test: bool) -> RunResult:
+        self._completed = False
         self._prepare_run_dir()
         self._stop_requested = False
         self._stop_signal = None
@@ -1339,6 +1350,7 @@ class Trainer:
             self._emit("on_test_end", report, curve)
         self.seconds += time.perf_counter() - start
         result = self._result("completed", report, curve)
+        self._completed = True
         if self.run_dir is not None and self.is_main_process:
             atomic_write_text(
                 json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json"
