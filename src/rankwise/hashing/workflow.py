@@ -537,6 +537,10 @@ def run_hash_experiment(
 
     Returns:
         One :class:`MethodResult` per (method, bits).
+
+    Raises:
+        RunDirInUseError: another process is writing ``output`` (the sweep holds its lock to
+            the end, see :mod:`rankwise.training.lock`).
     """
     from ..training.build import load_splits
 

@@ -564,6 +564,8 @@ def run_bench(
     run (``"complete": false`` until the end), so an interrupted sweep keeps its table; with
     ``resume`` the completed runs are kept and skipped and the interrupted one continues from its
     checkpoint. ``sweep.json`` records the settings (what ``rankwise bench --resume`` re-runs).
+    ``output`` is locked for the whole sweep (:mod:`rankwise.training.lock`): a second sweep into
+    it is refused, naming the process that holds it.
 
     Args:
         base: the base config as a plain mapping.
@@ -587,6 +589,7 @@ def run_bench(
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; the finished runs are in ``bench.json`` and the
             interrupted one has its checkpoint: ``resume=True`` continues.
+        RunDirInUseError: another process is writing ``output`` (nothing is read or written).
     """
     from rich.console import Console
 

@@ -600,6 +600,8 @@ def tune(
 
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
+        RunDirInUseError: another process is writing ``output`` (nothing is read or written; the
+            sweep holds its lock to the end, see :mod:`rankwise.training.lock`).
     """
     from rich.console import Console
 
