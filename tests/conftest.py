@@ -66,11 +66,11 @@ def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
     }
 
 
-def run_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> list[str]:
-    """Run ``python *args`` as ``world_size`` ranks; fail with every rank's output if one fails.
+def wait_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> list[tuple[int, str]]:
+    """Run ``python *args`` as ``world_size`` ranks; each rank's exit code and output.
 
-    Returns:
-        Each rank's combined stdout and stderr.
+    A rank still running after ``timeout`` seconds (waiting in a collective another rank never
+    joined) is killed: the test fails with a timeout.
     """
     port = free_port()
     procs = [
@@ -92,7 +92,18 @@ def run_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> lis
             if proc.poll() is None:  # a rank hung (a collective another rank never joined)
                 proc.kill()
                 proc.wait()
-    codes = [proc.returncode for proc in procs]
+    return [(proc.returncode, output) for proc, output in zip(procs, outputs, strict=True)]
+
+
+def run_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> list[str]:
+    """Run ``python *args`` as ``world_size`` ranks; fail with every rank's output if one fails.
+
+    Returns:
+        Each rank's combined stdout and stderr.
+    """
+    finished = wait_ranks(args, world_size, timeout)
+    codes = [code for code, _ in finished]
+    outputs = [output for _, output in finished]
     if any(codes):
         details = "\n".join(
             f"--- rank {r} (exit {c}) ---\n{o[-4000:]}"
@@ -106,6 +117,12 @@ def run_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> lis
 def launch_ranks():
     """:func:`run_ranks`: ``launch_ranks(args, world_size=2)`` runs ``python *args`` as ranks."""
     return run_ranks
+
+
+@pytest.fixture(scope="session")
+def launch_ranks_unchecked():
+    """:func:`wait_ranks`: every rank's ``(exit code, output)``, failing or not."""
+    return wait_ranks
 
 
 @pytest.fixture(scope="session")

@@ -104,6 +104,27 @@ def test_interrupted_runs_exit_130_with_the_resume_command(tmp_path):
     assert f"rankwise train --resume {tmp_path}" in result.output.replace("\n", "")
 
 
+def test_under_torchrun_the_resume_commands_are_torchrun_commands(tmp_path, monkeypatch):
+    """Issue 19 item 9: a 2-process run resumes only with 2 processes, so a plain `rankwise
+    train --resume` (refused: the checkpoint's world size differs) is the wrong advice."""
+    from rankwise.training import TrainingInterrupted
+    from rankwise.training.errors import CorruptCheckpointError
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    launcher = "torchrun --nproc-per-node 2 -m rankwise train --resume"
+    exc = TrainingInterrupted("training interrupted (SIGTERM) at step 3/6", 3, tmp_path, 3)
+    result = run_handler(exc)
+    assert f"Resume with: {launcher} {tmp_path}" in result.output.replace("\n", "")
+    previous = tmp_path / "checkpoints" / "previous.pt"
+    corrupt = CorruptCheckpointError(
+        tmp_path / "checkpoints" / "last.pt", "truncated", run_dir=tmp_path, fallback=previous
+    )
+    result = run_handler(corrupt)
+    assert f"{launcher} {tmp_path} --from-checkpoint {previous}" in result.output.replace("\n", "")
+
+
 def test_require_names_the_extra_to_install():
     with pytest.raises(
         MissingDependencyError, match=r"pip install 'rankwise\[baselines\]'"

@@ -54,13 +54,46 @@ def test_stopped_and_resumed_two_process_run_matches_the_uninterrupted_one(
     run_dir = out / "digits-cli"
     assert rank0["cli_exit"] == rank1["cli_exit"] == 0, rank0["cli_output"] + rank1["cli_output"]
     assert "stopped after step 6" in rank0["cli_output"]
-    assert f"--resume {run_dir}" in rank0["cli_output"]
+    # the command that continues it is the torchrun one: a plain `rankwise train --resume`
+    # would be refused (the checkpoint holds the random streams of 2 processes)
+    resume = f"torchrun --nproc-per-node 2 -m rankwise train --resume {run_dir}"
+    assert resume in " ".join(rank0["cli_output"].split())
     assert "stopped after" not in rank1["cli_output"]  # rank 1 prints nothing
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 6
     resumed = launch_ranks(["-m", "rankwise", "train", "--resume", str(run_dir)])
     assert "resuming" in resumed[0] and "MAP" in resumed[0]
     assert "resuming" not in resumed[1] and "MAP" not in resumed[1]
     assert_same_run(run_dir, reference)
+
+
+def test_every_rank_is_refused_when_the_run_folder_is_in_use(launch_ranks_unchecked, tmp_path):
+    """Issue 19 item 1: rank 0 takes the run folder's lock for the run; when another process
+    holds it, every rank is refused (none waits forever in a collective for rank 0)."""
+    from rankwise.training.lock import lock_run_dir
+
+    config = tmp_path / "digits.yaml"
+    config.write_text(DIGITS)
+    run_dir = tmp_path / "busy"
+    with lock_run_dir(run_dir):  # this process: to the ranks, another writer of the folder
+        ranks = launch_ranks_unchecked(
+            ["-m", "rankwise", "train", "-c", str(config), "--output", str(run_dir)]
+        )
+    assert [code for code, _ in ranks] == [2, 2], ranks
+    for _, output in ranks:
+        assert f"is in use by pid {os.getpid()}" in " ".join(output.split()), output
+    assert not run_dir.exists()  # nothing was written
+
+
+DIGITS = """\
+dataset: {name: digits}
+model: {backbone: small_cnn, embedding_dim: 8}
+loss: {name: auc, params: {}}
+sampler: {m: 4, batch_size: 16}
+budget: {iterations: 4}
+eval_every: 2
+progress: false
+threads: 1
+"""
 
 
 def torchrun(args: list[str], **kwargs) -> subprocess.Popen:
@@ -95,7 +128,9 @@ def test_torchrun_interrupted_with_ctrl_c_and_resumed_matches_uninterrupted(
     output = proc.communicate(timeout=300)[0]
     stopped_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
     assert 4 <= stopped_at < 40, output
-    assert f"training interrupted at step {stopped_at}/40" in output
+    said = " ".join(output.split())
+    assert f"training interrupted (Ctrl-C) at step {stopped_at}/40" in said
+    assert f"torchrun --nproc-per-node 2 -m rankwise train --resume {run_dir}" in said
     resumed = torchrun(["--resume", str(run_dir)])
     assert resumed.wait(timeout=600) == 0, resumed.communicate()[0]
     assert_same_run(run_dir, reference)

@@ -5,6 +5,7 @@ into silently, a folder holding one run resumes it, and result files get the use
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -12,12 +13,14 @@ import stat
 
 import pytest
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.commands.common import cli_errors
 from rankwise.training import (
     ConfigError,
+    PlotCurves,
     Trainer,
     TrainingInterrupted,
     config_from_dict,
@@ -70,6 +73,74 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_143(tmp_path):
     # without the handler, last.pt would be the periodic checkpoint of step 2
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 3
     assert Trainer.from_run_dir(run_dir).fit().status == "completed"
+
+
+@pytest.mark.parametrize(
+    ("signum", "said", "not_said"),
+    [
+        (signal.SIGTERM, "another SIGTERM aborts at once", "Ctrl-C"),
+        (signal.SIGINT, "Ctrl-C again", ""),
+    ],
+    ids=["sigterm", "ctrl-c"],
+)
+def test_the_stop_message_offers_the_signal_that_was_sent(tmp_path, signum, said, not_said):
+    """Issue 19 item 9: "Ctrl-C again aborts" is the hint of Ctrl-C, not of a scheduler's SIGTERM."""
+    console = Console(file=io.StringIO(), width=300)
+
+    def stop(trainer):
+        if trainer.step == 1:
+            os.kill(os.getpid(), signum)
+
+    with pytest.raises(TrainingInterrupted):
+        Trainer.from_config(config(tmp_path / "run"), console=console).fit(callbacks=[stop])
+    text = console.file.getvalue()
+    assert "stopping after this step" in text and said in text, text
+    assert not_said == "" or not_said not in text, text
+
+
+def test_sigterm_after_the_run_completed_keeps_its_results_and_exits_0(tmp_path, monkeypatch):
+    """Issue 19 item 9: a SIGTERM that arrives once report.json says "completed" (while the plots
+    are drawn, or the table printed) does not turn a finished run into an interrupted one."""
+    run_dir = tmp_path / "run"
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(yaml.safe_dump({**BASE, "budget": {"iterations": 2}}))
+    draw = PlotCurves.on_fit_end
+
+    def sigterm_while_plotting(self, trainer, result):
+        os.kill(os.getpid(), signal.SIGTERM)
+        draw(self, trainer, result)
+
+    monkeypatch.setattr(PlotCurves, "on_fit_end", sigterm_while_plotting)
+    args = ["train", "-c", str(config_path), "--output", str(run_dir)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads((run_dir / "report.json").read_text())["status"] == "completed"
+    assert (run_dir / "pr_curve.png").is_file()  # the plots were finished
+    text = " ".join(result.output.split())
+    assert "SIGTERM after the run completed: nothing is lost" in text and "Test results" in text
+
+    # the same signal while the result table is printed, after fit returned
+    monkeypatch.undo()
+    from rankwise import reporting
+
+    table = reporting.report_table
+
+    def sigterm_while_printing(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return table(*args, **kwargs)
+
+    def fail(signum, frame):  # without the fix the default handler would end pytest itself
+        raise RuntimeError("SIGTERM reached no handler of the command")
+
+    monkeypatch.setattr(reporting, "report_table", sigterm_while_printing)
+    previous = signal.signal(signal.SIGTERM, fail)
+    try:
+        result = runner.invoke(app, [*args, "--overwrite"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert result.exit_code == 0, (result.output, result.exception)
+    text = " ".join(result.output.split())
+    assert "SIGTERM after the run completed" in text and "run directory" in text
 
 
 def test_sigterm_outside_training_ends_a_command_with_143():

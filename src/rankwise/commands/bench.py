@@ -10,6 +10,7 @@ Generalization of AUPRC Optimization with List Stability*, NeurIPS 2022, Sec. 5.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -181,13 +182,16 @@ def bench(
 ) -> None:
     """Compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset."""
     console = output_console(140)
-    with cli_errors("bench", FLAGS):
+    with cli_errors("bench", FLAGS), ExitStack() as held:
         from ..reporting import print_bench_table
         from ..training import TrainingInterrupted
         from ..training.bench import run_bench
         from ..training.config import apply_overrides, parse_overrides
+        from ..training.lock import lock_run_dir
 
         if resume is not None:
+            # the sweep is locked before its sweep.json is read
+            held.enter_context(lock_run_dir(resume, "resume", then="resume it"))
             given = {
                 "--dataset": dataset,
                 "--config": config,

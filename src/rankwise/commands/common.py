@@ -33,6 +33,7 @@ __all__ = [
     "error_console",
     "output_console",
     "to_flags",
+    "train_resume_command",
 ]
 
 EXIT_FAILED = 1  # the run itself failed: a non-finite loss, a collapsed model
@@ -64,6 +65,34 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
     if sep and head in flags:
         message = f"{flags[head]}: {rest}"
     return _BACKTICKED.sub(backticked, message)
+
+
+def train_resume_command(run_dir: Any, *options: str) -> str:
+    """The command that continues the training run in ``run_dir``.
+
+    ``rankwise train --resume RUN_DIR [options]``; in a process of a data-parallel run started by
+    ``torchrun``, the same under ``torchrun`` with the same number of processes: the checkpoint
+    holds the random streams of every process, so a one-process resume is refused.
+
+    Args:
+        run_dir: the run directory.
+        *options: more options of the command, e.g. ``"--from-checkpoint", path``.
+
+    Returns:
+        The command line.
+    """
+    import os
+
+    from ..training.distributed import launched_by_torchrun
+
+    command = " ".join(["rankwise train --resume", str(run_dir), *map(str, options)])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not launched_by_torchrun() or world <= 1:
+        return command
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = f"--nnodes {world // per_node} " if world > per_node else ""
+    rendezvous = " ..." if nodes else ""  # the rendezvous options of the stopped run
+    return f"torchrun {nodes}--nproc-per-node {per_node}{rendezvous} -m {command}"
 
 
 def output_console(width: int = 140, quiet: bool = False) -> Console:
@@ -120,7 +149,7 @@ def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
     text = to_flags(exc.message, flags)
     command = exc.resume_command
     if command is None and exc.run_dir is not None and exc.checkpoint_step is not None:
-        command = f"rankwise train --resume {exc.run_dir}"
+        command = train_resume_command(exc.run_dir)
     if command is not None:
         text = f"{text}. Resume with: {command}"
     else:
@@ -143,7 +172,7 @@ def _exit_for(
         config_error, failed, interrupted, corrupt = known
         if isinstance(exc, corrupt):
             resume = (
-                f"rankwise train --resume {exc.run_dir} --from-checkpoint {exc.fallback}"
+                train_resume_command(exc.run_dir, "--from-checkpoint", exc.fallback)
                 if exc.run_dir is not None and exc.fallback is not None
                 else None
             )

@@ -117,6 +117,7 @@ def train_command(
     extra = _overrides(overrides or [], dataset, bits, objective, methods, device, quick)
     with cli_errors("training", FLAGS) as err:
         from ..hashing.workflow import load_hash_config, run_hash_experiment, write_report
+        from ..training.lock import lock_run_dir
 
         cfg, settings = load_hash_config(config, extra)
 
@@ -127,10 +128,12 @@ def train_command(
                 soft_wrap=True,
             )
 
-        results = run_hash_experiment(
-            cfg, settings, output, overwrite=overwrite, console=err, progress_callback=announce
-        )
-        paths = write_report(results, output, title=f"{cfg.dataset.name}, {settings.objective}")
+        with lock_run_dir(output, "output_dir"):  # the sweep and its report: one writer
+            results = run_hash_experiment(
+                cfg, settings, output, overwrite=overwrite, console=err, progress_callback=announce
+            )
+            title = f"{cfg.dataset.name}, {settings.objective}"
+            paths = write_report(results, output, title=title)
     _print_tables(console, results, paths)
 
 
@@ -147,9 +150,12 @@ def evaluate_command(
     console = output_console(140)
     with cli_errors("evaluation", FLAGS, bad_input=(FileNotFoundError, ValueError)):
         from ..hashing.workflow import evaluate_sweep, write_report
+        from ..training.lock import lock_run_dir
 
-        results = evaluate_sweep(output, device=device)
-        paths = write_report(results, output, prefix="evaluation")
+        # no sweep trains in the folder while it is evaluated
+        with lock_run_dir(output, "output", then="evaluate it"):
+            results = evaluate_sweep(output, device=device)
+            paths = write_report(results, output, prefix="evaluation")
     _print_tables(console, results, paths)
 
 

@@ -15,12 +15,14 @@ errors. See docs/distributed.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from .common import cli_errors, output_console
+from .common import cli_errors, output_console, train_resume_command
 
 __all__ = ["FLAGS", "train"]
 
@@ -73,7 +75,7 @@ def _print_result(console: Any, result: Any) -> None:
     if result.status == "stopped":
         console.print(
             f"stopped after step {result.steps} (--max-steps) with a checkpoint; continue with: "
-            f"rankwise train --resume {run_dir}",
+            f"{train_resume_command(run_dir)}",
             soft_wrap=True,
         )
         return
@@ -197,10 +199,65 @@ def train(
                     f"resuming {trainer.run_dir} at step {trainer.step}/{trainer.total_steps}",
                     soft_wrap=True,
                 )
-            result = trainer.fit(max_steps=max_steps)
-        _print_result(console, result)
+            with _finish_when_saved(trainer) as saved:
+                result = trainer.fit(max_steps=max_steps)
+                saved.append(result.status)
+                _print_result(console, result)
     finally:
         _leave_process_group()
+
+
+@contextmanager
+def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
+    """Ctrl-C / SIGTERM once the run's outcome is saved: finish the command, exit 0.
+
+    Before, a signal interrupts the run as usual. Once the run has completed (``report.json``
+    written) or stopped at ``--max-steps`` with its checkpoint, nothing is left to lose: the first
+    signal is noted and the plots and the result table are finished; a second aborts at once
+    (with 128 + its number) but says that the results are kept. The caller appends the
+    status to the yielded list when ``fit`` returns.
+    """
+    import signal
+
+    from rich.markup import escape
+
+    from .._signals import handle_signals, signal_number_of
+
+    saved: list[str] = []
+    noted: list[int] = []
+
+    def outcome() -> str | None:
+        return "completed" if trainer.completed else (saved[0] if saved else None)
+
+    def name_of(signum: int) -> str:
+        return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+    def on_signal(signum: int) -> bool:
+        if outcome() is None or noted:
+            return False  # the run is not saved yet, or a second signal: raise at once
+        noted.append(signum)
+        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {name_of(signum)}"
+        trainer.console.print(
+            f"[yellow]{name_of(signum)} after the run {outcome()}: nothing is lost; finishing "
+            f"({again} aborts at once).[/yellow]",
+            soft_wrap=True,
+        )
+        return True
+
+    with handle_signals(on_signal):
+        try:
+            yield saved
+        except KeyboardInterrupt as exc:
+            if outcome() is None:
+                raise
+            signum = signal_number_of(exc)
+            where = escape(str(trainer.run_dir))
+            trainer.console.print(
+                f"[yellow]{name_of(signum)}: aborted after the run {outcome()}; what it saved "
+                f"is kept in {where} (plots may be missing).[/yellow]",
+                soft_wrap=True,
+            )
+            raise typer.Exit(128 + signum) from None
 
 
 def _leave_process_group() -> None:

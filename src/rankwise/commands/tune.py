@@ -11,6 +11,7 @@ and ``tuned.yaml`` (the base config with the winners as ``bench.overrides``) for
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 import typer
@@ -110,12 +111,15 @@ def tune(
 ) -> None:
     """Select each loss's hyper-parameters on validation mAP; write tune.json and tuned.yaml."""
     console = output_console(160)
-    with cli_errors("tune", FLAGS):
+    with cli_errors("tune", FLAGS), ExitStack() as held:
         from ..reporting import print_tune_table
         from ..training import TrainingInterrupted
+        from ..training.lock import lock_run_dir
         from ..training.tune import tune as run_tune
 
         if resume is not None:
+            # the sweep is locked before its sweep.json is read
+            held.enter_context(lock_run_dir(resume, "resume", then="resume it"))
             given = {
                 "--dataset": dataset,
                 "--config": config,

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
 from ..training import NonFiniteLossError, Trainer
+from ..training.lock import lock_run_dir
 from .head import HashingHead, HashingModel, binarize, build_hashing_model
 
 __all__ = [
@@ -536,23 +537,29 @@ def run_hash_experiment(
 
     Returns:
         One :class:`MethodResult` per (method, bits).
+
+    Raises:
+        RunDirInUseError: another process is writing ``output`` (the sweep holds its lock to
+            the end, see :mod:`rankwise.training.lock`).
     """
     from ..training.build import load_splits
 
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    _write_sweep_files(output, config, settings)
-    splits = load_splits(config)
-    results: list[MethodResult] = []
-    for bits in settings.bits:
-        for method in settings.methods:
-            cfg = method_config(config, settings, method, bits, output)
-            result = _run_one(cfg, settings, method, bits, splits, overwrite, console)
-            results.append(result)
-            _write_results(output, results)
-            if progress_callback is not None:
-                progress_callback(result)
-    return results
+    # one sweep per folder at a time: locked before anything in it is read or written
+    with lock_run_dir(output, "output_dir"):
+        output.mkdir(parents=True, exist_ok=True)
+        _write_sweep_files(output, config, settings)
+        splits = load_splits(config)
+        results: list[MethodResult] = []
+        for bits in settings.bits:
+            for method in settings.methods:
+                cfg = method_config(config, settings, method, bits, output)
+                result = _run_one(cfg, settings, method, bits, splits, overwrite, console)
+                results.append(result)
+                _write_results(output, results)
+                if progress_callback is not None:
+                    progress_callback(result)
+        return results
 
 
 def _write_sweep_files(output: Path, config, settings: HashSettings) -> None:

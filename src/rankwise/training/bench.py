@@ -30,6 +30,7 @@ from .build import load_splits, preflight
 from .checkpoint import atomic_write_text
 from .config import Config, ConfigError, apply_overrides, config_from_dict
 from .errors import TrainingInterrupted
+from .lock import lock_run_dir
 from .rundir import prepare_sweep_dir
 from .trainer import RunResult, Trainer
 
@@ -563,6 +564,8 @@ def run_bench(
     run (``"complete": false`` until the end), so an interrupted sweep keeps its table; with
     ``resume`` the completed runs are kept and skipped and the interrupted one continues from its
     checkpoint. ``sweep.json`` records the settings (what ``rankwise bench --resume`` re-runs).
+    ``output`` is locked for the whole sweep (:mod:`rankwise.training.lock`): a second sweep into
+    it is refused, naming the process that holds it.
 
     Args:
         base: the base config as a plain mapping.
@@ -586,6 +589,7 @@ def run_bench(
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; the finished runs are in ``bench.json`` and the
             interrupted one has its checkpoint: ``resume=True`` continues.
+        RunDirInUseError: another process is writing ``output`` (nothing is read or written).
     """
     from rich.console import Console
 
@@ -593,63 +597,65 @@ def run_bench(
 
     console = console if console is not None else Console()
     output = Path(output)
-    runs = plan_bench(
-        base,
-        losses=losses,
-        seeds=seeds,
-        quick=quick,
-        ablation=ablation,
-        output=output,
-        run_overrides=run_overrides,
-    )
-    settings = _bench_settings(base, losses, seeds, quick, ablation, run_overrides)
-    run_dirs = [run.config.resolved_output_dir() for run in runs]
-    # every configuration error first (nothing is written before), then the results rule
-    splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
-    prepare_sweep_dir(
-        output, "bench", settings, run_dirs, BENCH_FILES, resume=resume, overwrite=overwrite
-    )
+    # one sweep per folder at a time: locked before anything in it is read or written
+    with lock_run_dir(output, "output", then="resume it" if resume else None):
+        runs = plan_bench(
+            base,
+            losses=losses,
+            seeds=seeds,
+            quick=quick,
+            ablation=ablation,
+            output=output,
+            run_overrides=run_overrides,
+        )
+        settings = _bench_settings(base, losses, seeds, quick, ablation, run_overrides)
+        run_dirs = [run.config.resolved_output_dir() for run in runs]
+        # every configuration error first (nothing is written before), then the results rule
+        splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
+        prepare_sweep_dir(
+            output, "bench", settings, run_dirs, BENCH_FILES, resume=resume, overwrite=overwrite
+        )
 
-    console.print(
-        f"[bold]rankwise bench[/bold]: {len(runs)} runs on {runs[0].config.dataset.name} "
-        f"({splits.protocol}) -> {output}",
-        soft_wrap=True,
-    )
-    results: list[RunResult] = []
-    try:
-        warm_up = warm_up_metrics()
-        curves: dict[str, PRCurve] = {}
-        references = reference_rows(runs, splits, seeds, output, curves)
-        for i, run in enumerate(runs, 1):
-            name = f"[{i}/{len(runs)}] {run.label} seed {run.seed}"
-            result, how = run_or_resume(run, splits, resume=resume, console=console, name=name)
-            results.append(result)
-            console.print(
-                f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
-                f"{100 * result.test.map:.2f}  R@1 {100 * result.test.recall_at[1]:.2f}  "
-                f"({result.seconds:.1f} s, best val step {result.best_step}"
-                f"{'' if how == 'trained' else ', ' + how})",
-                soft_wrap=True,
-                highlight=False,
-            )
-            partial = _bench_summary(runs, results, splits, seeds, references, False, warm_up)
-            _write_tables(output, partial, ablation)
-    except KeyboardInterrupt as exc:
-        raise _sweep_interrupted("bench", exc, runs, len(results), output) from None
+        console.print(
+            f"[bold]rankwise bench[/bold]: {len(runs)} runs on {runs[0].config.dataset.name} "
+            f"({splits.protocol}) -> {output}",
+            soft_wrap=True,
+        )
+        results: list[RunResult] = []
+        try:
+            warm_up = warm_up_metrics()
+            curves: dict[str, PRCurve] = {}
+            references = reference_rows(runs, splits, seeds, output, curves)
+            for i, run in enumerate(runs, 1):
+                name = f"[{i}/{len(runs)}] {run.label} seed {run.seed}"
+                result, how = run_or_resume(run, splits, resume=resume, console=console, name=name)
+                results.append(result)
+                console.print(
+                    f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
+                    f"{100 * result.test.map:.2f}  R@1 {100 * result.test.recall_at[1]:.2f}  "
+                    f"({result.seconds:.1f} s, best val step {result.best_step}"
+                    f"{'' if how == 'trained' else ', ' + how})",
+                    soft_wrap=True,
+                    highlight=False,
+                )
+                partial = _bench_summary(runs, results, splits, seeds, references, False, warm_up)
+                _write_tables(output, partial, ablation)
+        except KeyboardInterrupt as exc:
+            raise _sweep_interrupted("bench", exc, runs, len(results), output) from None
 
-    summary = _bench_summary(runs, results, splits, seeds, references, True, warm_up)
-    _write_tables(output, summary, ablation)
-    rows = aggregate_rows(runs, results)
-    curves.update({row.label: _mean_curve(row.results) for row in rows})
-    plot_pr_curves(
-        {**{row.label: curves[row.label] for row in rows}, **_reference_curves(curves, rows)},
-        output / "pr_curves.png",
-        title=f"mean test PR curves on {summary['dataset']} "
-        f"({'SOPRC ablation' if ablation else 'all losses'})",
-        labels=_legend_labels(rows, references, ablation),
-        references=list(_reference_curves(curves, rows)),
-    )
-    return summary
+        summary = _bench_summary(runs, results, splits, seeds, references, True, warm_up)
+        _write_tables(output, summary, ablation)
+        rows = aggregate_rows(runs, results)
+        curves.update({row.label: _mean_curve(row.results) for row in rows})
+        plot_pr_curves(
+            {**{row.label: curves[row.label] for row in rows}, **_reference_curves(curves, rows)},
+            output / "pr_curves.png",
+            title=f"mean test PR curves on {summary['dataset']} "
+            f"({'SOPRC ablation' if ablation else 'all losses'})",
+            labels=_legend_labels(rows, references, ablation),
+            references=list(_reference_curves(curves, rows)),
+        )
+        return summary
 
 
 def _reference_curves(curves: Mapping[str, PRCurve], rows: Sequence[BenchRow]) -> dict:

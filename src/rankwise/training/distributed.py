@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,6 +61,7 @@ from .callbacks import Callback
 from .checkpoint import capture_rng_state, restore_rng_state
 from .errors import ConfigError, ReplicaDivergenceError
 from .loader import BatchSampler, mix_seed
+from .lock import RunDirLock
 from .trainer import Trainer
 
 if TYPE_CHECKING:
@@ -615,6 +617,16 @@ class DistributedTrainer(Trainer):
             resume=resume,
             **kwargs,
         )
+        try:
+            self._join_replicas(group, bool(find_unused_parameters), resume, check_every)
+        except BaseException:
+            self._release_run_dir()  # rank 0 took the run directory's lock
+            raise
+
+    def _join_replicas(
+        self, group: Any, find_unused_parameters: bool, resume: bool, check_every: int | None
+    ) -> None:
+        """Check the ranks agree, wrap the model in DDP, and start every rank from one state."""
         self._check_same_schedule()
         from torch.nn.parallel import DistributedDataParallel
 
@@ -633,6 +645,41 @@ class DistributedTrainer(Trainer):
         self.check_replicas()
 
     # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def _lock_run_dir(
+        cls,
+        run_dir: Path,
+        key: str,
+        *,
+        resume: bool = False,
+        check: Callable[[], None] | None = None,
+        group: Any = None,
+    ) -> RunDirLock:
+        """Rank 0 alone (it writes the run directory) takes the lock; every rank learns the outcome.
+
+        A refusal (the folder in use, or ``check`` failing) is raised on every rank, so no
+        rank waits in a collective for one that gave up. A collective. Arguments as
+        :meth:`Trainer._lock_run_dir <rankwise.training.Trainer._lock_run_dir>`.
+
+        Returns:
+            The hold of the lock on rank 0, an empty one on the others.
+        """
+        if not is_distributed(group):
+            return super()._lock_run_dir(run_dir, key, resume=resume, check=check)
+        lock, failure, refusal = RunDirLock(Path(run_dir), held=False), None, [None]
+        if rank_and_world_size(group)[0] == 0:
+            try:
+                lock = super()._lock_run_dir(run_dir, key, resume=resume, check=check)
+            except Exception as exc:  # told to every rank below
+                failure, refusal = exc, [str(exc)]
+        source = 0 if group is None else dist.get_global_rank(group, 0)
+        dist.broadcast_object_list(refusal, src=source, group=group)
+        if failure is not None:
+            raise failure
+        if refusal[0] is not None:
+            raise ConfigError(refusal[0])
+        return lock
 
     @staticmethod
     def _rank_device(model: nn.Module, device: str | torch.device | None) -> torch.device | None:

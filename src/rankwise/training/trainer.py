@@ -75,6 +75,7 @@ from .checkpoint import (
 from .config import Config, config_from_dict
 from .errors import ConfigError, CorruptCheckpointError, NonFiniteLossError, TrainingInterrupted
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
+from .lock import RunDirLock, lock_run_dir
 from .rundir import existing_results, readable_checkpoint_step, resolve_run_dir
 
 if TYPE_CHECKING:
@@ -174,9 +175,10 @@ def _graceful_stop(trainer: Trainer) -> Iterator[None]:
         trainer._stop_requested = True
         saving = " and saving a checkpoint" if trainer.run_dir is not None else ""
         name = _SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
+        # the hint names the signal that came: a scheduler sends SIGTERM, a person Ctrl-C
+        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {name}"
         trainer.console.print(
-            f"[yellow]{name}: stopping after this step{saving} "
-            "(Ctrl-C again aborts at once).[/yellow]",
+            f"[yellow]{name}: stopping after this step{saving} ({again} aborts at once).[/yellow]",
             soft_wrap=True,
         )
         return True
@@ -258,7 +260,10 @@ class Trainer:
         gallery_data: the gallery (database) of a closed-set test.
         run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go. ``None``
             writes no file at all: the history, the best model and the result stay in memory,
-            and a run cannot be resumed.
+            and a run cannot be resumed. The trainer locks it against other processes
+            (:mod:`rankwise.training.lock`) from its construction, before anything in it is
+            read, to the end of :meth:`fit`; a second :meth:`fit` takes it back, refusing it
+            when another process wrote a checkpoint there meanwhile.
         callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
             ``fn(trainer)`` (called after every complete step). A callback of the type of a
             default one (``ProgressBar``, ``MetricsLogger``, ``BestCheckpoint``,
@@ -299,7 +304,9 @@ class Trainer:
 
     Raises:
         ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
-            already holds a run, or a checkpoint that cannot be resumed).
+            already holds a run, or a checkpoint that cannot be resumed; a
+            :class:`~rankwise.training.lock.RunDirInUseError` for one another process is
+            writing).
     """
 
     CHECKPOINT_FORMAT = 2
@@ -376,9 +383,8 @@ class Trainer:
         self.checkpoint_dir = (
             self.run_dir / "checkpoints" if self.run_dir is not None else Path("checkpoints")
         )
-        self._check_run_dir(
-            check_bool(resume, "resume"), check_bool(overwrite, "overwrite"), resume_from
-        )
+        resume, overwrite = check_bool(resume, "resume"), check_bool(overwrite, "overwrite")
+        self._check_run_options(resume, overwrite, resume_from)
         if console is None:
             from rich.console import Console
 
@@ -425,8 +431,13 @@ class Trainer:
         for callback in callbacks:
             self._add_callback(self._as_callback(callback))
         self._active: list[Callback] = list(self.callbacks)
-        if resume:
-            self._load_last(None if resume_from is None else Path(resume_from))
+        # the name the caller gave the run directory, for messages (a config's output_dir)
+        self._run_dir_key = "output_dir" if config is not None and not resume else "run_dir"
+        self._run_lock: RunDirLock | None = None
+        self._holds_run_dir = False
+        self._left_checkpoint: tuple[int, int, int] | None = None
+        self._completed = False
+        self._open_run_dir(resume, overwrite, None if resume_from is None else Path(resume_from))
 
     # -- construction -----------------------------------------------------------------------
 
@@ -440,7 +451,7 @@ class Trainer:
                 f"(every rankwise.losses loss is one), got {type(loss_fn).__name__}."
             )
 
-    def _check_run_dir(
+    def _check_run_options(
         self, resume: bool, overwrite: bool, resume_from: str | Path | None = None
     ) -> None:
         if resume_from is not None and not resume:
@@ -452,8 +463,89 @@ class Trainer:
                 "pass `resume` or `overwrite`, not both: `resume` continues the run, "
                 "`overwrite` deletes its results and starts afresh."
             )
-        if not resume and not overwrite and self.run_dir is not None:
-            _refuse_results(self.run_dir, "run_dir")
+
+    # -- the run directory's lock (one writer per folder, see rankwise.training.lock) ----------
+
+    @classmethod
+    def _lock_run_dir(
+        cls,
+        run_dir: Path,
+        key: str,
+        *,
+        resume: bool = False,
+        check: Callable[[], None] | None = None,
+        group: Any = None,
+    ) -> RunDirLock:
+        """Take the lock of ``run_dir``, then run ``check`` (a refusal releases it again).
+
+        Args:
+            run_dir: the run directory.
+            key: the argument or config key that named it, for the messages.
+            resume: the caller continues the run there.
+            check: what must hold once the folder is locked (e.g. no results in it).
+            group: the process group of a data-parallel trainer (unused here).
+
+        Returns:
+            The hold of the lock.
+        """
+        lock = lock_run_dir(run_dir, key, then="resume it" if resume else None)
+        if check is not None:
+            try:
+                check()
+            except BaseException:
+                lock.release()
+                raise
+        return lock
+
+    def _take_run_dir(self, *, resume: bool, check: Callable[[], None] | None = None) -> None:
+        assert self.run_dir is not None
+        self._run_lock = self._lock_run_dir(
+            self.run_dir,
+            self._run_dir_key,
+            resume=resume,
+            check=check,
+            group=getattr(self, "group", None),  # a DistributedTrainer's process group
+        )
+        self._holds_run_dir = True
+
+    def _release_run_dir(self) -> None:
+        if self._run_lock is not None:
+            # what this trainer leaves behind; taken back, the folder must still hold it
+            self._left_checkpoint = self._checkpoint_fingerprint()
+            self._run_lock.release()
+        self._run_lock, self._holds_run_dir = None, False
+
+    def _checkpoint_fingerprint(self) -> tuple[int, int, int] | None:
+        """Identity of ``checkpoints/last.pt`` (every save replaces the file: a new inode)."""
+        try:
+            info = (self.checkpoint_dir / "last.pt").stat()
+        except FileNotFoundError:
+            return None
+        return info.st_ino, info.st_mtime_ns, info.st_size
+
+    def _check_unchanged(self) -> None:
+        """The run directory taken back by :meth:`fit` is as this trainer left it."""
+        if self._checkpoint_fingerprint() != self._left_checkpoint:
+            raise ConfigError(
+                f"{self._run_dir_key}: {str(self.run_dir)!r} was written by another process "
+                "since this trainer last trained in it (its checkpoints/last.pt changed); build "
+                "a new trainer to continue from what it holds (`resume`)."
+            )
+
+    def _open_run_dir(self, resume: bool, overwrite: bool, resume_from: Path | None) -> None:
+        """Lock the run directory, then apply the results rule or load the state to resume."""
+        if self.run_dir is None:
+            return
+        self._take_run_dir(resume=resume)
+        try:
+            if resume:
+                self._load_last(resume_from)
+            elif not overwrite:
+                _refuse_results(self.run_dir, self._run_dir_key)
+        except BaseException:
+            self._release_run_dir()
+            raise
+        self._left_checkpoint = self._checkpoint_fingerprint()
 
     @staticmethod
     def _check_schedule(schedule: LRSchedule | None) -> Callable[[int], float] | None:
@@ -548,10 +640,40 @@ class Trainer:
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
+
+        Raises:
+            RunDirInUseError: another process is writing the output directory (checked before
+                anything in it is read and before the data is loaded).
         """
         run_dir = config.resolved_output_dir()
-        if not resume and not overwrite:  # before the data is loaded: fail fast
-            _refuse_results(run_dir, "output_dir")
+        # the folder is locked before it is looked at, and refused before the data is loaded
+        refuse = None if resume or overwrite else partial(_refuse_results, run_dir, "output_dir")
+        key = "run_dir" if resume else "output_dir"
+        with cls._lock_run_dir(run_dir, key, resume=resume, check=refuse):
+            return cls._build_from_config(
+                config,
+                run_dir,
+                splits=splits,
+                resume=resume,
+                overwrite=overwrite,
+                console=console,
+                callbacks=callbacks,
+                resume_from=resume_from,
+            )
+
+    @classmethod
+    def _build_from_config(
+        cls,
+        config: Config,
+        run_dir: Path,
+        *,
+        splits: RetrievalSplits | None,
+        resume: bool,
+        overwrite: bool,
+        console: Console | None,
+        callbacks: Sequence[CallbackLike],
+        resume_from: str | Path | None,
+    ) -> Trainer:
         device = resolve_device(config.device)
         if device.type == "cuda" and config.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -635,19 +757,20 @@ class Trainer:
         import yaml
 
         run_dir = resolve_run_dir(run_dir)
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
-        data["output_dir"] = str(run_dir)
-        if num_workers is not None:
-            data["num_workers"] = num_workers
-        if device is not None:
-            data["device"] = device
-        if checkpoint is None and not (run_dir / "checkpoints" / "last.pt").is_file():
-            raise CorruptCheckpointError(
-                run_dir / "checkpoints" / "last.pt", "it is missing"
-            ).with_context(run_dir=run_dir, **_fallback(run_dir))
-        return cls.from_config(
-            config_from_dict(data), resume=True, console=console, resume_from=checkpoint
-        )
+        with cls._lock_run_dir(run_dir, "run_dir", resume=True):  # before config.yaml is read
+            data = yaml.safe_load((run_dir / "config.yaml").read_text())
+            data["output_dir"] = str(run_dir)
+            if num_workers is not None:
+                data["num_workers"] = num_workers
+            if device is not None:
+                data["device"] = device
+            if checkpoint is None and not (run_dir / "checkpoints" / "last.pt").is_file():
+                raise CorruptCheckpointError(
+                    run_dir / "checkpoints" / "last.pt", "it is missing"
+                ).with_context(run_dir=run_dir, **_fallback(run_dir))
+            return cls.from_config(
+                config_from_dict(data), resume=True, console=console, resume_from=checkpoint
+            )
 
     # -- names and messages -----------------------------------------------------------------
 
@@ -660,6 +783,14 @@ class Trainer:
     def world_size(self) -> int:
         """The number of data-parallel processes training the model (1 here)."""
         return 1
+
+    @property
+    def completed(self) -> bool:
+        """Whether the last :meth:`fit` completed the run (its report is written or being written).
+
+        From then on an interruption loses nothing: ``report.json`` says ``"completed"``.
+        """
+        return self._completed
 
     @property
     def loss_name(self) -> str:
@@ -1076,6 +1207,16 @@ class Trainer:
         if max_steps is not None:
             max_steps = _positive_int(max_steps, "max_steps", 0)
         self._active = self.callbacks + [self._as_callback(c) for c in callbacks]
+        if self.run_dir is not None and not self._holds_run_dir:
+            # a second fit: the folder was released at the end of the first one
+            self._take_run_dir(resume=True, check=self._check_unchanged)
+        try:
+            return self._fit(max_steps, test)
+        finally:
+            self._release_run_dir()
+
+    def _fit(self, max_steps: int | None, test: bool) -> RunResult:
+        self._completed = False
         self._prepare_run_dir()
         self._stop_requested = False
         self._stop_signal = None
@@ -1209,6 +1350,7 @@ class Trainer:
             self._emit("on_test_end", report, curve)
         self.seconds += time.perf_counter() - start
         result = self._result("completed", report, curve)
+        self._completed = True
         if self.run_dir is not None and self.is_main_process:
             atomic_write_text(
                 json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json"
@@ -1230,7 +1372,7 @@ def _refuse_results(run_dir: Path, key: str) -> None:
         raise ConfigError(
             f"{key}: {str(run_dir)!r} already holds a run ({', '.join(found)}); continue it "
             "with `resume` or start afresh with `overwrite`, which deletes its results (or "
-            f"choose another {key})."
+            f"choose another `{key}`)."
         )
 
 

@@ -36,6 +36,7 @@ from .bench import (
 from .checkpoint import atomic_write_text
 from .config import ConfigError, config_from_dict
 from .errors import NonFiniteLossError
+from .lock import lock_run_dir
 from .rundir import prepare_sweep_dir
 from .trainer import RunResult
 
@@ -599,59 +600,64 @@ def tune(
 
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
+        RunDirInUseError: another process is writing ``output`` (nothing is read or written; the
+            sweep holds its lock to the end, see :mod:`rankwise.training.lock`).
     """
     from rich.console import Console
 
     console = console if console is not None else Console()
     output = Path(output)
-    trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
-    settings = _tune_settings(base, losses, grid, seeds, quick)
-    runs = [run for trial in trials for run in trial.runs]
-    run_dirs = [run.config.resolved_output_dir() for run in runs]
-    splits = _shared_splits(trials)  # every configuration error first, nothing written yet
-    prepare_sweep_dir(
-        output, "tune", settings, run_dirs, TUNE_FILES, resume=resume, overwrite=overwrite
-    )
-    grid, seeds = settings["grid"], settings["seeds"]
-    _announce(trials, splits, output, console)
-    tune_path = output / "tune.json"
-    try:
-        warm_up_metrics()
-        for trial in trials:
-            name = f"[{trial.index + 1}/{len(trials)}]"
-            _run_trial(trial, splits, console, resume=resume, name=name)
-            mean = trial.val_map_mean
-            score = "diverged" if mean is None else f"val mAP {100 * mean:.2f}"
-            console.print(
-                f"  {name} {trial.loss:<18} {json.dumps(trial.params)}: {score}",
-                soft_wrap=True,
-                highlight=False,
-            )
-            # progress on disk: an interrupted sweep still shows what it measured
-            atomic_write_text(
-                json.dumps(_summary(trials, splits, grid, seeds, quick, False), indent=2) + "\n",
-                tune_path,
-            )
-    except KeyboardInterrupt as exc:
-        finished = sum(len(t.outcomes) for t in trials)
-        raise _sweep_interrupted(
-            "tune", exc, runs, finished, output, "their scores are in tune.json"
-        ) from None
+    # one sweep per folder at a time: locked before anything in it is read or written
+    with lock_run_dir(output, "output", then="resume it" if resume else None):
+        trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
+        settings = _tune_settings(base, losses, grid, seeds, quick)
+        runs = [run for trial in trials for run in trial.runs]
+        run_dirs = [run.config.resolved_output_dir() for run in runs]
+        splits = _shared_splits(trials)  # every configuration error first, nothing written yet
+        prepare_sweep_dir(
+            output, "tune", settings, run_dirs, TUNE_FILES, resume=resume, overwrite=overwrite
+        )
+        grid, seeds = settings["grid"], settings["seeds"]
+        _announce(trials, splits, output, console)
+        tune_path = output / "tune.json"
+        try:
+            warm_up_metrics()
+            for trial in trials:
+                name = f"[{trial.index + 1}/{len(trials)}]"
+                _run_trial(trial, splits, console, resume=resume, name=name)
+                mean = trial.val_map_mean
+                score = "diverged" if mean is None else f"val mAP {100 * mean:.2f}"
+                console.print(
+                    f"  {name} {trial.loss:<18} {json.dumps(trial.params)}: {score}",
+                    soft_wrap=True,
+                    highlight=False,
+                )
+                # progress on disk: an interrupted sweep still shows what it measured
+                atomic_write_text(
+                    json.dumps(_summary(trials, splits, grid, seeds, quick, False), indent=2)
+                    + "\n",
+                    tune_path,
+                )
+        except KeyboardInterrupt as exc:
+            finished = sum(len(t.outcomes) for t in trials)
+            raise _sweep_interrupted(
+                "tune", exc, runs, finished, output, "their scores are in tune.json"
+            ) from None
 
-    winners, ties = _winners(trials)
-    _report_ties(ties, trials, console)
-    chosen = {loss: t for loss, t in winners.items() if t is not None}
-    tuned = tuned_config(base, {loss: t.params for loss, t in chosen.items()})
-    tuned["bench"]["losses"] = list(winners)
-    _check_reproduces(tuned, chosen, quick, output / "trials")
-    tuned_path = output / "tuned.yaml"
-    header = (
-        "# written by `rankwise tune`: the base config with bench.overrides[<loss>] set to the\n"
-        "# hyper-parameters selected on validation mAP (see tune.json); reproduce the test table\n"
-        f"# with `rankwise bench --config {tuned_path} --seeds 3`"
-        f"{' (tuned with --quick budgets)' if quick else ''}.\n"
-    )
-    atomic_write_text(header + yaml.safe_dump(tuned, sort_keys=False), tuned_path)
-    summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path, ties)
-    atomic_write_text(json.dumps(summary, indent=2) + "\n", tune_path)
-    return summary
+        winners, ties = _winners(trials)
+        _report_ties(ties, trials, console)
+        chosen = {loss: t for loss, t in winners.items() if t is not None}
+        tuned = tuned_config(base, {loss: t.params for loss, t in chosen.items()})
+        tuned["bench"]["losses"] = list(winners)
+        _check_reproduces(tuned, chosen, quick, output / "trials")
+        tuned_path = output / "tuned.yaml"
+        header = (
+            "# written by `rankwise tune`: the base config with bench.overrides[<loss>] set to the\n"
+            "# hyper-parameters selected on validation mAP (see tune.json); reproduce the test table\n"
+            f"# with `rankwise bench --config {tuned_path} --seeds 3`"
+            f"{' (tuned with --quick budgets)' if quick else ''}.\n"
+        )
+        atomic_write_text(header + yaml.safe_dump(tuned, sort_keys=False), tuned_path)
+        summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path, ties)
+        atomic_write_text(json.dumps(summary, indent=2) + "\n", tune_path)
+        return summary
