@@ -11,6 +11,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from rankwise.cli import app
@@ -82,7 +83,11 @@ def run_demo(tmp_path, *extra: str) -> dict:
     """The Makefile's demo command into a scratch folder (plus ``extra`` overrides)."""
     args = makefile_demo_args()
     args[args.index("--output") + 1] = str(tmp_path / "demo")
-    result = CliRunner().invoke(app, [*args, *extra])
+    threads = torch.get_num_threads()
+    try:
+        result = CliRunner().invoke(app, [*args, *extra])
+    finally:  # the demo's config trains on one thread; later tests keep theirs
+        torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
     return json.loads((tmp_path / "demo" / "bench.json").read_text())
 
