@@ -185,6 +185,7 @@ def train(
         "data_dir": data_dir,
         "seed": seed,
     }
+    failure: BaseException | None = None
     try:
         with cli_errors("training", FLAGS) as err:
             trainer, rank = _build_trainer(
@@ -199,18 +200,20 @@ def train(
                 )
             result = trainer.fit(max_steps=max_steps)
         _print_result(console, result)
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        _leave_process_group()
+        trainer = None  # its DDP wrapper holds the process group, which must end now
+        _leave_process_group(failure)
 
 
-def _leave_process_group() -> None:
-    """Under torchrun, leave the process group this command joined."""
-    import torch.distributed as dist
+def _leave_process_group(failure: BaseException | None) -> None:
+    """Under torchrun, leave the process group this command joined and stop its threads."""
+    from ..training.distributed import launched_by_torchrun, shutdown_distributed
 
-    from ..training.distributed import launched_by_torchrun
-
-    if launched_by_torchrun() and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if launched_by_torchrun():
+        shutdown_distributed(failure)
 
 
 def _build_trainer(
