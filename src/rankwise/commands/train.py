@@ -5,7 +5,8 @@ resumption of an interrupted run (``--resume RUN_DIR``), following the image-ret
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
 Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the
 selected model). Configuration errors end with a message naming the key and exit code 2; Ctrl-C
-(SIGTERM) saves a checkpoint and exits with code 130 (143); a NaN/inf loss exits with code 1.
+(SIGTERM) saves a checkpoint and exits with code 130 (143); a NaN/inf loss exits with code 1; a
+full disk exits with code 4 (the earlier checkpoints are intact).
 
 Under ``torchrun --nproc-per-node N -m rankwise train ...`` every process runs this command and
 the run is data-parallel (:class:`~rankwise.training.distributed.DistributedTrainer`, backend

@@ -61,7 +61,7 @@ from .._validation import Interval, check_choice, check_scalar
 from .build import seed_everything
 from .callbacks import Callback
 from .checkpoint import capture_rng_state, restore_rng_state
-from .errors import ConfigError, ReplicaDivergenceError
+from .errors import ConfigError, DiskFullError, ReplicaDivergenceError
 from .loader import BatchSampler, mix_seed
 from .trainer import Trainer
 
@@ -837,11 +837,23 @@ class DistributedTrainer(Trainer):
             failure, path = exc, self.checkpoint_dir / "last.pt"
         finally:
             self._pending_rng = None
-        # no rank goes on (and, say, resumes from last.pt) before rank 0 has written it
-        flag = torch.tensor([0 if failure is None else 1], device=comm_device(self.group))
+        # no rank goes on (and, say, resumes from last.pt) before rank 0 has written it;
+        # 1: rank 0 failed, 2: its disk is full (every rank then ends the same way)
+        code = 0 if failure is None else 2 if isinstance(failure, DiskFullError) else 1
+        flag = torch.tensor([code], device=comm_device(self.group))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if failure is not None:
             raise failure
+        if int(flag.item()) == 2:
+            raise DiskFullError(
+                path,
+                None,
+                None,
+                run_dir=self.run_dir,
+                kept=self.kept_checkpoint_message(),
+                resumable=self.last_checkpoint_step is not None,
+                detail="rank 0 found no space left; see its message",
+            )
         if int(flag.item()):
             raise RuntimeError(
                 f"rank 0 could not write the checkpoint {path}; see its error message."

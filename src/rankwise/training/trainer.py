@@ -73,7 +73,13 @@ from .checkpoint import (
     restore_rng_state,
 )
 from .config import Config, config_from_dict
-from .errors import ConfigError, CorruptCheckpointError, NonFiniteLossError, TrainingInterrupted
+from .errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    DiskFullError,
+    NonFiniteLossError,
+    TrainingInterrupted,
+)
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
 from .rundir import existing_results, readable_checkpoint_step, resolve_run_dir
 
@@ -742,6 +748,9 @@ class Trainer:
 
         Returns:
             The checkpoint's path.
+
+        Raises:
+            DiskFullError: no space left for it; the earlier checkpoints are intact.
         """
         if self.run_dir is None:
             raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
@@ -749,13 +758,26 @@ class Trainer:
         path = self.checkpoint_dir / "last.pt"
         state = self.state_dict()
         if self.is_main_process:
-            if self._last_is_good:
-                # an older good checkpoint survives whatever happens to the new one
-                keep_previous(path, self.checkpoint_dir / "previous.pt")
-            atomic_save(state, path)
+            with self._naming_what_is_kept():
+                if self._last_is_good:
+                    # an older good checkpoint survives whatever happens to the new one
+                    keep_previous(path, self.checkpoint_dir / "previous.pt")
+                atomic_save(state, path)
         self.last_checkpoint_step = self.step
         self._last_is_good = True
         return path
+
+    @contextlib.contextmanager
+    def _naming_what_is_kept(self) -> Iterator[None]:
+        """A full disk inside the block: say which run it is and which checkpoint is kept."""
+        try:
+            yield
+        except DiskFullError as exc:
+            raise exc.with_context(
+                run_dir=self.run_dir,
+                kept=self.kept_checkpoint_message(),
+                resumable=self.last_checkpoint_step is not None,
+            ) from None
 
     def _read_checkpoint(self, path: Path | None) -> dict[str, Any]:
         """The checkpoint to resume; a corrupt one names an older one that loads, if any."""
@@ -951,7 +973,8 @@ class Trainer:
         if self.val_data is not None:
             with preserve_torch_threads():
                 report, embeddings, _ = self._rank("val")
-            self._emit("on_validation_end", report, embeddings)
+            with self._naming_what_is_kept():  # best.pt
+                self._emit("on_validation_end", report, embeddings)
         if self.run_dir is not None:
             self.save_checkpoint()
 
