@@ -81,7 +81,12 @@ from .errors import (
     TrainingInterrupted,
 )
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
-from .rundir import existing_results, readable_checkpoint_step, resolve_run_dir
+from .rundir import (
+    existing_results,
+    readable_checkpoint_step,
+    remove_stale_temporaries,
+    resolve_run_dir,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -869,6 +874,7 @@ class Trainer:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.run_dir)  # of writes a killed run never finished
         if self.config is not None:
             import yaml
 
