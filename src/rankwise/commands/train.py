@@ -42,15 +42,14 @@ FLAGS = {
 
 
 def _read_run_config(run_dir: Path) -> dict[str, Any]:
-    """The saved config of a run as a dict (empty when missing: the resume reports it)."""
-    import yaml
+    """The saved config of a run as a dict (empty when unreadable: the resume reports it)."""
+    from ..training import ConfigError
+    from ..training.config import read_config_file
 
-    path = run_dir / "config.yaml"
     try:
-        data = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    except yaml.YAMLError:
-        data = {}
-    return data if isinstance(data, dict) else {}
+        return read_config_file(run_dir / "config.yaml")
+    except ConfigError:
+        return {}
 
 
 def _join_process_group(config: dict[str, Any], device: str | None) -> int:

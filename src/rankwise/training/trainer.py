@@ -72,7 +72,7 @@ from .checkpoint import (
     load_checkpoint,
     restore_rng_state,
 )
-from .config import Config, config_from_dict
+from .config import Config, config_from_dict, read_config_file
 from .errors import (
     ConfigError,
     CorruptCheckpointError,
@@ -372,11 +372,11 @@ class Trainer:
         self.seed = _positive_int(seed, "seed", 0)
         self.num_workers = _positive_int(num_workers, "num_workers", 0)
         self.eval_batch_size = _positive_int(eval_batch_size, "eval_batch_size")
-        self.eval_ks = tuple(sorted({_positive_int(k, "eval_ks", 1) for k in eval_ks}))
-        if not self.eval_ks:
-            raise ValueError("`eval_ks` must hold at least one positive integer.")
-        self.deterministic = check_bool(deterministic, "deterministic")
         from ..metrics import pr_curve, retrieval_metrics
+        from ..metrics._inputs import check_ks
+
+        self.eval_ks = tuple(sorted(check_ks(eval_ks, "eval_ks")))
+        self.deterministic = check_bool(deterministic, "deterministic")
 
         for fn, fn_name in ((metric_fn, "metric_fn"), (curve_fn, "curve_fn")):
             if fn is not None and not callable(fn):
@@ -643,10 +643,8 @@ class Trainer:
         Returns:
             The trainer, at the step of the checkpoint.
         """
-        import yaml
-
         run_dir = resolve_run_dir(run_dir)
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
+        data = read_config_file(run_dir / "config.yaml")
         data["output_dir"] = str(run_dir)
         if num_workers is not None:
             data["num_workers"] = num_workers
