@@ -9,6 +9,7 @@ compares them with a single process.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -395,6 +396,28 @@ threads: 1
 """
 
 
+def lingering_threads() -> list[str]:
+    """Threads besides the main one that would still run at interpreter exit.
+
+    Python's non-daemon threads, and the native threads of a process group (gloo's worker and
+    transport loops, the TCPStore server): alive while the interpreter shuts down, they can touch
+    Python objects it is freeing and abort the process ("terminate called without an active
+    exception", exit -6).
+    """
+    names = [
+        t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon
+    ]
+    tasks = Path("/proc/self/task")  # Linux: the name of every native thread
+    for task in tasks.iterdir() if tasks.is_dir() else ():
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        if "gloo" in name or "tcpstore" in name:
+            names.append(name)
+    return sorted(names)
+
+
 def case_digits(rank: int, world: int, out_dir: Path) -> dict:
     """The uninterrupted 2-process run of what `rankwise train -c digits.yaml` does."""
     from rankwise.training import load_config
@@ -422,6 +445,9 @@ def case_digits(rank: int, world: int, out_dir: Path) -> dict:
         "map": result.test.map,
         "cli_exit": cli.exit_code,
         "cli_output": cli.output,
+        # what the command left behind it (nothing: it joined the group and must leave it)
+        "group_after_cli": dist.is_initialized(),
+        "threads_after_cli": lingering_threads(),
     }
 
 

@@ -119,6 +119,7 @@ def test_separate_gallery_and_similarity(saved):
         (lambda t: [t / "garbage.npy", t / "labels.npy"], "garbage.npy is not a numeric .npy"),
         (lambda t: [t / "garbage.pt", t / "labels.npy"], "could not read garbage.pt"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--ks", "1,x"], "--ks"),
+        (lambda t: [t / "emb.npy", t / "labels.npy", "--ks", "99999999999999999999999"], "--ks"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--similarity", "l1"], "`similarity`"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--gallery", t / "emb.npy"], "both --gallery"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--plot-pr", t / "pr.jpg"], ".png"),

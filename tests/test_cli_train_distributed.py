@@ -59,6 +59,11 @@ def test_stopped_and_resumed_two_process_run_matches_the_uninterrupted_one(
     resume = f"torchrun --nproc-per-node 2 -m rankwise train --resume {run_dir}"
     assert resume in " ".join(rank0["cli_output"].split())
     assert "stopped after" not in rank1["cli_output"]  # rank 1 prints nothing
+    # the command left the process group and stopped its threads: none runs at interpreter exit
+    # (a gloo thread alive then aborted a rank under load, exit -6)
+    for rank in (rank0, rank1):
+        assert not rank["group_after_cli"]
+        assert rank["threads_after_cli"] == []
     assert load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"] == 6
     resumed = launch_ranks(["-m", "rankwise", "train", "--resume", str(run_dir)])
     assert "resuming" in resumed[0] and "MAP" in resumed[0]

@@ -98,3 +98,23 @@ def test_train_has_seed_and_data_dir_as_the_readme_says(tmp_path):
     assert "Test results of the model selected on validation mAP (step 2 of 2)" in text
     # without a terminal, progress is plain log lines, one per print
     assert any(line.startswith("auc on digits: step 2/2") for line in result.output.splitlines())
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["train", "-c"], ["hash", "train", "--config"], ["bench", "--config"], ["tune", "--config"]],
+    ids=["train", "hash", "bench", "tune"],
+)
+@pytest.mark.parametrize("content", ["list", "binary"])
+def test_every_command_names_a_config_file_that_is_not_a_mapping(tmp_path, command, content):
+    # issue 19, item 8: a bare ValueError (a YAML list) or UnicodeDecodeError (a binary file)
+    path = tmp_path / "config.yaml"
+    if content == "list":
+        path.write_text("- dataset: {name: digits}\n- loss: {name: auc}\n")
+    else:
+        path.write_bytes(bytes(range(256)) * 4)
+    result = runner.invoke(app, [*command, str(path), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("config error:") and str(path) in text
+    assert "a YAML mapping of sections" in text and "Traceback" not in result.output

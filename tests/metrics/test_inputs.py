@@ -92,6 +92,21 @@ def test_empty_ks_is_refused_by_the_function_and_the_module_alike():
             RetrievalMetric(ks=ks)
 
 
+@pytest.mark.parametrize("ks", [(10**30,), 10**30, (1, 2**63), [np.uint64(2**63)]])
+def test_a_cutoff_past_int64_is_refused_with_the_range_not_an_overflow(ks):
+    # issue 19, item 8: ks=(10**30,) ended in "OverflowError: Python int too large to convert"
+    match = r"`ks` must hold integers from 1 to 2\*\*63 - 1 \(9223372036854775807\)"
+    with pytest.raises(ValueError, match=match):
+        retrieval_metrics(X, Y, ks=ks)
+    with pytest.raises(ValueError, match=match):
+        RetrievalMetric(ks=ks)
+
+
+def test_the_largest_cutoff_counts_the_whole_list():
+    report = retrieval_metrics(X, Y, ks=(2**63 - 1,))
+    assert report.recall_at[2**63 - 1] == 1.0
+
+
 def test_retrieval_metric_update_applies_the_functions_label_rules():
     metric = RetrievalMetric()
     with pytest.raises(ValueError, match="multi-hot `labels` must contain only 0 and 1"):

@@ -244,3 +244,38 @@ def test_bench_plan_applies_run_overrides_to_every_loss_after_the_switch(tmp_pat
         plan_bench(
             base(), losses=["soprc"], seeds=[0], output=tmp_path, run_overrides={"loss.name": "auc"}
         )
+
+
+# -- issue 19, item 8: config files that are not a mapping of sections; cut-offs past int64 -------
+
+BAD_CONFIG_FILES = {
+    "a YAML list": (b"- dataset: {name: digits}\n- loss: {name: auc}\n", "its top level is a list"),
+    "a number": (b"42\n", "its top level is a number"),
+    "a binary file": (bytes(range(256)) * 4, "not a UTF-8 text file"),
+    "invalid YAML": (b"dataset: {name: digits\nloss: [\n", "not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("content", sorted(BAD_CONFIG_FILES))
+def test_a_config_file_that_is_not_a_mapping_of_sections_is_named_in_one_line(tmp_path, content):
+    data, why = BAD_CONFIG_FILES[content]
+    path = tmp_path / "config.yaml"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert str(path) in message and why in message and "\n" not in message
+    if content != "invalid YAML":
+        assert "a YAML mapping of sections" in message
+
+
+def test_eval_ks_past_int64_is_a_config_error_before_training():
+    with pytest.raises(ConfigError, match=r"eval_ks.*2\*\*63 - 1"):
+        config_from_dict({"dataset": {"name": "digits"}, "eval_ks": [1, 10**30]})
+    with pytest.raises(ValueError, match=r"`eval_ks` must hold integers from 1 to 2\*\*63 - 1"):
+        Trainer(
+            torch.nn.Linear(2, 2),
+            torch.nn.MSELoss(),
+            torch.utils.data.TensorDataset(torch.zeros(4, 2), torch.zeros(4)),
+            eval_ks=(10**30,),
+        )

@@ -60,16 +60,15 @@ def default_config_path(dataset: str) -> Path:
 
 
 def read_base_config(dataset: str | None, config: Path | None) -> dict:
-    """The base config of a sweep (``bench`` / ``tune``), parsed with ``yaml.safe_load``.
+    """The base config of a sweep (``bench`` / ``tune``), read by ``read_config_file``.
 
     ``--config FILE``, else the dataset's default ``configs/<dataset>.yaml``.
 
     Raises:
         ConfigError: neither option given, a missing file, invalid YAML, or not a mapping.
     """
-    import yaml
-
     from ..training import ConfigError
+    from ..training.config import read_config_file
 
     if config is None and dataset is None:
         raise ConfigError("pass --dataset NAME or --config base.yaml.")
@@ -79,13 +78,7 @@ def read_base_config(dataset: str | None, config: Path | None) -> dict:
         raise ConfigError(str(exc)) from None
     if not path.is_file():
         raise ConfigError(f"--config: file {str(path)!r} does not exist.")
-    try:
-        base = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(base, dict):
-        raise ConfigError(f"{path}: a config must be a mapping of sections.")
-    return base
+    return read_config_file(path)
 
 
 def option_overrides(

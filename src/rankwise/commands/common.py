@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from .._disk import DiskFullError, disk_full_cause
 from .._extras import MissingDependencyError
 
 if TYPE_CHECKING:  # typer and rich are imported where used: the exit codes need neither
@@ -25,6 +26,7 @@ if TYPE_CHECKING:  # typer and rich are imported where used: the exit codes need
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_CONFIG",
+    "EXIT_DISK_FULL",
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_MISSING_DEPENDENCY",
@@ -40,6 +42,7 @@ EXIT_FAILED = 1  # the run itself failed: a non-finite loss, a collapsed model
 EXIT_CONFIG = 2  # a configuration error, reported before any training (as click's usage errors)
 EXIT_BAD_INPUT = 2  # unreadable or invalid input files (``rankwise evaluate``)
 EXIT_MISSING_DEPENDENCY = 3  # an optional dependency is missing: install the extra it names
+EXIT_DISK_FULL = 4  # no space left to write a result: free space (earlier checkpoints are intact)
 EXIT_INTERRUPTED = 130  # Ctrl-C after a checkpoint (128 + SIGINT, as shells report it)
 EXIT_TERMINATED = 143  # SIGTERM after a checkpoint (128 + SIGTERM: timeout, SLURM, Kubernetes)
 
@@ -157,6 +160,20 @@ def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
     return (f"{what} interrupted: " if what != "training" else "") + text
 
 
+def _no_space_text(exc: BaseException, what: str) -> str | None:
+    """The one-line message of a write that found no space left (``None``: not that)."""
+    cause = disk_full_cause(exc)
+    if cause is None:
+        return None
+    if isinstance(cause, DiskFullError):  # a checkpoint or result file of rankwise
+        text = str(cause)
+        if what == "training" and cause.resumable and cause.run_dir is not None:
+            text += f" Then resume with: rankwise train --resume {cause.run_dir}"
+        return text
+    where = f" writing {cause.filename}" if cause.filename else ""
+    return f"no space left on device{where}; free space there."
+
+
 def _exit_for(
     exc: BaseException, err: Console, flags: Mapping[str, str], what: str, note: str = ""
 ) -> int | None:
@@ -167,6 +184,10 @@ def _exit_for(
     if isinstance(exc, MissingDependencyError):
         err.print(f"[red]missing dependency:[/red] {escape(text)}", soft_wrap=True)
         return EXIT_MISSING_DEPENDENCY
+    no_space = _no_space_text(exc, what)
+    if no_space is not None:
+        err.print(f"[red]error:[/red] {escape(no_space)}", soft_wrap=True)
+        return EXIT_DISK_FULL
     known = _training_errors()
     if known:
         config_error, failed, interrupted, corrupt = known
@@ -213,7 +234,10 @@ def cli_errors(
     Ctrl-C and 143 for SIGTERM; any other interruption -> ``<what> interrupted``, the same
     codes; ``NonFiniteLossError`` (and its subclasses) ->
     ``<what> failed: ...``, exit 1; :class:`~rankwise._extras.MissingDependencyError` -> the
-    extra to install, exit 3; an exception of ``bad_input`` -> ``error: <first line>``, exit 2.
+    extra to install, exit 3; a write that found no space left (a
+    :class:`~rankwise._disk.DiskFullError`, or any ``OSError`` ENOSPC / EDQUOT, also inside
+    torch's ``RuntimeError``) -> ``error: no space left on device ...``, exit 4; an exception
+    of ``bad_input`` -> ``error: <first line>``, exit 2.
     Anything else propagates (a bug: its traceback is wanted).
 
     Args:

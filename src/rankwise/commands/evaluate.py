@@ -159,13 +159,18 @@ def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
-    """``"1,10,100"`` -> (1, 10, 100); raises ValueError on anything but positive integers."""
+    """``"1,10,100"`` -> (1, 10, 100); raises ValueError on anything but cut-offs in range."""
+    from ..metrics._inputs import MAX_CUTOFF
+
+    message = (
+        f"--ks must be comma-separated integers from 1 to 2**63 - 1 ({MAX_CUTOFF}), got {text!r}."
+    )
     try:
         ks = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError as exc:
-        raise ValueError(f"--ks must be comma-separated positive integers, got {text!r}.") from exc
-    if not ks or any(k < 1 for k in ks):
-        raise ValueError(f"--ks must be comma-separated positive integers, got {text!r}.")
+        raise ValueError(message) from exc
+    if not ks or any(not 1 <= k <= MAX_CUTOFF for k in ks):
+        raise ValueError(message)
     return ks
 
 

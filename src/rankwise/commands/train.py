@@ -5,7 +5,8 @@ resumption of an interrupted run (``--resume RUN_DIR``), following the image-ret
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
 Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the
 selected model). Configuration errors end with a message naming the key and exit code 2; Ctrl-C
-(SIGTERM) saves a checkpoint and exits with code 130 (143); a NaN/inf loss exits with code 1.
+(SIGTERM) saves a checkpoint and exits with code 130 (143); a NaN/inf loss exits with code 1; a
+full disk exits with code 4 (the earlier checkpoints are intact).
 
 Under ``torchrun --nproc-per-node N -m rankwise train ...`` every process runs this command and
 the run is data-parallel (:class:`~rankwise.training.distributed.DistributedTrainer`, backend
@@ -43,15 +44,14 @@ FLAGS = {
 
 
 def _read_run_config(run_dir: Path) -> dict[str, Any]:
-    """The saved config of a run as a dict (empty when missing: the resume reports it)."""
-    import yaml
+    """The saved config of a run as a dict (empty when unreadable: the resume reports it)."""
+    from ..training import ConfigError
+    from ..training.config import read_config_file
 
-    path = run_dir / "config.yaml"
     try:
-        data = yaml.safe_load(path.read_text()) if path.is_file() else {}
-    except yaml.YAMLError:
-        data = {}
-    return data if isinstance(data, dict) else {}
+        return read_config_file(run_dir / "config.yaml")
+    except ConfigError:
+        return {}
 
 
 def _join_process_group(config: dict[str, Any], device: str | None) -> int:
@@ -187,6 +187,7 @@ def train(
         "data_dir": data_dir,
         "seed": seed,
     }
+    failure: BaseException | None = None
     try:
         with cli_errors("training", FLAGS) as err:
             trainer, rank = _build_trainer(
@@ -203,8 +204,12 @@ def train(
                 result = trainer.fit(max_steps=max_steps)
                 saved.append(result.status)
                 _print_result(console, result)
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        _leave_process_group()
+        trainer = None  # its DDP wrapper holds the process group, which must end now
+        _leave_process_group(failure)
 
 
 @contextmanager
@@ -260,14 +265,12 @@ def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
             raise typer.Exit(128 + signum) from None
 
 
-def _leave_process_group() -> None:
-    """Under torchrun, leave the process group this command joined."""
-    import torch.distributed as dist
+def _leave_process_group(failure: BaseException | None) -> None:
+    """Under torchrun, leave the process group this command joined and stop its threads."""
+    from ..training.distributed import launched_by_torchrun, shutdown_distributed
 
-    from ..training.distributed import launched_by_torchrun
-
-    if launched_by_torchrun() and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if launched_by_torchrun():
+        shutdown_distributed(failure)
 
 
 def _build_trainer(

@@ -250,21 +250,17 @@ def load_hash_config(path: str | Path | None = None, overrides: Sequence[str] = 
     Raises:
         rankwise.training.ConfigError: unreadable file, unknown key, invalid value.
     """
-    import yaml
     from pydantic import ValidationError
 
-    from ..training.config import ConfigError, apply_overrides, config_from_dict, parse_overrides
+    from ..training.config import (
+        ConfigError,
+        apply_overrides,
+        config_from_dict,
+        parse_overrides,
+        read_config_file,
+    )
 
-    if path is None:
-        data: dict[str, Any] = DEFAULT_HASH_CONFIG
-    else:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist.")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data: dict[str, Any] = DEFAULT_HASH_CONFIG if path is None else read_config_file(path)
     data = apply_overrides(data, parse_overrides(overrides))
     section = data.pop("hash", None) or {}
     try:

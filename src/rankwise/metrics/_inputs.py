@@ -19,6 +19,7 @@ from .._validation import Interval, as_tensor, check_embeddings, check_labels, c
 from ..similarity import check_similarity
 
 __all__ = [
+    "MAX_CUTOFF",
     "QueryGallery",
     "check_chunk_size",
     "check_device",
@@ -151,17 +152,39 @@ def check_query_gallery(
     return QueryGallery(q.detach(), ql, g.detach(), gl, gallery is None, similarity, dev)
 
 
-def check_ks(ks: Any) -> tuple[int, ...]:
-    """Cut-offs of R@k / P@k: a positive integer or a non-empty sequence of them (deduplicated)."""
+# the largest cut-off: cut-offs become int64 on their way to the kernels; a cut-off past a ranked
+# list counts the whole list, so nothing is lost by this bound
+MAX_CUTOFF = 2**63 - 1
+
+
+def check_ks(ks: Any, name: str = "ks") -> tuple[int, ...]:
+    """Cut-offs of R@k / P@k: a positive integer or a non-empty sequence of them (deduplicated).
+
+    Args:
+        ks: the cut-offs.
+        name: the argument's name, for the messages (``"eval_ks"`` for the trainer's).
+
+    Returns:
+        The cut-offs as Python ints, duplicates removed, in the order given.
+
+    Raises:
+        ValueError: naming ``name``: not integers, < 1, or past :data:`MAX_CUTOFF`.
+    """
     if isinstance(ks, (int, np.integer)) and not isinstance(ks, (bool, np.bool_)):
         ks = (ks,)
     try:
         ks = tuple(ks)
     except TypeError:
-        raise ValueError(f"`ks` must be a sequence of positive integers, got {ks!r}.") from None
+        raise ValueError(f"`{name}` must be a sequence of positive integers, got {ks!r}.") from None
     if not ks:
-        raise ValueError("`ks` is empty; pass at least one cut-off, e.g. ks=(1, 10, 100).")
-    checked = [check_scalar(k, "ks", Interval("integer", 1, None)) for k in ks]
+        raise ValueError(f"`{name}` is empty; pass at least one cut-off, e.g. {name}=(1, 10, 100).")
+    checked = [check_scalar(k, name, Interval("integer", 1, None)) for k in ks]
+    too_large = [k for k in checked if k > MAX_CUTOFF]
+    if too_large:
+        raise ValueError(
+            f"`{name}` must hold integers from 1 to 2**63 - 1 ({MAX_CUTOFF}), got {too_large[0]}; "
+            "a cut-off at least as long as the ranked list counts the whole list."
+        )
     return tuple(dict.fromkeys(checked))
 
 

@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import yaml
 
 from .._signals import signal_number_of
 from .build import load_splits, preflight
 from .checkpoint import atomic_write_text
-from .config import Config, ConfigError, apply_overrides, config_from_dict
+from .config import Config, ConfigError, apply_overrides, config_from_dict, read_config_file
 from .errors import TrainingInterrupted
 from .lock import lock_run_dir
 from .rundir import prepare_sweep_dir
@@ -393,7 +392,7 @@ def _check_same_config(run: BenchRun, run_dir: Path) -> None:
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         return
-    saved = yaml.safe_load(saved_path.read_text()) or {}
+    saved = read_config_file(saved_path)
     if _comparable(saved) != _comparable(run.config.to_dict()):
         raise ConfigError(
             f"output: the run in {str(run_dir)!r} was trained with another config than this "

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from .checkpoint import atomic_save, atomic_write_text, load_checkpoint
-from .errors import CollapsedEmbeddingsError, NonFiniteLossError
+from .errors import CollapsedEmbeddingsError, ConfigError, NonFiniteLossError
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -183,7 +183,9 @@ class MetricsLogger(Callback):
     The losses of the steps since the last record are checkpointed, so a run resumed between two
     records logs the same mean as an uninterrupted run. On resume the file is cut back to the
     records of the checkpoint's step (a crash between checkpoints leaves later ones; they are
-    replayed) and the test record is dropped (the final test runs again).
+    replayed) and the test record is dropped (the final test runs again). A last line cut short
+    (the run was killed while appending it; its step came after the checkpoint) is dropped with
+    a note; any other line that is not a JSON record is corruption (a ``ConfigError``).
 
     Args:
         log_every: steps between training records.
@@ -201,10 +203,29 @@ class MetricsLogger(Callback):
         self._window_start = time.perf_counter()
         self._path: Path | None = None
 
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self) -> tuple[list[dict[str, Any]], bool]:
+        """The records of the file, and whether a torn last line was dropped."""
         if self._path is None or not self._path.is_file():
-            return []
-        return [json.loads(line) for line in self._path.read_text().splitlines() if line]
+            return [], False
+        lines = self._path.read_text(encoding="utf-8", errors="replace").splitlines()
+        numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+        records: list[dict[str, Any]] = []
+        for n, line in numbered:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            elif record is None and n == numbered[-1][0]:
+                return records, True  # cut short by a kill while it was appended
+            else:
+                raise ConfigError(
+                    f"run_dir: {self._path} line {n} is not a JSON record, so the file is "
+                    "corrupt (a killed run cuts short its last line only); repair or delete "
+                    "that line, then resume."
+                )
+        return records, False
 
     def _rewrite(self) -> None:
         if self._path is not None:
@@ -228,9 +249,18 @@ class MetricsLogger(Callback):
         if trainer.step == 0:
             self.records = []
         elif self._path is not None:
+            saved, torn = self._read()
+            if torn:
+                trainer.console.print(
+                    f"note: dropped a torn last record in {self._path} (written when the run "
+                    "was killed; its step is after the checkpoint and runs again).",
+                    soft_wrap=True,
+                    markup=False,
+                    highlight=False,
+                )
             self.records = [
                 r
-                for r in self._read()
+                for r in saved
                 if int(r.get("step", 0)) <= trainer.step and r.get("kind") != "test"
             ]
         else:

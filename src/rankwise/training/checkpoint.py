@@ -5,7 +5,9 @@ beyond the network weights: the auxiliary score vector ``v`` of Eq. (10) (a loss
 optimizer moments, the sampler position and the RNG streams. This module writes that state
 atomically (temporary file in the destination directory, ``fsync``, ``os.replace``, ``fsync`` of
 the directory) so an interruption never leaves a truncated checkpoint, and it stores only tensors
-and primitive containers so checkpoints load with ``torch.load(..., weights_only=True)``.
+and primitive containers so checkpoints load with ``torch.load(..., weights_only=True)``. A write
+that fails for want of space raises :class:`~rankwise.training.errors.DiskFullError`, which says
+how much space the file needs against what is free.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import shutil
 import tempfile
 import threading
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 
+from .._disk import DiskFullError, disk_full_cause
 from .errors import CorruptCheckpointError
 
 __all__ = [
@@ -59,7 +63,39 @@ def _umask() -> int:
     return mask
 
 
-def _atomic_write(path: Path, write) -> None:
+class _ByteCounter:
+    """A write-only file that keeps nothing: how many bytes a writer produces."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+
+def _free_bytes(directory: Path) -> int | None:
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def _no_space(path: Path, write: Callable[[IO[bytes]], Any]) -> DiskFullError:
+    """The error of a write of ``path`` that ran out of space (the file's full size measured)."""
+    counter = _ByteCounter()
+    try:
+        write(counter)  # type: ignore[arg-type]
+        needed: int | None = counter.size
+    except Exception:  # noqa: BLE001 - the size is a detail of the message, never a new failure
+        needed = None
+    return DiskFullError(path, needed, _free_bytes(path.parent))
+
+
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -72,23 +108,33 @@ def _atomic_write(path: Path, write) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
+    except BaseException as exc:
         # interrupted or failed: remove the partial file, keep the previous checkpoint intact
         try:
             os.unlink(tmp_name)
         except FileNotFoundError:
             pass
+        if disk_full_cause(exc) is not None:  # torch's own error hides it (a 65-line trace)
+            raise _no_space(path, write) from exc
         raise
     _fsync_dir(path.parent)
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to ``path`` atomically: readers see the old file or the complete new one."""
+    """``torch.save`` to ``path`` atomically: readers see the old file or the complete new one.
+
+    Raises:
+        DiskFullError: no space left for the file (``path`` is left as it was).
+    """
     _atomic_write(Path(path), lambda handle: torch.save(obj, handle))
 
 
 def atomic_write_text(text: str, path: str | Path) -> None:
-    """Write a text file atomically (same protocol as :func:`atomic_save`)."""
+    """Write a text file atomically (same protocol as :func:`atomic_save`).
+
+    Raises:
+        DiskFullError: no space left for the file (``path`` is left as it was).
+    """
     _atomic_write(Path(path), lambda handle: handle.write(text.encode()))
 
 
@@ -144,6 +190,9 @@ def keep_previous(path: str | Path, previous: str | Path) -> bool:
 
     Returns:
         Whether a copy was made.
+
+    Raises:
+        DiskFullError: no space left for a copy (``previous`` is left as it was).
     """
     path, previous = Path(path), Path(previous)
     if not path.is_file():
@@ -151,10 +200,18 @@ def keep_previous(path: str | Path, previous: str | Path) -> bool:
     tmp = previous.with_name(f".{previous.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     try:
-        os.link(path, tmp)
-    except OSError:  # no hard links here (some network / FAT file systems): copy
-        shutil.copyfile(path, tmp)
-    os.replace(tmp, previous)
+        try:
+            os.link(path, tmp)
+        except OSError:  # no hard links here (some network / FAT file systems): copy
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, previous)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)  # ``previous`` keeps its older copy
+        if disk_full_cause(exc) is not None:
+            raise DiskFullError(
+                previous, path.stat().st_size, _free_bytes(previous.parent)
+            ) from exc
+        raise
     return True
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "config_from_dict",
     "load_config",
     "parse_overrides",
+    "read_config_file",
     "switch_loss",
 ]
 
@@ -259,8 +260,13 @@ class Config(_Strict):
     @field_validator("eval_ks")
     @classmethod
     def _ks(cls, value: list[int]) -> list[int]:
-        if not value or any(k <= 0 for k in value):
-            raise ValueError(f"eval_ks must be a non-empty list of positive ints, got {value}.")
+        from ..metrics._inputs import MAX_CUTOFF
+
+        if not value or any(not 1 <= k <= MAX_CUTOFF for k in value):
+            raise ValueError(
+                "eval_ks must be a non-empty list of integers from 1 to 2**63 - 1 "
+                f"({MAX_CUTOFF}), got {value}."
+            )
         return sorted(set(value))
 
     @field_validator("dataset")
@@ -394,6 +400,69 @@ def switch_loss(
     )
 
 
+_WHAT_A_CONFIG_IS = "a config is a YAML mapping of sections (dataset:, model:, loss:, ...)"
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """What is wrong with a YAML text, in one line (where, when PyYAML knows)."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _top_level_kind(data: Any) -> str:
+    if isinstance(data, list):
+        return "a list"
+    if isinstance(data, str):
+        return "a string"
+    if isinstance(data, (bool, int, float)):
+        return "a number" if not isinstance(data, bool) else "a boolean"
+    return f"a {type(data).__name__}"
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The sections of a YAML config file as a plain mapping (``{}`` for an empty file).
+
+    The one reader of config files: ``rankwise train`` / ``hash`` / ``bench`` / ``tune`` and the
+    ``config.yaml`` of a run directory.
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        Its top-level mapping.
+
+    Raises:
+        ConfigError: one line naming the file: it does not exist or cannot be read, is not UTF-8
+            text (e.g. a binary file), is not valid YAML, or its top level is not a mapping.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist.")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not a UTF-8 text file (byte {exc.start} is not UTF-8); {_WHAT_A_CONFIG_IS}."
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror or exc}).") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(exc)}).") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: {_WHAT_A_CONFIG_IS}, but its top level is {_top_level_kind(data)}."
+        )
+    return data
+
+
 def load_config(
     path: str | Path, overrides: Sequence[str] = (), notes: list[str] | None = None
 ) -> Config:
@@ -412,16 +481,11 @@ def load_config(
         The validated config.
 
     Raises:
-        ConfigError: unreadable file, malformed override, unknown key / loss / dataset, or a value
-            that fails validation; the message names the dotted key.
+        ConfigError: unreadable file or not a mapping of sections (:func:`read_config_file`),
+            malformed override, unknown key / loss / dataset, or a value that fails validation;
+            the message names the dotted key.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist.")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = read_config_file(path)
     parsed = parse_overrides(overrides)
     data, note = switch_loss(data, parsed)
     if note is not None and notes is not None:

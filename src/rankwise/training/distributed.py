@@ -32,7 +32,10 @@ Launch with ``torchrun --nproc-per-node N -m rankwise train -c CONFIG`` (see doc
 
 from __future__ import annotations
 
+import gc
+import importlib
 import os
+import traceback
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -59,7 +62,7 @@ from .._validation import Interval, check_choice, check_scalar
 from .build import seed_everything
 from .callbacks import Callback
 from .checkpoint import capture_rng_state, restore_rng_state
-from .errors import ConfigError, ReplicaDivergenceError
+from .errors import ConfigError, DiskFullError, ReplicaDivergenceError
 from .loader import BatchSampler, mix_seed
 from .lock import RunDirLock
 from .trainer import Trainer
@@ -77,6 +80,7 @@ __all__ = [
     "init_distributed",
     "launched_by_torchrun",
     "replica_checksums",
+    "shutdown_distributed",
 ]
 
 GRADIENT_REDUCTIONS = ("mean", "sum")
@@ -158,9 +162,60 @@ def init_distributed(
             kwargs["timeout"] = timedelta(seconds=float(timeout_s))
         if chosen == "nccl":
             kwargs["device_id"] = dev
+        # torch.distributed.nn.functional stores the default group as the default argument of
+        # its functions when it is first imported (DistributedDataParallel imports it): imported
+        # after the group exists, it keeps the group, its gloo threads and its TCPStore alive
+        # for good, past destroy_process_group, until they die with the interpreter (see
+        # shutdown_distributed). Imported before, it stores None.
+        importlib.import_module("torch.distributed.nn.functional")
         dist.init_process_group(**kwargs)
     rank, world = rank_and_world_size()
     return DistributedContext(rank, world, local_rank, str(dist.get_backend()), dev)
+
+
+def _release_frames(failure: BaseException) -> None:
+    """Drop the local variables of the finished frames of ``failure`` (and of its causes)."""
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [failure]
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # frames still running are left alone
+        pending += [exc.__cause__, exc.__context__]
+
+
+def shutdown_distributed(failure: BaseException | None = None) -> None:
+    """Leave the process group and stop its threads; the last call of a data-parallel process.
+
+    A process group's threads (gloo's workers and transport loop, the TCPStore server on rank 0)
+    must end before the interpreter does: one still running while the interpreter shuts down
+    can release a tensor of the last collective there and abort the process ("terminate called
+    without an active exception", exit code -6, seen under load). The group ends only when
+    nothing holds it any more, so the objects that do (a :class:`DistributedTrainer` and its
+    ``DistributedDataParallel`` wrapper) must be unreachable: reference cycles are collected
+    here, and the frames of ``failure`` (which hold the trainer that raised it) are cleared.
+
+    On success (``failure`` ``None``) every rank first waits for the others (a barrier), so no
+    rank tears down connections, or the store rank 0 serves, under a rank still communicating.
+    After a failure there is no barrier: the other ranks may never get there. Nothing happens
+    without a process group.
+
+    Args:
+        failure: the exception that ends the process, if any.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if failure is None and is_distributed():
+            dist.barrier()
+    finally:
+        if failure is not None:
+            _release_frames(failure)
+        gc.collect()  # the trainers and their DDP wrappers: reference cycles that hold the group
+        dist.destroy_process_group()  # the last reference: the group joins its threads
 
 
 # -- the gathered batch ----------------------------------------------------------------------------
@@ -829,11 +884,23 @@ class DistributedTrainer(Trainer):
             failure, path = exc, self.checkpoint_dir / "last.pt"
         finally:
             self._pending_rng = None
-        # no rank goes on (and, say, resumes from last.pt) before rank 0 has written it
-        flag = torch.tensor([0 if failure is None else 1], device=comm_device(self.group))
+        # no rank goes on (and, say, resumes from last.pt) before rank 0 has written it;
+        # 1: rank 0 failed, 2: its disk is full (every rank then ends the same way)
+        code = 0 if failure is None else 2 if isinstance(failure, DiskFullError) else 1
+        flag = torch.tensor([code], device=comm_device(self.group))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if failure is not None:
             raise failure
+        if int(flag.item()) == 2:
+            raise DiskFullError(
+                path,
+                None,
+                None,
+                run_dir=self.run_dir,
+                kept=self.kept_checkpoint_message(),
+                resumable=self.last_checkpoint_step is not None,
+                detail="rank 0 found no space left; see its message",
+            )
         if int(flag.item()):
             raise RuntimeError(
                 f"rank 0 could not write the checkpoint {path}; see its error message."

@@ -2,7 +2,8 @@
 
 Why a training run stopped early: a configuration problem found before the first step, a
 checkpoint that cannot be read, a non-finite or collapsed model (the run failed, the last good
-checkpoint is kept), or an interruption (Ctrl-C or SIGTERM, after a checkpoint).
+checkpoint is kept), a full disk (the file being written keeps its previous content), or an
+interruption (Ctrl-C or SIGTERM, after a checkpoint).
 
 Messages name config keys (``optimizer.lr``) and Python arguments (in backticks, `` `run_dir` ``),
 never command-line flags: :mod:`rankwise.commands` rewrites them for the command line.
@@ -15,10 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._disk import DiskFullError  # a checkpoint that did not fit stops a run too
+
 __all__ = [
     "CollapsedEmbeddingsError",
     "ConfigError",
     "CorruptCheckpointError",
+    "DiskFullError",
     "NonFiniteLossError",
     "ReplicaDivergenceError",
     "TrainingInterrupted",

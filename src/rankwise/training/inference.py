@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import Config, config_from_dict
+from .config import Config, config_from_dict, read_config_file
 from .errors import ConfigError
 
 __all__ = ["IMAGE_SUFFIXES", "LoadedRun", "image_paths", "load_run"]
@@ -210,8 +210,6 @@ def load_run(
         >>> from sklearn.datasets import load_digits  # doctest: +SKIP
         >>> emb = run.embed(load_digits().images)  # (1797, 64)  # doctest: +SKIP
     """
-    import yaml
-
     from ..models import build_model
     from .checkpoint import load_checkpoint
     from .rundir import resolve_run_dir
@@ -221,7 +219,7 @@ def load_run(
         run_path = path
     else:
         run_path = resolve_run_dir(path)
-    config = config_from_dict(yaml.safe_load((run_path / "config.yaml").read_text()))
+    config = config_from_dict(read_config_file(run_path / "config.yaml"))
     source = _pick_checkpoint(run_path, checkpoint)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     state = load_checkpoint(source, map_location=dev)

@@ -5,8 +5,9 @@ holds results is never written into unless the caller asked to resume it or to o
 "Results" are the files a run produces (checkpoints, ``report.json``, a non-empty
 ``metrics.jsonl``, the PR curve) — not a ``config.yaml`` alone, which a run writes before its
 first step. This module also finds the run directories below a folder (``rankwise train --resume
-runs/digits`` when the run is ``runs/digits/auc-seed0``) and chooses which checkpoint to resume
-from when the newest is corrupt. No paper equation is implemented here.
+runs/digits`` when the run is ``runs/digits/auc-seed0``), chooses which checkpoint to resume
+from when the newest is corrupt, and removes the temporary files a killed run left. No paper
+equation is implemented here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "prepare_sweep_dir",
     "read_sweep",
     "readable_checkpoint_step",
+    "remove_stale_temporaries",
     "resolve_run_dir",
 ]
 
@@ -136,6 +138,29 @@ def readable_checkpoint_step(path: str | Path) -> int | None:
         return None
     step = state.get("step")
     return int(step) if step is not None else None
+
+
+def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
+    """Delete the temporary files of atomic writes that a killed run left in ``run_dir``.
+
+    The atomic writers of :mod:`rankwise.training.checkpoint` write ``.NAME.XXXX.tmp`` beside
+    ``NAME`` and rename it; a process killed in between (kill -9, a power cut) leaves it. Call
+    only from the one process that writes the run directory (rank 0 of a data-parallel run).
+
+    Args:
+        run_dir: a run directory.
+
+    Returns:
+        The files removed.
+    """
+    run_dir = Path(run_dir)
+    removed = []
+    for folder in (run_dir, run_dir / "checkpoints"):
+        for path in sorted(folder.glob(".*.tmp")) if folder.is_dir() else ():
+            if path.is_file():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
 
 
 # -- sweeps (bench, tune) --------------------------------------------------------------------------

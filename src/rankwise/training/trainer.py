@@ -72,11 +72,22 @@ from .checkpoint import (
     load_checkpoint,
     restore_rng_state,
 )
-from .config import Config, config_from_dict
-from .errors import ConfigError, CorruptCheckpointError, NonFiniteLossError, TrainingInterrupted
+from .config import Config, config_from_dict, read_config_file
+from .errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    DiskFullError,
+    NonFiniteLossError,
+    TrainingInterrupted,
+)
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
 from .lock import RunDirLock, lock_run_dir
-from .rundir import existing_results, readable_checkpoint_step, resolve_run_dir
+from .rundir import (
+    existing_results,
+    readable_checkpoint_step,
+    remove_stale_temporaries,
+    resolve_run_dir,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -368,11 +379,11 @@ class Trainer:
         self.seed = _positive_int(seed, "seed", 0)
         self.num_workers = _positive_int(num_workers, "num_workers", 0)
         self.eval_batch_size = _positive_int(eval_batch_size, "eval_batch_size")
-        self.eval_ks = tuple(sorted({_positive_int(k, "eval_ks", 1) for k in eval_ks}))
-        if not self.eval_ks:
-            raise ValueError("`eval_ks` must hold at least one positive integer.")
-        self.deterministic = check_bool(deterministic, "deterministic")
         from ..metrics import pr_curve, retrieval_metrics
+        from ..metrics._inputs import check_ks
+
+        self.eval_ks = tuple(sorted(check_ks(eval_ks, "eval_ks")))
+        self.deterministic = check_bool(deterministic, "deterministic")
 
         for fn, fn_name in ((metric_fn, "metric_fn"), (curve_fn, "curve_fn")):
             if fn is not None and not callable(fn):
@@ -754,11 +765,9 @@ class Trainer:
         Returns:
             The trainer, at the step of the checkpoint.
         """
-        import yaml
-
         run_dir = resolve_run_dir(run_dir)
         with cls._lock_run_dir(run_dir, "run_dir", resume=True):  # before config.yaml is read
-            data = yaml.safe_load((run_dir / "config.yaml").read_text())
+            data = read_config_file(run_dir / "config.yaml")
             data["output_dir"] = str(run_dir)
             if num_workers is not None:
                 data["num_workers"] = num_workers
@@ -873,6 +882,9 @@ class Trainer:
 
         Returns:
             The checkpoint's path.
+
+        Raises:
+            DiskFullError: no space left for it; the earlier checkpoints are intact.
         """
         if self.run_dir is None:
             raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
@@ -880,13 +892,26 @@ class Trainer:
         path = self.checkpoint_dir / "last.pt"
         state = self.state_dict()
         if self.is_main_process:
-            if self._last_is_good:
-                # an older good checkpoint survives whatever happens to the new one
-                keep_previous(path, self.checkpoint_dir / "previous.pt")
-            atomic_save(state, path)
+            with self._naming_what_is_kept():
+                if self._last_is_good:
+                    # an older good checkpoint survives whatever happens to the new one
+                    keep_previous(path, self.checkpoint_dir / "previous.pt")
+                atomic_save(state, path)
         self.last_checkpoint_step = self.step
         self._last_is_good = True
         return path
+
+    @contextlib.contextmanager
+    def _naming_what_is_kept(self) -> Iterator[None]:
+        """A full disk inside the block: say which run it is and which checkpoint is kept."""
+        try:
+            yield
+        except DiskFullError as exc:
+            raise exc.with_context(
+                run_dir=self.run_dir,
+                kept=self.kept_checkpoint_message(),
+                resumable=self.last_checkpoint_step is not None,
+            ) from None
 
     def _read_checkpoint(self, path: Path | None) -> dict[str, Any]:
         """The checkpoint to resume; a corrupt one names an older one that loads, if any."""
@@ -978,6 +1003,7 @@ class Trainer:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(self.run_dir)  # of writes a killed run never finished
         if self.config is not None:
             import yaml
 
@@ -1082,7 +1108,8 @@ class Trainer:
         if self.val_data is not None:
             with preserve_torch_threads():
                 report, embeddings, _ = self._rank("val")
-            self._emit("on_validation_end", report, embeddings)
+            with self._naming_what_is_kept():  # best.pt
+                self._emit("on_validation_end", report, embeddings)
         if self.run_dir is not None:
             self.save_checkpoint()
 
