@@ -146,3 +146,14 @@ def test_distance_dtype_widens_past_255_bits():
     codes = random_codes(3, 300)
     dist = hamming_distances(codes, -codes)
     assert dist.dtype == np.uint16 and (np.diag(dist) == 300).all()
+
+
+def test_distances_of_packed_codes_of_different_word_types():
+    q, db = random_codes(4, 70, seed=5), random_codes(9, 70, seed=6)
+    expected = hamming_distances(q, db)
+    for q_words in ("uint8", "uint16", "uint32", "uint64"):
+        for db_words in ("uint8", "uint16", "uint32", "uint64"):
+            got = hamming_distances(
+                as_packed_codes(q).to(q_words), as_packed_codes(db).to(db_words)
+            )
+            assert np.array_equal(got, expected)

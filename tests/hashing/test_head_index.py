@@ -16,6 +16,7 @@ from rankwise.hashing import (
     build_hashing_model,
     hamming_distances,
     pack_codes,
+    unpack_codes,
 )
 
 
@@ -192,3 +193,39 @@ def test_index_errors_name_the_problem(tmp_path):
         HammingIndex.load(bad)
     empty = HammingIndex(8)
     assert empty.radius_search(random_codes(2, 8), 3)[0].tolist() == [0, 0, 0]
+
+
+WORD_TYPES = ("uint8", "uint16", "uint32", "uint64")
+
+
+@pytest.mark.parametrize("bits", [12, 70])
+@pytest.mark.parametrize("query_words", WORD_TYPES)
+@pytest.mark.parametrize("index_words", WORD_TYPES)
+def test_packed_codes_of_any_word_type_search_like_the_matching_type(
+    bits, index_words, query_words
+):
+    """The kernels read words of the index's type: a PackedCodes of another word type (added or
+    searched) is repacked, so every pair gives the matched-type (and brute-force) results."""
+    from rankwise.hashing import as_packed_codes
+
+    database = random_codes(60, bits, seed=7)
+    queries = random_codes(6, bits, seed=8)
+    packed_db = as_packed_codes(database)
+    index = HammingIndex(bits)
+    index.add(packed_db.rows(slice(0, 25)).to(index_words))
+    index.add(database[25:])  # a second chunk in the narrowest type
+    q = as_packed_codes(queries).to(query_words)
+    full = hamming_distances(queries, database)
+    lims, dist, ids = index.radius_search(q, bits // 2)
+    for i in range(len(queries)):
+        expected = np.flatnonzero(full[i] <= bits // 2)
+        expected = expected[np.argsort(full[i, expected], kind="stable")]
+        assert np.array_equal(ids[lims[i] : lims[i + 1]], expected)
+        assert np.array_equal(dist[lims[i] : lims[i + 1]], full[i, expected])
+    dist, ids = index.search(q, 10)
+    ref_dist, ref_ids = brute_force_knn(queries, database, 10)
+    assert np.array_equal(dist, ref_dist) and np.array_equal(ids, ref_ids)
+    matched_dist, matched_ids = index.search(queries, 10)
+    assert np.array_equal(dist, matched_dist) and np.array_equal(ids, matched_ids)
+    assert index.codes().bits == bits
+    assert torch.equal(unpack_codes(index.codes()), torch.from_numpy(database))

@@ -20,7 +20,7 @@ from numba import njit, prange
 
 from .._threads import keeps_torch_threads
 from .._validation import Interval, check_scalar
-from .codes import PackedCodes, as_packed_codes, code_distance
+from .codes import PackedCodes, _word_dtype, as_packed_codes, code_distance
 
 __all__ = ["HammingIndex"]
 
@@ -138,7 +138,9 @@ class HammingIndex:
             raise ValueError(
                 f"`{name}` has {packed.bits}-bit codes but the index holds {self.bits}-bit codes."
             )
-        return packed
+        # the kernels read both sides with the index's word size: a PackedCodes of another word
+        # type (e.g. uint8 bytes against uint64 words) is repacked, the bits stay the same
+        return packed.to(_word_dtype(self.bits))
 
     def add(self, codes: Any, ids: Any = None) -> None:
         """Append codes (any form accepted by :func:`rankwise.hashing.as_packed_codes`).
