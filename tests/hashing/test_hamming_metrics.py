@@ -262,3 +262,26 @@ def test_chunking_does_not_change_anything():
     assert whole.to_dict() == parts.to_dict()
     text = str(whole)
     assert "Hamming retrieval (20 bits" in text and "tie-breaking range" in text
+
+
+def test_empty_inputs_get_their_own_messages():
+    q, db = random_codes(3, 8), random_codes(40, 8, 1)
+    labels = np.arange(40) % 3
+    with pytest.raises(ValueError, match="`query_codes` is empty") as info:
+        hamming_retrieval_metrics(q[:0], np.zeros(0, np.int64), db, labels)
+    assert "relevant" not in str(info.value)
+    with pytest.raises(ValueError, match="`query_codes` is empty"):
+        hamming_retrieval_metrics(q[:0], np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="`database_codes` is empty") as info:
+        hamming_retrieval_metrics(q, [0, 1, 2], db[:0], labels[:0])
+    assert "itself" not in str(info.value)
+    with pytest.raises(ValueError, match="a single code ranked against itself"):
+        hamming_retrieval_metrics(q[:1], [0])
+
+
+def test_unsigned_zero_one_codes_are_refused_not_read_as_packed_bytes():
+    """torch.uint8 {0, 1} codes gave a report of 96 bits for 12-bit codes."""
+    q = torch.from_numpy(random_codes(6, 12) > 0).to(torch.uint8)
+    with pytest.raises(ValueError, match=r"`query_codes`.*only 0 and 1"):
+        hamming_retrieval_metrics(q, np.arange(6) % 2)
+    assert hamming_retrieval_metrics(q.bool(), np.arange(6) % 2).bits == 12

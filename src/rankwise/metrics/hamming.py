@@ -35,7 +35,7 @@ import torch
 from numba import njit, prange
 
 from .._threads import keeps_torch_threads
-from .._validation import Interval, as_tensor, check_scalar
+from .._validation import Interval, as_tensor, check_labels, check_scalar
 from ..hashing.codes import PackedCodes, as_packed_codes, check_same_bits, code_distance, popcount
 from ._kernels import RelevantGroupCounts
 from .ranking import (
@@ -399,17 +399,8 @@ def _label_array(labels: Any, n: int, name: str) -> np.ndarray:
             f"`{name}` must be (n,) class ids or an (n, C) multi-hot matrix with one row per code "
             f"({n}), got shape {tuple(t.shape)}."
         )
-    arr = t.detach().cpu().numpy()
-    if arr.ndim == 2:
-        if arr.dtype != np.bool_ and not np.isin(arr, (0, 1)).all():
-            raise ValueError(f"multi-hot `{name}` must contain only 0 and 1 (or be bool).")
-        return arr.astype(np.bool_)
-    if arr.dtype.kind == "f":
-        if not np.isfinite(arr).all() or not (arr == np.round(arr)).all():
-            raise ValueError(f"`{name}` must hold integer class ids, got non-integer floats.")
-    elif arr.dtype.kind not in "iu":
-        raise ValueError(f"`{name}` must hold integer class ids, got dtype {arr.dtype}.")
-    return arr.astype(np.int64)
+    # the label rule of every metric and loss: int64 class ids, or bool multi-hot of 0/1 values
+    return check_labels(t.detach(), n, name, device="cpu").numpy()
 
 
 def _pack_labels(hot: np.ndarray) -> np.ndarray:
@@ -737,6 +728,8 @@ def hamming_retrieval_metrics(
     """
     check_ties(ties)
     q = as_packed_codes(query_codes, "query_codes", bits)
+    if len(q) == 0:
+        raise ValueError("`query_codes` is empty (0 codes); pass at least one query code.")
     leave_one_out = database_codes is None
     if leave_one_out:
         if database_labels is not None:
@@ -746,13 +739,21 @@ def hamming_retrieval_metrics(
         if database_labels is None:
             raise ValueError("`database_codes` was given without `database_labels`; pass both.")
         db = as_packed_codes(database_codes, "database_codes", bits)
+        if len(db) == 0:
+            raise ValueError(
+                "`database_codes` is empty (0 codes); pass at least one database code, or "
+                "database_codes=None to rank the queries against each other."
+            )
         check_same_bits(q, db, "query_codes", "database_codes")
         if db.words.dtype != q.words.dtype:
             db = db.to(q.words.dtype)
     n_q, n_db = len(q), len(db)
     n_ranked = n_db - 1 if leave_one_out else n_db
-    if n_ranked < 1:
-        raise ValueError("the database is empty (a single code ranked against itself).")
+    if n_ranked < 1:  # leave-one-out over a single code
+        raise ValueError(
+            "`query_codes` holds a single code and no database was given: leave-one-out ranks "
+            "nothing (a single code ranked against itself); pass more codes or database_codes."
+        )
     if ks is None:
         ks = tuple(k for k in (1, 10, 100) if k <= n_ranked)
     ks = _check_ks(ks, n_ranked)
