@@ -189,16 +189,16 @@ def _from_packed(arr: np.ndarray, bits: int | None, name: str) -> PackedCodes:
             )
         bits = arr.shape[1] * word_bits
     expected = -(-bits // word_bits)
+    if arr.shape[1] != expected and zero_one and arr.shape[1] == bits:
+        raise ValueError(
+            f"`{name}` has {bits} columns of {arr.dtype} 0s and 1s, but unsigned integers are read "
+            f"as packed words ({bits}-bit codes take {expected}); pass unpacked {{0, 1}} codes as "
+            "bool or ±1 (e.g. codes.bool())."
+        )
     if arr.shape[1] != expected:
-        hint = ""
-        if zero_one and arr.shape[1] == bits:
-            hint = (
-                "; unsigned integers are read as packed words: pass unpacked {0, 1} codes as "
-                "bool or ±1 (e.g. codes.bool())"
-            )
         raise ValueError(
             f"`{name}` holds {arr.shape[1]} {arr.dtype} words per code, but {bits}-bit codes "
-            f"take {expected}; pass the `bits` the codes were packed with{hint}."
+            f"take {expected}; pass the `bits` the codes were packed with."
         )
     arr = np.ascontiguousarray(arr)
     _check_padding(arr, bits, name)
@@ -248,7 +248,7 @@ def as_packed_codes(codes: Any, name: str = "codes", bits: int | None = None) ->
 
     Returns:
         :class:`PackedCodes` with the narrowest word type (uint8 / 16 / 32 for codes of up to
-        8 / 16 / 32 bits, uint64 words beyond).
+        8 / 16 / 32 bits, uint64 words beyond); a :class:`PackedCodes` is returned as it is.
 
     Raises:
         ValueError: not 2-D, no columns, values outside ``{-1, +1}`` / ``{0, 1}``, non-zero
