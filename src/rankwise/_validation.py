@@ -101,19 +101,28 @@ def check_labels(
     device: torch.device | str | None = None,
     allow_multi_hot: bool = True,
 ) -> torch.Tensor:
-    """Validate labels: 1-D integer class ids of length ``n``, or an (n, C) multi-hot 0/1 matrix."""
+    """Validate labels: 1-D integer class ids of length ``n``, or an (n, C) multi-hot 0/1 matrix.
+
+    The one rule for multi-hot labels everywhere (metrics, hashing metrics, losses): a 2-D array
+    of any dtype other than bool must hold only 0 and 1 (an integer 2 or -1 is not silently read
+    as "has the label"); an ``(n, 1)`` array of other values gets a hint towards 1-D class ids.
+    """
     t = as_tensor(y, name, device)
     if t.ndim == 2 and allow_multi_hot:
         if t.shape[0] != n:
             raise ValueError(f"`{name}` has {t.shape[0]} rows but the embeddings have {n}.")
-        if t.is_floating_point():
-            if not bool(((t == 0) | (t == 1)).all()):
+        if t.dtype != torch.bool and not bool(((t == 0) | (t == 1)).all()):
+            if t.shape[1] == 1:
                 raise ValueError(
-                    f"multi-hot `{name}` must contain only 0 and 1; got other values "
-                    "(pass a bool / 0-1 matrix, one column per label)."
+                    f"`{name}` has shape {tuple(t.shape)}: a 2-D label array is read as multi-hot "
+                    "(0/1 per label), but it holds other values; pass 1-D class ids instead "
+                    f"({name}.reshape(-1))."
                 )
-        t = t.to(torch.bool)
-        return t
+            raise ValueError(
+                f"multi-hot `{name}` must contain only 0 and 1; got other values "
+                "(pass a bool / 0-1 matrix, one column per label, or 1-D class ids)."
+            )
+        return t.to(torch.bool)
     if t.ndim != 1:
         hint = " or an (n, C) multi-hot matrix" if allow_multi_hot else ""
         raise ValueError(

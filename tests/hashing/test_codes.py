@@ -146,3 +146,34 @@ def test_distance_dtype_widens_past_255_bits():
     codes = random_codes(3, 300)
     dist = hamming_distances(codes, -codes)
     assert dist.dtype == np.uint16 and (np.diag(dist) == 300).all()
+
+
+def test_distances_of_packed_codes_of_different_word_types():
+    q, db = random_codes(4, 70, seed=5), random_codes(9, 70, seed=6)
+    expected = hamming_distances(q, db)
+    for q_words in ("uint8", "uint16", "uint32", "uint64"):
+        for db_words in ("uint8", "uint16", "uint32", "uint64"):
+            got = hamming_distances(
+                as_packed_codes(q).to(q_words), as_packed_codes(db).to(db_words)
+            )
+            assert np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize(
+    "convert",
+    [lambda c: torch.from_numpy(c).to(torch.uint8), lambda c: c.astype(np.uint8)],
+    ids=["torch.uint8", "numpy.uint8"],
+)
+def test_unsigned_zero_one_codes_are_ambiguous_and_refused(convert):
+    """12 columns of 0/1 bytes: 12-bit unpacked codes or 96-bit packed codes? Not guessed."""
+    zero_one = convert((random_codes(5, 12) > 0).astype(np.uint8))
+    with pytest.raises(ValueError, match=r"`query_codes`.*only 0 and 1.*bool.*bits=") as info:
+        as_packed_codes(zero_one, "query_codes")
+    assert len(str(info.value).splitlines()) == 1
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        hamming_distances(zero_one)
+    # intent stated: bool codes are 12-bit codes, an explicit `bits` reads packed words
+    assert as_packed_codes(np.asarray(zero_one, dtype=bool)).bits == 12
+    assert as_packed_codes(zero_one, bits=96).bits == 96
+    # packed words with any value above 1 are unambiguous
+    assert as_packed_codes(pack_codes(random_codes(5, 16), "uint8")).bits == 16

@@ -262,3 +262,62 @@ def test_chunking_does_not_change_anything():
     assert whole.to_dict() == parts.to_dict()
     text = str(whole)
     assert "Hamming retrieval (20 bits" in text and "tie-breaking range" in text
+
+
+def test_empty_inputs_get_their_own_messages():
+    q, db = random_codes(3, 8), random_codes(40, 8, 1)
+    labels = np.arange(40) % 3
+    with pytest.raises(ValueError, match="`query_codes` is empty") as info:
+        hamming_retrieval_metrics(q[:0], np.zeros(0, np.int64), db, labels)
+    assert "relevant" not in str(info.value)
+    with pytest.raises(ValueError, match="`query_codes` is empty"):
+        hamming_retrieval_metrics(q[:0], np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="`database_codes` is empty") as info:
+        hamming_retrieval_metrics(q, [0, 1, 2], db[:0], labels[:0])
+    assert "itself" not in str(info.value)
+    with pytest.raises(ValueError, match="a single code ranked against itself"):
+        hamming_retrieval_metrics(q[:1], [0])
+
+
+def test_unsigned_zero_one_codes_are_refused_not_read_as_packed_bytes():
+    """torch.uint8 {0, 1} codes gave a report of 96 bits for 12-bit codes."""
+    q = torch.from_numpy(random_codes(6, 12) > 0).to(torch.uint8)
+    with pytest.raises(ValueError, match=r"`query_codes`.*only 0 and 1"):
+        hamming_retrieval_metrics(q, np.arange(6) % 2)
+    assert hamming_retrieval_metrics(q.bool(), np.arange(6) % 2).bits == 12
+
+
+@pytest.mark.parametrize("offset", [0.0, 50.0])
+def test_pairs_exactly_at_a_quantile_threshold_keep_their_level(offset):
+    """from_quantiles puts a threshold exactly on a pair's distance (np.quantile at an integral
+    position); calling the affinity must give that pair the threshold's level in every trial.
+    The call used to compute distances by another formula (|q|² + |g|² - 2qᵀg), whose rounding
+    dropped the pair at the quantile in about a third of the trials."""
+    n = 42  # 861 pairs: the 0.5 and 0.25 quantiles are the distances of pairs 431 and 216
+    rows, cols = np.triu_indices(n, 1)
+    for seed in range(40):
+        x = np.random.default_rng(seed).normal(size=(n, 6)) + offset
+        aff = EuclideanThresholdAffinity.from_quantiles(x, (0.5, 0.25), (1, 2))
+        levels = aff(x, x)
+        for a, b in ((rows, cols), (cols, rows)):
+            pair_levels = levels[a, b]
+            assert ((pair_levels >= 1).sum(), (pair_levels == 2).sum()) == (431, 216), seed
+
+
+def test_printed_report_rows_are_aligned_and_grouped():
+    q, db = random_codes(20, 12), random_codes(300, 12, 1)
+    rng = np.random.default_rng(0)
+    report = hamming_retrieval_metrics(
+        q, rng.integers(0, 3, 20), db, rng.integers(0, 3, 300), ks=(1, 10, 100)
+    )
+    lines = str(report).splitlines()
+    rows = [line for line in lines[1:] if not line.lstrip().startswith("tie-breaking")]
+    names = [line.split()[0] for line in rows]
+    value_columns = {line.rindex(" ") for line in rows}
+    assert len(value_columns) == 1, "\n".join(lines)  # every value starts in the same column
+    for metric in ("AP", "recall", "precision", "NDCG"):
+        at = [i for i, name in enumerate(names) if name.startswith(f"{metric}@")]
+        assert [names[i] for i in at] == [f"{metric}@{k}" for k in (1, 10, 100)]
+        assert at == list(range(at[0], at[0] + 3)), names  # a metric's cut-offs stay together
+    assert {"mAP", "MAP@R", "R-precision", "NDCG"} <= set(names)
+    assert lines[-1].lstrip().startswith("tie-breaking range")

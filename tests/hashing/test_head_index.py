@@ -16,6 +16,7 @@ from rankwise.hashing import (
     build_hashing_model,
     hamming_distances,
     pack_codes,
+    unpack_codes,
 )
 
 
@@ -192,3 +193,71 @@ def test_index_errors_name_the_problem(tmp_path):
         HammingIndex.load(bad)
     empty = HammingIndex(8)
     assert empty.radius_search(random_codes(2, 8), 3)[0].tolist() == [0, 0, 0]
+
+
+WORD_TYPES = ("uint8", "uint16", "uint32", "uint64")
+
+
+@pytest.mark.parametrize("bits", [12, 70])
+@pytest.mark.parametrize("query_words", WORD_TYPES)
+@pytest.mark.parametrize("index_words", WORD_TYPES)
+def test_packed_codes_of_any_word_type_search_like_the_matching_type(
+    bits, index_words, query_words
+):
+    """The kernels read words of the index's type: a PackedCodes of another word type (added or
+    searched) is repacked, so every pair gives the matched-type (and brute-force) results."""
+    from rankwise.hashing import as_packed_codes
+
+    database = random_codes(60, bits, seed=7)
+    queries = random_codes(6, bits, seed=8)
+    packed_db = as_packed_codes(database)
+    index = HammingIndex(bits)
+    index.add(packed_db.rows(slice(0, 25)).to(index_words))
+    index.add(database[25:])  # a second chunk in the narrowest type
+    q = as_packed_codes(queries).to(query_words)
+    full = hamming_distances(queries, database)
+    lims, dist, ids = index.radius_search(q, bits // 2)
+    for i in range(len(queries)):
+        expected = np.flatnonzero(full[i] <= bits // 2)
+        expected = expected[np.argsort(full[i, expected], kind="stable")]
+        assert np.array_equal(ids[lims[i] : lims[i + 1]], expected)
+        assert np.array_equal(dist[lims[i] : lims[i + 1]], full[i, expected])
+    dist, ids = index.search(q, 10)
+    ref_dist, ref_ids = brute_force_knn(queries, database, 10)
+    assert np.array_equal(dist, ref_dist) and np.array_equal(ids, ref_ids)
+    matched_dist, matched_ids = index.search(queries, 10)
+    assert np.array_equal(dist, matched_dist) and np.array_equal(ids, matched_ids)
+    assert index.codes().bits == bits
+    assert torch.equal(unpack_codes(index.codes()), torch.from_numpy(database))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_codes_are_added_and_searched_like_float32(dtype):
+    database = torch.from_numpy(random_codes(30, 20, seed=9))
+    queries = torch.from_numpy(random_codes(4, 20, seed=10))
+    half, full = HammingIndex(20), HammingIndex(20)
+    half.add(database.to(dtype))
+    full.add(database.to(torch.float32))
+    got = half.search(queries.to(dtype), 7)
+    expected = full.search(queries.to(torch.float32), 7)
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    lims, _, ids = half.radius_search(queries.to(dtype), 8)
+    lims_f, _, ids_f = full.radius_search(queries, 8)
+    assert np.array_equal(lims, lims_f) and np.array_equal(ids, ids_f)
+
+
+def test_searching_an_empty_index_says_it_is_empty():
+    empty = HammingIndex(8)
+    with pytest.raises(ValueError, match=r"the index is empty.*HammingIndex.add") as info:
+        empty.search(random_codes(2, 8), 1)
+    assert "k <= 0" not in str(info.value)
+
+
+def test_unsigned_zero_one_codes_are_not_silently_read_as_packed_bytes():
+    """(n, 12) torch.uint8 {0, 1} codes could be 12-bit unpacked codes or 96-bit packed bytes."""
+    zero_one = torch.from_numpy(random_codes(10, 12) > 0).to(torch.uint8)
+    index = HammingIndex(12)
+    with pytest.raises(ValueError, match=r"`codes`.*\{0, 1\}.*bool"):
+        index.add(zero_one)
+    index.add(zero_one.bool())  # stated intent: one bit per column
+    assert index.ntotal == 10

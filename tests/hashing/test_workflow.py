@@ -191,3 +191,34 @@ def test_untrained_codes_are_calibrated_not_collapsed():
     assert len(torch.unique(codes, dim=0)) > len(codes) // 2
     # every bit is balanced to within sampling error: the head's inputs are centred
     assert codes.float().mean(0).abs().max() < 0.5
+
+
+@pytest.mark.parametrize("command, prefix", [("evaluate", "evaluation"), ("train", "results")])
+def test_cli_help_names_the_files_it_writes(tmp_path, command, prefix):
+    from rankwise.hashing.workflow import write_report
+
+    results = [MethodResult("talr", 12, 0.5, (0.4, 0.6), 0.8)]
+    written = [p.name for p in write_report(results, tmp_path, prefix=prefix)]
+    help_text = (
+        CliRunner().invoke(build_app(), ["hash", command, "--help"], env={"COLUMNS": "200"}).output
+    )
+    for name in written:
+        assert name in help_text, (name, help_text)
+    # no other name for them (`hash evaluate --help` said table.md and tie_ranges.png)
+    assert "table.md" not in help_text.replace(f"{prefix}_table.md", "")
+    assert "tie_ranges.png" not in help_text.replace(f"{prefix}_tie_ranges.png", "")
+
+
+def test_untrained_runs_get_a_run_directory(sweep):
+    """docs/hashing.md: each run is a run directory <output>/<method>/<bits>bits, untrained too."""
+    out, _ = sweep
+    results = {(r["method"], r["bits"]): r for r in json.loads((out / "results.json").read_text())}
+    for bits in (8, 12):
+        run_dir = out / "untrained" / f"{bits}bits"
+        assert results[("untrained", bits)]["run_dir"] == str(run_dir)
+        assert (
+            yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["embedding_dim"] == bits
+        )
+        report = json.loads((run_dir / "report.json").read_text())
+        assert report["status"] == "completed" and report["steps"] == 0
+        assert report["test"]["map"] == pytest.approx(results[("untrained", bits)]["map"], abs=0)

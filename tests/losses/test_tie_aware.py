@@ -387,3 +387,22 @@ def test_dpsh_multi_hot_similarity_and_validation():
     with pytest.raises(ValueError, match="no pair"):
         loss(codes[:1], hot[:1])
     assert F.softplus(torch.tensor(1000.0)).isfinite()  # the stable form never overflows
+
+
+@pytest.mark.parametrize("bad", [2, -1])
+@pytest.mark.parametrize("make_loss", [TieAwareAPLoss, TieAwareNDCGLoss, lambda bits: DPSHLoss()])
+def test_integer_multi_hot_labels_must_be_zero_one_as_for_the_metrics(make_loss, bad):
+    """An integer multi-hot matrix was cast to bool unchecked (2 -> 1, -1 -> has the label),
+    while hamming_retrieval_metrics rejects it: both now apply the same rule."""
+    hot = torch.tensor([[1, 0], [1, 1], [0, 1], [0, 1], [1, 0], [0, 1]])
+    wrong = hot.clone()
+    wrong[0, 1] = bad
+    codes = relaxed_codes(6, 4)
+    loss = make_loss(4)
+    loss(codes, hot)  # 0 / 1 integers are fine
+    with pytest.raises(ValueError, match="multi-hot `labels` must contain only 0 and 1"):
+        loss(codes, wrong)
+    with pytest.raises(ValueError, match="multi-hot `ref_labels` must contain only 0 and 1"):
+        loss(codes, hot, codes, wrong)
+    with pytest.raises(ValueError, match="multi-hot `query_labels` must contain only 0 and 1"):
+        hamming_retrieval_metrics(torch.sign(codes), wrong)

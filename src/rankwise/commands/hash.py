@@ -112,7 +112,11 @@ def train_command(
         False, "--overwrite", help="Retrain runs that already exist in --output."
     ),
 ) -> None:
-    """Train TALR and the baselines at every code length; print the tie-aware mAP table."""
+    """Train TALR and the baselines at every code length; print the tie-aware mAP table.
+
+    Every run is a run directory <output>/<method>/<bits>bits; the sweep writes results.json,
+    results_table.md and results_tie_ranges.png into --output.
+    """
     console = output_console(140)
     extra = _overrides(overrides or [], dataset, bits, objective, methods, device, quick)
     with cli_errors("training", FLAGS) as err:
@@ -144,8 +148,9 @@ def evaluate_command(
 ) -> None:
     """Re-evaluate the selected checkpoint of every run of a sweep by Hamming ranking.
 
-    Writes ``evaluation.json``, ``table.md`` (tie-aware mAP / NDCG per method and code length)
-    and ``tie_ranges.png`` (mAP range over all tie-breakings, the paper's Fig. 3).
+    Writes, into the sweep directory, evaluation.json, evaluation_table.md (tie-aware mAP / NDCG
+    per method and code length) and evaluation_tie_ranges.png (mAP range over all
+    tie-breakings, the paper's Fig. 3).
     """
     console = output_console(140)
     with cli_errors("evaluation", FLAGS, bad_input=(FileNotFoundError, ValueError)):

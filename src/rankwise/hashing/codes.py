@@ -15,8 +15,10 @@ Accepted code inputs (numpy arrays or torch tensors), everywhere in :mod:`rankwi
 * ``{-1, +1}`` codes of any signed integer or floating dtype, shape ``(n, b)``;
 * ``{0, 1}`` codes as ``bool`` or a signed integer / floating dtype (``0 -> -1``);
 * packed codes: an unsigned integer array (``uint8``, ``uint16``, ``uint32``, ``uint64``) of
-  words in the layout above, with ``bits`` giving ``b`` (default: every bit of the words);
-* a :class:`PackedCodes`.
+  words in the layout above, with ``bits`` giving ``b`` (default: every bit of the words). An
+  unsigned array holding only 0 and 1 is ambiguous (``x.byte()`` of ``{0, 1}`` codes looks like
+  packed words) and refused unless ``bits`` is given: pass unpacked codes as ``bool`` or ``±1``;
+* a :class:`PackedCodes` (of any word type: it is repacked where another one is needed).
 """
 
 from __future__ import annotations
@@ -174,9 +176,25 @@ def _check_padding(words: np.ndarray, bits: int, name: str) -> None:
 
 def _from_packed(arr: np.ndarray, bits: int | None, name: str) -> PackedCodes:
     word_bits = arr.dtype.itemsize * 8
+    # an unsigned array of 0s and 1s may as well be unpacked {0, 1} codes (e.g. `x.byte()`):
+    # 12 such columns are 12-bit codes or 96-bit packed codes, so the caller has to say which
+    zero_one = arr.size > 0 and int(arr.max()) <= 1
     if bits is None:
+        if zero_one:
+            raise ValueError(
+                f"`{name}` is an unsigned integer ({arr.dtype}) array holding only 0 and 1: "
+                f"unpacked {{0, 1}} codes of {arr.shape[1]} bits, or packed words of "
+                f"{arr.shape[1] * word_bits} bits? Pass unpacked codes as bool or ±1 (e.g. "
+                "codes.bool()), packed words with bits= (or as a PackedCodes)."
+            )
         bits = arr.shape[1] * word_bits
     expected = -(-bits // word_bits)
+    if arr.shape[1] != expected and zero_one and arr.shape[1] == bits:
+        raise ValueError(
+            f"`{name}` has {bits} columns of {arr.dtype} 0s and 1s, but unsigned integers are read "
+            f"as packed words ({bits}-bit codes take {expected}); pass unpacked {{0, 1}} codes as "
+            "bool or ±1 (e.g. codes.bool())."
+        )
     if arr.shape[1] != expected:
         raise ValueError(
             f"`{name}` holds {arr.shape[1]} {arr.dtype} words per code, but {bits}-bit codes "
@@ -230,11 +248,12 @@ def as_packed_codes(codes: Any, name: str = "codes", bits: int | None = None) ->
 
     Returns:
         :class:`PackedCodes` with the narrowest word type (uint8 / 16 / 32 for codes of up to
-        8 / 16 / 32 bits, uint64 words beyond).
+        8 / 16 / 32 bits, uint64 words beyond); a :class:`PackedCodes` is returned as it is.
 
     Raises:
         ValueError: not 2-D, no columns, values outside ``{-1, +1}`` / ``{0, 1}``, non-zero
-            padding bits, or ``bits`` inconsistent with the array.
+            padding bits, ``bits`` inconsistent with the array, or an unsigned array of only 0
+            and 1 without ``bits`` (unpacked ``{0, 1}`` codes or packed words? see above).
     """
     if bits is not None and (
         isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits < 1

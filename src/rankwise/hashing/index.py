@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from numba import njit, prange
 
 from .._threads import keeps_torch_threads
 from .._validation import Interval, check_scalar
-from .codes import PackedCodes, as_packed_codes, code_distance
+from .codes import PackedCodes, _word_dtype, as_packed_codes, code_distance
 
 __all__ = ["HammingIndex"]
 
@@ -138,7 +139,9 @@ class HammingIndex:
             raise ValueError(
                 f"`{name}` has {packed.bits}-bit codes but the index holds {self.bits}-bit codes."
             )
-        return packed
+        # the kernels read both sides with the index's word size: a PackedCodes of another word
+        # type (e.g. uint8 bytes against uint64 words) is repacked, the bits stay the same
+        return packed.to(_word_dtype(self.bits))
 
     def add(self, codes: Any, ids: Any = None) -> None:
         """Append codes (any form accepted by :func:`rankwise.hashing.as_packed_codes`).
@@ -190,6 +193,8 @@ class HammingIndex:
             insertion order.
         """
         k = check_scalar(k, "k", Interval("integer", 1, None))
+        if self._size == 0:
+            raise ValueError("the index is empty (0 codes); add codes with HammingIndex.add first.")
         if k > self._size:
             raise ValueError(
                 f"`k`={k} exceeds the {self._size} codes in the index; pass k <= {self._size}."
@@ -272,7 +277,7 @@ class HammingIndex:
 
 
 def _is_packed(codes: Any) -> bool:
-    if isinstance(codes, PackedCodes):
-        return False
-    dtype = getattr(codes, "dtype", None)
-    return dtype is not None and np.dtype(str(dtype).replace("torch.", "")).kind == "u"
+    """Whether ``codes`` is an array of unsigned words (read as packed codes of the index's bits)."""
+    if isinstance(codes, torch.Tensor):
+        return not codes.is_floating_point() and not codes.is_signed() and codes.dtype != torch.bool
+    return isinstance(codes, np.ndarray) and codes.dtype.kind == "u"

@@ -41,7 +41,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
-from ..training import NonFiniteLossError, Trainer
+from ..training import NonFiniteLossError, RunResult, Trainer
 from ..training.lock import lock_run_dir
 from .head import HashingHead, HashingModel, binarize, build_hashing_model
 
@@ -458,7 +458,7 @@ class MethodResult:
         map_range: ``(worst, best)`` mAP over every tie-breaking (Fig. 3).
         ndcg: tie-aware NDCG.
         report: the full report as a dict.
-        run_dir: where the run lives (``None`` for ``untrained``).
+        run_dir: where the run lives (``<output>/<method>/<bits>bits``, ``untrained`` too).
         best_step: the selected step.
         seconds: training time.
         error: why the run failed (a diverged or collapsed run), else None.
@@ -612,15 +612,36 @@ def _untrained(cfg, settings, splits) -> nn.Module:
     return calibrate_batch_norm(model, splits.train, cfg.eval_batch_size)
 
 
+def _run_untrained(cfg, settings, bits, splits) -> MethodResult:
+    """The untrained baseline in a run directory like every other run: config, report, result."""
+    import time
+
+    import yaml
+
+    from ..training.checkpoint import atomic_write_text
+
+    run_dir = cfg.resolved_output_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), run_dir / "config.yaml")
+    start = time.perf_counter()
+    model = _untrained(cfg, settings, splits)
+    report = evaluate_codes(model, splits, batch_size=cfg.eval_batch_size)
+    seconds = time.perf_counter() - start
+    run = RunResult(run_dir, "completed", 0, seconds, None, None, report, config=cfg.to_dict())
+    atomic_write_text(json.dumps(run.to_dict(), indent=2) + "\n", run_dir / "report.json")
+    result = _result("untrained", bits, report, run_dir, seconds=seconds)
+    atomic_write_text(json.dumps(result.to_dict(), indent=2) + "\n", run_dir / "hash_result.json")
+    return result
+
+
 def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> MethodResult:
-    if method == "untrained":
-        model = _untrained(cfg, settings, splits)
-        return _result(method, bits, evaluate_codes(model, splits, batch_size=cfg.eval_batch_size))
     run_dir = cfg.resolved_output_dir()
     done = run_dir / "hash_result.json"
     if done.is_file() and not overwrite:
         data = json.loads(done.read_text())
         return MethodResult(**{**data, "map_range": tuple(data["map_range"])})
+    if method == "untrained":
+        return _run_untrained(cfg, settings, bits, splits)
     resume = (run_dir / "checkpoints" / "last.pt").is_file() and not overwrite
     trainer = build_hash_trainer(
         cfg,
@@ -764,13 +785,12 @@ def evaluate_sweep(output: str | Path, device: str | None = None) -> list[Method
         for method in settings.methods:
             cfg = method_config(config, settings, method, bits, output)
             dev = resolve_device(device or cfg.device)
-            run_dir, best_step = None, None
+            run_dir, best_step = cfg.resolved_output_dir(), None
             if method == "untrained":
                 model = _untrained(cfg, settings, splits).to(dev)
             else:
                 seed_everything(cfg.seed)
                 model = _build_model(cfg, method, settings, splits.train.input_shape).to(dev)
-                run_dir = cfg.resolved_output_dir()
                 path = run_dir / "checkpoints" / "best.pt"
                 if not path.is_file():
                     results.append(_failed(method, bits, run_dir, f"no checkpoint {path}"))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._validation import Interval, as_tensor, check_embeddings, check_labels, check_scalar
+from .._validation import Interval, check_embeddings, check_labels, check_scalar
 from ..similarity import check_similarity
 
 __all__ = [
@@ -86,21 +86,8 @@ def check_device(device: Any, query: Any) -> torch.device:
 
 
 def check_label_array(labels: Any, n: int, name: str, device: torch.device) -> torch.Tensor:
-    """Class ids (n,) or multi-hot (n, C) of 0/1 values, with a hint for (n, 1) class ids."""
-    t = as_tensor(labels, name)
-    if t.ndim == 2 and t.dtype != torch.bool and not t.is_complex():
-        if not bool(((t == 0) | (t == 1)).all()):
-            if t.shape[1] == 1:
-                raise ValueError(
-                    f"`{name}` has shape {tuple(t.shape)}: a 2-D label array is read as multi-hot "
-                    "(0/1 per label), but it holds other values; pass 1-D class ids instead "
-                    f"({name}.reshape(-1))."
-                )
-            raise ValueError(
-                f"multi-hot `{name}` must contain only 0 and 1; got other values "
-                "(pass a bool / 0-1 matrix, one column per label, or 1-D class ids)."
-            )
-    return check_labels(t, n, name, device)
+    """Class ids (n,) or multi-hot (n, C) of 0/1 values (the rule of ``check_labels``)."""
+    return check_labels(labels, n, name, device)
 
 
 def check_query_gallery(

@@ -35,7 +35,7 @@ import torch
 from numba import njit, prange
 
 from .._threads import keeps_torch_threads
-from .._validation import Interval, as_tensor, check_scalar
+from .._validation import Interval, as_tensor, check_labels, check_scalar
 from ..hashing.codes import PackedCodes, as_packed_codes, check_same_bits, code_distance, popcount
 from ._kernels import RelevantGroupCounts
 from .ranking import (
@@ -64,6 +64,9 @@ AFFINITIES = ("labels", "shared_labels")
 # Working memory of one chunk of queries: its histograms and, for dense affinities, its
 # (chunk, n_database) affinity block (one byte per pair).
 _CHUNK_BYTES = 64 * 2**20
+# relative rounding bound, per feature, of the squared distances |q|² + |g|² - 2 qᵀg (float64
+# unit roundoff 1.1e-16, with a wide margin): pairs this close to a threshold are recomputed
+_GRAM_SLACK = 1e-15
 
 
 # -- affinities ------------------------------------------------------------------------------------
@@ -141,7 +144,7 @@ class EuclideanThresholdAffinity:
             rows = rng.integers(0, n, max_pairs)
             cols = rng.integers(0, n - 1, max_pairs)
             cols = cols + (cols >= rows)  # uniform over j != i
-        dist = _pair_distances(x, rows, cols)
+        dist = _pair_distances(x, x, rows, cols)
         return cls(np.quantile(dist, q), levels)
 
     def __call__(self, query_features: Any, database_features: Any) -> np.ndarray:
@@ -151,8 +154,13 @@ class EuclideanThresholdAffinity:
     def against(self, database_features: Any) -> Callable[[Any], np.ndarray]:
         """``levels(query_features) -> (n_q, n)`` for a fixed database, prepared once.
 
-        The database is centred once (distances are translation-invariant; centring avoids the
-        cancellation of ``|q|² + |g|² - 2 qᵀg`` far from the origin) and its squared norms kept.
+        Distances come from ``|q|² + |g|² - 2 qᵀg`` (one matrix product; the database is centred
+        once, distances being translation-invariant, against the cancellation far from the
+        origin). Its rounding differs from the pair distances :meth:`from_quantiles` takes the
+        thresholds from, so a pair lying exactly at a quantile could fall on either side of its
+        threshold: every pair within the formula's rounding bound of a threshold is recomputed
+        by that same pair function (``√Σ (q - g)²``), and is then on the same side as in
+        :meth:`from_quantiles`.
         """
         g = _features(database_features, "database_labels")
         centre = g.mean(0)
@@ -166,8 +174,16 @@ class EuclideanThresholdAffinity:
                     f"query features have {q.shape[1]} columns but database features {gc.shape[1]}."
                 )
             qc = q - centre
-            sq = (qc * qc).sum(1)[:, None] + g_sq[None, :] - 2.0 * (qc @ gc.T)
+            q_sq = (qc * qc).sum(1)
+            sq = q_sq[:, None] + g_sq[None, :] - 2.0 * (qc @ gc.T)
             dist = np.sqrt(np.maximum(sq, 0.0))
+            # rounding bound of sq (a dot product of F terms, plus the centring), generously
+            slack = _GRAM_SLACK * (gc.shape[1] + 4) * (q_sq[:, None] + g_sq[None, :])
+            near = np.zeros(sq.shape, dtype=bool)
+            for threshold in self.thresholds:
+                near |= np.abs(sq - threshold * threshold) <= slack
+            rows, cols = np.nonzero(near)
+            dist[rows, cols] = _pair_distances(q, g, rows, cols)
             out = np.zeros(dist.shape, dtype=np.uint8)
             for threshold, level in zip(self.thresholds, self.levels, strict=True):
                 out[dist <= threshold] = level
@@ -228,11 +244,17 @@ def _features(x: Any, name: str) -> np.ndarray:
     return arr
 
 
-def _pair_distances(x: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+def _pair_distances(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Euclidean distances of the pairs ``(a[rows[i]], b[cols[i]])``.
+
+    Each pair's value depends only on its two rows (never on which other pairs are computed with
+    it), so the thresholds of :meth:`EuclideanThresholdAffinity.from_quantiles` and the levels of
+    a call agree on every pair's side of a threshold.
+    """
     out = np.empty(rows.size, dtype=np.float64)
     step = 1 << 20
     for lo in range(0, rows.size, step):
-        diff = x[rows[lo : lo + step]] - x[cols[lo : lo + step]]
+        diff = a[rows[lo : lo + step]] - b[cols[lo : lo + step]]
         out[lo : lo + step] = np.sqrt(np.einsum("ij,ij->i", diff, diff))
     return out
 
@@ -399,17 +421,8 @@ def _label_array(labels: Any, n: int, name: str) -> np.ndarray:
             f"`{name}` must be (n,) class ids or an (n, C) multi-hot matrix with one row per code "
             f"({n}), got shape {tuple(t.shape)}."
         )
-    arr = t.detach().cpu().numpy()
-    if arr.ndim == 2:
-        if arr.dtype != np.bool_ and not np.isin(arr, (0, 1)).all():
-            raise ValueError(f"multi-hot `{name}` must contain only 0 and 1 (or be bool).")
-        return arr.astype(np.bool_)
-    if arr.dtype.kind == "f":
-        if not np.isfinite(arr).all() or not (arr == np.round(arr)).all():
-            raise ValueError(f"`{name}` must hold integer class ids, got non-integer floats.")
-    elif arr.dtype.kind not in "iu":
-        raise ValueError(f"`{name}` must hold integer class ids, got dtype {arr.dtype}.")
-    return arr.astype(np.int64)
+    # the label rule of every metric and loss: int64 class ids, or bool multi-hot of 0/1 values
+    return check_labels(t.detach(), n, name, device="cpu").numpy()
 
 
 def _pack_labels(hot: np.ndarray) -> np.ndarray:
@@ -565,21 +578,26 @@ class HammingRetrievalReport(RetrievalReport):
         )
         return out
 
-    def __str__(self) -> str:
-        head = super().__str__().splitlines()
-        head[0] = (
+    def _rows(self) -> list[tuple[str, float]]:
+        # one table: AP_T@k after mAP, NDCG after the binary-relevance rows, one value column
+        base = super()._rows()
+        rows = base[:1] + [(f"AP@{k}", v) for k, v in self.map_at.items()] + base[1:]
+        return rows + [("NDCG", self.ndcg)] + [(f"NDCG@{k}", v) for k, v in self.ndcg_at.items()]
+
+    def _title(self) -> str:
+        return (
             f"Hamming retrieval ({self.bits} bits, affinity={self.affinity}, ties={self.ties}): "
             f"{self.n_queries} queries x {self.n_gallery} database items"
         )
-        rows = [(f"AP@{k}", v) for k, v in self.map_at.items()]
-        rows += [("NDCG", self.ndcg)] + [(f"NDCG@{k}", v) for k, v in self.ndcg_at.items()]
-        width = max(len(name) for name, _ in rows)
-        lines = [f"  {name:<{width}}  {value:.4f}" for name, value in rows]
-        lines.append(
+
+    def __str__(self) -> str:
+        lines = super().__str__().splitlines()
+        lines.insert(
+            1 + len(self._rows()),
             f"  tie-breaking range: mAP in [{self.map_range[0]:.4f}, {self.map_range[1]:.4f}], "
-            f"NDCG in [{self.ndcg_range[0]:.4f}, {self.ndcg_range[1]:.4f}]"
+            f"NDCG in [{self.ndcg_range[0]:.4f}, {self.ndcg_range[1]:.4f}]",
         )
-        return "\n".join(head[:4] + lines + head[4:])
+        return "\n".join(lines)
 
 
 # -- the entry point -------------------------------------------------------------------------------
@@ -673,10 +691,10 @@ def _chunks(
 ) -> Iterator[tuple[int, int]]:
     if chunk_size is None:
         # histograms (and their reductions), plus a dense affinity block: one byte per pair, and
-        # for Euclidean thresholds the float64 distances and their temporaries
+        # for Euclidean thresholds the float64 distances, their rounding slack and temporaries
         per_query = (bits + 1) * aff.n_levels * 8 * 6
         if aff.kind == "dense":
-            per_query += n_db * (33 if aff.name == "euclidean_thresholds" else 1)
+            per_query += n_db * (50 if aff.name == "euclidean_thresholds" else 1)
         chunk_size = max(1, _CHUNK_BYTES // per_query)
     else:
         chunk_size = check_scalar(chunk_size, "chunk_size", Interval("integer", 1, None))
@@ -737,6 +755,8 @@ def hamming_retrieval_metrics(
     """
     check_ties(ties)
     q = as_packed_codes(query_codes, "query_codes", bits)
+    if len(q) == 0:
+        raise ValueError("`query_codes` is empty (0 codes); pass at least one query code.")
     leave_one_out = database_codes is None
     if leave_one_out:
         if database_labels is not None:
@@ -746,13 +766,21 @@ def hamming_retrieval_metrics(
         if database_labels is None:
             raise ValueError("`database_codes` was given without `database_labels`; pass both.")
         db = as_packed_codes(database_codes, "database_codes", bits)
+        if len(db) == 0:
+            raise ValueError(
+                "`database_codes` is empty (0 codes); pass at least one database code, or "
+                "database_codes=None to rank the queries against each other."
+            )
         check_same_bits(q, db, "query_codes", "database_codes")
         if db.words.dtype != q.words.dtype:
             db = db.to(q.words.dtype)
     n_q, n_db = len(q), len(db)
     n_ranked = n_db - 1 if leave_one_out else n_db
-    if n_ranked < 1:
-        raise ValueError("the database is empty (a single code ranked against itself).")
+    if n_ranked < 1:  # leave-one-out over a single code
+        raise ValueError(
+            "`query_codes` holds a single code and no database was given: leave-one-out ranks "
+            "nothing (a single code ranked against itself); pass more codes or database_codes."
+        )
     if ks is None:
         ks = tuple(k for k in (1, 10, 100) if k <= n_ranked)
     ks = _check_ks(ks, n_ranked)

@@ -116,18 +116,26 @@ class RetrievalReport:
             "clamped_ks": {str(k): v for k, v in self.clamped_ks.items()},
         }
 
-    def __str__(self) -> str:
+    def _rows(self) -> list[tuple[str, float]]:
+        """The ``(name, value)`` rows of the printed table, in order."""
         # the names and order of `rankwise evaluate` / `rankwise train` (mAP, not MAP, which
         # reads as MAP@R's abbreviation; recall@k, not R@k)
         rows = [("mAP", self.map)]
         rows += [(f"recall@{k}", v) for k, v in self.recall_at.items()]
         rows += [(f"precision@{k}", v) for k, v in self.precision_at.items()]
         rows += [("MAP@R", self.map_at_r), ("R-precision", self.r_precision)]
-        width = max(len(name) for name, _ in rows)
-        lines = [
+        return rows
+
+    def _title(self) -> str:
+        return (
             f"Retrieval ({self.similarity} similarity, ties={self.ties}): "
-            f"{self.n_queries} queries x {self.n_gallery} gallery items",
-        ]
+            f"{self.n_queries} queries x {self.n_gallery} gallery items"
+        )
+
+    def __str__(self) -> str:
+        rows = self._rows()
+        width = max(len(name) for name, _ in rows)
+        lines = [self._title()]
         lines += [f"  {name:<{width}}  {value:.4f}" for name, value in rows]
         evaluated = self.n_queries - self.n_queries_without_relevant
         if self.n_queries_without_relevant:
