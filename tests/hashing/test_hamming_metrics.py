@@ -321,3 +321,20 @@ def test_printed_report_rows_are_aligned_and_grouped():
         assert at == list(range(at[0], at[0] + 3)), names  # a metric's cut-offs stay together
     assert {"mAP", "MAP@R", "R-precision", "NDCG"} <= set(names)
     assert lines[-1].lstrip().startswith("tie-breaking range")
+
+
+def test_histograms_of_packed_codes_of_different_word_types_match_the_same_type():
+    from rankwise.hashing import as_packed_codes
+    from rankwise.metrics.hamming import _label_affinity, hamming_histograms
+
+    rng = np.random.default_rng(0)
+    codes = np.where(rng.random((30, 12)) < 0.5, -1, 1)
+    labels = rng.integers(0, 3, 30)
+    query = as_packed_codes(codes[:10])
+    database = as_packed_codes(codes)
+    aff = _label_affinity("labels", labels[:10], labels, 10, 30)
+    skip = np.full(10, -1, dtype=np.int64)
+    expected = hamming_histograms(query, database, aff, 0, 10, skip)
+    for dtype in ("uint8", "uint16", "uint32", "uint64"):
+        got = hamming_histograms(query, database.to(dtype), aff, 0, 10, skip)
+        np.testing.assert_array_equal(got, expected)

@@ -514,7 +514,13 @@ def hamming_histograms(
     hi: int,
     self_index: np.ndarray,
 ) -> np.ndarray:
-    """``(hi - lo, b + 1, L)`` int64 histograms of queries ``lo..hi-1`` (one pass, no sort)."""
+    """``(hi - lo, b + 1, L)`` int64 histograms of queries ``lo..hi-1`` (one pass, no sort).
+
+    The kernels read both sets with the query's word size: a database packed in other words is
+    repacked first (same bits), as reading it unconverted would index out of bounds.
+    """
+    if database.words.dtype != query.words.dtype:
+        database = database.to(query.words.dtype)
     qw = query.words[lo:hi]
     dbw = database.words
     out = np.zeros((hi - lo, query.bits + 1, aff.n_levels), dtype=np.int64)
