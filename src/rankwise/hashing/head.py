@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._packing import pack_codes
 from .._validation import Interval, check_bool, check_choice, check_scalar
-from .codes import pack_codes
 
 __all__ = ["HashingHead", "HashingModel", "build_hashing_model", "binarize"]
 

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._affinity import affinity_labels, affinity_levels, check_affinity
 from .._validation import Interval, check_embeddings, check_scalar
 from .base import score_dtype
-from .tie_aware import affinity_labels, affinity_levels, check_affinity
 
 __all__ = ["DPSHLoss"]
 

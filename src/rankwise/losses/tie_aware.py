@@ -49,12 +49,11 @@ import math
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from .._validation import Interval, check_choice, check_embeddings, check_labels, check_scalar
-from ..metrics.hamming import EuclideanThresholdAffinity
+from .._affinity import affinity_labels, affinity_levels, check_affinity
+from .._validation import Interval, check_choice, check_embeddings, check_scalar
 from .base import anchor_statistics, raise_if_nothing_to_rank, score_dtype
 
 __all__ = [
@@ -72,7 +71,6 @@ __all__ = [
 ]
 
 FORMS = ("exact", "midpoint")
-LABEL_AFFINITIES = ("labels", "shared_labels")
 _EULER_GAMMA = 0.57721566490153286061
 _LN2 = math.log(2.0)
 _SHIFT = 32  # M: positions summed exactly before the Euler-Maclaurin tail takes over
@@ -298,61 +296,6 @@ def ideal_dcg(gains: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     ordered = torch.sort(g, dim=1, descending=True).values
     positions = torch.arange(1, g.shape[1] + 1, dtype=torch.float64, device=g.device)
     return (ordered / torch.log2(positions + 1.0)).sum(1)
-
-
-# -- affinities -------------------------------------------------------------------------------
-
-
-def check_affinity(affinity: Any) -> Any:
-    """Validate the ``affinity`` argument of a binary-code loss (see :class:`TieAwareAPLoss`)."""
-    if isinstance(affinity, str):
-        return check_choice(affinity, "affinity", LABEL_AFFINITIES)
-    if isinstance(affinity, EuclideanThresholdAffinity) or callable(affinity):
-        return affinity
-    raise ValueError(
-        f"`affinity` must be one of {LABEL_AFFINITIES}, an EuclideanThresholdAffinity or a "
-        f"callable, got {affinity!r}."
-    )
-
-
-def affinity_labels(affinity: Any, labels: Any, n: int, name: str, device) -> torch.Tensor:
-    """Validated labels for ``affinity``: class ids / multi-hot, features, or anything."""
-    if isinstance(affinity, str):
-        return check_labels(labels, n, name, device=device)
-    if isinstance(affinity, EuclideanThresholdAffinity):
-        return check_embeddings(labels, name, device).to(torch.float64)
-    out = torch.as_tensor(labels, device=device)
-    if out.shape[0] != n:
-        raise ValueError(f"`{name}` has {out.shape[0]} rows but the codes have {n}.")
-    return out
-
-
-def affinity_levels(affinity: Any, lab: torch.Tensor, ref_lab: torch.Tensor) -> torch.Tensor:
-    """``(B, M)`` float64 affinity levels between anchors and references.
-
-    Args:
-        affinity: ``"labels"`` (binary: same class id, or at least one shared multi-hot label),
-            ``"shared_labels"`` (number of shared labels), an
-            :class:`~rankwise.metrics.EuclideanThresholdAffinity` (labels are features) or a
-            callable ``f(labels, ref_labels) -> (B, M)`` of non-negative levels.
-        lab: anchor labels.
-        ref_lab: reference labels.
-    """
-    if isinstance(affinity, str):
-        if lab.ndim != ref_lab.ndim:
-            raise ValueError("`labels` and `ref_labels` must be the same kind of labels.")
-        if lab.ndim == 1:
-            return (lab[:, None] == ref_lab[None, :]).to(torch.float64)
-        shared = lab.to(torch.float64) @ ref_lab.to(torch.float64).T
-        return shared.clamp_max(1.0) if affinity == "labels" else shared
-    levels = affinity(lab.cpu().numpy(), ref_lab.cpu().numpy())
-    levels = torch.as_tensor(np.asarray(levels), device=lab.device).to(torch.float64)
-    if levels.shape != (lab.shape[0], ref_lab.shape[0]) or bool((levels < 0).any()):
-        raise ValueError(
-            "the affinity must return non-negative levels of shape (n_anchors, n_refs), got "
-            f"{tuple(levels.shape)}."
-        )
-    return levels
 
 
 # -- the losses ------------------------------------------------------------------------------------
