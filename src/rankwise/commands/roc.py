@@ -404,7 +404,7 @@ def _load(dataset, features, labels, test_features, test_labels, data_dir, test_
 
 
 def _estimator(options: dict[str, Any], progress: _Progress) -> Any:
-    from ..models import BilinearSimilarity
+    from ..similarity_learning import BilinearSimilarity
 
     return BilinearSimilarity(
         options["alpha"],

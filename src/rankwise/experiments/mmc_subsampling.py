@@ -140,7 +140,7 @@ def _run_metric_learn(
 # -- one run ---------------------------------------------------------------------------------------
 def _score(A: np.ndarray, X: np.ndarray, y: np.ndarray, test: tuple) -> dict[str, float]:
     """Rescale A to meet the training constraint exactly; score it on the test set."""
-    from ..models.mmc import mmc_objective, positive_scatter
+    from ..similarity_learning.mmc import mmc_objective, positive_scatter
 
     train_constraint = float((positive_scatter(X, y) * A).sum())
     A = A / train_constraint if train_constraint > 0 else A
@@ -154,7 +154,7 @@ def _score(A: np.ndarray, X: np.ndarray, y: np.ndarray, test: tuple) -> dict[str
 
 
 def _fit_ours(X, y, negatives, budget, seed, max_iter, tol) -> tuple[Any, float]:
-    from ..models import MMC
+    from ..similarity_learning import MMC
 
     model = MMC(
         negatives=negatives,

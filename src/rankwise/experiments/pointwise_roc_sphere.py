@@ -91,8 +91,8 @@ def _mean_risk_family(
     X: np.ndarray, y: np.ndarray, pairs: tuple, alphas: tuple[float, ...] | None, count: int
 ) -> dict[str, Any]:
     """Closed-form solutions of problem (6), their PGA check and their test ROC summaries."""
-    from ..models import BilinearSimilarity
-    from ..models.bilinear import pair_moment_matrices, projected_gradient_bilinear
+    from ..similarity_learning import BilinearSimilarity
+    from ..similarity_learning.bilinear import pair_moment_matrices, projected_gradient_bilinear
 
     P, N = pair_moment_matrices(X, y)
     floor = 0.5 * (1 - float(np.linalg.norm(N)))
@@ -128,7 +128,7 @@ def _mean_risk_family(
 def _fpr_target_family(
     X: np.ndarray, y: np.ndarray, pairs: tuple, targets: tuple[float, ...], max_iter: int
 ) -> list[dict[str, Any]]:
-    from ..models import BilinearSimilarity
+    from ..similarity_learning import BilinearSimilarity
 
     rows = []
     for alpha in targets:
