@@ -278,7 +278,7 @@ def affinity_levels(affinity: Any, lab: torch.Tensor, ref_lab: torch.Tensor) -> 
         return shared.clamp_max(1.0) if affinity == "labels" else shared
     levels = affinity(lab.cpu().numpy(), ref_lab.cpu().numpy())
     levels = torch.as_tensor(np.asarray(levels), device=lab.device).to(torch.float64)
-    if levels.shape != (lab.shape[0], ref_lab.shape[0]) or bool((levels < 0).any()):
+    if levels.shape != (lab.shape[0], ref_lab.shape[0]) or not bool((levels >= 0).all()):
         raise ValueError(
             "the affinity must return non-negative levels of shape (n_anchors, n_refs), got "
             f"{tuple(levels.shape)}."
