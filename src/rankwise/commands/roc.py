@@ -25,6 +25,10 @@ from typing import Any
 import numpy as np
 import typer
 
+from ..data.base import DatasetNotFoundError
+from ..data.registry import DATASETS as ALL_DATASETS
+from ..data.registry import dataset_info, pixel_features, read_images
+from ..data.splits import stratified_split
 from .common import cli_errors, output_console
 
 __all__ = ["roc_app"]
@@ -37,7 +41,12 @@ roc_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-DATASETS = ("digits", "mnist", "fashion-mnist")
+# the array datasets of grayscale images (their pixels are the features)
+DATASETS = tuple(
+    name
+    for name in ALL_DATASETS
+    if (info := dataset_info(name)).kind == "array" and info.item_shape[0] == 1
+)
 METHODS = {"indicator": "indicator", "closed-form": "mean"}
 _FLAGS = {
     "alpha": "--alpha",
@@ -70,17 +79,14 @@ def _dataset_features(
     The rows index the source the command names in ``split.npz``: the 1,797 digits images for
     ``digits`` (both parts), the official training and test sets otherwise.
     """
-    from ..data import read_digits_images, read_mnist_family, stratified_split
-
-    if name == "digits":
-        images, labels = read_digits_images(with_labels=True)
-        X = images.reshape(images.shape[0], -1).astype(np.float64)
-        train, test = stratified_split(labels, test_fraction, seed)
-        return X, labels, X, labels, train, test
-    train_x, train_y, test_x, test_y = read_mnist_family(name, data_dir)
-    flatten = lambda images: images.reshape(images.shape[0], -1).astype(np.float64) / 255.0  # noqa: E731
+    train_x, train_y, test_x, test_y = read_images(name, data_dir)
+    if test_x is None:  # digits: one part, split here
+        X = pixel_features(train_x)
+        train, test = stratified_split(train_y, test_fraction, seed)
+        return X, train_y, X, train_y, train, test
     rows = lambda y: np.arange(y.shape[0])  # noqa: E731
-    return flatten(train_x), train_y, flatten(test_x), test_y, rows(train_y), rows(test_y)
+    X, X_test = pixel_features(train_x), pixel_features(test_x)
+    return X, train_y, X_test, test_y, rows(train_y), rows(test_y)
 
 
 def _array_features(
@@ -377,8 +383,6 @@ def _load(dataset, features, labels, test_features, test_labels, data_dir, test_
     if dataset is not None:
         if not 0 < test_fraction < 1:
             raise ValueError(f"--test-fraction must be in (0, 1), got {test_fraction}.")
-        from ..data import DatasetNotFoundError
-
         try:
             X, y, X_test, y_test, train, test = _dataset_features(
                 dataset, data_dir, test_fraction, seed

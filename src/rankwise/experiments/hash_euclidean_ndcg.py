@@ -71,16 +71,12 @@ class RandomBatches:
 
 def _load_pixels(dataset: str, n: int, seed: int) -> np.ndarray:
     """``n`` random images of ``dataset`` as flat float64 pixels in [0, 1]."""
+    # deferred: the command line imports every experiment module to build its options
+    from ..data.registry import pixel_features, read_images  # noqa: PLC0415
+
     rng = np.random.default_rng(seed)
-    if dataset == "digits":
-        from sklearn.datasets import load_digits
-
-        images = load_digits().images.reshape(-1, 64) / 16.0
-    else:
-        from ..data.array_datasets import read_mnist_family
-
-        train_x, _, test_x, _ = read_mnist_family(dataset)
-        images = np.concatenate([train_x, test_x]).reshape(-1, 28 * 28) / 255.0
+    train_x, _, test_x, _ = read_images(dataset)
+    images = pixel_features(train_x if test_x is None else np.concatenate([train_x, test_x]))
     if n > images.shape[0]:
         raise ValueError(f"{dataset!r} has {images.shape[0]} images; {n} were requested.")
     return images[rng.choice(images.shape[0], n, replace=False)].astype(np.float64)

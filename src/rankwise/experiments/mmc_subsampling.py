@@ -59,11 +59,11 @@ def load_pca_features(
     """
     from sklearn.decomposition import PCA
 
-    from ..data import read_mnist_family
+    # deferred: the command line imports every experiment module to build its options
+    from ..data.registry import pixel_features, read_images  # noqa: PLC0415
 
-    train_x, train_y, test_x, test_y = read_mnist_family(dataset, data_dir)
-    flat = lambda images: images.reshape(images.shape[0], -1).astype(np.float64) / 255.0  # noqa: E731
-    X, X_test = flat(train_x), flat(test_x)
+    train_x, train_y, test_x, test_y = read_images(dataset, data_dir)
+    X, X_test = pixel_features(train_x), pixel_features(test_x)
     rng = np.random.default_rng(seed)
     fit_rows = (
         np.arange(X.shape[0])
