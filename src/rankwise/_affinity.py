@@ -1,16 +1,10 @@
 """Affinity (graded relevance) between items: the one definition shared by metrics and losses.
 
 He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning to Rank" (CVPR 2018), Sec. 3.1 and
-5.2-5.3: binary affinity from class labels or from multi-hot labels (share at least one label),
-multi-level as the number of shared labels (NUS-WIDE), or multi-level from thresholded Euclidean
-distances of the original features (LabelMe: the 5 %, 1 %, 0.2 %, 0.1 % quantiles of the
-training pairs' distances give affinities 1, 2, 5, 10), or any callable
-``f(labels, ref_labels) -> (n, m)`` of non-negative levels.
-
-:func:`rankwise.metrics.hamming_retrieval_metrics` evaluates with these affinities (AP-type
-metrics: relevant = affinity > 0; NDCG: gain ``2^a - 1``); the binary-code losses
-(:class:`rankwise.losses.TieAwareAPLoss`, ``TieAwareNDCGLoss``, ``DPSHLoss``) train with them
-through :func:`affinity_labels` and :func:`affinity_levels`.
+5.2-5.3: binary from class labels or multi-hot labels (share at least one label), multi-level as
+the number of shared labels (NUS-WIDE) or from thresholded Euclidean distances of the original
+features (LabelMe: the 5 %, 1 %, 0.2 %, 0.1 % quantiles of the training pairs' distances give
+affinities 1, 2, 5, 10), or any callable ``f(labels, ref_labels) -> (n, m)`` of levels >= 0.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The one name -> object table of rankwise: losses, backbones, datasets, experiments, hash methods.
 
-A :class:`Registry` maps names (in order) to objects, or to :class:`Lazy` entries imported on first
-use; alias names and a normalisation of what users type (case, ``-`` / ``_``) resolve to a name,
-and every unknown name fails with the same ``unknown <kind> 'x'; available: a, b.`` error.
+Names map (in order) to objects or to :class:`Lazy` entries imported on first use; aliases and a
+normalisation resolve what users type, and an unknown name fails with one error format.
 """
 
 from __future__ import annotations
@@ -89,6 +88,3 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def __repr__(self) -> str:
-        return f"Registry({self.kind!r}: {', '.join(self._entries)})"

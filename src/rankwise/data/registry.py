@@ -52,17 +52,15 @@ PROTOCOLS: tuple[str, ...] = ("open-set", "closed-set")
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What rankwise knows of one benchmark: the table every module reads (this module's).
+    """What rankwise knows of one benchmark (the table every module reads).
 
     Attributes:
-        kind: ``"array"`` (images held in memory), ``"folder"`` (image files of an official
-            layout, :data:`~rankwise.data.image_datasets.IMAGE_DATASETS`) or ``"instances"``
-            (augmented-instance benchmark, :mod:`rankwise.data.instances`).
+        kind: ``"array"`` (in memory), ``"folder"`` (image files, see ``IMAGE_DATASETS``) or
+            ``"instances"`` (augmented-instance benchmark of ``source``'s images).
         protocols: the protocols it supports, its usual one first.
         source: the dataset whose images an instance benchmark augments.
         item_shape: ``(C, H, W)`` of one item of an array dataset (None: image files).
-        raw_inputs: what its raw inputs are: ``"digits"`` (pixel values 0-16, scaled by 1/16 in
-            training), ``"uint8"`` (0-255 images as arrays, scaled by 1/255) or ``"images"``.
+        raw_inputs: ``"digits"`` (pixel values 0-16), ``"uint8"`` (0-255) or ``"images"``.
     """
 
     kind: str

@@ -1,27 +1,7 @@
-"""Binary codes: validation, bit packing and Hamming distances by XOR + popcount.
+"""Binary codes: validation, bit packing, Hamming distances (XOR + popcount).
 
-The public home of :mod:`rankwise._packing` (bit layout, accepted code forms), which holds the
-implementation below the metrics so that :mod:`rankwise.metrics` needs no hashing network.
+The public path of :mod:`rankwise._packing`, which holds them below the metrics.
 """
 
-from .._packing import (
-    PackedCodes,
-    as_packed_codes,
-    code_distance,
-    distance_dtype,
-    hamming_distances,
-    pack_codes,
-    popcount,
-    unpack_codes,
-)
-
-__all__ = [
-    "PackedCodes",
-    "as_packed_codes",
-    "pack_codes",
-    "unpack_codes",
-    "hamming_distances",
-    "popcount",
-    "code_distance",
-    "distance_dtype",
-]
+from .._packing import *  # noqa: F403
+from .._packing import __all__  # noqa: F401

@@ -17,10 +17,8 @@ over the packed codes (XOR + popcount; the paper's "counting sort", ``O(bN)``), 
 * gives the **tie-breaking range** of the paper's Fig. 3: the best and worst AP (and NDCG)
   attainable by reordering each query's ties (relevant / high-gain items first or last).
 
-Affinities (Sec. 3.1, 5.2-5.3; defined in :mod:`rankwise._affinity`, shared with the losses):
-binary from class labels or from multi-hot labels (share at least one label), multi-level as the
-number of shared labels (NUS-WIDE), or multi-level from thresholded Euclidean distances of the
-original features (LabelMe), or any callable.
+Affinities (Sec. 3.1, 5.2-5.3: labels, multi-hot, shared labels, Euclidean thresholds, callables)
+are those of :mod:`rankwise._affinity`, shared with the binary-code losses.
 """
 
 from __future__ import annotations
