@@ -29,7 +29,9 @@ from ..data.base import DatasetNotFoundError
 from ..data.registry import DATASETS as ALL_DATASETS
 from ..data.registry import dataset_info, pixel_features, read_images
 from ..data.splits import stratified_split
+from ..sampling.pairs import class_structure
 from .common import cli_errors, output_console
+from .evaluate import load_array
 
 __all__ = ["roc_app"]
 
@@ -93,9 +95,6 @@ def _array_features(
     spec: str, labels: str, flag: str, labels_flag: str, name: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels from files, the labels checked here so that errors name the options."""
-    from ..sampling.pairs import class_structure
-    from .evaluate import load_array
-
     X = load_array(spec, flag).numpy().astype(np.float64)
     y = load_array(labels, labels_flag).numpy()
     if X.ndim != 2:
@@ -122,7 +121,7 @@ def _preprocess(
     train, test = train - mean, test - mean
     components = np.eye(train.shape[1])
     if pca > 0:
-        from sklearn.decomposition import PCA
+        from sklearn.decomposition import PCA  # noqa: PLC0415 - optional extra (scikit-learn)
 
         model = PCA(n_components=pca, svd_solver="full").fit(train)
         components = model.components_
@@ -149,7 +148,7 @@ def _test_pairs(y: np.ndarray, max_pairs: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rates(scores: np.ndarray, same: np.ndarray, levels: tuple[float, ...]) -> dict[str, Any]:
-    from ..metrics import roc_curve, tpr_at_fpr
+    from ..metrics import roc_curve, tpr_at_fpr  # noqa: PLC0415 - deferred (numba) at CLI start
 
     curve = roc_curve(scores, same)
     return {
@@ -183,7 +182,7 @@ def _outputs(output: Path, overwrite: bool) -> dict[str, Path]:
 
 
 def _print_report(console: Any, report: dict[str, Any]) -> None:
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 - deferred at CLI start-up
 
     levels = list(report["learned"]["tpr_at_fpr"])
     table = Table(show_header=True, header_style="bold", title="held-out pairs")
@@ -250,7 +249,7 @@ class _Progress:
             self._last = now
 
     def _start_bar(self, total: int) -> None:
-        from rich.progress import (
+        from rich.progress import (  # noqa: PLC0415 - deferred at CLI start-up
             BarColumn,
             MofNCompleteColumn,
             Progress,
@@ -408,7 +407,7 @@ def _load(dataset, features, labels, test_features, test_labels, data_dir, test_
 
 
 def _estimator(options: dict[str, Any], progress: _Progress) -> Any:
-    from ..similarity_learning import BilinearSimilarity
+    from ..similarity_learning import BilinearSimilarity  # noqa: PLC0415 - extra (scikit-learn)
 
     return BilinearSimilarity(
         options["alpha"],
@@ -474,7 +473,7 @@ def _fit_and_evaluate(
 
 
 def _write(paths: dict[str, Path], report: dict, model: Any, curves: dict, alpha: float) -> None:
-    from ..plots import plot_roc_curves
+    from ..plots import plot_roc_curves  # noqa: PLC0415 - optional extra (matplotlib)
 
     estimator, prep = model
     paths["report"].parent.mkdir(parents=True, exist_ok=True)

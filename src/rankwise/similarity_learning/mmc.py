@@ -34,6 +34,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+from scipy.sparse import coo_matrix
 from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
@@ -147,8 +148,6 @@ class _NegativeTerm:
 
     def value_and_gradient(self, A: np.ndarray) -> tuple[float, np.ndarray]:
         """g(A) and ∇g(A) = Σ w_t d_t d_tᵀ / (2 d_A(pair t)); pairs at distance 0 add nothing."""
-        from scipy.sparse import coo_matrix
-
         distance = self._distances(A)
         self.kinked = self._at_kink(distance)
         coefficient = np.divide(
