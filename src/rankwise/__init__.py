@@ -5,7 +5,8 @@ at a fixed FPR), so rankwise optimizes them directly.
 
 Subpackages: ``metrics`` (exact, tie-aware evaluation; no training code), ``losses`` (SOPRC, AP,
 AUC, Wilcoxon, Smooth-AP, DIR, BlackBox-AP and pytorch-metric-learning baselines), ``sampling``
-(P x K batch sampler), ``models``, ``data``, ``training`` and ``experiments``.
+(P x K batch sampler), ``models``, ``hashing``, ``similarity_learning`` (scikit-learn estimators),
+``data``, ``training`` and ``experiments``.
 """
 
 __version__ = "0.1.0"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rankwise.experiments import mmc_subsampling as mmc
-from rankwise.models.mmc import mmc_objective, positive_scatter
+from rankwise.similarity_learning.mmc import mmc_objective, positive_scatter
 
 # an interpreter with metric-learn 0.7.0 and scikit-learn <= 1.7 (a separate environment)
 ML_PYTHON = Path(os.environ.get(mmc.METRIC_LEARN_ENV, "/nonexistent"))

@@ -52,7 +52,7 @@ def constructor_defaults(name):
     else:
         from rankwise.losses import registry
 
-        cls = registry._loss_class(name)
+        cls = registry._LOSS_CLASSES[name]
         callables = [cls.__init__] + ([cls.from_labels] if name == "soprc" else [])
         extra = {"semi_variance_weights": (1.0, 5.0)} if name == "soprc" else {}
     out = dict(extra)

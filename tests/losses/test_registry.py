@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 
-import rankwise.losses.soprc as soprc_module
+from rankwise.losses import registry
 from rankwise.losses.baselines import BASELINES, CrossBatchMemoryBaseline
 from rankwise.losses.blackbox_ap import BlackBoxAPLoss
 from rankwise.losses.dir import DIRLoss
@@ -112,8 +112,8 @@ class FakeSOPRC:
 
 
 def test_soprc_builds_from_labels_with_semi_variance(monkeypatch):
-    monkeypatch.setattr(soprc_module, "SOPRCLoss", FakeSOPRC)
-    monkeypatch.setattr(soprc_module, "SemiVarianceRegularizer", FakeSemiVariance)
+    monkeypatch.setitem(registry._LOSS_CLASSES._entries, "soprc", FakeSOPRC)
+    monkeypatch.setattr(registry, "SemiVarianceRegularizer", FakeSemiVariance)
     train_labels = [0, 0, 1, 1, 2]
     loss = build_loss("soprc", train_labels=train_labels, beta=0.5, prior_scale=0.1)
     assert loss.train_labels is train_labels and loss.beta == 0.5 and loss.prior_scale == 0.1
@@ -146,8 +146,8 @@ def test_soprc_builds_from_labels_with_semi_variance(monkeypatch):
 
 
 def test_soprc_unknown_key_is_named(monkeypatch):
-    monkeypatch.setattr(soprc_module, "SOPRCLoss", FakeSOPRC)
-    monkeypatch.setattr(soprc_module, "SemiVarianceRegularizer", FakeSemiVariance)
+    monkeypatch.setitem(registry._LOSS_CLASSES._entries, "soprc", FakeSOPRC)
+    monkeypatch.setattr(registry, "SemiVarianceRegularizer", FakeSemiVariance)
     with pytest.raises(ValueError, match="'soprc'.*'betta'.*beta"):
         build_loss("soprc", train_labels=[0, 1], betta=0.1)
 
@@ -158,7 +158,7 @@ class NeedsClasses:
 
 
 def test_context_arguments_fill_required_constructor_parameters(monkeypatch):
-    monkeypatch.setattr(soprc_module, "APLoss", NeedsClasses)
+    monkeypatch.setitem(registry._LOSS_CLASSES._entries, "ap", NeedsClasses)
     loss = build_loss("ap", num_classes=5, embedding_dim=32, tau=2.0)
     assert (loss.num_classes, loss.embedding_dim, loss.tau) == (5, 32, 2.0)
     with pytest.raises(ValueError, match="'ap' needs 'num_classes'.*num_classes="):

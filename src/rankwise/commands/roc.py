@@ -25,7 +25,13 @@ from typing import Any
 import numpy as np
 import typer
 
+from ..data.base import DatasetNotFoundError
+from ..data.registry import DATASETS as ALL_DATASETS
+from ..data.registry import dataset_info, pixel_features, read_images
+from ..data.splits import stratified_split
+from ..sampling.pairs import class_structure
 from .common import cli_errors, output_console
+from .evaluate import load_array
 
 __all__ = ["roc_app"]
 
@@ -37,7 +43,12 @@ roc_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-DATASETS = ("digits", "mnist", "fashion-mnist")
+# the array datasets of grayscale images (their pixels are the features)
+DATASETS = tuple(
+    name
+    for name in ALL_DATASETS
+    if (info := dataset_info(name)).kind == "array" and info.item_shape[0] == 1
+)
 METHODS = {"indicator": "indicator", "closed-form": "mean"}
 _FLAGS = {
     "alpha": "--alpha",
@@ -70,26 +81,20 @@ def _dataset_features(
     The rows index the source the command names in ``split.npz``: the 1,797 digits images for
     ``digits`` (both parts), the official training and test sets otherwise.
     """
-    from ..data import read_digits_images, read_mnist_family, stratified_split
-
-    if name == "digits":
-        images, labels = read_digits_images(with_labels=True)
-        X = images.reshape(images.shape[0], -1).astype(np.float64)
-        train, test = stratified_split(labels, test_fraction, seed)
-        return X, labels, X, labels, train, test
-    train_x, train_y, test_x, test_y = read_mnist_family(name, data_dir)
-    flatten = lambda images: images.reshape(images.shape[0], -1).astype(np.float64) / 255.0  # noqa: E731
+    train_x, train_y, test_x, test_y = read_images(name, data_dir)
+    if test_x is None:  # digits: one part, split here
+        X = pixel_features(train_x)
+        train, test = stratified_split(train_y, test_fraction, seed)
+        return X, train_y, X, train_y, train, test
     rows = lambda y: np.arange(y.shape[0])  # noqa: E731
-    return flatten(train_x), train_y, flatten(test_x), test_y, rows(train_y), rows(test_y)
+    X, X_test = pixel_features(train_x), pixel_features(test_x)
+    return X, train_y, X_test, test_y, rows(train_y), rows(test_y)
 
 
 def _array_features(
     spec: str, labels: str, flag: str, labels_flag: str, name: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels from files, the labels checked here so that errors name the options."""
-    from ..sampling.pairs import class_structure
-    from .evaluate import load_array
-
     X = load_array(spec, flag).numpy().astype(np.float64)
     y = load_array(labels, labels_flag).numpy()
     if X.ndim != 2:
@@ -116,7 +121,7 @@ def _preprocess(
     train, test = train - mean, test - mean
     components = np.eye(train.shape[1])
     if pca > 0:
-        from sklearn.decomposition import PCA
+        from sklearn.decomposition import PCA  # noqa: PLC0415 - optional extra (scikit-learn)
 
         model = PCA(n_components=pca, svd_solver="full").fit(train)
         components = model.components_
@@ -143,7 +148,7 @@ def _test_pairs(y: np.ndarray, max_pairs: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _rates(scores: np.ndarray, same: np.ndarray, levels: tuple[float, ...]) -> dict[str, Any]:
-    from ..metrics import roc_curve, tpr_at_fpr
+    from ..metrics import roc_curve, tpr_at_fpr  # noqa: PLC0415 - deferred (numba) at CLI start
 
     curve = roc_curve(scores, same)
     return {
@@ -177,7 +182,7 @@ def _outputs(output: Path, overwrite: bool) -> dict[str, Path]:
 
 
 def _print_report(console: Any, report: dict[str, Any]) -> None:
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 - deferred at CLI start-up
 
     levels = list(report["learned"]["tpr_at_fpr"])
     table = Table(show_header=True, header_style="bold", title="held-out pairs")
@@ -244,7 +249,7 @@ class _Progress:
             self._last = now
 
     def _start_bar(self, total: int) -> None:
-        from rich.progress import (
+        from rich.progress import (  # noqa: PLC0415 - deferred at CLI start-up
             BarColumn,
             MofNCompleteColumn,
             Progress,
@@ -377,8 +382,6 @@ def _load(dataset, features, labels, test_features, test_labels, data_dir, test_
     if dataset is not None:
         if not 0 < test_fraction < 1:
             raise ValueError(f"--test-fraction must be in (0, 1), got {test_fraction}.")
-        from ..data import DatasetNotFoundError
-
         try:
             X, y, X_test, y_test, train, test = _dataset_features(
                 dataset, data_dir, test_fraction, seed
@@ -404,7 +407,7 @@ def _load(dataset, features, labels, test_features, test_labels, data_dir, test_
 
 
 def _estimator(options: dict[str, Any], progress: _Progress) -> Any:
-    from ..models import BilinearSimilarity
+    from ..similarity_learning import BilinearSimilarity  # noqa: PLC0415 - extra (scikit-learn)
 
     return BilinearSimilarity(
         options["alpha"],
@@ -470,7 +473,7 @@ def _fit_and_evaluate(
 
 
 def _write(paths: dict[str, Path], report: dict, model: Any, curves: dict, alpha: float) -> None:
-    from ..plots import plot_roc_curves
+    from ..plots import plot_roc_curves  # noqa: PLC0415 - optional extra (matplotlib)
 
     estimator, prep = model
     paths["report"].parent.mkdir(parents=True, exist_ok=True)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import inspect
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .._registry import Registry
 from .array_datasets import (
     load_cifar10_dataset,
     load_digits_dataset,
@@ -33,37 +35,40 @@ from .splits import VAL_HOLDOUTS
 __all__ = [
     "DATASETS",
     "DATASET_ALIASES",
+    "DatasetInfo",
     "INSTANCE_DATASETS",
     "PROTOCOLS",
+    "dataset_info",
     "load_dataset",
     "dataset_protocols",
     "default_val_holdout",
+    "input_spec",
+    "pixel_features",
+    "read_images",
 ]
 
-DATASETS: tuple[str, ...] = (
-    "digits",
-    "mnist",
-    "fashion-mnist",
-    "cifar10",
-    "cub200",
-    "cars196",
-    "sop",
-    "inshop",
-    "inaturalist",
-    "vehicleid",
-    "digits-instances",
-    "mnist-instances",
-    "fashion-mnist-instances",
-    "cifar10-instances",
-)
-# augmented-instance benchmarks -> the dataset their source images come from
-INSTANCE_DATASETS: dict[str, str] = {
-    "digits-instances": "digits",
-    "mnist-instances": "mnist",
-    "fashion-mnist-instances": "fashion-mnist",
-    "cifar10-instances": "cifar10",
-}
 PROTOCOLS: tuple[str, ...] = ("open-set", "closed-set")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What rankwise knows of one benchmark (the table every module reads).
+
+    Attributes:
+        kind: ``"array"`` (in memory), ``"folder"`` (image files, see ``IMAGE_DATASETS``) or
+            ``"instances"`` (augmented-instance benchmark of ``source``'s images).
+        protocols: the protocols it supports, its usual one first.
+        source: the dataset whose images an instance benchmark augments.
+        item_shape: ``(C, H, W)`` of one item of an array dataset (None: image files).
+        raw_inputs: ``"digits"`` (pixel values 0-16), ``"uint8"`` (0-255) or ``"images"``.
+    """
+
+    kind: str
+    protocols: tuple[str, ...]
+    source: str | None = None
+    item_shape: tuple[int, ...] | None = None
+    raw_inputs: str = "images"
+
 
 DATASET_ALIASES: dict[str, str] = {
     "fashion_mnist": "fashion-mnist",
@@ -93,18 +98,48 @@ DATASET_ALIASES: dict[str, str] = {
     "cifar-10-instances": "cifar10-instances",
 }
 
+
+_INFO: Registry[DatasetInfo] = Registry(
+    "dataset",
+    {
+        "digits": DatasetInfo("array", PROTOCOLS, item_shape=(1, 8, 8), raw_inputs="digits"),
+        "mnist": DatasetInfo("array", PROTOCOLS, item_shape=(1, 28, 28), raw_inputs="uint8"),
+        "fashion-mnist": DatasetInfo(
+            "array", PROTOCOLS, item_shape=(1, 28, 28), raw_inputs="uint8"
+        ),
+        "cifar10": DatasetInfo("array", PROTOCOLS, item_shape=(3, 32, 32), raw_inputs="uint8"),
+        **{
+            name: DatasetInfo("folder", (spec["protocol"],))
+            for name, spec in IMAGE_DATASETS.items()
+        },
+        **{
+            f"{source}-instances": DatasetInfo("instances", ("open-set",), source=source)
+            for source in ("digits", "mnist", "fashion-mnist", "cifar10")
+        },
+    },
+    aliases=DATASET_ALIASES,
+    hint=f" (aliases: {', '.join(sorted(DATASET_ALIASES))})",
+    normalize=lambda name: str(name).strip().lower(),
+)
+
+DATASETS: tuple[str, ...] = _INFO.names
+# augmented-instance benchmarks -> the dataset their source images come from
+INSTANCE_DATASETS: dict[str, str] = {
+    name: info.source for name in DATASETS if (info := _INFO[name]).source is not None
+}
+
 _CLOSED_SET_KWARGS = ("n_query", "n_train")
 _IMAGE_KWARGS = ("transform", "train_transform")
 
 
+def dataset_info(name: str) -> DatasetInfo:
+    """The :class:`DatasetInfo` of ``name`` (or an alias); ``ValueError`` listing the names."""
+    return _INFO[name]
+
+
 def dataset_protocols(name: str) -> tuple[str, ...]:
     """The protocols ``name`` supports (first = its usual one)."""
-    name = _canonical(name)
-    if name in IMAGE_DATASETS:
-        return (IMAGE_DATASETS[name]["protocol"],)
-    if name in INSTANCE_DATASETS:
-        return ("open-set",)
-    return PROTOCOLS
+    return _INFO[name].protocols
 
 
 def default_val_holdout(name: str) -> str:
@@ -113,18 +148,45 @@ def default_val_holdout(name: str) -> str:
     ``"classes"`` for the instance benchmarks (validation on unseen sources), ``"samples"`` for
     the others (the papers' 9:1 split).
     """
-    return "classes" if _canonical(name) in INSTANCE_DATASETS else "samples"
+    return "classes" if _INFO[name].kind == "instances" else "samples"
 
 
-def _canonical(name: str) -> str:
-    key = str(name).strip().lower()
-    key = DATASET_ALIASES.get(key, key)
-    if key not in DATASETS:
-        raise ValueError(
-            f"unknown dataset {name!r}; available: {', '.join(DATASETS)} "
-            f"(aliases: {', '.join(sorted(DATASET_ALIASES))})."
-        )
-    return key
+def input_spec(name: str, image_size: int) -> tuple[tuple[int, ...], str]:
+    """The shape of one model input of ``name`` and its :attr:`DatasetInfo.raw_inputs`.
+
+    Instance benchmarks take their source's; image files become ``(3, image_size, image_size)``.
+    """
+    info = _INFO[name]
+    if info.source is not None:
+        info = _INFO[info.source]
+    if info.item_shape is None:
+        return (3, image_size, image_size), "images"
+    return info.item_shape, info.raw_inputs
+
+
+def read_images(
+    name: str, data_dir: str | os.PathLike | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Images ``(N, C, H, W)`` and labels of an array dataset's official train / test parts.
+
+    digits has one part (test ``None``) of float32 pixels in [0, 1]; the others are uint8.
+    """
+    key = _INFO.canonical(name)
+    if _INFO[key].kind != "array":
+        raise ValueError(f"dataset {key!r} is not an array dataset; use load_dataset({key!r}).")
+    if key == "digits":
+        images, labels = read_digits_images(with_labels=True)
+        return images, labels, None, None
+    if key == "cifar10":
+        return read_cifar10(data_dir)
+    train_x, train_y, test_x, test_y = read_mnist_family(key, data_dir)
+    return train_x[:, None], train_y, test_x[:, None], test_y
+
+
+def pixel_features(images: np.ndarray) -> np.ndarray:
+    """Flat float64 pixels in [0, 1] of :func:`read_images` images (uint8 divided by 255)."""
+    flat = images.reshape(images.shape[0], -1).astype(np.float64)
+    return flat / 255.0 if images.dtype == np.uint8 else flat
 
 
 def _check_kwargs(name: str, kw: dict[str, Any], allowed: tuple[str, ...], where: str = "") -> None:
@@ -188,7 +250,7 @@ def load_dataset(
             expected layout).
         rankwise.data.CorruptDatasetError: a file is truncated or malformed (names the file).
     """
-    key = _canonical(name)
+    key = _INFO.canonical(name)
     if protocol is None:
         protocol = dataset_protocols(key)[0]
     if protocol not in PROTOCOLS:
@@ -197,7 +259,8 @@ def load_dataset(
         val_holdout = default_val_holdout(key)
     if val_holdout not in VAL_HOLDOUTS:
         raise ValueError(f"`val_holdout` must be one of {VAL_HOLDOUTS}, got {val_holdout!r}.")
-    if key in INSTANCE_DATASETS:
+    kind = _INFO[key].kind
+    if kind == "instances":
         return _load_instances(key, protocol, data_dir, seed, val_holdout, kw)
     common = {
         "protocol": protocol,
@@ -205,7 +268,7 @@ def load_dataset(
         "seed": int(seed),
         "val_holdout": val_holdout,
     }
-    if key in ("digits", "mnist", "fashion-mnist", "cifar10") and protocol == "open-set":
+    if kind == "array" and protocol == "open-set":
         # n_query / n_train shape the closed-set split only: refuse them rather than ignore them
         _check_kwargs(key, kw, (), "in protocol 'open-set' (n_query / n_train are closed-set)")
     if key == "digits":
@@ -244,12 +307,5 @@ def _load_instances(
         )
     _check_kwargs(key, kw, INSTANCE_OPTIONS)
     base = INSTANCE_DATASETS[key]
-    test_pool: np.ndarray | None
-    if base == "digits":
-        train_pool, test_pool = read_digits_images(), None
-    elif base == "cifar10":
-        train_pool, _, test_pool, _ = read_cifar10(data_dir)
-    else:
-        train_x, _, test_x, _ = read_mnist_family(base, data_dir)
-        train_pool, test_pool = train_x[:, None], test_x[:, None]
+    train_pool, _, test_pool, _ = read_images(base, data_dir)
     return build_instance_splits(key, train_pool, test_pool, seed=int(seed), defaults_of=base, **kw)

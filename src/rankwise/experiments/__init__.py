@@ -52,10 +52,10 @@ it finishes within a minute and is deterministic for a seed, so a new experiment
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
+from .._registry import Lazy, Registry
 from .base import ExperimentResult, ExperimentSpec, experiment
 
 __all__ = [
@@ -78,6 +78,11 @@ REGISTRY: dict[str, str] = {
     "pointwise-roc-sphere": "rankwise.experiments.pointwise_roc_sphere",
     "mmc-subsampling": "rankwise.experiments.mmc_subsampling",
 }
+_RUNS: Registry[Callable[..., ExperimentResult]] = Registry(
+    "experiment",
+    {name: Lazy(module, "run") for name, module in REGISTRY.items()},
+    hint=" (`rankwise experiment list`)",
+)
 
 
 def get_experiment(name: str) -> Callable[..., ExperimentResult]:
@@ -86,13 +91,7 @@ def get_experiment(name: str) -> Callable[..., ExperimentResult]:
     Raises:
         ValueError: unknown name (the message lists the registered ones).
     """
-    if name not in REGISTRY:
-        raise ValueError(
-            f"unknown experiment {name!r}; available: {', '.join(REGISTRY)} "
-            "(`rankwise experiment list`)."
-        )
-    module = importlib.import_module(REGISTRY[name])
-    run = module.run
+    run = _RUNS[name]
     if run.spec.name != name:
         raise RuntimeError(
             f"REGISTRY maps {name!r} to {REGISTRY[name]}, whose experiment is {run.spec.name!r}."

@@ -71,16 +71,11 @@ class RandomBatches:
 
 def _load_pixels(dataset: str, n: int, seed: int) -> np.ndarray:
     """``n`` random images of ``dataset`` as flat float64 pixels in [0, 1]."""
+    from ..data.registry import pixel_features, read_images  # noqa: PLC0415 - deferred: the CLI imports every experiment module
+
     rng = np.random.default_rng(seed)
-    if dataset == "digits":
-        from sklearn.datasets import load_digits
-
-        images = load_digits().images.reshape(-1, 64) / 16.0
-    else:
-        from ..data.array_datasets import read_mnist_family
-
-        train_x, _, test_x, _ = read_mnist_family(dataset)
-        images = np.concatenate([train_x, test_x]).reshape(-1, 28 * 28) / 255.0
+    train_x, _, test_x, _ = read_images(dataset)
+    images = pixel_features(train_x if test_x is None else np.concatenate([train_x, test_x]))
     if n > images.shape[0]:
         raise ValueError(f"{dataset!r} has {images.shape[0]} images; {n} were requested.")
     return images[rng.choice(images.shape[0], n, replace=False)].astype(np.float64)
@@ -99,13 +94,14 @@ def _split(pixels: np.ndarray, n_test: int, n_train: int, dims: int, seed: int):
 
 def _train_linear(method, bits, train_x, affinity, iterations, batch_size, lr, seed):
     """A linear hash function trained with ``method``'s loss on the Trainer; returns the model."""
-    import torch
-    from torch.utils.data import TensorDataset
+    # deferred: the command line imports every experiment module to build its options
+    import torch  # noqa: PLC0415
+    from torch.utils.data import TensorDataset  # noqa: PLC0415
 
-    from ..hashing import build_hashing_model
-    from ..hashing.workflow import HashingTrainer
-    from ..losses import build_loss
-    from ..metrics.hamming import IndexedAffinity
+    from ..hashing import build_hashing_model  # noqa: PLC0415
+    from ..hashing.workflow import HashingTrainer  # noqa: PLC0415
+    from ..losses import build_loss  # noqa: PLC0415
+    from ..metrics.hamming import IndexedAffinity  # noqa: PLC0415
 
     torch.manual_seed(seed)
     model = build_hashing_model("linear", (train_x.shape[1],), bits)
@@ -133,7 +129,7 @@ def _train_linear(method, bits, train_x, affinity, iterations, batch_size, lr, s
 
 
 def _codes(model, x: np.ndarray) -> np.ndarray:
-    import torch
+    import torch  # noqa: PLC0415 - deferred: the CLI imports every experiment module
 
     with torch.no_grad():
         return model.eval()(torch.from_numpy(x).float()).numpy().astype(np.int8)
@@ -226,7 +222,7 @@ def run(
     n_test, n_all, n_train = sizes[0], sizes[0] + sizes[1], sizes[2]
     pixels = _load_pixels(dataset, n_all, seed)
     test_x, db_x, train_rows = _split(pixels, n_test, n_train, dims, seed)
-    from ..metrics import EuclideanThresholdAffinity, hamming_retrieval_metrics
+    from ..metrics import EuclideanThresholdAffinity, hamming_retrieval_metrics  # noqa: PLC0415 - deferred: the CLI imports every experiment module
 
     affinity = EuclideanThresholdAffinity.from_quantiles(db_x[train_rows], _QUANTILES, _LEVELS)
     options = {"seed": seed, "iterations": iterations, "batch_size": batch_size, "lr": lr}

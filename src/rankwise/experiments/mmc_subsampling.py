@@ -57,13 +57,12 @@ def load_pca_features(
     The PCA is fitted on the official training images (all of them, or ``pca_fit_size`` drawn at
     random) and applied to both splits.
     """
-    from sklearn.decomposition import PCA
+    from sklearn.decomposition import PCA  # noqa: PLC0415 - optional extra (scikit-learn)
 
-    from ..data import read_mnist_family
+    from ..data.registry import pixel_features, read_images  # noqa: PLC0415 - deferred: the CLI imports every experiment module
 
-    train_x, train_y, test_x, test_y = read_mnist_family(dataset, data_dir)
-    flat = lambda images: images.reshape(images.shape[0], -1).astype(np.float64) / 255.0  # noqa: E731
-    X, X_test = flat(train_x), flat(test_x)
+    train_x, train_y, test_x, test_y = read_images(dataset, data_dir)
+    X, X_test = pixel_features(train_x), pixel_features(test_x)
     rng = np.random.default_rng(seed)
     fit_rows = (
         np.arange(X.shape[0])
@@ -140,7 +139,7 @@ def _run_metric_learn(
 # -- one run ---------------------------------------------------------------------------------------
 def _score(A: np.ndarray, X: np.ndarray, y: np.ndarray, test: tuple) -> dict[str, float]:
     """Rescale A to meet the training constraint exactly; score it on the test set."""
-    from ..models.mmc import mmc_objective, positive_scatter
+    from ..similarity_learning.mmc import mmc_objective, positive_scatter  # noqa: PLC0415 - extra
 
     train_constraint = float((positive_scatter(X, y) * A).sum())
     A = A / train_constraint if train_constraint > 0 else A
@@ -154,7 +153,7 @@ def _score(A: np.ndarray, X: np.ndarray, y: np.ndarray, test: tuple) -> dict[str
 
 
 def _fit_ours(X, y, negatives, budget, seed, max_iter, tol) -> tuple[Any, float]:
-    from ..models import MMC
+    from ..similarity_learning import MMC  # noqa: PLC0415 - optional extra (scikit-learn)
 
     model = MMC(
         negatives=negatives,

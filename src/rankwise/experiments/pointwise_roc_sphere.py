@@ -81,7 +81,7 @@ def _tpr_at(curve: Any, levels: np.ndarray) -> np.ndarray:
 
 
 def _curve_summary(scores: np.ndarray, same: np.ndarray, grid: np.ndarray) -> dict[str, Any]:
-    from ..metrics import roc_curve
+    from ..metrics import roc_curve  # noqa: PLC0415 - deferred: the CLI imports every experiment module
 
     curve = roc_curve(scores, same)
     return {"curve": curve, "auc": curve.auc, "tpr_on_grid": _tpr_at(curve, grid)}
@@ -91,8 +91,12 @@ def _mean_risk_family(
     X: np.ndarray, y: np.ndarray, pairs: tuple, alphas: tuple[float, ...] | None, count: int
 ) -> dict[str, Any]:
     """Closed-form solutions of problem (6), their PGA check and their test ROC summaries."""
-    from ..models import BilinearSimilarity
-    from ..models.bilinear import pair_moment_matrices, projected_gradient_bilinear
+    # optional extra (scikit-learn)
+    from ..similarity_learning import BilinearSimilarity  # noqa: PLC0415
+    from ..similarity_learning.bilinear import (  # noqa: PLC0415
+        pair_moment_matrices,
+        projected_gradient_bilinear,
+    )
 
     P, N = pair_moment_matrices(X, y)
     floor = 0.5 * (1 - float(np.linalg.norm(N)))
@@ -128,7 +132,7 @@ def _mean_risk_family(
 def _fpr_target_family(
     X: np.ndarray, y: np.ndarray, pairs: tuple, targets: tuple[float, ...], max_iter: int
 ) -> list[dict[str, Any]]:
-    from ..models import BilinearSimilarity
+    from ..similarity_learning import BilinearSimilarity  # noqa: PLC0415 - optional extra (scikit-learn)
 
     rows = []
     for alpha in targets:
@@ -247,7 +251,7 @@ def run(
 
 def _score_targets(rows: list[dict[str, Any]], pairs: tuple) -> None:
     """Every FPR-target solution's test TPR at every target, and the cosine baseline's."""
-    from ..metrics import roc_curve
+    from ..metrics import roc_curve  # noqa: PLC0415 - deferred: the CLI imports every experiment module
 
     same = pairs[2]
     targets = np.array([row["alpha"] for row in rows])

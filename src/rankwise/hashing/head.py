@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .._packing import pack_codes
 from .._validation import Interval, check_bool, check_choice, check_scalar
-from .codes import pack_codes
+from ..models import build_backbone
 
 __all__ = ["HashingHead", "HashingModel", "build_hashing_model", "binarize"]
 
@@ -194,8 +195,6 @@ def build_hashing_model(
         frozen_bn: freeze the backbone's BatchNorm layers (resnet50).
         **kw: backbone options (``width``; ``hidden``, ``dropout``).
     """
-    from ..models import build_backbone
-
     if backbone == "linear":
         if kw or weights_path is not None:
             raise ValueError("the 'linear' backbone takes no options.")

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from .._packing import PackedCodes, _word_dtype, as_packed_codes, code_distance
 from .._threads import keeps_torch_threads
 from .._validation import Interval, check_scalar
-from .codes import PackedCodes, _word_dtype, as_packed_codes, code_distance
 
 __all__ = ["HammingIndex"]
 

@@ -41,6 +41,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from .._registry import Registry
 from ..training import NonFiniteLossError, RunResult, Trainer
 from ..training.lock import lock_run_dir
 from .head import HashingHead, HashingModel, binarize, build_hashing_model
@@ -59,7 +60,21 @@ __all__ = [
     "run_hash_experiment",
 ]
 
-HASH_METHODS = ("talr", "talr_midpoint", "dpsh", "smooth_ap", "triplet", "untrained")
+# hash method -> (its loss, None for the tie-aware loss of hash.objective; the loss's parameters).
+# The baselines' own settings: FaceNet's margin 0.2 with semi-hard mining (Schroff et al., CVPR
+# 2015; batch-hard mining collapses on these 10-class batches at the shared learning rate)
+_METHODS: Registry[tuple[str | None, dict[str, Any]]] = Registry(
+    "hash method",
+    {
+        "talr": (None, {}),
+        "talr_midpoint": (None, {"form": "midpoint"}),
+        "dpsh": ("dpsh", {}),
+        "smooth_ap": ("smooth_ap", {}),
+        "triplet": ("triplet_semihard", {"margin": 0.2}),
+        "untrained": (None, {}),
+    },
+)
+HASH_METHODS = _METHODS.names
 _OBJECTIVE_LOSS = {"ap": "tie_aware_ap", "ndcg": "tie_aware_ndcg"}
 # The built-in config of `rankwise hash train` (the same as configs/hash_fashion_mnist.yaml, which
 # documents every choice): Fashion-MNIST in TALR's CIFAR-10 setting 1.
@@ -97,10 +112,6 @@ DEFAULT_HASH_CONFIG: dict[str, Any] = {
         "overrides": {},
     },
 }
-_METHOD_LOSS = {"dpsh": "dpsh", "smooth_ap": "smooth_ap", "triplet": "triplet_semihard"}
-# The baselines' own settings: FaceNet's margin 0.2 with semi-hard mining (Schroff et al., CVPR
-# 2015; batch-hard mining collapses on these 10-class batches at the shared learning rate)
-_METHOD_PARAMS: dict[str, dict[str, Any]] = {"triplet": {"margin": 0.2}}
 
 
 class HashSettings(BaseModel):
@@ -283,12 +294,9 @@ def method_config(config, settings: HashSettings, method: str, bits: int, output
     from ..training.config import apply_overrides, config_from_dict
 
     data = config.to_dict()
-    talr = method in ("talr", "talr_midpoint", "untrained")
-    loss = _OBJECTIVE_LOSS[settings.objective] if talr else _METHOD_LOSS[method]
-    params = {"form": "midpoint"} if method == "talr_midpoint" else {}
-    params.update(_METHOD_PARAMS.get(method, {}))
-    params.update(settings.loss_params.get(method, {}))
-    data["loss"] = {"name": loss, "params": params}
+    loss, params = _METHODS[method]
+    params = {**params, **settings.loss_params.get(method, {})}
+    data["loss"] = {"name": loss or _OBJECTIVE_LOSS[settings.objective], "params": params}
     data["model"]["embedding_dim"] = bits
     if output is not None:
         data["output_dir"] = str(output / method / f"{bits}bits")

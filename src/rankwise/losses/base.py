@@ -18,12 +18,15 @@ not finite (float32 overflow) raise a ``ValueError`` naming ``embeddings``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
-from .._validation import check_embeddings, check_labels
+from .._affinity import affinity_labels, affinity_levels
+from .._validation import check_embeddings
 from ..similarity import SIMILARITIES, check_similarity, similarity_matrix
 
 __all__ = [
@@ -44,28 +47,31 @@ def validate_pair_inputs(
     labels: torch.Tensor,
     ref_embeddings: torch.Tensor | None = None,
     ref_labels: torch.Tensor | None = None,
+    *,
+    affinity: Any = None,
+    check_rows: Callable[[Any, str], torch.Tensor] = check_embeddings,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Checked ``(embeddings (B, d), labels (B,) int64, ref (M, d) | None, ref_labels | None)``.
 
     The reference set is cast to the embeddings' device and dtype. Every problem is a
     ``ValueError`` naming the argument (NaN/inf, shapes, label dtype, a lone ``ref_*``).
+    ``affinity`` (:mod:`rankwise._affinity`; None: class ids) says what labels are accepted,
+    ``check_rows(x, name)`` checks each embedding matrix (default: finite 2-D floats).
     """
-    emb = check_embeddings(embeddings, "embeddings")
-    lab = check_labels(labels, emb.shape[0], "labels", device=emb.device, allow_multi_hot=False)
+    emb = check_rows(embeddings, "embeddings")
+    lab = affinity_labels(affinity, labels, emb.shape[0], "labels", emb.device)
     if (ref_embeddings is None) != (ref_labels is None):
         raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
     if ref_embeddings is None:
         return emb, lab, None, None
-    ref = check_embeddings(ref_embeddings, "ref_embeddings")
+    ref = check_rows(ref_embeddings, "ref_embeddings")
     if ref.shape[1] != emb.shape[1]:
         raise ValueError(
             f"`ref_embeddings` has dimension {ref.shape[1]} but `embeddings` has "
             f"{emb.shape[1]}; they must live in the same space."
         )
     ref = ref.to(device=emb.device, dtype=emb.dtype)
-    ref_lab = check_labels(
-        ref_labels, ref.shape[0], "ref_labels", device=emb.device, allow_multi_hot=False
-    )
+    ref_lab = affinity_labels(affinity, ref_labels, ref.shape[0], "ref_labels", emb.device)
     return emb, lab, ref, ref_lab
 
 
@@ -158,12 +164,16 @@ class PairBatch:
 
     Attributes:
         scores: (B, M) similarity of every anchor to every reference item.
-        pos_mask: (B, M) bool, True where the reference shares the anchor's label (self excluded).
-        neg_mask: (B, M) bool, True where the reference has a different label.
-        labels: (B,) int64 anchor labels.
+        pos_mask: (B, M) bool, True where the reference shares the anchor's label (self excluded),
+            or, for a loss with an ``affinity``, where their affinity is positive.
+        neg_mask: (B, M) bool, True where the reference has a different label (affinity 0).
+        labels: (B,) int64 anchor labels (or what the loss's ``affinity`` takes as labels).
         ref_labels: (M,) int64 reference labels.
         valid: (B,) bool, anchors with at least one positive and one negative.
         self_reference: True when the references are the batch itself.
+        levels: (B, M) float64 multi-level affinities (None: binary, from the class ids).
+        embeddings: the checked (B, d) embeddings the scores come from, in the scores' dtype.
+        ref_embeddings: the same of the (M, d) references (``embeddings`` if self).
     """
 
     scores: torch.Tensor
@@ -173,10 +183,14 @@ class PairBatch:
     ref_labels: torch.Tensor
     valid: torch.Tensor
     self_reference: bool
+    levels: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+    ref_embeddings: torch.Tensor | None = None
 
     def restrict_to_valid(self) -> PairBatch:
-        """The same batch with only the valid anchors kept (rows of scores and masks)."""
+        """The same batch with only the valid anchors kept (rows of scores, masks, levels)."""
         v = self.valid
+        rows = [None if t is None else t[v] for t in (self.levels, self.embeddings)]
         return PairBatch(
             self.scores[v],
             self.pos_mask[v],
@@ -185,6 +199,9 @@ class PairBatch:
             self.ref_labels,
             torch.ones(int(v.sum()), dtype=torch.bool, device=v.device),
             self.self_reference,
+            rows[0],
+            rows[1],
+            self.ref_embeddings,
         )
 
 
@@ -194,7 +211,15 @@ class RankingLoss(nn.Module):
     Args:
         similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (negative Euclidean
             distance; alias ``"neg_euclidean"``).
+
+    A subclass whose labels are more than class ids sets ``self.affinity`` (see
+    :mod:`rankwise._affinity`): positives are then the references of positive affinity, and the
+    batch carries the affinity levels. It may refine :meth:`check_rows` (what embeddings it
+    takes) and :meth:`check_batch` (when a batch has nothing to learn from).
     """
+
+    #: None (labels are class ids) or an affinity of :mod:`rankwise._affinity`
+    affinity: Any = None
 
     def __init__(self, similarity: str = "cosine") -> None:
         super().__init__()
@@ -206,6 +231,16 @@ class RankingLoss(nn.Module):
         """The loss of a validated batch (implemented by every subclass)."""
         raise NotImplementedError
 
+    def check_rows(self, x: Any, name: str) -> torch.Tensor:
+        """Check one embedding matrix (``embeddings`` / ``ref_embeddings``): finite, 2-D."""
+        return check_embeddings(x, name)
+
+    def check_batch(self, batch: PairBatch) -> None:
+        """Refuse a batch with nothing to learn from: no anchor with a positive and a negative."""
+        raise_if_nothing_to_rank(
+            type(self).__name__, self.last_stats["n_anchors_used"], batch.labels
+        )
+
     # -- shared path -----------------------------------------------------------------------------
     def prepare(
         self,
@@ -216,20 +251,33 @@ class RankingLoss(nn.Module):
     ) -> PairBatch:
         """Validate inputs, build the score matrix and masks, count skipped anchors."""
         emb, lab, ref, ref_lab = validate_pair_inputs(
-            embeddings, labels, ref_embeddings, ref_labels
+            embeddings,
+            labels,
+            ref_embeddings,
+            ref_labels,
+            affinity=self.affinity,
+            check_rows=self.check_rows,
         )
         self_reference = ref is None
         if self_reference:
             ref, ref_lab = emb, lab
+        # one upcast of half-precision rows, whose gradient gathers every use in float32
+        emb = emb.to(score_dtype(emb.dtype))
+        ref = emb if self_reference else ref.to(emb.dtype)
         scores = loss_scores(emb, ref, self.similarity, self_reference)
-        same = lab[:, None] == ref_lab[None, :]
+        levels = None if self.affinity is None else affinity_levels(self.affinity, lab, ref_lab)
+        same = lab[:, None] == ref_lab[None, :] if levels is None else levels > 0
         pos_mask = same.clone()
+        neg_mask = ~same
         if self_reference:
             pos_mask.fill_diagonal_(False)
-        neg_mask = ~same
+            neg_mask.fill_diagonal_(False)  # (already False for class ids)
         valid, self.last_stats = anchor_statistics(pos_mask, neg_mask)
-        raise_if_nothing_to_rank(type(self).__name__, self.last_stats["n_anchors_used"], lab)
-        return PairBatch(scores, pos_mask, neg_mask, lab, ref_lab, valid, self_reference)
+        batch = PairBatch(
+            scores, pos_mask, neg_mask, lab, ref_lab, valid, self_reference, levels, emb, ref
+        )
+        self.check_batch(batch)
+        return batch
 
     def forward(
         self,

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .._extras import require
+from .._registry import Registry
 from .._validation import Interval, check_bool, check_choice, check_scalar
 from .base import anchor_statistics, raise_if_nothing_to_rank, score_dtype, validate_pair_inputs
 
@@ -37,8 +38,6 @@ __all__ = [
     "baseline",
     "baseline_parameters",
 ]
-
-BASELINES = ("contrastive", "triplet", "triplet_semihard", "multi_similarity", "fastap", "xbm")
 
 # Constructor keywords every PML loss accepts through its base classes.
 _PML_COMMON_KEYS = (
@@ -52,14 +51,18 @@ _PML_COMMON_KEYS = (
 # to similarity 1, negatives are pushed below 0.5.
 _CONTRASTIVE_DEFAULTS = {"pos_margin": 1.0, "neg_margin": 0.5}
 # baseline -> PML loss class name, and the miner class name of the mined baselines
-_LOSS_CLASSES = {
-    "contrastive": "ContrastiveLoss",
-    "triplet": "TripletMarginLoss",
-    "triplet_semihard": "TripletMarginLoss",
-    "multi_similarity": "MultiSimilarityLoss",
-    "fastap": "FastAPLoss",
-    "xbm": "ContrastiveLoss",
-}
+_LOSS_CLASSES: Registry[str] = Registry(
+    "baseline",
+    {
+        "contrastive": "ContrastiveLoss",
+        "triplet": "TripletMarginLoss",
+        "triplet_semihard": "TripletMarginLoss",
+        "multi_similarity": "MultiSimilarityLoss",
+        "fastap": "FastAPLoss",
+        "xbm": "ContrastiveLoss",
+    },
+)
+BASELINES = _LOSS_CLASSES.names
 # rankwise's own keys of "xbm" (the rest are the PML ContrastiveLoss's)
 _XBM_KEYS = ("embedding_size", "memory_size", "start_iteration", "batch_loss")
 _MINER_CLASSES = {
@@ -120,8 +123,8 @@ def baseline_parameters(name: str) -> tuple[str, ...]:
         mined baselines, ``embedding_size`` / ``memory_size`` / ``start_iteration`` /
         ``batch_loss`` for ``"xbm"``).
     """
-    _check_name(name)
-    keys = _named_parameters(getattr(_pml("losses"), _LOSS_CLASSES[name]))
+    pml_class = _LOSS_CLASSES[name]  # the name is checked before the extra is imported
+    keys = _named_parameters(getattr(_pml("losses"), pml_class))
     keys.update(_PML_COMMON_KEYS)
     if name in _MINER_CLASSES:
         keys.add("miner_kwargs")
@@ -163,11 +166,6 @@ def _check_miner_kwargs(name: str, miner_kwargs: Any) -> dict[str, Any]:
                 f"valid miner parameters: {', '.join(sorted(valid))}."
             )
     return _check_values(miner_kwargs, name)
-
-
-def _check_name(name: str) -> None:
-    if name not in BASELINES:
-        raise ValueError(f"unknown baseline {name!r}; valid names: {', '.join(BASELINES)}.")
 
 
 class PMLBaseline(nn.Module):
@@ -449,7 +447,6 @@ def baseline(name: str, **kw: Any) -> nn.Module:
         A :class:`PMLBaseline` (``.loss``, ``.miner`` are the PML objects) or, for ``"xbm"``, a
         :class:`CrossBatchMemoryBaseline`.
     """
-    _check_name(name)
     valid = baseline_parameters(name)
     for key in kw:
         if key not in valid:

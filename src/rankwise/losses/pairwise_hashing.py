@@ -16,16 +16,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .._validation import Interval, check_embeddings, check_scalar
-from .base import score_dtype
-from .tie_aware import affinity_labels, affinity_levels, check_affinity
+from .._affinity import check_affinity
+from .._validation import Interval, check_scalar
+from .base import PairBatch, RankingLoss
 
 __all__ = ["DPSHLoss"]
 
 
-class DPSHLoss(nn.Module):
+class DPSHLoss(RankingLoss):
     """Deep pairwise-supervised hashing loss (negative pair log-likelihood + quantization).
 
     Args:
@@ -42,42 +41,16 @@ class DPSHLoss(nn.Module):
     """
 
     def __init__(self, eta: float = 0.1, affinity: Any = "labels") -> None:
-        super().__init__()
+        super().__init__("dot")  # Θ = ½ uᵀu' from the base class's "dot" scores
         self.eta = check_scalar(eta, "eta", Interval("real", 0, None))
         self.affinity = check_affinity(affinity)
-        self.last_stats: dict[str, float] = {}
 
-    def forward(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        ref_embeddings: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Loss of one batch (see the class docstring for the arguments)."""
-        u = check_embeddings(embeddings, "embeddings")
-        lab = affinity_labels(self.affinity, labels, u.shape[0], "labels", u.device)
-        if (ref_embeddings is None) != (ref_labels is None):
-            raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
-        if ref_embeddings is None:
-            ref, ref_lab = u, lab
-        else:
-            ref = check_embeddings(ref_embeddings, "ref_embeddings").to(u.device, u.dtype)
-            if ref.shape[1] != u.shape[1]:
-                raise ValueError(
-                    f"`ref_embeddings` has {ref.shape[1]} bits but `embeddings` has {u.shape[1]}."
-                )
-            ref_lab = affinity_labels(
-                self.affinity, ref_labels, ref.shape[0], "ref_labels", u.device
-            )
-        similar = affinity_levels(self.affinity, lab, ref_lab) > 0
-        pairs = torch.ones_like(similar)
-        if ref_embeddings is None:
-            pairs.fill_diagonal_(False)
-        n_pairs = int(pairs.sum())
+    def check_batch(self, batch: PairBatch) -> None:
+        """Refuse a batch without a pair of distinct items, or with one kind of pair only."""
+        n_similar = int(batch.pos_mask.sum())
+        n_pairs = n_similar + int(batch.neg_mask.sum())
         if n_pairs == 0:
             raise ValueError("DPSHLoss: the batch has no pair of distinct items; pass >= 2 items.")
-        n_similar = int((similar & pairs).sum())
         if n_similar in (0, n_pairs):
             # as every loss of the library: a batch of one kind of pair only pulls every code
             # together (or apart) and teaches nothing about the ranking
@@ -86,19 +59,23 @@ class DPSHLoss(nn.Module):
                 f"DPSHLoss: the batch has no {kind} pair ({n_pairs} pairs); sample batches with "
                 "several classes and >= 2 items per class (rankwise.sampling.MPerClassBatchSampler)."
             )
+
+    def compute(self, batch: PairBatch) -> torch.Tensor:
+        """Loss of a prepared batch: every pair of distinct items, no anchor skipped."""
+        pairs = batch.pos_mask | batch.neg_mask
+        n_pairs = int(pairs.sum())
+        similar = batch.levels > 0
         # half precision is computed in float32 with autocast off, as every loss does
         # (rankwise.losses.base): Θ = ½ uᵀu' overflows float16 for long unsaturated codes
-        dtype = score_dtype(u.dtype)
-        with torch.autocast(u.device.type, enabled=False):
-            u_c = u.to(dtype)
-            ref_c = u_c if ref_embeddings is None else ref.to(dtype)
-            theta = u_c @ ref_c.T / 2
+        theta = batch.scores / 2
+        dtype, u_c = theta.dtype, batch.embeddings
+        with torch.autocast(theta.device.type, enabled=False):
             nll = F.softplus(theta) - similar.to(dtype) * theta
             likelihood = (nll * pairs).sum() / n_pairs
             quantization = (torch.where(u_c >= 0, 1.0, -1.0).to(dtype) - u_c).pow(2).mean()
         self.last_stats = {
             "n_pairs": n_pairs,
-            "n_similar_pairs": n_similar,
+            "n_similar_pairs": int(batch.pos_mask.sum()),
             "likelihood": float(likelihood.detach()),
             "quantization": float(quantization.detach()),
         }

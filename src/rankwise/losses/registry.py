@@ -6,8 +6,7 @@ DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020; the poin
 Vogel et al., ICML 2018, problem (1)) and the
 pytorch-metric-learning baselines of :mod:`rankwise.losses.baselines`. Parameters are checked
 against the constructor signature, so a misspelt key fails with a ``ValueError`` naming the loss,
-the key and the valid keys instead of being ignored. Loss modules are imported inside the
-factories, so this module imports even while one of them is being rewritten.
+the key and the valid keys instead of being ignored.
 """
 
 from __future__ import annotations
@@ -18,25 +17,41 @@ from typing import Any
 
 from torch import nn
 
+from .._registry import Registry
 from .._validation import Interval, check_scalar
+from .auc import AUCLoss, WilcoxonLoss
 from .baselines import BASELINES, baseline, baseline_parameters
+from .blackbox_ap import BlackBoxAPLoss
+from .dir import DIRLoss
+from .pairwise_hashing import DPSHLoss
+from .pointwise_roc import PointwiseROCLoss
+from .smooth_ap import SmoothAPLoss
+from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
+from .tie_aware import TieAwareAPLoss, TieAwareNDCGLoss
 
 __all__ = ["LOSSES", "build_loss", "loss_parameters"]
 
-RANKWISE_LOSSES = (
-    "soprc",
-    "ap",
-    "auc",
-    "wilcoxon",
-    "smooth_ap",
-    "dir",
-    "blackbox_ap",
-    "pointwise_roc",
+# loss name -> its class; the baselines' entry is the factory `baseline`
+_LOSS_CLASSES: Registry[Callable[..., nn.Module]] = Registry(
+    "loss",
+    {
+        "soprc": SOPRCLoss,
+        "ap": APLoss,
+        "auc": AUCLoss,
+        "wilcoxon": WilcoxonLoss,
+        "smooth_ap": SmoothAPLoss,
+        "dir": DIRLoss,
+        "blackbox_ap": BlackBoxAPLoss,
+        "pointwise_roc": PointwiseROCLoss,
+        # binary-code losses (relaxed codes of a HashingHead as embeddings): TALR's tie-aware AP /
+        # NDCG (He et al., CVPR 2018, Eq. 11-12) and the DPSH pairwise-likelihood baseline
+        "tie_aware_ap": TieAwareAPLoss,
+        "tie_aware_ndcg": TieAwareNDCGLoss,
+        "dpsh": DPSHLoss,
+        **dict.fromkeys(BASELINES, baseline),
+    },
 )
-# binary-code losses (relaxed codes of a HashingHead as embeddings): TALR's tie-aware AP / NDCG
-# (He et al., CVPR 2018, Eq. 11-12) and the DPSH pairwise-likelihood baseline
-HASHING_LOSSES = ("tie_aware_ap", "tie_aware_ndcg", "dpsh")
-LOSSES = RANKWISE_LOSSES + HASHING_LOSSES + BASELINES
+LOSSES = _LOSS_CLASSES.names
 
 # Released SOPRC configs: weight 1 on positives below their mean, 5 on negatives above it.
 DEFAULT_SEMI_VARIANCE_WEIGHTS = (1.0, 5.0)
@@ -49,47 +64,6 @@ _CONTEXT_NAMES = {
     "embedding_size": "embedding_dim",
     "bits": "embedding_dim",
 }
-
-
-def _loss_class(name: str) -> type:
-    if name in ("soprc", "ap"):
-        from .soprc import APLoss, SOPRCLoss
-
-        return SOPRCLoss if name == "soprc" else APLoss
-    if name in ("auc", "wilcoxon"):
-        from .auc import AUCLoss, WilcoxonLoss
-
-        return AUCLoss if name == "auc" else WilcoxonLoss
-    if name == "smooth_ap":
-        from .smooth_ap import SmoothAPLoss
-
-        return SmoothAPLoss
-    if name == "dir":
-        from .dir import DIRLoss
-
-        return DIRLoss
-    if name in ("tie_aware_ap", "tie_aware_ndcg"):
-        from .tie_aware import TieAwareAPLoss, TieAwareNDCGLoss
-
-        return TieAwareAPLoss if name == "tie_aware_ap" else TieAwareNDCGLoss
-    if name == "dpsh":
-        from .pairwise_hashing import DPSHLoss
-
-        return DPSHLoss
-    if name == "blackbox_ap":
-        from .blackbox_ap import BlackBoxAPLoss
-
-        return BlackBoxAPLoss
-    if name == "pointwise_roc":
-        from .pointwise_roc import PointwiseROCLoss
-
-        return PointwiseROCLoss
-    raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(LOSSES)}.")
-
-
-def _check_name(name: str) -> None:
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; valid names: {', '.join(LOSSES)}.")
 
 
 def _keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspect.Parameter], bool]:
@@ -126,10 +100,10 @@ def loss_parameters(name: str) -> tuple[str, ...]:
     ``semi_variance_weights``; for baselines,
     :func:`~rankwise.losses.baselines.baseline_parameters`.
     """
-    _check_name(name)
+    _LOSS_CLASSES.canonical(name)
     if name in BASELINES:
         return baseline_parameters(name)
-    cls = _loss_class(name)
+    cls = _LOSS_CLASSES[name]
     if name == "soprc":
         named, _ = _soprc_parameters(cls)
         return tuple(sorted({*named, *_SEMI_VARIANCE_KEYS}))
@@ -210,7 +184,7 @@ def build_loss(
         ValueError: unknown name, unknown parameter (naming the key and listing the valid ones),
             missing required context (e.g. ``train_labels`` for ``"soprc"``).
     """
-    _check_name(name)
+    _LOSS_CLASSES.canonical(name)
     context = {"num_classes": num_classes, "embedding_dim": embedding_dim}
     if name in BASELINES:
         valid = baseline_parameters(name)
@@ -222,7 +196,7 @@ def build_loss(
             raise ValueError("loss 'xbm' needs the embedding dimension; pass embedding_dim=...")
         return baseline(name, **kw)
 
-    cls = _loss_class(name)
+    cls = _LOSS_CLASSES[name]
     if name == "soprc":
         return _build_soprc(cls, train_labels, params, context)
     named, var_kw = _keyword_parameters(cls.__init__)
@@ -260,8 +234,6 @@ def _build_soprc(
             "loss 'soprc' needs the training labels to size its per-class state and class "
             "priors; pass build_loss('soprc', train_labels=<(N,) class ids of the training set>)."
         )
-    from .soprc import SemiVarianceRegularizer
-
     params = dict(params)
     weights = params.pop("semi_variance_weights", DEFAULT_SEMI_VARIANCE_WEIGHTS)
     normalization = params.pop("semi_variance_normalization", "pairs")

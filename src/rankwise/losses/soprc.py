@@ -30,7 +30,7 @@ from .._validation import (
     check_range_pair,
     check_scalar,
 )
-from .base import PairBatch, RankingLoss, score_dtype, validate_pair_inputs
+from .base import PairBatch, RankingLoss, score_dtype
 
 __all__ = [
     "APLoss",
@@ -782,11 +782,8 @@ class SOPRCLoss(RankingLoss):
         Returns:
             A scalar tensor.
         """
-        emb, lab, ref, ref_lab = validate_pair_inputs(
-            embeddings, labels, ref_embeddings, ref_labels
-        )
-        batch = self.prepare(emb, lab, ref, ref_lab)
-        pair_scores = _PairScores(emb, emb if ref is None else ref, self.similarity)
+        batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
+        pair_scores = _PairScores(batch.embeddings, batch.ref_embeddings, self.similarity)
         return self._compute(batch, pair_scores)
 
     def compute(self, batch: PairBatch) -> torch.Tensor:

@@ -49,13 +49,11 @@ import math
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
 import torch
-from torch import nn
 
-from .._validation import Interval, check_choice, check_embeddings, check_labels, check_scalar
-from ..metrics.hamming import EuclideanThresholdAffinity
-from .base import anchor_statistics, raise_if_nothing_to_rank, score_dtype
+from .._affinity import affinity_levels, check_affinity
+from .._validation import Interval, check_choice, check_embeddings, check_scalar
+from .base import PairBatch, RankingLoss
 
 __all__ = [
     "TieAwareAPLoss",
@@ -72,7 +70,6 @@ __all__ = [
 ]
 
 FORMS = ("exact", "midpoint")
-LABEL_AFFINITIES = ("labels", "shared_labels")
 _EULER_GAMMA = 0.57721566490153286061
 _LN2 = math.log(2.0)
 _SHIFT = 32  # M: positions summed exactly before the Euler-Maclaurin tail takes over
@@ -300,66 +297,18 @@ def ideal_dcg(gains: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (ordered / torch.log2(positions + 1.0)).sum(1)
 
 
-# -- affinities -------------------------------------------------------------------------------
-
-
-def check_affinity(affinity: Any) -> Any:
-    """Validate the ``affinity`` argument of a binary-code loss (see :class:`TieAwareAPLoss`)."""
-    if isinstance(affinity, str):
-        return check_choice(affinity, "affinity", LABEL_AFFINITIES)
-    if isinstance(affinity, EuclideanThresholdAffinity) or callable(affinity):
-        return affinity
-    raise ValueError(
-        f"`affinity` must be one of {LABEL_AFFINITIES}, an EuclideanThresholdAffinity or a "
-        f"callable, got {affinity!r}."
-    )
-
-
-def affinity_labels(affinity: Any, labels: Any, n: int, name: str, device) -> torch.Tensor:
-    """Validated labels for ``affinity``: class ids / multi-hot, features, or anything."""
-    if isinstance(affinity, str):
-        return check_labels(labels, n, name, device=device)
-    if isinstance(affinity, EuclideanThresholdAffinity):
-        return check_embeddings(labels, name, device).to(torch.float64)
-    out = torch.as_tensor(labels, device=device)
-    if out.shape[0] != n:
-        raise ValueError(f"`{name}` has {out.shape[0]} rows but the codes have {n}.")
-    return out
-
-
-def affinity_levels(affinity: Any, lab: torch.Tensor, ref_lab: torch.Tensor) -> torch.Tensor:
-    """``(B, M)`` float64 affinity levels between anchors and references.
-
-    Args:
-        affinity: ``"labels"`` (binary: same class id, or at least one shared multi-hot label),
-            ``"shared_labels"`` (number of shared labels), an
-            :class:`~rankwise.metrics.EuclideanThresholdAffinity` (labels are features) or a
-            callable ``f(labels, ref_labels) -> (B, M)`` of non-negative levels.
-        lab: anchor labels.
-        ref_lab: reference labels.
-    """
-    if isinstance(affinity, str):
-        if lab.ndim != ref_lab.ndim:
-            raise ValueError("`labels` and `ref_labels` must be the same kind of labels.")
-        if lab.ndim == 1:
-            return (lab[:, None] == ref_lab[None, :]).to(torch.float64)
-        shared = lab.to(torch.float64) @ ref_lab.to(torch.float64).T
-        return shared.clamp_max(1.0) if affinity == "labels" else shared
-    levels = affinity(lab.cpu().numpy(), ref_lab.cpu().numpy())
-    levels = torch.as_tensor(np.asarray(levels), device=lab.device).to(torch.float64)
-    if levels.shape != (lab.shape[0], ref_lab.shape[0]) or bool((levels < 0).any()):
-        raise ValueError(
-            "the affinity must return non-negative levels of shape (n_anchors, n_refs), got "
-            f"{tuple(levels.shape)}."
-        )
-    return levels
-
-
 # -- the losses ------------------------------------------------------------------------------------
 
 
-class _TieAwareLoss(nn.Module):
-    """Validation, affinities, relaxed distances and histograms shared by the two losses."""
+class _TieAwareLoss(RankingLoss):
+    """Relaxed distances and histograms shared by the two losses, on the base class's batch.
+
+    Called as ``loss(codes (B, bits), labels, ref_codes=None (M, bits), ref_labels=None)``: the
+    codes are relaxed codes in ``[-1, 1]``; the labels ``(B,)`` class ids or ``(B, C)`` multi-hot
+    labels (``affinity`` a string), ``(B, F)`` original features for a
+    :class:`~rankwise.metrics.EuclideanThresholdAffinity`. Returns a scalar: float32 for
+    half-precision codes, else of the codes' dtype.
+    """
 
     _objective = ""
 
@@ -371,7 +320,10 @@ class _TieAwareLoss(nn.Module):
         form: str = "exact",
         affinity: Any = "labels",
     ) -> None:
-        super().__init__()
+        # relaxed Hamming distances (b - φᵀφ') / 2 come from the "dot" scores of the base class,
+        # which half-precision codes get in float32 (the relaxed histogram's kernel width is finer
+        # than float16's spacing of distances near `bits`)
+        super().__init__("dot")
         self.bits = check_scalar(bits, "bits", Interval("integer", 1, None))
         if num_bins is None:
             num_bins = self.bits
@@ -382,10 +334,9 @@ class _TieAwareLoss(nn.Module):
         self.delta = check_scalar(delta, "delta", Interval("real", 0, None, closed="neither"))
         self.form = check_choice(form, "form", FORMS)
         self.affinity = check_affinity(affinity)
-        self.last_stats: dict[str, float] = {}
 
-    # -- inputs ------------------------------------------------------------------------------
-    def _codes(self, x: Any, name: str) -> torch.Tensor:
+    def check_rows(self, x: Any, name: str) -> torch.Tensor:
+        """Relaxed codes: ``(n, bits)``, values in ``[-1, 1]``."""
         codes = check_embeddings(x, name)
         if codes.shape[1] != self.bits:
             raise ValueError(
@@ -400,58 +351,12 @@ class _TieAwareLoss(nn.Module):
             )
         return codes
 
-    def _batch(self, embeddings, labels, ref_embeddings, ref_labels):
-        emb = self._codes(embeddings, "embeddings")
-        lab = affinity_labels(self.affinity, labels, emb.shape[0], "labels", emb.device)
-        if (ref_embeddings is None) != (ref_labels is None):
-            raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
-        self_reference = ref_embeddings is None
-        if self_reference:
-            ref, ref_lab = emb, lab
-        else:
-            ref = self._codes(ref_embeddings, "ref_embeddings").to(emb.dtype)
-            ref_lab = affinity_labels(
-                self.affinity, ref_labels, ref.shape[0], "ref_labels", emb.device
-            )
-        levels = affinity_levels(self.affinity, lab, ref_lab)
-        ranked = torch.ones_like(levels, dtype=torch.bool)
-        if self_reference:
-            ranked.fill_diagonal_(False)
-        # half-precision codes are scored in float32 (autocast off), as every loss does
-        # (rankwise.losses.base): the relaxed histogram's kernel width is finer than float16's
-        # spacing of distances near `bits`
-        dtype = score_dtype(emb.dtype)
-        with torch.autocast(emb.device.type, enabled=False):
-            emb_c = emb.to(dtype)
-            ref_c = emb_c if self_reference else ref.to(dtype)
-            distances = (self.bits - emb_c @ ref_c.T) / 2
-        return distances, levels, ranked, lab
-
-    def forward(
-        self,
-        embeddings: torch.Tensor,
-        labels: torch.Tensor,
-        ref_embeddings: torch.Tensor | None = None,
-        ref_labels: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Loss ``1 - mean relaxed metric`` of one batch.
-
-        Args:
-            embeddings: ``(B, bits)`` relaxed codes in ``[-1, 1]`` (one row per query).
-            labels: ``(B,)`` class ids or ``(B, C)`` multi-hot labels (``affinity`` a string);
-                ``(B, F)`` original features for a :class:`EuclideanThresholdAffinity`.
-            ref_embeddings: optional ``(M, bits)`` relaxed codes to rank against.
-            ref_labels: labels of the reference set.
-
-        Returns:
-            A scalar tensor: float32 for half-precision codes, else of the codes' dtype.
-        """
-        distances, levels, ranked, lab = self._batch(embeddings, labels, ref_embeddings, ref_labels)
-        positive = (levels > 0) & ranked
-        negative = (levels == 0) & ranked
-        valid, self.last_stats = anchor_statistics(positive, negative)
-        raise_if_nothing_to_rank(type(self).__name__, self.last_stats["n_anchors_used"], lab)
-        values = self._relaxed_metric(distances[valid], levels[valid], ranked[valid])
+    def compute(self, batch: PairBatch) -> torch.Tensor:
+        """Loss ``1 - mean relaxed metric`` of a prepared batch (its valid anchors)."""
+        distances = (self.bits - batch.scores) / 2
+        ranked = batch.pos_mask | batch.neg_mask  # every reference but the anchor itself
+        valid = batch.valid
+        values = self._relaxed_metric(distances[valid], batch.levels[valid], ranked[valid])
         mean = values.mean()
         self.last_stats[f"mean_{self._objective}"] = float(mean.detach())
         return (1.0 - mean).to(distances.dtype)

@@ -17,16 +17,14 @@ over the packed codes (XOR + popcount; the paper's "counting sort", ``O(bN)``), 
 * gives the **tie-breaking range** of the paper's Fig. 3: the best and worst AP (and NDCG)
   attainable by reordering each query's ties (relevant / high-gain items first or last).
 
-Affinities (Sec. 3.1, 5.2-5.3): binary from class labels or from multi-hot labels (share at least
-one label), multi-level as the number of shared labels (NUS-WIDE), or multi-level from thresholded
-Euclidean distances of the original features (LabelMe: the 5 %, 1 %, 0.2 %, 0.1 % quantiles of
-the training pairs' distances give affinities 1, 2, 5, 10), or any callable.
+Affinities (Sec. 3.1, 5.2-5.3: labels, multi-hot, shared labels, Euclidean thresholds, callables)
+are those of :mod:`rankwise._affinity`, shared with the binary-code losses.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,9 +32,16 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from .._affinity import (
+    AFFINITIES,
+    EuclideanThresholdAffinity,
+    IndexedAffinity,
+    check_affinity,
+    features_array,
+)
+from .._packing import PackedCodes, as_packed_codes, check_same_bits, code_distance, popcount
 from .._threads import keeps_torch_threads
 from .._validation import Interval, as_tensor, check_labels, check_scalar
-from ..hashing.codes import PackedCodes, as_packed_codes, check_same_bits, code_distance, popcount
 from ._kernels import RelevantGroupCounts
 from .ranking import (
     average_precision_from_counts,
@@ -60,203 +65,9 @@ __all__ = [
     "cumulative_discount",
 ]
 
-AFFINITIES = ("labels", "shared_labels")
 # Working memory of one chunk of queries: its histograms and, for dense affinities, its
 # (chunk, n_database) affinity block (one byte per pair).
 _CHUNK_BYTES = 64 * 2**20
-# relative rounding bound, per feature, of the squared distances |q|² + |g|² - 2 qᵀg (float64
-# unit roundoff 1.1e-16, with a wide margin): pairs this close to a threshold are recomputed
-_GRAM_SLACK = 1e-15
-
-
-# -- affinities ------------------------------------------------------------------------------------
-
-
-class EuclideanThresholdAffinity:
-    """Multi-level affinity from Euclidean distances of the original features (LabelMe, Sec. 5.3).
-
-    A pair at distance ``δ`` gets the level of the smallest threshold ``t_i >= δ``; pairs beyond
-    every threshold get 0. The paper's LabelMe setting: thresholds at the 5 %, 1 %, 0.2 % and
-    0.1 % quantiles of the training pairs' distances give levels 1, 2, 5 and 10
-    (:meth:`from_quantiles`). A single threshold gives the binary "Euclidean neighbour" affinity.
-
-    Args:
-        thresholds: distances, one per level (any order; matched to ``levels`` by size: the
-            largest threshold gets the smallest level).
-        levels: positive integer affinities (at most 255), as many as thresholds.
-
-    Called as ``affinity(query_features (n_q, F), database_features (n, F))`` it returns an
-    ``(n_q, n)`` uint8 array of levels.
-    """
-
-    def __init__(self, thresholds: Sequence[float], levels: Sequence[int] = (1, 2, 5, 10)) -> None:
-        t = np.asarray(
-            [check_scalar(v, "thresholds", Interval("real", 0, None)) for v in thresholds]
-        )
-        lv = np.asarray([check_scalar(v, "levels", Interval("integer", 1, 255)) for v in levels])
-        if t.size == 0 or t.size != lv.size:
-            raise ValueError(
-                f"`thresholds` ({t.size}) and `levels` ({lv.size}) must be non-empty and of the "
-                "same length."
-            )
-        order_t = np.argsort(-t, kind="stable")
-        order_l = np.argsort(lv, kind="stable")
-        if np.unique(t).size != t.size or np.unique(lv).size != lv.size:
-            raise ValueError("`thresholds` and `levels` must each hold distinct values.")
-        # decreasing thresholds <-> increasing levels
-        self.thresholds = t[order_t].astype(np.float64)
-        self.levels = lv[order_l].astype(np.uint8)
-
-    @classmethod
-    def from_quantiles(
-        cls,
-        features: Any,
-        quantiles: Sequence[float] = (0.05, 0.01, 0.002, 0.001),
-        levels: Sequence[int] = (1, 2, 5, 10),
-        *,
-        max_pairs: int = 20_000_000,
-        seed: int = 0,
-    ) -> EuclideanThresholdAffinity:
-        """Thresholds at quantiles of the pairwise distances of ``features`` (the training set).
-
-        Args:
-            features: ``(n, F)`` original features.
-            quantiles: fractions of the closest pairs, one per level (paper: 5 %, 1 %, 0.2 %,
-                0.1 %).
-            levels: the affinities of those quantiles (paper: 1, 2, 5, 10).
-            max_pairs: above this many distinct pairs, the quantiles are taken over a uniform
-                random sample of that many pairs (seeded); below it, over every pair exactly.
-            seed: seed of the pair sample.
-        """
-        x = _features(features, "features")
-        n = x.shape[0]
-        if n < 2:
-            raise ValueError("`features` needs at least 2 rows to have pairwise distances.")
-        q = [
-            check_scalar(v, "quantiles", Interval("real", 0, 1, closed="neither"))
-            for v in quantiles
-        ]
-        n_pairs = n * (n - 1) // 2
-        if n_pairs <= max_pairs:
-            rows, cols = np.triu_indices(n, 1)
-        else:
-            rng = np.random.default_rng(seed)
-            rows = rng.integers(0, n, max_pairs)
-            cols = rng.integers(0, n - 1, max_pairs)
-            cols = cols + (cols >= rows)  # uniform over j != i
-        dist = _pair_distances(x, x, rows, cols)
-        return cls(np.quantile(dist, q), levels)
-
-    def __call__(self, query_features: Any, database_features: Any) -> np.ndarray:
-        """``(n_q, n)`` uint8 affinity levels."""
-        return self.against(database_features)(query_features)
-
-    def against(self, database_features: Any) -> Callable[[Any], np.ndarray]:
-        """``levels(query_features) -> (n_q, n)`` for a fixed database, prepared once.
-
-        Distances come from ``|q|² + |g|² - 2 qᵀg`` (one matrix product; the database is centred
-        once, distances being translation-invariant, against the cancellation far from the
-        origin). Its rounding differs from the pair distances :meth:`from_quantiles` takes the
-        thresholds from, so a pair lying exactly at a quantile could fall on either side of its
-        threshold: every pair within the formula's rounding bound of a threshold is recomputed
-        by that same pair function (``√Σ (q - g)²``), and is then on the same side as in
-        :meth:`from_quantiles`.
-        """
-        g = _features(database_features, "database_labels")
-        centre = g.mean(0)
-        gc = g - centre
-        g_sq = (gc * gc).sum(1)
-
-        def levels(query_features: Any) -> np.ndarray:
-            q = _features(query_features, "query_labels")
-            if q.shape[1] != gc.shape[1]:
-                raise ValueError(
-                    f"query features have {q.shape[1]} columns but database features {gc.shape[1]}."
-                )
-            qc = q - centre
-            q_sq = (qc * qc).sum(1)
-            sq = q_sq[:, None] + g_sq[None, :] - 2.0 * (qc @ gc.T)
-            dist = np.sqrt(np.maximum(sq, 0.0))
-            # rounding bound of sq (a dot product of F terms, plus the centring), generously
-            slack = _GRAM_SLACK * (gc.shape[1] + 4) * (q_sq[:, None] + g_sq[None, :])
-            near = np.zeros(sq.shape, dtype=bool)
-            for threshold in self.thresholds:
-                near |= np.abs(sq - threshold * threshold) <= slack
-            rows, cols = np.nonzero(near)
-            dist[rows, cols] = _pair_distances(q, g, rows, cols)
-            out = np.zeros(dist.shape, dtype=np.uint8)
-            for threshold, level in zip(self.thresholds, self.levels, strict=True):
-                out[dist <= threshold] = level
-            return out
-
-        return levels
-
-    @property
-    def max_level(self) -> int:
-        """Largest affinity value."""
-        return int(self.levels.max())
-
-    def to_dict(self) -> dict[str, list]:
-        """JSON-safe form (``EuclideanThresholdAffinity(**d)`` rebuilds it)."""
-        return {"thresholds": self.thresholds.tolist(), "levels": self.levels.tolist()}
-
-    def __repr__(self) -> str:
-        pairs = ", ".join(
-            f"<= {t:.4g}: {lv}" for t, lv in zip(self.thresholds, self.levels, strict=True)
-        )
-        return f"EuclideanThresholdAffinity({pairs})"
-
-
-class IndexedAffinity:
-    """An affinity between items named by their row in a feature table.
-
-    For training and evaluation code that passes integer item ids as labels (a batch sampler
-    needs labels, the Euclidean affinity needs features): ``IndexedAffinity(features,
-    affinity)(ids_a, ids_b) = affinity(features[ids_a], features[ids_b])``.
-
-    Args:
-        features: ``(N, F)`` original features of every item.
-        affinity: an :class:`EuclideanThresholdAffinity` (or any callable of two feature
-            matrices returning ``(n_a, n_b)`` integer levels with a ``max_level`` attribute).
-    """
-
-    def __init__(self, features: Any, affinity: EuclideanThresholdAffinity) -> None:
-        self.features = _features(features, "features")
-        self.affinity = affinity
-        self.max_level = int(affinity.max_level)
-
-    def __call__(self, ids_a: Any, ids_b: Any) -> np.ndarray:
-        """``(n_a, n_b)`` uint8 levels between the items ``ids_a`` and ``ids_b``."""
-        a = np.asarray(ids_a.cpu() if isinstance(ids_a, torch.Tensor) else ids_a, dtype=np.int64)
-        b = np.asarray(ids_b.cpu() if isinstance(ids_b, torch.Tensor) else ids_b, dtype=np.int64)
-        return self.affinity(self.features[a.reshape(-1)], self.features[b.reshape(-1)])
-
-
-def _features(x: Any, name: str) -> np.ndarray:
-    t = as_tensor(x, name)
-    if t.ndim != 2:
-        raise ValueError(
-            f"`{name}` must be 2-D (n, n_features) original features, got {tuple(t.shape)}."
-        )
-    arr = t.detach().cpu().to(torch.float64).numpy()
-    if not np.isfinite(arr).all():
-        raise ValueError(f"`{name}` contains NaN or inf.")
-    return arr
-
-
-def _pair_distances(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """Euclidean distances of the pairs ``(a[rows[i]], b[cols[i]])``.
-
-    Each pair's value depends only on its two rows (never on which other pairs are computed with
-    it), so the thresholds of :meth:`EuclideanThresholdAffinity.from_quantiles` and the levels of
-    a call agree on every pair's side of a threshold.
-    """
-    out = np.empty(rows.size, dtype=np.float64)
-    step = 1 << 20
-    for lo in range(0, rows.size, step):
-        diff = a[rows[lo : lo + step]] - b[cols[lo : lo + step]]
-        out[lo : lo + step] = np.sqrt(np.einsum("ij,ij->i", diff, diff))
-    return out
 
 
 # -- histogram kernels -----------------------------------------------------------------------------
@@ -450,16 +261,12 @@ def _label_affinity(name: str, query_labels: Any, db_labels: Any, n_q: int, n_db
 
 
 def _resolve_affinity(affinity: Any, query_labels, db_labels, n_q: int, n_db: int) -> _Affinity:
+    affinity = check_affinity(affinity)
     if isinstance(affinity, str):
-        if affinity not in AFFINITIES:
-            raise ValueError(
-                f"`affinity` must be one of {AFFINITIES}, an EuclideanThresholdAffinity or a "
-                f"callable, got {affinity!r}."
-            )
         return _label_affinity(affinity, query_labels, db_labels, n_q, n_db)
     if isinstance(affinity, EuclideanThresholdAffinity):
-        q = _features(query_labels, "query_labels")
-        g = _features(db_labels, "database_labels")
+        q = features_array(query_labels, "query_labels")
+        g = features_array(db_labels, "database_labels")
         if q.shape[0] != n_q or g.shape[0] != n_db:
             raise ValueError(
                 "with a EuclideanThresholdAffinity the labels are the original features: pass "
@@ -471,14 +278,9 @@ def _resolve_affinity(affinity: Any, query_labels, db_labels, n_q: int, n_db: in
         return _Affinity(
             "euclidean_thresholds", values, "dense", q, g, lambda query, _: prepared(query)
         )
-    if callable(affinity):
-        # a callable that states its largest level gets histograms of that many levels, not 256
-        top = int(getattr(affinity, "max_level", 255))
-        return _Affinity("callable", np.arange(top + 1), "dense", query_labels, db_labels, affinity)
-    raise ValueError(
-        f"`affinity` must be one of {AFFINITIES}, an EuclideanThresholdAffinity or a callable, "
-        f"got {type(affinity).__name__}."
-    )
+    # a callable that states its largest level gets histograms of that many levels, not 256
+    top = int(getattr(affinity, "max_level", 255))
+    return _Affinity("callable", np.arange(top + 1), "dense", query_labels, db_labels, affinity)
 
 
 def _dense_levels(aff: _Affinity, lo: int, hi: int) -> np.ndarray:

@@ -4,10 +4,12 @@ Embedding networks (backbone, linear head, L2 normalization): ResNet-50 with fro
 normalization as in Wen et al., NeurIPS 2022 (SOPRC), Sec. 6 and Gajić et al. (AUC loss), Sec. 4.2;
 small CNN / MLP backbones for digits, the MNIST family and tests. Entry point: :func:`build_model`.
 
-Similarities learned for pointwise ROC optimization (Vogel, Bellet & Clémençon, ICML 2018), as
-scikit-learn estimators: :class:`BilinearSimilarity` (problem (6), closed form of Sec. 5.1) and
-:class:`MMC` (Xing et al. 2002 in the form of Sec. 5.3).
+The scikit-learn estimators :class:`BilinearSimilarity` and :class:`MMC` live in
+:mod:`rankwise.similarity_learning`; they are re-exported here on first use, so importing a
+backbone never needs scikit-learn (not a core dependency).
 """
+
+from typing import Any
 
 from .backbones import (
     VISION_EXTRA_HINT,
@@ -17,10 +19,8 @@ from .backbones import (
     freeze_batchnorm,
     resnet50_backbone,
 )
-from .bilinear import BilinearSimilarity
 from .build import BACKBONES, build_backbone, build_model
 from .embedding import EmbeddingHead, EmbeddingModel
-from .mmc import MMC
 
 __all__ = [
     "BACKBONES",
@@ -37,3 +37,13 @@ __all__ = [
     "freeze_batchnorm",
     "resnet50_backbone",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``BilinearSimilarity`` / ``MMC`` of :mod:`rankwise.similarity_learning`, imported lazily."""
+    if name in ("BilinearSimilarity", "MMC"):
+        # an optional extra (scikit-learn): imported on first use, with its install hint
+        from .. import similarity_learning  # noqa: PLC0415
+
+        return getattr(similarity_learning, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,17 +13,19 @@ from typing import Any
 
 from torch import nn
 
+from .._registry import Registry
 from .backbones import MLPBackbone, SmallCNN, resnet50_backbone
 from .embedding import EmbeddingHead, EmbeddingModel
 
 __all__ = ["BACKBONES", "build_model", "build_backbone"]
 
-BACKBONES: tuple[str, ...] = ("small_cnn", "mlp", "resnet50")
-_BACKBONE_KWARGS = {
-    "small_cnn": ("width",),
-    "mlp": ("hidden", "dropout"),
-    "resnet50": (),
-}
+# backbone name -> the options it takes
+_BACKBONE_KWARGS: Registry[tuple[str, ...]] = Registry(
+    "backbone",
+    {"small_cnn": ("width",), "mlp": ("hidden", "dropout"), "resnet50": ()},
+    normalize=lambda name: str(name).strip().lower().replace("-", "_"),
+)
+BACKBONES: tuple[str, ...] = _BACKBONE_KWARGS.names
 _HEAD_KWARGS = ("normalize",)
 
 
@@ -39,9 +41,7 @@ def build_backbone(
 
     ``kw``: ``width`` (small_cnn), ``hidden`` and ``dropout`` (mlp).
     """
-    key = str(backbone).strip().lower().replace("-", "_")
-    if key not in BACKBONES:
-        raise ValueError(f"unknown backbone {backbone!r}; available: {', '.join(BACKBONES)}.")
+    key = _BACKBONE_KWARGS.canonical(backbone)
     unknown = sorted(set(kw) - set(_BACKBONE_KWARGS[key]))
     if unknown:
         raise ValueError(

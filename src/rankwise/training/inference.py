@@ -28,14 +28,6 @@ __all__ = ["IMAGE_SUFFIXES", "LoadedRun", "image_paths", "load_run"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
-# array datasets: (input shape of one item, how raw values are scaled to the training range)
-_ARRAY_INPUTS: dict[str, tuple[tuple[int, ...], str]] = {
-    "digits": ((1, 8, 8), "digits"),
-    "mnist": ((1, 28, 28), "uint8"),
-    "fashion-mnist": ((1, 28, 28), "uint8"),
-    "cifar10": ((3, 32, 32), "uint8"),
-}
-
 
 @dataclass
 class LoadedRun:
@@ -153,14 +145,9 @@ class LoadedRun:
 
 
 def _input_spec(config: Config) -> tuple[tuple[int, ...], str]:
-    from ..data.registry import INSTANCE_DATASETS, _canonical
+    from ..data.registry import input_spec
 
-    name = _canonical(config.dataset.name)
-    base = INSTANCE_DATASETS.get(name, name)
-    if base in _ARRAY_INPUTS:
-        return _ARRAY_INPUTS[base]
-    size = int(config.dataset.image_size)
-    return (3, size, size), "images"
+    return input_spec(config.dataset.name, int(config.dataset.image_size))
 
 
 def _pick_checkpoint(run_dir: Path, checkpoint: str) -> Path:

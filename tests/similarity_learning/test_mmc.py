@@ -14,15 +14,15 @@ from sklearn.datasets import load_digits
 from sklearn.decomposition import PCA
 from sklearn.exceptions import NotFittedError
 
-from rankwise.models import MMC
-from rankwise.models.mmc import (
+from rankwise.sampling import negative_pairs
+from rankwise.similarity_learning import MMC
+from rankwise.similarity_learning.mmc import (
     _NegativeTerm,
     _project_spectraplex,
     mmc_objective,
     positive_scatter,
     project_psd,
 )
-from rankwise.sampling import negative_pairs
 
 
 @pytest.fixture(scope="module")
@@ -165,8 +165,6 @@ def test_sklearn_conventions_and_bad_input(digits_pca):
 def test_negative_term_matches_the_pair_sum(rank):
     # the Laplacian form of the gradient and the distances through L (A = LᵀL) against the direct
     # sums over pairs, with repeated pairs (sampling with replacement) and a rank-deficient A
-    from rankwise.models.mmc import _NegativeTerm
-
     rng = np.random.default_rng(rank)
     n, d, t = 60, 6, 900
     X = rng.normal(size=(n, d))

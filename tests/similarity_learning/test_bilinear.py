@@ -12,13 +12,13 @@ from sklearn.exceptions import NotFittedError
 from sklearn.metrics import roc_curve
 
 from rankwise.metrics import tpr_at_fpr
-from rankwise.models import MMC, BilinearSimilarity
-from rankwise.models.bilinear import (
+from rankwise.sampling import incomplete_variances
+from rankwise.similarity_learning import MMC, BilinearSimilarity
+from rankwise.similarity_learning.bilinear import (
     pair_moment_matrices,
     projected_gradient_bilinear,
     solve_lambda,
 )
-from rankwise.sampling import incomplete_variances
 
 
 def sphere_data(n, seed=0):
@@ -344,3 +344,13 @@ def test_callback_reports_every_primal_dual_iteration():
     assert calls == [(k, 7) for k in range(1, 8)]
     with pytest.raises(ValueError, match="`callback` must be callable"):
         BilinearSimilarity(0.1, callback="print").fit(X, y)
+
+
+def test_the_old_module_paths_keep_working():
+    from rankwise.models import bilinear as old_bilinear
+    from rankwise.models import mmc as old_mmc
+    from rankwise.similarity_learning import bilinear, mmc
+
+    for old, new in ((old_bilinear, bilinear), (old_mmc, mmc)):
+        assert old.__all__ == new.__all__
+        assert all(getattr(old, name) is getattr(new, name) for name in new.__all__)
