@@ -13,6 +13,7 @@ import doctest
 import importlib
 import importlib.util
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,29 @@ class RecordingRunner(doctest.DocTestRunner):
         super().report_unexpected_exception(out, test, example, exc_info)
 
 
+def run_examples(module, name: str) -> None:
+    """Run every docstring example of ``module``: pass, skip (a missing extra) or fail."""
+    tests = doctest.DocTestFinder().find(module, name)
+    assert sum(len(test.examples) for test in tests) > 0, (
+        f"{name} holds '>>>' but doctest finds no example (a docstring doctest cannot reach?)"
+    )
+    failed, skipped, report = [], set(), io.StringIO()
+    for test in tests:
+        runner = RecordingRunner()
+        if runner.run(test, out=report.write).failed == 0:
+            continue
+        # the first failure decides: a missing extra stops the rest of the docstring
+        missing = missing_package(runner.problems[0])
+        if missing is None:
+            failed.append(test.name)
+        else:
+            skipped.add(missing)
+    if failed:
+        pytest.fail(f"doctest failures in {failed}:\n{report.getvalue()}")
+    if skipped:
+        pytest.skip(f"{name}'s examples need the optional package(s) {sorted(skipped)}")
+
+
 def test_examples_are_discovered():
     # the public API's examples live in these modules; if discovery misses them, nothing runs
     found = set(modules_with_examples())
@@ -72,22 +96,45 @@ def test_docstring_examples(name):
         if missing is None:
             raise
         pytest.skip(f"{name} needs the optional package {missing!r}, not installed")
-    tests = doctest.DocTestFinder().find(module, name)
-    assert sum(len(test.examples) for test in tests) > 0, (
-        f"{name} holds '>>>' but doctest finds no example (a docstring doctest cannot reach?)"
-    )
-    failed, skipped, report = [], set(), io.StringIO()
-    for test in tests:
-        runner = RecordingRunner()
-        if runner.run(test, out=report.write).failed == 0:
-            continue
-        # the first error an example raised decides: a missing extra stops the rest of the docstring
-        missing = missing_package(runner.problems[0])
-        if missing is None:
-            failed.append(test.name)
-        else:
-            skipped.add(missing)
-    if failed:
-        pytest.fail(f"doctest failures in {failed}:\n{report.getvalue()}")
-    if skipped:
-        pytest.skip(f"{name}'s examples need the optional package(s) {sorted(skipped)}")
+    run_examples(module, name)
+
+
+SYNTHETIC = '''
+def right():
+    """
+    >>> 1 + 1
+    2
+    """
+
+
+def needs_extra():
+    """
+    >>> import rankwise_absent_extra
+    >>> rankwise_absent_extra.run()
+    1
+    """
+'''
+
+
+def synthetic_module(tmp_path, monkeypatch, source):
+    path = tmp_path / "synthetic_examples.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("synthetic_examples", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "synthetic_examples", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_wrong_example_fails_with_doctests_report_even_beside_a_missing_extra(
+    tmp_path, monkeypatch
+):
+    module = synthetic_module(tmp_path, monkeypatch, SYNTHETIC.replace("    2\n", "    3\n"))
+    with pytest.raises(pytest.fail.Exception, match=r"Expected:\s+3\s+Got:\s+2"):
+        run_examples(module, "synthetic_examples")
+
+
+def test_an_example_stopped_by_a_missing_extra_is_skipped_with_its_name(tmp_path, monkeypatch):
+    module = synthetic_module(tmp_path, monkeypatch, SYNTHETIC)
+    with pytest.raises(pytest.skip.Exception, match="rankwise_absent_extra"):
+        run_examples(module, "synthetic_examples")
