@@ -583,7 +583,7 @@ class SOPRCLoss(RankingLoss):
     Example:
         >>> import torch
         >>> from rankwise.losses import SOPRCLoss
-        >>> loss_fn = SOPRCLoss.from_labels(torch.tensor([0, 0, 1, 1]))  # priors from the training set
+        >>> loss_fn = SOPRCLoss.from_labels(torch.tensor([0, 0, 1, 1]))  # class priors
         >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
         >>> loss = loss_fn(emb, torch.tensor([0, 0, 1, 1]))  # training mode: updates v first
         >>> round(loss.item(), 4), tuple(loss_fn.v.shape), loss_fn.v_updates.tolist()

@@ -395,7 +395,7 @@ class TieAwareAPLoss(_TieAwareLoss):
     Example:
         >>> import torch
         >>> from rankwise.losses import TieAwareAPLoss
-        >>> codes = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])  # relaxed, in [-1, 1]
+        >>> codes = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])  # in [-1, 1]
         >>> round(TieAwareAPLoss(bits=2)(codes, torch.tensor([0, 0, 1, 1])).item(), 4)
         0.3331
     """
@@ -422,7 +422,7 @@ class TieAwareNDCGLoss(_TieAwareLoss):
     Example:
         >>> import torch
         >>> from rankwise.losses import TieAwareNDCGLoss
-        >>> codes = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])  # relaxed, in [-1, 1]
+        >>> codes = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])  # in [-1, 1]
         >>> round(TieAwareNDCGLoss(bits=2)(codes, torch.tensor([0, 0, 1, 1])).item(), 4)
         0.2278
     """
