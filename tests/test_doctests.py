@@ -9,14 +9,20 @@ package named; any other failure fails the case with doctest's report.
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import importlib
 import importlib.util
+import inspect
 import io
 import sys
 from pathlib import Path
 
 import pytest
+
+import rankwise.losses
+import rankwise.metrics
+from rankwise.hashing import HammingIndex
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "rankwise"
@@ -85,6 +91,30 @@ def test_examples_are_discovered():
     # the public API's examples live in these modules; if discovery misses them, nothing runs
     found = set(modules_with_examples())
     assert {"rankwise.metrics.ranking", "rankwise.hashing.index"} <= found, found
+
+
+def public_api() -> list[tuple[str, object]]:
+    """Issue 20's public API: every function and stateful class of rankwise.metrics and every
+    loss and function of rankwise.losses (their result dataclasses and constants excepted), the
+    HammingIndex and the BilinearSimilarity."""
+    api = [("HammingIndex", HammingIndex)]
+    for module in (rankwise.metrics, rankwise.losses):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            is_result = dataclasses.is_dataclass(obj) or hasattr(obj, "_fields")
+            if inspect.isfunction(obj) or (inspect.isclass(obj) and not is_result):
+                api.append((name, obj))
+    return api
+
+
+def test_the_public_api_has_runnable_examples():
+    missing = [name for name, obj in public_api() if ">>>" not in (inspect.getdoc(obj) or "")]
+    assert missing == [], f"no `>>>` example in the docstring of {missing}"
+
+
+def test_bilinear_similarity_has_a_runnable_example():
+    bilinear = pytest.importorskip("rankwise.similarity_learning.bilinear")
+    assert ">>>" in inspect.getdoc(bilinear.BilinearSimilarity)
 
 
 @pytest.mark.parametrize("name", modules_with_examples())
