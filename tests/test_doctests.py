@@ -22,6 +22,7 @@ import pytest
 
 import rankwise.losses
 import rankwise.metrics
+from rankwise._extras import MissingDependencyError
 from rankwise.hashing import HammingIndex
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -39,7 +40,9 @@ def modules_with_examples() -> list[str]:
 
 
 def missing_package(error: BaseException | None) -> str | None:
-    """The top-level package an import error names, if it is not installed here."""
+    """The package an import error names, if it is not installed here (None: another error)."""
+    if isinstance(error, MissingDependencyError):  # rankwise's own: the extra and what it lacks
+        return f"{', '.join(error.missing)} (the {error.extra!r} extra)"
     name = getattr(error, "name", None)
     if not isinstance(error, ImportError) or not name:
         return None
@@ -164,7 +167,17 @@ def test_a_wrong_example_fails_with_doctests_report_even_beside_a_missing_extra(
         run_examples(module, "synthetic_examples")
 
 
-def test_an_example_stopped_by_a_missing_extra_is_skipped_with_its_name(tmp_path, monkeypatch):
-    module = synthetic_module(tmp_path, monkeypatch, SYNTHETIC)
+@pytest.mark.parametrize(
+    "stop",
+    [
+        "import rankwise_absent_extra",
+        'from rankwise._extras import require; require(["rankwise_absent_extra"], "x", "y")',
+    ],
+)
+def test_an_example_stopped_by_a_missing_extra_is_skipped_with_its_name(
+    tmp_path, monkeypatch, stop
+):
+    source = SYNTHETIC.replace("import rankwise_absent_extra", stop)
+    module = synthetic_module(tmp_path, monkeypatch, source)
     with pytest.raises(pytest.skip.Exception, match="rankwise_absent_extra"):
         run_examples(module, "synthetic_examples")
