@@ -48,6 +48,13 @@ class EuclideanThresholdAffinity:
 
     Called as ``affinity(query_features (n_q, F), database_features (n, F))`` it returns an
     ``(n_q, n)`` uint8 array of levels.
+
+    Example:
+        >>> import numpy as np
+        >>> from rankwise.metrics import EuclideanThresholdAffinity
+        >>> affinity = EuclideanThresholdAffinity(thresholds=[1.0, 2.0], levels=[2, 1])
+        >>> affinity(np.zeros((1, 2)), np.array([[0.5, 0.0], [1.5, 0.0], [3.0, 0.0]])).tolist()
+        [[2, 1, 0]]
     """
 
     def __init__(self, thresholds: Sequence[float], levels: Sequence[int] = (1, 2, 5, 10)) -> None:

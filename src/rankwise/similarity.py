@@ -92,6 +92,13 @@ def similarity_matrix(
 
     Returns:
         (n_q, n_r) tensor in the input dtype. For exact evaluation use :func:`ranking_keys`.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.similarity import similarity_matrix
+        >>> x = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 2.0]])
+        >>> similarity_matrix(x, x).double().round(decimals=4).tolist()  # cosine
+        [[1.0, 0.6, 0.0], [0.6, 1.0, 0.8], [0.0, 0.8, 1.0]]
     """
     similarity = check_similarity(similarity)
     if similarity == "cosine":

@@ -107,9 +107,13 @@ class HammingIndex:
         bits: code length ``b``.
 
     Example:
-        >>> index = HammingIndex(bits=64)
-        >>> index.add(database_codes)                 # (N, 64) in {-1, +1}, or packed words
-        >>> distances, ids = index.search(query_codes, k=10)
+        >>> import numpy as np
+        >>> from rankwise.hashing import HammingIndex
+        >>> index = HammingIndex(bits=4)
+        >>> index.add(np.array([[1, 1, 1, 1], [1, 1, -1, -1], [1, -1, 1, -1], [-1, -1, -1, -1]]))
+        >>> distances, ids = index.search(np.array([[1, 1, 1, -1]]), k=3)  # (N, 4) in {-1, +1}
+        >>> distances.tolist(), ids.tolist()  # three codes at distance 1: insertion order
+        ([[1, 1, 1]], [[0, 1, 2]])
     """
 
     def __init__(self, bits: int) -> None:

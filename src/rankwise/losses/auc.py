@@ -132,6 +132,11 @@ def auc_slope(delta_s: float, score_range: Sequence[float] = (-1.0, 1.0)) -> flo
 
     Returns:
         r as a Python float. Results are cached (``auc_slope.cache_info()``).
+
+    Example:
+        >>> from rankwise.losses import auc_slope
+        >>> round(auc_slope(0.05), 1), round(auc_slope(0.1), 1)
+        (42.1, 22.5)
     """
     t_min, t_max = _check_score_range(score_range)
     step = _check_delta_s(delta_s, t_min, t_max)
@@ -255,6 +260,14 @@ class AUCLoss(RankingLoss):
 
     Call: ``loss(embeddings (B, d) float, labels (B,) int, ref_embeddings (M, d) | None,
     ref_labels (M,) | None)`` → scalar tensor of the embeddings' dtype.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import AUCLoss
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> loss_fn = AUCLoss(delta_s=0.05)  # slope r from Eq. (10): auc_slope(0.05)
+        >>> round(loss_fn(emb, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.2837
     """
 
     def __init__(
@@ -321,6 +334,13 @@ class WilcoxonLoss(RankingLoss):
 
     Call: ``loss(embeddings (B, d) float, labels (B,) int, ref_embeddings (M, d) | None,
     ref_labels (M,) | None)`` → scalar tensor.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import WilcoxonLoss
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> round(WilcoxonLoss()(emb, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.4584
     """
 
     def __init__(self, slope: float = 1.0, similarity: str = "cosine") -> None:

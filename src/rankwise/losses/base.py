@@ -216,6 +216,17 @@ class RankingLoss(nn.Module):
     :mod:`rankwise._affinity`): positives are then the references of positive affinity, and the
     batch carries the affinity levels. It may refine :meth:`check_rows` (what embeddings it
     takes) and :meth:`check_batch` (when a batch has nothing to learn from).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import RankingLoss
+        >>> class HardestNegative(RankingLoss):  # a new loss implements compute() only
+        ...     def compute(self, batch):
+        ...         hardest = batch.scores.masked_fill(~batch.neg_mask, -1.0).amax(1)
+        ...         return hardest[batch.valid].mean()
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> round(HardestNegative()(emb, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.6881
     """
 
     #: None (labels are class ids) or an affinity of :mod:`rankwise._affinity`

@@ -446,6 +446,14 @@ def baseline(name: str, **kw: Any) -> nn.Module:
     Returns:
         A :class:`PMLBaseline` (``.loss``, ``.miner`` are the PML objects) or, for ``"xbm"``, a
         :class:`CrossBatchMemoryBaseline`.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import baseline
+        >>> loss_fn = baseline("contrastive")  # needs pytorch-metric-learning (the baselines extra)
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> round(loss_fn(emb, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.3797
     """
     valid = baseline_parameters(name)
     for key in kw:

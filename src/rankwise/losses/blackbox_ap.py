@@ -162,6 +162,14 @@ class BlackBoxAPLoss(RankingLoss):
     :class:`~rankwise.losses.base.RankingLoss` plus ``"mean_ap"`` (of the margin-shifted scores).
     Ties are broken by reference index; the gradient is a surrogate (see :class:`BlackBoxAP`),
     so ``gradcheck`` does not apply.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import BlackBoxAPLoss
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> loss_fn = BlackBoxAPLoss()
+        >>> loss_fn(emb, torch.tensor([0, 0, 1, 1])).item(), loss_fn.last_stats["mean_ap"]
+        (0.125, 0.875)
     """
 
     def __init__(

@@ -184,6 +184,13 @@ class DIRLoss(RankingLoss):
     Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None (M, d),
     ref_labels=None (M,))``; returns a scalar. ``last_stats`` holds the anchor / pair counts of
     :class:`~rankwise.losses.base.RankingLoss` plus ``"mean_ap_q"``.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import DIRLoss
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> round(DIRLoss(num_bins=20)(emb, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.2254
     """
 
     def __init__(

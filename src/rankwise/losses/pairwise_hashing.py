@@ -38,6 +38,13 @@ class DPSHLoss(RankingLoss):
     Call as ``loss(codes (B, b), labels, ref_codes=None (M, b), ref_labels=None)``; returns a
     scalar.
     ``last_stats``: ``n_pairs``, ``n_similar_pairs``, ``likelihood``, ``quantization``.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import DPSHLoss
+        >>> codes = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])  # relaxed codes
+        >>> round(DPSHLoss(eta=0.1)(codes, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.746
     """
 
     def __init__(self, eta: float = 0.1, affinity: Any = "labels") -> None:

@@ -171,6 +171,16 @@ class PointwiseROCLoss(RankingLoss):
     ``n_positive_pairs``, ``n_negative_pairs`` and the anchor counts of :class:`RankingLoss`.
 
     Call: ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)`` → scalar.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import PointwiseROCLoss
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> loss_fn = PointwiseROCLoss(alpha=0.1, threshold=0.5)
+        >>> round(loss_fn(emb, torch.tensor([0, 0, 1, 1])).item(), 4), loss_fn.last_stats["fpr"]
+        (-0.5954, 0.5)
+        >>> float(loss_fn.multiplier)  # one dual step: 1 + 0.5 * (0.5 - 0.1)
+        1.2
     """
 
     multiplier: torch.Tensor

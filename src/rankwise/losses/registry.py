@@ -183,6 +183,14 @@ def build_loss(
     Raises:
         ValueError: unknown name, unknown parameter (naming the key and listing the valid ones),
             missing required context (e.g. ``train_labels`` for ``"soprc"``).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import build_loss
+        >>> build_loss("ap", tau1=0.05)
+        APLoss(tau1=0.05, tau2=0.001, similarity='cosine')
+        >>> type(build_loss("soprc", train_labels=torch.tensor([0, 0, 1, 1]))).__name__
+        'SOPRCLoss'
     """
     _LOSS_CLASSES.canonical(name)
     context = {"num_classes": num_classes, "embedding_dim": embedding_dim}

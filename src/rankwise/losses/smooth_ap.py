@@ -42,6 +42,13 @@ class SmoothAPLoss(RankingLoss):
 
     Call: ``loss(embeddings (B, d) float, labels (B,) int, ref_embeddings (M, d) | None,
     ref_labels (M,) | None)`` → scalar tensor. ``last_stats["mean_smooth_ap"]`` holds mean_q AP_q.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import SmoothAPLoss
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> round(SmoothAPLoss(temperature=0.01)(emb, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.1291
     """
 
     def __init__(self, temperature: float = 0.01, similarity: str = "cosine") -> None:

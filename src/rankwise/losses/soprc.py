@@ -368,6 +368,13 @@ class SemiVarianceRegularizer(RankingLoss):
         lambda_neg: λ2 ≥ 0, weight on negatives above their mean (released configs: 5).
         similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``; standalone use only).
         normalization: ``"pairs"`` (Eq. 9) or ``"tail"`` (released code), see above.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import SemiVarianceRegularizer
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> round(SemiVarianceRegularizer()(emb, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.2262
     """
 
     def __init__(
@@ -466,6 +473,15 @@ class APLoss(RankingLoss):
         similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
 
     Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import APLoss
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> loss = APLoss()(emb, torch.tensor([0, 0, 1, 1]))
+        >>> loss.backward()
+        >>> round(loss.item(), 4), emb.grad.shape
+        (0.243, torch.Size([4, 2]))
     """
 
     def __init__(
@@ -563,6 +579,15 @@ class SOPRCLoss(RankingLoss):
     Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``; with
     a reference set (memory bank) every anchor is ranked against it and v is fed with the
     anchor–reference positive scores.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import SOPRCLoss
+        >>> loss_fn = SOPRCLoss.from_labels(torch.tensor([0, 0, 1, 1]))  # class priors
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]], requires_grad=True)
+        >>> loss = loss_fn(emb, torch.tensor([0, 0, 1, 1]))  # training mode: updates v first
+        >>> round(loss.item(), 4), tuple(loss_fn.v.shape), loss_fn.v_updates.tolist()
+        (0.3827, (2, 100), [1, 1])
     """
 
     v: torch.Tensor

@@ -391,6 +391,13 @@ class TieAwareAPLoss(_TieAwareLoss):
 
     ``last_stats``: the anchor / pair counts of :func:`rankwise.losses.base.anchor_statistics`
     plus ``"mean_ap_r"``. Anchors without a relevant or an irrelevant item are skipped.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import TieAwareAPLoss
+        >>> codes = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])  # in [-1, 1]
+        >>> round(TieAwareAPLoss(bits=2)(codes, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.3331
     """
 
     _objective = "ap_r"
@@ -411,6 +418,13 @@ class TieAwareNDCGLoss(_TieAwareLoss):
     ``"shared_labels"`` (for class ids the same as ``"labels"``).
 
     ``last_stats``: anchor / pair counts plus ``"mean_ndcg_r"``.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.losses import TieAwareNDCGLoss
+        >>> codes = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])  # in [-1, 1]
+        >>> round(TieAwareNDCGLoss(bits=2)(codes, torch.tensor([0, 0, 1, 1])).item(), 4)
+        0.2278
     """
 
     _objective = "ndcg_r"

@@ -200,6 +200,12 @@ def roc_curve(scores: Any, is_positive: Any, *, drop_intermediate: bool = False)
 
     Raises:
         ValueError: mismatched lengths, NaN scores, or no positive / no negative.
+
+    Example:
+        >>> from rankwise.metrics import roc_curve
+        >>> curve = roc_curve([0.9, 0.8, 0.8, 0.3, 0.1], [1, 1, 0, 1, 0])  # a tie at 0.8
+        >>> curve.fpr.tolist(), curve.tpr.round(4).tolist(), curve.thresholds[1:].tolist()
+        ([0.0, 0.0, 0.5, 0.5, 1.0], [0.0, 0.3333, 0.6667, 1.0, 1.0], [0.9, 0.8, 0.3, 0.1])
     """
     drop_intermediate = check_bool(drop_intermediate, "drop_intermediate")
     s, y = _check_binary_scores(scores, is_positive)
@@ -249,6 +255,11 @@ def roc_auc(scores: Any, is_positive: Any) -> float:
 
     Raises:
         ValueError: mismatched lengths, NaN scores, or no positive / no negative.
+
+    Example:
+        >>> from rankwise.metrics import roc_auc
+        >>> roc_auc([0.9, 0.8, 0.8, 0.3, 0.1], [1, 1, 0, 1, 0])  # 4 of 6 pairs ordered, 1 tied
+        0.75
     """
     s, y = _check_binary_scores(scores, is_positive)
     _, pos, neg = _distinct_score_counts(s, y, descending=False)
@@ -330,6 +341,13 @@ def operating_point(
     Returns:
         :class:`OperatingPoint` (tpr, fpr achieved, threshold); threshold ``+inf`` (predict nothing
         positive, tpr = fpr = 0) when no distinct score reaches a positive within the budget.
+
+    Example:
+        >>> from rankwise.metrics import operating_point
+        >>> operating_point([0.9, 0.8, 0.8, 0.3, 0.1], [1, 1, 0, 1, 0], fpr=0.5)
+        OperatingPoint(tpr=1.0, fpr=0.5, threshold=0.3)
+        >>> operating_point([0.9, 0.8, 0.8, 0.3, 0.1], [1, 1, 0, 1, 0], fpr=0.4).threshold  # 0.8: tie
+        0.9
     """
     alpha = _check_alpha(fpr)
     s, y = _check_binary_scores(scores, is_positive)
@@ -366,6 +384,13 @@ def tpr_at_fpr(
     See :func:`operating_point` for the rule and ``sample_weight``. With
     ``return_threshold=True`` returns ``(tpr, threshold)``: predict positive iff
     ``score >= threshold``.
+
+    Example:
+        >>> from rankwise.metrics import tpr_at_fpr
+        >>> tpr_at_fpr([0.9, 0.8, 0.8, 0.3, 0.1], [1, 1, 0, 1, 0], fpr=0.5, return_threshold=True)
+        (1.0, 0.3)
+        >>> round(tpr_at_fpr([0.9, 0.8, 0.8, 0.3, 0.1], [1, 1, 0, 1, 0], fpr=0.4), 4)
+        0.3333
     """
     point = operating_point(scores, is_positive, fpr, sample_weight=sample_weight)
     return (point.tpr, point.threshold) if return_threshold else point.tpr
@@ -514,6 +539,14 @@ def pair_scores(
     Raises:
         ValueError: bad shapes / NaN / label kinds, or more than ``max_pairs`` pairs (pass
             ``bins=`` to :func:`roc_curve_from_embeddings` instead).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import pair_scores
+        >>> emb = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+        >>> scores, same = pair_scores(emb, torch.tensor([0, 0, 1]))  # pairs (0, 1), (0, 2), (1, 2)
+        >>> scores.round(decimals=4).tolist(), same.tolist()
+        ([0.6, 0.0, 0.8], [True, False, False])
     """
     p = _prepare_pairs(
         query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
@@ -693,6 +726,16 @@ def roc_curve_from_embeddings(
 
     Returns:
         :class:`RocCurve` (``bin_width`` and ``max_auc_error`` set for the histogram form).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import roc_curve_from_embeddings
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> curve = roc_curve_from_embeddings(emb, torch.tensor([0, 0, 1, 1]))  # 6 pairs
+        >>> curve.n_positive, curve.n_negative, curve.mann_whitney
+        (2, 4, 0.875)
+        >>> roc_curve_from_embeddings(emb, torch.tensor([0, 0, 1, 1]), bins=4).bin_width
+        0.5
     """
     if bins is None:
         scores, is_positive = pair_scores(

@@ -92,6 +92,16 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
 
     Raises:
         ValueError: no report, reports of different settings, or no query with a relevant item.
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from rankwise.metrics import merge_retrieval_reports, retrieval_metrics
+        >>> x = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> y = torch.tensor([0, 0, 1, 1])
+        >>> rows = (np.arange(0, 2), np.arange(2, 4))  # two query shards, one gallery
+        >>> shards = [retrieval_metrics(x[r], y[r], x, y, exclude_self=r) for r in rows]
+        >>> merge_retrieval_reports(shards).map == retrieval_metrics(x, y).map
+        True
     """
     reports = list(reports)
     if not reports:
@@ -138,6 +148,16 @@ def merge_pr_curves(curves: Sequence[PRCurve]) -> PRCurve:
 
     Raises:
         ValueError: no curve, different recall levels, or no query with a relevant item.
+
+    Example:
+        >>> import numpy as np, torch
+        >>> from rankwise.metrics import merge_pr_curves, pr_curve
+        >>> x = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> y = torch.tensor([0, 0, 1, 1])
+        >>> rows = (np.arange(0, 2), np.arange(2, 4))  # two query shards, one gallery
+        >>> shards = [pr_curve(x[r], y[r], x, y, exclude_self=r) for r in rows]
+        >>> merge_pr_curves(shards).precision[[0, 50, 100]].tolist()  # recall 0, 0.5, 1
+        [0.875, 0.875, 0.875]
     """
     curves = list(curves)
     if not curves:
@@ -452,6 +472,14 @@ def distributed_retrieval_metrics(
     Raises:
         ValueError: bad input on any rank (the same error on every rank), or no query with a
             relevant item.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import distributed_retrieval_metrics
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> labels = torch.tensor([0, 0, 1, 1])
+        >>> distributed_retrieval_metrics(emb, labels).map  # no process group: retrieval_metrics
+        0.875
     """
     if not is_distributed(group):
         return retrieval_metrics(
@@ -504,6 +532,14 @@ def distributed_pr_curve(
 
     Returns:
         The merged :class:`~rankwise.metrics.PRCurve` (on every rank).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import distributed_pr_curve
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> labels = torch.tensor([0, 0, 1, 1])
+        >>> distributed_pr_curve(emb, labels, num_points=3).precision.tolist()  # no process group
+        [0.875, 0.875, 0.875]
     """
     if not is_distributed(group):
         return pr_curve(

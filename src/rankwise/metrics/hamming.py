@@ -560,6 +560,14 @@ def hamming_retrieval_metrics(
     Raises:
         ValueError: codes not binary, code lengths that differ, labels of the wrong shape or
             kind, a cutoff larger than the database, or no query with a relevant item.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import hamming_retrieval_metrics
+        >>> codes = torch.tensor([[1, 1, 1, 1], [1, 1, -1, -1], [1, -1, 1, -1], [-1, -1, -1, -1]])
+        >>> report = hamming_retrieval_metrics(codes, torch.tensor([0, 0, 1, 1]), ks=(1,))
+        >>> round(report.map, 4), tuple(round(ap, 4) for ap in report.map_range)  # tie range
+        (0.6806, (0.4167, 1.0))
     """
     check_ties(ties)
     q = as_packed_codes(query_codes, "query_codes", bits)

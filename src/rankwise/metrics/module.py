@@ -78,13 +78,17 @@ def _describe(kind: tuple[str, int]) -> str:
 class RetrievalMetric(nn.Module):
     """Accumulate embeddings over batches and compute the exact retrieval report at the end.
 
-    Usage::
-
-        metric = RetrievalMetric(ks=(1, 10, 100))
-        for images, labels in loader:
-            metric.update(model(images), labels)
-        report = metric.compute()      # RetrievalReport: map, recall_at, map_at_r, ...
-        metric.reset()
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import RetrievalMetric
+        >>> metric = RetrievalMetric(ks=(1,))
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> for batch in (slice(0, 2), slice(2, 4)):  # e.g. `for images, labels in loader:`
+        ...     metric.update(emb[batch], torch.tensor([0, 0, 1, 1])[batch])
+        >>> report = metric.compute()  # RetrievalReport: map, recall_at, map_at_r, ...
+        >>> report.map, report.recall_at, report.n_queries
+        (0.875, {1: 0.75}, 4)
+        >>> metric.reset()
 
     Args:
         ks: cut-offs of recall@k / precision@k.

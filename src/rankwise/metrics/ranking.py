@@ -250,6 +250,14 @@ def batched_average_precision(scores: Any, relevance: Any, ties: str = "expected
 
     Returns:
         (Q,) float64 tensor on the scores' device; NaN for rows without a relevant item.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import batched_average_precision
+        >>> scores = torch.tensor([[3.0, 2.0, 1.0], [1.0, 1.0, 1.0]])  # row 2: one three-way tie
+        >>> relevance = torch.tensor([[1, 0, 1], [1, 0, 1]])
+        >>> batched_average_precision(scores, relevance).round(decimals=4).tolist()
+        [0.8333, 0.8056]
     """
     check_ties(ties)
     s = _scores_2d(scores, "scores")
@@ -269,6 +277,15 @@ def average_precision(scores: Any, relevance: Any, ties: str = "expected") -> fl
 
     Raises:
         ValueError: if ``relevance`` has no relevant item (AP is undefined).
+
+    Example:
+        >>> from rankwise.metrics import average_precision
+        >>> round(average_precision([3.0, 2.0, 1.0, 0.0], [1, 0, 1, 0]), 4)  # ranks 1, 3
+        0.8333
+        >>> round(average_precision([3.0, 2.0, 2.0, 0.0], [1, 0, 1, 0]), 4)  # ranks 2, 3 tied
+        0.9167
+        >>> average_precision([3.0, 2.0, 2.0, 0.0], [1, 0, 1, 0], ties="optimistic")
+        1.0
     """
     s = _scores_1d(scores, "scores")
     rel = _relevance_like(relevance, s, "relevance")
@@ -300,6 +317,14 @@ def batched_ndcg(
 
     Returns:
         (Q,) float64 tensor on the scores' device; NaN for rows whose gains are all 0.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import batched_ndcg
+        >>> scores = torch.tensor([[3.0, 2.0, 1.0], [1.0, 1.0, 1.0]])  # row 2: all tied
+        >>> gains = torch.tensor([[2, 1, 0], [2, 1, 0]])
+        >>> batched_ndcg(scores, gains, k=2).round(decimals=4).tolist()
+        [1.0, 0.5989]
     """
     check_ties(ties)
     s = _scores_2d(scores, "scores")
@@ -368,6 +393,13 @@ def ndcg(scores: Any, gains: Any, k: int | None = None, ties: str = "expected") 
 
     Raises:
         ValueError: if every gain is 0 (NDCG is undefined).
+
+    Example:
+        >>> from rankwise.metrics import ndcg
+        >>> ndcg([3.0, 2.0, 1.0], [2, 1, 0])  # the ideal order
+        1.0
+        >>> round(ndcg([3.0, 2.0, 1.0], [2, 0, 1]), 4)
+        0.9639
     """
     s = _scores_1d(scores, "scores")
     a = as_tensor(gains, "gains", s.device)

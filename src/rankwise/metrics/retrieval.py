@@ -412,6 +412,14 @@ def retrieval_metrics(
 
     Raises:
         ValueError: bad input (naming the argument), or no query has a relevant gallery item.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import retrieval_metrics
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> report = retrieval_metrics(emb, torch.tensor([0, 0, 1, 1]), ks=(1, 2))  # leave-one-out
+        >>> report.per_query_ap.tolist(), report.map, report.recall_at[1]
+        ([1.0, 1.0, 1.0, 0.5], 0.875, 0.75)
     """
     check_ties(ties)
     ks = check_ks(ks)
@@ -533,6 +541,14 @@ def pr_curve(
     ``linspace(0, 1, num_points)``.
 
     Args: as :func:`retrieval_metrics`; ``num_points`` >= 2 recall levels.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import pr_curve
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> curve = pr_curve(emb, torch.tensor([0, 0, 1, 1]), num_points=3)
+        >>> curve.recall.tolist(), curve.precision.tolist()
+        ([0.0, 0.5, 1.0], [0.875, 0.875, 0.875])
     """
     check_ties(ties)
     if (

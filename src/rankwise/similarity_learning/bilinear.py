@@ -324,6 +324,17 @@ class BilinearSimilarity(BaseEstimator):
         P_, N_: the moment matrices of Sec. 5.1 (N_ from the pairs used).
         n_positive_pairs_, n_negative_pairs_: pairs used for training.
         n_features_in_: d.
+
+    Example:
+        >>> import numpy as np
+        >>> from rankwise.similarity_learning import BilinearSimilarity
+        >>> X = np.array([[1.0, 0.0, 0.1], [0.9, 0.2, 0.0], [0.0, 1.0, 0.2], [0.1, 0.9, 0.0],
+        ...               [0.1, 0.0, 1.0], [0.0, 0.2, 0.9]])
+        >>> model = BilinearSimilarity(alpha=0.4, normalize=True).fit(X, [0, 0, 1, 1, 2, 2])
+        >>> model.A_.shape, round(float(np.linalg.norm(model.A_)), 6), model.constraint_active_
+        ((3, 3), 1.0, True)
+        >>> model.predict_pairs(X[[0, 0]], X[[1, 2]]).tolist()  # same class, different classes
+        [True, False]
     """
 
     def __init__(
