@@ -178,7 +178,7 @@ def bench(
     with cli_errors("bench", FLAGS), ExitStack() as held:
         from ..reporting import print_bench_table
         from ..training import TrainingInterrupted
-        from ..training.bench import run_bench
+        from ..workflows.bench import run_bench
         from ..training.config import apply_overrides, parse_overrides
         from ..training.lock import lock_run_dir
 
