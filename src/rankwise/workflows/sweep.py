@@ -17,8 +17,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+
 from .._signals import signal_number_of
-from ..training.checkpoint import atomic_write_text
+from ..training.checkpoint import _atomic_write, atomic_write_text
 from ..training.config import Config, ConfigError, read_config_file
 from ..training.errors import TrainingInterrupted
 from ..training.rundir import existing_results
@@ -31,6 +33,7 @@ __all__ = [
     "run_or_resume",
     "sweep_interrupted",
     "write_json",
+    "write_npz",
 ]
 
 # settings that may change between an interrupted sweep and its resumption
@@ -112,6 +115,12 @@ def run_or_resume(
 def write_json(data: Any, path: Path) -> None:
     """Replace ``path`` atomically by ``data`` as indented JSON (readers never see half a file)."""
     atomic_write_text(json.dumps(data, indent=2) + "\n", path)
+
+
+def write_npz(path: Path, **arrays: Any) -> None:
+    """Replace ``path`` atomically by an ``np.savez`` archive of ``arrays``."""
+    # the one atomic-write protocol of the checkpoints (temporary file, fsync, rename, disk full)
+    _atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
 
 def sweep_interrupted(
