@@ -6,8 +6,8 @@ to Rank", CVPR 2018) and its baselines at every code length on one dataset, in t
 (:mod:`rankwise.workflows.hashing`); ``rankwise hash evaluate`` re-evaluates the selected
 checkpoints of a sweep by counting sort (tie-aware mAP, NDCG, the tie-breaking range) and writes
 the Table 1-style table and the Fig. 3-style tie-breaking plot. Configuration errors exit with
-code 2 (a run trained with another config included: pass --overwrite or another --output), a
-failed run with 1, Ctrl-C with 130 (the sweep continues where it stopped when run again).
+code 2 (a run trained with another config too), a failed run with 1, Ctrl-C with 130 (the sweep
+continues where it stopped when run again).
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ def train_command(
     overwrite: bool = typer.Option(
         False,
         "--overwrite",
-        help="Retrain runs that already exist in --output (a run trained with another config "
-        "is refused without it; unchanged runs are kept or resumed).",
+        help="Retrain the runs in --output (without it, a run trained with another config is "
+        "refused; unchanged runs are kept or resumed).",
     ),
 ) -> None:
     """Train TALR and the baselines at every code length; print the tie-aware mAP table.

@@ -23,7 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from rich.console import Console
 
+from ..metrics import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
+from ..plots import plot_pr_curves
+from ..reporting import bench_table_markdown
 from ..training.build import load_splits, preflight
 from ..training.checkpoint import atomic_write_text
 from ..training.config import Config, ConfigError, apply_overrides, config_from_dict
@@ -31,13 +35,10 @@ from ..training.lock import lock_run_dir
 from ..training.rundir import prepare_sweep_dir
 from ..training.trainer import RunResult, Trainer
 from . import sweep
-from .sweep import MAY_CHANGE, check_stored_config, sweep_interrupted, write_json
+from .sweep import check_stored_config, sweep_interrupted, sweep_settings, write_json
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from ..data import ArrayDataset, RetrievalSplits
-    from ..metrics import PRCurve
 
 __all__ = [
     "ABLATION_ROWS",
@@ -96,11 +97,7 @@ class BenchRow:
     def to_dict(self) -> dict[str, Any]:
         """The row of ``bench.json``: mean and std over seeds of every metric, and bookkeeping."""
         out: dict[str, Any] = {"loss": self.info.get("loss", self.label)}
-        for key, getter in _METRICS:
-            values = [float(getter(r.test)) for r in self.results]
-            out[f"{key}_mean"] = float(np.mean(values))
-            # sample standard deviation over seeds (0 for a single seed)
-            out[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        out.update(_mean_std([r.test for r in self.results]))
         out["seconds"] = float(np.mean([r.seconds for r in self.results]))
         out.update({k: v for k, v in self.info.items() if k != "loss"})
         out["label"] = self.label
@@ -109,6 +106,17 @@ class BenchRow:
         out["steps"] = int(self.results[0].steps)
         out["run_dirs"] = [str(r.run_dir) for r in self.results]
         return out
+
+
+def _mean_std(reports: Sequence[Any]) -> dict[str, float]:
+    """``<metric>_mean`` and ``<metric>_std`` over seeds of every metric of :data:`_METRICS`."""
+    out = {}
+    for key, getter in _METRICS:
+        values = [float(getter(r)) for r in reports]
+        out[f"{key}_mean"] = float(np.mean(values))
+        # sample standard deviation over seeds (0 for a single seed)
+        out[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return out
 
 
 def _loss_data(base: Mapping[str, Any], loss: str) -> dict[str, Any]:
@@ -281,14 +289,10 @@ def reference_rows(
         The rows, with the fields of a trained row (``seeds``: the seeds evaluated, ``[]``
         for the seedless raw input).
     """
-    from ..metrics import pr_curve, retrieval_metrics
 
     def row(name: str, reports: Sequence[Any], row_seeds: Sequence[int]) -> dict[str, Any]:
         out: dict[str, Any] = {"loss": name, "label": name, "seconds": 0.0}
-        values = {key: [float(getter(r)) for r in reports] for key, getter in _METRICS}
-        for key, vals in values.items():
-            out[f"{key}_mean"] = float(np.mean(vals))
-            out[f"{key}_std"] = float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
+        out.update(_mean_std(reports))
         out["seeds"] = [int(s) for s in row_seeds]
         return out
 
@@ -326,17 +330,11 @@ def reference_rows(
 
 
 def _average_curves(curves: Sequence[PRCurve]) -> PRCurve:
-    from ..metrics import PRCurve
-
     return PRCurve(
         recall=np.asarray(curves[0].recall, dtype=np.float64),
         precision=np.mean([np.asarray(c.precision, dtype=np.float64) for c in curves], axis=0),
         n_queries=int(curves[0].n_queries),
     )
-
-
-def _mean_curve(results: Sequence[RunResult]) -> PRCurve:
-    return _average_curves([r.pr_curve for r in results])
 
 
 def warm_up_metrics() -> float:
@@ -350,8 +348,6 @@ def warm_up_metrics() -> float:
     Returns:
         Wall-clock seconds of the warm-up.
     """
-    from ..metrics import pr_curve, retrieval_metrics
-
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(24, 8, generator=generator)
@@ -368,8 +364,6 @@ def warm_up_metrics() -> float:
 
 def _report_from_dict(data: Mapping[str, Any]) -> Any:
     """A :class:`~rankwise.metrics.RetrievalReport` from its ``to_dict()`` (``report.json``)."""
-    from ..metrics import RetrievalReport
-
     values = dict(data)
     values["recall_at"] = {int(k): float(v) for k, v in values["recall_at"].items()}
     values["precision_at"] = {int(k): float(v) for k, v in values["precision_at"].items()}
@@ -395,8 +389,6 @@ def stored_result(run: BenchRun, with_test: bool = True) -> RunResult | None:
     Raises:
         ConfigError: the run directory holds a run made with another config.
     """
-    from ..metrics import PRCurve
-
     run_dir = run.config.resolved_output_dir()
     try:
         report = json.loads((run_dir / "report.json").read_text())
@@ -490,29 +482,8 @@ def _bench_summary(
 
 
 def _write_tables(output: Path, summary: Mapping[str, Any], ablation: bool) -> None:
-    from ..reporting import bench_table_markdown
-
     write_json(summary, output / "bench.json")
     atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
-
-
-def _bench_settings(
-    base: Mapping[str, Any],
-    losses: Sequence[str] | None,
-    seeds: Sequence[int],
-    quick: bool,
-    ablation: bool,
-    run_overrides: Mapping[str, Any] | None,
-) -> dict[str, Any]:
-    settings = {
-        "base": {k: v for k, v in dict(base).items() if k not in MAY_CHANGE},
-        "losses": None if losses is None else list(losses),
-        "seeds": [int(s) for s in seeds],
-        "quick": bool(quick),
-        "ablation": bool(ablation),
-        "run_overrides": dict(run_overrides or {}),
-    }
-    return json.loads(json.dumps(settings))
 
 
 def run_bench(
@@ -567,10 +538,6 @@ def run_bench(
             interrupted one has its checkpoint: ``resume=True`` continues.
         RunDirInUseError: another process is writing ``output`` (nothing is read or written).
     """
-    from rich.console import Console
-
-    from ..plots import plot_pr_curves
-
     console = console if console is not None else Console()
     output = Path(output)
     # one sweep per folder at a time: locked before anything in it is read or written
@@ -584,7 +551,14 @@ def run_bench(
             output=output,
             run_overrides=run_overrides,
         )
-        settings = _bench_settings(base, losses, seeds, quick, ablation, run_overrides)
+        settings = sweep_settings(
+            base,
+            losses=None if losses is None else list(losses),
+            seeds=[int(s) for s in seeds],
+            quick=bool(quick),
+            ablation=bool(ablation),
+            run_overrides=dict(run_overrides or {}),
+        )
         run_dirs = [run.config.resolved_output_dir() for run in runs]
         # every configuration error first (nothing is written before), then the results rule
         splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
@@ -623,7 +597,9 @@ def run_bench(
         summary = _bench_summary(runs, results, splits, seeds, references, True, warm_up)
         _write_tables(output, summary, ablation)
         rows = aggregate_rows(runs, results)
-        curves.update({row.label: _mean_curve(row.results) for row in rows})
+        curves.update(
+            {row.label: _average_curves([r.pr_curve for r in row.results]) for row in rows}
+        )
         plot_pr_curves(
             {**{row.label: curves[row.label] for row in rows}, **_reference_curves(curves, rows)},
             output / "pr_curves.png",

@@ -203,11 +203,6 @@ class HashSettings(BaseModel):
 # -- the trainer -----------------------------------------------------------------------------------
 
 
-def _codes(outputs: torch.Tensor) -> torch.Tensor:
-    """``{-1, +1}`` codes of eval-mode outputs (a hashing head's, or ``sign`` of an embedding's)."""
-    return binarize(outputs)
-
-
 def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *, ks=(100,)):
     """Evaluation of a :class:`~rankwise.training.Trainer` by Hamming ranking of ``sign`` codes.
 
@@ -226,8 +221,8 @@ def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *,
     Returns:
         A :class:`~rankwise.metrics.HammingRetrievalReport`.
     """
-    query_codes = _codes(query)
-    gallery_codes = None if gallery is None else _codes(gallery)
+    query_codes = binarize(query)
+    gallery_codes = None if gallery is None else binarize(gallery)
     n_ranked = len(query_codes) - 1 if gallery_codes is None else len(gallery_codes)
     ks = tuple(k for k in (ks or ()) if k <= n_ranked) or None
     return hamming_retrieval_metrics(
@@ -248,9 +243,9 @@ def hamming_curve_fn(query, query_labels, gallery=None, gallery_labels=None):
         gallery_labels: ``(m,)`` labels.
     """
     return pr_curve(
-        _codes(query).float(),
+        binarize(query).float(),
         query_labels,
-        None if gallery is None else _codes(gallery).float(),
+        None if gallery is None else binarize(gallery).float(),
         gallery_labels,
         similarity="dot",
     )
@@ -432,7 +427,7 @@ def encode_dataset(model: nn.Module, dataset, batch_size: int = 512, device=None
     codes, labels = [], []
     try:
         for x, y in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-            codes.append(_codes(model(x.to(device))).cpu())
+            codes.append(binarize(model(x.to(device))).cpu())
             labels.append(torch.as_tensor(y).reshape(-1))
     finally:
         model.train(was_training)
@@ -444,14 +439,11 @@ def evaluate_codes(model: nn.Module, splits, ks: Sequence[int] = (100, 1000), ba
 
     Test queries against the gallery (closed-set) or leave-one-out (open-set).
     """
-    q, ql = encode_dataset(model, splits.test, batch_size)
+    query = encode_dataset(model, splits.test, batch_size)
+    gallery = (None, None)
     if splits.gallery is not None:
-        g, gl = encode_dataset(model, splits.gallery, batch_size)
-        n_ranked = len(g)
-        return hamming_retrieval_metrics(
-            q, ql, g, gl, ks=tuple(k for k in ks if k <= n_ranked) or None
-        )
-    return hamming_retrieval_metrics(q, ql, ks=tuple(k for k in ks if k < len(q)) or None)
+        gallery = encode_dataset(model, splits.gallery, batch_size)
+    return hamming_metric_fn(*query, *gallery, ks=ks)
 
 
 @dataclass
@@ -568,8 +560,10 @@ def run_hash_experiment(
     with lock_run_dir(output, "output_dir"):
         if not overwrite:
             check_planned_configs([cfg for *_, cfg in plan], (RESULT_FILE,))
-        output.mkdir(parents=True, exist_ok=True)
-        _write_sweep_files(output, config, settings)
+        sweep_file = yaml.safe_dump(
+            {**config.to_dict(), "hash": settings.model_dump()}, sort_keys=False
+        )
+        atomic_write_text(sweep_file, output / "hash_config.yaml")
         splits = load_splits(config)
         results: list[MethodResult] = []
         try:
@@ -581,22 +575,10 @@ def run_hash_experiment(
                     progress_callback(result)
         except KeyboardInterrupt as exc:
             names = [f"{method} {bits} bits" for method, bits, _ in plan]
-            raise sweep_interrupted(
-                "hash train",
-                exc,
-                names,
-                len(results),
-                output,
-                "their results are in results.json",
-                again="the same call again",
-            ) from None
+            kept, again = "their results are in results.json", "the same call again"
+            error = sweep_interrupted("hash train", exc, names, len(results), output, kept, again)
+            raise error from None
         return results
-
-
-def _write_sweep_files(output: Path, config, settings: HashSettings) -> None:
-    data = config.to_dict()
-    data["hash"] = settings.model_dump()
-    atomic_write_text(yaml.safe_dump(data, sort_keys=False), output / "hash_config.yaml")
 
 
 @torch.no_grad()

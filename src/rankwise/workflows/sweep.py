@@ -13,7 +13,7 @@ interruption says what is kept and how the sweep resumes. No paper equation is i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ __all__ = [
     "check_stored_config",
     "run_or_resume",
     "sweep_interrupted",
+    "sweep_settings",
     "write_json",
     "write_npz",
 ]
@@ -61,6 +62,16 @@ def check_stored_config(config: Config, run_dir: Path) -> None:
             "sweep plans for it; start the sweep afresh with `overwrite` (or choose another "
             "output)."
         )
+
+
+def sweep_settings(base: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """The plain-JSON settings a sweep records in ``sweep.json`` and is resumed with.
+
+    Args:
+        base: the base config (the settings that may change on resumption are left out).
+        **fields: the protocol's own settings (losses, seeds, grid, ...).
+    """
+    return json.loads(json.dumps({"base": comparable(dict(base)), **fields}))
 
 
 def check_planned_configs(configs: Iterable[Config], result_files: Sequence[str] = ()) -> None:

@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
+from rich.console import Console
 
+from ..losses.registry import loss_parameters
 from ..training.checkpoint import atomic_write_text
 from ..training.config import ConfigError, config_from_dict
 from ..training.errors import NonFiniteLossError
@@ -32,11 +34,9 @@ from ..training.lock import lock_run_dir
 from ..training.rundir import prepare_sweep_dir
 from ..training.trainer import RunResult
 from .bench import BenchRun, plan_bench, prepare_splits, run_or_resume, warm_up_metrics
-from .sweep import MAY_CHANGE, sweep_interrupted, write_json
+from .sweep import sweep_interrupted, sweep_settings, write_json
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from ..data import RetrievalSplits
 
 __all__ = [
@@ -218,8 +218,6 @@ def _check_grid(
     grid: Mapping[str, Sequence[Any]], losses: Sequence[str], quick_keys: Sequence[str]
 ) -> dict[str, list[Any]]:
     """Structural checks of the grid; returns it with plain-YAML value lists."""
-    from ..losses.registry import loss_parameters
-
     if not grid:
         raise ConfigError("tune: the grid is empty; give `grid` at least one key with values.")
     checked: dict[str, list[Any]] = {}
@@ -280,9 +278,6 @@ def plan_tune(
     plan_bench(base, losses=loss_list, seeds=seeds[:1], quick=quick, output=output)
     quick_keys = list(base_config.bench.quick.overrides) if quick else []
     checked = _check_grid(grid, loss_list, quick_keys)
-
-    from ..losses.registry import loss_parameters
-
     output = Path(output)
     trials: list[TuneTrial] = []
     for loss in loss_list:
@@ -501,23 +496,6 @@ def _summary(
     return out
 
 
-def _tune_settings(
-    base: Mapping[str, Any],
-    losses: Sequence[str] | None,
-    grid: Mapping[str, Sequence[Any]],
-    seeds: Sequence[int],
-    quick: bool,
-) -> dict[str, Any]:
-    settings = {
-        "base": {k: v for k, v in dict(base).items() if k not in MAY_CHANGE},
-        "losses": None if losses is None else list(losses),
-        "grid": {k: [_plain(v, k) for v in values] for k, values in grid.items()},
-        "seeds": [int(s) for s in seeds],
-        "quick": bool(quick),
-    }
-    return json.loads(json.dumps(settings))
-
-
 def _announce(trials: Sequence[TuneTrial], splits: RetrievalSplits, output: Path, console) -> None:
     for loss in dict.fromkeys(t.loss for t in trials):
         skipped = trials[[t.loss for t in trials].index(loss)].skipped
@@ -597,14 +575,18 @@ def tune(
         RunDirInUseError: another process is writing ``output`` (nothing is read or written; the
             sweep holds its lock to the end, see :mod:`rankwise.training.lock`).
     """
-    from rich.console import Console
-
     console = console if console is not None else Console()
     output = Path(output)
     # one sweep per folder at a time: locked before anything in it is read or written
     with lock_run_dir(output, "output", then="resume it" if resume else None):
         trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
-        settings = _tune_settings(base, losses, grid, seeds, quick)
+        settings = sweep_settings(
+            base,
+            losses=None if losses is None else list(losses),
+            grid={k: [_plain(v, k) for v in values] for k, values in grid.items()},
+            seeds=[int(s) for s in seeds],
+            quick=bool(quick),
+        )
         runs = [run for trial in trials for run in trial.runs]
         run_dirs = [run.config.resolved_output_dir() for run in runs]
         splits = _shared_splits(trials)  # every configuration error first, nothing written yet
