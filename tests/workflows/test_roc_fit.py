@@ -50,4 +50,9 @@ def test_fit_roc_names_its_arguments_in_errors(tmp_path):
         fit_roc("digits", method="x", output=tmp_path)
     with pytest.raises(ValueError, match="`dataset` must be one of"):
         fit_roc("nope", output=tmp_path)
+    X, y = np.eye(4), np.array([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="`y` has 3 entries but `X` has 4 rows"):
+        fit_roc((X, y[:3], X, y), output=tmp_path)
+    with pytest.raises(ValueError, match="`y_test` must hold integer class ids"):
+        fit_roc((X, y, X, y + 0.5), output=tmp_path)
     assert not any(tmp_path.iterdir())  # nothing written before the checks

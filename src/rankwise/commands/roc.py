@@ -13,11 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import typer
 
 from ..data.base import DatasetNotFoundError
-from ..sampling.pairs import class_structure
 from ..workflows.roc import DATASETS, RocProgress, fit_roc
 from .common import cli_errors, output_console
 from .evaluate import load_array
@@ -43,7 +41,7 @@ _FLAGS = {
     "risk": "--method",
     "X": "--features",
     "y": "--labels",
-    "test_labels": "--test-labels",
+    "y_test": "--test-labels",
     "dataset": "--dataset",
     "method": "--method",
     "fpr": "--fpr",
@@ -56,29 +54,6 @@ _FLAGS = {
     "output": "--output",
     "overwrite": "--overwrite",
 }
-
-
-# -- data ------------------------------------------------------------------------------------------
-def _array_features(
-    spec: str, labels: str, flag: str, labels_flag: str, name: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """Features and labels from files, the labels checked here so that errors name the options."""
-    X = load_array(spec, flag).numpy().astype(np.float64)
-    y = load_array(labels, labels_flag).numpy()
-    if X.ndim != 2:
-        raise ValueError(f"{flag}: features must be a 2-D (n, d) array, got shape {X.shape}.")
-    if y.ndim != 1:
-        raise ValueError(
-            f"{labels_flag} must be 1-D (one class id per row of {flag}), got shape {y.shape}; "
-            "save labels.ravel()."
-        )
-    if y.shape[0] != X.shape[0]:
-        raise ValueError(
-            f"{labels_flag} has {y.shape[0]} entries but {flag} has {X.shape[0]} rows; pass one "
-            "label per row."
-        )
-    class_structure(y, name)  # integer class ids of two classes or more, named by option
-    return X, y
 
 
 def _parse_levels(text: str) -> tuple[float, ...]:
@@ -275,9 +250,7 @@ def _source(dataset, features, labels, test_features, test_labels) -> str:
 
 
 def _arrays(features: str, labels: str, test_features: str, test_labels: str) -> tuple:
-    """(X, y, X_test, y_test) from the files of the options."""
-    X, y = _array_features(features, labels, "--features", "--labels", "y")
-    X_test, y_test = _array_features(
-        test_features, test_labels, "--test-features", "--test-labels", "test_labels"
-    )
-    return X, y, X_test, y_test
+    """(X, y, X_test, y_test) from the files of the options (checked by fit_roc)."""
+    names = ("--features", "--labels", "--test-features", "--test-labels")
+    files = (features, labels, test_features, test_labels)
+    return tuple(load_array(spec, name).numpy() for spec, name in zip(files, names, strict=True))

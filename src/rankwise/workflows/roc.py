@@ -28,6 +28,7 @@ from ..data.registry import DATASETS as ALL_DATASETS
 from ..data.registry import dataset_info, pixel_features, read_images
 from ..data.splits import stratified_split
 from ..metrics import roc_curve, tpr_at_fpr
+from ..sampling.pairs import class_structure
 from ..training.checkpoint import atomic_write_text
 from ..training.lock import lock_run_dir
 from .sweep import write_npz
@@ -206,7 +207,8 @@ def _load(
             raise ValueError(f"`test_fraction` must be in (0, 1), got {test_fraction}.")
         X, y, X_test, y_test, train, test = _dataset_features(source, data_dir, test_fraction, seed)
     else:
-        X, y, X_test, y_test = source
+        X, y = _checked_arrays(source[0], source[1], "X", "y")
+        X_test, y_test = _checked_arrays(source[2], source[3], "X_test", "y_test")
         if X_test.shape[1] != X.shape[1]:
             raise ValueError(f"`X_test` has {X_test.shape[1]} columns but `X` has {X.shape[1]}.")
         train, test = np.arange(y.shape[0]), np.arange(y_test.shape[0])
@@ -215,6 +217,27 @@ def _load(
             raise ValueError(f"`{key}` must be at least 2, got {value}.")
     train, test = _subsample(train, n_train, rng), _subsample(test, n_test, rng)
     return (X[train], y[train], X_test[test], y_test[test]), (train, test)
+
+
+def _checked_arrays(
+    X: np.ndarray, y: np.ndarray, x_name: str, y_name: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Float features ``(n, d)`` and ``n`` integer class ids of two classes or more."""
+    X, y = np.asarray(X, dtype=np.float64), np.asarray(y)
+    if X.ndim != 2:
+        raise ValueError(f"`{x_name}` must be a 2-D (n, d) array, got shape {X.shape}.")
+    if y.ndim != 1:
+        raise ValueError(
+            f"`{y_name}` must be 1-D (one class id per row of `{x_name}`), got shape {y.shape}; "
+            "pass labels.ravel()."
+        )
+    if y.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"`{y_name}` has {y.shape[0]} entries but `{x_name}` has {X.shape[0]} rows; pass one "
+            "label per row."
+        )
+    class_structure(y, y_name)
+    return X, y
 
 
 def _preprocess(
