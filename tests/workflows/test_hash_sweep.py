@@ -59,6 +59,18 @@ def test_a_changed_learning_rate_is_refused_naming_the_run_and_the_fix(done):
     assert stored_lr(done / "talr" / "8bits") == 0.001
 
 
+def test_the_command_refuses_it_with_exit_code_2_naming_its_flags(done):
+    from typer.testing import CliRunner
+
+    from rankwise.cli import build_app
+
+    args = ["hash", "train", *TINY, "optimizer.lr=0.01", "--output", str(done)]
+    result = CliRunner().invoke(build_app(), args)
+    assert result.exit_code == 2, result.output
+    assert "--overwrite" in result.output and "--output" in result.output
+    assert stored_lr(done / "talr" / "8bits") == 0.001
+
+
 def test_an_unchanged_sweep_reuses_its_runs(done):
     path = done / "talr" / "8bits" / "hash_result.json"
     before = path.stat().st_mtime_ns

@@ -123,7 +123,8 @@ def train_command(
     """
     console = output_console(140)
     extra = _overrides(overrides or [], dataset, bits, objective, methods, device, quick)
-    with cli_errors("training", FLAGS) as err:
+    # the sweep's config check names `output` (evaluate's OUTPUT is an argument, not a flag)
+    with cli_errors("training", {**FLAGS, "output": "--output"}) as err:
         from ..training import TrainingInterrupted
         from ..training.lock import lock_run_dir
         from ..workflows.hashing import load_hash_config, run_hash_experiment, write_report
