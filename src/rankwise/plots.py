@@ -1,8 +1,9 @@
-"""PNG figures of evaluation curves (precision-recall and ROC).
+"""PNG figures of evaluation curves (precision-recall, ROC) and of tie-breaking ranges.
 
 Precision-recall curves of the retrieval view (the AP that
 SOPRC, Wen et al. NeurIPS 2022, and tie-aware AP_T, He et al. CVPR 2018, optimize) and ROC curves
-of the pair view (Gajić et al., Eq. 1-3; Vogel et al., ICML 2018, pointwise ROC at FPR = alpha).
+of the pair view (Gajić et al., Eq. 1-3; Vogel et al., ICML 2018, pointwise ROC at FPR = alpha),
+and the mAP range over every tie-breaking of Hamming rankings (He et al., CVPR 2018, Fig. 3).
 
 Figures are drawn with matplotlib's object API on an Agg canvas: no pyplot state, no window, no
 backend switch in the caller's process, so the helpers are safe on headless machines and inside
@@ -25,7 +26,7 @@ import matplotlib  # noqa: E402 - after the dependency check
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-__all__ = ["plot_pr_curves", "plot_roc_curves"]
+__all__ = ["plot_pr_curves", "plot_roc_curves", "plot_tie_ranges"]
 
 
 def _legend_text(name: str, labels: Mapping[str, float | str] | None, default: str) -> str:
@@ -185,5 +186,41 @@ def plot_roc_curves(
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="lower right", fontsize="small")
     ax.set_title(title or "ROC (pairs)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_tie_ranges(results: Sequence[Any], path: str | Path, title: str = "") -> Path:
+    """The paper's Fig. 3: per code length, each method's mAP range over all tie-breakings.
+
+    A horizontal bar spans ``[worst, best]`` mAP attainable by reordering ties; the dot is the
+    tie-aware mAP.
+
+    Args:
+        results: hash sweep results (``method``, ``bits``, ``map``, ``map_range``), e.g.
+            :class:`~rankwise.workflows.hashing.MethodResult`.
+        path: the ``.png`` to write.
+        title: the figure's title.
+    """
+    bits = sorted({r.bits for r in results})
+    methods = list(dict.fromkeys(r.method for r in results))
+    fig = Figure(figsize=(3.2 * len(bits), 0.45 * len(methods) + 1.2))
+    axes = np.atleast_1d(fig.subplots(1, len(bits), sharey=True))
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, b in zip(axes, bits, strict=True):
+        for i, m in enumerate(methods):
+            r = next((r for r in results if r.method == m and r.bits == b), None)
+            if r is None or not np.isfinite(r.map):
+                continue
+            lo, hi = r.map_range
+            ax.plot([lo, hi], [i, i], color=colours[i % len(colours)], linewidth=6, alpha=0.5)
+            ax.plot([r.map], [i], "o", color="black", markersize=4)
+        ax.set_title(f"{b} bits")
+        ax.set_xlabel("mAP")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(range(len(methods)), methods)
+    axes[0].invert_yaxis()
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, path)

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from rankwise.cli import app
 from rankwise.reporting import bench_table_markdown
 from rankwise.training import ConfigError, Trainer, TrainingInterrupted, config_from_dict
-from rankwise.training import bench as bench_module
 from rankwise.training.bench import run_bench
 from rankwise.training.tune import tune
 
@@ -51,7 +50,7 @@ def interrupt_run(monkeypatch, run_number, at_step):
             kwargs["callbacks"] = [*kwargs.get("callbacks", ()), ctrl_c]
         return original(self, **kwargs)
 
-    monkeypatch.setattr(bench_module.Trainer, "fit", fit)
+    monkeypatch.setattr(Trainer, "fit", fit)
 
 
 def test_bench_refuses_an_output_with_results_and_resumes_an_interrupted_sweep(

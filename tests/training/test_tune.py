@@ -281,7 +281,7 @@ def test_cli_tune_config_errors_exit_2(tmp_path):
 
 
 def test_ties_are_broken_by_the_documented_rule_and_reported():
-    from rankwise.training.tune import TIE_RULE, SeedOutcome, TuneTrial, _winners
+    from rankwise.workflows.tune import TIE_RULE, SeedOutcome, TuneTrial, _winners
 
     def trial(index, *maps):
         outcomes = [SeedOutcome(s, v, 1, 1, 0.0, "") for s, v in enumerate(maps)]

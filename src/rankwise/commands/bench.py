@@ -178,9 +178,9 @@ def bench(
     with cli_errors("bench", FLAGS), ExitStack() as held:
         from ..reporting import print_bench_table
         from ..training import TrainingInterrupted
-        from ..training.bench import run_bench
         from ..training.config import apply_overrides, parse_overrides
         from ..training.lock import lock_run_dir
+        from ..workflows.bench import run_bench
 
         if resume is not None:
             # the sweep is locked before its sweep.json is read

@@ -3,10 +3,11 @@
 ``rankwise hash train`` trains TALR (He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning
 to Rank", CVPR 2018) and its baselines at every code length on one dataset, in the CIFAR-10
 "setting 1" protocol of the paper's Sec. 5.1, each run on the library's Trainer
-(:mod:`rankwise.hashing.workflow`); ``rankwise hash evaluate`` re-evaluates the selected
+(:mod:`rankwise.workflows.hashing`); ``rankwise hash evaluate`` re-evaluates the selected
 checkpoints of a sweep by counting sort (tie-aware mAP, NDCG, the tie-breaking range) and writes
 the Table 1-style table and the Fig. 3-style tie-breaking plot. Configuration errors exit with
-code 2, a failed run with 1, Ctrl-C with 130 (the sweep continues where it stopped when run again).
+code 2 (a run trained with another config too), a failed run with 1, Ctrl-C with 130 (the sweep
+continues where it stopped when run again).
 """
 
 from __future__ import annotations
@@ -109,7 +110,10 @@ def train_command(
     device: str | None = typer.Option(None, "--device", help="auto, cpu or cuda."),
     quick: bool = typer.Option(False, "--quick", help="40 iterations per run (a smoke test)."),
     overwrite: bool = typer.Option(
-        False, "--overwrite", help="Retrain runs that already exist in --output."
+        False,
+        "--overwrite",
+        help="Retrain the runs in --output (without it, a run trained with another config is "
+        "refused; unchanged runs are kept or resumed).",
     ),
 ) -> None:
     """Train TALR and the baselines at every code length; print the tie-aware mAP table.
@@ -119,9 +123,11 @@ def train_command(
     """
     console = output_console(140)
     extra = _overrides(overrides or [], dataset, bits, objective, methods, device, quick)
-    with cli_errors("training", FLAGS) as err:
-        from ..hashing.workflow import load_hash_config, run_hash_experiment, write_report
+    # the sweep's config check names `output` (evaluate's OUTPUT is an argument, not a flag)
+    with cli_errors("training", {**FLAGS, "output": "--output"}) as err:
+        from ..training import TrainingInterrupted
         from ..training.lock import lock_run_dir
+        from ..workflows.hashing import load_hash_config, run_hash_experiment, write_report
 
         cfg, settings = load_hash_config(config, extra)
 
@@ -133,9 +139,18 @@ def train_command(
             )
 
         with lock_run_dir(output, "output_dir"):  # the sweep and its report: one writer
-            results = run_hash_experiment(
-                cfg, settings, output, overwrite=overwrite, console=err, progress_callback=announce
-            )
+            try:
+                results = run_hash_experiment(
+                    cfg,
+                    settings,
+                    output,
+                    overwrite=overwrite,
+                    console=err,
+                    progress_callback=announce,
+                )
+            except TrainingInterrupted as exc:
+                exc.resume_command = "the same `rankwise hash train` command"
+                raise
             title = f"{cfg.dataset.name}, {settings.objective}"
             paths = write_report(results, output, title=title)
     _print_tables(console, results, paths)
@@ -154,8 +169,8 @@ def evaluate_command(
     """
     console = output_console(140)
     with cli_errors("evaluation", FLAGS, bad_input=(FileNotFoundError, ValueError)):
-        from ..hashing.workflow import evaluate_sweep, write_report
         from ..training.lock import lock_run_dir
+        from ..workflows.hashing import evaluate_sweep, write_report
 
         # no sweep trains in the folder while it is evaluated
         with lock_run_dir(output, "output", then="evaluate it"):
@@ -165,7 +180,7 @@ def evaluate_command(
 
 
 def _print_tables(console, results, paths) -> None:
-    from ..hashing.workflow import results_table
+    from ..workflows.hashing import results_table
 
     console.print("tie-aware mAP (AP_T) of the test queries against the database:")
     console.print(results_table(results, "map"))

@@ -33,7 +33,7 @@ def _fresh_settings(
     """The tuning settings from the command line (base config, losses, grid)."""
     from ..training import ConfigError
     from ..training.config import apply_overrides, parse_overrides
-    from ..training.tune import parse_grid_values
+    from ..workflows.tune import parse_grid_values
 
     base = read_base_config(dataset, config)
     extra = parse_overrides(overrides)
@@ -115,7 +115,7 @@ def tune(
         from ..reporting import print_tune_table
         from ..training import TrainingInterrupted
         from ..training.lock import lock_run_dir
-        from ..training.tune import tune as run_tune
+        from ..workflows.tune import tune as run_tune
 
         if resume is not None:
             # the sweep is locked before its sweep.json is read

@@ -99,9 +99,9 @@ def _train_linear(method, bits, train_x, affinity, iterations, batch_size, lr, s
     from torch.utils.data import TensorDataset  # noqa: PLC0415
 
     from ..hashing import build_hashing_model  # noqa: PLC0415
-    from ..hashing.workflow import HashingTrainer  # noqa: PLC0415
     from ..losses import build_loss  # noqa: PLC0415
     from ..metrics.hamming import IndexedAffinity  # noqa: PLC0415
+    from ..workflows.hashing import HashingTrainer  # noqa: PLC0415
 
     torch.manual_seed(seed)
     model = build_hashing_model("linear", (train_x.shape[1],), bits)

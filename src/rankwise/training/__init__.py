@@ -4,7 +4,7 @@ Training and benchmarking of embedding models with ranking losses, following the
 Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
 Stability* (NeurIPS 2022), Sec. 5.1 and App. D: P x K batches, model selection by validation
 mAUPRC, test report of the selected model, and the Table 1 / Table 2 comparisons
-(:mod:`rankwise.training.bench`).
+(:mod:`rankwise.workflows.bench`).
 
 :class:`Trainer` takes your model, loss and data (:mod:`~rankwise.training.trainer`);
 :meth:`Trainer.from_config` builds them from a YAML config (:mod:`~rankwise.training.build`);

@@ -1,0 +1,638 @@
+"""Loss comparison and ablation sweeps (Tables 1 and 2 of the SOPRC paper).
+
+Loss comparison and ablation sweeps: the Table 1 and Table 2 protocol of Wen et al.,
+*Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
+(NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale.
+
+Every loss is trained with the same backbone, sampler, budget and seeds (only its own parameters
+and, where configured, its optimizer differ) and reported as mean ± std over seeds of the test
+mAUPRC (tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The
+ablation reproduces Table 2's rows for SOPRC: biased estimator (class prior pi replaced by the
+batch ratio), without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the
+semi-variance regularizer L_var (Eq. 9), and SGD versus Adam.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from ..metrics import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
+from ..plots import plot_pr_curves
+from ..reporting import bench_table_markdown
+from ..training.build import load_splits, preflight
+from ..training.checkpoint import atomic_write_text
+from ..training.config import Config, ConfigError, apply_overrides, config_from_dict
+from ..training.lock import lock_run_dir
+from ..training.rundir import prepare_sweep_dir
+from ..training.trainer import RunResult, Trainer
+from . import sweep
+from .sweep import check_stored_config, sweep_interrupted, sweep_settings, write_json
+
+if TYPE_CHECKING:
+    from ..data import ArrayDataset, RetrievalSplits
+
+__all__ = [
+    "ABLATION_ROWS",
+    "BENCH_FILES",
+    "BenchRow",
+    "BenchRun",
+    "aggregate_rows",
+    "plan_bench",
+    "prepare_splits",
+    "reference_rows",
+    "run_bench",
+    "run_or_resume",
+    "stored_result",
+    "warm_up_metrics",
+]
+
+# the sweep's own result files (the run directories are below them)
+BENCH_FILES = ("bench.json", "bench.md", "pr_curves.png")
+
+# Table 2 of the paper: (No., unbiased estimator, with v, with L_var, optimizer).
+ABLATION_ROWS: tuple[tuple[int, bool, bool, bool, str], ...] = (
+    (1, False, False, False, "sgd"),
+    (2, True, False, False, "sgd"),
+    (3, True, True, False, "sgd"),
+    (4, True, True, True, "sgd"),
+    (5, True, True, True, "adam"),
+)
+# metrics aggregated per row: (bench.json key prefix, getter on a RetrievalReport)
+_METRICS = (
+    ("map", lambda r: r.map),
+    ("recall_at_1", lambda r: r.recall_at[1]),
+    ("recall_at_10", lambda r: r.recall_at[10]),
+    ("map_at_r", lambda r: r.map_at_r),
+    ("r_precision", lambda r: r.r_precision),
+)
+
+
+@dataclass
+class BenchRun:
+    """One planned training run of a sweep."""
+
+    label: str  # the row it belongs to ("soprc", or "soprc #3" in the ablation)
+    seed: int
+    config: Config
+    row_info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BenchRow:
+    """Aggregated results of one row (one loss or ablation variant over all seeds)."""
+
+    label: str
+    info: dict[str, Any]
+    results: list[RunResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row of ``bench.json``: mean and std over seeds of every metric, and bookkeeping."""
+        out: dict[str, Any] = {"loss": self.info.get("loss", self.label)}
+        out.update(_mean_std([r.test for r in self.results]))
+        out["seconds"] = float(np.mean([r.seconds for r in self.results]))
+        out.update({k: v for k, v in self.info.items() if k != "loss"})
+        out["label"] = self.label
+        out["seeds"] = [int(r.config["seed"]) for r in self.results]
+        out["map_per_seed"] = [float(r.test.map) for r in self.results]
+        out["steps"] = int(self.results[0].steps)
+        out["run_dirs"] = [str(r.run_dir) for r in self.results]
+        return out
+
+
+def _mean_std(reports: Sequence[Any]) -> dict[str, float]:
+    """``<metric>_mean`` and ``<metric>_std`` over seeds of every metric of :data:`_METRICS`."""
+    out = {}
+    for key, getter in _METRICS:
+        values = [float(getter(r)) for r in reports]
+        out[f"{key}_mean"] = float(np.mean(values))
+        # sample standard deviation over seeds (0 for a single seed)
+        out[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return out
+
+
+def _loss_data(base: Mapping[str, Any], loss: str) -> dict[str, Any]:
+    """The base config switched to ``loss``: its params are kept only for the same loss."""
+    base_loss = base.get("loss") or {}
+    params = dict(base_loss.get("params") or {}) if base_loss.get("name") == loss else {}
+    return apply_overrides(base, {"loss": {"name": loss, "params": params}})
+
+
+def plan_bench(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    quick: bool = False,
+    ablation: bool = False,
+    output: str | Path,
+    run_overrides: Mapping[str, Any] | None = None,
+) -> list[BenchRun]:
+    """Resolve and validate every run of a sweep before any training.
+
+    Args:
+        base: the base config as a plain mapping (e.g. ``yaml.safe_load`` of configs/digits.yaml).
+        losses: losses to compare (default ``base["bench"]["losses"]``); ignored by ``ablation``.
+        seeds: training seeds; every row uses all of them.
+        quick: apply ``bench.quick.overrides`` (a short budget) to every run.
+        ablation: plan Table 2's five SOPRC rows instead of the loss comparison.
+        output: sweep directory; run ``<label>/seed<k>`` goes below it.
+        run_overrides: dotted ``{key: value}`` overrides applied to every run last (after its loss
+            is chosen and after the ``quick`` budget), e.g. ``{"loss.params.lambda_val": 50}`` or
+            ``{"budget.iterations": 20}`` from the command line (a parameter a run's loss does not
+            take is reported as a config error naming the run).
+
+    Raises:
+        ConfigError: naming the run and the offending key.
+    """
+    base_config = config_from_dict(base)  # reports errors of the base file itself first
+    bench = base_config.bench
+    # the table reports R@1 and R@10 whatever the base config evaluates; each run shows its
+    # progress as `rankwise train` does (a bar in a terminal, plain lines otherwise)
+    common: dict[str, Any] = {"eval_ks": sorted({*base_config.eval_ks, 1, 10})}
+    if quick:
+        common.update(bench.quick.overrides)
+    plans: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    if ablation:
+        for number, unbiased, use_v, with_var, optimizer in ABLATION_ROWS:
+            data = apply_overrides(_loss_data(base, "soprc"), bench.overrides.get("soprc", {}))
+            opt = bench.ablation.sgd if optimizer == "sgd" else bench.ablation.adam
+            data = apply_overrides(
+                data,
+                {
+                    "loss.params.unbiased": unbiased,
+                    "loss.params.use_v": use_v,
+                    **({} if with_var else {"loss.params.semi_variance_weights": None}),
+                    "optimizer": opt.model_dump(mode="json"),
+                },
+            )
+            info = {
+                "loss": "soprc",
+                "variant": number,
+                "unbiased_estimator": unbiased,
+                "with_v": use_v,
+                "with_semi_variance": with_var,
+                "optimizer": optimizer,
+            }
+            plans.append((f"soprc-ablation-{number}", data, info))
+    else:
+        for loss in losses if losses is not None else bench.losses:
+            data = apply_overrides(_loss_data(base, loss), bench.overrides.get(loss, {}))
+            plans.append((loss, data, {"loss": loss}))
+    runs = []
+    run_overrides = dict(run_overrides or {})
+    if "loss.name" in run_overrides or "loss" in run_overrides:
+        raise ConfigError("bench: choose losses with `losses`, not a loss.name override.")
+    reserved = {"seed": "seeds", "output_dir": "output"}
+    for key, argument in reserved.items():
+        if key in run_overrides:
+            raise ConfigError(f"bench: set {key} with `{argument}`, not a {key}= override.")
+    for label, data, info in plans:
+        for seed in seeds:
+            resolved = apply_overrides(
+                data,
+                {
+                    **common,
+                    "seed": int(seed),
+                    "output_dir": str(Path(output) / label / f"seed{seed}"),
+                },
+            )
+            # last, so that the caller's values win over the quick budget too
+            resolved = apply_overrides(resolved, run_overrides)
+            try:
+                config = config_from_dict(resolved)
+            except ConfigError as exc:
+                raise ConfigError(f"bench run {label} (seed {seed}): {exc}") from None
+            runs.append(BenchRun(label, int(seed), config, info))
+    if not runs:
+        raise ConfigError("bench: nothing to run (empty `losses` or `seeds`).")
+    return runs
+
+
+def aggregate_rows(runs: Sequence[BenchRun], results: Sequence[RunResult]) -> list[BenchRow]:
+    """Group finished runs by row label (in planning order)."""
+    rows: dict[str, BenchRow] = {}
+    for run, result in zip(runs, results, strict=True):
+        row = rows.setdefault(run.label, BenchRow(run.label, dict(run.row_info), []))
+        row.results.append(result)
+    return list(rows.values())
+
+
+def prepare_splits(
+    runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]
+) -> RetrievalSplits:
+    """One data load for a whole sweep, then every data-dependent check of every distinct run.
+
+    Args:
+        runs: the planned runs; they must share their ``dataset`` section.
+        describe: names a run in error messages (e.g. ``"bench run soprc (seed 0)"``).
+
+    Raises:
+        ConfigError: runs that disagree on the dataset, or the first run that fails
+            :func:`~rankwise.training.trainer.preflight`, named by ``describe``.
+    """
+    dataset_key = json.dumps(runs[0].config.dataset.model_dump(mode="json"), sort_keys=True)
+    if any(
+        json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != dataset_key
+        for r in runs
+    ):
+        raise ConfigError("per-loss bench.overrides must not change the dataset section.")
+    splits = load_splits(runs[0].config)
+    checked: set[str] = set()
+    for run in runs:
+        # seed and output directory change no data-dependent check
+        key = json.dumps({**run.config.to_dict(), "output_dir": None, "seed": None}, sort_keys=True)
+        if key in checked:
+            continue
+        try:
+            preflight(run.config, splits)
+        except ConfigError as exc:
+            raise ConfigError(f"{describe(run)}: {exc}") from None
+        checked.add(key)
+    return splits
+
+
+def reference_rows(
+    runs: Sequence[BenchRun],
+    splits: RetrievalSplits,
+    seeds: Sequence[int],
+    output: Path,
+    curves: dict[str, PRCurve] | None = None,
+) -> list[dict[str, Any]]:
+    """What the table must be read against: the same test protocol with no learning at all.
+
+    * ``input (no training)``: cosine retrieval on the flattened raw inputs (only for in-memory
+      array datasets; image folders are skipped, and the skip is reported in the row list's
+      absence, never silently replaced).
+    * ``untrained network``: the benchmark's backbone + head at its seeded initialisation, one
+      evaluation per seed, through the same :meth:`Trainer.evaluate` as the trained rows.
+
+    A loss that does not beat these rows has not learned anything that transfers to the test
+    classes; on tiny open-set problems (5 training classes) that happens, and the table says so.
+
+    Args:
+        runs: the planned runs (the first one's config gives the backbone).
+        splits: the loaded dataset splits.
+        seeds: the seeds of the untrained networks.
+        output: the sweep directory.
+        curves: when given, receives each row's mean test PR curve, by row name.
+
+    Returns:
+        The rows, with the fields of a trained row (``seeds``: the seeds evaluated, ``[]``
+        for the seedless raw input).
+    """
+
+    def row(name: str, reports: Sequence[Any], row_seeds: Sequence[int]) -> dict[str, Any]:
+        out: dict[str, Any] = {"loss": name, "label": name, "seconds": 0.0}
+        out.update(_mean_std(reports))
+        out["seeds"] = [int(s) for s in row_seeds]
+        return out
+
+    def flat(dataset: ArrayDataset) -> tuple[torch.Tensor, np.ndarray]:
+        x = dataset.inputs.reshape(len(dataset.labels), -1).to(torch.float32)
+        return x, np.asarray(dataset.labels)
+
+    rows = []
+    ks = (1, 10)
+    if all(hasattr(d, "inputs") for d in (splits.test, splits.gallery) if d is not None):
+        query, query_labels = flat(splits.test)
+        gallery: tuple[Any, Any] = (None, None)
+        if splits.protocol == "closed-set":
+            gallery = flat(splits.gallery)
+        report = retrieval_metrics(query, query_labels, *gallery, ks=ks)
+        rows.append(row("input (no training)", [report], []))
+        if curves is not None:
+            curves["input (no training)"] = pr_curve(query, query_labels, *gallery)
+    reports, untrained_curves = [], []
+    for seed in seeds:
+        config = runs[0].config.model_copy(
+            update={"seed": int(seed), "output_dir": str(output / "untrained" / f"seed{seed}")}
+        )
+        trainer = Trainer.from_config(config, splits=splits, overwrite=True)
+        if curves is None:
+            reports.append(trainer.evaluate("test"))
+        else:
+            report, curve = trainer.test()
+            reports.append(report)
+            untrained_curves.append(curve)
+    rows.append(row("untrained network", reports, seeds))
+    if curves is not None:
+        curves["untrained network"] = _average_curves(untrained_curves)
+    return rows
+
+
+def _average_curves(curves: Sequence[PRCurve]) -> PRCurve:
+    return PRCurve(
+        recall=np.asarray(curves[0].recall, dtype=np.float64),
+        precision=np.mean([np.asarray(c.precision, dtype=np.float64) for c in curves], axis=0),
+        n_queries=int(curves[0].n_queries),
+    )
+
+
+def warm_up_metrics() -> float:
+    """Compile the numba evaluation kernels before anything is timed; returns the seconds spent.
+
+    The first call of a compiled kernel in a process compiles it (or loads it from numba's
+    cache), which would otherwise be counted in the first run's time. Both evaluation layouts
+    (leave-one-out and query / gallery) and the PR curve are exercised, in float32 as training
+    produces them.
+
+    Returns:
+        Wall-clock seconds of the warm-up.
+    """
+    start = time.perf_counter()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(24, 8, generator=generator)
+    labels = np.repeat(np.arange(6), 4)
+    retrieval_metrics(x, labels, ks=(1, 10))
+    retrieval_metrics(x[:12], labels[:12], x, labels, ks=(1, 10))
+    pr_curve(x, labels)
+    pr_curve(x[:12], labels[:12], x, labels)
+    return time.perf_counter() - start
+
+
+# -- resumable runs --------------------------------------------------------------------------------
+
+
+def _report_from_dict(data: Mapping[str, Any]) -> Any:
+    """A :class:`~rankwise.metrics.RetrievalReport` from its ``to_dict()`` (``report.json``)."""
+    values = dict(data)
+    values["recall_at"] = {int(k): float(v) for k, v in values["recall_at"].items()}
+    values["precision_at"] = {int(k): float(v) for k, v in values["precision_at"].items()}
+    values["clamped_ks"] = {int(k): int(v) for k, v in (values.get("clamped_ks") or {}).items()}
+    values["ks"] = tuple(int(k) for k in values["ks"])
+    values["per_query_ap"] = torch.tensor(
+        [np.nan if v is None else float(v) for v in values["per_query_ap"]], dtype=torch.float64
+    )
+    names = {f.name for f in fields(RetrievalReport)}
+    return RetrievalReport(**{k: v for k, v in values.items() if k in names})
+
+
+def stored_result(run: BenchRun, with_test: bool = True) -> RunResult | None:
+    """The result of a run of the sweep that already completed (``None``: not completed).
+
+    Args:
+        run: the planned run.
+        with_test: whether the run's test report is needed (``bench``; ``tune`` has none).
+
+    Returns:
+        The :class:`RunResult` read back from ``report.json`` (and ``pr_curve.json``).
+
+    Raises:
+        ConfigError: the run directory holds a run made with another config.
+    """
+    run_dir = run.config.resolved_output_dir()
+    try:
+        report = json.loads((run_dir / "report.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    if report.get("status") != "completed":
+        return None
+    check_stored_config(run.config, run_dir)
+    test, curve = None, None
+    if with_test:
+        try:
+            data = json.loads((run_dir / "pr_curve.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if report.get("test") is None:
+            return None
+        test = _report_from_dict(report["test"])
+        curve = PRCurve(
+            recall=np.asarray(data["recall"], dtype=np.float64),
+            precision=np.asarray(data["precision"], dtype=np.float64),
+            n_queries=int(data["n_queries"]),
+        )
+    return RunResult(
+        run_dir=run_dir,
+        status="completed",
+        steps=int(report["steps"]),
+        seconds=float(report["seconds"]),
+        best_step=report.get("best_step"),
+        best_val=report.get("best_val"),
+        test=test,
+        pr_curve=curve,
+        config=run.config.to_dict(),
+    )
+
+
+def run_or_resume(
+    run: BenchRun,
+    splits: RetrievalSplits,
+    *,
+    resume: bool,
+    console: Console | None,
+    name: str,
+    test: bool = True,
+) -> tuple[RunResult, str]:
+    """Train one run of a sweep, resume it from its checkpoint, or keep its stored result.
+
+    Args:
+        run: the planned run.
+        splits: the sweep's dataset splits.
+        resume: continue an interrupted sweep: a completed run is kept, an interrupted one
+            continues from ``checkpoints/last.pt``, the others start afresh.
+        console: where the run's progress goes.
+        name: the run's name on its progress bar / lines.
+        test: test the selected model (``tune`` does not).
+
+    Returns:
+        ``(result, how)``: how is ``"trained"``, ``"resumed"`` or ``"kept"``.
+    """
+
+    def build(**how: bool) -> Trainer:
+        trainer = Trainer.from_config(run.config, splits=splits, console=console, **how)
+        trainer.name = name
+        return trainer
+
+    return sweep.run_or_resume(
+        run.config, build, resume=resume, kept=lambda: stored_result(run, test), test=test
+    )
+
+
+def _bench_summary(
+    runs: Sequence[BenchRun],
+    results: Sequence[RunResult],
+    splits: RetrievalSplits,
+    seeds: Sequence[int],
+    references: list[dict[str, Any]],
+    complete: bool,
+    warm_up: float,
+) -> dict[str, Any]:
+    rows = aggregate_rows(runs[: len(results)], results)
+    return {
+        "dataset": runs[0].config.dataset.name,
+        "protocol": str(splits.protocol),
+        "seeds": [int(s) for s in seeds],
+        "complete": complete,
+        "runs_finished": len(results),
+        "runs_planned": len(runs),
+        "warm_up_seconds": warm_up,
+        "rows": [row.to_dict() for row in rows],
+        "reference_rows": references,
+    }
+
+
+def _write_tables(output: Path, summary: Mapping[str, Any], ablation: bool) -> None:
+    write_json(summary, output / "bench.json")
+    atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
+
+
+def run_bench(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    quick: bool = False,
+    ablation: bool = False,
+    output: str | Path,
+    console: Console | None = None,
+    run_overrides: Mapping[str, Any] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Train every planned run, then write ``bench.json``, ``bench.md`` and ``pr_curves.png``.
+
+    Arguments as in :func:`plan_bench`; ``console`` receives one progress line per run (the
+    table itself is :func:`rankwise.reporting.print_bench_table` of the returned summary). All
+    configuration errors (including the data-dependent ones: unknown loss parameter, too many
+    classes per batch) are raised before the first run.
+
+    No lost work: an ``output`` that holds results is refused unless ``overwrite`` (the previous
+    sweep is deleted) or ``resume``; ``bench.json`` / ``bench.md`` are rewritten after every
+    run (``"complete": false`` until the end), so an interrupted sweep keeps its table; with
+    ``resume`` the completed runs are kept and skipped and the interrupted one continues from its
+    checkpoint. ``sweep.json`` records the settings (what ``rankwise bench --resume`` re-runs).
+    ``output`` is locked for the whole sweep (:mod:`rankwise.training.lock`): a second sweep into
+    it is refused, naming the process that holds it.
+
+    Args:
+        base: the base config as a plain mapping.
+        losses: losses to compare (default ``base["bench"]["losses"]``).
+        seeds: training seeds.
+        quick: apply ``bench.quick.overrides``.
+        ablation: Table 2's SOPRC rows instead of the loss comparison.
+        output: the sweep directory.
+        console: rich console for progress lines.
+        run_overrides: dotted overrides applied to every run last.
+        resume: continue the sweep in ``output`` (its settings must be these).
+        overwrite: delete the previous sweep's results in ``output`` first.
+
+    Returns:
+        The ``bench.json`` content: ``{"dataset", "protocol", "seeds", "complete",
+        "runs_finished", "runs_planned", "warm_up_seconds", "rows", "reference_rows"}``, one
+        row per loss (or ablation variant) with ``map_mean``, ``map_std``,
+        ``recall_at_1_mean``, ..., ``seconds`` (mean wall-clock seconds per run, numba
+        compilation excluded) and bookkeeping fields.
+
+    Raises:
+        TrainingInterrupted: Ctrl-C or SIGTERM; the finished runs are in ``bench.json`` and the
+            interrupted one has its checkpoint: ``resume=True`` continues.
+        RunDirInUseError: another process is writing ``output`` (nothing is read or written).
+    """
+    console = console if console is not None else Console()
+    output = Path(output)
+    # one sweep per folder at a time: locked before anything in it is read or written
+    with lock_run_dir(output, "output", then="resume it" if resume else None):
+        runs = plan_bench(
+            base,
+            losses=losses,
+            seeds=seeds,
+            quick=quick,
+            ablation=ablation,
+            output=output,
+            run_overrides=run_overrides,
+        )
+        settings = sweep_settings(
+            base,
+            losses=None if losses is None else list(losses),
+            seeds=[int(s) for s in seeds],
+            quick=bool(quick),
+            ablation=bool(ablation),
+            run_overrides=dict(run_overrides or {}),
+        )
+        run_dirs = [run.config.resolved_output_dir() for run in runs]
+        # every configuration error first (nothing is written before), then the results rule
+        splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
+        prepare_sweep_dir(
+            output, "bench", settings, run_dirs, BENCH_FILES, resume=resume, overwrite=overwrite
+        )
+
+        console.print(
+            f"[bold]rankwise bench[/bold]: {len(runs)} runs on {runs[0].config.dataset.name} "
+            f"({splits.protocol}) -> {output}",
+            soft_wrap=True,
+        )
+        results: list[RunResult] = []
+        try:
+            warm_up = warm_up_metrics()
+            curves: dict[str, PRCurve] = {}
+            references = reference_rows(runs, splits, seeds, output, curves)
+            for i, run in enumerate(runs, 1):
+                name = f"[{i}/{len(runs)}] {run.label} seed {run.seed}"
+                result, how = run_or_resume(run, splits, resume=resume, console=console, name=name)
+                results.append(result)
+                console.print(
+                    f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
+                    f"{100 * result.test.map:.2f}  R@1 {100 * result.test.recall_at[1]:.2f}  "
+                    f"({result.seconds:.1f} s, best val step {result.best_step}"
+                    f"{'' if how == 'trained' else ', ' + how})",
+                    soft_wrap=True,
+                    highlight=False,
+                )
+                partial = _bench_summary(runs, results, splits, seeds, references, False, warm_up)
+                _write_tables(output, partial, ablation)
+        except KeyboardInterrupt as exc:
+            names = [f"{run.label} seed {run.seed}" for run in runs]
+            raise sweep_interrupted("bench", exc, names, len(results), output) from None
+
+        summary = _bench_summary(runs, results, splits, seeds, references, True, warm_up)
+        _write_tables(output, summary, ablation)
+        rows = aggregate_rows(runs, results)
+        curves.update(
+            {row.label: _average_curves([r.pr_curve for r in row.results]) for row in rows}
+        )
+        plot_pr_curves(
+            {**{row.label: curves[row.label] for row in rows}, **_reference_curves(curves, rows)},
+            output / "pr_curves.png",
+            title=f"mean test PR curves on {summary['dataset']} "
+            f"({'SOPRC ablation' if ablation else 'all losses'})",
+            labels=_legend_labels(rows, references, ablation),
+            references=list(_reference_curves(curves, rows)),
+        )
+        return summary
+
+
+def _reference_curves(curves: Mapping[str, PRCurve], rows: Sequence[BenchRow]) -> dict:
+    labels = {row.label for row in rows}
+    return {name: curve for name, curve in curves.items() if name not in labels}
+
+
+def _legend_labels(
+    rows: Sequence[BenchRow], references: Sequence[Mapping[str, Any]], ablation: bool
+) -> dict[str, str]:
+    """Legend text per curve: a readable name and the test mAP in %, as in the tables."""
+    labels = {}
+    for row in rows:
+        data = row.to_dict()
+        name = row.label
+        if ablation:
+            parts = [
+                "unbiased" if data["unbiased_estimator"] else "biased",
+                "with v" if data["with_v"] else "no v",
+                "with L_var" if data["with_semi_variance"] else "no L_var",
+                "SGD" if data["optimizer"] == "sgd" else "Adam",
+            ]
+            name = f"No. {data['variant']}: {', '.join(parts)}"
+        labels[row.label] = f"{name} (mAP {100 * data['map_mean']:.2f} %)"
+    for ref in references:
+        labels[ref["label"]] = f"{ref['label']} (mAP {100 * ref['map_mean']:.2f} %)"
+    return labels

@@ -1,0 +1,790 @@
+"""Training and evaluating hash functions on rankwise's Trainer: TALR and its baselines.
+
+The protocol of He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning to Rank" (CVPR 2018),
+Sec. 5.1-5.2 ("CIFAR-10, setting 1"): per class 100 test queries and 500 training images drawn
+from the database, the database is everything but the queries; every query is ranked against the
+database by Hamming distance and scored by tie-aware AP_T (Table 1), with the tie-breaking range
+of every method (Fig. 3). Here on Fashion-MNIST (same class structure and sizes) with a small CNN
+trained from scratch.
+
+Methods, all on the same backbone, data, sampler and optimizer (only the loss and the head
+differ), each trained by :class:`HashingTrainer` — the library's :class:`~rankwise.training.Trainer`
+with model selection and test reports by Hamming ranking of the binary codes:
+
+* ``talr``: a :class:`~rankwise.hashing.HashingHead` trained with
+  :class:`~rankwise.losses.TieAwareAPLoss` (``objective="ap"``) or
+  :class:`~rankwise.losses.TieAwareNDCGLoss` (``"ndcg"``), exact (harmonic-number) form;
+* ``talr_midpoint``: the same with the authors' released simplified objective
+  (``form="midpoint"``);
+* ``dpsh``: the same head, with linear outputs, trained with :class:`~rankwise.losses.DPSHLoss`
+  (pairwise likelihood plus quantization, the pair-based baseline of Table 1);
+* ``smooth_ap`` / ``triplet``: an L2-normalised ``bits``-dimensional embedding trained with
+  Smooth-AP, or with the triplet loss (margin 0.2, semi-hard mining), binarised by ``sign`` at
+  test time;
+* ``untrained``: the codes of the initial (untrained) hashing network — its batch-norm statistics
+  set from the training data, so the codes are centred random projections of random features —
+  the reference a trained model has to beat.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .._registry import Registry
+from ..hashing.head import HashingHead, HashingModel, binarize, build_hashing_model
+from ..metrics import hamming_retrieval_metrics, pr_curve
+from ..models import build_model
+from ..plots import plot_tie_ranges
+from ..training import NonFiniteLossError, RunResult, Trainer
+from ..training.build import (
+    build_loss_from_config,
+    build_optimizer,
+    build_sampler_from_config,
+    check_batch_classes,
+    learning_rate_at,
+    load_splits,
+    resolve_device,
+    seed_everything,
+    total_steps,
+)
+from ..training.callbacks import PlotCurves
+from ..training.checkpoint import atomic_write_text, load_checkpoint
+from ..training.config import (
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    parse_overrides,
+    read_config_file,
+)
+from ..training.lock import lock_run_dir
+from .sweep import check_planned_configs, run_or_resume, sweep_interrupted, write_json
+
+__all__ = [
+    "DEFAULT_HASH_CONFIG",
+    "HASH_METHODS",
+    "HashSettings",
+    "HashingTrainer",
+    "MethodResult",
+    "build_hash_trainer",
+    "calibrate_batch_norm",
+    "encode_dataset",
+    "evaluate_codes",
+    "evaluate_sweep",
+    "hamming_curve_fn",
+    "hamming_metric_fn",
+    "head_of",
+    "load_hash_config",
+    "load_results",
+    "method_config",
+    "plot_tie_ranges",
+    "results_table",
+    "run_hash_experiment",
+    "write_report",
+]
+
+# hash method -> (its loss, None for the tie-aware loss of hash.objective; the loss's parameters).
+# The baselines' own settings: FaceNet's margin 0.2 with semi-hard mining (Schroff et al., CVPR
+# 2015; batch-hard mining collapses on these 10-class batches at the shared learning rate)
+_METHODS: Registry[tuple[str | None, dict[str, Any]]] = Registry(
+    "hash method",
+    {
+        "talr": (None, {}),
+        "talr_midpoint": (None, {"form": "midpoint"}),
+        "dpsh": ("dpsh", {}),
+        "smooth_ap": ("smooth_ap", {}),
+        "triplet": ("triplet_semihard", {"margin": 0.2}),
+        "untrained": (None, {}),
+    },
+)
+HASH_METHODS = _METHODS.names
+_OBJECTIVE_LOSS = {"ap": "tie_aware_ap", "ndcg": "tie_aware_ndcg"}
+# The built-in config of `rankwise hash train` (the same as configs/hash_fashion_mnist.yaml, which
+# documents every choice): Fashion-MNIST in TALR's CIFAR-10 setting 1.
+DEFAULT_HASH_CONFIG: dict[str, Any] = {
+    "dataset": {
+        "name": "fashion-mnist",
+        "protocol": "closed-set",
+        "options": {"n_query": 100, "n_train": 500},
+        "val_fraction": 0.1,
+        "split_seed": 0,
+    },
+    "model": {"backbone": "small_cnn", "embedding_dim": 32},
+    "loss": {"name": "tie_aware_ap", "params": {}},
+    "sampler": {"m": 25, "batch_size": 250},
+    "optimizer": {"name": "adam", "lr": 0.001, "weight_decay": 0.0},
+    "schedule": {"name": "none"},
+    "budget": {"iterations": 500},
+    "eval_every": 100,
+    "eval_ks": [100, 1000],
+    "eval_batch_size": 1000,
+    "log_every": 10,
+    "seed": 0,
+    "device": "auto",
+    "num_workers": 0,
+    "deterministic": True,
+    "threads": 1,
+    "hash": {
+        "bits": [12, 24, 32, 48],
+        "objective": "ap",
+        "gamma": 1.0,
+        "center": True,
+        "backbone_options": {"width": 16},
+        "methods": ["untrained", "talr", "talr_midpoint", "dpsh", "smooth_ap", "triplet"],
+        "loss_params": {},
+        "overrides": {},
+    },
+}
+
+
+class HashSettings(BaseModel):
+    """The ``hash:`` section of a hashing config (everything else is a training config).
+
+    Attributes:
+        bits: code lengths, one run per length and method (the paper: 12, 24, 32, 48).
+        objective: ``"ap"`` (TieAwareAPLoss) or ``"ndcg"`` (TieAwareNDCGLoss) for ``talr``.
+        gamma: steepness of the ``tanh(γ f / 2)`` relaxation of the hashing head.
+        center: batch-normalize the hashing head's activations (see
+            :class:`~rankwise.hashing.HashingHead`).
+        backbone_options: options of the backbone of every method, e.g. ``{width: 16}`` for
+            ``small_cnn`` (see :func:`rankwise.models.build_backbone`).
+        methods: which of :data:`HASH_METHODS` to run.
+        loss_params: per-method loss parameters, e.g. ``{talr: {form: midpoint}, dpsh: {eta:
+            0.1}}`` (``bits`` of the TALR losses is set from the run's code length).
+        overrides: per-method dotted config overrides, e.g. ``{triplet: {optimizer.lr: 1e-4}}``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    bits: list[int] = Field(default_factory=lambda: [12, 24, 32, 48])
+    objective: str = "ap"
+    gamma: float = Field(1.0, gt=0)
+    center: bool = True
+    backbone_options: dict[str, Any] = Field(default_factory=dict)
+    methods: list[str] = Field(default_factory=lambda: list(HASH_METHODS))
+    loss_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    @field_validator("bits")
+    @classmethod
+    def _bits(cls, value: list[int]) -> list[int]:
+        if not value or any(b < 1 for b in value):
+            raise ValueError(f"hash.bits must be a non-empty list of positive ints, got {value}.")
+        return sorted(set(value))
+
+    @field_validator("objective")
+    @classmethod
+    def _objective(cls, value: str) -> str:
+        if value not in _OBJECTIVE_LOSS:
+            raise ValueError(f"hash.objective must be 'ap' or 'ndcg', got {value!r}.")
+        return value
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, value: list[str]) -> list[str]:
+        unknown = [m for m in value if m not in HASH_METHODS]
+        if unknown or not value:
+            raise ValueError(f"hash.methods must be chosen from {HASH_METHODS}, got {value}.")
+        return list(dict.fromkeys(value))
+
+
+# -- the trainer -----------------------------------------------------------------------------------
+
+
+def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *, ks=(100,)):
+    """Evaluation of a :class:`~rankwise.training.Trainer` by Hamming ranking of ``sign`` codes.
+
+    The ``metric_fn`` of :class:`HashingTrainer`: the eval-mode outputs are binarised and ranked
+    by :func:`~rankwise.metrics.hamming_retrieval_metrics` (tie-aware AP_T, NDCG_T and the
+    tie-breaking ranges). Cut-offs beyond the number of ranked items are dropped, as a validation
+    split may hold fewer items than the test cut-offs.
+
+    Args:
+        query: ``(n, bits)`` outputs of the queries.
+        query_labels: ``(n,)`` labels.
+        gallery: ``(m, bits)`` outputs of the database, or None for leave-one-out.
+        gallery_labels: ``(m,)`` labels.
+        ks: cut-offs of recall@k / precision@k / AP_T@k / NDCG_T@k.
+
+    Returns:
+        A :class:`~rankwise.metrics.HammingRetrievalReport`.
+    """
+    query_codes = binarize(query)
+    gallery_codes = None if gallery is None else binarize(gallery)
+    n_ranked = len(query_codes) - 1 if gallery_codes is None else len(gallery_codes)
+    ks = tuple(k for k in (ks or ()) if k <= n_ranked) or None
+    return hamming_retrieval_metrics(
+        query_codes, query_labels, gallery_codes, gallery_labels, ks=ks
+    )
+
+
+def hamming_curve_fn(query, query_labels, gallery=None, gallery_labels=None):
+    """Mean precision-recall curve of the ``sign`` codes (the ``curve_fn`` of HashingTrainer).
+
+    Ranked by the integer inner products of the ±1 codes (``similarity="dot"``, exact on
+    codes), the same order as the Hamming distances.
+
+    Args:
+        query: ``(n, bits)`` outputs of the queries.
+        query_labels: ``(n,)`` labels.
+        gallery: ``(m, bits)`` outputs of the database, or None for leave-one-out.
+        gallery_labels: ``(m,)`` labels.
+    """
+    return pr_curve(
+        binarize(query).float(),
+        query_labels,
+        None if gallery is None else binarize(gallery).float(),
+        gallery_labels,
+        similarity="dot",
+    )
+
+
+class HashingTrainer(Trainer):
+    """The library's :class:`~rankwise.training.Trainer`, ranking by Hamming distance of codes.
+
+    Model selection (validation, leave-one-out) and the test report (queries against the
+    gallery) use :func:`hamming_metric_fn` (``sign`` of the model's eval-mode outputs ranked by
+    :func:`~rankwise.metrics.hamming_retrieval_metrics`), so the selected model is the one whose
+    *codes* have the best tie-aware mAP, and the test report carries NDCG_T and the
+    tie-breaking ranges. Everything else is the library's loop (steps, checkpoints, bit-for-bit
+    resume, callbacks); arguments as :class:`~rankwise.training.Trainer`, whose ``metric_fn``
+    and ``curve_fn`` default here to :func:`hamming_metric_fn` and :func:`hamming_curve_fn`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("metric_fn", hamming_metric_fn)
+        kwargs.setdefault("curve_fn", hamming_curve_fn)
+        super().__init__(*args, **kwargs)
+
+
+# -- configs ---------------------------------------------------------------------------------------
+
+
+def load_hash_config(path: str | Path | None = None, overrides: Sequence[str] = ()):
+    """Read a hashing config: a training config plus a ``hash:`` section.
+
+    Args:
+        path: YAML file (see ``configs/hash_fashion_mnist.yaml``); None = the built-in
+            :data:`DEFAULT_HASH_CONFIG`.
+        overrides: ``KEY=VALUE`` strings; keys under ``hash.`` go to the hash settings, the
+            others to the training config.
+
+    Returns:
+        ``(Config, HashSettings)``.
+
+    Raises:
+        rankwise.training.ConfigError: unreadable file, unknown key, invalid value.
+    """
+    data: dict[str, Any] = DEFAULT_HASH_CONFIG if path is None else read_config_file(path)
+    data = apply_overrides(data, parse_overrides(overrides))
+    section = data.pop("hash", None) or {}
+    try:
+        settings = HashSettings.model_validate(section)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors():
+            key = "hash." + ".".join(map(str, e["loc"]))
+            msg = e["msg"].removeprefix("Value error, ").removeprefix(key + " ")
+            if e["type"] == "extra_forbidden":
+                msg = "unknown key (not part of the hash section; check its spelling)"
+            lines.append(f"{key}: {msg}")
+        raise ConfigError("\n  ".join(lines)) from None
+    data.setdefault("loss", {"name": _OBJECTIVE_LOSS[settings.objective]})
+    return config_from_dict(data), settings
+
+
+def method_config(config, settings: HashSettings, method: str, bits: int, output: Path | None):
+    """The training config of one (method, code length) run."""
+    data = config.to_dict()
+    loss, params = _METHODS[method]
+    params = {**params, **settings.loss_params.get(method, {})}
+    data["loss"] = {"name": loss or _OBJECTIVE_LOSS[settings.objective], "params": params}
+    data["model"]["embedding_dim"] = bits
+    if output is not None:
+        data["output_dir"] = str(output / method / f"{bits}bits")
+    data = apply_overrides(data, settings.overrides.get(method, {}))
+    return config_from_dict(data)
+
+
+def _build_model(config, method: str, settings: HashSettings, input_shape) -> nn.Module:
+    """The hashing model (or, for smooth_ap / triplet, the embedding model) of a run."""
+    mc = config.model
+    common = {"weights_path": mc.weights_path, "frozen_bn": mc.frozen_bn}
+    try:
+        if method in ("smooth_ap", "triplet"):
+            return build_model(
+                mc.backbone,
+                tuple(input_shape),
+                mc.embedding_dim,
+                **common,
+                **settings.backbone_options,
+            )
+        return build_hashing_model(
+            mc.backbone,
+            tuple(input_shape),
+            mc.embedding_dim,
+            gamma=settings.gamma,
+            # DPSH's quantization term acts on linear outputs u (Li et al., IJCAI 2016, Eq. 5)
+            relaxation="identity" if method == "dpsh" else "tanh",
+            center=settings.center,
+            **common,
+            **settings.backbone_options,
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise ConfigError(f"model: {exc}") from None
+
+
+def build_hash_trainer(
+    config,
+    settings: HashSettings,
+    method: str,
+    bits: int,
+    *,
+    splits=None,
+    overwrite: bool = False,
+    resume: bool = False,
+    console=None,
+):
+    """A :class:`HashingTrainer` for one (method, code length) run of ``config``.
+
+    Built like :meth:`rankwise.training.Trainer.from_config` (same data, sampler, optimizer,
+    schedule, seeds), with a hashing model (or an embedding model for the ``smooth_ap`` /
+    ``triplet`` baselines) of ``bits`` outputs.
+
+    Args:
+        config: the run's training config (:func:`method_config`).
+        settings: the hash settings (``gamma``).
+        method: one of :data:`HASH_METHODS` other than ``"untrained"``.
+        bits: code length.
+        splits: pre-loaded splits (one load for every run).
+        overwrite: start afresh in an output directory holding a run.
+        resume: continue the run in the output directory.
+        console: rich console for messages.
+    """
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    splits = splits if splits is not None else load_splits(config)
+    train_labels, n_classes = check_batch_classes(config, splits)
+    seed_everything(config.seed)
+    model = _build_model(config, method, settings, splits.train.input_shape)
+    loss_fn = build_loss_from_config(config, train_labels, n_classes)
+    sampler = build_sampler_from_config(config, train_labels)
+    steps = total_steps(config, len(sampler))
+    params = [p for p in model.parameters() if p.requires_grad]
+    params += [p for p in loss_fn.parameters() if p.requires_grad]
+    name = f"{method} {bits} bits on {config.dataset.name}"
+    return HashingTrainer(
+        model,
+        loss_fn,
+        splits.train,
+        optimizer=build_optimizer(config.optimizer, params),
+        sampler=sampler,
+        val_data=splits.val,
+        test_data=splits.test,
+        gallery_data=splits.gallery,
+        run_dir=config.resolved_output_dir(),
+        callbacks=[PlotCurves(title=name, pr_title=f"test mean PR curve, {name}", label=method)],
+        iterations=steps,
+        lr_schedule=partial(learning_rate_at, config, total_steps=steps),
+        eval_every=config.eval_every,
+        log_every=config.log_every,
+        eval_ks=config.eval_ks,
+        eval_batch_size=config.eval_batch_size,
+        device=resolve_device(config.device),
+        seed=config.seed,
+        num_workers=config.num_workers,
+        deterministic=config.deterministic,
+        progress=config.progress,
+        resume=resume,
+        overwrite=overwrite,
+        console=console,
+        name=name,
+        config=config,
+    )
+
+
+# -- evaluation ------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def encode_dataset(model: nn.Module, dataset, batch_size: int = 512, device=None):
+    """``({-1, +1}`` int8 codes ``(N, bits)``, ``(N,)`` labels``)`` of a dataset, eval mode."""
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    codes, labels = [], []
+    try:
+        for x, y in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            codes.append(binarize(model(x.to(device))).cpu())
+            labels.append(torch.as_tensor(y).reshape(-1))
+    finally:
+        model.train(was_training)
+    return torch.cat(codes), torch.cat(labels).numpy().astype(np.int64)
+
+
+def evaluate_codes(model: nn.Module, splits, ks: Sequence[int] = (100, 1000), batch_size=512):
+    """Test report of a model's codes, by :func:`~rankwise.metrics.hamming_retrieval_metrics`.
+
+    Test queries against the gallery (closed-set) or leave-one-out (open-set).
+    """
+    query = encode_dataset(model, splits.test, batch_size)
+    gallery = (None, None)
+    if splits.gallery is not None:
+        gallery = encode_dataset(model, splits.gallery, batch_size)
+    return hamming_metric_fn(*query, *gallery, ks=ks)
+
+
+@dataclass
+class MethodResult:
+    """Test result of one (method, code length) run.
+
+    Attributes:
+        method: the method.
+        bits: code length.
+        map: tie-aware mAP of the test queries (AP_T).
+        map_range: ``(worst, best)`` mAP over every tie-breaking (Fig. 3).
+        ndcg: tie-aware NDCG.
+        report: the full report as a dict.
+        run_dir: where the run lives (``<output>/<method>/<bits>bits``, ``untrained`` too).
+        best_step: the selected step.
+        seconds: training time.
+        error: why the run failed (a diverged or collapsed run), else None.
+    """
+
+    method: str
+    bits: int
+    map: float
+    map_range: tuple[float, float]
+    ndcg: float
+    report: dict[str, Any] = field(default_factory=dict)
+    run_dir: str | None = None
+    best_step: int | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "method": self.method,
+            "bits": self.bits,
+            "map": self.map,
+            "map_range": list(self.map_range),
+            "ndcg": self.ndcg,
+            "run_dir": self.run_dir,
+            "best_step": self.best_step,
+            "seconds": self.seconds,
+            "error": self.error,
+            "report": self.report,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MethodResult:
+        """The result back from :meth:`to_dict` (``hash_result.json``, ``results.json``)."""
+        return cls(**{**data, "map_range": tuple(data["map_range"])})
+
+
+def _result(method: str, bits: int, report, run_dir=None, best_step=None, seconds=0.0):
+    summary = report.to_dict()
+    summary.pop("per_query_ap", None)
+    return MethodResult(
+        method,
+        bits,
+        float(report.map),
+        tuple(float(v) for v in report.map_range),
+        float(report.ndcg),
+        summary,
+        None if run_dir is None else str(run_dir),
+        best_step,
+        seconds,
+    )
+
+
+RESULT_FILE = "hash_result.json"  # a run's MethodResult, beside its report.json
+
+
+def run_hash_experiment(
+    config,
+    settings: HashSettings,
+    output: str | Path,
+    *,
+    overwrite: bool = False,
+    console=None,
+    progress_callback: Callable[[MethodResult], Any] | None = None,
+) -> list[MethodResult]:
+    """Train every method of ``settings`` at every code length; test each by Hamming ranking.
+
+    Runs are ``<output>/<method>/<bits>bits`` (each a normal run directory: config, checkpoints,
+    metrics, report); ``<output>/results.json`` collects the test results. The rules of
+    :mod:`rankwise.workflows.sweep`: a run trained with another config is refused before
+    anything is written (``overwrite`` retrains it); a run with the same config that completed
+    is not trained again (its result is read), one that was interrupted continues from its
+    checkpoint, so running the same sweep again continues where it stopped.
+
+    Args:
+        config: the base training config.
+        settings: code lengths, methods, objective, ``gamma``.
+        output: the sweep directory.
+        overwrite: retrain runs that exist.
+        console: rich console for messages.
+        progress_callback: called as ``fn(result)`` after each run.
+
+    Returns:
+        One :class:`MethodResult` per (method, bits).
+
+    Raises:
+        ConfigError: a run in ``output`` was trained with another config (without
+            ``overwrite``).
+        TrainingInterrupted: Ctrl-C or SIGTERM; the same call again continues.
+        RunDirInUseError: another process is writing ``output`` (the sweep holds its lock to
+            the end, see :mod:`rankwise.training.lock`).
+    """
+    output = Path(output)
+    plan = [
+        (method, bits, method_config(config, settings, method, bits, output))
+        for bits in settings.bits
+        for method in settings.methods
+    ]
+    # one sweep per folder at a time: locked before anything in it is read or written
+    with lock_run_dir(output, "output_dir"):
+        if not overwrite:
+            check_planned_configs([cfg for *_, cfg in plan], (RESULT_FILE,))
+        sweep_file = yaml.safe_dump(
+            {**config.to_dict(), "hash": settings.model_dump()}, sort_keys=False
+        )
+        atomic_write_text(sweep_file, output / "hash_config.yaml")
+        splits = load_splits(config)
+        results: list[MethodResult] = []
+        try:
+            for method, bits, cfg in plan:
+                result = _run_one(cfg, settings, method, bits, splits, overwrite, console)
+                results.append(result)
+                write_json([r.to_dict() for r in results], output / "results.json")
+                if progress_callback is not None:
+                    progress_callback(result)
+        except KeyboardInterrupt as exc:
+            names = [f"{method} {bits} bits" for method, bits, _ in plan]
+            kept, again = "their results are in results.json", "the same call again"
+            error = sweep_interrupted("hash train", exc, names, len(results), output, kept, again)
+            raise error from None
+        return results
+
+
+@torch.no_grad()
+def calibrate_batch_norm(model: nn.Module, dataset, batch_size: int = 512) -> nn.Module:
+    """Set the running statistics of every batch-norm layer to the data's, without training.
+
+    An untrained network's centred head would otherwise keep its initial statistics (mean 0,
+    variance 1), which do not centre anything. The statistics are the exact averages over one
+    pass of ``dataset`` (``momentum=None``); the model's mode and momenta are restored.
+
+    Args:
+        model: the network.
+        dataset: map-style ``(x, label)`` dataset (the training data).
+        batch_size: items per forward pass.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model
+    device = next(model.parameters()).device
+    momenta = [m.momentum for m in norms]
+    was_training = model.training
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None
+    model.train()
+    try:
+        for x, _ in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+            model(x.to(device))
+    finally:
+        for m, momentum in zip(norms, momenta, strict=True):
+            m.momentum = momentum
+        model.train(was_training)
+    return model
+
+
+def _untrained(cfg, settings, splits) -> nn.Module:
+    """The hashing network at its initialisation (the seed of the runs), statistics calibrated."""
+    seed_everything(cfg.seed)
+    model = _build_model(cfg, "talr", settings, splits.train.input_shape)
+    return calibrate_batch_norm(model, splits.train, cfg.eval_batch_size)
+
+
+def _run_untrained(cfg, settings, bits, splits) -> MethodResult:
+    """The untrained baseline in a run directory like every other run: config, report, result."""
+    run_dir = cfg.resolved_output_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), run_dir / "config.yaml")
+    start = time.perf_counter()
+    model = _untrained(cfg, settings, splits)
+    report = evaluate_codes(model, splits, batch_size=cfg.eval_batch_size)
+    seconds = time.perf_counter() - start
+    run = RunResult(run_dir, "completed", 0, seconds, None, None, report, config=cfg.to_dict())
+    write_json(run.to_dict(), run_dir / "report.json")
+    result = _result("untrained", bits, report, run_dir, seconds=seconds)
+    write_json(result.to_dict(), run_dir / RESULT_FILE)
+    return result
+
+
+def _stored(run_dir: Path) -> MethodResult | None:
+    """The result of a run that completed (its ``hash_result.json``), else None."""
+    path = run_dir / RESULT_FILE
+    return MethodResult.from_dict(json.loads(path.read_text())) if path.is_file() else None
+
+
+def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> MethodResult:
+    """Keep, resume or train one run (:func:`rankwise.workflows.sweep.run_or_resume`)."""
+    run_dir = cfg.resolved_output_dir()
+    if method == "untrained":
+        kept = None if overwrite else _stored(run_dir)
+        return kept if kept is not None else _run_untrained(cfg, settings, bits, splits)
+
+    def build(**how: bool) -> Trainer:
+        return build_hash_trainer(
+            cfg, settings, method, bits, splits=splits, console=console, **how
+        )
+
+    try:
+        run, how = run_or_resume(cfg, build, resume=not overwrite, kept=partial(_stored, run_dir))
+    except NonFiniteLossError as exc:  # a diverged / collapsed run: reported, the sweep goes on
+        return _failed(method, bits, run_dir, str(exc))
+    if how == "kept":
+        return run
+    result = _result(method, bits, run.test, run_dir, run.best_step, run.seconds)
+    write_json(result.to_dict(), run_dir / RESULT_FILE)
+    return result
+
+
+def _failed(method: str, bits: int, run_dir, error: str) -> MethodResult:
+    nan = float("nan")
+    return MethodResult(method, bits, nan, (nan, nan), nan, {}, str(run_dir), error=error)
+
+
+def load_results(output: str | Path) -> list[MethodResult]:
+    """The :class:`MethodResult` list of a sweep directory (its ``results.json``)."""
+    path = Path(output) / "results.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{str(path)!r} does not exist; run `rankwise hash train --output {output}` first."
+        )
+    return [MethodResult.from_dict(r) for r in json.loads(path.read_text())]
+
+
+def results_table(results: Sequence[MethodResult], metric: str = "map") -> str:
+    """Markdown table: one row per method, one column per code length (tie-aware values)."""
+    bits = sorted({r.bits for r in results})
+    methods = list(dict.fromkeys(r.method for r in results))
+    by_key = {(r.method, r.bits): r for r in results}
+    head = "| method | " + " | ".join(f"{b} bits" for b in bits) + " |"
+    rows = [head, "|---|" + "---:|" * len(bits)]
+    for m in methods:
+        cells = []
+        for b in bits:
+            r = by_key.get((m, b))
+            if r is None:
+                cells.append("—")
+            else:
+                cells.append("failed" if r.error else f"{getattr(r, metric):.4f}")
+        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def head_of(model: nn.Module) -> HashingHead | None:
+    """The :class:`HashingHead` of a model, if it has one."""
+    if isinstance(model, HashingModel):
+        return model.head
+    return next((m for m in model.modules() if isinstance(m, HashingHead)), None)
+
+
+def evaluate_sweep(output: str | Path, device: str | None = None) -> list[MethodResult]:
+    """Re-evaluate every run of a sweep from its selected checkpoint (``checkpoints/best.pt``).
+
+    The models are rebuilt from the sweep's ``hash_config.yaml`` and each run's
+    ``config.yaml``; the ``untrained`` rows from the same seeds. Every result is the test report
+    of :func:`evaluate_codes` (tie-aware mAP, NDCG and the tie-breaking range).
+
+    Args:
+        output: the sweep directory of :func:`run_hash_experiment`.
+        device: where to encode (default: the runs' device setting).
+
+    Raises:
+        FileNotFoundError: not a sweep directory. A run without a checkpoint (not trained, or
+            failed) is reported as failed.
+    """
+    output = Path(output)
+    if not (output / "hash_config.yaml").is_file():
+        raise FileNotFoundError(
+            f"{str(output)!r} is not a sweep directory (no hash_config.yaml); run "
+            f"`rankwise hash train --output {output}` first."
+        )
+    config, settings = load_hash_config(output / "hash_config.yaml")
+    splits = load_splits(config)
+    results = []
+    for bits in settings.bits:
+        for method in settings.methods:
+            cfg = method_config(config, settings, method, bits, output)
+            dev = resolve_device(device or cfg.device)
+            run_dir, best_step = cfg.resolved_output_dir(), None
+            if method == "untrained":
+                model = _untrained(cfg, settings, splits).to(dev)
+            else:
+                seed_everything(cfg.seed)
+                model = _build_model(cfg, method, settings, splits.train.input_shape).to(dev)
+                path = run_dir / "checkpoints" / "best.pt"
+                if not path.is_file():
+                    results.append(_failed(method, bits, run_dir, f"no checkpoint {path}"))
+                    continue
+                state = load_checkpoint(path, dev)
+                model.load_state_dict(state["model"])
+                best_step = state.get("step")
+            report = evaluate_codes(model, splits, ks=cfg.eval_ks, batch_size=cfg.eval_batch_size)
+            results.append(_result(method, bits, report, run_dir, best_step))
+    return results
+
+
+def write_report(
+    results: Sequence[MethodResult], output: str | Path, title: str = "", prefix: str = "results"
+) -> list[Path]:
+    """Write ``<prefix>.json``, ``<prefix>_table.md`` and ``<prefix>_tie_ranges.png``.
+
+    Args:
+        results: the results of a sweep.
+        output: the sweep directory.
+        title: title of the tie-range figure.
+        prefix: file-name prefix.
+
+    Returns:
+        The written paths.
+    """
+    output = Path(output)
+    json_path = output / f"{prefix}.json"
+    write_json([r.to_dict() for r in results], json_path)
+    table_path = output / f"{prefix}_table.md"
+    ranges = "\n".join(
+        f"| {r.method} | {r.bits} | {r.map:.4f} | {r.map_range[0]:.4f} | {r.map_range[1]:.4f} |"
+        for r in results
+    )
+    atomic_write_text(
+        "Tie-aware mAP (AP_T):\n\n"
+        + results_table(results, "map")
+        + "\n\nTie-aware NDCG:\n\n"
+        + results_table(results, "ndcg")
+        + "\n\nTie-breaking range of mAP (worst, best):\n\n"
+        + "| method | bits | AP_T | worst | best |\n|---|---:|---:|---:|---:|\n"
+        + ranges
+        + "\n",
+        table_path,
+    )
+    plot_path = plot_tie_ranges(results, output / f"{prefix}_tie_ranges.png", title)
+    return [json_path, table_path, plot_path]

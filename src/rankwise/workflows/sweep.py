@@ -1,0 +1,170 @@
+"""The one sweep engine of ``bench``, ``tune``, the hash sweep and ``roc fit``: no lost work.
+
+A sweep is a plan of training runs below one output folder. The engine holds the rules every
+protocol shares: the folder is locked for the whole sweep (:func:`~rankwise.training.lock.lock_run_dir`,
+a second writer is refused with :class:`~rankwise.training.lock.RunDirInUseError`); a run whose
+stored ``config.yaml`` differs from the planned one (other than the device and the data-loading
+workers) is refused before anything is written, naming the folder and the fix (``overwrite`` or
+another output); an unchanged run is kept when it completed and continues from
+``checkpoints/last.pt`` when it was interrupted; result files are replaced atomically; an
+interruption says what is kept and how the sweep resumes. No paper equation is implemented here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .._signals import signal_number_of
+from ..training.checkpoint import _atomic_write, atomic_write_text
+from ..training.config import Config, ConfigError, read_config_file
+from ..training.errors import TrainingInterrupted
+from ..training.rundir import existing_results
+from ..training.trainer import RunResult, Trainer
+
+__all__ = [
+    "MAY_CHANGE",
+    "check_planned_configs",
+    "check_stored_config",
+    "run_or_resume",
+    "sweep_interrupted",
+    "sweep_settings",
+    "write_json",
+    "write_npz",
+]
+
+# settings that may change between an interrupted sweep and its resumption
+MAY_CHANGE = ("device", "num_workers")
+Kept = TypeVar("Kept")
+
+
+def comparable(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's config without the settings that may change when it resumes."""
+    return {k: v for k, v in config.items() if k not in MAY_CHANGE}
+
+
+def check_stored_config(config: Config, run_dir: Path) -> None:
+    """Refuse a run directory whose ``config.yaml`` is not ``config`` (none stored: no check).
+
+    Raises:
+        ConfigError: naming ``run_dir`` and the fix (``overwrite`` or another output).
+    """
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return
+    if comparable(read_config_file(saved_path)) != comparable(config.to_dict()):
+        raise ConfigError(
+            f"output: the run in {str(run_dir)!r} was trained with another config than this "
+            "sweep plans for it; start the sweep afresh with `overwrite` (or choose another "
+            "output)."
+        )
+
+
+def sweep_settings(base: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """The plain-JSON settings a sweep records in ``sweep.json`` and is resumed with.
+
+    Args:
+        base: the base config (the settings that may change on resumption are left out).
+        **fields: the protocol's own settings (losses, seeds, grid, ...).
+    """
+    return json.loads(json.dumps({"base": comparable(dict(base)), **fields}))
+
+
+def check_planned_configs(configs: Iterable[Config], result_files: Sequence[str] = ()) -> None:
+    """:func:`check_stored_config` of every planned run that holds results, before any training.
+
+    Args:
+        configs: the planned runs' configs.
+        result_files: files besides a training run's own that count as results of a run.
+    """
+    for config in configs:
+        run_dir = config.resolved_output_dir()
+        if existing_results(run_dir) or existing_results(run_dir, result_files):
+            check_stored_config(config, run_dir)
+
+
+def run_or_resume(
+    config: Config,
+    build: Callable[..., Trainer],
+    *,
+    resume: bool,
+    kept: Callable[[], Kept | None] | None = None,
+    test: bool = True,
+) -> tuple[RunResult | Kept, str]:
+    """Train one run of a sweep, resume it from its checkpoint, or keep its stored result.
+
+    Args:
+        config: the planned run's config.
+        build: ``build(overwrite=..., resume=...)`` -> the run's trainer.
+        resume: continue an interrupted sweep: a completed run is kept, an interrupted one
+            continues from ``checkpoints/last.pt``, the others start afresh.
+        kept: the stored result of the run when it completed (``None``: not completed).
+        test: test the selected model (``tune`` does not).
+
+    Returns:
+        ``(result, how)``: how is ``"trained"``, ``"resumed"`` or ``"kept"``.
+
+    Raises:
+        ConfigError: the run directory holds a run made with another config.
+    """
+    run_dir = config.resolved_output_dir()
+    if resume:
+        if existing_results(run_dir):
+            check_stored_config(config, run_dir)
+        stored = kept() if kept is not None else None
+        if stored is not None:
+            return stored, "kept"
+        if (run_dir / "checkpoints" / "last.pt").is_file():
+            return build(resume=True).fit(test=test), "resumed"
+    return build(overwrite=True).fit(test=test), "trained"
+
+
+def write_json(data: Any, path: Path) -> None:
+    """Replace ``path`` atomically by ``data`` as indented JSON (readers never see half a file)."""
+    atomic_write_text(json.dumps(data, indent=2) + "\n", path)
+
+
+def write_npz(path: Path, **arrays: Any) -> None:
+    """Replace ``path`` atomically by an ``np.savez`` archive of ``arrays``."""
+    # the one atomic-write protocol of the checkpoints (temporary file, fsync, rename, disk full)
+    _atomic_write(path, lambda handle: np.savez(handle, **arrays))
+
+
+def sweep_interrupted(
+    kind: str,
+    exc: KeyboardInterrupt,
+    runs: Sequence[str],
+    finished: int,
+    output: Path,
+    kept: str = "their rows are in bench.json and bench.md",
+    again: str = "the same call with resume=True",
+) -> TrainingInterrupted:
+    """The interruption of a sweep: what is kept and that the sweep resumes.
+
+    Args:
+        kind: the sweep (``"bench"``, ``"tune"``, ``"hash train"``).
+        exc: the interruption.
+        runs: the planned runs' names, e.g. ``"soprc seed 0"``.
+        finished: how many of them finished.
+        output: the sweep directory.
+        kept: where the finished runs' results are.
+        again: the Python call that resumes.
+    """
+    done = f"{finished} of {len(runs)} runs finished ({kept})"
+    if isinstance(exc, TrainingInterrupted) and finished < len(runs):
+        message = f"{kind} interrupted in run {runs[finished]}: {exc.message}; {done}"
+        step, checkpoint = exc.step, exc.checkpoint_step
+    else:
+        message, step, checkpoint = f"{kind} interrupted; {done}", 0, None
+    return TrainingInterrupted(
+        message,
+        step,
+        output,
+        checkpoint,
+        f"{again} (output={str(output)!r})",
+        signal_number=signal_number_of(exc),
+    )

@@ -1,0 +1,636 @@
+"""Hyper-parameter selection on the validation split.
+
+Hyper-parameter selection on the validation split, the way Wen et al., *Exploring the
+Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
+Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of dotted overrides is trained with
+the benchmark protocol of :mod:`rankwise.workflows.bench` (same backbone, sampler, budget and seeds)
+and scored by the validation mAUPRC (tie-aware mAP) of its selected checkpoint, averaged over the
+tuning seeds; the best point per loss wins. Test metrics are never read. The winners are written
+as ``bench.overrides`` of a ``tuned.yaml``, so ``rankwise bench --config tuned.yaml`` reports the
+test table of the tuned losses.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import yaml
+from rich.console import Console
+
+from ..losses.registry import loss_parameters
+from ..training.checkpoint import atomic_write_text
+from ..training.config import ConfigError, config_from_dict
+from ..training.errors import NonFiniteLossError
+from ..training.lock import lock_run_dir
+from ..training.rundir import prepare_sweep_dir
+from ..training.trainer import RunResult
+from .bench import BenchRun, plan_bench, prepare_splits, run_or_resume, warm_up_metrics
+from .sweep import sweep_interrupted, sweep_settings, write_json
+
+if TYPE_CHECKING:
+    from ..data import RetrievalSplits
+
+__all__ = [
+    "TIE_RULE",
+    "TUNE_FILES",
+    "SeedOutcome",
+    "TuneTrial",
+    "parse_grid_values",
+    "plan_tune",
+    "tune",
+    "tuned_config",
+    "validation_map",
+]
+
+# keys the tuning protocol sets itself (seeds come from ``seeds``, run directories from ``output``,
+# the loss from ``losses``); a grid over them would be silently overwritten or break the sweep
+_RESERVED_KEYS = (
+    "seed",
+    "output_dir",
+    "progress",
+    "eval_ks",
+    "loss",
+    "loss.name",
+    "loss.params",
+    "dataset",
+    "bench",
+)
+_LOSS_PARAM_PREFIX = "loss.params."
+TUNE_FILES = ("tune.json", "tuned.yaml")
+# how a tie of the selection score is broken (documented in docs/training.md, reported in
+# tune.json and on the console): equal scores are common when a grid key has no effect
+TIE_RULE = (
+    "equal mean validation mAP: the trial with the higher worst seed wins (the steadier "
+    "point), then the earlier trial in grid order"
+)
+
+
+@dataclass
+class SeedOutcome:
+    """What tuning keeps of one finished run: the validation score and bookkeeping, no test."""
+
+    seed: int
+    val_map: float | None  # None: the run stopped on a non-finite loss
+    best_step: int | None
+    steps: int
+    seconds: float
+    run_dir: str
+    error: str | None = None
+
+
+@dataclass
+class TuneTrial:
+    """One grid point of one loss, trained with every tuning seed.
+
+    Attributes:
+        index: position in the sweep (trial directories are ``trials/trial<index>``).
+        loss: the loss name.
+        params: the dotted overrides of this point that apply to ``loss``.
+        skipped: grid keys left out for ``loss`` (``{key: reason}``).
+        runs: the planned, validated runs (one per seed).
+        outcomes: filled by :func:`tune`, one per finished (or failed) seed.
+    """
+
+    index: int
+    loss: str
+    params: dict[str, Any]
+    skipped: dict[str, str]
+    runs: list[BenchRun]
+    outcomes: list[SeedOutcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """Whether a seed failed (non-finite loss) or was not run."""
+        return any(o.val_map is None for o in self.outcomes) or len(self.outcomes) < len(self.runs)
+
+    @property
+    def val_map_mean(self) -> float | None:
+        """Mean validation mAP over the seeds; ``None`` when a seed failed or was not run."""
+        if self.failed:
+            return None
+        mean = float(np.mean([o.val_map for o in self.outcomes]))
+        return mean if math.isfinite(mean) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The trial's entry of ``tune.json``."""
+        return {
+            "trial": self.index,
+            "loss": self.loss,
+            "params": self.params,
+            "skipped": self.skipped,
+            "seeds": [run.seed for run in self.runs],
+            "val_map_per_seed": [o.val_map for o in self.outcomes],
+            "val_map_mean": self.val_map_mean,
+            "best_step_per_seed": [o.best_step for o in self.outcomes],
+            "seconds": float(sum(o.seconds for o in self.outcomes)),
+            "seconds_per_seed": [o.seconds for o in self.outcomes],
+            "run_dirs": [o.run_dir for o in self.outcomes],
+            "errors": [o.error for o in self.outcomes if o.error is not None],
+        }
+
+
+def validation_map(result: RunResult) -> float:
+    """The selection score of a run: the validation mAP of its selected checkpoint.
+
+    Only ``result.best_val`` is read; the test report (``result.test``) is deliberately never
+    touched, so the selection cannot depend on test data.
+    """
+    if result.best_val is None:
+        raise RuntimeError(
+            f"run {result.run_dir} has no validation report; tuning needs a validation split "
+            "(dataset.val_fraction > 0)."
+        )
+    return float(result.best_val["map"])
+
+
+def _plain(value: Any, key: str) -> Any:
+    """Tuples become lists; anything YAML cannot store is a ConfigError naming the key."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v, key) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, key) for k, v in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ConfigError(
+        f"grid {key}: value {value!r} of type {type(value).__name__} is not a plain YAML value "
+        "(use numbers, strings, booleans, null, lists or mappings)."
+    )
+
+
+def parse_grid_values(item: str) -> tuple[str, list[Any]]:
+    """``"optimizer.lr=0.0003,0.001"`` -> ``("optimizer.lr", [0.0003, 0.001])``.
+
+    The values are read with ``yaml.safe_load`` as the items of a YAML list, so
+    ``loss.params.semi_variance_weights=[1,5],null`` gives ``[[1, 5], None]``.
+    """
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key or not raw.strip():
+        raise ConfigError(
+            f"`grid` item {item!r} must look like KEY=V1,V2,..., e.g. "
+            "optimizer.lr=0.0003,0.001,0.003."
+        )
+    try:
+        values = yaml.safe_load(f"[{raw}]")
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"`grid` {key}: cannot parse values {raw!r}: {exc}") from None
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f"`grid` {key}: no values in {raw!r}.")
+    return key, values
+
+
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _check_grid_key(key: Any, checked: Sequence[str], quick_keys: Sequence[str]) -> None:
+    """A grid key must be a dotted key the protocol does not set, overlapping no other key."""
+    if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"grid key {key!r} must be a dotted config key, e.g. optimizer.lr.")
+    for reserved in _RESERVED_KEYS:
+        if key == reserved or (reserved in ("dataset", "bench") and key.startswith(reserved)):
+            raise ConfigError(
+                f"grid {key}: the tuning protocol sets {reserved} itself (seeds with `seeds`, "
+                "losses with `losses`, the dataset is shared by every trial); tune "
+                "loss parameters as loss.params.NAME."
+            )
+    for quick_key in quick_keys:
+        if _overlap(key, quick_key):
+            raise ConfigError(
+                f"grid {key}: `quick` fixes {quick_key} (bench.quick.overrides); drop `quick` "
+                "or this grid key."
+            )
+    for other in checked:
+        if _overlap(key, other):
+            raise ConfigError(f"grid keys {other} and {key} overlap; keep one of them.")
+
+
+def _check_grid(
+    grid: Mapping[str, Sequence[Any]], losses: Sequence[str], quick_keys: Sequence[str]
+) -> dict[str, list[Any]]:
+    """Structural checks of the grid; returns it with plain-YAML value lists."""
+    if not grid:
+        raise ConfigError("tune: the grid is empty; give `grid` at least one key with values.")
+    checked: dict[str, list[Any]] = {}
+    for key, values in grid.items():
+        _check_grid_key(key, list(checked), quick_keys)
+        if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Sequence):
+            raise ConfigError(f"grid {key}: give a list of values, got {values!r}.")
+        if not values:
+            raise ConfigError(f"grid {key}: the list of values is empty.")
+        checked[key] = [_plain(v, key) for v in values]
+        if key.startswith(_LOSS_PARAM_PREFIX):
+            param = key[len(_LOSS_PARAM_PREFIX) :].split(".")[0]
+            if not any(param in loss_parameters(loss) for loss in losses):
+                raise ConfigError(
+                    f"grid {key}: no tuned loss ({', '.join(losses)}) accepts a parameter "
+                    f"{param!r}; check its spelling."
+                )
+    return checked
+
+
+def plan_tune(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None = None,
+    grid: Mapping[str, Sequence[Any]],
+    seeds: Sequence[int] = (0,),
+    quick: bool = False,
+    output: str | Path,
+) -> list[TuneTrial]:
+    """Resolve and validate every trial of a tuning sweep, without loading data or training.
+
+    Each loss gets the Cartesian product of the grid keys that apply to it; a
+    ``loss.params.NAME`` key whose parameter the loss does not accept is skipped for that loss
+    (recorded in :attr:`TuneTrial.skipped`). Runs are planned with :func:`plan_bench`, so the
+    per-loss ``bench.overrides`` of the base apply first and the grid point on top of them.
+
+    Args:
+        base: the base config as a plain mapping (``yaml.safe_load`` of a config file).
+        losses: losses to tune (default ``base["bench"]["losses"]``).
+        grid: ``{dotted key: [values]}``, e.g. ``{"optimizer.lr": [3e-4, 1e-3]}``.
+        seeds: tuning seeds; a point's score is the mean over them.
+        quick: apply ``bench.quick.overrides`` (the grid must not touch those keys).
+        output: sweep directory; trial runs go to ``trials/trial<k>/<loss>/seed<s>``.
+
+    Raises:
+        ConfigError: bad grid key or value, unknown loss, or any run that does not validate,
+            naming the key (and the trial).
+    """
+    # the base and the losses first: errors of the file itself before errors of the grid
+    base_config = config_from_dict(base)
+    loss_list = list(losses if losses is not None else base_config.bench.losses)
+    if not loss_list:
+        raise ConfigError("tune: no losses to tune (empty `losses`).")
+    if not list(seeds):
+        raise ConfigError("tune: no seeds (`seeds` must hold at least one seed).")
+    if len(set(loss_list)) != len(loss_list):
+        raise ConfigError(f"tune: `losses` names a loss twice: {loss_list}.")
+    plan_bench(base, losses=loss_list, seeds=seeds[:1], quick=quick, output=output)
+    quick_keys = list(base_config.bench.quick.overrides) if quick else []
+    checked = _check_grid(grid, loss_list, quick_keys)
+    output = Path(output)
+    trials: list[TuneTrial] = []
+    for loss in loss_list:
+        accepted = set(loss_parameters(loss))
+        keys, skipped = [], {}
+        for key in checked:
+            param = key[len(_LOSS_PARAM_PREFIX) :].split(".")[0]
+            if key.startswith(_LOSS_PARAM_PREFIX) and param not in accepted:
+                skipped[key] = f"loss {loss!r} has no parameter {param!r}"
+            else:
+                keys.append(key)
+        for point in itertools.product(*(checked[k] for k in keys)):
+            params = dict(zip(keys, point, strict=True))
+            index = len(trials)
+            try:
+                runs = plan_bench(
+                    base,
+                    losses=[loss],
+                    seeds=seeds,
+                    quick=quick,
+                    output=output / "trials" / f"trial{index:03d}",
+                    run_overrides=params,
+                )
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"tune trial {_describe(loss, params)}: {_without_run_prefix(exc)}"
+                ) from None
+            trials.append(TuneTrial(index, loss, params, skipped, runs))
+    return trials
+
+
+def _describe(loss: str, params: Mapping[str, Any]) -> str:
+    shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in params.items())
+    return f"{loss} ({shown})" if shown else loss
+
+
+def _without_run_prefix(exc: ConfigError) -> str:
+    """plan_bench's ``bench run <label> (seed <s>): `` prefix: the trial name replaces it."""
+    text = str(exc)
+    if text.startswith("bench run "):
+        return text.split("): ", 1)[-1]
+    return text
+
+
+def _shared_splits(trials: Sequence[TuneTrial]) -> RetrievalSplits:
+    """One data load for the sweep, then every data-dependent check of every distinct run."""
+    trial_of = {id(run): trial for trial in trials for run in trial.runs}
+
+    def describe(run: BenchRun) -> str:
+        trial = trial_of[id(run)]
+        return f"tune trial {_describe(trial.loss, trial.params)}"
+
+    return prepare_splits([run for trial in trials for run in trial.runs], describe)
+
+
+def _run_trial(
+    trial: TuneTrial,
+    splits: RetrievalSplits,
+    console: Console | None,
+    resume: bool = False,
+    name: str = "",
+) -> None:
+    """Train every seed of ``trial``; keep only validation scores (a RunResult goes no further)."""
+    trial.outcomes = []
+    for run in trial.runs:
+        start = time.perf_counter()
+        try:
+            # tuning selects on validation data only: the test data is never evaluated
+            result, _ = run_or_resume(
+                run,
+                splits,
+                resume=resume,
+                console=console,
+                name=f"{name} {run.label} seed {run.seed}".strip(),
+                test=False,
+            )
+        except NonFiniteLossError as exc:
+            # a diverging point is a legitimate tuning outcome: record it, never select it
+            trial.outcomes.append(
+                SeedOutcome(
+                    run.seed,
+                    None,
+                    None,
+                    exc.step,
+                    time.perf_counter() - start,
+                    str(run.config.resolved_output_dir()),
+                    str(exc),
+                )
+            )
+            return
+        trial.outcomes.append(
+            SeedOutcome(
+                run.seed,
+                validation_map(result),
+                result.best_step,
+                result.steps,
+                result.seconds,
+                str(result.run_dir),
+            )
+        )
+
+
+def _selection_key(trial: TuneTrial) -> tuple[float, float, int]:
+    """Larger is better: mean validation mAP, then the worst seed's, then earlier in the grid."""
+    worst = min(o.val_map for o in trial.outcomes)
+    return (trial.val_map_mean, worst, -trial.index)
+
+
+def _winners(
+    trials: Sequence[TuneTrial],
+) -> tuple[dict[str, TuneTrial | None], dict[str, list[int]]]:
+    """Per loss, the trial with the highest mean validation mAP, ties broken by :data:`TIE_RULE`.
+
+    Returns:
+        ``(winners, ties)``: ``ties[loss]`` lists the trials whose mean validation mAP equals the
+        winner's (the winner first); absent when there was no tie.
+    """
+    best: dict[str, TuneTrial | None] = {}
+    for trial in trials:
+        best.setdefault(trial.loss, None)
+        current = best[trial.loss]
+        if trial.val_map_mean is not None and (
+            current is None or _selection_key(trial) > _selection_key(current)
+        ):
+            best[trial.loss] = trial
+    ties: dict[str, list[int]] = {}
+    for loss, winner in best.items():
+        if winner is None:
+            continue
+        tied = [
+            t.index
+            for t in trials
+            if t.loss == loss and t is not winner and t.val_map_mean == winner.val_map_mean
+        ]
+        if tied:
+            ties[loss] = [winner.index, *tied]
+    return best, ties
+
+
+def tuned_config(
+    base: Mapping[str, Any], winners: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The base config with each loss's winning overrides as its ``bench.overrides[loss]``.
+
+    Existing per-loss overrides are kept unless the grid set the same key; ``bench.losses`` is
+    set to the tuned losses, in order.
+    """
+    data = copy.deepcopy(dict(base))  # keeps the base file's section order
+    bench = data.setdefault("bench", {}) or {}
+    data["bench"] = bench
+    overrides = dict(bench.get("overrides") or {})
+    for loss, params in winners.items():
+        overrides[loss] = {**(overrides.get(loss) or {}), **dict(params)}
+    bench["overrides"] = overrides
+    bench["losses"] = list(winners)
+    return data
+
+
+def _comparable(config: Any) -> dict[str, Any]:
+    # the run directory differs by construction and the bench section does not affect a run
+    return {**config.to_dict(), "output_dir": None, "bench": None}
+
+
+def _check_reproduces(
+    tuned: Mapping[str, Any], winners: Mapping[str, TuneTrial], quick: bool, output: Path
+) -> None:
+    """``rankwise bench`` on ``tuned`` must resolve to exactly the winning trials' configs."""
+    for loss, trial in winners.items():
+        runs = plan_bench(
+            tuned, losses=[loss], seeds=[trial.runs[0].seed], quick=quick, output=output
+        )
+        if _comparable(runs[0].config) != _comparable(trial.runs[0].config):
+            raise RuntimeError(
+                f"tune: tuned.yaml does not resolve to the winning config of {loss} "
+                f"(trial {trial.index}); please report this bug."
+            )
+
+
+def _summary(
+    trials: Sequence[TuneTrial],
+    splits: RetrievalSplits,
+    grid: Mapping[str, Any],
+    seeds: Sequence[int],
+    quick: bool,
+    complete: bool,
+    winners: Mapping[str, TuneTrial | None] | None = None,
+    tuned_path: Path | None = None,
+    ties: Mapping[str, list[int]] | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "dataset": trials[0].runs[0].config.dataset.name,
+        "protocol": str(splits.protocol),
+        "selection": "validation mAP (tie-aware) of each run's selected checkpoint, mean over "
+        "the tuning seeds; test metrics are never read",
+        "tie_rule": TIE_RULE,
+        "seeds": [int(s) for s in seeds],
+        "quick": bool(quick),
+        "grid": {k: list(v) for k, v in grid.items()},
+        "complete": complete,
+        "trials": [t.to_dict() for t in trials if t.outcomes],
+    }
+    if winners is not None:
+        out["winners"] = {
+            loss: None
+            if t is None
+            else {
+                "trial": t.index,
+                "params": t.params,
+                "skipped": t.skipped,
+                "val_map_mean": t.val_map_mean,
+                "tied_with": [i for i in (ties or {}).get(loss, []) if i != t.index],
+            }
+            for loss, t in winners.items()
+        }
+        out["tuned_config"] = None if tuned_path is None else str(tuned_path)
+    return out
+
+
+def _announce(trials: Sequence[TuneTrial], splits: RetrievalSplits, output: Path, console) -> None:
+    for loss in dict.fromkeys(t.loss for t in trials):
+        skipped = trials[[t.loss for t in trials].index(loss)].skipped
+        if skipped:
+            console.print(
+                f"[yellow]{loss}: skipping {', '.join(skipped)} (not a parameter of "
+                f"{loss})[/yellow]",
+                soft_wrap=True,
+            )
+    n_runs = sum(len(t.runs) for t in trials)
+    console.print(
+        f"[bold]rankwise tune[/bold]: {len(trials)} trials ({n_runs} runs) on "
+        f"{trials[0].runs[0].config.dataset.name} ({splits.protocol}) -> {output}",
+        soft_wrap=True,
+    )
+
+
+def _report_ties(
+    ties: Mapping[str, list[int]], trials: Sequence[TuneTrial], console: Console
+) -> None:
+    for loss, tied in ties.items():
+        score = trials[tied[0]].val_map_mean
+        console.print(
+            f"[yellow]{loss}: trials {', '.join(map(str, sorted(tied)))} tie at validation mAP "
+            f"{100 * score:.2f}; trial {tied[0]} chosen ({TIE_RULE}).[/yellow]",
+            soft_wrap=True,
+        )
+
+
+def tune(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None,
+    grid: Mapping[str, Sequence[Any]],
+    seeds: Sequence[int] = (0,),
+    output: str | Path,
+    quick: bool = False,
+    console: Console | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Select each loss's hyper-parameters on the validation split.
+
+    Writes ``tune.json`` and ``tuned.yaml`` to ``output``.
+
+    Arguments as in :func:`plan_tune`. Every configuration error (including the data-dependent
+    ones checked by :func:`~rankwise.training.trainer.preflight`) is raised before the first run.
+    A trial whose loss becomes non-finite is recorded as diverged and never selected. Equal
+    scores are broken by :data:`TIE_RULE`, and every tie is reported.
+
+    No lost work, as :func:`~rankwise.workflows.bench.run_bench`: an ``output`` holding results
+    is refused unless ``overwrite`` or ``resume``; ``tune.json`` is rewritten after every
+    trial; ``resume`` keeps the finished runs and continues the interrupted one.
+
+    Args:
+        base: the base config as a plain mapping.
+        losses: losses to tune (default ``base["bench"]["losses"]``).
+        grid: ``{dotted key: [values]}``.
+        seeds: tuning seeds.
+        output: the sweep directory.
+        quick: apply ``bench.quick.overrides``.
+        console: rich console for progress lines.
+        resume: continue the sweep in ``output`` (its settings must be these).
+        overwrite: delete the previous sweep's results in ``output`` first.
+
+    Returns:
+        The ``tune.json`` content: ``{"dataset", "protocol", "selection", "tie_rule", "seeds",
+        "quick", "grid", "complete", "trials", "winners", "tuned_config"}``; each trial has
+        ``trial``, ``loss``, ``params`` (its dotted overrides), ``skipped`` (grid keys left out
+        for its loss, with the reason), ``val_map_per_seed``, ``val_map_mean`` (``None`` if it
+        diverged), ``seconds`` and bookkeeping; ``winners[loss]`` is ``{"trial", "params",
+        "skipped", "val_map_mean", "tied_with"}`` (``None`` when every trial of the loss
+        diverged; its bench overrides are then left as in the base).
+
+    Raises:
+        TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
+        RunDirInUseError: another process is writing ``output`` (nothing is read or written; the
+            sweep holds its lock to the end, see :mod:`rankwise.training.lock`).
+    """
+    console = console if console is not None else Console()
+    output = Path(output)
+    # one sweep per folder at a time: locked before anything in it is read or written
+    with lock_run_dir(output, "output", then="resume it" if resume else None):
+        trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
+        settings = sweep_settings(
+            base,
+            losses=None if losses is None else list(losses),
+            grid={k: [_plain(v, k) for v in values] for k, values in grid.items()},
+            seeds=[int(s) for s in seeds],
+            quick=bool(quick),
+        )
+        runs = [run for trial in trials for run in trial.runs]
+        run_dirs = [run.config.resolved_output_dir() for run in runs]
+        splits = _shared_splits(trials)  # every configuration error first, nothing written yet
+        prepare_sweep_dir(
+            output, "tune", settings, run_dirs, TUNE_FILES, resume=resume, overwrite=overwrite
+        )
+        grid, seeds = settings["grid"], settings["seeds"]
+        _announce(trials, splits, output, console)
+        tune_path = output / "tune.json"
+        try:
+            warm_up_metrics()
+            for trial in trials:
+                name = f"[{trial.index + 1}/{len(trials)}]"
+                _run_trial(trial, splits, console, resume=resume, name=name)
+                mean = trial.val_map_mean
+                score = "diverged" if mean is None else f"val mAP {100 * mean:.2f}"
+                console.print(
+                    f"  {name} {trial.loss:<18} {json.dumps(trial.params)}: {score}",
+                    soft_wrap=True,
+                    highlight=False,
+                )
+                # progress on disk: an interrupted sweep still shows what it measured
+                write_json(_summary(trials, splits, grid, seeds, quick, False), tune_path)
+        except KeyboardInterrupt as exc:
+            finished = sum(len(t.outcomes) for t in trials)
+            names = [f"{run.label} seed {run.seed}" for run in runs]
+            raise sweep_interrupted(
+                "tune", exc, names, finished, output, "their scores are in tune.json"
+            ) from None
+
+        winners, ties = _winners(trials)
+        _report_ties(ties, trials, console)
+        chosen = {loss: t for loss, t in winners.items() if t is not None}
+        tuned = tuned_config(base, {loss: t.params for loss, t in chosen.items()})
+        tuned["bench"]["losses"] = list(winners)
+        _check_reproduces(tuned, chosen, quick, output / "trials")
+        tuned_path = output / "tuned.yaml"
+        header = (
+            "# written by `rankwise tune`: the base config with bench.overrides[<loss>] set to the\n"
+            "# hyper-parameters selected on validation mAP (see tune.json); reproduce the test table\n"
+            f"# with `rankwise bench --config {tuned_path} --seeds 3`"
+            f"{' (tuned with --quick budgets)' if quick else ''}.\n"
+        )
+        atomic_write_text(header + yaml.safe_dump(tuned, sort_keys=False), tuned_path)
+        summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path, ties)
+        write_json(summary, tune_path)
+        return summary
