@@ -272,9 +272,6 @@ class InstanceViews(LabelledDataset):
         self.num_classes = int(sources.shape[0])
         self.source_ids = np.arange(sources.shape[0], dtype=np.int64)
 
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
     def _source(self, index: Any) -> torch.Tensor:
         x = self.sources[index]
         if x.dtype == torch.uint8:
