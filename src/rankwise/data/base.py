@@ -124,9 +124,6 @@ class ArrayDataset(LabelledDataset):
         self.classes = np.unique(self.labels)
         self.num_classes = int(self.classes.size)
 
-    def __len__(self) -> int:
-        return int(self.inputs.shape[0])
-
     def _to_float(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.uint8:
             return x.to(torch.float32).div_(255.0)
@@ -258,9 +255,6 @@ class ImageFolderDataset(LabelledDataset):
         self.name = name
         self.classes = np.unique(self.labels)
         self.num_classes = int(self.classes.size)
-
-    def __len__(self) -> int:
-        return len(self.paths)
 
     def load_image(self, index: int) -> Any:
         """Open image ``index`` as an RGB PIL image; a missing or corrupt file names the path."""
