@@ -104,8 +104,7 @@ def _pml(submodule: str) -> ModuleType:
 
 
 def _named_parameters(cls: type) -> set[str]:
-    # the class's own __init__ is the point: the parameters its constructor takes
-    signature = inspect.signature(cls.__init__)  # type: ignore[misc]
+    signature = inspect.signature(cls)  # the constructor's, less self
     return {
         p.name
         for p in signature.parameters.values()
