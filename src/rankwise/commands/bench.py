@@ -9,7 +9,7 @@ Generalization of AUPRC Optimization with List Stability*, NeurIPS 2022, Sec. 5.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,7 +73,7 @@ def read_base_config(dataset: str | None, config: Path | None) -> dict:
     if config is None and dataset is None:
         raise ConfigError("pass --dataset NAME or --config base.yaml.")
     try:
-        path = config if config is not None else default_config_path(dataset)
+        path = config if config is not None else default_config_path(str(dataset))
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
     if not path.is_file():
@@ -98,7 +98,11 @@ def option_overrides(
 
 
 def resumed_settings(
-    kind: str, resume: Path, given: dict[str, object], device: str | None, num_workers: int | None
+    kind: str,
+    resume: Path,
+    given: Mapping[str, object],
+    device: str | None,
+    num_workers: int | None,
 ) -> dict:
     """The saved settings of the ``kind`` sweep in ``resume`` (for ``--resume``).
 

@@ -249,8 +249,9 @@ def _source(dataset, features, labels, test_features, test_labels) -> str:
     return Path(str(features).split(":")[0]).stem
 
 
-def _arrays(features: str, labels: str, test_features: str, test_labels: str) -> tuple:
-    """(X, y, X_test, y_test) from the files of the options (checked by fit_roc)."""
+def _arrays(*files: str | None) -> tuple:
+    """(X, y, X_test, y_test) from the files of the options (all given: _source checked)."""
     names = ("--features", "--labels", "--test-features", "--test-labels")
-    files = (features, labels, test_features, test_labels)
-    return tuple(load_array(spec, name).numpy() for spec, name in zip(files, names, strict=True))
+    return tuple(
+        load_array(str(spec), name).numpy() for spec, name in zip(files, names, strict=True)
+    )

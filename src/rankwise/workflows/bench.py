@@ -38,7 +38,7 @@ from . import sweep
 from .sweep import check_stored_config, sweep_interrupted, sweep_settings, write_json
 
 if TYPE_CHECKING:
-    from ..data import ArrayDataset, RetrievalSplits
+    from ..data import RetrievalSplits
 
 __all__ = [
     "ABLATION_ROWS",
@@ -97,12 +97,12 @@ class BenchRow:
     def to_dict(self) -> dict[str, Any]:
         """The row of ``bench.json``: mean and std over seeds of every metric, and bookkeeping."""
         out: dict[str, Any] = {"loss": self.info.get("loss", self.label)}
-        out.update(_mean_std([r.test for r in self.results]))
+        out.update(_mean_std([tested(r)[0] for r in self.results]))
         out["seconds"] = float(np.mean([r.seconds for r in self.results]))
         out.update({k: v for k, v in self.info.items() if k != "loss"})
         out["label"] = self.label
         out["seeds"] = [int(r.config["seed"]) for r in self.results]
-        out["map_per_seed"] = [float(r.test.map) for r in self.results]
+        out["map_per_seed"] = [float(tested(r)[0].map) for r in self.results]
         out["steps"] = int(self.results[0].steps)
         out["run_dirs"] = [str(r.run_dir) for r in self.results]
         return out
@@ -296,7 +296,7 @@ def reference_rows(
         out["seeds"] = [int(s) for s in row_seeds]
         return out
 
-    def flat(dataset: ArrayDataset) -> tuple[torch.Tensor, np.ndarray]:
+    def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:  # any split with .inputs
         x = dataset.inputs.reshape(len(dataset.labels), -1).to(torch.float32)
         return x, np.asarray(dataset.labels)
 
@@ -448,14 +448,23 @@ def run_or_resume(
         ``(result, how)``: how is ``"trained"``, ``"resumed"`` or ``"kept"``.
     """
 
-    def build(**how: bool) -> Trainer:
-        trainer = Trainer.from_config(run.config, splits=splits, console=console, **how)
+    def build(resume: bool = False, overwrite: bool = False) -> Trainer:
+        trainer = Trainer.from_config(
+            run.config, splits=splits, console=console, resume=resume, overwrite=overwrite
+        )
         trainer.name = name
         return trainer
 
     return sweep.run_or_resume(
         run.config, build, resume=resume, kept=lambda: stored_result(run, test), test=test
     )
+
+
+def tested(result: RunResult) -> tuple[RetrievalReport, PRCurve]:
+    """The test report and curve of a bench run (every bench run tests its selected model)."""
+    if result.test is None or result.pr_curve is None:
+        raise ValueError(f"the run in {result.run_dir} has no test report; run it with test data")
+    return result.test, result.pr_curve
 
 
 def _bench_summary(
@@ -580,9 +589,10 @@ def run_bench(
                 name = f"[{i}/{len(runs)}] {run.label} seed {run.seed}"
                 result, how = run_or_resume(run, splits, resume=resume, console=console, name=name)
                 results.append(result)
+                test = tested(result)[0]
                 console.print(
                     f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
-                    f"{100 * result.test.map:.2f}  R@1 {100 * result.test.recall_at[1]:.2f}  "
+                    f"{100 * test.map:.2f}  R@1 {100 * test.recall_at[1]:.2f}  "
                     f"({result.seconds:.1f} s, best val step {result.best_step}"
                     f"{'' if how == 'trained' else ', ' + how})",
                     soft_wrap=True,
@@ -598,7 +608,7 @@ def run_bench(
         _write_tables(output, summary, ablation)
         rows = aggregate_rows(runs, results)
         curves.update(
-            {row.label: _average_curves([r.pr_curve for r in row.results]) for row in rows}
+            {row.label: _average_curves([tested(r)[1] for r in row.results]) for row in rows}
         )
         plot_pr_curves(
             {**{row.label: curves[row.label] for row in rows}, **_reference_curves(curves, rows)},

@@ -439,11 +439,11 @@ def evaluate_codes(model: nn.Module, splits, ks: Sequence[int] = (100, 1000), ba
 
     Test queries against the gallery (closed-set) or leave-one-out (open-set).
     """
-    query = encode_dataset(model, splits.test, batch_size)
-    gallery = (None, None)
+    query, query_labels = encode_dataset(model, splits.test, batch_size)
+    gallery, gallery_labels = (None, None)
     if splits.gallery is not None:
-        gallery = encode_dataset(model, splits.gallery, batch_size)
-    return hamming_metric_fn(*query, *gallery, ks=ks)
+        gallery, gallery_labels = encode_dataset(model, splits.gallery, batch_size)
+    return hamming_metric_fn(query, query_labels, gallery, gallery_labels, ks=ks)
 
 
 @dataclass
@@ -502,7 +502,7 @@ def _result(method: str, bits: int, report, run_dir=None, best_step=None, second
         method,
         bits,
         float(report.map),
-        tuple(float(v) for v in report.map_range),
+        (float(report.map_range[0]), float(report.map_range[1])),
         float(report.ndcg),
         summary,
         None if run_dir is None else str(run_dir),
@@ -659,7 +659,7 @@ def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> MethodR
         run, how = run_or_resume(cfg, build, resume=not overwrite, kept=partial(_stored, run_dir))
     except NonFiniteLossError as exc:  # a diverged / collapsed run: reported, the sweep goes on
         return _failed(method, bits, run_dir, str(exc))
-    if how == "kept":
+    if isinstance(run, MethodResult):  # kept: the stored result of this config
         return run
     result = _result(method, bits, run.test, run_dir, run.best_step, run.seconds)
     write_json(result.to_dict(), run_dir / RESULT_FILE)

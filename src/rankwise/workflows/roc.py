@@ -39,7 +39,7 @@ __all__ = ["DATASETS", "METHODS", "RocFit", "RocProgress", "fit_roc"]
 DATASETS = tuple(
     name
     for name in ALL_DATASETS
-    if (info := dataset_info(name)).kind == "array" and info.item_shape[0] == 1
+    if (info := dataset_info(name)).kind == "array" and (info.item_shape or (0,))[0] == 1
 )
 # method -> the risk of BilinearSimilarity
 METHODS = {"indicator": "indicator", "closed-form": "mean"}
@@ -187,6 +187,7 @@ def _dataset_features(
         X = pixel_features(train_x)
         train, test = stratified_split(train_y, test_fraction, seed)
         return X, train_y, X, train_y, train, test
+    assert test_y is not None  # read_images gives both test parts or neither
     rows = lambda y: np.arange(y.shape[0])  # noqa: E731
     X, X_test = pixel_features(train_x), pixel_features(test_x)
     return X, train_y, X_test, test_y, rows(train_y), rows(test_y)

@@ -382,8 +382,10 @@ def _run_trial(
 
 def _selection_key(trial: TuneTrial) -> tuple[float, float, int]:
     """Larger is better: mean validation mAP, then the worst seed's, then earlier in the grid."""
-    worst = min(o.val_map for o in trial.outcomes)
-    return (trial.val_map_mean, worst, -trial.index)
+    mean = trial.val_map_mean
+    assert mean is not None, "only trials that ran every seed are ranked"  # as _winners does
+    worst = min(o.val_map for o in trial.outcomes if o.val_map is not None)
+    return (mean, worst, -trial.index)
 
 
 def _winners(
@@ -518,6 +520,7 @@ def _report_ties(
 ) -> None:
     for loss, tied in ties.items():
         score = trials[tied[0]].val_map_mean
+        assert score is not None  # a tie is among winners, which ran every seed
         console.print(
             f"[yellow]{loss}: trials {', '.join(map(str, sorted(tied)))} tie at validation mAP "
             f"{100 * score:.2f}; trial {tied[0]} chosen ({TIE_RULE}).[/yellow]",
