@@ -70,7 +70,6 @@ from .checkpoint import (
     capture_rng_state,
     keep_previous,
     load_checkpoint,
-    restore_rng_state,
 )
 from .config import Config, config_from_dict, read_config_file
 from .errors import (
@@ -78,6 +77,7 @@ from .errors import (
     CorruptCheckpointError,
     DiskFullError,
     NonFiniteLossError,
+    ReplicaDivergenceError,
     TrainingInterrupted,
 )
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
@@ -88,6 +88,7 @@ from .rundir import (
     remove_stale_temporaries,
     resolve_run_dir,
 )
+from .strategy import SingleProcess
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -321,6 +322,7 @@ class Trainer:
     """
 
     CHECKPOINT_FORMAT = 2
+    strategy_class: type[SingleProcess] = SingleProcess  # how many processes train (from_config)
 
     def __init__(
         self,
@@ -356,6 +358,7 @@ class Trainer:
         name: str | None = None,
         config: Config | None = None,
         resume_from: str | Path | None = None,
+        strategy: SingleProcess | None = None,
     ) -> None:
         if isinstance(model, Config):
             raise TypeError(
@@ -363,6 +366,10 @@ class Trainer:
                 "the loss and the training data."
             )
         self._check_modules(model, loss_fn)
+        self.strategy = strategy if strategy is not None else SingleProcess()
+        console, progress = self.strategy.console(console, progress)
+        device = self.strategy.device(device)
+        model = self.strategy.prepare_model(model, device)  # type: ignore[arg-type]
         _check_dataset(train_data, "train_data", required=True)
         for data, data_name in ((val_data, "val_data"), (test_data, "test_data")):
             _check_dataset(data, data_name)
@@ -409,7 +416,11 @@ class Trainer:
         self.model.to(self.device)
         self.loss_fn.to(self.device)
         self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
-        self.sampler = sampler if sampler is not None else self._default_sampler()
+        self.sampler = (
+            self.strategy.shard_sampler(sampler, from_config=config is not None)
+            if sampler is not None
+            else self._default_sampler()
+        )
         self.steps_per_epoch = len(self.sampler)
         if self.steps_per_epoch <= 0:
             raise ValueError("`sampler` yields no batch per epoch.")
@@ -449,6 +460,11 @@ class Trainer:
         self._left_checkpoint: tuple[int, int, int] | None = None
         self._completed = False
         self._open_run_dir(resume, overwrite, None if resume_from is None else Path(resume_from))
+        try:
+            self._join_processes(resume)
+        except BaseException:
+            self._release_run_dir()  # the main process took the run directory's lock
+            raise
 
     # -- construction -----------------------------------------------------------------------
 
@@ -475,6 +491,14 @@ class Trainer:
                 "`overwrite` deletes its results and starts afresh."
             )
 
+    def _join_processes(self, resume: bool) -> None:
+        """The training module (DDP on many processes); agree with the other processes."""
+        self._training_module = self.strategy.training_module(self.model, self.device)
+        for callback in self.strategy.join(self, resume):
+            self._add_callback(callback)
+        self._active = list(self.callbacks)
+        self.check_replicas()
+
     # -- the run directory's lock (one writer per folder, see rankwise.training.lock) ----------
 
     @classmethod
@@ -485,7 +509,7 @@ class Trainer:
         *,
         resume: bool = False,
         check: Callable[[], None] | None = None,
-        group: Any = None,
+        strategy: SingleProcess | None = None,
     ) -> RunDirLock:
         """Take the lock of ``run_dir``, then run ``check`` (a refusal releases it again).
 
@@ -494,28 +518,28 @@ class Trainer:
             key: the argument or config key that named it, for the messages.
             resume: the caller continues the run there.
             check: what must hold once the folder is locked (e.g. no results in it).
-            group: the process group of a data-parallel trainer (unused here).
+            strategy: the processes of the run (the main one takes the lock).
 
         Returns:
             The hold of the lock.
         """
-        lock = lock_run_dir(run_dir, key, then="resume it" if resume else None)
-        if check is not None:
-            try:
-                check()
-            except BaseException:
-                lock.release()
-                raise
-        return lock
+
+        def take() -> RunDirLock:
+            lock = lock_run_dir(run_dir, key, then="resume it" if resume else None)
+            if check is not None:
+                try:
+                    check()
+                except BaseException:
+                    lock.release()
+                    raise
+            return lock
+
+        return (strategy if strategy is not None else SingleProcess()).lock(take, Path(run_dir))
 
     def _take_run_dir(self, *, resume: bool, check: Callable[[], None] | None = None) -> None:
         assert self.run_dir is not None
         self._run_lock = self._lock_run_dir(
-            self.run_dir,
-            self._run_dir_key,
-            resume=resume,
-            check=check,
-            group=getattr(self, "group", None),  # a DistributedTrainer's process group
+            self.run_dir, self._run_dir_key, resume=resume, check=check, strategy=self.strategy
         )
         self._holds_run_dir = True
 
@@ -578,7 +602,8 @@ class Trainer:
         return torch.optim.Adam(params, lr=1e-3)
 
     def _default_sampler(self) -> BatchSampler:
-        return default_sampler(dataset_labels(self.train_data, "train_data"), self.seed)
+        sampler = default_sampler(dataset_labels(self.train_data, "train_data"), self.seed)
+        return self.strategy.shard_sampler(sampler)
 
     def _budget(self, iterations: int | None, epochs: int | None) -> int:
         if iterations is not None and epochs is not None:
@@ -657,13 +682,22 @@ class Trainer:
                 anything in it is read and before the data is loaded).
         """
         run_dir = config.resolved_output_dir()
+        strategy = (
+            SingleProcess()
+            if cls.strategy_class is SingleProcess
+            else cls.strategy_class(
+                check_every=config.distributed.check_every,  # type: ignore[call-arg]
+                sync_batchnorm=config.distributed.sync_batchnorm,
+            )
+        )
         # the folder is locked before it is looked at, and refused before the data is loaded
         refuse = None if resume or overwrite else partial(_refuse_results, run_dir, "output_dir")
         key = "run_dir" if resume else "output_dir"
-        with cls._lock_run_dir(run_dir, key, resume=resume, check=refuse):
+        with cls._lock_run_dir(run_dir, key, resume=resume, check=refuse, strategy=strategy):
             return cls._build_from_config(
                 config,
                 run_dir,
+                strategy,
                 splits=splits,
                 resume=resume,
                 overwrite=overwrite,
@@ -677,6 +711,7 @@ class Trainer:
         cls,
         config: Config,
         run_dir: Path,
+        strategy: SingleProcess,
         *,
         splits: RetrievalSplits | None,
         resume: bool,
@@ -735,6 +770,7 @@ class Trainer:
             name=name,
             config=config,
             resume_from=resume_from,
+            strategy=strategy,
         )
 
     @classmethod
@@ -766,7 +802,8 @@ class Trainer:
             The trainer, at the step of the checkpoint.
         """
         run_dir = resolve_run_dir(run_dir)
-        with cls._lock_run_dir(run_dir, "run_dir", resume=True):  # before config.yaml is read
+        # locked before config.yaml is read
+        with cls._lock_run_dir(run_dir, "run_dir", resume=True, strategy=cls.strategy_class()):
             data = read_config_file(run_dir / "config.yaml")
             data["output_dir"] = str(run_dir)
             if num_workers is not None:
@@ -786,12 +823,40 @@ class Trainer:
     @property
     def is_main_process(self) -> bool:
         """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
-        return True
+        return self.strategy.is_main_process
 
     @property
     def world_size(self) -> int:
-        """The number of data-parallel processes training the model (1 here)."""
-        return 1
+        """The number of data-parallel processes training the model."""
+        return self.strategy.world_size
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 for one process)."""
+        return self.strategy.rank
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the run stops after the current step (a signal, or another rank's)."""
+        return self._stop_requested
+
+    def request_stop(self) -> None:
+        """Stop after the current step, with a checkpoint (as Ctrl-C does)."""
+        self._stop_requested = True
+
+    def check_replicas(self) -> None:
+        """Raise :class:`ReplicaDivergenceError` unless every process holds the same state.
+
+        A collective on many processes (see
+        :func:`~rankwise.training.replicas.check_replicas_in_sync`): weights, loss buffers,
+        optimizer state. Nothing to check for one process.
+        """
+        try:
+            self.strategy.check_replicas(self.model, self.loss_fn, self.optimizer, self.step)
+        except ReplicaDivergenceError as exc:
+            exc.last_good_checkpoint = self.last_good_checkpoint
+            exc.args = (f"{exc.args[0]} Training stopped and {self.kept_checkpoint_message()}.",)
+            raise
 
     @property
     def completed(self) -> bool:
@@ -875,6 +940,7 @@ class Trainer:
             "callbacks": {
                 c.state_key: c.state_dict() for c in self._active if c.state_key is not None
             },
+            **self.strategy.rng_state(),
         }
 
     def save_checkpoint(self) -> Path:
@@ -888,8 +954,41 @@ class Trainer:
         """
         if self.run_dir is None:
             raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
-        self._account_time()
+        self.check_replicas()
+        self.strategy.gather_rng()
         path = self.checkpoint_dir / "last.pt"
+        try:
+            self._write_checkpoint(path)
+        except Exception as exc:
+            if self.world_size == 1:
+                raise
+            failure: Exception | None = exc  # the main process could not write: all must learn it
+        else:
+            failure = None
+        # no process goes on (and, say, resumes from last.pt) before the main one has written it;
+        # 1: it failed, 2: its disk is full (every process then ends the same way)
+        code = 0 if failure is None else 2 if isinstance(failure, DiskFullError) else 1
+        code = self.strategy.worst_code(code)
+        if failure is not None:
+            raise failure
+        if code == 2:
+            raise DiskFullError(
+                path,
+                None,
+                None,
+                run_dir=self.run_dir,
+                kept=self.kept_checkpoint_message(),
+                resumable=self.last_checkpoint_step is not None,
+                detail="rank 0 found no space left; see its message",
+            )
+        if code:
+            raise RuntimeError(
+                f"rank 0 could not write the checkpoint {path}; see its error message."
+            )
+        return path
+
+    def _write_checkpoint(self, path: Path) -> None:
+        self._account_time()
         state = self.state_dict()
         if self.is_main_process:
             with self._naming_what_is_kept():
@@ -899,7 +998,6 @@ class Trainer:
                 atomic_save(state, path)
         self.last_checkpoint_step = self.step
         self._last_is_good = True
-        return path
 
     @contextlib.contextmanager
     def _naming_what_is_kept(self) -> Iterator[None]:
@@ -996,7 +1094,7 @@ class Trainer:
         self._check_best()
 
     def _restore_rng(self, state: dict[str, Any]) -> None:
-        restore_rng_state(state["rng"])
+        self.strategy.restore_rng(state)
 
     def _prepare_run_dir(self) -> None:
         if self.run_dir is None or not self.is_main_process:
@@ -1070,10 +1168,10 @@ class Trainer:
     def _rank(
         self, split: str, with_curve: bool = False
     ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
-        query, query_labels = self.embed(self._data(split))
+        query, query_labels = self.strategy.embed_split(self._data(split), self.embed)
         gallery: tuple[torch.Tensor, np.ndarray] | tuple[None, None] = (None, None)
         if split == "test" and self.gallery_data is not None:
-            gallery = self.embed(self.gallery_data)
+            gallery = self.strategy.embed_split(self.gallery_data, self.embed)
         report = self.metric_fn(query, query_labels, *gallery, ks=self.eval_ks)
         curve = self.curve_fn(query, query_labels, *gallery) if with_curve else None
         return report, query, curve
@@ -1174,11 +1272,11 @@ class Trainer:
     def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The embeddings and labels the loss of a training batch sees (on the device).
 
-        The data-parallel trainer (:mod:`rankwise.training.distributed`) overrides it to
-        all-gather the batch of every rank.
+        On many processes (:class:`~rankwise.training.strategy.DataParallelStrategy`) the model
+        runs in DDP and the batch of every rank is all-gathered.
         """
-        embeddings = self.model(x.to(self.device, non_blocking=True))
-        return embeddings, y.to(self.device, non_blocking=True)
+        embeddings = self._training_module(x.to(self.device, non_blocking=True))
+        return self.strategy.gather_batch(embeddings, y.to(self.device, non_blocking=True))
 
     def _advance(self, meta: torch.Tensor) -> tuple[int, int]:
         epoch, position = int(meta[0, 0]), int(meta[0, 1])
@@ -1355,7 +1453,11 @@ class Trainer:
     def _selected_weights(self) -> dict[str, torch.Tensor] | None:
         """The weights of the model selected on validation (``None``: the final model)."""
         best = self._callback(BestCheckpoint)
-        return None if best is None else best.best_model_state(self)
+        if best is None:
+            return None
+        if self.run_dir is None:  # every process kept the same selected weights in memory
+            return best.best_model_state(self)
+        return self.strategy.from_main_process(partial(best.best_model_state, self))
 
     def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
         weights = self._selected_weights()
