@@ -23,37 +23,23 @@ the logged loss window). Random data transforms draw from a generator seeded by
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import torch
+from rich.console import Console
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .._signals import handle_signals, signal_number_of
-from .._threads import preserve_torch_threads
 from .._validation import Interval, check_bool, check_scalar
-from .build import (
-    build_loss_from_config,
-    build_model_from_config,
-    build_optimizer,
-    build_sampler_from_config,
-    check_batch_classes,
-    learning_rate_at,
-    load_splits,
-    preflight,
-    resolve_device,
-    seed_everything,
-    total_steps,
-)
+from ..metrics import pr_curve, retrieval_metrics
+from ..metrics._inputs import check_ks
+from .build import build_optimizer, learning_rate_at, load_splits, preflight
 from .callbacks import (
     BestCheckpoint,
     Callback,
@@ -64,35 +50,15 @@ from .callbacks import (
     StepCallback,
     StepOutput,
 )
-from .checkpoint import (
-    atomic_save,
-    atomic_write_text,
-    capture_rng_state,
-    keep_previous,
-    load_checkpoint,
-)
-from .config import Config, config_from_dict, read_config_file
-from .errors import (
-    ConfigError,
-    CorruptCheckpointError,
-    DiskFullError,
-    NonFiniteLossError,
-    ReplicaDivergenceError,
-    TrainingInterrupted,
-)
-from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
-from .lock import RunDirLock, lock_run_dir
-from .rundir import (
-    existing_results,
-    readable_checkpoint_step,
-    remove_stale_temporaries,
-    resolve_run_dir,
-)
+from .config import Config
+from .errors import NonFiniteLossError, ReplicaDivergenceError, TrainingInterrupted
+from .evaluation import Evaluation
+from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
+from .lock import RunDirLock
+from .state import RunPaths, RunResult, RunState
 from .strategy import SingleProcess
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from ..data import RetrievalSplits
     from ..metrics import PRCurve, RetrievalReport
 
@@ -111,46 +77,6 @@ __all__ = [
 LRSchedule = Callable[[int], float] | torch.optim.lr_scheduler.LRScheduler
 CallbackLike = Callback | Callable[["Trainer"], None]
 _C = TypeVar("_C", bound=Callback)
-
-
-@dataclass
-class RunResult:
-    """Outcome of :meth:`Trainer.fit`.
-
-    Attributes:
-        run_dir: the run directory (``None`` for a trainer without one).
-        status: ``"completed"`` (budget reached, test report made) or ``"stopped"``
-            (``max_steps`` reached; resume to finish).
-        steps: optimizer steps taken.
-        seconds: wall-clock seconds spent in this run, summed over resumptions.
-        best_step: step of the best validation score (``None`` before the first evaluation).
-        best_val: the best validation ``RetrievalReport`` summary (a dict).
-        test: the test report of the selected model (completed runs with test data only).
-        pr_curve: the test mean precision-recall curve of the selected model (idem).
-        config: the run's config as a dict (empty for a trainer built from objects).
-    """
-
-    run_dir: Path | None
-    status: str
-    steps: int
-    seconds: float
-    best_step: int | None
-    best_val: dict[str, Any] | None
-    test: RetrievalReport | None = None
-    pr_curve: PRCurve | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary (the content of ``report.json``)."""
-        return {
-            "status": self.status,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "best_step": self.best_step,
-            "best_val": self.best_val,
-            "test": None if self.test is None else self.test.to_dict(),
-            "run_dir": None if self.run_dir is None else str(self.run_dir),
-        }
 
 
 @contextlib.contextmanager
@@ -238,7 +164,7 @@ def _positive_int(value: Any, name: str, low: int = 1) -> int:
     return check_scalar(value, name, Interval("integer", low, None))
 
 
-class Trainer:
+class Trainer(RunState, Evaluation):
     """Train an embedding model with a ranking loss; select it on validation, test it.
 
     The loop of :meth:`fit`: P x K batches from ``sampler``; per step ``model(x)`` ->
@@ -321,7 +247,6 @@ class Trainer:
             writing).
     """
 
-    CHECKPOINT_FORMAT = 2
     strategy_class: type[SingleProcess] = SingleProcess  # how many processes train (from_config)
 
     def __init__(
@@ -386,9 +311,6 @@ class Trainer:
         self.seed = _positive_int(seed, "seed", 0)
         self.num_workers = _positive_int(num_workers, "num_workers", 0)
         self.eval_batch_size = _positive_int(eval_batch_size, "eval_batch_size")
-        from ..metrics import pr_curve, retrieval_metrics
-        from ..metrics._inputs import check_ks
-
         self.eval_ks = tuple(sorted(check_ks(eval_ks, "eval_ks")))
         self.deterministic = check_bool(deterministic, "deterministic")
 
@@ -398,14 +320,11 @@ class Trainer:
         self.metric_fn = metric_fn if metric_fn is not None else retrieval_metrics
         self.curve_fn = curve_fn if curve_fn is not None else pr_curve
         self.run_dir = None if run_dir is None else Path(run_dir)
-        self.checkpoint_dir = (
-            self.run_dir / "checkpoints" if self.run_dir is not None else Path("checkpoints")
-        )
+        self.paths = RunPaths(self.run_dir if self.run_dir is not None else Path())
+        self.checkpoint_dir = self.paths.checkpoints
         resume, overwrite = check_bool(resume, "resume"), check_bool(overwrite, "overwrite")
         self._check_run_options(resume, overwrite, resume_from)
         if console is None:
-            from rich.console import Console
-
             console = Console(stderr=True)
         self.console = console
 
@@ -501,87 +420,6 @@ class Trainer:
 
     # -- the run directory's lock (one writer per folder, see rankwise.training.lock) ----------
 
-    @classmethod
-    def _lock_run_dir(
-        cls,
-        run_dir: Path,
-        key: str,
-        *,
-        resume: bool = False,
-        check: Callable[[], None] | None = None,
-        strategy: SingleProcess | None = None,
-    ) -> RunDirLock:
-        """Take the lock of ``run_dir``, then run ``check`` (a refusal releases it again).
-
-        Args:
-            run_dir: the run directory.
-            key: the argument or config key that named it, for the messages.
-            resume: the caller continues the run there.
-            check: what must hold once the folder is locked (e.g. no results in it).
-            strategy: the processes of the run (the main one takes the lock).
-
-        Returns:
-            The hold of the lock.
-        """
-
-        def take() -> RunDirLock:
-            lock = lock_run_dir(run_dir, key, then="resume it" if resume else None)
-            if check is not None:
-                try:
-                    check()
-                except BaseException:
-                    lock.release()
-                    raise
-            return lock
-
-        return (strategy if strategy is not None else SingleProcess()).lock(take, Path(run_dir))
-
-    def _take_run_dir(self, *, resume: bool, check: Callable[[], None] | None = None) -> None:
-        assert self.run_dir is not None
-        self._run_lock = self._lock_run_dir(
-            self.run_dir, self._run_dir_key, resume=resume, check=check, strategy=self.strategy
-        )
-        self._holds_run_dir = True
-
-    def _release_run_dir(self) -> None:
-        if self._run_lock is not None:
-            # what this trainer leaves behind; taken back, the folder must still hold it
-            self._left_checkpoint = self._checkpoint_fingerprint()
-            self._run_lock.release()
-        self._run_lock, self._holds_run_dir = None, False
-
-    def _checkpoint_fingerprint(self) -> tuple[int, int, int] | None:
-        """Identity of ``checkpoints/last.pt`` (every save replaces the file: a new inode)."""
-        try:
-            info = (self.checkpoint_dir / "last.pt").stat()
-        except FileNotFoundError:
-            return None
-        return info.st_ino, info.st_mtime_ns, info.st_size
-
-    def _check_unchanged(self) -> None:
-        """The run directory taken back by :meth:`fit` is as this trainer left it."""
-        if self._checkpoint_fingerprint() != self._left_checkpoint:
-            raise ConfigError(
-                f"{self._run_dir_key}: {str(self.run_dir)!r} was written by another process "
-                "since this trainer last trained in it (its checkpoints/last.pt changed); build "
-                "a new trainer to continue from what it holds (`resume`)."
-            )
-
-    def _open_run_dir(self, resume: bool, overwrite: bool, resume_from: Path | None) -> None:
-        """Lock the run directory, then apply the results rule or load the state to resume."""
-        if self.run_dir is None:
-            return
-        self._take_run_dir(resume=resume)
-        try:
-            if resume:
-                self._load_last(resume_from)
-            elif not overwrite:
-                _refuse_results(self.run_dir, self._run_dir_key)
-        except BaseException:
-            self._release_run_dir()
-            raise
-        self._left_checkpoint = self._checkpoint_fingerprint()
-
     @staticmethod
     def _check_schedule(schedule: LRSchedule | None) -> Callable[[int], float] | None:
         """The per-step learning-rate function of ``schedule`` (``None``: a scheduler, or none)."""
@@ -658,9 +496,9 @@ class Trainer:
     ) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
-        All configuration errors that need the data (unknown loss parameter, more classes per
-        batch than the training split has, missing dataset files, milestones past the budget)
-        are raised as :class:`ConfigError` naming the key, before any training step.
+        See :func:`rankwise.training.factory.build_trainer`, which this calls with
+        ``trainer_cls=cls``: every configuration error that needs the data is raised as a
+        :class:`~rankwise.training.errors.ConfigError` naming the key, before any step.
 
         Args:
             config: the validated run configuration.
@@ -681,96 +519,17 @@ class Trainer:
             RunDirInUseError: another process is writing the output directory (checked before
                 anything in it is read and before the data is loaded).
         """
-        run_dir = config.resolved_output_dir()
-        strategy = (
-            SingleProcess()
-            if cls.strategy_class is SingleProcess
-            else cls.strategy_class(
-                check_every=config.distributed.check_every,  # type: ignore[call-arg]
-                sync_batchnorm=config.distributed.sync_batchnorm,
-            )
-        )
-        # the folder is locked before it is looked at, and refused before the data is loaded
-        refuse = None if resume or overwrite else partial(_refuse_results, run_dir, "output_dir")
-        key = "run_dir" if resume else "output_dir"
-        with cls._lock_run_dir(run_dir, key, resume=resume, check=refuse, strategy=strategy):
-            return cls._build_from_config(
-                config,
-                run_dir,
-                strategy,
-                splits=splits,
-                resume=resume,
-                overwrite=overwrite,
-                console=console,
-                callbacks=callbacks,
-                resume_from=resume_from,
-            )
+        from .factory import build_trainer  # noqa: PLC0415 - factory imports this module
 
-    @classmethod
-    def _build_from_config(
-        cls,
-        config: Config,
-        run_dir: Path,
-        strategy: SingleProcess,
-        *,
-        splits: RetrievalSplits | None,
-        resume: bool,
-        overwrite: bool,
-        console: Console | None,
-        callbacks: Sequence[CallbackLike],
-        resume_from: str | Path | None,
-    ) -> Trainer:
-        device = resolve_device(config.device)
-        if device.type == "cuda" and config.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
-        # data, then every data-dependent check before anything is built
-        splits = splits if splits is not None else load_splits(config)
-        train_labels, n_classes = check_batch_classes(config, splits)
-        # model, loss, sampler, optimizer (seeded: the same seed gives the same init)
-        seed_everything(config.seed)
-        model = build_model_from_config(config, splits.train.input_shape)
-        loss_fn = build_loss_from_config(config, train_labels, n_classes)
-        sampler = build_sampler_from_config(config, train_labels)
-        steps = total_steps(config, len(sampler))
-        params = [p for p in model.parameters() if p.requires_grad]
-        params += [p for p in loss_fn.parameters() if p.requires_grad]
-        name = f"{config.loss.name} on {config.dataset.name}"
-        plots = PlotCurves(
-            title=name,
-            pr_title=f"test mean PR curve ({config.dataset.name})",
-            label=config.loss.name,
-        )
-        return cls(
-            model,
-            loss_fn,
-            splits.train,
-            optimizer=build_optimizer(config.optimizer, params),
-            sampler=sampler,
-            val_data=splits.val,
-            test_data=splits.test,
-            gallery_data=splits.gallery,
-            run_dir=run_dir,
-            callbacks=[plots, *callbacks],
-            iterations=steps,
-            lr_schedule=partial(learning_rate_at, config, total_steps=steps),
-            eval_every=config.eval_every,
-            log_every=config.log_every,
-            eval_ks=config.eval_ks,
-            eval_batch_size=config.eval_batch_size,
-            device=device,
-            seed=config.seed,
-            num_workers=config.num_workers,
-            deterministic=config.deterministic,
-            progress=config.progress,
+        return build_trainer(
+            config,
+            trainer_cls=cls,
+            splits=splits,
             resume=resume,
             overwrite=overwrite,
             console=console,
-            name=name,
-            config=config,
+            callbacks=callbacks,
             resume_from=resume_from,
-            strategy=strategy,
         )
 
     @classmethod
@@ -785,7 +544,8 @@ class Trainer:
     ) -> Trainer:
         """Trainer that resumes the config run in ``run_dir``.
 
-        It reads the run's ``config.yaml`` and ``checkpoints/last.pt``.
+        It reads the run's ``config.yaml`` and ``checkpoints/last.pt``
+        (:func:`rankwise.training.factory.trainer_from_run_dir`).
 
         Args:
             run_dir: the run directory of a :meth:`from_config` run, or a folder holding
@@ -801,22 +561,16 @@ class Trainer:
         Returns:
             The trainer, at the step of the checkpoint.
         """
-        run_dir = resolve_run_dir(run_dir)
-        # locked before config.yaml is read
-        with cls._lock_run_dir(run_dir, "run_dir", resume=True, strategy=cls.strategy_class()):
-            data = read_config_file(run_dir / "config.yaml")
-            data["output_dir"] = str(run_dir)
-            if num_workers is not None:
-                data["num_workers"] = num_workers
-            if device is not None:
-                data["device"] = device
-            if checkpoint is None and not (run_dir / "checkpoints" / "last.pt").is_file():
-                raise CorruptCheckpointError(
-                    run_dir / "checkpoints" / "last.pt", "it is missing"
-                ).with_context(run_dir=run_dir, **_fallback(run_dir))
-            return cls.from_config(
-                config_from_dict(data), resume=True, console=console, resume_from=checkpoint
-            )
+        from .factory import trainer_from_run_dir  # noqa: PLC0415 - factory imports this module
+
+        return trainer_from_run_dir(
+            run_dir,
+            trainer_cls=cls,
+            num_workers=num_workers,
+            device=device,
+            console=console,
+            checkpoint=checkpoint,
+        )
 
     # -- names and messages -----------------------------------------------------------------
 
@@ -873,28 +627,6 @@ class Trainer:
             return self.config.loss.name
         return type(self.loss_fn).__name__
 
-    @property
-    def last_good_checkpoint(self) -> Path | None:
-        """``checkpoints/last.pt`` once a checkpoint was written in this run, else ``None``."""
-        if self.run_dir is None or self.last_checkpoint_step is None:
-            return None
-        return self.checkpoint_dir / "last.pt"
-
-    def kept_checkpoint_message(self) -> str:
-        """What survives a failure now: ``"the last good checkpoint (...) is kept"`` or why not.
-
-        Returns:
-            A clause for error messages.
-        """
-        if self.run_dir is None:
-            return "nothing was saved (the trainer has no run_dir)"
-        if self.last_checkpoint_step is None:
-            return "no checkpoint had been written yet"
-        return (
-            f"the last good checkpoint ({self.checkpoint_dir / 'last.pt'}, step "
-            f"{self.last_checkpoint_step}) is kept"
-        )
-
     def _callback(self, kind: type[_C]) -> _C | None:
         return next((c for c in self._active if isinstance(c, kind)), None)
 
@@ -918,298 +650,7 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """The complete state after ``self.step`` (what ``checkpoints/last.pt`` holds)."""
-        scheduler = self.lr_schedule
-        return {
-            "format": self.CHECKPOINT_FORMAT,
-            "config": None if self.config is None else self.config.to_dict(),
-            "world_size": self.world_size,
-            "step": self.step,
-            "next_epoch": self.next_epoch,
-            "next_position": self.next_position,
-            "seconds": self.seconds,
-            "model": self.model.state_dict(),
-            "loss": self.loss_fn.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": scheduler.state_dict()
-            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
-            else None,
-            "sampler": {"epoch": self.next_epoch, "position": self.next_position},
-            "rng": capture_rng_state(),
-            "callbacks": {
-                c.state_key: c.state_dict() for c in self._active if c.state_key is not None
-            },
-            **self.strategy.rng_state(),
-        }
-
-    def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/last.pt`` atomically with the complete state after ``self.step``.
-
-        Returns:
-            The checkpoint's path.
-
-        Raises:
-            DiskFullError: no space left for it; the earlier checkpoints are intact.
-        """
-        if self.run_dir is None:
-            raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
-        self.check_replicas()
-        self.strategy.gather_rng()
-        path = self.checkpoint_dir / "last.pt"
-        try:
-            self._write_checkpoint(path)
-        except Exception as exc:
-            if self.world_size == 1:
-                raise
-            failure: Exception | None = exc  # the main process could not write: all must learn it
-        else:
-            failure = None
-        # no process goes on (and, say, resumes from last.pt) before the main one has written it;
-        # 1: it failed, 2: its disk is full (every process then ends the same way)
-        code = 0 if failure is None else 2 if isinstance(failure, DiskFullError) else 1
-        code = self.strategy.worst_code(code)
-        if failure is not None:
-            raise failure
-        if code == 2:
-            raise DiskFullError(
-                path,
-                None,
-                None,
-                run_dir=self.run_dir,
-                kept=self.kept_checkpoint_message(),
-                resumable=self.last_checkpoint_step is not None,
-                detail="rank 0 found no space left; see its message",
-            )
-        if code:
-            raise RuntimeError(
-                f"rank 0 could not write the checkpoint {path}; see its error message."
-            )
-        return path
-
-    def _write_checkpoint(self, path: Path) -> None:
-        self._account_time()
-        state = self.state_dict()
-        if self.is_main_process:
-            with self._naming_what_is_kept():
-                if self._last_is_good:
-                    # an older good checkpoint survives whatever happens to the new one
-                    keep_previous(path, self.checkpoint_dir / "previous.pt")
-                atomic_save(state, path)
-        self.last_checkpoint_step = self.step
-        self._last_is_good = True
-
-    @contextlib.contextmanager
-    def _naming_what_is_kept(self) -> Iterator[None]:
-        """A full disk inside the block: say which run it is and which checkpoint is kept."""
-        try:
-            yield
-        except DiskFullError as exc:
-            raise exc.with_context(
-                run_dir=self.run_dir,
-                kept=self.kept_checkpoint_message(),
-                resumable=self.last_checkpoint_step is not None,
-            ) from None
-
-    def _read_checkpoint(self, path: Path | None) -> dict[str, Any]:
-        """The checkpoint to resume; a corrupt one names an older one that loads, if any."""
-        last = self.checkpoint_dir / "last.pt"
-        target = last if path is None else path
-        try:
-            state = load_checkpoint(target, map_location=self.device)
-        except CorruptCheckpointError as exc:
-            fallback = _fallback(self.run_dir, exclude=target) if self.run_dir else {}
-            raise exc.with_context(run_dir=self.run_dir, **fallback) from None
-        except FileNotFoundError:
-            raise ConfigError(f"run_dir: checkpoint {str(target)!r} does not exist.") from None
-        self._last_is_good = target == last
-        return state
-
-    def _check_best(self) -> None:
-        """A resumed run's ``best.pt`` must load: the final test evaluates it."""
-        best = next((c for c in self.callbacks if isinstance(c, BestCheckpoint)), None)
-        path = self.checkpoint_dir / "best.pt"
-        if best is None or best.best_step is None or self.run_dir is None:
-            return
-        try:
-            load_checkpoint(path, map_location="cpu")
-        except FileNotFoundError:
-            reason = "it is missing"
-        except CorruptCheckpointError as exc:
-            reason = exc.reason
-        else:
-            return
-        retrain = (
-            f"rankwise train --config {self.run_dir / 'config.yaml'} --output {self.run_dir} "
-            "--overwrite"
-            if self.config is not None
-            else "the same Trainer with overwrite=True"
-        )
-        raise CorruptCheckpointError(
-            path,
-            reason,
-            run_dir=self.run_dir,
-            advice=(
-                f"It held the model selected on validation (step {best.best_step}), which the "
-                f"final test evaluates; no other copy exists. Train the run again: {retrain}."
-            ),
-        )
-
-    def _load_last(self, path: Path | None = None) -> None:
-        state = self._read_checkpoint(path)
-        fmt = state.get("format")
-        if fmt not in (1, self.CHECKPOINT_FORMAT):
-            raise ConfigError(f"run_dir: unsupported checkpoint format {fmt!r}.")
-        saved_world = int(state.get("world_size", 1))
-        if saved_world != self.world_size:
-            raise ConfigError(
-                f"run_dir: the checkpoint was written by a run of {saved_world} data-parallel "
-                f"process(es) and this run has {self.world_size}; each process's batches and "
-                f"random streams depend on that number, so resume with {saved_world} process(es)"
-                + (
-                    f" (torchrun --nproc-per-node {saved_world} ...)."
-                    if saved_world > 1
-                    else " (plain `rankwise train --resume`, without torchrun)."
-                )
-            )
-        self.model.load_state_dict(state["model"])
-        self.loss_fn.load_state_dict(state["loss"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("lr_scheduler") is not None:
-            if not isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
-                raise ValueError(
-                    "the checkpoint holds a learning-rate scheduler: pass the same `lr_schedule`."
-                )
-            self.lr_schedule.load_state_dict(state["lr_scheduler"])
-        self.step = int(state["step"])
-        self.next_epoch = int(state["next_epoch"])
-        self.next_position = int(state["next_position"])
-        self.seconds = float(state["seconds"])
-        self.last_checkpoint_step = self.step
-        self._restore_rng(state)
-        states = state.get("callbacks", {}) if fmt != 1 else _format1_callback_states(state)
-        for callback in self.callbacks:
-            if callback.state_key is not None and callback.state_key in states:
-                callback.load_state_dict(states[callback.state_key])
-        self._check_best()
-
-    def _restore_rng(self, state: dict[str, Any]) -> None:
-        self.strategy.restore_rng(state)
-
-    def _prepare_run_dir(self) -> None:
-        if self.run_dir is None or not self.is_main_process:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(self.run_dir)  # of writes a killed run never finished
-        if self.config is not None:
-            import yaml
-
-            atomic_write_text(
-                yaml.safe_dump(self.config.to_dict(), sort_keys=False),
-                self.run_dir / "config.yaml",
-            )
-        if self.step == 0:
-            # a fresh run (possibly overwriting one): drop the previous run's checkpoints and
-            # outputs, so a crash before the first checkpoint cannot leave them to a resume
-            for stale in (
-                "checkpoints/last.pt",
-                "checkpoints/previous.pt",
-                "checkpoints/best.pt",
-                "report.json",
-            ):
-                (self.run_dir / stale).unlink(missing_ok=True)
-            for stale in ("pr_curve.json", "pr_curve.png", "training_curves.png"):
-                (self.run_dir / stale).unlink(missing_ok=True)
-
     # -- evaluation -------------------------------------------------------------------------
-
-    def embed(self, dataset: Dataset) -> tuple[torch.Tensor, np.ndarray]:
-        """Embeddings ``(N, d)`` (on the trainer's device) and ``(N,)`` int64 labels of a dataset.
-
-        Streams the dataset in batches of ``eval_batch_size`` under ``torch.no_grad()`` in eval
-        mode and restores the previous mode afterwards.
-
-        Args:
-            dataset: a map-style dataset of ``(x, label)`` items.
-
-        Returns:
-            ``(embeddings, labels)``.
-        """
-        loader = DataLoader(
-            dataset,
-            batch_size=self.eval_batch_size,
-            shuffle=False,
-            num_workers=self.num_workers,
-            worker_init_fn=worker_init,
-            generator=torch.Generator().manual_seed(self.seed),
-            pin_memory=self.device.type == "cuda",
-        )
-        was_training = self.model.training
-        self.model.eval()
-        chunks, labels = [], []
-        try:
-            with torch.no_grad():
-                for x, y in loader:
-                    chunks.append(self.model(x.to(self.device, non_blocking=True)))
-                    labels.append(torch.as_tensor(y).reshape(-1))
-        finally:
-            self.model.train(was_training)
-        return torch.cat(chunks), torch.cat(labels).numpy().astype(np.int64, copy=False)
-
-    def _data(self, split: str) -> Dataset:
-        data = {"val": self.val_data, "test": self.test_data}.get(split)
-        if split not in ("val", "test"):
-            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
-        if data is None:
-            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
-        return data
-
-    def _rank(
-        self, split: str, with_curve: bool = False
-    ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
-        query, query_labels = self.strategy.embed_split(self._data(split), self.embed)
-        gallery: tuple[torch.Tensor, np.ndarray] | tuple[None, None] = (None, None)
-        if split == "test" and self.gallery_data is not None:
-            gallery = self.strategy.embed_split(self.gallery_data, self.embed)
-        report = self.metric_fn(query, query_labels, *gallery, ks=self.eval_ks)
-        curve = self.curve_fn(query, query_labels, *gallery) if with_curve else None
-        return report, query, curve
-
-    def evaluate(self, split: str = "val") -> RetrievalReport:
-        """The exact retrieval report of the current model on the ``"val"`` or ``"test"`` data.
-
-        Validation data is ranked leave-one-out; test data leave-one-out too, or against
-        ``gallery_data`` when there is one.
-
-        Args:
-            split: ``"val"`` or ``"test"``.
-
-        Returns:
-            A :class:`~rankwise.metrics.RetrievalReport`.
-        """
-        with preserve_torch_threads():
-            return self._rank(split)[0]
-
-    def test(self) -> tuple[RetrievalReport, PRCurve]:
-        """Test report and mean precision-recall curve of the current model (one embedding pass).
-
-        Returns:
-            ``(report, curve)``.
-        """
-        with preserve_torch_threads():
-            report, _, curve = self._rank("test", with_curve=True)
-        assert curve is not None
-        return report, curve
-
-    def _validate_and_checkpoint(self) -> None:
-        if self.val_data is not None:
-            with preserve_torch_threads():
-                report, embeddings, _ = self._rank("val")
-            with self._naming_what_is_kept():  # best.pt
-                self._emit("on_validation_end", report, embeddings)
-        if self.run_dir is not None:
-            self.save_checkpoint()
 
     # -- training ---------------------------------------------------------------------------
 
@@ -1450,27 +891,6 @@ class Trainer:
             config={} if self.config is None else self.config.to_dict(),
         )
 
-    def _selected_weights(self) -> dict[str, torch.Tensor] | None:
-        """The weights of the model selected on validation (``None``: the final model)."""
-        best = self._callback(BestCheckpoint)
-        if best is None:
-            return None
-        if self.run_dir is None:  # every process kept the same selected weights in memory
-            return best.best_model_state(self)
-        return self.strategy.from_main_process(partial(best.best_model_state, self))
-
-    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
-        weights = self._selected_weights()
-        final = None
-        if weights is not None:
-            final = {k: v.clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(weights)
-        try:
-            return self.test()
-        finally:
-            if final is not None:
-                self.model.load_state_dict(final)
-
     def _finish(self, test: bool) -> RunResult:
         start = time.perf_counter()
         report, curve = None, None
@@ -1481,51 +901,8 @@ class Trainer:
         result = self._result("completed", report, curve)
         self._completed = True
         if self.run_dir is not None and self.is_main_process:
-            atomic_write_text(
-                json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json"
-            )
-            if curve is not None:
-                data = {
-                    "recall": [float(v) for v in curve.recall],
-                    "precision": [float(v) for v in curve.precision],
-                    "n_queries": int(curve.n_queries),
-                }
-                atomic_write_text(json.dumps(data) + "\n", self.run_dir / "pr_curve.json")
+            result.save(self.run_dir)
         return result
-
-
-def _refuse_results(run_dir: Path, key: str) -> None:
-    """The one rule of train, bench and tune: results are never overwritten silently."""
-    found = existing_results(run_dir)
-    if found:
-        raise ConfigError(
-            f"{key}: {str(run_dir)!r} already holds a run ({', '.join(found)}); continue it "
-            "with `resume` or start afresh with `overwrite`, which deletes its results (or "
-            f"choose another `{key}`)."
-        )
-
-
-def _fallback(run_dir: Path | None, exclude: Path | None = None) -> dict[str, Any]:
-    """``{"fallback", "fallback_step"}`` of an older checkpoint of the run that loads, or ``{}``."""
-    if run_dir is None:
-        return {}
-    candidate = run_dir / "checkpoints" / "previous.pt"
-    if exclude is not None and candidate.resolve() == Path(exclude).resolve():
-        return {}
-    step = readable_checkpoint_step(candidate)
-    return {} if step is None else {"fallback": candidate, "fallback_step": step}
-
-
-def _format1_callback_states(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The callback states of a format-1 checkpoint (best-so-far and loss window at top level)."""
-    return {
-        "best_checkpoint": {
-            "best_value": state.get("best_map"),
-            "best_step": state.get("best_step"),
-            "best_val": state.get("best_val"),
-        },
-        "metrics_logger": {"window_losses": state.get("window_losses", [])},
-    }
 
 
 def train(
