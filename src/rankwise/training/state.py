@@ -3,7 +3,8 @@
 A run directory (one :class:`~rankwise.training.Trainer` run of the protocol of Wen et al.,
 NeurIPS 2022, Sec. 5.1: train, select on validation, test the selected model) holds
 ``config.yaml``, ``metrics.jsonl``, ``checkpoints/{last,previous,best}.pt``, ``report.json``,
-``pr_curve.json`` and the plots; :class:`RunPaths` names them once. :class:`RunResult` is the
+``pr_curve.json`` and the plots; :class:`~rankwise.training.rundir.RunPaths` (re-exported
+here) names them once. :class:`RunResult` is the
 outcome of :meth:`Trainer.fit <rankwise.training.Trainer.fit>`, written to and read back from
 ``report.json`` / ``pr_curve.json`` by :meth:`RunResult.save` / :meth:`RunResult.load` alone.
 :class:`RunState` is the part of the Trainer that owns the run directory: its lock, the
@@ -34,87 +35,14 @@ from .checkpoint import (
     load_checkpoint,
 )
 from .config import read_config_file
-from .errors import ConfigError, CorruptCheckpointError, DiskFullError
+from .errors import ConfigError, CorruptCheckpointError, DiskFullError, ReplicaDivergenceError
 from .lock import RunDirLock, lock_run_dir
-from .rundir import existing_results, readable_checkpoint_step, remove_stale_temporaries
+from .rundir import RunPaths, existing_results, readable_checkpoint_step, remove_stale_temporaries
 
 if TYPE_CHECKING:
     from .strategy import SingleProcess
 
 __all__ = ["RunPaths", "RunResult", "RunState", "fallback_checkpoint", "refuse_results"]
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """The files of a run directory, named once.
-
-    Attributes:
-        root: the run directory.
-    """
-
-    root: Path
-
-    @property
-    def config(self) -> Path:
-        """``config.yaml``: the run's config (runs built from a config)."""
-        return self.root / "config.yaml"
-
-    @property
-    def report(self) -> Path:
-        """``report.json``: the :class:`RunResult` of a completed run."""
-        return self.root / "report.json"
-
-    @property
-    def pr_curve(self) -> Path:
-        """``pr_curve.json``: the test mean precision-recall curve."""
-        return self.root / "pr_curve.json"
-
-    @property
-    def metrics(self) -> Path:
-        """``metrics.jsonl``: one record per logged step and evaluation."""
-        return self.root / "metrics.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        """``checkpoints/``."""
-        return self.root / "checkpoints"
-
-    @property
-    def last(self) -> Path:
-        """``checkpoints/last.pt``: the state after the last checkpointed step."""
-        return self.checkpoints / "last.pt"
-
-    @property
-    def previous(self) -> Path:
-        """``checkpoints/previous.pt``: the good checkpoint ``last.pt`` replaced."""
-        return self.checkpoints / "previous.pt"
-
-    @property
-    def best(self) -> Path:
-        """``checkpoints/best.pt``: the model selected on validation."""
-        return self.checkpoints / "best.pt"
-
-    @property
-    def training_curves_plot(self) -> Path:
-        """``training_curves.png``."""
-        return self.root / "training_curves.png"
-
-    @property
-    def pr_curve_plot(self) -> Path:
-        """``pr_curve.png``."""
-        return self.root / "pr_curve.png"
-
-    def stale_outputs(self) -> tuple[Path, ...]:
-        """What a fresh run deletes first: the checkpoints and outputs of an earlier run."""
-        return (
-            self.last,
-            self.previous,
-            self.best,
-            self.report,
-            self.pr_curve,
-            self.pr_curve_plot,
-            self.training_curves_plot,
-        )
 
 
 def _report_from_dict(data: dict[str, Any]) -> RetrievalReport:
@@ -577,3 +505,34 @@ class RunState:
             # outputs, so a crash before the first checkpoint cannot leave them to a resume
             for stale in self.paths.stale_outputs():
                 stale.unlink(missing_ok=True)
+
+    # -- the processes of the run (see rankwise.training.strategy) -----------------------------
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
+        return self.strategy.is_main_process
+
+    @property
+    def world_size(self) -> int:
+        """The number of data-parallel processes training the model."""
+        return self.strategy.world_size
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 for one process)."""
+        return self.strategy.rank
+
+    def check_replicas(self) -> None:
+        """Raise :class:`ReplicaDivergenceError` unless every process holds the same state.
+
+        A collective on many processes (see
+        :func:`~rankwise.training.replicas.check_replicas_in_sync`): weights, loss buffers,
+        optimizer state. Nothing to check for one process.
+        """
+        try:
+            self.strategy.check_replicas(self.model, self.loss_fn, self.optimizer, self.step)
+        except ReplicaDivergenceError as exc:
+            exc.last_good_checkpoint = self.last_good_checkpoint
+            exc.args = (f"{exc.args[0]} Training stopped and {self.kept_checkpoint_message()}.",)
+            raise

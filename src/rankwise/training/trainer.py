@@ -22,37 +22,42 @@ the logged loss window). Random data transforms draw from a generator seeded by
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.console import Console
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from .._signals import handle_signals, signal_number_of
-from .._validation import Interval, check_bool, check_scalar
+from .._signals import signal_number_of
+from .._validation import check_bool
 from ..metrics import pr_curve, retrieval_metrics
 from ..metrics._inputs import check_ks
+from .arguments import (
+    LRSchedule,
+    check_dataset,
+    check_modules,
+    check_run_options,
+    check_schedule,
+    determinism,
+    device_of,
+    positive_int,
+)
 from .build import build_optimizer, learning_rate_at, load_splits, preflight
 from .callbacks import (
-    BestCheckpoint,
     Callback,
-    CollapseDetector,
-    MetricsLogger,
-    PlotCurves,
-    ProgressBar,
-    StepCallback,
     StepOutput,
 )
+from .callbacks.host import CallbackHost, CallbackLike
 from .config import Config
-from .errors import NonFiniteLossError, ReplicaDivergenceError, TrainingInterrupted
+from .errors import NonFiniteLossError
 from .evaluation import Evaluation
+from .failures import Failures, graceful_stop
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
 from .lock import RunDirLock
 from .state import RunPaths, RunResult, RunState
@@ -73,98 +78,8 @@ __all__ = [
     "train",
 ]
 
-# a learning rate per 0-based step, or a torch scheduler stepped after every optimizer step
-LRSchedule = Callable[[int], float] | torch.optim.lr_scheduler.LRScheduler
-CallbackLike = Callback | Callable[["Trainer"], None]
-_C = TypeVar("_C", bound=Callback)
 
-
-@contextlib.contextmanager
-def _determinism(enabled: bool) -> Iterator[None]:
-    previous = torch.are_deterministic_algorithms_enabled()
-    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    previous_cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    if enabled:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous_cudnn
-
-
-_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-
-@contextlib.contextmanager
-def _graceful_stop(trainer: Trainer) -> Iterator[None]:
-    """Ctrl-C or SIGTERM: finish the current step, then checkpoint and stop; a second: abort now.
-
-    SIGTERM (what ``timeout``, SLURM, Kubernetes and docker send) is handled exactly like
-    Ctrl-C, so a scheduler's stop leaves ``last.pt`` at the last complete step.
-    """
-
-    def on_signal(signum: int) -> bool:
-        if trainer._stop_signal is not None:
-            return False  # the second signal: raise at once (the last checkpoint is kept)
-        trainer._stop_signal = signum
-        trainer._stop_requested = True
-        saving = " and saving a checkpoint" if trainer.run_dir is not None else ""
-        name = _SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
-        # the hint names the signal that came: a scheduler sends SIGTERM, a person Ctrl-C
-        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {name}"
-        trainer.console.print(
-            f"[yellow]{name}: stopping after this step{saving} ({again} aborts at once).[/yellow]",
-            soft_wrap=True,
-        )
-        return True
-
-    with handle_signals(on_signal):
-        yield
-
-
-def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
-    if device is None:
-        first = next(iter(model.parameters()), None)
-        return first.device if first is not None else torch.device("cpu")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"`device`: unknown device {device!r} (use cpu, cuda or auto).") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`device` {device!r}: no CUDA device is available on this machine.")
-    return dev
-
-
-def _check_dataset(data: Any, name: str, required: bool = False) -> None:
-    if data is None:
-        if required:
-            raise ValueError(f"`{name}` is required: a map-style dataset of (x, label) items.")
-        return
-    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-        raise ValueError(
-            f"`{name}` must be a map-style dataset (with __len__ and __getitem__ returning "
-            f"(x, label)), got {type(data).__name__}."
-        )
-    if len(data) == 0:
-        raise ValueError(f"`{name}` is empty.")
-    item = data[0]  # one item, so a wrong layout fails here and not in a worker process
-    if not (isinstance(item, (tuple, list)) and len(item) == 2):
-        raise ValueError(
-            f"`{name}[0]` must be an (x, label) pair, got {type(item).__name__}; wrap the data "
-            "in a Dataset whose __getitem__ returns (input, class id)."
-        )
-
-
-def _positive_int(value: Any, name: str, low: int = 1) -> int:
-    return check_scalar(value, name, Interval("integer", low, None))
-
-
-class Trainer(RunState, Evaluation):
+class Trainer(CallbackHost, RunState, Evaluation, Failures):
     """Train an embedding model with a ranking loss; select it on validation, test it.
 
     The loop of :meth:`fit`: P x K batches from ``sampler``; per step ``model(x)`` ->
@@ -290,15 +205,15 @@ class Trainer(RunState, Evaluation):
                 "Trainer(config) became Trainer.from_config(config); Trainer() takes the model, "
                 "the loss and the training data."
             )
-        self._check_modules(model, loss_fn)
+        check_modules(model, loss_fn)
         self.strategy = strategy if strategy is not None else SingleProcess()
         console, progress = self.strategy.console(console, progress)
         device = self.strategy.device(device)
         model = self.strategy.prepare_model(model, device)  # type: ignore[arg-type]
-        _check_dataset(train_data, "train_data", required=True)
+        check_dataset(train_data, "train_data", required=True)
         for data, data_name in ((val_data, "val_data"), (test_data, "test_data")):
-            _check_dataset(data, data_name)
-        _check_dataset(gallery_data, "gallery_data")
+            check_dataset(data, data_name)
+        check_dataset(gallery_data, "gallery_data")
         if gallery_data is not None and test_data is None:
             raise ValueError("`gallery_data` is the gallery of a test: pass `test_data` too.")
         self.config = config
@@ -308,9 +223,9 @@ class Trainer(RunState, Evaluation):
         self.val_data = val_data
         self.test_data = test_data
         self.gallery_data = gallery_data
-        self.seed = _positive_int(seed, "seed", 0)
-        self.num_workers = _positive_int(num_workers, "num_workers", 0)
-        self.eval_batch_size = _positive_int(eval_batch_size, "eval_batch_size")
+        self.seed = positive_int(seed, "seed", 0)
+        self.num_workers = positive_int(num_workers, "num_workers", 0)
+        self.eval_batch_size = positive_int(eval_batch_size, "eval_batch_size")
         self.eval_ks = tuple(sorted(check_ks(eval_ks, "eval_ks")))
         self.deterministic = check_bool(deterministic, "deterministic")
 
@@ -323,12 +238,12 @@ class Trainer(RunState, Evaluation):
         self.paths = RunPaths(self.run_dir if self.run_dir is not None else Path())
         self.checkpoint_dir = self.paths.checkpoints
         resume, overwrite = check_bool(resume, "resume"), check_bool(overwrite, "overwrite")
-        self._check_run_options(resume, overwrite, resume_from)
+        check_run_options(self.run_dir, resume, overwrite, resume_from)
         if console is None:
             console = Console(stderr=True)
         self.console = console
 
-        self.device = _device_of(model, device)
+        self.device = device_of(model, device)
         if self.device.type == "cuda" and self.deterministic:
             # cuBLAS reads this once, at its first use: it must be set before any CUDA matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -345,10 +260,10 @@ class Trainer(RunState, Evaluation):
             raise ValueError("`sampler` yields no batch per epoch.")
         self.total_steps = self._budget(iterations, epochs)
         self.eval_every = (
-            self.steps_per_epoch if eval_every is None else _positive_int(eval_every, "eval_every")
+            self.steps_per_epoch if eval_every is None else positive_int(eval_every, "eval_every")
         )
         self.lr_schedule = lr_schedule
-        self._lr_function = self._check_schedule(lr_schedule)
+        self._lr_function = check_schedule(lr_schedule)
         self.name = name or self.loss_name
 
         # -- progress state (checkpointed) ---------------------------------------------------
@@ -365,7 +280,7 @@ class Trainer(RunState, Evaluation):
         self._last_is_good = False
         self._tick = time.perf_counter()
         self.callbacks = self._default_callbacks(
-            _positive_int(log_every, "log_every"),
+            positive_int(log_every, "log_every"),
             None if progress is None else check_bool(progress, "progress"),
             check_bool(detect_collapse, "detect_collapse"),
         )
@@ -387,29 +302,6 @@ class Trainer(RunState, Evaluation):
 
     # -- construction -----------------------------------------------------------------------
 
-    @staticmethod
-    def _check_modules(model: Any, loss_fn: Any) -> None:
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"`model` must be a torch.nn.Module, got {type(model).__name__}.")
-        if not isinstance(loss_fn, nn.Module):
-            raise ValueError(
-                f"`loss_fn` must be a torch.nn.Module called as loss_fn(embeddings, labels) "
-                f"(every rankwise.losses loss is one), got {type(loss_fn).__name__}."
-            )
-
-    def _check_run_options(
-        self, resume: bool, overwrite: bool, resume_from: str | Path | None = None
-    ) -> None:
-        if resume_from is not None and not resume:
-            raise ValueError("`resume_from` names the checkpoint to resume: pass `resume` too.")
-        if resume and self.run_dir is None:
-            raise ValueError("`resume` needs the `run_dir` of the run to continue.")
-        if resume and overwrite:
-            raise ValueError(
-                "pass `resume` or `overwrite`, not both: `resume` continues the run, "
-                "`overwrite` deletes its results and starts afresh."
-            )
-
     def _join_processes(self, resume: bool) -> None:
         """The training module (DDP on many processes); agree with the other processes."""
         self._training_module = self.strategy.training_module(self.model, self.device)
@@ -417,20 +309,6 @@ class Trainer(RunState, Evaluation):
             self._add_callback(callback)
         self._active = list(self.callbacks)
         self.check_replicas()
-
-    # -- the run directory's lock (one writer per folder, see rankwise.training.lock) ----------
-
-    @staticmethod
-    def _check_schedule(schedule: LRSchedule | None) -> Callable[[int], float] | None:
-        """The per-step learning-rate function of ``schedule`` (``None``: a scheduler, or none)."""
-        if schedule is None or isinstance(schedule, torch.optim.lr_scheduler.LRScheduler):
-            return None
-        if not callable(schedule):
-            raise ValueError(
-                "`lr_schedule` must be a function step -> learning rate or a torch LRScheduler, "
-                f"got {type(schedule).__name__}."
-            )
-        return schedule
 
     def _default_optimizer(self) -> torch.optim.Optimizer:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -447,40 +325,8 @@ class Trainer(RunState, Evaluation):
         if iterations is not None and epochs is not None:
             raise ValueError("pass `iterations` or `epochs`, not both.")
         if iterations is not None:
-            return _positive_int(iterations, "iterations")
-        return _positive_int(1 if epochs is None else epochs, "epochs") * self.steps_per_epoch
-
-    def _default_callbacks(
-        self, log_every: int, progress: bool | None, detect_collapse: bool
-    ) -> list[Callback]:
-        callbacks: list[Callback] = []
-        if detect_collapse:  # first: a collapsed validation split is neither logged nor kept
-            callbacks.append(CollapseDetector())
-        callbacks += [
-            MetricsLogger(log_every),
-            BestCheckpoint(),
-            ProgressBar(progress, log_every),
-            PlotCurves(),
-        ]
-        return callbacks
-
-    @staticmethod
-    def _as_callback(callback: CallbackLike) -> Callback:
-        if isinstance(callback, Callback):
-            return callback
-        if callable(callback):
-            return StepCallback(callback)
-        raise ValueError(
-            f"`callbacks` must hold Callback objects or functions fn(trainer), got "
-            f"{type(callback).__name__}."
-        )
-
-    def _add_callback(self, callback: Callback) -> None:
-        for i, existing in enumerate(self.callbacks):
-            if type(existing) is not StepCallback and isinstance(callback, type(existing)):
-                self.callbacks[i] = callback  # a user's ProgressBar replaces the default one
-                return
-        self.callbacks.append(callback)
+            return positive_int(iterations, "iterations")
+        return positive_int(1 if epochs is None else epochs, "epochs") * self.steps_per_epoch
 
     @classmethod
     def from_config(
@@ -496,28 +342,15 @@ class Trainer(RunState, Evaluation):
     ) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
-        See :func:`rankwise.training.factory.build_trainer`, which this calls with
-        ``trainer_cls=cls``: every configuration error that needs the data is raised as a
-        :class:`~rankwise.training.errors.ConfigError` naming the key, before any step.
-
-        Args:
-            config: the validated run configuration.
-            splits: pre-loaded :class:`~rankwise.data.RetrievalSplits` (a sweep reuses one
-                load for every run); by default :func:`rankwise.data.load_dataset` is called.
-            resume: continue from ``<output_dir>/checkpoints/last.pt`` (see
-                :meth:`from_run_dir`).
-            overwrite: start afresh in an output directory that already holds a run.
-            console: rich console for messages (default: stderr).
-            callbacks: extra callbacks (see :class:`Trainer`).
-            resume_from: with ``resume``, the checkpoint to continue from instead of
-                ``last.pt``.
+        :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments as
+        there; ``resume``: continue from ``<output_dir>/checkpoints/last.pt``, see
+        :meth:`from_run_dir`). Every configuration error that needs the data is raised as a
+        :class:`~rankwise.training.errors.ConfigError` naming the key, before any step; a
+        :class:`~rankwise.training.lock.RunDirInUseError` when another process writes the output
+        directory (checked before anything in it is read and before the data is loaded).
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
-
-        Raises:
-            RunDirInUseError: another process is writing the output directory (checked before
-                anything in it is read and before the data is loaded).
         """
         from .factory import build_trainer  # noqa: PLC0415 - factory imports this module
 
@@ -542,21 +375,13 @@ class Trainer(RunState, Evaluation):
         console: Console | None = None,
         checkpoint: str | Path | None = None,
     ) -> Trainer:
-        """Trainer that resumes the config run in ``run_dir``.
+        """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        It reads the run's ``config.yaml`` and ``checkpoints/last.pt``
-        (:func:`rankwise.training.factory.trainer_from_run_dir`).
-
-        Args:
-            run_dir: the run directory of a :meth:`from_config` run, or a folder holding
-                exactly one (e.g. ``runs/digits`` for ``runs/digits/auc-seed0``; several are
-                listed in the error).
-            num_workers: may change freely (batches do not depend on it).
-            device: may change too, but then results are no longer bit-identical to an
-                uninterrupted run.
-            console: rich console for messages.
-            checkpoint: the checkpoint file to continue from instead of ``last.pt`` (e.g.
-                ``checkpoints/previous.pt``, kept when ``last.pt`` is replaced).
+        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``:
+        ``run_dir`` may be a folder holding exactly one run (e.g. ``runs/digits`` for
+        ``runs/digits/auc-seed0``); ``num_workers`` may change freely, ``device`` too (results
+        are then no longer bit-identical); ``checkpoint`` continues from another file than
+        ``last.pt`` (e.g. ``checkpoints/previous.pt``).
 
         Returns:
             The trainer, at the step of the checkpoint.
@@ -575,21 +400,6 @@ class Trainer(RunState, Evaluation):
     # -- names and messages -----------------------------------------------------------------
 
     @property
-    def is_main_process(self) -> bool:
-        """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
-        return self.strategy.is_main_process
-
-    @property
-    def world_size(self) -> int:
-        """The number of data-parallel processes training the model."""
-        return self.strategy.world_size
-
-    @property
-    def rank(self) -> int:
-        """This process's rank (0 for one process)."""
-        return self.strategy.rank
-
-    @property
     def stop_requested(self) -> bool:
         """Whether the run stops after the current step (a signal, or another rank's)."""
         return self._stop_requested
@@ -597,20 +407,6 @@ class Trainer(RunState, Evaluation):
     def request_stop(self) -> None:
         """Stop after the current step, with a checkpoint (as Ctrl-C does)."""
         self._stop_requested = True
-
-    def check_replicas(self) -> None:
-        """Raise :class:`ReplicaDivergenceError` unless every process holds the same state.
-
-        A collective on many processes (see
-        :func:`~rankwise.training.replicas.check_replicas_in_sync`): weights, loss buffers,
-        optimizer state. Nothing to check for one process.
-        """
-        try:
-            self.strategy.check_replicas(self.model, self.loss_fn, self.optimizer, self.step)
-        except ReplicaDivergenceError as exc:
-            exc.last_good_checkpoint = self.last_good_checkpoint
-            exc.args = (f"{exc.args[0]} Training stopped and {self.kept_checkpoint_message()}.",)
-            raise
 
     @property
     def completed(self) -> bool:
@@ -627,36 +423,7 @@ class Trainer(RunState, Evaluation):
             return self.config.loss.name
         return type(self.loss_fn).__name__
 
-    def _callback(self, kind: type[_C]) -> _C | None:
-        return next((c for c in self._active if isinstance(c, kind)), None)
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        """The records of the run so far (train, val, test, error), as in ``metrics.jsonl``."""
-        logger = self._callback(MetricsLogger)
-        return logger.records if logger is not None else []
-
-    @property
-    def best_step(self) -> int | None:
-        """Step of the best validation score so far."""
-        best = self._callback(BestCheckpoint)
-        return None if best is None else best.best_step
-
-    @property
-    def best_val(self) -> dict[str, Any] | None:
-        """Validation report summary of the best step so far."""
-        best = self._callback(BestCheckpoint)
-        return None if best is None else best.best_val
-
-    # -- checkpoints ------------------------------------------------------------------------
-
-    # -- evaluation -------------------------------------------------------------------------
-
     # -- training ---------------------------------------------------------------------------
-
-    def _emit(self, hook: str, *args: Any) -> None:
-        for callback in self._active:
-            getattr(callback, hook)(self, *args)
 
     def _account_time(self) -> None:
         now = time.perf_counter()
@@ -771,7 +538,7 @@ class Trainer(RunState, Evaluation):
                 checkpoint is kept.
         """
         if max_steps is not None:
-            max_steps = _positive_int(max_steps, "max_steps", 0)
+            max_steps = positive_int(max_steps, "max_steps", 0)
         self._active = self.callbacks + [self._as_callback(c) for c in callbacks]
         if self.run_dir is not None and not self._holds_run_dir:
             # a second fit: the folder was released at the end of the first one
@@ -788,7 +555,7 @@ class Trainer(RunState, Evaluation):
         self._stop_signal = None
         self._tick = time.perf_counter()
         self._emit("on_fit_start")
-        with _determinism(self.deterministic), _graceful_stop(self):
+        with determinism(self.deterministic), graceful_stop(self):
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = iter(self._loader())
@@ -811,7 +578,7 @@ class Trainer(RunState, Evaluation):
                 self.save_checkpoint()
             result = self._result("stopped")
         else:
-            with _determinism(self.deterministic):
+            with determinism(self.deterministic):
                 result = self._finish(test)
         self._emit("on_fit_end", result)
         return result
@@ -826,55 +593,6 @@ class Trainer(RunState, Evaluation):
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
         )
-
-    def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:
-        if self.run_dir is None:
-            detail = "nothing was saved (the trainer has no run_dir)"
-        elif not self._in_step:
-            if self.last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            detail = f"checkpoint saved at step {self.step}"
-        elif self.last_checkpoint_step is not None:
-            detail = (
-                f"step {self.step + 1} was cut short, so the checkpoint of step "
-                f"{self.last_checkpoint_step} is kept"
-            )
-        else:
-            detail = "no checkpoint had been written yet; start the run again"
-        by = _SIGNAL_NAMES.get(signal_number, signal.Signals(signal_number).name)
-        message = f"training interrupted ({by}) at step {self.step}/{self.total_steps}: {detail}"
-        hint = (
-            f"Trainer.from_run_dir({str(self.run_dir)!r})"
-            if self.config is not None
-            else "Trainer(<the same objects>, run_dir=..., resume=True)"
-        )
-        return TrainingInterrupted(
-            message,
-            self.step,
-            self.run_dir,
-            self.last_checkpoint_step,
-            hint,
-            signal_number=signal_number,
-        )
-
-    def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
-        what = (
-            f"the loss is {float(loss.detach())}"
-            if loss is not None
-            else "the model's embeddings contain NaN/inf"
-        )
-        fix = "optimizer.lr" if self.config is not None else "the learning rate"
-        message = (
-            f"{what} at step {self.step + 1} (epoch {self.next_epoch}, loss {self.loss_name}); "
-            f"training stopped without applying that step and {self.kept_checkpoint_message()}. "
-            f"Lower {fix} or check the loss parameters."
-        )
-        record = {
-            "kind": "error",
-            "step": self.step + 1,
-            "error": "non-finite loss" if loss is not None else "non-finite embeddings",
-        }
-        raise NonFiniteLossError(message, self.step + 1, self.last_good_checkpoint, record)
 
     def _result(
         self, status: str, test: RetrievalReport | None = None, curve: PRCurve | None = None
