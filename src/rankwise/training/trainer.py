@@ -154,12 +154,33 @@ class Trainer(CallbackHost, RunState, Evaluation, Failures):
         name: the run's name on the progress bar and plots (default: the loss's).
         config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
             written to ``run_dir/config.yaml`` and into checkpoints, and used in messages.
+        strategy: how many processes train the model: one
+            (:class:`~rankwise.training.strategy.SingleProcess`, the default) or every rank of
+            a process group (:class:`~rankwise.training.strategy.DataParallelStrategy`; see
+            :class:`~rankwise.training.distributed.DistributedTrainer`).
 
     Raises:
         ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
             already holds a run, or a checkpoint that cannot be resumed; a
             :class:`~rankwise.training.lock.RunDirInUseError` for one another process is
             writing).
+
+    Example:
+        Four clustered classes, a linear embedding and the AP loss; six steps, then the test
+        report of the model selected on validation (no ``run_dir``: nothing is written):
+
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from rankwise.losses import build_loss
+        >>> _ = torch.manual_seed(0)
+        >>> labels = torch.arange(4).repeat_interleave(16)
+        >>> points = 3 * torch.randn(4, 8)[labels] + torch.randn(64, 8)
+        >>> data = TensorDataset(points, labels)
+        >>> trainer = Trainer(torch.nn.Linear(8, 4), build_loss("ap"), data, val_data=data,
+        ...                   test_data=data, iterations=6, progress=False)
+        >>> result = trainer.fit()
+        >>> result.status, result.steps, bool(result.test.map > 0.9)
+        ('completed', 6, True)
     """
 
     strategy_class: type[SingleProcess] = SingleProcess  # how many processes train (from_config)
