@@ -41,7 +41,7 @@ def device(request):
 
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
-DISTRIBUTED_CASES = ("losses", "errors", "trainer", "metrics", "digits")
+DISTRIBUTED_CASES = ("losses", "errors", "trainer", "metrics", "custom_metric", "digits")
 
 
 def free_port() -> int:

@@ -284,6 +284,67 @@ def case_trainer(rank: int, world: int, out_dir: Path) -> dict:
     return out
 
 
+class CountingEvaluation:
+    """A custom ``metric_fn`` / ``curve_fn`` (dot-product ranking) that counts its calls."""
+
+    def __init__(self) -> None:
+        self.metric_calls = 0
+        self.curve_calls = 0
+
+    def metric_fn(self, *args, **kwargs):
+        from rankwise.metrics import retrieval_metrics
+
+        self.metric_calls += 1
+        return retrieval_metrics(*args, similarity="dot", **kwargs)
+
+    def curve_fn(self, *args, **kwargs):
+        from rankwise.metrics import pr_curve
+
+        self.curve_calls += 1
+        return pr_curve(*args, similarity="dot", **kwargs)
+
+
+def custom_metric_run(trainer_class) -> dict:
+    """3 steps with a custom metric_fn / curve_fn: what evaluated the run, and its test report."""
+    from rankwise.sampling import MPerClassBatchSampler
+
+    train = clustered(8, 12, seed=1)
+    counting = CountingEvaluation()
+    trainer = trainer_class(
+        make_model(),
+        build_loss("ap").double(),
+        train,
+        sampler=MPerClassBatchSampler(train.tensors[1], m=4, batch_size=16, seed=5),
+        val_data=clustered(5, 7, seed=2),
+        test_data=clustered(6, 7, seed=3),
+        iterations=3,
+        eval_every=3,
+        eval_ks=(1, 5),
+        seed=7,
+        progress=False,
+        metric_fn=counting.metric_fn,
+        curve_fn=counting.curve_fn,
+    )
+    result = trainer.fit()
+    return {
+        "metric_calls": counting.metric_calls,
+        "curve_calls": counting.curve_calls,
+        "test": result.test.to_dict(),
+        "curve": torch.from_numpy(result.pr_curve.precision),
+    }
+
+
+def case_custom_metric(rank: int, world: int, out_dir: Path) -> dict:
+    """A DistributedTrainer given its own metric_fn / curve_fn must evaluate with them."""
+    from rankwise.training import Trainer
+    from rankwise.training.distributed import DistributedTrainer
+
+    out = {"distributed": custom_metric_run(DistributedTrainer)}
+    if rank == 0:
+        out["single"] = custom_metric_run(Trainer)
+    return out
+
+
 # -- sharded metrics -----------------------------------------------------------------------------
 
 
@@ -457,6 +518,7 @@ CASES = {
     "trainer": case_trainer,
     "metrics": case_metrics,
     "digits": case_digits,
+    "custom_metric": case_custom_metric,
 }
 
 
@@ -523,7 +585,7 @@ def main() -> None:
         for case in cases:
             started = time.perf_counter()
             run = CASES[case]
-            if case in ("trainer", "digits"):
+            if case in ("trainer", "digits", "custom_metric"):
                 result = run(context.rank, context.world_size, out_dir)
             else:
                 result = run(context.rank, context.world_size)

@@ -100,3 +100,15 @@ def test_resume_with_another_world_size_is_refused(distributed_results, tmp_path
         worker.trainer_objects(Trainer, run_dir, resume=True)
     assert "2 data-parallel process(es) and this run has 1" in str(info.value)
     assert "torchrun --nproc-per-node 2" in str(info.value)  # how to resume it
+
+
+def test_a_custom_metric_fn_and_curve_fn_evaluate_the_distributed_run(distributed_results):
+    # issue 20: the data-parallel evaluation replaced metric_fn / curve_fn by the default metrics
+    single = distributed_results("custom_metric", 0)["single"]
+    for rank in (0, 1):
+        run = distributed_results("custom_metric", rank)["distributed"]
+        assert run["metric_calls"] == single["metric_calls"] == 2  # validation, then test
+        assert run["curve_calls"] == single["curve_calls"] == 1
+        assert run["test"]["map"] == pytest.approx(single["test"]["map"], rel=1e-12, abs=0)
+        assert run["test"]["n_queries"] == single["test"]["n_queries"] == 42
+        torch.testing.assert_close(run["curve"], single["curve"], rtol=1e-12, atol=0)

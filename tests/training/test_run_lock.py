@@ -129,12 +129,12 @@ def test_a_second_train_into_a_folder_being_trained_is_refused_naming_the_holder
 def test_the_refusal_of_a_fresh_run_names_the_option_given_not_resume(tmp_path, monkeypatch):
     """Issue 19 item 9: results that appeared while the data loaded (the other writer of the
     race) are refused under --output, the option the user gave; `--resume:` was not passed."""
-    from rankwise.training import trainer as trainer_module
+    from rankwise.training import factory as factory_module
 
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(BASE))
-    load = trainer_module.load_splits
+    load = factory_module.load_splits
 
     def load_while_another_run_writes(*args, **kwargs):
         splits = load(*args, **kwargs)
@@ -142,7 +142,7 @@ def test_the_refusal_of_a_fresh_run_names_the_option_given_not_resume(tmp_path, 
         (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
         return splits
 
-    monkeypatch.setattr(trainer_module, "load_splits", load_while_another_run_writes)
+    monkeypatch.setattr(factory_module, "load_splits", load_while_another_run_writes)
     result = runner.invoke(app, ["train", "-c", str(config), "--output", str(run_dir)])
     text = one_line(result.output)
     assert result.exit_code == 2, result.output

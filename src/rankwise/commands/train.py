@@ -47,9 +47,10 @@ def _read_run_config(run_dir: Path) -> dict[str, Any]:
     """The saved config of a run as a dict (empty when unreadable: the resume reports it)."""
     from ..training import ConfigError
     from ..training.config import read_config_file
+    from ..training.state import RunPaths
 
     try:
-        return read_config_file(run_dir / "config.yaml")
+        return read_config_file(RunPaths(run_dir).config)
     except ConfigError:
         return {}
 

@@ -23,6 +23,15 @@ from torch import nn
 
 from .config import Config, config_from_dict, read_config_file
 from .errors import ConfigError
+from .evaluation import embed_batches
+from .rundir import RunPaths, existing_results, resolve_run_dir
+
+_NAMES = RunPaths(Path())  # the run directory's file names, relative to it
+
+
+def _as_cpu_float32(embeddings: torch.Tensor) -> torch.Tensor:
+    return embeddings.float().cpu()
+
 
 __all__ = ["IMAGE_SUFFIXES", "LoadedRun", "image_paths", "load_run"]
 
@@ -118,7 +127,6 @@ class LoadedRun:
             raise ValueError("`inputs`: no image paths given.")
         return torch.stack(items)
 
-    @torch.no_grad()
     def embed(self, inputs: Any, batch_size: int = 256) -> torch.Tensor:
         """Embed raw inputs (see :meth:`preprocess`) in batches.
 
@@ -137,11 +145,7 @@ class LoadedRun:
         else:
             x = self.preprocess(inputs)
             batches = (x[i : i + batch_size] for i in range(0, x.shape[0], batch_size))
-        self.model.eval()
-        out = [self.model(batch.to(self.device)).float().cpu() for batch in batches]
-        if not out:
-            raise ValueError("`inputs` is empty.")
-        return torch.cat(out)
+        return embed_batches(self.model, batches, self.device, finish=_as_cpu_float32)
 
 
 def _input_spec(config: Config) -> tuple[tuple[int, ...], str]:
@@ -151,11 +155,9 @@ def _input_spec(config: Config) -> tuple[tuple[int, ...], str]:
 
 
 def _pick_checkpoint(run_dir: Path, checkpoint: str) -> Path:
-    from .rundir import existing_results
-
-    names = {"best": ["checkpoints/best.pt"], "last": ["checkpoints/last.pt"]}
+    names = {"best": [str(_NAMES.best)], "last": [str(_NAMES.last)]}
     if checkpoint == "auto":
-        candidates = ["checkpoints/best.pt", "checkpoints/last.pt"]
+        candidates = names["best"] + names["last"]
     elif checkpoint in names:
         candidates = names[checkpoint]
     else:
@@ -199,14 +201,13 @@ def load_run(
     """
     from ..models import build_model
     from .checkpoint import load_checkpoint
-    from .rundir import resolve_run_dir
 
     path = Path(run_dir)
-    if (path / "config.yaml").is_file() and (path / "checkpoints").is_dir():
+    if RunPaths(path).config.is_file() and RunPaths(path).checkpoints.is_dir():
         run_path = path
     else:
         run_path = resolve_run_dir(path)
-    config = config_from_dict(read_config_file(run_path / "config.yaml"))
+    config = config_from_dict(read_config_file(RunPaths(run_path).config))
     source = _pick_checkpoint(run_path, checkpoint)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     state = load_checkpoint(source, map_location=dev)

@@ -1,4 +1,4 @@
-"""Run directories: what counts as results, finding runs below a folder, picking a checkpoint.
+"""Run directories: their file names (:class:`RunPaths`), what counts as results, finding runs below a folder, picking a checkpoint.
 
 One rule protects finished work for ``train``, ``bench`` and ``tune`` alike: a directory that
 holds results is never written into unless the caller asked to resume it or to overwrite it.
@@ -13,11 +13,13 @@ equation is implemented here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError, CorruptCheckpointError
 
 __all__ = [
+    "RunPaths",
     "RUN_RESULT_FILES",
     "SWEEP_FILE",
     "existing_results",
@@ -29,14 +31,92 @@ __all__ = [
     "resolve_run_dir",
 ]
 
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of a run directory, named once.
+
+    Attributes:
+        root: the run directory.
+    """
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        """``config.yaml``: the run's config (runs built from a config)."""
+        return self.root / "config.yaml"
+
+    @property
+    def report(self) -> Path:
+        """``report.json``: the :class:`RunResult` of a completed run."""
+        return self.root / "report.json"
+
+    @property
+    def pr_curve(self) -> Path:
+        """``pr_curve.json``: the test mean precision-recall curve."""
+        return self.root / "pr_curve.json"
+
+    @property
+    def metrics(self) -> Path:
+        """``metrics.jsonl``: one record per logged step and evaluation."""
+        return self.root / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        """``checkpoints/``."""
+        return self.root / "checkpoints"
+
+    @property
+    def last(self) -> Path:
+        """``checkpoints/last.pt``: the state after the last checkpointed step."""
+        return self.checkpoints / "last.pt"
+
+    @property
+    def previous(self) -> Path:
+        """``checkpoints/previous.pt``: the good checkpoint ``last.pt`` replaced."""
+        return self.checkpoints / "previous.pt"
+
+    @property
+    def best(self) -> Path:
+        """``checkpoints/best.pt``: the model selected on validation."""
+        return self.checkpoints / "best.pt"
+
+    @property
+    def training_curves_plot(self) -> Path:
+        """``training_curves.png``."""
+        return self.root / "training_curves.png"
+
+    @property
+    def pr_curve_plot(self) -> Path:
+        """``pr_curve.png``."""
+        return self.root / "pr_curve.png"
+
+    def stale_outputs(self) -> tuple[Path, ...]:
+        """What a fresh run deletes first: the checkpoints and outputs of an earlier run."""
+        return (
+            self.last,
+            self.previous,
+            self.best,
+            self.report,
+            self.pr_curve,
+            self.pr_curve_plot,
+            self.training_curves_plot,
+        )
+
+
+_NAMES = RunPaths(Path())
 # files a training run writes, relative to its directory
-RUN_RESULT_FILES: tuple[str, ...] = (
-    "checkpoints/last.pt",
-    "checkpoints/previous.pt",
-    "checkpoints/best.pt",
-    "report.json",
-    "metrics.jsonl",
-    "pr_curve.json",
+RUN_RESULT_FILES: tuple[str, ...] = tuple(
+    str(path)
+    for path in (
+        _NAMES.last,
+        _NAMES.previous,
+        _NAMES.best,
+        _NAMES.report,
+        _NAMES.metrics,
+        _NAMES.pr_curve,
+    )
 )
 
 
@@ -60,10 +140,8 @@ def existing_results(directory: str | Path, files: Sequence[str] = RUN_RESULT_FI
 
 
 def _is_run_dir(path: Path) -> bool:
-    checkpoints = path / "checkpoints"
-    return (path / "config.yaml").is_file() and (
-        (checkpoints / "last.pt").is_file() or (checkpoints / "previous.pt").is_file()
-    )
+    paths = RunPaths(path)
+    return paths.config.is_file() and (paths.last.is_file() or paths.previous.is_file())
 
 
 def find_run_dirs(folder: str | Path, max_depth: int = 3) -> list[Path]:
@@ -85,7 +163,7 @@ def find_run_dirs(folder: str | Path, max_depth: int = 3) -> list[Path]:
         children = sorted(
             child for parent in level if parent.is_dir() for child in parent.iterdir()
         )
-        level = [c for c in children if c.is_dir() and c.name != "checkpoints"]
+        level = [c for c in children if c.is_dir() and c.name != _NAMES.checkpoints.name]
         found += [c for c in level if _is_run_dir(c)]
         level = [c for c in level if not _is_run_dir(c)]
     return sorted(found)
@@ -155,7 +233,7 @@ def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
     """
     run_dir = Path(run_dir)
     removed = []
-    for folder in (run_dir, run_dir / "checkpoints"):
+    for folder in (run_dir, RunPaths(run_dir).checkpoints):
         for path in sorted(folder.glob(".*.tmp")) if folder.is_dir() else ():
             if path.is_file():
                 path.unlink(missing_ok=True)
@@ -172,7 +250,7 @@ def _sweep_results(output: Path, files: Sequence[str]) -> list[str]:
     """What of a sweep's results ``output`` holds: its files and the run directories below it."""
     found = existing_results(output, (SWEEP_FILE, *files))
     if output.is_dir():
-        runs = [p for p in output.rglob("config.yaml") if existing_results(p.parent)]
+        runs = [p for p in output.rglob(_NAMES.config.name) if existing_results(p.parent)]
         if runs:
             found.append(f"{len(runs)} run director{'y' if len(runs) == 1 else 'ies'}")
     return found

@@ -22,76 +22,48 @@ the logged loss window). Random data transforms draw from a generator seeded by
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
+from rich.console import Console
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from .._signals import handle_signals, signal_number_of
-from .._threads import preserve_torch_threads
-from .._validation import Interval, check_bool, check_scalar
-from .build import (
-    build_loss_from_config,
-    build_model_from_config,
-    build_optimizer,
-    build_sampler_from_config,
-    check_batch_classes,
-    learning_rate_at,
-    load_splits,
-    preflight,
-    resolve_device,
-    seed_everything,
-    total_steps,
+from .._signals import signal_number_of
+from .._validation import check_bool
+from ..metrics import pr_curve, retrieval_metrics
+from ..metrics._inputs import check_ks
+from .arguments import (
+    LRSchedule,
+    check_dataset,
+    check_modules,
+    check_run_options,
+    check_schedule,
+    determinism,
+    device_of,
+    positive_int,
 )
+from .build import build_optimizer, learning_rate_at, load_splits, preflight
 from .callbacks import (
-    BestCheckpoint,
     Callback,
-    CollapseDetector,
-    MetricsLogger,
-    PlotCurves,
-    ProgressBar,
-    StepCallback,
     StepOutput,
 )
-from .checkpoint import (
-    atomic_save,
-    atomic_write_text,
-    capture_rng_state,
-    keep_previous,
-    load_checkpoint,
-    restore_rng_state,
-)
-from .config import Config, config_from_dict, read_config_file
-from .errors import (
-    ConfigError,
-    CorruptCheckpointError,
-    DiskFullError,
-    NonFiniteLossError,
-    TrainingInterrupted,
-)
-from .loader import BatchSampler, dataset_labels, default_sampler, training_loader, worker_init
-from .lock import RunDirLock, lock_run_dir
-from .rundir import (
-    existing_results,
-    readable_checkpoint_step,
-    remove_stale_temporaries,
-    resolve_run_dir,
-)
+from .callbacks.host import CallbackHost, CallbackLike
+from .config import Config
+from .errors import NonFiniteLossError
+from .evaluation import Evaluation
+from .failures import Failures, graceful_stop
+from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
+from .lock import RunDirLock
+from .state import RunPaths, RunResult, RunState
+from .strategy import SingleProcess
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from ..data import RetrievalSplits
     from ..metrics import PRCurve, RetrievalReport
 
@@ -106,138 +78,8 @@ __all__ = [
     "train",
 ]
 
-# a learning rate per 0-based step, or a torch scheduler stepped after every optimizer step
-LRSchedule = Callable[[int], float] | torch.optim.lr_scheduler.LRScheduler
-CallbackLike = Callback | Callable[["Trainer"], None]
-_C = TypeVar("_C", bound=Callback)
 
-
-@dataclass
-class RunResult:
-    """Outcome of :meth:`Trainer.fit`.
-
-    Attributes:
-        run_dir: the run directory (``None`` for a trainer without one).
-        status: ``"completed"`` (budget reached, test report made) or ``"stopped"``
-            (``max_steps`` reached; resume to finish).
-        steps: optimizer steps taken.
-        seconds: wall-clock seconds spent in this run, summed over resumptions.
-        best_step: step of the best validation score (``None`` before the first evaluation).
-        best_val: the best validation ``RetrievalReport`` summary (a dict).
-        test: the test report of the selected model (completed runs with test data only).
-        pr_curve: the test mean precision-recall curve of the selected model (idem).
-        config: the run's config as a dict (empty for a trainer built from objects).
-    """
-
-    run_dir: Path | None
-    status: str
-    steps: int
-    seconds: float
-    best_step: int | None
-    best_val: dict[str, Any] | None
-    test: RetrievalReport | None = None
-    pr_curve: PRCurve | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary (the content of ``report.json``)."""
-        return {
-            "status": self.status,
-            "steps": self.steps,
-            "seconds": self.seconds,
-            "best_step": self.best_step,
-            "best_val": self.best_val,
-            "test": None if self.test is None else self.test.to_dict(),
-            "run_dir": None if self.run_dir is None else str(self.run_dir),
-        }
-
-
-@contextlib.contextmanager
-def _determinism(enabled: bool) -> Iterator[None]:
-    previous = torch.are_deterministic_algorithms_enabled()
-    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    previous_cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    if enabled:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous_cudnn
-
-
-_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-
-
-@contextlib.contextmanager
-def _graceful_stop(trainer: Trainer) -> Iterator[None]:
-    """Ctrl-C or SIGTERM: finish the current step, then checkpoint and stop; a second: abort now.
-
-    SIGTERM (what ``timeout``, SLURM, Kubernetes and docker send) is handled exactly like
-    Ctrl-C, so a scheduler's stop leaves ``last.pt`` at the last complete step.
-    """
-
-    def on_signal(signum: int) -> bool:
-        if trainer._stop_signal is not None:
-            return False  # the second signal: raise at once (the last checkpoint is kept)
-        trainer._stop_signal = signum
-        trainer._stop_requested = True
-        saving = " and saving a checkpoint" if trainer.run_dir is not None else ""
-        name = _SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
-        # the hint names the signal that came: a scheduler sends SIGTERM, a person Ctrl-C
-        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {name}"
-        trainer.console.print(
-            f"[yellow]{name}: stopping after this step{saving} ({again} aborts at once).[/yellow]",
-            soft_wrap=True,
-        )
-        return True
-
-    with handle_signals(on_signal):
-        yield
-
-
-def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
-    if device is None:
-        first = next(iter(model.parameters()), None)
-        return first.device if first is not None else torch.device("cpu")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"`device`: unknown device {device!r} (use cpu, cuda or auto).") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`device` {device!r}: no CUDA device is available on this machine.")
-    return dev
-
-
-def _check_dataset(data: Any, name: str, required: bool = False) -> None:
-    if data is None:
-        if required:
-            raise ValueError(f"`{name}` is required: a map-style dataset of (x, label) items.")
-        return
-    if not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-        raise ValueError(
-            f"`{name}` must be a map-style dataset (with __len__ and __getitem__ returning "
-            f"(x, label)), got {type(data).__name__}."
-        )
-    if len(data) == 0:
-        raise ValueError(f"`{name}` is empty.")
-    item = data[0]  # one item, so a wrong layout fails here and not in a worker process
-    if not (isinstance(item, (tuple, list)) and len(item) == 2):
-        raise ValueError(
-            f"`{name}[0]` must be an (x, label) pair, got {type(item).__name__}; wrap the data "
-            "in a Dataset whose __getitem__ returns (input, class id)."
-        )
-
-
-def _positive_int(value: Any, name: str, low: int = 1) -> int:
-    return check_scalar(value, name, Interval("integer", low, None))
-
-
-class Trainer:
+class Trainer(CallbackHost, RunState, Evaluation, Failures):
     """Train an embedding model with a ranking loss; select it on validation, test it.
 
     The loop of :meth:`fit`: P x K batches from ``sampler``; per step ``model(x)`` ->
@@ -312,15 +154,36 @@ class Trainer:
         name: the run's name on the progress bar and plots (default: the loss's).
         config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
             written to ``run_dir/config.yaml`` and into checkpoints, and used in messages.
+        strategy: how many processes train the model: one
+            (:class:`~rankwise.training.strategy.SingleProcess`, the default) or every rank of
+            a process group (:class:`~rankwise.training.strategy.DataParallelStrategy`; see
+            :class:`~rankwise.training.distributed.DistributedTrainer`).
 
     Raises:
         ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
             already holds a run, or a checkpoint that cannot be resumed; a
             :class:`~rankwise.training.lock.RunDirInUseError` for one another process is
             writing).
+
+    Example:
+        Four clustered classes, a linear embedding and the AP loss; six steps, then the test
+        report of the model selected on validation (no ``run_dir``: nothing is written):
+
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from rankwise.losses import build_loss
+        >>> _ = torch.manual_seed(0)
+        >>> labels = torch.arange(4).repeat_interleave(16)
+        >>> points = 3 * torch.randn(4, 8)[labels] + torch.randn(64, 8)
+        >>> data = TensorDataset(points, labels)
+        >>> trainer = Trainer(torch.nn.Linear(8, 4), build_loss("ap"), data, val_data=data,
+        ...                   test_data=data, iterations=6, progress=False)
+        >>> result = trainer.fit()
+        >>> result.status, result.steps, bool(result.test.map > 0.9)
+        ('completed', 6, True)
     """
 
-    CHECKPOINT_FORMAT = 2
+    strategy_class: type[SingleProcess] = SingleProcess  # how many processes train (from_config)
 
     def __init__(
         self,
@@ -356,17 +219,22 @@ class Trainer:
         name: str | None = None,
         config: Config | None = None,
         resume_from: str | Path | None = None,
+        strategy: SingleProcess | None = None,
     ) -> None:
         if isinstance(model, Config):
             raise TypeError(
                 "Trainer(config) became Trainer.from_config(config); Trainer() takes the model, "
                 "the loss and the training data."
             )
-        self._check_modules(model, loss_fn)
-        _check_dataset(train_data, "train_data", required=True)
+        check_modules(model, loss_fn)
+        self.strategy = strategy if strategy is not None else SingleProcess()
+        console, progress = self.strategy.console(console, progress)
+        device = self.strategy.device(device)
+        model = self.strategy.prepare_model(model, device)  # type: ignore[arg-type]
+        check_dataset(train_data, "train_data", required=True)
         for data, data_name in ((val_data, "val_data"), (test_data, "test_data")):
-            _check_dataset(data, data_name)
-        _check_dataset(gallery_data, "gallery_data")
+            check_dataset(data, data_name)
+        check_dataset(gallery_data, "gallery_data")
         if gallery_data is not None and test_data is None:
             raise ValueError("`gallery_data` is the gallery of a test: pass `test_data` too.")
         self.config = config
@@ -376,12 +244,9 @@ class Trainer:
         self.val_data = val_data
         self.test_data = test_data
         self.gallery_data = gallery_data
-        self.seed = _positive_int(seed, "seed", 0)
-        self.num_workers = _positive_int(num_workers, "num_workers", 0)
-        self.eval_batch_size = _positive_int(eval_batch_size, "eval_batch_size")
-        from ..metrics import pr_curve, retrieval_metrics
-        from ..metrics._inputs import check_ks
-
+        self.seed = positive_int(seed, "seed", 0)
+        self.num_workers = positive_int(num_workers, "num_workers", 0)
+        self.eval_batch_size = positive_int(eval_batch_size, "eval_batch_size")
         self.eval_ks = tuple(sorted(check_ks(eval_ks, "eval_ks")))
         self.deterministic = check_bool(deterministic, "deterministic")
 
@@ -391,34 +256,35 @@ class Trainer:
         self.metric_fn = metric_fn if metric_fn is not None else retrieval_metrics
         self.curve_fn = curve_fn if curve_fn is not None else pr_curve
         self.run_dir = None if run_dir is None else Path(run_dir)
-        self.checkpoint_dir = (
-            self.run_dir / "checkpoints" if self.run_dir is not None else Path("checkpoints")
-        )
+        self.paths = RunPaths(self.run_dir if self.run_dir is not None else Path())
+        self.checkpoint_dir = self.paths.checkpoints
         resume, overwrite = check_bool(resume, "resume"), check_bool(overwrite, "overwrite")
-        self._check_run_options(resume, overwrite, resume_from)
+        check_run_options(self.run_dir, resume, overwrite, resume_from)
         if console is None:
-            from rich.console import Console
-
             console = Console(stderr=True)
         self.console = console
 
-        self.device = _device_of(model, device)
+        self.device = device_of(model, device)
         if self.device.type == "cuda" and self.deterministic:
             # cuBLAS reads this once, at its first use: it must be set before any CUDA matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.model.to(self.device)
         self.loss_fn.to(self.device)
         self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
-        self.sampler = sampler if sampler is not None else self._default_sampler()
+        self.sampler = (
+            self.strategy.shard_sampler(sampler, from_config=config is not None)
+            if sampler is not None
+            else self._default_sampler()
+        )
         self.steps_per_epoch = len(self.sampler)
         if self.steps_per_epoch <= 0:
             raise ValueError("`sampler` yields no batch per epoch.")
         self.total_steps = self._budget(iterations, epochs)
         self.eval_every = (
-            self.steps_per_epoch if eval_every is None else _positive_int(eval_every, "eval_every")
+            self.steps_per_epoch if eval_every is None else positive_int(eval_every, "eval_every")
         )
         self.lr_schedule = lr_schedule
-        self._lr_function = self._check_schedule(lr_schedule)
+        self._lr_function = check_schedule(lr_schedule)
         self.name = name or self.loss_name
 
         # -- progress state (checkpointed) ---------------------------------------------------
@@ -435,7 +301,7 @@ class Trainer:
         self._last_is_good = False
         self._tick = time.perf_counter()
         self.callbacks = self._default_callbacks(
-            _positive_int(log_every, "log_every"),
+            positive_int(log_every, "log_every"),
             None if progress is None else check_bool(progress, "progress"),
             check_bool(detect_collapse, "detect_collapse"),
         )
@@ -449,126 +315,21 @@ class Trainer:
         self._left_checkpoint: tuple[int, int, int] | None = None
         self._completed = False
         self._open_run_dir(resume, overwrite, None if resume_from is None else Path(resume_from))
+        try:
+            self._join_processes(resume)
+        except BaseException:
+            self._release_run_dir()  # the main process took the run directory's lock
+            raise
 
     # -- construction -----------------------------------------------------------------------
 
-    @staticmethod
-    def _check_modules(model: Any, loss_fn: Any) -> None:
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"`model` must be a torch.nn.Module, got {type(model).__name__}.")
-        if not isinstance(loss_fn, nn.Module):
-            raise ValueError(
-                f"`loss_fn` must be a torch.nn.Module called as loss_fn(embeddings, labels) "
-                f"(every rankwise.losses loss is one), got {type(loss_fn).__name__}."
-            )
-
-    def _check_run_options(
-        self, resume: bool, overwrite: bool, resume_from: str | Path | None = None
-    ) -> None:
-        if resume_from is not None and not resume:
-            raise ValueError("`resume_from` names the checkpoint to resume: pass `resume` too.")
-        if resume and self.run_dir is None:
-            raise ValueError("`resume` needs the `run_dir` of the run to continue.")
-        if resume and overwrite:
-            raise ValueError(
-                "pass `resume` or `overwrite`, not both: `resume` continues the run, "
-                "`overwrite` deletes its results and starts afresh."
-            )
-
-    # -- the run directory's lock (one writer per folder, see rankwise.training.lock) ----------
-
-    @classmethod
-    def _lock_run_dir(
-        cls,
-        run_dir: Path,
-        key: str,
-        *,
-        resume: bool = False,
-        check: Callable[[], None] | None = None,
-        group: Any = None,
-    ) -> RunDirLock:
-        """Take the lock of ``run_dir``, then run ``check`` (a refusal releases it again).
-
-        Args:
-            run_dir: the run directory.
-            key: the argument or config key that named it, for the messages.
-            resume: the caller continues the run there.
-            check: what must hold once the folder is locked (e.g. no results in it).
-            group: the process group of a data-parallel trainer (unused here).
-
-        Returns:
-            The hold of the lock.
-        """
-        lock = lock_run_dir(run_dir, key, then="resume it" if resume else None)
-        if check is not None:
-            try:
-                check()
-            except BaseException:
-                lock.release()
-                raise
-        return lock
-
-    def _take_run_dir(self, *, resume: bool, check: Callable[[], None] | None = None) -> None:
-        assert self.run_dir is not None
-        self._run_lock = self._lock_run_dir(
-            self.run_dir,
-            self._run_dir_key,
-            resume=resume,
-            check=check,
-            group=getattr(self, "group", None),  # a DistributedTrainer's process group
-        )
-        self._holds_run_dir = True
-
-    def _release_run_dir(self) -> None:
-        if self._run_lock is not None:
-            # what this trainer leaves behind; taken back, the folder must still hold it
-            self._left_checkpoint = self._checkpoint_fingerprint()
-            self._run_lock.release()
-        self._run_lock, self._holds_run_dir = None, False
-
-    def _checkpoint_fingerprint(self) -> tuple[int, int, int] | None:
-        """Identity of ``checkpoints/last.pt`` (every save replaces the file: a new inode)."""
-        try:
-            info = (self.checkpoint_dir / "last.pt").stat()
-        except FileNotFoundError:
-            return None
-        return info.st_ino, info.st_mtime_ns, info.st_size
-
-    def _check_unchanged(self) -> None:
-        """The run directory taken back by :meth:`fit` is as this trainer left it."""
-        if self._checkpoint_fingerprint() != self._left_checkpoint:
-            raise ConfigError(
-                f"{self._run_dir_key}: {str(self.run_dir)!r} was written by another process "
-                "since this trainer last trained in it (its checkpoints/last.pt changed); build "
-                "a new trainer to continue from what it holds (`resume`)."
-            )
-
-    def _open_run_dir(self, resume: bool, overwrite: bool, resume_from: Path | None) -> None:
-        """Lock the run directory, then apply the results rule or load the state to resume."""
-        if self.run_dir is None:
-            return
-        self._take_run_dir(resume=resume)
-        try:
-            if resume:
-                self._load_last(resume_from)
-            elif not overwrite:
-                _refuse_results(self.run_dir, self._run_dir_key)
-        except BaseException:
-            self._release_run_dir()
-            raise
-        self._left_checkpoint = self._checkpoint_fingerprint()
-
-    @staticmethod
-    def _check_schedule(schedule: LRSchedule | None) -> Callable[[int], float] | None:
-        """The per-step learning-rate function of ``schedule`` (``None``: a scheduler, or none)."""
-        if schedule is None or isinstance(schedule, torch.optim.lr_scheduler.LRScheduler):
-            return None
-        if not callable(schedule):
-            raise ValueError(
-                "`lr_schedule` must be a function step -> learning rate or a torch LRScheduler, "
-                f"got {type(schedule).__name__}."
-            )
-        return schedule
+    def _join_processes(self, resume: bool) -> None:
+        """The training module (DDP on many processes); agree with the other processes."""
+        self._training_module = self.strategy.training_module(self.model, self.device)
+        for callback in self.strategy.join(self, resume):
+            self._add_callback(callback)
+        self._active = list(self.callbacks)
+        self.check_replicas()
 
     def _default_optimizer(self) -> torch.optim.Optimizer:
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -578,46 +339,15 @@ class Trainer:
         return torch.optim.Adam(params, lr=1e-3)
 
     def _default_sampler(self) -> BatchSampler:
-        return default_sampler(dataset_labels(self.train_data, "train_data"), self.seed)
+        sampler = default_sampler(dataset_labels(self.train_data, "train_data"), self.seed)
+        return self.strategy.shard_sampler(sampler)
 
     def _budget(self, iterations: int | None, epochs: int | None) -> int:
         if iterations is not None and epochs is not None:
             raise ValueError("pass `iterations` or `epochs`, not both.")
         if iterations is not None:
-            return _positive_int(iterations, "iterations")
-        return _positive_int(1 if epochs is None else epochs, "epochs") * self.steps_per_epoch
-
-    def _default_callbacks(
-        self, log_every: int, progress: bool | None, detect_collapse: bool
-    ) -> list[Callback]:
-        callbacks: list[Callback] = []
-        if detect_collapse:  # first: a collapsed validation split is neither logged nor kept
-            callbacks.append(CollapseDetector())
-        callbacks += [
-            MetricsLogger(log_every),
-            BestCheckpoint(),
-            ProgressBar(progress, log_every),
-            PlotCurves(),
-        ]
-        return callbacks
-
-    @staticmethod
-    def _as_callback(callback: CallbackLike) -> Callback:
-        if isinstance(callback, Callback):
-            return callback
-        if callable(callback):
-            return StepCallback(callback)
-        raise ValueError(
-            f"`callbacks` must hold Callback objects or functions fn(trainer), got "
-            f"{type(callback).__name__}."
-        )
-
-    def _add_callback(self, callback: Callback) -> None:
-        for i, existing in enumerate(self.callbacks):
-            if type(existing) is not StepCallback and isinstance(callback, type(existing)):
-                self.callbacks[i] = callback  # a user's ProgressBar replaces the default one
-                return
-        self.callbacks.append(callback)
+            return positive_int(iterations, "iterations")
+        return positive_int(1 if epochs is None else epochs, "epochs") * self.steps_per_epoch
 
     @classmethod
     def from_config(
@@ -633,107 +363,26 @@ class Trainer:
     ) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
-        All configuration errors that need the data (unknown loss parameter, more classes per
-        batch than the training split has, missing dataset files, milestones past the budget)
-        are raised as :class:`ConfigError` naming the key, before any training step.
-
-        Args:
-            config: the validated run configuration.
-            splits: pre-loaded :class:`~rankwise.data.RetrievalSplits` (a sweep reuses one
-                load for every run); by default :func:`rankwise.data.load_dataset` is called.
-            resume: continue from ``<output_dir>/checkpoints/last.pt`` (see
-                :meth:`from_run_dir`).
-            overwrite: start afresh in an output directory that already holds a run.
-            console: rich console for messages (default: stderr).
-            callbacks: extra callbacks (see :class:`Trainer`).
-            resume_from: with ``resume``, the checkpoint to continue from instead of
-                ``last.pt``.
+        :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments as
+        there; ``resume``: continue from ``<output_dir>/checkpoints/last.pt``, see
+        :meth:`from_run_dir`). Every configuration error that needs the data is raised as a
+        :class:`~rankwise.training.errors.ConfigError` naming the key, before any step; a
+        :class:`~rankwise.training.lock.RunDirInUseError` when another process writes the output
+        directory (checked before anything in it is read and before the data is loaded).
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
-
-        Raises:
-            RunDirInUseError: another process is writing the output directory (checked before
-                anything in it is read and before the data is loaded).
         """
-        run_dir = config.resolved_output_dir()
-        # the folder is locked before it is looked at, and refused before the data is loaded
-        refuse = None if resume or overwrite else partial(_refuse_results, run_dir, "output_dir")
-        key = "run_dir" if resume else "output_dir"
-        with cls._lock_run_dir(run_dir, key, resume=resume, check=refuse):
-            return cls._build_from_config(
-                config,
-                run_dir,
-                splits=splits,
-                resume=resume,
-                overwrite=overwrite,
-                console=console,
-                callbacks=callbacks,
-                resume_from=resume_from,
-            )
+        from .factory import build_trainer  # noqa: PLC0415 - factory imports this module
 
-    @classmethod
-    def _build_from_config(
-        cls,
-        config: Config,
-        run_dir: Path,
-        *,
-        splits: RetrievalSplits | None,
-        resume: bool,
-        overwrite: bool,
-        console: Console | None,
-        callbacks: Sequence[CallbackLike],
-        resume_from: str | Path | None,
-    ) -> Trainer:
-        device = resolve_device(config.device)
-        if device.type == "cuda" and config.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
-        # data, then every data-dependent check before anything is built
-        splits = splits if splits is not None else load_splits(config)
-        train_labels, n_classes = check_batch_classes(config, splits)
-        # model, loss, sampler, optimizer (seeded: the same seed gives the same init)
-        seed_everything(config.seed)
-        model = build_model_from_config(config, splits.train.input_shape)
-        loss_fn = build_loss_from_config(config, train_labels, n_classes)
-        sampler = build_sampler_from_config(config, train_labels)
-        steps = total_steps(config, len(sampler))
-        params = [p for p in model.parameters() if p.requires_grad]
-        params += [p for p in loss_fn.parameters() if p.requires_grad]
-        name = f"{config.loss.name} on {config.dataset.name}"
-        plots = PlotCurves(
-            title=name,
-            pr_title=f"test mean PR curve ({config.dataset.name})",
-            label=config.loss.name,
-        )
-        return cls(
-            model,
-            loss_fn,
-            splits.train,
-            optimizer=build_optimizer(config.optimizer, params),
-            sampler=sampler,
-            val_data=splits.val,
-            test_data=splits.test,
-            gallery_data=splits.gallery,
-            run_dir=run_dir,
-            callbacks=[plots, *callbacks],
-            iterations=steps,
-            lr_schedule=partial(learning_rate_at, config, total_steps=steps),
-            eval_every=config.eval_every,
-            log_every=config.log_every,
-            eval_ks=config.eval_ks,
-            eval_batch_size=config.eval_batch_size,
-            device=device,
-            seed=config.seed,
-            num_workers=config.num_workers,
-            deterministic=config.deterministic,
-            progress=config.progress,
+        return build_trainer(
+            config,
+            trainer_cls=cls,
+            splits=splits,
             resume=resume,
             overwrite=overwrite,
             console=console,
-            name=name,
-            config=config,
+            callbacks=callbacks,
             resume_from=resume_from,
         )
 
@@ -747,51 +396,38 @@ class Trainer:
         console: Console | None = None,
         checkpoint: str | Path | None = None,
     ) -> Trainer:
-        """Trainer that resumes the config run in ``run_dir``.
+        """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        It reads the run's ``config.yaml`` and ``checkpoints/last.pt``.
-
-        Args:
-            run_dir: the run directory of a :meth:`from_config` run, or a folder holding
-                exactly one (e.g. ``runs/digits`` for ``runs/digits/auc-seed0``; several are
-                listed in the error).
-            num_workers: may change freely (batches do not depend on it).
-            device: may change too, but then results are no longer bit-identical to an
-                uninterrupted run.
-            console: rich console for messages.
-            checkpoint: the checkpoint file to continue from instead of ``last.pt`` (e.g.
-                ``checkpoints/previous.pt``, kept when ``last.pt`` is replaced).
+        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``:
+        ``run_dir`` may be a folder holding exactly one run (e.g. ``runs/digits`` for
+        ``runs/digits/auc-seed0``); ``num_workers`` may change freely, ``device`` too (results
+        are then no longer bit-identical); ``checkpoint`` continues from another file than
+        ``last.pt`` (e.g. ``checkpoints/previous.pt``).
 
         Returns:
             The trainer, at the step of the checkpoint.
         """
-        run_dir = resolve_run_dir(run_dir)
-        with cls._lock_run_dir(run_dir, "run_dir", resume=True):  # before config.yaml is read
-            data = read_config_file(run_dir / "config.yaml")
-            data["output_dir"] = str(run_dir)
-            if num_workers is not None:
-                data["num_workers"] = num_workers
-            if device is not None:
-                data["device"] = device
-            if checkpoint is None and not (run_dir / "checkpoints" / "last.pt").is_file():
-                raise CorruptCheckpointError(
-                    run_dir / "checkpoints" / "last.pt", "it is missing"
-                ).with_context(run_dir=run_dir, **_fallback(run_dir))
-            return cls.from_config(
-                config_from_dict(data), resume=True, console=console, resume_from=checkpoint
-            )
+        from .factory import trainer_from_run_dir  # noqa: PLC0415 - factory imports this module
+
+        return trainer_from_run_dir(
+            run_dir,
+            trainer_cls=cls,
+            num_workers=num_workers,
+            device=device,
+            console=console,
+            checkpoint=checkpoint,
+        )
 
     # -- names and messages -----------------------------------------------------------------
 
     @property
-    def is_main_process(self) -> bool:
-        """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
-        return True
+    def stop_requested(self) -> bool:
+        """Whether the run stops after the current step (a signal, or another rank's)."""
+        return self._stop_requested
 
-    @property
-    def world_size(self) -> int:
-        """The number of data-parallel processes training the model (1 here)."""
-        return 1
+    def request_stop(self) -> None:
+        """Stop after the current step, with a checkpoint (as Ctrl-C does)."""
+        self._stop_requested = True
 
     @property
     def completed(self) -> bool:
@@ -808,316 +444,7 @@ class Trainer:
             return self.config.loss.name
         return type(self.loss_fn).__name__
 
-    @property
-    def last_good_checkpoint(self) -> Path | None:
-        """``checkpoints/last.pt`` once a checkpoint was written in this run, else ``None``."""
-        if self.run_dir is None or self.last_checkpoint_step is None:
-            return None
-        return self.checkpoint_dir / "last.pt"
-
-    def kept_checkpoint_message(self) -> str:
-        """What survives a failure now: ``"the last good checkpoint (...) is kept"`` or why not.
-
-        Returns:
-            A clause for error messages.
-        """
-        if self.run_dir is None:
-            return "nothing was saved (the trainer has no run_dir)"
-        if self.last_checkpoint_step is None:
-            return "no checkpoint had been written yet"
-        return (
-            f"the last good checkpoint ({self.checkpoint_dir / 'last.pt'}, step "
-            f"{self.last_checkpoint_step}) is kept"
-        )
-
-    def _callback(self, kind: type[_C]) -> _C | None:
-        return next((c for c in self._active if isinstance(c, kind)), None)
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        """The records of the run so far (train, val, test, error), as in ``metrics.jsonl``."""
-        logger = self._callback(MetricsLogger)
-        return logger.records if logger is not None else []
-
-    @property
-    def best_step(self) -> int | None:
-        """Step of the best validation score so far."""
-        best = self._callback(BestCheckpoint)
-        return None if best is None else best.best_step
-
-    @property
-    def best_val(self) -> dict[str, Any] | None:
-        """Validation report summary of the best step so far."""
-        best = self._callback(BestCheckpoint)
-        return None if best is None else best.best_val
-
-    # -- checkpoints ------------------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """The complete state after ``self.step`` (what ``checkpoints/last.pt`` holds)."""
-        scheduler = self.lr_schedule
-        return {
-            "format": self.CHECKPOINT_FORMAT,
-            "config": None if self.config is None else self.config.to_dict(),
-            "world_size": self.world_size,
-            "step": self.step,
-            "next_epoch": self.next_epoch,
-            "next_position": self.next_position,
-            "seconds": self.seconds,
-            "model": self.model.state_dict(),
-            "loss": self.loss_fn.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": scheduler.state_dict()
-            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
-            else None,
-            "sampler": {"epoch": self.next_epoch, "position": self.next_position},
-            "rng": capture_rng_state(),
-            "callbacks": {
-                c.state_key: c.state_dict() for c in self._active if c.state_key is not None
-            },
-        }
-
-    def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/last.pt`` atomically with the complete state after ``self.step``.
-
-        Returns:
-            The checkpoint's path.
-
-        Raises:
-            DiskFullError: no space left for it; the earlier checkpoints are intact.
-        """
-        if self.run_dir is None:
-            raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
-        self._account_time()
-        path = self.checkpoint_dir / "last.pt"
-        state = self.state_dict()
-        if self.is_main_process:
-            with self._naming_what_is_kept():
-                if self._last_is_good:
-                    # an older good checkpoint survives whatever happens to the new one
-                    keep_previous(path, self.checkpoint_dir / "previous.pt")
-                atomic_save(state, path)
-        self.last_checkpoint_step = self.step
-        self._last_is_good = True
-        return path
-
-    @contextlib.contextmanager
-    def _naming_what_is_kept(self) -> Iterator[None]:
-        """A full disk inside the block: say which run it is and which checkpoint is kept."""
-        try:
-            yield
-        except DiskFullError as exc:
-            raise exc.with_context(
-                run_dir=self.run_dir,
-                kept=self.kept_checkpoint_message(),
-                resumable=self.last_checkpoint_step is not None,
-            ) from None
-
-    def _read_checkpoint(self, path: Path | None) -> dict[str, Any]:
-        """The checkpoint to resume; a corrupt one names an older one that loads, if any."""
-        last = self.checkpoint_dir / "last.pt"
-        target = last if path is None else path
-        try:
-            state = load_checkpoint(target, map_location=self.device)
-        except CorruptCheckpointError as exc:
-            fallback = _fallback(self.run_dir, exclude=target) if self.run_dir else {}
-            raise exc.with_context(run_dir=self.run_dir, **fallback) from None
-        except FileNotFoundError:
-            raise ConfigError(f"run_dir: checkpoint {str(target)!r} does not exist.") from None
-        self._last_is_good = target == last
-        return state
-
-    def _check_best(self) -> None:
-        """A resumed run's ``best.pt`` must load: the final test evaluates it."""
-        best = next((c for c in self.callbacks if isinstance(c, BestCheckpoint)), None)
-        path = self.checkpoint_dir / "best.pt"
-        if best is None or best.best_step is None or self.run_dir is None:
-            return
-        try:
-            load_checkpoint(path, map_location="cpu")
-        except FileNotFoundError:
-            reason = "it is missing"
-        except CorruptCheckpointError as exc:
-            reason = exc.reason
-        else:
-            return
-        retrain = (
-            f"rankwise train --config {self.run_dir / 'config.yaml'} --output {self.run_dir} "
-            "--overwrite"
-            if self.config is not None
-            else "the same Trainer with overwrite=True"
-        )
-        raise CorruptCheckpointError(
-            path,
-            reason,
-            run_dir=self.run_dir,
-            advice=(
-                f"It held the model selected on validation (step {best.best_step}), which the "
-                f"final test evaluates; no other copy exists. Train the run again: {retrain}."
-            ),
-        )
-
-    def _load_last(self, path: Path | None = None) -> None:
-        state = self._read_checkpoint(path)
-        fmt = state.get("format")
-        if fmt not in (1, self.CHECKPOINT_FORMAT):
-            raise ConfigError(f"run_dir: unsupported checkpoint format {fmt!r}.")
-        saved_world = int(state.get("world_size", 1))
-        if saved_world != self.world_size:
-            raise ConfigError(
-                f"run_dir: the checkpoint was written by a run of {saved_world} data-parallel "
-                f"process(es) and this run has {self.world_size}; each process's batches and "
-                f"random streams depend on that number, so resume with {saved_world} process(es)"
-                + (
-                    f" (torchrun --nproc-per-node {saved_world} ...)."
-                    if saved_world > 1
-                    else " (plain `rankwise train --resume`, without torchrun)."
-                )
-            )
-        self.model.load_state_dict(state["model"])
-        self.loss_fn.load_state_dict(state["loss"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("lr_scheduler") is not None:
-            if not isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
-                raise ValueError(
-                    "the checkpoint holds a learning-rate scheduler: pass the same `lr_schedule`."
-                )
-            self.lr_schedule.load_state_dict(state["lr_scheduler"])
-        self.step = int(state["step"])
-        self.next_epoch = int(state["next_epoch"])
-        self.next_position = int(state["next_position"])
-        self.seconds = float(state["seconds"])
-        self.last_checkpoint_step = self.step
-        self._restore_rng(state)
-        states = state.get("callbacks", {}) if fmt != 1 else _format1_callback_states(state)
-        for callback in self.callbacks:
-            if callback.state_key is not None and callback.state_key in states:
-                callback.load_state_dict(states[callback.state_key])
-        self._check_best()
-
-    def _restore_rng(self, state: dict[str, Any]) -> None:
-        restore_rng_state(state["rng"])
-
-    def _prepare_run_dir(self) -> None:
-        if self.run_dir is None or not self.is_main_process:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        remove_stale_temporaries(self.run_dir)  # of writes a killed run never finished
-        if self.config is not None:
-            import yaml
-
-            atomic_write_text(
-                yaml.safe_dump(self.config.to_dict(), sort_keys=False),
-                self.run_dir / "config.yaml",
-            )
-        if self.step == 0:
-            # a fresh run (possibly overwriting one): drop the previous run's checkpoints and
-            # outputs, so a crash before the first checkpoint cannot leave them to a resume
-            for stale in (
-                "checkpoints/last.pt",
-                "checkpoints/previous.pt",
-                "checkpoints/best.pt",
-                "report.json",
-            ):
-                (self.run_dir / stale).unlink(missing_ok=True)
-            for stale in ("pr_curve.json", "pr_curve.png", "training_curves.png"):
-                (self.run_dir / stale).unlink(missing_ok=True)
-
-    # -- evaluation -------------------------------------------------------------------------
-
-    def embed(self, dataset: Dataset) -> tuple[torch.Tensor, np.ndarray]:
-        """Embeddings ``(N, d)`` (on the trainer's device) and ``(N,)`` int64 labels of a dataset.
-
-        Streams the dataset in batches of ``eval_batch_size`` under ``torch.no_grad()`` in eval
-        mode and restores the previous mode afterwards.
-
-        Args:
-            dataset: a map-style dataset of ``(x, label)`` items.
-
-        Returns:
-            ``(embeddings, labels)``.
-        """
-        loader = DataLoader(
-            dataset,
-            batch_size=self.eval_batch_size,
-            shuffle=False,
-            num_workers=self.num_workers,
-            worker_init_fn=worker_init,
-            generator=torch.Generator().manual_seed(self.seed),
-            pin_memory=self.device.type == "cuda",
-        )
-        was_training = self.model.training
-        self.model.eval()
-        chunks, labels = [], []
-        try:
-            with torch.no_grad():
-                for x, y in loader:
-                    chunks.append(self.model(x.to(self.device, non_blocking=True)))
-                    labels.append(torch.as_tensor(y).reshape(-1))
-        finally:
-            self.model.train(was_training)
-        return torch.cat(chunks), torch.cat(labels).numpy().astype(np.int64, copy=False)
-
-    def _data(self, split: str) -> Dataset:
-        data = {"val": self.val_data, "test": self.test_data}.get(split)
-        if split not in ("val", "test"):
-            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
-        if data is None:
-            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
-        return data
-
-    def _rank(
-        self, split: str, with_curve: bool = False
-    ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
-        query, query_labels = self.embed(self._data(split))
-        gallery: tuple[torch.Tensor, np.ndarray] | tuple[None, None] = (None, None)
-        if split == "test" and self.gallery_data is not None:
-            gallery = self.embed(self.gallery_data)
-        report = self.metric_fn(query, query_labels, *gallery, ks=self.eval_ks)
-        curve = self.curve_fn(query, query_labels, *gallery) if with_curve else None
-        return report, query, curve
-
-    def evaluate(self, split: str = "val") -> RetrievalReport:
-        """The exact retrieval report of the current model on the ``"val"`` or ``"test"`` data.
-
-        Validation data is ranked leave-one-out; test data leave-one-out too, or against
-        ``gallery_data`` when there is one.
-
-        Args:
-            split: ``"val"`` or ``"test"``.
-
-        Returns:
-            A :class:`~rankwise.metrics.RetrievalReport`.
-        """
-        with preserve_torch_threads():
-            return self._rank(split)[0]
-
-    def test(self) -> tuple[RetrievalReport, PRCurve]:
-        """Test report and mean precision-recall curve of the current model (one embedding pass).
-
-        Returns:
-            ``(report, curve)``.
-        """
-        with preserve_torch_threads():
-            report, _, curve = self._rank("test", with_curve=True)
-        assert curve is not None
-        return report, curve
-
-    def _validate_and_checkpoint(self) -> None:
-        if self.val_data is not None:
-            with preserve_torch_threads():
-                report, embeddings, _ = self._rank("val")
-            with self._naming_what_is_kept():  # best.pt
-                self._emit("on_validation_end", report, embeddings)
-        if self.run_dir is not None:
-            self.save_checkpoint()
-
     # -- training ---------------------------------------------------------------------------
-
-    def _emit(self, hook: str, *args: Any) -> None:
-        for callback in self._active:
-            getattr(callback, hook)(self, *args)
 
     def _account_time(self) -> None:
         now = time.perf_counter()
@@ -1174,11 +501,11 @@ class Trainer:
     def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The embeddings and labels the loss of a training batch sees (on the device).
 
-        The data-parallel trainer (:mod:`rankwise.training.distributed`) overrides it to
-        all-gather the batch of every rank.
+        On many processes (:class:`~rankwise.training.strategy.DataParallelStrategy`) the model
+        runs in DDP and the batch of every rank is all-gathered.
         """
-        embeddings = self.model(x.to(self.device, non_blocking=True))
-        return embeddings, y.to(self.device, non_blocking=True)
+        embeddings = self._training_module(x.to(self.device, non_blocking=True))
+        return self.strategy.gather_batch(embeddings, y.to(self.device, non_blocking=True))
 
     def _advance(self, meta: torch.Tensor) -> tuple[int, int]:
         epoch, position = int(meta[0, 0]), int(meta[0, 1])
@@ -1232,7 +559,7 @@ class Trainer:
                 checkpoint is kept.
         """
         if max_steps is not None:
-            max_steps = _positive_int(max_steps, "max_steps", 0)
+            max_steps = positive_int(max_steps, "max_steps", 0)
         self._active = self.callbacks + [self._as_callback(c) for c in callbacks]
         if self.run_dir is not None and not self._holds_run_dir:
             # a second fit: the folder was released at the end of the first one
@@ -1249,7 +576,7 @@ class Trainer:
         self._stop_signal = None
         self._tick = time.perf_counter()
         self._emit("on_fit_start")
-        with _determinism(self.deterministic), _graceful_stop(self):
+        with determinism(self.deterministic), graceful_stop(self):
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = iter(self._loader())
@@ -1272,7 +599,7 @@ class Trainer:
                 self.save_checkpoint()
             result = self._result("stopped")
         else:
-            with _determinism(self.deterministic):
+            with determinism(self.deterministic):
                 result = self._finish(test)
         self._emit("on_fit_end", result)
         return result
@@ -1287,55 +614,6 @@ class Trainer:
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
         )
-
-    def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:
-        if self.run_dir is None:
-            detail = "nothing was saved (the trainer has no run_dir)"
-        elif not self._in_step:
-            if self.last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            detail = f"checkpoint saved at step {self.step}"
-        elif self.last_checkpoint_step is not None:
-            detail = (
-                f"step {self.step + 1} was cut short, so the checkpoint of step "
-                f"{self.last_checkpoint_step} is kept"
-            )
-        else:
-            detail = "no checkpoint had been written yet; start the run again"
-        by = _SIGNAL_NAMES.get(signal_number, signal.Signals(signal_number).name)
-        message = f"training interrupted ({by}) at step {self.step}/{self.total_steps}: {detail}"
-        hint = (
-            f"Trainer.from_run_dir({str(self.run_dir)!r})"
-            if self.config is not None
-            else "Trainer(<the same objects>, run_dir=..., resume=True)"
-        )
-        return TrainingInterrupted(
-            message,
-            self.step,
-            self.run_dir,
-            self.last_checkpoint_step,
-            hint,
-            signal_number=signal_number,
-        )
-
-    def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
-        what = (
-            f"the loss is {float(loss.detach())}"
-            if loss is not None
-            else "the model's embeddings contain NaN/inf"
-        )
-        fix = "optimizer.lr" if self.config is not None else "the learning rate"
-        message = (
-            f"{what} at step {self.step + 1} (epoch {self.next_epoch}, loss {self.loss_name}); "
-            f"training stopped without applying that step and {self.kept_checkpoint_message()}. "
-            f"Lower {fix} or check the loss parameters."
-        )
-        record = {
-            "kind": "error",
-            "step": self.step + 1,
-            "error": "non-finite loss" if loss is not None else "non-finite embeddings",
-        }
-        raise NonFiniteLossError(message, self.step + 1, self.last_good_checkpoint, record)
 
     def _result(
         self, status: str, test: RetrievalReport | None = None, curve: PRCurve | None = None
@@ -1352,23 +630,6 @@ class Trainer:
             config={} if self.config is None else self.config.to_dict(),
         )
 
-    def _selected_weights(self) -> dict[str, torch.Tensor] | None:
-        """The weights of the model selected on validation (``None``: the final model)."""
-        best = self._callback(BestCheckpoint)
-        return None if best is None else best.best_model_state(self)
-
-    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
-        weights = self._selected_weights()
-        final = None
-        if weights is not None:
-            final = {k: v.clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(weights)
-        try:
-            return self.test()
-        finally:
-            if final is not None:
-                self.model.load_state_dict(final)
-
     def _finish(self, test: bool) -> RunResult:
         start = time.perf_counter()
         report, curve = None, None
@@ -1379,51 +640,8 @@ class Trainer:
         result = self._result("completed", report, curve)
         self._completed = True
         if self.run_dir is not None and self.is_main_process:
-            atomic_write_text(
-                json.dumps(result.to_dict(), indent=2) + "\n", self.run_dir / "report.json"
-            )
-            if curve is not None:
-                data = {
-                    "recall": [float(v) for v in curve.recall],
-                    "precision": [float(v) for v in curve.precision],
-                    "n_queries": int(curve.n_queries),
-                }
-                atomic_write_text(json.dumps(data) + "\n", self.run_dir / "pr_curve.json")
+            result.save(self.run_dir)
         return result
-
-
-def _refuse_results(run_dir: Path, key: str) -> None:
-    """The one rule of train, bench and tune: results are never overwritten silently."""
-    found = existing_results(run_dir)
-    if found:
-        raise ConfigError(
-            f"{key}: {str(run_dir)!r} already holds a run ({', '.join(found)}); continue it "
-            "with `resume` or start afresh with `overwrite`, which deletes its results (or "
-            f"choose another `{key}`)."
-        )
-
-
-def _fallback(run_dir: Path | None, exclude: Path | None = None) -> dict[str, Any]:
-    """``{"fallback", "fallback_step"}`` of an older checkpoint of the run that loads, or ``{}``."""
-    if run_dir is None:
-        return {}
-    candidate = run_dir / "checkpoints" / "previous.pt"
-    if exclude is not None and candidate.resolve() == Path(exclude).resolve():
-        return {}
-    step = readable_checkpoint_step(candidate)
-    return {} if step is None else {"fallback": candidate, "fallback_step": step}
-
-
-def _format1_callback_states(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The callback states of a format-1 checkpoint (best-so-far and loss window at top level)."""
-    return {
-        "best_checkpoint": {
-            "best_value": state.get("best_map"),
-            "best_step": state.get("best_step"),
-            "best_val": state.get("best_val"),
-        },
-        "metrics_logger": {"window_losses": state.get("window_losses", [])},
-    }
 
 
 def train(

@@ -1,0 +1,104 @@
+"""Model selection by validation mAP (tie-aware mAUPRC, Wen et al., NeurIPS 2022, Sec. 5.1): :class:`BestCheckpoint`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..._validation import check_choice
+from ..checkpoint import atomic_save, load_checkpoint
+from .base import Callback, report_summary
+
+if TYPE_CHECKING:
+    from ...metrics import RetrievalReport
+    from ..trainer import Trainer
+
+__all__ = ["BestCheckpoint"]
+
+# -- model selection -------------------------------------------------------------------------------
+
+
+class BestCheckpoint(Callback):
+    """Keep the model with the best validation score; the final test evaluates it.
+
+    With a run directory the best model is written (atomically) to ``checkpoints/best.pt``
+    (``{"format", "step", "val", "config", "model", "loss"}``); without one its weights are kept
+    in memory. Without validation data nothing is selected and the final model is tested.
+
+    Args:
+        monitor: the :class:`~rankwise.metrics.RetrievalReport` attribute to maximize:
+            ``"map"`` (tie-aware mAP = mAUPRC, the paper's selection), ``"map_at_r"`` or
+            ``"r_precision"``.
+
+    Attributes:
+        best_value: the best score so far (``None`` before the first evaluation).
+        best_step: its step.
+        best_val: its validation report (``report_summary``).
+    """
+
+    state_key = "best_checkpoint"
+
+    def __init__(self, monitor: str = "map") -> None:
+        self.monitor = check_choice(monitor, "monitor", ("map", "map_at_r", "r_precision"))
+        self.best_value: float | None = None
+        self.best_step: int | None = None
+        self.best_val: dict[str, Any] | None = None
+        self._in_memory: dict[str, torch.Tensor] | None = None
+
+    def on_validation_end(
+        self, trainer: Trainer, report: RetrievalReport, embeddings: torch.Tensor
+    ) -> None:
+        """Save the model when its score beats the best so far."""
+        value = float(getattr(report, self.monitor))
+        if self.best_value is not None and not value > self.best_value:
+            return
+        metrics = report_summary(report)
+        self.best_value, self.best_step, self.best_val = value, trainer.step, metrics
+        if trainer.run_dir is None:
+            self._in_memory = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+            return
+        if not trainer.is_main_process:  # rank 0 writes best.pt (and hands it over for the test)
+            return
+        atomic_save(
+            {
+                "format": trainer.CHECKPOINT_FORMAT,
+                "step": trainer.step,
+                "val": metrics,
+                "config": None if trainer.config is None else trainer.config.to_dict(),
+                "model": trainer.model.state_dict(),
+                "loss": trainer.loss_fn.state_dict(),
+            },
+            trainer.paths.best,
+        )
+
+    def best_model_state(self, trainer: Trainer) -> dict[str, torch.Tensor] | None:
+        """The selected model's ``state_dict`` (``None``: nothing was selected).
+
+        Args:
+            trainer: the trainer (its run directory and device).
+
+        Returns:
+            The weights, mapped to the trainer's device.
+        """
+        if trainer.run_dir is not None:
+            path = trainer.paths.best
+            if path.is_file():
+                return load_checkpoint(path, trainer.device)["model"]
+            return None
+        return self._in_memory
+
+    def state_dict(self) -> dict[str, Any]:
+        """The best score, its step and its validation report."""
+        return {
+            "best_value": self.best_value,
+            "best_step": self.best_step,
+            "best_val": self.best_val,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the best-so-far."""
+        self.best_value = state.get("best_value")
+        self.best_step = state.get("best_step")
+        self.best_val = state.get("best_val")
