@@ -5,9 +5,10 @@ trees (``PYTHONPATH=<tree>/src python snapshot.py out.pt``) and compare the file
 ``compare_golden.py``. Every loss of ``rankwise.losses.LOSSES`` is evaluated in float64 and float32
 on fixed seeded embeddings under several label patterns (value and input gradient); every public
 function of ``rankwise.metrics.__all__`` on seeded scores / embeddings with ties; ``HammingIndex``
-search results; ``BilinearSimilarity`` and ``MMC`` fitted on a small seeded problem. Only import
-paths that exist before the redesign (commit ecbbf1e) and are kept after it are used. Errors are
-recorded as text (``error/...`` keys) so that a loss refusing an input is part of the snapshot.
+search results; ``BilinearSimilarity`` and ``MMC`` fitted on a small seeded problem; the errors of
+``build_loss`` and of every loss on invalid inputs. Only import paths that exist before the
+redesign (commit ecbbf1e) and are kept after it are used. Errors are recorded as text
+(``error/...`` keys) so that a loss refusing an input is part of the snapshot.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rankwise.hashing import HammingIndex
 from rankwise.losses import LOSSES, build_loss
 from rankwise.models import MMC, BilinearSimilarity
 
-# Extras a loss may need; a loss whose extra is absent is skipped and listed in the snapshot.
+# Embedding dimension of every loss input (small: the snapshot runs in about a minute).
 DIM = 8
 
 
@@ -153,6 +154,38 @@ def ranking_inputs() -> dict[str, torch.Tensor]:
     relevance[:, 0] = 1.0
     gains = torch.randint(0, 4, (5, 30), generator=gen).to(torch.float64)
     return {"scores": scores, "relevance": relevance, "gains": gains}
+
+
+def bad_inputs() -> dict[str, tuple]:
+    """Invalid calls ``(embeddings, labels, ref_embeddings, ref_labels)`` every loss must refuse."""
+    emb = torch.tanh(torch.randn(16, DIM, generator=torch.Generator().manual_seed(7)))
+    labels = torch.arange(4).repeat_interleave(4)
+    nan = emb.clone()
+    nan[3, 2] = float("nan")
+    return {
+        "ref_embeddings_only": (emb, labels, emb, None),
+        "ref_dim_mismatch": (emb, labels, emb[:, :4], labels),
+        "labels_length": (emb, labels[:10], None, None),
+        "one_dimensional": (emb[:, 0], labels, None, None),
+        "nan": (nan, labels, None, None),
+        "float_labels": (emb, labels.double() + 0.5, None, None),
+    }
+
+
+def snapshot_errors(snap: Snapshot) -> None:
+    """The refusals of ``build_loss`` (unknown name or key) and of every loss on invalid inputs."""
+    train_labels = torch.arange(5).repeat(10)
+    snap.record("build_loss/unknown_name", build_loss, "no_such_loss", train_labels=train_labels)
+    for name in LOSSES:
+        snap.record(
+            f"build_loss/{name}/unknown_key", build_loss, name, train_labels=train_labels, bogus=1
+        )
+        try:
+            loss_fn = build_loss(name, train_labels=train_labels, num_classes=5, embedding_dim=DIM)
+        except ImportError:
+            continue  # listed under skipped/ by snapshot_losses
+        for case, args in bad_inputs().items():
+            snap.record(f"loss_error/{name}/{case}", loss_fn, *args)
 
 
 def snapshot_ranking(snap: Snapshot) -> None:
@@ -470,6 +503,7 @@ def main(argv: list[str]) -> int:
     snap = Snapshot()
     for section in (
         snapshot_losses,
+        snapshot_errors,
         snapshot_ranking,
         snapshot_retrieval,
         snapshot_curves,
