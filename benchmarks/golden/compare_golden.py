@@ -4,9 +4,11 @@
 reported per differing key), its text entries (recorded errors, string fields) equal; JSON / JSONL
 numbers must be equal (differing keys are listed with both values); logs, tables and other text
 files are compared line by line after normalising what changes from run to run without being a
-result (durations, rates, absolute paths, dates). ``--ignore-file`` lists keys known to differ
-between two runs of the same code (one ``fnmatch`` pattern per line, ``#`` starts a comment):
-``FILE`` for a whole file, ``FILE:KEY`` for a JSON key or a snapshot entry.
+result (durations, rates, absolute paths, dates, runs of spaces). ``--ignore-file`` lists what is
+known to differ between two runs of the same code, one ``fnmatch`` pattern a line (`` #`` starts a
+comment): ``FILE`` for a whole file, ``FILE:KEY`` for a JSON key or a snapshot entry, and
+``FILE:~REGEX`` to mask the matches of a regular expression in the lines of a text file (e.g. a
+table's seconds column).
 
     python compare_golden.py DIR_A DIR_B [--ignore-file nondeterministic.txt] [--max-report 20]
 """
@@ -51,7 +53,12 @@ class Report:
     """Differences found, grouped by file, and counts of what was identical."""
 
     def __init__(self, ignore: list[str], max_report: int) -> None:
-        self.ignore = ignore
+        self.ignore = [pattern for pattern in ignore if ":~" not in pattern]
+        self.masks = [
+            (pattern.split(":~", 1)[0], re.compile(pattern.split(":~", 1)[1]))
+            for pattern in ignore
+            if ":~" in pattern
+        ]
         self.max_report = max_report
         self.differences: dict[str, list[str]] = {}
         self.ignored = 0
@@ -70,6 +77,13 @@ class Report:
         self.differences.setdefault(file, []).append(
             message if key is None else f"{key}: {message}"
         )
+
+    def masked(self, file: str, line: str) -> str:
+        """``line`` of ``file`` with the matches of its ``FILE:~REGEX`` patterns replaced."""
+        for pattern, regex in self.masks:
+            if fnmatch.fnmatchcase(file, pattern):
+                line = regex.sub("<IGNORED>", line)
+        return line
 
 
 def compare_snapshots(path_a: Path, path_b: Path, name: str, report: Report) -> None:
@@ -154,16 +168,26 @@ def compare_text(
     path_a: Path, path_b: Path, name: str, roots: tuple[str, ...], report: Report
 ) -> None:
     """Line by line after normalisation; the differing lines are reported with their numbers."""
-    lines_a = normalise(path_a.read_text(errors="replace"), roots).splitlines()
-    lines_b = normalise(path_b.read_text(errors="replace"), roots).splitlines()
-    if lines_a == lines_b:
-        report.identical["text files"] += 1
-        return
+    lines_a, lines_b = (
+        [
+            " ".join(line.split())
+            for line in normalise(p.read_text(errors="replace"), roots).splitlines()
+        ]
+        for p in (path_a, path_b)
+    )
     if len(lines_a) != len(lines_b):
         report.add(name, None, f"{len(lines_a)} lines in A, {len(lines_b)} in B")
+    same = len(lines_a) == len(lines_b)
     for number, (x, y) in enumerate(zip(lines_a, lines_b, strict=False), 1):
-        if x != y:
-            report.add(name, None, f"line {number}: A={x.strip()!r} B={y.strip()!r}")
+        if x == y:
+            continue
+        if report.masked(name, x) == report.masked(name, y):
+            report.ignored += 1
+            continue
+        same = False
+        report.add(name, None, f"line {number}: A={x!r} B={y!r}")
+    if same:
+        report.identical["text files"] += 1
 
 
 def compare_dirs(dir_a: Path, dir_b: Path, report: Report) -> None:
@@ -192,10 +216,11 @@ def compare_dirs(dir_a: Path, dir_b: Path, report: Report) -> None:
 
 
 def read_ignore_file(path: str | None) -> list[str]:
-    """Patterns of the ignore file: one a line, ``#`` comments and blank lines dropped."""
+    """Patterns of the ignore file: one a line, `` #`` comments and blank lines dropped."""
     if path is None:
         return []
-    patterns = (line.split("#", 1)[0].strip() for line in Path(path).read_text().splitlines())
+    lines = Path(path).read_text().splitlines()
+    patterns = (line.split(" #", 1)[0].strip() for line in lines if not line.startswith("#"))
     return [pattern for pattern in patterns if pattern]
 
 
