@@ -8,7 +8,8 @@ result (durations, rates, absolute paths, dates, runs of spaces). ``--ignore-fil
 known to differ between two runs of the same code, one ``fnmatch`` pattern a line (`` #`` starts a
 comment): ``FILE`` for a whole file, ``FILE:KEY`` for a JSON key or a snapshot entry, and
 ``FILE:~REGEX`` to mask the matches of a regular expression in the lines of a text file (e.g. a
-table's seconds column).
+table's seconds column), ``FILE:!REGEX`` to drop its lines that match (e.g. progress lines printed
+every few seconds).
 
     python compare_golden.py DIR_A DIR_B [--ignore-file nondeterministic.txt] [--max-report 20]
 """
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 # Files that only describe the run itself.
-SKIPPED_FILES = ("durations.txt",)
+SKIPPED_FILES = ("durations.txt", "source.txt")
 TEXT_SUFFIXES = (".log", ".md", ".txt", ".csv", ".tsv", ".yaml", ".yml")
 # (pattern, replacement) applied in order to text lines and JSON strings before comparing
 NORMALISERS = [
@@ -53,12 +54,15 @@ class Report:
     """Differences found, grouped by file, and counts of what was identical."""
 
     def __init__(self, ignore: list[str], max_report: int) -> None:
-        self.ignore = [pattern for pattern in ignore if ":~" not in pattern]
-        self.masks = [
-            (pattern.split(":~", 1)[0], re.compile(pattern.split(":~", 1)[1]))
-            for pattern in ignore
-            if ":~" in pattern
-        ]
+        self.ignore = [pattern for pattern in ignore if not re.search(":[~!]", pattern)]
+        self.masks, self.drops = (
+            [
+                (pattern.split(marker, 1)[0], re.compile(pattern.split(marker, 1)[1]))
+                for pattern in ignore
+                if marker in pattern
+            ]
+            for marker in (":~", ":!")
+        )
         self.max_report = max_report
         self.differences: dict[str, list[str]] = {}
         self.ignored = 0
@@ -77,6 +81,13 @@ class Report:
         self.differences.setdefault(file, []).append(
             message if key is None else f"{key}: {message}"
         )
+
+    def kept(self, file: str, lines: list[str]) -> list[str]:
+        """``lines`` of ``file`` without those its ``FILE:!REGEX`` patterns drop (counted)."""
+        drops = [regex for pattern, regex in self.drops if fnmatch.fnmatchcase(file, pattern)]
+        kept = [line for line in lines if not any(regex.search(line) for regex in drops)]
+        self.ignored += len(lines) - len(kept)
+        return kept
 
     def masked(self, file: str, line: str) -> str:
         """``line`` of ``file`` with the matches of its ``FILE:~REGEX`` patterns replaced."""
@@ -169,11 +180,8 @@ def compare_text(
 ) -> None:
     """Line by line after normalisation; the differing lines are reported with their numbers."""
     lines_a, lines_b = (
-        [
-            " ".join(line.split())
-            for line in normalise(p.read_text(errors="replace"), roots).splitlines()
-        ]
-        for p in (path_a, path_b)
+        report.kept(name, [" ".join(line.split()) for line in normalise(text, roots).splitlines()])
+        for text in (path_a.read_text(errors="replace"), path_b.read_text(errors="replace"))
     )
     if len(lines_a) != len(lines_b):
         report.add(name, None, f"{len(lines_a)} lines in A, {len(lines_b)} in B")
@@ -192,9 +200,8 @@ def compare_text(
 
 def compare_dirs(dir_a: Path, dir_b: Path, report: Report) -> None:
     """Every file of either folder: missing on one side, or compared by its kind."""
-    roots = tuple(
-        sorted({str(dir_a.resolve()), str(dir_b.resolve()), str(dir_a), str(dir_b)}, key=len)[::-1]
-    )
+    # absolute only (a bare folder name is no path), the longer first (run-2 contains run)
+    roots = tuple(sorted({str(dir_a.resolve()), str(dir_b.resolve())}, key=len, reverse=True))
     files_a = {p.relative_to(dir_a).as_posix() for p in dir_a.rglob("*") if p.is_file()}
     files_b = {p.relative_to(dir_b).as_posix() for p in dir_b.rglob("*") if p.is_file()}
     for name in sorted(files_a | files_b):
