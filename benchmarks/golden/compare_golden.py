@@ -12,6 +12,8 @@ table's seconds column), ``FILE:!REGEX`` to drop its lines that match (e.g. prog
 every few seconds).
 
     python compare_golden.py DIR_A DIR_B [--ignore-file nondeterministic.txt] [--max-report 20]
+
+``nondeterministic.txt`` beside this file lists what two runs of one commit differ in.
 """
 
 from __future__ import annotations

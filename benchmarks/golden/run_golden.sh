@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Golden outputs of one source tree: the snapshot, the demo, the examples and quick CLI runs.
 #   bash benchmarks/golden/run_golden.sh SRC_DIR OUT_DIR      (SRC_DIR holds src/, examples/, configs/)
-# Compare two OUT_DIRs with compare_golden.py. Runs at nice 19 on one thread (OMP / MKL), about
-# 10-15 min on a busy 2-core machine; each step's wall time goes to OUT_DIR/durations.txt.
+# Compare two OUT_DIRs with compare_golden.py --ignore-file benchmarks/golden/nondeterministic.txt.
+# Runs at nice 19 on one thread (OMP / MKL / numba): 11-18 min on the shared 2-core machine at load
+# averages of 6-10; each step's wall time goes to OUT_DIR/durations.txt.
 # PYTHON (default: python) must have rankwise's test extras; PYTHONPATH is set to SRC_DIR/src.
 set -uo pipefail
 if [ $# -ne 2 ]; then echo "usage: $0 SRC_DIR OUT_DIR" >&2; exit 2; fi
