@@ -51,7 +51,7 @@ step tune "${RW[@]}" -m rankwise tune --dataset digits --quick --losses ap \
 step train "${RW[@]}" -m rankwise train --config configs/digits.yaml --output "$OUT/train" \
     --overwrite budget.iterations=60 eval_every=30
 # every registered experiment whose --quick runs in under about a minute on the busy 2-core
-# machine (fast-rates took 103 s, hash-euclidean-ndcg 125 s: left out)
+# machine (left out: fast-rates took 103 s, hash-euclidean-ndcg 125 s, mmc-subsampling 82 s)
 for experiment in estimator-bias interpolation-error auc-slope pointwise-roc-sphere; do
     step "experiment_$experiment" "${RW[@]}" -m rankwise experiment "$experiment" --quick --seed 0 \
         --output "$OUT/experiments/$experiment" --overwrite
