@@ -33,10 +33,12 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow -q
 
-# ruff's rules include complexity <= 12 and google-style docstrings (pyproject.toml [tool.ruff.lint])
+# ruff's rules include complexity <= 12 and google-style docstrings (pyproject.toml [tool.ruff.lint]);
+# mypy checks src/ ([tool.mypy])
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_retrieval.py

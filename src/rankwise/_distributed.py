@@ -105,11 +105,12 @@ def comm_device(group: Any = None, like: torch.Tensor | None = None) -> torch.de
         The device.
     """
     backend = str(dist.get_backend(group)).lower()
-    on_cuda = like is not None and like.device.type == "cuda"
     if "gloo" in backend and "nccl" in backend:
         return like.device if like is not None else torch.device("cpu")
     if "nccl" in backend:
-        return like.device if on_cuda else torch.device("cuda", torch.cuda.current_device())
+        if like is not None and like.device.type == "cuda":
+            return like.device
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 

@@ -64,7 +64,7 @@ def popcount(typingctx, x):  # pragma: no cover - numba intrinsic
     def codegen(context, builder, signature, args):
         count = builder.ctpop(args[0])
         target = context.get_value_type(types.int64)
-        if x.bitwidth < 64:
+        if x.bitwidth < 64:  # type: ignore[attr-defined]  # numba does not annotate Integer.bitwidth
             return builder.zext(count, target)
         return count
 
@@ -76,7 +76,7 @@ def code_distance(a, i, b, j):  # pragma: no cover - numba
     """Hamming distance between row ``i`` of words ``a`` and row ``j`` of words ``b``."""
     d = 0
     for w in range(a.shape[1]):
-        d += popcount(a[i, w] ^ b[j, w])
+        d += popcount(a[i, w] ^ b[j, w])  # type: ignore[call-arg]  # numba supplies typingctx
     return d
 
 

@@ -233,11 +233,12 @@ def check_scalar(value: Any, name: str, interval: Interval) -> Any:
             "`tau1` must be a finite number > 0, got inf."
     """
     converted = _scalar_value(value, interval.kind)
-    ok = converted is not None and not (isinstance(converted, float) and math.isnan(converted))
-    if ok and isinstance(converted, float) and math.isinf(converted) and not interval.allow_inf:
-        ok = False
-    if ok and not interval.contains(converted):
-        ok = False
+    ok = (
+        converted is not None
+        and not (isinstance(converted, float) and math.isnan(converted))
+        and not (isinstance(converted, float) and math.isinf(converted) and not interval.allow_inf)
+        and interval.contains(converted)
+    )
     if not ok:
         raise ValueError(f"`{name}` must be {interval.describe()}, got {value!r}.")
     return converted

@@ -100,11 +100,12 @@ def _conventional_help() -> None:
             return None  # a flag takes no value
         return original_type(self, ctx)
 
-    argument._usage_display_name = usage_name
+    # patching typer's classes in place is the point here (method-assign / a marker attribute)
+    argument._usage_display_name = usage_name  # type: ignore[method-assign]
     if hasattr(argument, "_rich_display_name"):
-        argument._rich_display_name = rich_name
-    option.display_type_rich = type_of
-    argument._rankwise_help = True
+        argument._rich_display_name = rich_name  # type: ignore[method-assign]
+    option.display_type_rich = type_of  # type: ignore[method-assign]
+    argument._rankwise_help = True  # type: ignore[attr-defined]
 
 
 def __getattr__(name: str) -> Any:

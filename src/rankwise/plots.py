@@ -54,13 +54,13 @@ _DASHES = ("-", "--", "-.", ":")
 _MARKERS = (None, "o", "s", "^")
 
 
-def _line_styles(n: int) -> list[dict[str, object]]:
+def _line_styles(n: int) -> list[dict[str, Any]]:  # Line2D keyword properties
     """A distinct, readable style per curve: tab10's colours, then other dashes and markers."""
     cmap = matplotlib.colormaps["tab10"]
-    styles: list[dict[str, object]] = []
+    styles: list[dict[str, Any]] = []
     for i in range(n):
         group = (i // 10) % len(_DASHES)
-        style: dict[str, object] = {"color": cmap(i % 10), "linestyle": _DASHES[group]}
+        style: dict[str, Any] = {"color": cmap(i % 10), "linestyle": _DASHES[group]}
         if _MARKERS[group] is not None:
             style.update(marker=_MARKERS[group], markevery=0.1, markersize=4)
         styles.append(style)

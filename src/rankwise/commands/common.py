@@ -23,6 +23,16 @@ from .._extras import MissingDependencyError
 if TYPE_CHECKING:  # typer and rich are imported where used: the exit codes need neither
     from rich.console import Console
 
+    from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted
+    from ..training.errors import CorruptCheckpointError
+
+    _TrainingErrors = tuple[
+        type[ConfigError],
+        type[NonFiniteLossError],
+        type[TrainingInterrupted],
+        type[CorruptCheckpointError],
+    ]
+
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_CONFIG",
@@ -70,7 +80,7 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
     return _BACKTICKED.sub(backticked, message)
 
 
-def train_resume_command(run_dir: Any, *options: str) -> str:
+def train_resume_command(run_dir: Any, *options: object) -> str:
     """The command that continues the training run in ``run_dir``.
 
     ``rankwise train --resume RUN_DIR [options]``; in a process of a data-parallel run started by
@@ -79,7 +89,7 @@ def train_resume_command(run_dir: Any, *options: str) -> str:
 
     Args:
         run_dir: the run directory.
-        *options: more options of the command, e.g. ``"--from-checkpoint", path``.
+        *options: more options of the command (each through str), e.g. ``"--from-checkpoint", path``.
 
     Returns:
         The command line.
@@ -124,14 +134,14 @@ def _first_line(text: str) -> str:
     return text.splitlines()[0] if text else text
 
 
-def _training_errors() -> tuple[type[BaseException], ...]:
-    """The training exception classes (none when :mod:`rankwise.training` was never imported).
+def _training_errors() -> _TrainingErrors | None:
+    """The training exception classes (None when :mod:`rankwise.training` was never imported).
 
     A command that never used the training code cannot have raised its exceptions, so pydantic
     and the rest of the training stack are not imported to check for them.
     """
     if "rankwise.training" not in sys.modules:
-        return ()
+        return None
     from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted
     from ..training.errors import CorruptCheckpointError
 
@@ -189,7 +199,7 @@ def _exit_for(
         err.print(f"[red]error:[/red] {escape(no_space)}", soft_wrap=True)
         return EXIT_DISK_FULL
     known = _training_errors()
-    if known:
+    if known is not None:
         config_error, failed, interrupted, corrupt = known
         if isinstance(exc, corrupt):
             resume = (

@@ -92,6 +92,7 @@ def read_mnist_family(
     files = {key: _find_idx_file(root, stems) for key, stems in _IDX_STEMS.items()}
     arrays = {}
     for key, path in files.items():
+        assert path is not None  # find_dataset_root's is_root found every file
         magic = IDX_IMAGES_MAGIC if key.endswith("images") else IDX_LABELS_MAGIC
         arrays[key] = read_idx(path, magic)
     for split in ("train", "test"):
@@ -241,7 +242,7 @@ def assemble_array_splits(
         classes = np.unique(train_y)
         seen = classes[: classes.size // 2]
         train_mask = np.isin(train_y, seen)
-        if single_pool:
+        if test_x is None or test_y is None:  # a single pool
             test_x, test_y, test_mask = train_x, train_y, ~train_mask
         else:
             test_mask = ~np.isin(test_y, seen)
@@ -258,10 +259,9 @@ def assemble_array_splits(
                 f"{int((~test_mask).sum())} test-split samples of training classes unused"
             )
         )
-        gallery = None
         gallery_x = gallery_y = None
     elif protocol == "closed-set":
-        if single_pool:
+        if test_x is None or test_y is None:  # a single pool
             q_pool_x, q_pool_y = train_x, train_y
             db_pool_x, db_pool_y = train_x[:0], train_y[:0]
         else:
@@ -277,7 +277,6 @@ def assemble_array_splits(
             f"{gallery_y.size} samples; {tr_y.size} training samples "
             f"({n_train if n_train else 'all'} per class) drawn from the database"
         )
-        gallery = True
     else:
         raise ValueError(f"`protocol` must be 'open-set' or 'closed-set', got {protocol!r}.")
 
@@ -298,7 +297,7 @@ def assemble_array_splits(
         notes.append(val_note)
     test_ds = ArrayDataset(torch.from_numpy(np.ascontiguousarray(te_x)), te_y, name=f"{name}/test")
     gallery_ds = None
-    if gallery:
+    if gallery_x is not None and gallery_y is not None:
         gallery_ds = ArrayDataset(
             torch.from_numpy(np.ascontiguousarray(gallery_x)), gallery_y, name=f"{name}/gallery"
         )

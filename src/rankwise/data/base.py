@@ -64,7 +64,22 @@ def as_label_array(labels: Any, n: int, name: str = "labels") -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
-class ArrayDataset(Dataset):
+class LabelledDataset(Dataset):
+    """What a split of :class:`RetrievalSplits` is: items with class ids and one item shape.
+
+    Attributes:
+        labels: ``(N,)`` ``np.int64`` class ids.
+        input_shape: shape of one item, e.g. ``(1, 28, 28)``.
+    """
+
+    labels: np.ndarray
+    input_shape: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+
+class ArrayDataset(LabelledDataset):
     """In-memory dataset of array inputs with integer class labels.
 
     Args:
@@ -167,7 +182,8 @@ class NumpyImageTransform:
         from PIL import Image
 
         size = (self.image_size, self.image_size)
-        resized = image.convert("RGB").resize(size, Image.BILINEAR)
+        # Image.BILINEAR is set through globals() (kept for Pillow < 9.1, without Resampling)
+        resized = image.convert("RGB").resize(size, Image.BILINEAR)  # type: ignore[attr-defined]
         chw = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1) / 255.0
         return torch.from_numpy(np.ascontiguousarray((chw - self.mean) / self.std))
 
@@ -203,7 +219,7 @@ def default_image_transform(image_size: int = 224) -> Callable[[Any], torch.Tens
     )
 
 
-class ImageFolderDataset(Dataset):
+class ImageFolderDataset(LabelledDataset):
     """Lazily loaded image files with integer class labels.
 
     Images are opened with PIL in ``__getitem__`` only (never all held in memory).
@@ -308,10 +324,10 @@ class RetrievalSplits:
         notes: human-readable remarks on how the splits were built (what was held out, why).
     """
 
-    train: Dataset
-    val: Dataset | None
-    test: Dataset
-    gallery: Dataset | None
+    train: LabelledDataset
+    val: LabelledDataset | None
+    test: LabelledDataset
+    gallery: LabelledDataset | None
     protocol: str
     name: str
     notes: tuple[str, ...] = ()
@@ -333,7 +349,7 @@ class RetrievalSplits:
         """Shape of one input item, e.g. ``(1, 8, 8)``."""
         return tuple(self.train.input_shape)
 
-    def splits(self) -> dict[str, Dataset]:
+    def splits(self) -> dict[str, LabelledDataset]:
         """The splits that are present, by name (``train``, ``val``, ``test``, ``gallery``)."""
         named = {"train": self.train, "val": self.val, "test": self.test, "gallery": self.gallery}
         return {k: v for k, v in named.items() if v is not None}

@@ -200,6 +200,7 @@ def read_inshop(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]
         is_root=lambda d: _inshop_list(d) is not None,
     )
     list_path = _inshop_list(root)
+    assert list_path is not None  # find_dataset_root's is_root found it
     with open(list_path, encoding="utf-8") as f:
         lines = [ln for ln in f.read().splitlines() if ln.strip()]
     if len(lines) < 2 or lines[1].split() != ["image_name", "item_id", "evaluation_status"]:

@@ -26,10 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 
 from .._validation import Interval, check_choice, check_scalar
-from .base import ArrayDataset, RetrievalSplits
+from .base import ArrayDataset, LabelledDataset, RetrievalSplits
 
 __all__ = [
     "INSTANCE_DEFAULTS",
@@ -223,7 +222,13 @@ def _base_grid(height: int, width: int) -> torch.Tensor:
     return _BASE_GRIDS[key]
 
 
-class InstanceViews(Dataset):
+class _FixedViews(ArrayDataset):
+    """Evaluation split of an instance benchmark: fixed views, ``source_ids`` as in InstanceViews."""
+
+    source_ids: np.ndarray
+
+
+class InstanceViews(LabelledDataset):
     """Training split of an instance benchmark: a fresh random view at every fetch.
 
     There are ``views_per_class`` items per source image. Item ``i`` is a view of source ``i // views_per_class`` with label ``i // views_per_class``
@@ -266,9 +271,6 @@ class InstanceViews(Dataset):
         self.classes = np.arange(sources.shape[0], dtype=np.int64)
         self.num_classes = int(sources.shape[0])
         self.source_ids = np.arange(sources.shape[0], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
 
     def _source(self, index: Any) -> torch.Tensor:
         x = self.sources[index]
@@ -506,10 +508,10 @@ def build_instance_splits(
     )
     k_eval = opts["eval_views_per_class"]
 
-    def fixed(images: torch.Tensor, first_label: int, split: str, salt: int) -> ArrayDataset:
+    def fixed(images: torch.Tensor, first_label: int, split: str, salt: int) -> _FixedViews:
         views = fixed_views(images, k_eval, augmentation, _derive_seed(seed, salt))
         labels = first_label + np.repeat(np.arange(images.shape[0], dtype=np.int64), k_eval)
-        return ArrayDataset(views, labels, name=f"{name}/{split}")
+        return _FixedViews(views, labels, name=f"{name}/{split}")
 
     val = fixed(tensor(train_pool, val_idx), n_train, "val", 2) if n_val else None
     test = fixed(tensor(test_images, test_idx), n_train + n_val, "test", 3)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -129,6 +129,17 @@ INSTANCE_DATASETS: dict[str, str] = {
 }
 
 _CLOSED_SET_KWARGS = ("n_query", "n_train")
+
+
+class _SplitArguments(TypedDict):
+    """The keywords every class-split loader takes."""
+
+    protocol: str
+    val_fraction: float
+    seed: int
+    val_holdout: str
+
+
 _IMAGE_KWARGS = ("transform", "train_transform")
 
 
@@ -262,7 +273,7 @@ def load_dataset(
     kind = _INFO[key].kind
     if kind == "instances":
         return _load_instances(key, protocol, data_dir, seed, val_holdout, kw)
-    common = {
+    common: _SplitArguments = {
         "protocol": protocol,
         "val_fraction": float(val_fraction),
         "seed": int(seed),

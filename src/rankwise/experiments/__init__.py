@@ -52,11 +52,10 @@ it finishes within a minute and is deterministic for a seed, so a new experiment
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .._registry import Lazy, Registry
-from .base import ExperimentResult, ExperimentSpec, experiment
+from .base import ExperimentResult, ExperimentRun, ExperimentSpec, experiment
 
 __all__ = [
     "REGISTRY",
@@ -78,14 +77,14 @@ REGISTRY: dict[str, str] = {
     "pointwise-roc-sphere": "rankwise.experiments.pointwise_roc_sphere",
     "mmc-subsampling": "rankwise.experiments.mmc_subsampling",
 }
-_RUNS: Registry[Callable[..., ExperimentResult]] = Registry(
+_RUNS: Registry[ExperimentRun] = Registry(
     "experiment",
     {name: Lazy(module, "run") for name, module in REGISTRY.items()},
     hint=" (`rankwise experiment list`)",
 )
 
 
-def get_experiment(name: str) -> Callable[..., ExperimentResult]:
+def get_experiment(name: str) -> ExperimentRun:
     """The ``run`` function of a registered experiment (with its spec as ``run.spec``).
 
     Raises:

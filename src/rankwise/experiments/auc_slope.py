@@ -119,7 +119,7 @@ def _gradient_shape(slope: float, delta_s: float, score_range: tuple[float, floa
 
 
 def _check_options(
-    delta_s: tuple[float, ...], score_range: tuple[float, float], figure_delta_s: float
+    delta_s: tuple[float, ...], score_range: tuple[float, ...], figure_delta_s: float
 ) -> tuple[tuple[float, ...], tuple[float, float]]:
     lo, hi = check_range_pair(score_range, "score_range")
     steps = parse_sequence(delta_s, "delta_s", float)

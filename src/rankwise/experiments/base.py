@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -275,6 +275,14 @@ class ExperimentSpec:
         return list(inspect.signature(self.compute).parameters.values())
 
 
+class ExperimentRun(Protocol):
+    """A registered experiment's ``run``: options as keywords, its spec as ``run.spec``."""
+
+    spec: ExperimentSpec
+
+    def __call__(self, **options: Any) -> ExperimentResult: ...
+
+
 def _check_signature(name: str, func: Callable[..., Any]) -> None:
     params = inspect.signature(func).parameters
     for required in ("quick", "seed"):
@@ -289,7 +297,9 @@ def _check_signature(name: str, func: Callable[..., Any]) -> None:
             raise TypeError(f"experiment {name!r}: `{param.name}` is added by the framework.")
 
 
-def experiment(name: str, summary: str, reference: str) -> Callable[[Callable], Callable]:
+def experiment(
+    name: str, summary: str, reference: str
+) -> Callable[[Callable[..., ExperimentResult]], ExperimentRun]:
     """Decorator registering an experiment function; the result is the module's ``run``.
 
     The decorated function gains two keyword arguments: ``output`` (None: return the result and
@@ -304,7 +314,7 @@ def experiment(name: str, summary: str, reference: str) -> Callable[[Callable], 
     if not _NAME_PATTERN.match(name):
         raise ValueError(f"experiment name {name!r} must be lower-case words joined by '-'.")
 
-    def decorate(func: Callable[..., ExperimentResult]) -> Callable[..., ExperimentResult]:
+    def decorate(func: Callable[..., ExperimentResult]) -> ExperimentRun:
         _check_signature(name, func)
 
         @functools.wraps(func)
@@ -326,9 +336,10 @@ def experiment(name: str, summary: str, reference: str) -> Callable[[Callable], 
         run.__signature__ = signature.replace(  # type: ignore[attr-defined]
             parameters=[*extra, *signature.parameters.values()]
         )
-        run.spec = ExperimentSpec(  # type: ignore[attr-defined]
+        registered = cast(ExperimentRun, run)  # the function, once it carries its spec
+        registered.spec = ExperimentSpec(
             name=name, summary=summary, reference=reference, compute=func, module=func.__module__
         )
-        return run
+        return registered
 
     return decorate

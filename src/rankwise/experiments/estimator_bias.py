@@ -505,7 +505,9 @@ def run(
         positives.size if num_v is None else num_v,
         losses,
     )
-    values = {loss.name: {e: [] for e in ESTIMATORS} for loss in losses}
+    values: dict[str, dict[str, list[np.ndarray]]] = {
+        loss.name: {e: [] for e in ESTIMATORS} for loss in losses
+    }
     for rate, stream in zip(rates, streams[1:], strict=True):
         per_rate = _simulate_rate(
             rate, positives, negatives, settings, np.random.default_rng(stream)

@@ -28,7 +28,7 @@ from .base import ExperimentResult, experiment, new_figure, parse_sequence
 __all__ = ["METHODS", "run"]
 
 METHODS = ("lsh", "pca", "dpsh", "talr_ap", "talr_ndcg", "talr_ndcg_midpoint")
-_TRAINED = {
+_TRAINED: dict[str, tuple[str, dict[str, Any]]] = {
     "dpsh": ("dpsh", {}),
     "talr_ap": ("tie_aware_ap", {}),
     "talr_ndcg": ("tie_aware_ndcg", {}),
@@ -112,7 +112,8 @@ def _train_linear(method, bits, train_x, affinity, iterations, batch_size, lr, s
     data = TensorDataset(
         torch.from_numpy(train_x).float(), torch.arange(train_x.shape[0], dtype=torch.int64)
     )
-    data.transform = None  # deterministic items: the Trainer skips per-item RNG seeding
+    # deterministic items: the Trainer skips per-item RNG seeding (a marker the loader reads)
+    data.transform = None  # type: ignore[attr-defined]
     trainer = HashingTrainer(
         model,
         loss,

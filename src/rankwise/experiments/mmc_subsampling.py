@@ -62,6 +62,7 @@ def load_pca_features(
     from ..data.registry import pixel_features, read_images  # noqa: PLC0415 - deferred: the CLI imports every experiment module
 
     train_x, train_y, test_x, test_y = read_images(dataset, data_dir)
+    assert test_x is not None and test_y is not None  # mnist and fashion-mnist have one
     X, X_test = pixel_features(train_x), pixel_features(test_x)
     rng = np.random.default_rng(seed)
     fit_rows = (
@@ -204,8 +205,10 @@ def _size_runs(n, repeat, data, test, options, ml_python) -> list[dict[str, Any]
         )
     if ml_python is not None:
         matched = math.ceil(_MATCHED_FRACTION * n) * k * (k - 1) // 2
-        counts = {"default": 0, "matched": matched}
-        for name, constraints in ((f"metric-learn ({m})", counts[m]) for m in options["ml_runs"]):
+        constraint_counts = {"default": 0, "matched": matched}
+        for name, constraints in (
+            (f"metric-learn ({m})", constraint_counts[m]) for m in options["ml_runs"]
+        ):
             out = _run_metric_learn(ml_python, X, y, constraints, seed, options["ml_max_iter"])
             runs.append(
                 {

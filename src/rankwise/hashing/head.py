@@ -21,6 +21,7 @@ from torch import nn
 from .._packing import pack_codes
 from .._validation import Interval, check_bool, check_choice, check_scalar
 from ..models import build_backbone
+from ..models.build import backbone_width
 
 __all__ = ["HashingHead", "HashingModel", "build_hashing_model", "binarize"]
 
@@ -55,6 +56,8 @@ class HashingHead(nn.Module):
         ``forward``: ``(B, in_features) -> (B, bits)``, values in ``(-1, 1)`` when training.
         ``encode``: ``(B, in_features) -> (B, bits)`` int8 in ``{-1, +1}``.
     """
+
+    gamma: torch.Tensor
 
     def __init__(
         self,
@@ -205,5 +208,5 @@ def build_hashing_model(
     net = build_backbone(
         backbone, input_shape, weights_path=weights_path, frozen_bn=frozen_bn, **kw
     )
-    head = HashingHead(net.out_features, bits, gamma, relaxation=relaxation, center=center)
+    head = HashingHead(backbone_width(net), bits, gamma, relaxation=relaxation, center=center)
     return HashingModel(net, head)

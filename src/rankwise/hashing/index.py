@@ -170,18 +170,20 @@ class HammingIndex:
         self._ids = None
 
     def _database(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._words is None:
+        words, ids = self._words, self._ids
+        if words is None or ids is None:
             if self._chunks:
-                self._words = np.ascontiguousarray(np.concatenate(self._chunks))
-                self._ids = np.concatenate(self._id_chunks)
-                self._chunks, self._id_chunks = [self._words], [self._ids]
+                words = np.ascontiguousarray(np.concatenate(self._chunks))
+                ids = np.concatenate(self._id_chunks)
+                self._chunks, self._id_chunks = [words], [ids]
             else:
-                self._words = np.zeros((0, 1), dtype=np.uint8)
-                self._ids = np.zeros(0, dtype=np.int64)
-        return self._words, self._ids
+                words = np.zeros((0, 1), dtype=np.uint8)
+                ids = np.zeros(0, dtype=np.int64)
+            self._words, self._ids = words, ids
+        return words, ids
 
-    def codes(self) -> PackedCodes:
-        """The stored codes, packed."""
+    def codes(self) -> PackedCodes | None:
+        """The stored codes, packed (None while the index is empty)."""
         return PackedCodes(self._database()[0], self.bits) if self._size else None
 
     @keeps_torch_threads

@@ -110,7 +110,7 @@ def loss_scores(
 
 def anchor_statistics(
     pos_mask: torch.Tensor, neg_mask: torch.Tensor
-) -> tuple[torch.Tensor, dict[str, int]]:
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Which anchors can be ranked, and the counts every loss reports in ``last_stats``.
 
     Args:
@@ -249,7 +249,7 @@ class RankingLoss(nn.Module):
     def check_batch(self, batch: PairBatch) -> None:
         """Refuse a batch with nothing to learn from: no anchor with a positive and a negative."""
         raise_if_nothing_to_rank(
-            type(self).__name__, self.last_stats["n_anchors_used"], batch.labels
+            type(self).__name__, int(self.last_stats["n_anchors_used"]), batch.labels
         )
 
     # -- shared path -----------------------------------------------------------------------------
@@ -270,7 +270,7 @@ class RankingLoss(nn.Module):
             check_rows=self.check_rows,
         )
         self_reference = ref is None
-        if self_reference:
+        if ref is None or ref_lab is None:  # validate_pair_inputs gives both or neither
             ref, ref_lab = emb, lab
         # one upcast of half-precision rows, whose gradient gathers every use in float32
         emb = emb.to(score_dtype(emb.dtype))

@@ -104,7 +104,8 @@ def _pml(submodule: str) -> ModuleType:
 
 
 def _named_parameters(cls: type) -> set[str]:
-    signature = inspect.signature(cls.__init__)
+    # the class's own __init__ is the point: the parameters its constructor takes
+    signature = inspect.signature(cls.__init__)  # type: ignore[misc]
     return {
         p.name
         for p in signature.parameters.values()
@@ -221,8 +222,7 @@ class PMLBaseline(nn.Module):
             own = self_index >= 0
             pos[rows[own], self_index[own]] = False
         valid, self.last_stats = anchor_statistics(pos, neg)
-        n_valid = self.last_stats["n_anchors_used"]
-        return n_valid
+        return int(self.last_stats["n_anchors_used"])
 
     def _raise_if_nothing_to_rank(self, n_valid: int, labels: torch.Tensor) -> None:
         raise_if_nothing_to_rank(f"baseline {self.name!r}", n_valid, labels)
@@ -257,7 +257,7 @@ class PMLBaseline(nn.Module):
         # half precision is computed in float32, like the rankwise losses (rankwise.losses.base)
         emb = emb.to(score_dtype(emb.dtype))
         ref = None if ref is None else ref.to(emb.dtype)
-        if ref is None:
+        if ref is None or ref_lab is None:  # _validate gives both or neither
             self_index = torch.arange(lab.shape[0], device=lab.device)
             n_valid = self._count_anchors(lab, lab, self_index)
         else:
@@ -304,6 +304,13 @@ class CrossBatchMemoryBaseline(PMLBaseline):
     instance proxy PML's form collapses every embedding to one direction (mean cosine 1.000, test
     mAP 4 % against 35 % with a warm-up; docs/losses.md).
     """
+
+    # PML's CrossBatchMemory: its queue_idx, has_been_filled, memory_size, ... are plain
+    # attributes of an untyped package, which nn.Module's __getattr__ would type as Tensor | Module
+    loss: Any
+    memory_queue_index: torch.Tensor
+    memory_filled: torch.Tensor
+    iterations_seen: torch.Tensor
 
     def __init__(
         self, name: str, memory: nn.Module, start_iteration: int = 0, batch_loss: bool = False

@@ -128,7 +128,8 @@ class _TriangularHistograms(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
         scores, masks = ctx.saved_tensors
         grad_scores = torch.zeros_like(scores)
-        for index, slope in _neighbour_bins(scores, *ctx.bins, derivative=True):
+        num_bins, lo, hi = ctx.bins
+        for index, slope in _neighbour_bins(scores, num_bins, lo, hi, derivative=True):
             upstream = masks[0] * grad[0].gather(1, index)
             for i in range(1, masks.shape[0]):
                 upstream += masks[i] * grad[i].gather(1, index)

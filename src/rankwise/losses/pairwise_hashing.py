@@ -71,6 +71,8 @@ class DPSHLoss(RankingLoss):
         """Loss of a prepared batch: every pair of distinct items, no anchor skipped."""
         pairs = batch.pos_mask | batch.neg_mask
         n_pairs = int(pairs.sum())
+        # prepare() sets the embeddings; the affinity (always set here) gives the levels
+        assert batch.levels is not None and batch.embeddings is not None
         similar = batch.levels > 0
         # half precision is computed in float32 with autocast off, as every loss does
         # (rankwise.losses.base): Θ = ½ uᵀu' overflows float16 for long unsaturated codes

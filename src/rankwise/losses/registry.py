@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 from torch import nn
 
@@ -53,6 +53,21 @@ _LOSS_CLASSES: Registry[Callable[..., nn.Module]] = Registry(
 )
 LOSSES = _LOSS_CLASSES.names
 
+
+class _LabelsConstructed(Protocol):
+    """A loss class also built by ``from_labels(train_labels, **kw)`` (SOPRCLoss, PointwiseROCLoss)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> nn.Module: ...
+
+    def from_labels(self, train_labels: Any, **kwargs: Any) -> nn.Module: ...
+
+
+def _labels_constructed(name: str) -> _LabelsConstructed:
+    """The registered class of loss ``name``, one with a ``from_labels`` constructor."""
+    # the registry types its entries as plain factories (the baselines' entry is a function)
+    return cast(_LabelsConstructed, _LOSS_CLASSES[name])
+
+
 # Released SOPRC configs: weight 1 on positives below their mean, 5 on negatives above it.
 DEFAULT_SEMI_VARIANCE_WEIGHTS = (1.0, 5.0)
 # build_loss("soprc") keys that configure the SemiVarianceRegularizer it adds
@@ -77,7 +92,7 @@ def _keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspec
     return named, any(p.kind == p.VAR_KEYWORD for p in params)
 
 
-def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
+def _soprc_parameters(cls: _LabelsConstructed) -> tuple[dict[str, inspect.Parameter], bool]:
     """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded).
 
     Through its ``**kwargs`` also those of ``SOPRCLoss.__init__``; ``semi_variance`` is replaced
@@ -85,7 +100,7 @@ def _soprc_parameters(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
     """
     named, var_kw = _keyword_parameters(cls.from_labels, skip=1)
     if var_kw:
-        init_named, var_kw = _keyword_parameters(cls.__init__)
+        init_named, var_kw = _keyword_parameters(cls)  # the class: its __init__ less self
         named = {**init_named, **named}
     named.pop("semi_variance", None)
     named.pop("prior", None)  # from_labels computes the class priors from the labels
@@ -103,11 +118,10 @@ def loss_parameters(name: str) -> tuple[str, ...]:
     _LOSS_CLASSES.canonical(name)
     if name in BASELINES:
         return baseline_parameters(name)
-    cls = _LOSS_CLASSES[name]
     if name == "soprc":
-        named, _ = _soprc_parameters(cls)
+        named, _ = _soprc_parameters(_labels_constructed(name))
         return tuple(sorted({*named, *_SEMI_VARIANCE_KEYS}))
-    named, _ = _keyword_parameters(cls.__init__)
+    named, _ = _keyword_parameters(_LOSS_CLASSES[name].__init__)
     return tuple(sorted(named))
 
 
@@ -204,14 +218,15 @@ def build_loss(
             raise ValueError("loss 'xbm' needs the embedding dimension; pass embedding_dim=...")
         return baseline(name, **kw)
 
-    cls = _LOSS_CLASSES[name]
     if name == "soprc":
-        return _build_soprc(cls, train_labels, params, context)
+        return _build_soprc(_labels_constructed(name), train_labels, params, context)
+    cls = _LOSS_CLASSES[name]
     named, var_kw = _keyword_parameters(cls.__init__)
     if not var_kw:
         _reject_unknown(name, params, tuple(named))
     if name == "pointwise_roc" and train_labels is not None:
-        return cls.from_labels(train_labels, **params)  # checks the labels can form both pairs
+        # from_labels checks the labels can form both pairs
+        return _labels_constructed(name).from_labels(train_labels, **params)
     return cls(**_with_context(name, named, params, context))
 
 
@@ -235,7 +250,7 @@ def _check_weight_pair(weights: Any) -> tuple[float, float]:
 
 
 def _build_soprc(
-    cls: type, train_labels: Any, params: dict[str, Any], context: dict[str, Any]
+    cls: _LabelsConstructed, train_labels: Any, params: dict[str, Any], context: dict[str, Any]
 ) -> nn.Module:
     if train_labels is None:
         raise ValueError(

@@ -440,7 +440,9 @@ class SemiVarianceRegularizer(RankingLoss):
         )
 
 
-def _plus_semi_variance(owner: RankingLoss, loss: torch.Tensor, batch: PairBatch) -> torch.Tensor:
+def _plus_semi_variance(
+    owner: APLoss | SOPRCLoss, loss: torch.Tensor, batch: PairBatch
+) -> torch.Tensor:
     """``loss`` plus ``owner.semi_variance`` (Eq. 9) on the same batch, when one is configured.
 
     The regularizer's value goes to ``owner.last_stats["semi_variance"]``.
@@ -593,6 +595,7 @@ class SOPRCLoss(RankingLoss):
     v: torch.Tensor
     prior: torch.Tensor
     v_updates: torch.Tensor
+    positives: torch.Tensor
 
     def __init__(
         self,
@@ -808,6 +811,8 @@ class SOPRCLoss(RankingLoss):
             A scalar tensor.
         """
         batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
+        # prepare() sets both
+        assert batch.embeddings is not None and batch.ref_embeddings is not None
         pair_scores = _PairScores(batch.embeddings, batch.ref_embeddings, self.similarity)
         return self._compute(batch, pair_scores)
 

@@ -121,7 +121,7 @@ def logarithmic_integral(x: torch.Tensor) -> torch.Tensor:
 @lru_cache(maxsize=64)
 def _series_terms(u_max: int) -> int:
     """Terms of the Ei series after which the tail is below 1e-17 of the sum, for u <= u_max."""
-    k, term = 1, u_max
+    k, term = 1, float(u_max)
     while not (k > u_max and term < 1e-17):
         k += 1
         term *= u_max / k
@@ -356,6 +356,7 @@ class _TieAwareLoss(RankingLoss):
         distances = (self.bits - batch.scores) / 2
         ranked = batch.pos_mask | batch.neg_mask  # every reference but the anchor itself
         valid = batch.valid
+        assert batch.levels is not None  # the affinity of a tie-aware loss gives the levels
         values = self._relaxed_metric(distances[valid], batch.levels[valid], ranked[valid])
         mean = values.mean()
         self.last_stats[f"mean_{self._objective}"] = float(mean.detach())

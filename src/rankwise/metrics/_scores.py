@@ -185,8 +185,8 @@ class BlockScorer:
             scale = self._value_scale[block.lo : block.lo + x.shape[0], None]
             low, high = (x - e) * scale, (x + e) * scale
         else:
-            low = -torch.sqrt((e - x).clamp_min(0)) * self._value_scale
-            high = -torch.sqrt((-x - e).clamp_min(0)) * self._value_scale
+            low = -torch.sqrt((e - x).clamp_min(0)) * self._distance_scale
+            high = -torch.sqrt((-x - e).clamp_min(0)) * self._distance_scale
         slack = 1e-12 * torch.maximum(low.abs(), high.abs()) + 1e-300
         return low - slack, high + slack
 
@@ -285,7 +285,7 @@ class BlockScorer:
         self._approx_q = torch.cat([2 * q_s, -qn, -torch.ones_like(qn)], dim=1)
         self._approx_g = torch.cat([g_s, torch.ones_like(gn), gn], dim=1)
         spread = (q_norm + g_norm) ** 2
-        self._value_scale = 2.0**exponent
+        self._distance_scale = 2.0**exponent
         self._bound = (_SAFETY * ((d + 8) * u + key_error) * spread + flush).cpu().numpy()
 
 

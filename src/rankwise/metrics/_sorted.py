@@ -291,6 +291,7 @@ def _relevant_item_counts(
     if strategy == "table":
         if bound is None:
             return (lists.rows, *_exact_table_counts(sort_values, own, lists), False)
+        assert exact_keys is not None  # given with every bound (checked above)
         counts = _approximate_table_counts(sort_values, own, bound, lists, exact_keys)
         return (lists.rows, *counts, False)
     if bound is None:
@@ -299,6 +300,7 @@ def _relevant_item_counts(
         below_or_equal = torch.searchsorted(ascending, padded, right=True).view(-1)[slot]
         below = torch.searchsorted(ascending, padded).view(-1)[slot]
         return lists.rows, n_items - below_or_equal, below_or_equal - below, False
+    assert exact_keys is not None  # given with every bound (checked above)
     ascending, order = _sort_rows(sort_values)
     half_width = (2.0 * _WINDOW_SLACK) * bound.to(own.device, torch.float64)[lists.rows]
     centre = own.to(torch.float64)
@@ -348,6 +350,7 @@ def _segment_counts(
     if bound is None:
         greater, size = _run_counts(descending, rows, position)
         return rows, greater, size, True
+    assert exact_keys is not None  # the caller checked it comes with the bound
     flat_descending = descending.view(-1)
     value = flat_descending.index_select(0, flat).to(torch.float64)
     half_width = (2.0 * _WINDOW_SLACK) * bound.to(device, torch.float64).index_select(0, rows)

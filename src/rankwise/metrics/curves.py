@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import numpy as np
 import torch
@@ -369,6 +369,39 @@ def operating_point(
         fpr=false_pos[k].item() / n_neg,
         threshold=float(distinct[k]),
     )
+
+
+@overload
+def tpr_at_fpr(
+    scores: Any,
+    is_positive: Any,
+    fpr: float,
+    *,
+    return_threshold: Literal[False] = False,
+    sample_weight: Any = None,
+) -> float: ...
+
+
+@overload
+def tpr_at_fpr(
+    scores: Any,
+    is_positive: Any,
+    fpr: float,
+    *,
+    return_threshold: Literal[True],
+    sample_weight: Any = None,
+) -> tuple[float, float]: ...
+
+
+@overload
+def tpr_at_fpr(
+    scores: Any,
+    is_positive: Any,
+    fpr: float,
+    *,
+    return_threshold: bool = False,
+    sample_weight: Any = None,
+) -> float | tuple[float, float]: ...
 
 
 def tpr_at_fpr(

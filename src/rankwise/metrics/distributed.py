@@ -351,7 +351,7 @@ def _shard(
     full_q, sizes = all_gather_rows(q, group)
     rank, _ = rank_and_world_size(group)
     offset = sum(sizes[:rank])
-    if g is None:
+    if g is None or gl is None:  # _check_local gives both or neither
         g, gl = full_q, all_gather_rows(ql, group)[0]
         exclude_self = True if exclude_self is None else exclude_self
     elif gallery_sharded:
@@ -419,9 +419,14 @@ def _sharded_results(
     shard = _shard(*data, gallery_sharded, exclude_self, group, kwargs)
 
     def compute(s: _Shard, self_index: torch.Tensor | None) -> Any:
-        self_index = False if self_index is None else self_index
+        exclude_self = False if self_index is None else self_index
         return metric(
-            s.query, s.query_labels, s.gallery, s.gallery_labels, exclude_self=self_index, **kwargs
+            s.query,
+            s.query_labels,
+            s.gallery,
+            s.gallery_labels,
+            exclude_self=exclude_self,
+            **kwargs,
         )
 
     results = _merged(_local_result(shard, compute), group)

@@ -100,7 +100,7 @@ def _multi_hot_histograms(qw, dbw, q_lab, db_lab, max_level, self_index, out):  
             d = code_distance(qw, i, dbw, j)
             shared = 0
             for w in range(q_lab.shape[1]):
-                shared += popcount(q_lab[i, w] & db_lab[j, w])
+                shared += popcount(q_lab[i, w] & db_lab[j, w])  # type: ignore[call-arg]  # numba supplies typingctx
             out[i, d, min(shared, max_level)] += 1
 
 
@@ -285,6 +285,7 @@ def _resolve_affinity(affinity: Any, query_labels, db_labels, n_q: int, n_db: in
 
 def _dense_levels(aff: _Affinity, lo: int, hi: int) -> np.ndarray:
     query = aff.query[lo:hi]
+    assert aff.func is not None  # every "dense" affinity has one
     levels = aff.func(query, aff.database)
     levels = np.asarray(levels.detach().cpu() if isinstance(levels, torch.Tensor) else levels)
     n_db = len(aff.database)

@@ -34,6 +34,9 @@ class _Store:
 
     def __init__(self, role: str) -> None:
         self.role = role
+        self.clear()
+
+    def clear(self) -> None:
         self.embeddings: list[torch.Tensor] = []
         self.labels: list[torch.Tensor] = []
         self.n_samples = 0
@@ -66,9 +69,6 @@ class _Store:
 
     def concatenated(self) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.cat(self.embeddings), torch.cat(self.labels)
-
-    def clear(self) -> None:
-        self.__init__(self.role)
 
 
 def _describe(kind: tuple[str, int]) -> str:
@@ -220,10 +220,12 @@ class RetrievalMetric(nn.Module):
                     f"the gallery embeddings have dimension {self._gallery.dim} but the queries "
                     f"have {self._queries.dim}."
                 )
-            if self._gallery.label_kind != self._queries.label_kind:
+            gallery_kind, query_kind = self._gallery.label_kind, self._queries.label_kind
+            if gallery_kind != query_kind:
+                assert gallery_kind is not None and query_kind is not None  # both hold batches
                 raise ValueError(
-                    f"the gallery labels are {_describe(self._gallery.label_kind)} but the query "
-                    f"labels are {_describe(self._queries.label_kind)}."
+                    f"the gallery labels are {_describe(gallery_kind)} but the query "
+                    f"labels are {_describe(query_kind)}."
                 )
         query, query_labels, gallery, gallery_labels = self._gathered()
         return retrieval_metrics(

@@ -43,6 +43,11 @@ class FrozenBatchNorm(nn.Module):
         trainable_affine: keep ``weight`` and ``bias`` learnable.
     """
 
+    weight: torch.Tensor
+    bias: torch.Tensor
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
     def __init__(
         self, num_features: int, eps: float = 1e-5, trainable_affine: bool = False
     ) -> None:
@@ -77,7 +82,11 @@ class FrozenBatchNorm(nn.Module):
             if bn.affine:
                 frozen.weight.copy_(bn.weight.detach())
                 frozen.bias.copy_(bn.bias.detach())
-            if bn.track_running_stats and bn.running_mean is not None:
+            if (
+                bn.track_running_stats
+                and bn.running_mean is not None
+                and bn.running_var is not None
+            ):
                 frozen.running_mean.copy_(bn.running_mean)
                 frozen.running_var.copy_(bn.running_var)
         return frozen

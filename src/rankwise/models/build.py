@@ -77,6 +77,14 @@ def build_backbone(
     return resnet50_backbone(weights_path=weights_path, frozen_bn=frozen_bn)
 
 
+def backbone_width(net: nn.Module) -> int:
+    """``net.out_features``: the feature width every backbone of :func:`build_backbone` sets."""
+    width = net.out_features  # a plain attribute, which nn.Module's typing cannot see
+    if not isinstance(width, int):
+        raise TypeError(f"backbone {type(net).__name__} has no integer `out_features`.")
+    return width
+
+
 def build_model(
     backbone: str,
     input_shape: tuple[int, ...],
@@ -105,5 +113,5 @@ def build_model(
     net = build_backbone(
         backbone, input_shape, weights_path=weights_path, frozen_bn=frozen_bn, **kw
     )
-    head = EmbeddingHead(net.out_features, int(embedding_dim), **head_kw)
+    head = EmbeddingHead(backbone_width(net), int(embedding_dim), **head_kw)
     return EmbeddingModel(net, head)

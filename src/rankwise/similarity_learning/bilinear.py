@@ -256,9 +256,9 @@ def _fit_indicator(
         lam = max(0.0, lam + estimator.dual_lr * (fpr - estimator.alpha))
         if estimator.callback is not None:
             estimator.callback(iteration + 1, estimator.max_iter)
-    A = (scale * (weights + weights.T) / 2).detach().numpy()
-    norm = float(np.linalg.norm(A))
-    return A / norm, float(scale * bias.detach()) / norm, lam
+    final = (scale * (weights + weights.T) / 2).detach().numpy()
+    norm = float(np.linalg.norm(final))
+    return final / norm, float(scale * bias.detach()) / norm, lam
 
 
 def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -437,6 +437,7 @@ class BilinearSimilarity(BaseEstimator):
             self.lambda_ = solve_lambda(P, N, float(self.alpha) + float(self.tolerance))
             self.A_ = _direction(P, N, self.lambda_)
         else:
+            assert pairs is not None  # drawn for the indicator risk
             self.A_, _, self.lambda_ = _fit_indicator(features, pairs, self)
         self.n_features_in_ = features.shape[1]
         self.constraint_active_ = self.lambda_ > 0
