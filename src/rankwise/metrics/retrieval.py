@@ -30,7 +30,7 @@ import torch
 from .._threads import keeps_torch_threads
 from .._validation import as_tensor, check_choice
 from ..similarity import SIMILARITIES
-from ._inputs import QueryGallery, check_chunk_size, check_ks, check_query_gallery
+from ._inputs import QueryGallery, block_relevance, check_chunk_size, check_ks, check_query_gallery
 from ._kernels import (
     RelevantGroupCounts,
     relevant_group_counts_from_lists,
@@ -173,7 +173,6 @@ class _Prepared:
     query_labels: torch.Tensor
     gallery_labels: torch.Tensor
     self_index: torch.Tensor | None
-    multi_hot: bool
     similarity: str
     backend: str
     chunk_size: int
@@ -305,7 +304,6 @@ def _prepare(
         qg.query_labels,
         qg.gallery_labels,
         self_index,
-        qg.multi_hot,
         qg.similarity,
         backend,
         chunk_size,
@@ -318,14 +316,6 @@ def _prepare(
     )
 
 
-def _relevance_mask(p: _Prepared, lo: int, hi: int) -> torch.Tensor:
-    """(hi - lo, n_g) bool: same class id, or (multi-hot) at least one shared label."""
-    if p.multi_hot:
-        shared = p.query_labels[lo:hi].to(torch.float32) @ p.gallery_labels.to(torch.float32).T
-        return shared > 0
-    return p.query_labels[lo:hi, None] == p.gallery_labels[None, :]
-
-
 def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
     """Tie-group counts of the exact keys of query rows lo..hi-1 ("counts from scores")."""
     block = p.scorer.block(lo, hi)
@@ -336,7 +326,9 @@ def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
     if p.classes is not None:
         rel_ptr, rel_cols = p.classes.relevant_lists(lo, hi, si)
     else:
-        rel_ptr, rel_cols = relevant_lists_from_mask(_relevance_mask(p, lo, hi).cpu().numpy(), si)
+        rel_ptr, rel_cols = relevant_lists_from_mask(
+            block_relevance(p.query_labels[lo:hi], p.gallery_labels).cpu().numpy(), si
+        )
     return relevant_group_counts_from_lists(
         block.values.cpu().numpy(),
         rel_ptr,
@@ -356,7 +348,9 @@ def _sorted_block_counts(
         query_class, class_ptr, members = p.device_classes
         lists = class_relevant_lists(query_class[lo:hi], class_ptr, members, self_index)
     else:
-        lists = mask_relevant_lists(_relevance_mask(p, lo, hi), self_index)
+        lists = mask_relevant_lists(
+            block_relevance(p.query_labels[lo:hi], p.gallery_labels), self_index
+        )
     bound = None
     if block.bound is not None:
         bound = torch.from_numpy(block.bound).to(block.values.device)
