@@ -39,14 +39,7 @@ from ._kernels import (
 )
 from ._scores import BlockScorer
 from ._sorted import RelevantLists, class_relevant_lists, mask_relevant_lists, sorted_row_counts
-from .ranking import (
-    average_precision_from_counts,
-    check_ties,
-    expected_relevant_in_top,
-    hit_probability_at,
-    precision_weighted_sum,
-    relevant_above,
-)
+from .ranking import check_ties, query_metrics_from_counts, relevant_above
 
 __all__ = ["RetrievalReport", "PRCurve", "retrieval_metrics", "pr_curve", "SIMILARITIES"]
 
@@ -434,45 +427,12 @@ def retrieval_metrics(
     if p.self_index is not None:
         list_length -= (p.self_index >= 0).cpu().numpy()
     clamped = {k: min(k, p.n_ranked) for k in ks if k > p.n_ranked}
-    used_ks = list(ks)
-    ap = np.full(n_query, np.nan)
-    map_at_r = np.full(n_query, np.nan)
-    r_prec = np.full(n_query, np.nan)
-    recall = {k: np.full(n_query, np.nan) for k in used_ks}
-    precision = {k: np.full(n_query, np.nan) for k in used_ks}
+    names = ["ap", "map_at_r", "r_prec"] + [f"{m}@{k}" for m in ("recall", "precision") for k in ks]
+    per_query = {name: np.full(n_query, np.nan) for name in names}
     for lo, hi, counts in _iterate_counts(p):
-        n_rows = hi - lo
-        rows = counts.row_ids()
-        n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows)
-        has_rel = n_rel > 0
-        above = relevant_above(counts)
-        ap[lo:hi] = average_precision_from_counts(counts, ties)
-        r_of_entry = n_rel[rows].astype(np.int64)
-        at_r = np.bincount(
-            rows, precision_weighted_sum(counts, r_of_entry, ties, above), minlength=n_rows
-        )
-        top_r = np.bincount(
-            rows, expected_relevant_in_top(counts, r_of_entry, ties), minlength=n_rows
-        )
-        safe_r = np.where(has_rel, n_rel, 1)
-        map_at_r[lo:hi] = np.where(has_rel, at_r / safe_r, np.nan)
-        r_prec[lo:hi] = np.where(has_rel, top_r / safe_r, np.nan)
-        first = counts.offsets()[:-1][has_rel]
-        for k in used_ks:
-            k_of_row = np.minimum(k, list_length[lo:hi])  # a cutoff past a list is its length
-            hits = np.full(n_rows, np.nan)
-            hits[has_rel] = hit_probability_at(
-                counts.greater[first],
-                counts.size[first],
-                counts.relevant[first],
-                k_of_row[has_rel],
-                ties,
-            )
-            recall[k][lo:hi] = hits
-            in_top = np.bincount(
-                rows, expected_relevant_in_top(counts, k_of_row[rows], ties), minlength=n_rows
-            )
-            precision[k][lo:hi] = np.where(has_rel, in_top / k_of_row, np.nan)
+        for name, values in query_metrics_from_counts(counts, ties, ks, list_length[lo:hi]).items():
+            per_query[name][lo:hi] = values
+    ap = per_query["ap"]
     valid = ~np.isnan(ap)
     n_without = int((~valid).sum())
     if not valid.any():
@@ -483,10 +443,10 @@ def retrieval_metrics(
         )
     return RetrievalReport(
         map=float(ap[valid].mean()),
-        recall_at={k: float(recall[k][valid].mean()) for k in ks},
-        precision_at={k: float(precision[k][valid].mean()) for k in ks},
-        map_at_r=float(map_at_r[valid].mean()),
-        r_precision=float(r_prec[valid].mean()),
+        recall_at={k: float(per_query[f"recall@{k}"][valid].mean()) for k in ks},
+        precision_at={k: float(per_query[f"precision@{k}"][valid].mean()) for k in ks},
+        map_at_r=float(per_query["map_at_r"][valid].mean()),
+        r_precision=float(per_query["r_prec"][valid].mean()),
         per_query_ap=torch.from_numpy(ap),
         n_queries=n_query,
         n_queries_without_relevant=n_without,
