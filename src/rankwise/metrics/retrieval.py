@@ -211,6 +211,30 @@ class _ClassIndex:
         )
 
 
+def check_self_index(
+    exclude_self: Any, n_queries: int, n_gallery: int, device: torch.device, rows: str
+) -> torch.Tensor:
+    """An ``exclude_self`` index array as (n_queries,) int64 gallery rows (-1: none), checked.
+
+    ``rows`` names in the message what the array holds ("gallery row of each of the 5 queries").
+    """
+    idx = as_tensor(exclude_self, "exclude_self", device)
+    if (
+        idx.ndim != 1
+        or idx.shape[0] != n_queries
+        or idx.is_floating_point()
+        or idx.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"`exclude_self` must be None, a bool, or a 1-D integer array with the {rows} "
+            "(-1 for none)."
+        )
+    idx = idx.to(torch.int64)
+    if bool(((idx < -1) | (idx >= n_gallery)).any()):
+        raise ValueError(f"`exclude_self` indices must lie in [-1, {n_gallery - 1}].")
+    return idx
+
+
 def _self_index(exclude_self: Any, qg: QueryGallery) -> tuple[torch.Tensor | None, int]:
     """Gallery row excluded from each query's list (or None) and the list length."""
     n_q, n_g = qg.query.shape[0], qg.gallery.shape[0]
@@ -227,20 +251,8 @@ def _self_index(exclude_self: Any, qg: QueryGallery) -> tuple[torch.Tensor | Non
                 )
             self_index = torch.arange(n_q, device=qg.device)
     else:
-        idx = as_tensor(exclude_self, "exclude_self", qg.device)
-        if (
-            idx.ndim != 1
-            or idx.shape[0] != n_q
-            or idx.is_floating_point()
-            or idx.dtype == torch.bool
-        ):
-            raise ValueError(
-                "`exclude_self` must be None, a bool, or a 1-D integer array with the gallery "
-                f"row of each of the {n_q} queries (-1 for none)."
-            )
-        self_index = idx.to(torch.int64)
-        if bool(((self_index < -1) | (self_index >= n_g)).any()):
-            raise ValueError(f"`exclude_self` indices must lie in [-1, {n_g - 1}].")
+        rows = f"gallery row of each of the {n_q} queries"
+        self_index = check_self_index(exclude_self, n_q, n_g, qg.device, rows)
     n_ranked = n_g - (1 if self_index is not None and bool((self_index >= 0).any()) else 0)
     if n_ranked < 1:
         raise ValueError(
