@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from .base import ArrayDataset, CorruptDatasetError, RetrievalSplits
 from .idx import IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, read_idx
@@ -286,21 +285,16 @@ def assemble_array_splits(
             f"`val_fraction`={val_fraction} leaves no validation sample for {name!r} (every class "
             "is too small to give two samples); raise it or pass val_fraction=0."
         )
-    train_ds = ArrayDataset(
-        torch.from_numpy(np.ascontiguousarray(tr_x[kept])), tr_y[kept], name=f"{name}/train"
-    )
+    # ArrayDataset turns a numpy array into a contiguous tensor
+    train_ds = ArrayDataset(tr_x[kept], tr_y[kept], name=f"{name}/train")
     val_ds = None
     if held.size:
-        val_ds = ArrayDataset(
-            torch.from_numpy(np.ascontiguousarray(tr_x[held])), tr_y[held], name=f"{name}/val"
-        )
+        val_ds = ArrayDataset(tr_x[held], tr_y[held], name=f"{name}/val")
         notes.append(val_note)
-    test_ds = ArrayDataset(torch.from_numpy(np.ascontiguousarray(te_x)), te_y, name=f"{name}/test")
+    test_ds = ArrayDataset(te_x, te_y, name=f"{name}/test")
     gallery_ds = None
     if gallery_x is not None and gallery_y is not None:
-        gallery_ds = ArrayDataset(
-            torch.from_numpy(np.ascontiguousarray(gallery_x)), gallery_y, name=f"{name}/gallery"
-        )
+        gallery_ds = ArrayDataset(gallery_x, gallery_y, name=f"{name}/gallery")
     return RetrievalSplits(
         train=train_ds,
         val=val_ds,
@@ -404,13 +398,9 @@ def load_cifar10_dataset(
 
     Keywords as in :func:`assemble_array_splits`.
     """
-    train_x, train_y, test_x, test_y = read_cifar10(data_dir)
     return assemble_array_splits(
         "cifar10",
-        train_x,
-        train_y,
-        test_x,
-        test_y,
+        *read_cifar10(data_dir),
         protocol=protocol,
         val_fraction=val_fraction,
         seed=seed,

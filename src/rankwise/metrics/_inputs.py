@@ -21,6 +21,7 @@ from ..similarity import check_similarity
 __all__ = [
     "MAX_CUTOFF",
     "QueryGallery",
+    "block_relevance",
     "check_chunk_size",
     "check_device",
     "check_ks",
@@ -55,6 +56,13 @@ class QueryGallery:
     def multi_hot(self) -> bool:
         """True for (n, C) multi-hot labels."""
         return self.query_labels.ndim == 2
+
+
+def block_relevance(ql: torch.Tensor, gl: torch.Tensor) -> torch.Tensor:
+    """(b, m) bool: same class id, or (multi-hot) at least one shared label."""
+    if ql.ndim == 2:
+        return (ql.to(torch.float32) @ gl.to(torch.float32).T) > 0
+    return ql[:, None] == gl[None, :]
 
 
 def check_device(device: Any, query: Any) -> torch.device:

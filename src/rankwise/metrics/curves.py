@@ -29,7 +29,7 @@ import torch
 from .._threads import keeps_torch_threads
 from .._validation import Interval, as_tensor, check_bool, check_range_pair, check_scalar
 from ..similarity import SIMILARITIES, similarity_from_keys
-from ._inputs import QueryGallery, check_chunk_size, check_query_gallery
+from ._inputs import QueryGallery, block_relevance, check_chunk_size, check_query_gallery
 from ._scores import BlockScorer
 
 __all__ = [
@@ -488,13 +488,6 @@ def _prepare_pairs(
     return _PairProblem(qg, exclude, chunk_size, scorer)
 
 
-def _block_relevance(ql: torch.Tensor, gl: torch.Tensor) -> torch.Tensor:
-    """(b, m) bool: same class id, or (multi-hot) at least one shared label."""
-    if ql.ndim == 2:
-        return (ql.to(torch.float32) @ gl.to(torch.float32).T) > 0
-    return ql[:, None] == gl[None, :]
-
-
 def _pair_blocks(p: _PairProblem) -> Iterator[tuple[int, int, int, torch.Tensor]]:
     """(first row, last row + 1, first column, (b, m) bool mask of the pairs to keep) per block.
 
@@ -523,7 +516,7 @@ def _iter_pair_values(p: _PairProblem) -> Iterator[tuple[torch.Tensor, torch.Ten
     """(exact float64 similarity values, is_positive) 1-D blocks covering every pair once."""
     for start, stop, col_lo, keep in _pair_blocks(p):
         keys = p.scorer.keys(start, stop, col_lo)
-        rel = _block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])
+        rel = block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])
         yield similarity_from_keys(keys, p.qg.similarity)[keep], rel[keep]
 
 
@@ -683,7 +676,7 @@ def _histogram_roc(p: _PairProblem, bins: int, score_range: tuple[float, float] 
     for start, stop, col_lo, keep in _pair_blocks(p):
         # Scores outside the range are clamped into the end bins: counted, never dropped.
         idx = _block_bins(p, start, stop, col_lo, edges)[keep]
-        pos = _block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])[keep]
+        pos = block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])[keep]
         pos_hist += torch.bincount(idx[pos], minlength=bins)
         neg_hist += torch.bincount(idx[~pos], minlength=bins)
     n_pos, n_neg = int(pos_hist.sum()), int(neg_hist.sum())

@@ -37,7 +37,7 @@ from .._distributed import all_gather_rows, is_distributed, rank_and_world_size
 from .._validation import as_tensor, check_embeddings
 from ..similarity import check_similarity
 from ._inputs import check_device, check_label_array, check_query_gallery
-from .retrieval import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
+from .retrieval import PRCurve, RetrievalReport, check_self_index, pr_curve, retrieval_metrics
 
 __all__ = [
     "distributed_pr_curve",
@@ -308,21 +308,8 @@ def _self_index(
                 "array (global gallery row of each local query, -1 for none) instead."
             )
         return torch.arange(offset, offset + n_local, device=device)
-    idx = as_tensor(exclude_self, "exclude_self", device)
-    if (
-        idx.ndim != 1
-        or idx.shape[0] != n_local
-        or idx.is_floating_point()
-        or idx.dtype == torch.bool
-    ):
-        raise ValueError(
-            "`exclude_self` must be None, a bool, or a 1-D integer array with the global gallery "
-            f"row of each of this rank's {n_local} queries (-1 for none)."
-        )
-    idx = idx.to(torch.int64)
-    if bool(((idx < -1) | (idx >= n_gallery)).any()):
-        raise ValueError(f"`exclude_self` indices must lie in [-1, {n_gallery - 1}].")
-    return idx
+    rows = f"global gallery row of each of this rank's {n_local} queries"
+    return check_self_index(exclude_self, n_local, n_gallery, device, rows)
 
 
 def _shard(

@@ -43,14 +43,7 @@ from .._packing import PackedCodes, as_packed_codes, check_same_bits, code_dista
 from .._threads import keeps_torch_threads
 from .._validation import Interval, as_tensor, check_labels, check_scalar
 from ._kernels import RelevantGroupCounts
-from .ranking import (
-    average_precision_from_counts,
-    check_ties,
-    expected_relevant_in_top,
-    hit_probability_at,
-    precision_weighted_sum,
-    relevant_above,
-)
+from .ranking import average_precision_from_counts, check_ties, query_metrics_from_counts
 from .retrieval import RetrievalReport
 
 __all__ = [
@@ -455,36 +448,12 @@ class _Accumulator:
 
 def _ap_metrics(acc: _Accumulator, lo: int, counts: RelevantGroupCounts, ties: str, n_ranked: int):
     """AP_T, its tie range, AP_T@k, MAP@R, R-precision, R@k and P@k of a chunk."""
-    n_rows = counts.n_rows
-    rows = counts.row_ids()
-    n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows)
-    has_rel = n_rel > 0
-    safe = np.where(has_rel, n_rel, 1)
-    above = relevant_above(counts)
-    acc.put("ap", lo, average_precision_from_counts(counts, ties))
+    list_length = np.full(counts.n_rows, n_ranked, dtype=np.int64)
+    metrics = query_metrics_from_counts(counts, ties, acc.ks, list_length, ap_at_k=True)
+    for name, values in metrics.items():
+        acc.put(name, lo, values)
     acc.put("ap_best", lo, average_precision_from_counts(counts, "optimistic"))
     acc.put("ap_worst", lo, average_precision_from_counts(counts, "pessimistic"))
-    r_of_entry = n_rel[rows].astype(np.int64)
-    at_r = np.bincount(
-        rows, precision_weighted_sum(counts, r_of_entry, ties, above), minlength=n_rows
-    )
-    top_r = np.bincount(rows, expected_relevant_in_top(counts, r_of_entry, ties), minlength=n_rows)
-    acc.put("map_at_r", lo, np.where(has_rel, at_r / safe, np.nan))
-    acc.put("r_prec", lo, np.where(has_rel, top_r / safe, np.nan))
-    first = counts.offsets()[:-1][has_rel]
-    for k in acc.ks:
-        limit = np.full(rows.shape[0], k, dtype=np.int64)
-        at_k = np.bincount(
-            rows, precision_weighted_sum(counts, limit, ties, above), minlength=n_rows
-        )
-        acc.put(f"ap@{k}", lo, np.where(has_rel, at_k / safe, np.nan))
-        hits = np.full(n_rows, np.nan)
-        hits[has_rel] = hit_probability_at(
-            counts.greater[first], counts.size[first], counts.relevant[first], k, ties
-        )
-        acc.put(f"recall@{k}", lo, hits)
-        in_top = np.bincount(rows, expected_relevant_in_top(counts, limit, ties), minlength=n_rows)
-        acc.put(f"precision@{k}", lo, np.where(has_rel, in_top / k, np.nan))
 
 
 def _ndcg_metrics(acc: _Accumulator, lo: int, hist: np.ndarray, values, ties: str, cd) -> None:

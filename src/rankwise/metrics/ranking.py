@@ -21,6 +21,7 @@ receives the mean discount of the positions its group spans (only positions <= k
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ __all__ = [
     "expected_relevant_in_top",
     "hit_probability_at",
     "average_precision_from_counts",
+    "query_metrics_from_counts",
 ]
 
 TIES = ("expected", "optimistic", "pessimistic")
@@ -201,6 +203,67 @@ def average_precision_from_counts(counts: RelevantGroupCounts, ties: str) -> np.
     total = np.bincount(rows, weights=terms, minlength=n_rows)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n_rel > 0, total / np.where(n_rel > 0, n_rel, 1), np.nan)
+
+
+def query_metrics_from_counts(
+    counts: RelevantGroupCounts,
+    ties: str,
+    ks: Iterable[int],
+    list_length: np.ndarray,
+    ap_at_k: bool = False,
+) -> dict[str, np.ndarray]:
+    """Per-query AP, MAP@R, R-precision, recall@k, precision@k (and AP@k) of a chunk's counts.
+
+    Args:
+        counts: relevant-group counts of the chunk's B queries.
+        ties: "expected", "optimistic" or "pessimistic".
+        ks: the cutoffs.
+        list_length: (B,) int64 length of each query's ranked list; a cutoff past it is taken at
+            that length.
+        ap_at_k: also the truncated AP_T@k (normalized by the query's number of relevant items).
+
+    Returns:
+        (B,) float64 arrays, NaN for queries without a relevant item: ``"ap"``, ``"map_at_r"``,
+        ``"r_prec"``, ``"recall@k"`` and ``"precision@k"`` per cutoff (and ``"ap@k"``).
+    """
+    n_rows = counts.n_rows
+    rows = counts.row_ids()
+    n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows)
+    has_rel = n_rel > 0
+    safe_r = np.where(has_rel, n_rel, 1)
+    above = relevant_above(counts)
+    r_of_entry = n_rel[rows].astype(np.int64)
+    at_r = np.bincount(
+        rows, precision_weighted_sum(counts, r_of_entry, ties, above), minlength=n_rows
+    )
+    top_r = np.bincount(rows, expected_relevant_in_top(counts, r_of_entry, ties), minlength=n_rows)
+    out = {
+        "ap": average_precision_from_counts(counts, ties),
+        "map_at_r": np.where(has_rel, at_r / safe_r, np.nan),
+        "r_prec": np.where(has_rel, top_r / safe_r, np.nan),
+    }
+    first = counts.offsets()[:-1][has_rel]
+    for k in ks:
+        k_of_row = np.minimum(k, list_length)  # a cutoff past a list is its length
+        if ap_at_k:
+            at_k = np.bincount(
+                rows, precision_weighted_sum(counts, k_of_row[rows], ties, above), minlength=n_rows
+            )
+            out[f"ap@{k}"] = np.where(has_rel, at_k / safe_r, np.nan)
+        hits = np.full(n_rows, np.nan)
+        hits[has_rel] = hit_probability_at(
+            counts.greater[first],
+            counts.size[first],
+            counts.relevant[first],
+            k_of_row[has_rel],
+            ties,
+        )
+        out[f"recall@{k}"] = hits
+        in_top = np.bincount(
+            rows, expected_relevant_in_top(counts, k_of_row[rows], ties), minlength=n_rows
+        )
+        out[f"precision@{k}"] = np.where(has_rel, in_top / k_of_row, np.nan)
+    return out
 
 
 def _scores_2d(scores: Any, name: str) -> torch.Tensor:

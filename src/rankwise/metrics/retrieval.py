@@ -30,7 +30,7 @@ import torch
 from .._threads import keeps_torch_threads
 from .._validation import as_tensor, check_choice
 from ..similarity import SIMILARITIES
-from ._inputs import QueryGallery, check_chunk_size, check_ks, check_query_gallery
+from ._inputs import QueryGallery, block_relevance, check_chunk_size, check_ks, check_query_gallery
 from ._kernels import (
     RelevantGroupCounts,
     relevant_group_counts_from_lists,
@@ -39,14 +39,7 @@ from ._kernels import (
 )
 from ._scores import BlockScorer
 from ._sorted import RelevantLists, class_relevant_lists, mask_relevant_lists, sorted_row_counts
-from .ranking import (
-    average_precision_from_counts,
-    check_ties,
-    expected_relevant_in_top,
-    hit_probability_at,
-    precision_weighted_sum,
-    relevant_above,
-)
+from .ranking import check_ties, query_metrics_from_counts, relevant_above
 
 __all__ = ["RetrievalReport", "PRCurve", "retrieval_metrics", "pr_curve", "SIMILARITIES"]
 
@@ -173,7 +166,6 @@ class _Prepared:
     query_labels: torch.Tensor
     gallery_labels: torch.Tensor
     self_index: torch.Tensor | None
-    multi_hot: bool
     similarity: str
     backend: str
     chunk_size: int
@@ -219,6 +211,30 @@ class _ClassIndex:
         )
 
 
+def check_self_index(
+    exclude_self: Any, n_queries: int, n_gallery: int, device: torch.device, rows: str
+) -> torch.Tensor:
+    """An ``exclude_self`` index array as (n_queries,) int64 gallery rows (-1: none), checked.
+
+    ``rows`` names in the message what the array holds ("gallery row of each of the 5 queries").
+    """
+    idx = as_tensor(exclude_self, "exclude_self", device)
+    if (
+        idx.ndim != 1
+        or idx.shape[0] != n_queries
+        or idx.is_floating_point()
+        or idx.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"`exclude_self` must be None, a bool, or a 1-D integer array with the {rows} "
+            "(-1 for none)."
+        )
+    idx = idx.to(torch.int64)
+    if bool(((idx < -1) | (idx >= n_gallery)).any()):
+        raise ValueError(f"`exclude_self` indices must lie in [-1, {n_gallery - 1}].")
+    return idx
+
+
 def _self_index(exclude_self: Any, qg: QueryGallery) -> tuple[torch.Tensor | None, int]:
     """Gallery row excluded from each query's list (or None) and the list length."""
     n_q, n_g = qg.query.shape[0], qg.gallery.shape[0]
@@ -235,20 +251,8 @@ def _self_index(exclude_self: Any, qg: QueryGallery) -> tuple[torch.Tensor | Non
                 )
             self_index = torch.arange(n_q, device=qg.device)
     else:
-        idx = as_tensor(exclude_self, "exclude_self", qg.device)
-        if (
-            idx.ndim != 1
-            or idx.shape[0] != n_q
-            or idx.is_floating_point()
-            or idx.dtype == torch.bool
-        ):
-            raise ValueError(
-                "`exclude_self` must be None, a bool, or a 1-D integer array with the gallery "
-                f"row of each of the {n_q} queries (-1 for none)."
-            )
-        self_index = idx.to(torch.int64)
-        if bool(((self_index < -1) | (self_index >= n_g)).any()):
-            raise ValueError(f"`exclude_self` indices must lie in [-1, {n_g - 1}].")
+        rows = f"gallery row of each of the {n_q} queries"
+        self_index = check_self_index(exclude_self, n_q, n_g, qg.device, rows)
     n_ranked = n_g - (1 if self_index is not None and bool((self_index >= 0).any()) else 0)
     if n_ranked < 1:
         raise ValueError(
@@ -305,7 +309,6 @@ def _prepare(
         qg.query_labels,
         qg.gallery_labels,
         self_index,
-        qg.multi_hot,
         qg.similarity,
         backend,
         chunk_size,
@@ -318,14 +321,6 @@ def _prepare(
     )
 
 
-def _relevance_mask(p: _Prepared, lo: int, hi: int) -> torch.Tensor:
-    """(hi - lo, n_g) bool: same class id, or (multi-hot) at least one shared label."""
-    if p.multi_hot:
-        shared = p.query_labels[lo:hi].to(torch.float32) @ p.gallery_labels.to(torch.float32).T
-        return shared > 0
-    return p.query_labels[lo:hi, None] == p.gallery_labels[None, :]
-
-
 def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
     """Tie-group counts of the exact keys of query rows lo..hi-1 ("counts from scores")."""
     block = p.scorer.block(lo, hi)
@@ -336,7 +331,9 @@ def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
     if p.classes is not None:
         rel_ptr, rel_cols = p.classes.relevant_lists(lo, hi, si)
     else:
-        rel_ptr, rel_cols = relevant_lists_from_mask(_relevance_mask(p, lo, hi).cpu().numpy(), si)
+        rel_ptr, rel_cols = relevant_lists_from_mask(
+            block_relevance(p.query_labels[lo:hi], p.gallery_labels).cpu().numpy(), si
+        )
     return relevant_group_counts_from_lists(
         block.values.cpu().numpy(),
         rel_ptr,
@@ -356,7 +353,9 @@ def _sorted_block_counts(
         query_class, class_ptr, members = p.device_classes
         lists = class_relevant_lists(query_class[lo:hi], class_ptr, members, self_index)
     else:
-        lists = mask_relevant_lists(_relevance_mask(p, lo, hi), self_index)
+        lists = mask_relevant_lists(
+            block_relevance(p.query_labels[lo:hi], p.gallery_labels), self_index
+        )
     bound = None
     if block.bound is not None:
         bound = torch.from_numpy(block.bound).to(block.values.device)
@@ -440,45 +439,12 @@ def retrieval_metrics(
     if p.self_index is not None:
         list_length -= (p.self_index >= 0).cpu().numpy()
     clamped = {k: min(k, p.n_ranked) for k in ks if k > p.n_ranked}
-    used_ks = list(ks)
-    ap = np.full(n_query, np.nan)
-    map_at_r = np.full(n_query, np.nan)
-    r_prec = np.full(n_query, np.nan)
-    recall = {k: np.full(n_query, np.nan) for k in used_ks}
-    precision = {k: np.full(n_query, np.nan) for k in used_ks}
+    names = ["ap", "map_at_r", "r_prec"] + [f"{m}@{k}" for m in ("recall", "precision") for k in ks]
+    per_query = {name: np.full(n_query, np.nan) for name in names}
     for lo, hi, counts in _iterate_counts(p):
-        n_rows = hi - lo
-        rows = counts.row_ids()
-        n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows)
-        has_rel = n_rel > 0
-        above = relevant_above(counts)
-        ap[lo:hi] = average_precision_from_counts(counts, ties)
-        r_of_entry = n_rel[rows].astype(np.int64)
-        at_r = np.bincount(
-            rows, precision_weighted_sum(counts, r_of_entry, ties, above), minlength=n_rows
-        )
-        top_r = np.bincount(
-            rows, expected_relevant_in_top(counts, r_of_entry, ties), minlength=n_rows
-        )
-        safe_r = np.where(has_rel, n_rel, 1)
-        map_at_r[lo:hi] = np.where(has_rel, at_r / safe_r, np.nan)
-        r_prec[lo:hi] = np.where(has_rel, top_r / safe_r, np.nan)
-        first = counts.offsets()[:-1][has_rel]
-        for k in used_ks:
-            k_of_row = np.minimum(k, list_length[lo:hi])  # a cutoff past a list is its length
-            hits = np.full(n_rows, np.nan)
-            hits[has_rel] = hit_probability_at(
-                counts.greater[first],
-                counts.size[first],
-                counts.relevant[first],
-                k_of_row[has_rel],
-                ties,
-            )
-            recall[k][lo:hi] = hits
-            in_top = np.bincount(
-                rows, expected_relevant_in_top(counts, k_of_row[rows], ties), minlength=n_rows
-            )
-            precision[k][lo:hi] = np.where(has_rel, in_top / k_of_row, np.nan)
+        for name, values in query_metrics_from_counts(counts, ties, ks, list_length[lo:hi]).items():
+            per_query[name][lo:hi] = values
+    ap = per_query["ap"]
     valid = ~np.isnan(ap)
     n_without = int((~valid).sum())
     if not valid.any():
@@ -489,10 +455,10 @@ def retrieval_metrics(
         )
     return RetrievalReport(
         map=float(ap[valid].mean()),
-        recall_at={k: float(recall[k][valid].mean()) for k in ks},
-        precision_at={k: float(precision[k][valid].mean()) for k in ks},
-        map_at_r=float(map_at_r[valid].mean()),
-        r_precision=float(r_prec[valid].mean()),
+        recall_at={k: float(per_query[f"recall@{k}"][valid].mean()) for k in ks},
+        precision_at={k: float(per_query[f"precision@{k}"][valid].mean()) for k in ks},
+        map_at_r=float(per_query["map_at_r"][valid].mean()),
+        r_precision=float(per_query["r_prec"][valid].mean()),
         per_query_ap=torch.from_numpy(ap),
         n_queries=n_query,
         n_queries_without_relevant=n_without,
