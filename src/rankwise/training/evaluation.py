@@ -26,9 +26,10 @@ from .._threads import preserve_torch_threads
 from ..metrics import PRCurve, RetrievalReport
 from .callbacks import BestCheckpoint
 from .loader import worker_init
+from .state import RunState
 
 if TYPE_CHECKING:
-    from .strategy import SingleProcess
+    pass
 
 __all__ = ["Evaluation", "embed_batches", "embed_labelled"]
 
@@ -102,16 +103,9 @@ def embed_labelled(
     return embeddings, torch.cat(labels).numpy().astype(np.int64, copy=False)
 
 
-class Evaluation:
-    """The Trainer's evaluation and model selection (a mixin of Trainer).
+class Evaluation(RunState):
+    """The Trainer's evaluation and model selection (a mixin of Trainer)."""
 
-    It uses the trainer's ``model``, data, ``metric_fn`` / ``curve_fn``, ``eval_ks``,
-    ``eval_batch_size``, ``strategy`` and callbacks.
-    """
-
-    model: nn.Module
-    device: torch.device
-    strategy: SingleProcess
     val_data: Dataset | None
     test_data: Dataset | None
     gallery_data: Dataset | None

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -150,7 +150,7 @@ def build_trainer(
                 pr_title=f"test mean PR curve ({config.dataset.name})",
                 label=config.loss.name,
             )
-        evaluation = {"metric_fn": metric_fn, "curve_fn": curve_fn}
+        evaluation: dict[str, Any] = {"metric_fn": metric_fn, "curve_fn": curve_fn}
         return cls(
             model,
             loss_fn,
@@ -178,6 +178,8 @@ def build_trainer(
             console=console,
             name=name,
             config=config,
+            loss_name=config.loss.name,
+            run_dir_key=key,
             resume_from=resume_from,
             strategy=strategy,
             **{k: v for k, v in evaluation.items() if v is not None},  # else the class default

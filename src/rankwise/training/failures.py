@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from .._signals import handle_signals
 from .errors import NonFiniteLossError, TrainingInterrupted
+from .state import RunState
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["Failures", "graceful_stop"]
 
 
-_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+_SIGNAL_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 @contextlib.contextmanager
@@ -55,15 +55,11 @@ def graceful_stop(trainer: Trainer) -> Iterator[None]:
         yield
 
 
-class Failures:
+class Failures(RunState):
     """The Trainer's errors for an interrupted or diverged run (a mixin of Trainer)."""
 
-    run_dir: Path | None
-    config: Any
-    step: int
     total_steps: int
-    next_epoch: int
-    last_checkpoint_step: int | None
+    loss_name: str
     _in_step: bool
 
     def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:

@@ -313,9 +313,11 @@ class DataParallelStrategy(SingleProcess):
         payload: list[Any] = [None]
         if self.is_main_process:
             value = read()
-            if isinstance(value, dict):
-                value = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
-            payload[0] = value
+            payload[0] = (
+                {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
+                if isinstance(value, dict)
+                else value
+            )
         source = 0 if self.group is None else dist.get_global_rank(self.group, 0)
         dist.broadcast_object_list(payload, src=source, group=self.group)
         return payload[0]
@@ -345,7 +347,8 @@ class DataParallelStrategy(SingleProcess):
         """
         if self.world_size == 1:
             return take()
-        lock, failure, refusal = RunDirLock(Path(run_dir), held=False), None, [None]
+        lock, failure = RunDirLock(Path(run_dir), held=False), None
+        refusal: list[str | None] = [None]
         if self.rank == 0:
             try:
                 lock = take()
