@@ -1,13 +1,11 @@
 """Config -> Trainer: the one place that reads a run's configuration.
 
-Builds what a YAML config (:class:`~rankwise.training.config.Config`) describes — the data
-splits, the model, the ranking loss, the P x K sampler with ``m`` samples per class, the
-optimizer and the learning-rate schedule of the protocol of Wen et al. (NeurIPS 2022, Sec. 5.1
-and App. D.1) — and hands them to a :class:`~rankwise.training.Trainer` (or a subclass: the
-data-parallel and the hashing trainers). :meth:`Trainer.from_config
+Builds what a :class:`~rankwise.training.config.Config` describes (data splits, model, ranking
+loss, P x K sampler, optimizer and learning-rate schedule of Wen et al., NeurIPS 2022, Sec. 5.1
+and App. D.1) and hands them, as plain values, to a :class:`~rankwise.training.Trainer` or a
+subclass (data-parallel, hashing). :meth:`Trainer.from_config
 <rankwise.training.Trainer.from_config>` and :meth:`Trainer.from_run_dir
-<rankwise.training.Trainer.from_run_dir>` delegate here; :func:`build_trainer` is the entry point
-for callers with a model or an evaluation of their own.
+<rankwise.training.Trainer.from_run_dir>` delegate here.
 """
 
 from __future__ import annotations

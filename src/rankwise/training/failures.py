@@ -1,9 +1,8 @@
-"""How a run stops early: signals handled between steps, and the messages of its failures.
+"""How a run stops early: Ctrl-C and SIGTERM handled between steps, and the failures' messages.
 
-Ctrl-C and SIGTERM (what ``timeout``, SLURM, Kubernetes and docker send) stop the loop after the
-current step with a checkpoint (:func:`graceful_stop`); :class:`Failures` (a mixin of the
-Trainer) turns an interruption and a non-finite loss or model into errors that say what was kept
-and how to continue.
+:func:`graceful_stop` stops the loop after the current step with a checkpoint; :class:`Failures`
+(a mixin of the Trainer) turns an interruption, a non-finite loss or model into errors that say
+what was kept and how to continue.
 """
 
 from __future__ import annotations

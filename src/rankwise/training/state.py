@@ -1,15 +1,10 @@
-"""The state of a run on disk: its file names, its result, its checkpoints and its lock.
+"""A run on disk: its result (:class:`RunResult`) and the Trainer's part that owns its directory.
 
-A run directory (one :class:`~rankwise.training.Trainer` run of the protocol of Wen et al.,
-NeurIPS 2022, Sec. 5.1: train, select on validation, test the selected model) holds
-``config.yaml``, ``metrics.jsonl``, ``checkpoints/{last,previous,best}.pt``, ``report.json``,
-``pr_curve.json`` and the plots; :class:`~rankwise.training.rundir.RunPaths` (re-exported
-here) names them once. :class:`RunResult` is the
-outcome of :meth:`Trainer.fit <rankwise.training.Trainer.fit>`, written to and read back from
-``report.json`` / ``pr_curve.json`` by :meth:`RunResult.save` / :meth:`RunResult.load` alone.
-:class:`RunState` is the part of the Trainer that owns the run directory: its lock, the
-checkpoint written after every evaluation (weights, optimizer, loss buffers such as SOPRC's
-``v`` of Eq. (10), scheduler, sampler position, RNG streams, callbacks' state), and resumption.
+:class:`RunResult` is the outcome of :meth:`Trainer.fit <rankwise.training.Trainer.fit>`, the one
+writer and reader of ``report.json`` / ``pr_curve.json``; :class:`RunState` holds the run
+directory's lock, the checkpoint written after every evaluation (weights, optimizer, loss buffers
+such as SOPRC's ``v`` of Wen et al., NeurIPS 2022, Eq. (10), scheduler, sampler position, RNG
+streams, callbacks' state) and resumption. File names: :class:`~rankwise.training.rundir.RunPaths`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """The training loop: a Trainer for your own model, loss and data.
 
-The training loop of the image-retrieval experiments of Wen et al., *Exploring the
-Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
-Sec. 5.1 and App. D.1: an embedding network trained end to end with a ranking loss (SOPRC's
-Alg. 1 or a competitor) on P x K mini-batches with exactly ``m`` samples per class, model selection
-by validation mAUPRC (tie-aware mAP), and a final test report of the selected model (open-set:
-leave-one-out on the test data; closed-set: test queries against a gallery).
-
-:class:`Trainer` takes objects — your ``nn.Module``, a loss, a dataset — and runs that loop;
-:meth:`Trainer.from_config` builds them from a YAML config (:mod:`rankwise.training.build`). The
-progress bar, the ``metrics.jsonl`` log, the best-checkpoint selection, the plots and the collapse
-detector are callbacks (:mod:`rankwise.training.callbacks`), so :meth:`Trainer.fit` is the loop.
-
-The loop is resumable bit for bit: a checkpoint holds the weights, the optimizer, the loss buffers
-(SOPRC's auxiliary vector ``v`` of Eq. (10)), the learning-rate scheduler, the sampler position
-(epoch and batch), every RNG stream, the step counter and the callbacks' state (the best-so-far,
-the logged loss window). Random data transforms draw from a generator seeded by
-``(seed, epoch, batch, slot)``, so batches do not depend on where a run was interrupted nor on
+The loop of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
+with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1: an embedding network trained with a
+ranking loss on P x K batches (exactly ``m`` samples per class), model selection by validation
+tie-aware mAP, and a test report of the selected model. :class:`Trainer` takes objects;
+:meth:`Trainer.from_config` builds them from a YAML config (:mod:`rankwise.training.factory`).
+Progress bar, ``metrics.jsonl``, best-checkpoint selection, plots and the collapse detector are
+callbacks (:mod:`rankwise.training.callbacks`). Resumable bit for bit: a checkpoint holds every
+state (weights, optimizer, loss buffers such as SOPRC's ``v`` of Eq. (10), scheduler, sampler
+position, RNG streams, step, callbacks); random transforms draw from generators seeded by
+``(seed, epoch, batch, slot)``, so batches depend neither on interruptions nor on
 ``num_workers``.
 """
 
