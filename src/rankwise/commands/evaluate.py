@@ -230,7 +230,7 @@ def _write_outputs(
                 f"--json {json_out}: could not write the report ({exc.strerror or exc})."
             ) from exc
         console.print(f"wrote {json_out}", soft_wrap=True)
-    if curve is not None:
+    if curve is not None and plot_pr is not None:
         name = Path(_split_key(embeddings)[0]).stem
         try:
             written = plot_pr_curves(
@@ -309,12 +309,26 @@ def evaluate(
         gallery_labels_t = (
             load_array(gallery_labels, "--gallery-labels") if gallery_labels is not None else None
         )
-        options = dict(similarity=similarity, ties=ties, device=dev)
         report = retrieval_metrics(
-            query, query_labels, gallery_t, gallery_labels_t, ks=ks_tuple, **options
+            query,
+            query_labels,
+            gallery_t,
+            gallery_labels_t,
+            ks=ks_tuple,
+            similarity=similarity,
+            ties=ties,
+            device=dev,
         )
         curve = (
-            pr_curve(query, query_labels, gallery_t, gallery_labels_t, **options)
+            pr_curve(
+                query,
+                query_labels,
+                gallery_t,
+                gallery_labels_t,
+                similarity=similarity,
+                ties=ties,
+                device=dev,
+            )
             if plot_pr is not None
             else None
         )

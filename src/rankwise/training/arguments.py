@@ -1,7 +1,5 @@
-"""The checks of the Trainer's arguments, and the deterministic mode it trains in.
+"""The checks of the Trainer's arguments (each named, before any step) and its deterministic mode.
 
-Every argument of :class:`~rankwise.training.Trainer` is checked when the trainer is built, so a
-wrong one fails with a message naming it before any step (and not in a DataLoader worker);
 :func:`determinism` switches on the deterministic algorithms that make a run resumable bit for
 bit.
 """

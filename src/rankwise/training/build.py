@@ -276,7 +276,11 @@ def total_steps(config: Config, steps_per_epoch: int) -> int:
         The number of steps; milestones at or past it are a ConfigError.
     """
     budget = config.budget
-    total = budget.iterations if budget.iterations is not None else budget.epochs * steps_per_epoch
+    if budget.iterations is not None:
+        total = budget.iterations
+    else:  # the config holds one of the two
+        assert budget.epochs is not None
+        total = budget.epochs * steps_per_epoch
     milestones = config.schedule.milestones
     if config.schedule.name == "multistep" and milestones[-1] >= total:
         raise ConfigError(

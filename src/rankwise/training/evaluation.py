@@ -5,9 +5,10 @@ validation split is ranked leave-one-out with the exact tie-aware metrics (or th
 ``metric_fn``), the model with the best validation mAP is selected
 (:class:`~rankwise.training.callbacks.BestCheckpoint`), and the selected model is tested
 (open-set: leave-one-out; closed-set: queries against a gallery) with its mean PR curve.
-:func:`embed_batches` is the one embedding loop (eval mode, no gradient) of the Trainer and of
-:class:`~rankwise.training.inference.LoadedRun`; :class:`Evaluation` is the Trainer's part that
-evaluates, the same for one process and many (the strategy embeds shards and gathers them).
+:func:`embed_batches` is the one embedding loop (eval mode, no gradient) of the Trainer, of
+:class:`~rankwise.training.inference.LoadedRun` and of the hash codes; :class:`Evaluation` is the
+Trainer's part that evaluates, the same for one process and many (the strategy embeds shards
+and gathers them).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from .._threads import preserve_torch_threads
 from ..metrics import PRCurve, RetrievalReport
 from .callbacks import BestCheckpoint
 from .loader import worker_init
+from .state import RunState
 
 if TYPE_CHECKING:
-    from .strategy import SingleProcess
+    pass
 
-__all__ = ["Evaluation", "embed_batches"]
+__all__ = ["Evaluation", "embed_batches", "embed_labelled"]
 
 
 def embed_batches(
@@ -72,16 +74,38 @@ def embed_batches(
     return torch.cat(chunks)
 
 
-class Evaluation:
-    """The Trainer's evaluation and model selection (a mixin of Trainer).
+def embed_labelled(
+    model: nn.Module,
+    loader: Iterable[tuple[torch.Tensor, Any]],
+    device: torch.device,
+    *,
+    finish: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, np.ndarray]:
+    """:func:`embed_batches` of a loader of ``(x, label)`` batches, with the ``(N,)`` int64 labels.
 
-    It uses the trainer's ``model``, data, ``metric_fn`` / ``curve_fn``, ``eval_ks``,
-    ``eval_batch_size``, ``strategy`` and callbacks.
+    Args:
+        model: the embedding model.
+        loader: ``(inputs, labels)`` batches.
+        device: where the model is.
+        finish: applied to each batch's embeddings.
+
+    Returns:
+        ``(embeddings, labels)``.
     """
+    labels: list[torch.Tensor] = []
 
-    model: nn.Module
-    device: torch.device
-    strategy: SingleProcess
+    def inputs() -> Iterator[torch.Tensor]:
+        for x, y in loader:
+            labels.append(torch.as_tensor(y).reshape(-1))
+            yield x
+
+    embeddings = embed_batches(model, inputs(), device, finish=finish, name="dataset")
+    return embeddings, torch.cat(labels).numpy().astype(np.int64, copy=False)
+
+
+class Evaluation(RunState):
+    """The Trainer's evaluation and model selection (a mixin of Trainer)."""
+
     val_data: Dataset | None
     test_data: Dataset | None
     gallery_data: Dataset | None
@@ -113,15 +137,7 @@ class Evaluation:
             generator=torch.Generator().manual_seed(self.seed),
             pin_memory=self.device.type == "cuda",
         )
-        labels: list[torch.Tensor] = []
-
-        def inputs() -> Iterator[torch.Tensor]:
-            for x, y in loader:
-                labels.append(torch.as_tensor(y).reshape(-1))
-                yield x
-
-        embeddings = embed_batches(self.model, inputs(), self.device, name="dataset")
-        return embeddings, torch.cat(labels).numpy().astype(np.int64, copy=False)
+        return embed_labelled(self.model, loader, self.device)
 
     def _data(self, split: str) -> Dataset:
         data = {"val": self.val_data, "test": self.test_data}.get(split)

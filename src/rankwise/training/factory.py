@@ -1,13 +1,11 @@
 """Config -> Trainer: the one place that reads a run's configuration.
 
-Builds what a YAML config (:class:`~rankwise.training.config.Config`) describes — the data
-splits, the model, the ranking loss, the P x K sampler with ``m`` samples per class, the
-optimizer and the learning-rate schedule of the protocol of Wen et al. (NeurIPS 2022, Sec. 5.1
-and App. D.1) — and hands them to a :class:`~rankwise.training.Trainer` (or a subclass: the
-data-parallel and the hashing trainers). :meth:`Trainer.from_config
+Builds what a :class:`~rankwise.training.config.Config` describes (data splits, model, ranking
+loss, P x K sampler, optimizer and learning-rate schedule of Wen et al., NeurIPS 2022, Sec. 5.1
+and App. D.1) and hands them, as plain values, to a :class:`~rankwise.training.Trainer` or a
+subclass (data-parallel, hashing). :meth:`Trainer.from_config
 <rankwise.training.Trainer.from_config>` and :meth:`Trainer.from_run_dir
-<rankwise.training.Trainer.from_run_dir>` delegate here; :func:`build_trainer` is the entry point
-for callers with a model or an evaluation of their own.
+<rankwise.training.Trainer.from_run_dir>` delegate here.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import os
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -150,7 +148,7 @@ def build_trainer(
                 pr_title=f"test mean PR curve ({config.dataset.name})",
                 label=config.loss.name,
             )
-        evaluation = {"metric_fn": metric_fn, "curve_fn": curve_fn}
+        evaluation: dict[str, Any] = {"metric_fn": metric_fn, "curve_fn": curve_fn}
         return cls(
             model,
             loss_fn,
@@ -178,6 +176,8 @@ def build_trainer(
             console=console,
             name=name,
             config=config,
+            loss_name=config.loss.name,
+            run_dir_key=key,
             resume_from=resume_from,
             strategy=strategy,
             **{k: v for k, v in evaluation.items() if v is not None},  # else the class default

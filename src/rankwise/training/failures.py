@@ -1,9 +1,8 @@
-"""How a run stops early: signals handled between steps, and the messages of its failures.
+"""How a run stops early: Ctrl-C and SIGTERM handled between steps, and the failures' messages.
 
-Ctrl-C and SIGTERM (what ``timeout``, SLURM, Kubernetes and docker send) stop the loop after the
-current step with a checkpoint (:func:`graceful_stop`); :class:`Failures` (a mixin of the
-Trainer) turns an interruption and a non-finite loss or model into errors that say what was kept
-and how to continue.
+:func:`graceful_stop` stops the loop after the current step with a checkpoint; :class:`Failures`
+(a mixin of the Trainer) turns an interruption, a non-finite loss or model into errors that say
+what was kept and how to continue.
 """
 
 from __future__ import annotations
@@ -11,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from .._signals import handle_signals
 from .errors import NonFiniteLossError, TrainingInterrupted
+from .state import RunState
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["Failures", "graceful_stop"]
 
 
-_SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+_SIGNAL_NAMES: dict[int, str] = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 
 
 @contextlib.contextmanager
@@ -55,15 +54,11 @@ def graceful_stop(trainer: Trainer) -> Iterator[None]:
         yield
 
 
-class Failures:
+class Failures(RunState):
     """The Trainer's errors for an interrupted or diverged run (a mixin of Trainer)."""
 
-    run_dir: Path | None
-    config: Any
-    step: int
     total_steps: int
-    next_epoch: int
-    last_checkpoint_step: int | None
+    loss_name: str
     _in_step: bool
 
     def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:

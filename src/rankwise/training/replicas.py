@@ -1,12 +1,10 @@
 """The collectives of data-parallel training: the gathered batch and replicas kept in sync.
 
-The pieces of :mod:`rankwise.training.distributed` that the training strategy
-(:mod:`rankwise.training.strategy`) calls: :func:`all_gather_with_grad` concatenates every rank's
-embeddings and labels in rank order and lets the gradient flow back to the local slice, so every
-rank computes the loss of the global batch (Wen et al., NeurIPS 2022, Eq. 8 ranks every positive of
-an anchor against every negative of the *batch*); :func:`check_replicas_in_sync` compares exact
-checksums of every weight, buffer and optimizer tensor across ranks; :class:`ReplicaSync` agrees on
-stopping after every step. Re-exported by :mod:`rankwise.training.distributed`.
+:func:`all_gather_with_grad` concatenates every rank's embeddings and labels in rank order, the
+gradient flowing back to the local slice, so every rank computes the loss of the global batch
+(Wen et al., NeurIPS 2022, Eq. 8); :func:`check_replicas_in_sync` compares exact checksums of
+every weight, buffer and optimizer tensor across ranks; :class:`ReplicaSync` agrees on stopping
+after every step. Re-exported by :mod:`rankwise.training.distributed`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""Run directories: their file names (:class:`RunPaths`), what counts as results, finding runs below a folder, picking a checkpoint.
+"""Run directories: file names (:class:`RunPaths`), results, finding runs, picking a checkpoint.
 
-One rule protects finished work for ``train``, ``bench`` and ``tune`` alike: a directory that
-holds results is never written into unless the caller asked to resume it or to overwrite it.
-"Results" are the files a run produces (checkpoints, ``report.json``, a non-empty
-``metrics.jsonl``, the PR curve) — not a ``config.yaml`` alone, which a run writes before its
-first step. This module also finds the run directories below a folder (``rankwise train --resume
-runs/digits`` when the run is ``runs/digits/auc-seed0``), chooses which checkpoint to resume
-from when the newest is corrupt, and removes the temporary files a killed run left. No paper
-equation is implemented here.
+One rule protects finished work for ``train``, ``bench`` and ``tune``: a directory that holds
+results (checkpoints, ``report.json``, a non-empty ``metrics.jsonl``, the PR curve; not a
+``config.yaml`` alone) is written into only when the caller resumes or overwrites it. Also: the
+run directories below a folder (``rankwise train --resume runs/digits`` for
+``runs/digits/auc-seed0``), the checkpoint to resume from when the newest is corrupt, and the
+temporary files a killed run left.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
-"""The state of a run on disk: its file names, its result, its checkpoints and its lock.
+"""A run on disk: its result (:class:`RunResult`) and the Trainer's part that owns its directory.
 
-A run directory (one :class:`~rankwise.training.Trainer` run of the protocol of Wen et al.,
-NeurIPS 2022, Sec. 5.1: train, select on validation, test the selected model) holds
-``config.yaml``, ``metrics.jsonl``, ``checkpoints/{last,previous,best}.pt``, ``report.json``,
-``pr_curve.json`` and the plots; :class:`~rankwise.training.rundir.RunPaths` (re-exported
-here) names them once. :class:`RunResult` is the
-outcome of :meth:`Trainer.fit <rankwise.training.Trainer.fit>`, written to and read back from
-``report.json`` / ``pr_curve.json`` by :meth:`RunResult.save` / :meth:`RunResult.load` alone.
-:class:`RunState` is the part of the Trainer that owns the run directory: its lock, the
-checkpoint written after every evaluation (weights, optimizer, loss buffers such as SOPRC's
-``v`` of Eq. (10), scheduler, sampler position, RNG streams, callbacks' state), and resumption.
+:class:`RunResult` is the outcome of :meth:`Trainer.fit <rankwise.training.Trainer.fit>`, the one
+writer and reader of ``report.json`` / ``pr_curve.json``; :class:`RunState` holds the run
+directory's lock, the checkpoint written after every evaluation (weights, optimizer, loss buffers
+such as SOPRC's ``v`` of Wen et al., NeurIPS 2022, Eq. (10), scheduler, sampler position, RNG
+streams, callbacks' state) and resumption. File names: :class:`~rankwise.training.rundir.RunPaths`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -24,9 +20,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 import yaml
+from torch import nn
 
 from ..metrics import PRCurve, RetrievalReport
-from .callbacks import BestCheckpoint, Callback
+from .arguments import LRSchedule
+from .callbacks import BestCheckpoint
+from .callbacks.host import CallbackHost
 from .checkpoint import (
     atomic_save,
     atomic_write_text,
@@ -34,7 +33,7 @@ from .checkpoint import (
     keep_previous,
     load_checkpoint,
 )
-from .config import read_config_file
+from .config import Config, read_config_file
 from .errors import ConfigError, CorruptCheckpointError, DiskFullError, ReplicaDivergenceError
 from .lock import RunDirLock, lock_run_dir
 from .rundir import RunPaths, existing_results, readable_checkpoint_step, remove_stale_temporaries
@@ -194,19 +193,38 @@ def _format1_callback_states(state: dict[str, Any]) -> dict[str, dict[str, Any]]
     }
 
 
-class RunState:
+class RunState(CallbackHost):
     """The Trainer's run directory: its lock, its checkpoints, resumption (a mixin of Trainer).
 
-    It uses the trainer's ``run_dir``, ``paths``, ``strategy``, ``model``, ``loss_fn``,
-    ``optimizer``, ``lr_schedule``, ``callbacks`` and progress counters.
+    It declares the trainer's attributes it (and the mixins built on it) uses.
     """
 
     CHECKPOINT_FORMAT = 2
     run_dir: Path | None
     paths: RunPaths
     strategy: SingleProcess
-    callbacks: list[Callback]
-    _active: list[Callback]
+    config: Config | None
+    model: nn.Module
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_schedule: LRSchedule | None
+    device: torch.device
+    step: int
+    next_epoch: int
+    next_position: int
+    seconds: float
+    last_checkpoint_step: int | None
+    _tick: float
+    _last_is_good: bool
+    _run_dir_key: str
+    _run_lock: RunDirLock | None
+    _holds_run_dir: bool
+    _left_checkpoint: tuple[int, int, int] | None
+
+    def _account_time(self) -> None:
+        now = time.perf_counter()
+        self.seconds += now - self._tick
+        self._tick = now
 
     @classmethod
     def _lock_run_dir(

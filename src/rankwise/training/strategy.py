@@ -1,15 +1,11 @@
-"""How many processes train one model: the strategy object the Trainer calls.
+"""How many processes train one model: the strategy the Trainer asks for what differs.
 
-:class:`~rankwise.training.Trainer` runs one loop for one process and for many; what differs is
-asked of its strategy: who it is (``rank``, ``world_size``, ``is_main_process``), the collectives
-(gather the embeddings of the batch or of an evaluation split, reduce a stop flag, broadcast what
-rank 0 read, agree on a failure, barrier), the sharding of the sampler and of the evaluation data,
-and the rule that rank 0 alone writes the run directory. :class:`SingleProcess` does all of it
-with no communication; :class:`DataParallelStrategy` does it on a torch.distributed process group,
-with the global-batch loss of Wen et al. (NeurIPS 2022, Eq. 8: every positive of an anchor ranked
-against every negative of the *global* batch; :func:`~rankwise.training.replicas.all_gather_with_grad`).
-Evaluation is one path for both: each process embeds its shard, the shards are gathered in order,
-and the trainer's ``metric_fn`` / ``curve_fn`` rank the whole split on every process.
+Who a process is (``rank``, ``world_size``, ``is_main_process``), the collectives (gather a batch's
+or a split's embeddings, reduce a stop flag, broadcast what rank 0 read, barrier), the sharding
+of the sampler and the evaluation data, and rank 0 alone writing the run directory:
+:class:`SingleProcess` without communication, :class:`DataParallelStrategy` on a
+torch.distributed group with the global-batch loss of Wen et al. (NeurIPS 2022, Eq. 8;
+:func:`~rankwise.training.replicas.all_gather_with_grad`).
 """
 
 from __future__ import annotations
@@ -313,9 +309,11 @@ class DataParallelStrategy(SingleProcess):
         payload: list[Any] = [None]
         if self.is_main_process:
             value = read()
-            if isinstance(value, dict):
-                value = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
-            payload[0] = value
+            payload[0] = (
+                {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in value.items()}
+                if isinstance(value, dict)
+                else value
+            )
         source = 0 if self.group is None else dist.get_global_rank(self.group, 0)
         dist.broadcast_object_list(payload, src=source, group=self.group)
         return payload[0]
@@ -345,7 +343,8 @@ class DataParallelStrategy(SingleProcess):
         """
         if self.world_size == 1:
             return take()
-        lock, failure, refusal = RunDirLock(Path(run_dir), held=False), None, [None]
+        lock, failure = RunDirLock(Path(run_dir), held=False), None
+        refusal: list[str | None] = [None]
         if self.rank == 0:
             try:
                 lock = take()

@@ -1,22 +1,15 @@
 """The training loop: a Trainer for your own model, loss and data.
 
-The training loop of the image-retrieval experiments of Wen et al., *Exploring the
-Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
-Sec. 5.1 and App. D.1: an embedding network trained end to end with a ranking loss (SOPRC's
-Alg. 1 or a competitor) on P x K mini-batches with exactly ``m`` samples per class, model selection
-by validation mAUPRC (tie-aware mAP), and a final test report of the selected model (open-set:
-leave-one-out on the test data; closed-set: test queries against a gallery).
-
-:class:`Trainer` takes objects — your ``nn.Module``, a loss, a dataset — and runs that loop;
-:meth:`Trainer.from_config` builds them from a YAML config (:mod:`rankwise.training.build`). The
-progress bar, the ``metrics.jsonl`` log, the best-checkpoint selection, the plots and the collapse
-detector are callbacks (:mod:`rankwise.training.callbacks`), so :meth:`Trainer.fit` is the loop.
-
-The loop is resumable bit for bit: a checkpoint holds the weights, the optimizer, the loss buffers
-(SOPRC's auxiliary vector ``v`` of Eq. (10)), the learning-rate scheduler, the sampler position
-(epoch and batch), every RNG stream, the step counter and the callbacks' state (the best-so-far,
-the logged loss window). Random data transforms draw from a generator seeded by
-``(seed, epoch, batch, slot)``, so batches do not depend on where a run was interrupted nor on
+The loop of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
+with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1: an embedding network trained with a
+ranking loss on P x K batches (exactly ``m`` samples per class), model selection by validation
+tie-aware mAP, and a test report of the selected model. :class:`Trainer` takes objects;
+:meth:`Trainer.from_config` builds them from a YAML config (:mod:`rankwise.training.factory`).
+Progress bar, ``metrics.jsonl``, best-checkpoint selection, plots and the collapse detector are
+callbacks (:mod:`rankwise.training.callbacks`). Resumable bit for bit: a checkpoint holds every
+state (weights, optimizer, loss buffers such as SOPRC's ``v`` of Eq. (10), scheduler, sampler
+position, RNG streams, step, callbacks); random transforms draw from generators seeded by
+``(seed, epoch, batch, slot)``, so batches depend neither on interruptions nor on
 ``num_workers``.
 """
 
@@ -53,14 +46,14 @@ from .callbacks import (
     Callback,
     StepOutput,
 )
-from .callbacks.host import CallbackHost, CallbackLike
+from .callbacks.host import CallbackLike
 from .config import Config
 from .errors import NonFiniteLossError
 from .evaluation import Evaluation
 from .failures import Failures, graceful_stop
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
 from .lock import RunDirLock
-from .state import RunPaths, RunResult, RunState
+from .state import RunPaths, RunResult
 from .strategy import SingleProcess
 
 if TYPE_CHECKING:
@@ -79,7 +72,7 @@ __all__ = [
 ]
 
 
-class Trainer(CallbackHost, RunState, Evaluation, Failures):
+class Trainer(Evaluation, Failures):
     """Train an embedding model with a ranking loss; select it on validation, test it.
 
     The loop of :meth:`fit`: P x K batches from ``sampler``; per step ``model(x)`` ->
@@ -158,6 +151,8 @@ class Trainer(CallbackHost, RunState, Evaluation, Failures):
             (:class:`~rankwise.training.strategy.SingleProcess`, the default) or every rank of
             a process group (:class:`~rankwise.training.strategy.DataParallelStrategy`; see
             :class:`~rankwise.training.distributed.DistributedTrainer`).
+        loss_name: the loss's name in messages (default: its class name; a config's name).
+        run_dir_key: the argument or config key that named ``run_dir``, for messages.
 
     Raises:
         ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
@@ -220,6 +215,8 @@ class Trainer(CallbackHost, RunState, Evaluation, Failures):
         config: Config | None = None,
         resume_from: str | Path | None = None,
         strategy: SingleProcess | None = None,
+        loss_name: str | None = None,
+        run_dir_key: str = "run_dir",
     ) -> None:
         if isinstance(model, Config):
             raise TypeError(
@@ -285,6 +282,7 @@ class Trainer(CallbackHost, RunState, Evaluation, Failures):
         )
         self.lr_schedule = lr_schedule
         self._lr_function = check_schedule(lr_schedule)
+        self.loss_name = loss_name or type(loss_fn).__name__
         self.name = name or self.loss_name
 
         # -- progress state (checkpointed) ---------------------------------------------------
@@ -308,8 +306,7 @@ class Trainer(CallbackHost, RunState, Evaluation, Failures):
         for callback in callbacks:
             self._add_callback(self._as_callback(callback))
         self._active: list[Callback] = list(self.callbacks)
-        # the name the caller gave the run directory, for messages (a config's output_dir)
-        self._run_dir_key = "output_dir" if config is not None and not resume else "run_dir"
+        self._run_dir_key = run_dir_key
         self._run_lock: RunDirLock | None = None
         self._holds_run_dir = False
         self._left_checkpoint: tuple[int, int, int] | None = None
@@ -437,19 +434,7 @@ class Trainer(CallbackHost, RunState, Evaluation, Failures):
         """
         return self._completed
 
-    @property
-    def loss_name(self) -> str:
-        """The loss's name: its config name, or its class name."""
-        if self.config is not None:
-            return self.config.loss.name
-        return type(self.loss_fn).__name__
-
     # -- training ---------------------------------------------------------------------------
-
-    def _account_time(self) -> None:
-        now = time.perf_counter()
-        self.seconds += now - self._tick
-        self._tick = now
 
     def learning_rate(self, step: int) -> float:
         """The learning rate of the 0-based ``step`` (of the first parameter group).

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -362,20 +362,6 @@ def warm_up_metrics() -> float:
 # -- resumable runs --------------------------------------------------------------------------------
 
 
-def _report_from_dict(data: Mapping[str, Any]) -> Any:
-    """A :class:`~rankwise.metrics.RetrievalReport` from its ``to_dict()`` (``report.json``)."""
-    values = dict(data)
-    values["recall_at"] = {int(k): float(v) for k, v in values["recall_at"].items()}
-    values["precision_at"] = {int(k): float(v) for k, v in values["precision_at"].items()}
-    values["clamped_ks"] = {int(k): int(v) for k, v in (values.get("clamped_ks") or {}).items()}
-    values["ks"] = tuple(int(k) for k in values["ks"])
-    values["per_query_ap"] = torch.tensor(
-        [np.nan if v is None else float(v) for v in values["per_query_ap"]], dtype=torch.float64
-    )
-    names = {f.name for f in fields(RetrievalReport)}
-    return RetrievalReport(**{k: v for k, v in values.items() if k in names})
-
-
 def stored_result(run: BenchRun, with_test: bool = True) -> RunResult | None:
     """The result of a run of the sweep that already completed (``None``: not completed).
 
@@ -384,44 +370,17 @@ def stored_result(run: BenchRun, with_test: bool = True) -> RunResult | None:
         with_test: whether the run's test report is needed (``bench``; ``tune`` has none).
 
     Returns:
-        The :class:`RunResult` read back from ``report.json`` (and ``pr_curve.json``).
+        The :class:`RunResult` read back by :meth:`RunResult.load`, with the run's config.
 
     Raises:
         ConfigError: the run directory holds a run made with another config.
     """
     run_dir = run.config.resolved_output_dir()
-    try:
-        report = json.loads((run_dir / "report.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
-    if report.get("status") != "completed":
+    result = RunResult.load(run_dir, with_test)
+    if result is None:
         return None
     check_stored_config(run.config, run_dir)
-    test, curve = None, None
-    if with_test:
-        try:
-            data = json.loads((run_dir / "pr_curve.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        if report.get("test") is None:
-            return None
-        test = _report_from_dict(report["test"])
-        curve = PRCurve(
-            recall=np.asarray(data["recall"], dtype=np.float64),
-            precision=np.asarray(data["precision"], dtype=np.float64),
-            n_queries=int(data["n_queries"]),
-        )
-    return RunResult(
-        run_dir=run_dir,
-        status="completed",
-        steps=int(report["steps"]),
-        seconds=float(report["seconds"]),
-        best_step=report.get("best_step"),
-        best_val=report.get("best_val"),
-        test=test,
-        pr_curve=curve,
-        config=run.config.to_dict(),
-    )
+    return replace(result, config=run.config.to_dict())
 
 
 def run_or_resume(

@@ -36,7 +36,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -49,17 +48,7 @@ from ..metrics import hamming_retrieval_metrics, pr_curve
 from ..models import build_model
 from ..plots import plot_tie_ranges
 from ..training import NonFiniteLossError, RunResult, Trainer
-from ..training.build import (
-    build_loss_from_config,
-    build_optimizer,
-    build_sampler_from_config,
-    check_batch_classes,
-    learning_rate_at,
-    load_splits,
-    resolve_device,
-    seed_everything,
-    total_steps,
-)
+from ..training.build import load_splits, resolve_device, seed_everything
 from ..training.callbacks import PlotCurves
 from ..training.checkpoint import atomic_write_text, load_checkpoint
 from ..training.config import (
@@ -69,6 +58,8 @@ from ..training.config import (
     parse_overrides,
     read_config_file,
 )
+from ..training.evaluation import embed_labelled
+from ..training.factory import build_trainer
 from ..training.lock import lock_run_dir
 from .sweep import check_planned_configs, run_or_resume, sweep_interrupted, write_json
 
@@ -359,9 +350,9 @@ def build_hash_trainer(
 ):
     """A :class:`HashingTrainer` for one (method, code length) run of ``config``.
 
-    Built like :meth:`rankwise.training.Trainer.from_config` (same data, sampler, optimizer,
-    schedule, seeds), with a hashing model (or an embedding model for the ``smooth_ap`` /
-    ``triplet`` baselines) of ``bits`` outputs.
+    Built by :func:`rankwise.training.factory.build_trainer` (same data, sampler, optimizer,
+    schedule, seeds as :meth:`rankwise.training.Trainer.from_config`), with a hashing model (or
+    an embedding model for the ``smooth_ap`` / ``triplet`` baselines) of ``bits`` outputs.
 
     Args:
         config: the run's training config (:func:`method_config`).
@@ -373,65 +364,28 @@ def build_hash_trainer(
         resume: continue the run in the output directory.
         console: rich console for messages.
     """
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
-    splits = splits if splits is not None else load_splits(config)
-    train_labels, n_classes = check_batch_classes(config, splits)
-    seed_everything(config.seed)
-    model = _build_model(config, method, settings, splits.train.input_shape)
-    loss_fn = build_loss_from_config(config, train_labels, n_classes)
-    sampler = build_sampler_from_config(config, train_labels)
-    steps = total_steps(config, len(sampler))
-    params = [p for p in model.parameters() if p.requires_grad]
-    params += [p for p in loss_fn.parameters() if p.requires_grad]
     name = f"{method} {bits} bits on {config.dataset.name}"
-    return HashingTrainer(
-        model,
-        loss_fn,
-        splits.train,
-        optimizer=build_optimizer(config.optimizer, params),
-        sampler=sampler,
-        val_data=splits.val,
-        test_data=splits.test,
-        gallery_data=splits.gallery,
-        run_dir=config.resolved_output_dir(),
-        callbacks=[PlotCurves(title=name, pr_title=f"test mean PR curve, {name}", label=method)],
-        iterations=steps,
-        lr_schedule=partial(learning_rate_at, config, total_steps=steps),
-        eval_every=config.eval_every,
-        log_every=config.log_every,
-        eval_ks=config.eval_ks,
-        eval_batch_size=config.eval_batch_size,
-        device=resolve_device(config.device),
-        seed=config.seed,
-        num_workers=config.num_workers,
-        deterministic=config.deterministic,
-        progress=config.progress,
-        resume=resume,
+    return build_trainer(
+        config,
+        trainer_cls=HashingTrainer,
+        model=lambda shape: _build_model(config, method, settings, shape),
+        splits=splits,
         overwrite=overwrite,
+        resume=resume,
         console=console,
         name=name,
-        config=config,
+        plots=PlotCurves(title=name, pr_title=f"test mean PR curve, {name}", label=method),
     )
 
 
 # -- evaluation ------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
 def encode_dataset(model: nn.Module, dataset, batch_size: int = 512, device=None):
     """``({-1, +1}`` int8 codes ``(N, bits)``, ``(N,)`` labels``)`` of a dataset, eval mode."""
     device = device or next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    codes, labels = [], []
-    try:
-        for x, y in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-            codes.append(binarize(model(x.to(device))).cpu())
-            labels.append(torch.as_tensor(y).reshape(-1))
-    finally:
-        model.train(was_training)
-    return torch.cat(codes), torch.cat(labels).numpy().astype(np.int64)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
+    return embed_labelled(model, loader, device, finish=lambda out: binarize(out).cpu())
 
 
 def evaluate_codes(model: nn.Module, splits, ks: Sequence[int] = (100, 1000), batch_size=512):

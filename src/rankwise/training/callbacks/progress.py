@@ -144,7 +144,7 @@ class ProgressBar(Callback):
 
     def on_train_step_end(self, trainer: Trainer, output: StepOutput) -> None:
         """Advance the bar; refresh loss and rate every ``log_every`` steps."""
-        if self._progress is None:
+        if self._progress is None or self._task is None:
             return
         self._losses.append(output.loss)
         self._steps += 1
@@ -164,7 +164,7 @@ class ProgressBar(Callback):
         """Show the new validation mAP (a plain line without a terminal)."""
         self._val = float(report.map)
         self._evaluated_step = trainer.step
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, val=self._val_text())
 
     def on_step_end(self, trainer: Trainer) -> None:

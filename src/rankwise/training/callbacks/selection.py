@@ -13,6 +13,7 @@ from .base import Callback, report_summary
 
 if TYPE_CHECKING:
     from ...metrics import RetrievalReport
+    from ..state import RunState
     from ..trainer import Trainer
 
 __all__ = ["BestCheckpoint"]
@@ -73,7 +74,7 @@ class BestCheckpoint(Callback):
             trainer.paths.best,
         )
 
-    def best_model_state(self, trainer: Trainer) -> dict[str, torch.Tensor] | None:
+    def best_model_state(self, trainer: RunState) -> dict[str, torch.Tensor] | None:
         """The selected model's ``state_dict`` (``None``: nothing was selected).
 
         Args:
