@@ -83,7 +83,7 @@ class ArrayDataset(LabelledDataset):
     """In-memory dataset of array inputs with integer class labels.
 
     Args:
-        inputs: tensor of shape ``(N, *input_shape)``. ``uint8`` inputs stay ``uint8`` in memory
+        inputs: tensor (or numpy array) of shape ``(N, *input_shape)``. ``uint8`` inputs stay ``uint8`` in memory
             and are converted to ``float32`` in ``[0, 1]`` (divided by 255) per item, so a loader
             never holds more than the float copy of the batch it is building. Floating inputs are
             returned as stored.
@@ -100,7 +100,7 @@ class ArrayDataset(LabelledDataset):
 
     def __init__(
         self,
-        inputs: torch.Tensor,
+        inputs: torch.Tensor | np.ndarray,
         labels: np.ndarray | torch.Tensor,
         name: str = "",
         transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
