@@ -113,6 +113,8 @@ def test_xbm_default_is_the_released_form():
     emb, labels = pk_batch()
     assert module(emb, labels).item() == pytest.approx(inner(emb, labels).item(), rel=1e-6)
     assert int(module.memory_queue_index) == 0  # nothing enqueued during the warm-up
+    # the stats keep their keys during the warm-up (docs/losses.md prints n_memory_items)
+    assert module.last_stats["n_memory_items"] == 0
 
 
 def test_xbm_warm_up_counter_is_state_and_eval_calls_do_not_advance_it():

@@ -220,9 +220,8 @@ class PMLBaseline(nn.Module):
             rows = torch.arange(labels.shape[0], device=labels.device)
             own = self_index >= 0
             pos[rows[own], self_index[own]] = False
-        valid, self.last_stats = anchor_statistics(pos, neg)
-        n_valid = self.last_stats["n_anchors_used"]
-        return n_valid
+        _, self.last_stats = anchor_statistics(pos, neg)
+        return self.last_stats["n_anchors_used"]
 
     def _raise_if_nothing_to_rank(self, n_valid: int, labels: torch.Tensor) -> None:
         raise_if_nothing_to_rank(f"baseline {self.name!r}", n_valid, labels)
@@ -376,6 +375,7 @@ class CrossBatchMemoryBaseline(PMLBaseline):
     def _batch_forward(self, emb: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
         """The inner contrastive loss of the batch against itself (the memory untouched)."""
         n_valid = self._count_anchors(lab, lab, torch.arange(lab.shape[0], device=lab.device))
+        self.last_stats["n_memory_items"] = 0  # the memory is not used: same keys as after
         self._raise_if_nothing_to_rank(n_valid, lab)
         with torch.autocast(emb.device.type, enabled=False):
             return self.loss.loss(emb, lab)
