@@ -220,8 +220,9 @@ class PMLBaseline(nn.Module):
             rows = torch.arange(labels.shape[0], device=labels.device)
             own = self_index >= 0
             pos[rows[own], self_index[own]] = False
-        _, self.last_stats = anchor_statistics(pos, neg)
-        return self.last_stats["n_anchors_used"]
+        valid, self.last_stats = anchor_statistics(pos, neg)
+        n_valid = self.last_stats["n_anchors_used"]
+        return n_valid
 
     def _raise_if_nothing_to_rank(self, n_valid: int, labels: torch.Tensor) -> None:
         raise_if_nothing_to_rank(f"baseline {self.name!r}", n_valid, labels)
@@ -483,7 +484,6 @@ def _cross_batch_memory(
             "baseline 'xbm' needs `embedding_size`, a positive int (the embedding dimension)."
         )
     memory_size = kw.pop("memory_size", 1024)
-    # the warm-up keys given; the others take CrossBatchMemoryBaseline's defaults (released form)
     warm_up = {key: kw.pop(key) for key in ("start_iteration", "batch_loss") if key in kw}
     pml_losses = _pml("losses")
     loss = pml_losses.ContrastiveLoss(**{**loss_kwargs, **kw})
