@@ -50,7 +50,11 @@ def local_rows(n: int, rank: int, world: int, uneven: bool) -> slice:
 
 def make_loss(name: str) -> nn.Module:
     labels = torch.arange(CLASSES).repeat_interleave(10)
-    return build_loss(name, train_labels=labels, num_classes=CLASSES, embedding_dim=DIM).double()
+    # XBM: a one-step warm-up (default 75), so its 3 steps cover the batch loss and the memory
+    params = {"start_iteration": 1} if name == "xbm" else {}
+    return build_loss(
+        name, train_labels=labels, num_classes=CLASSES, embedding_dim=DIM, **params
+    ).double()
 
 
 def make_model() -> nn.Module:

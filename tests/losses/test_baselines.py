@@ -44,8 +44,17 @@ def direct_pml(name, embedding_size=8):
     raise AssertionError(name)
 
 
+# XBM in PML's form (memory from the first call, no batch term): what direct PML computes
+PML_FORM = {"start_iteration": 0, "batch_loss": False}
+
+
 def build(name, **kw):
-    return baseline(name, embedding_size=8, **kw) if name == "xbm" else baseline(name, **kw)
+    """The baseline; XBM with embedding_size 8 and, unless ``kw`` says otherwise, PML's form."""
+    return (
+        baseline(name, **{"embedding_size": 8, **PML_FORM, **kw})
+        if name == "xbm"
+        else baseline(name, **kw)
+    )
 
 
 @pytest.mark.parametrize("name", BASELINES)
@@ -93,6 +102,19 @@ def test_xbm_warm_up_ranks_the_batch_alone_then_follows_pml(batch_loss):
             assert value == pytest.approx(expected, rel=1e-6)
     assert int(module.iterations_seen) == 5
     assert int(module.memory_queue_index) == direct.queue_idx == 48 % 40
+
+
+def test_xbm_default_is_the_released_form():
+    # Issue 21: PML's form (memory from step 0) collapses a from-scratch network, so the default
+    # is the released XBM code's: 75 warm-up calls on the batch alone, then batch + memory loss.
+    module = baseline("xbm", embedding_size=8, memory_size=40)
+    assert (module.start_iteration, module.batch_loss) == (75, True)
+    inner, _ = direct_pml("contrastive")
+    emb, labels = pk_batch()
+    assert module(emb, labels).item() == pytest.approx(inner(emb, labels).item(), rel=1e-6)
+    assert int(module.memory_queue_index) == 0  # nothing enqueued during the warm-up
+    # the stats keep their keys during the warm-up (docs/losses.md prints n_memory_items)
+    assert module.last_stats["n_memory_items"] == 0
 
 
 def test_xbm_warm_up_counter_is_state_and_eval_calls_do_not_advance_it():
@@ -206,7 +228,7 @@ def test_parameters_reach_pml():
 
 
 def test_xbm_state_dict_round_trip_and_dtype_move():
-    module = baseline("xbm", embedding_size=8, memory_size=24)
+    module = build("xbm", memory_size=24)
     for seed in range(2):
         module(*pk_batch(seed=seed))
     state = module.state_dict()
@@ -216,7 +238,7 @@ def test_xbm_state_dict_round_trip_and_dtype_move():
         "loss.embedding_memory",
         "loss.label_memory",
     } <= set(state)
-    restored = baseline("xbm", embedding_size=8, memory_size=24)
+    restored = build("xbm", memory_size=24)
     restored.load_state_dict(state)
     emb, labels = pk_batch(seed=5)
     assert restored(emb, labels).item() == pytest.approx(module(emb, labels).item(), rel=1e-6)
@@ -229,7 +251,7 @@ def test_xbm_state_dict_round_trip_and_dtype_move():
 
 
 def test_xbm_memory_moves_with_module(device):
-    module = baseline("xbm", embedding_size=8, memory_size=32).to(device)
+    module = build("xbm", memory_size=32).to(device)
     assert module.loss.embedding_memory.device.type == device.type
     assert module.memory_queue_index.device.type == device.type
     emb, labels = pk_batch()
@@ -248,7 +270,7 @@ def test_device(device, name):
 def test_xbm_half_precision_keeps_the_memory_dtype_and_matches_float32():
     """A float16 batch is enqueued in the memory's dtype (PML would turn the whole memory into
     float16, a lossy change of state); the loss is computed in float32 like every loss."""
-    half, full = (baseline("xbm", embedding_size=8, memory_size=24) for _ in range(2))
+    half, full = (build("xbm", memory_size=24) for _ in range(2))
     for seed in range(3):
         emb, labels = pk_batch(seed=seed)
         emb = emb.half()
@@ -265,7 +287,7 @@ def test_xbm_half_precision_keeps_the_memory_dtype_and_matches_float32():
 def test_xbm_batch_with_nothing_to_rank_leaves_the_memory_as_it_was():
     """Issue 14 §2: the anchor counts are taken on the memory as the enqueue would leave it, so
     the ValueError comes before PML writes the memory or moves the queue."""
-    module = baseline("xbm", embedding_size=8, memory_size=24)
+    module = build("xbm", memory_size=24)
     emb, _ = pk_batch()
     with pytest.raises(ValueError, match="no anchor"):
         module(emb[:4], torch.zeros(4, dtype=torch.long))  # one class, empty memory
@@ -280,7 +302,7 @@ def test_xbm_batch_with_nothing_to_rank_leaves_the_memory_as_it_was():
 def test_xbm_counts_before_the_enqueue_agree_with_the_memory_after_it():
     """The pre-enqueue prediction of the memory (slots, filled flag) matches PML's state after
     the call, across wrap-arounds of the queue (memory 24, batches of 16 and 8)."""
-    module = baseline("xbm", embedding_size=8, memory_size=24)
+    module = build("xbm", memory_size=24)
     for seed, (p, k) in enumerate([(4, 4), (4, 4), (2, 4), (4, 4), (4, 2)]):
         module(*pk_batch(p=p, k=k, seed=seed))
         xbm = module.loss

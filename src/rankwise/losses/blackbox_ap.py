@@ -148,8 +148,8 @@ class BlackBoxAPLoss(RankingLoss):
 
     Args:
         lambda_val: interpolation strength ``λ > 0`` of the blackbox gradient, applied to each
-            anchor's ``1 - AP`` (paper: 4). Default 1: best validation mAP on digits (quick
-            bench, margin 0.02: λ = 1 / 4 / 16 gave 98.8 / 98.3 / 97.3 %).
+            anchor's ``1 - AP`` (the paper's 4). At λ = 1 a from-scratch start (cosines inside the
+            margin) gets no gradient at batch 224 (docs/losses.md).
         margin: score margin ``α >= 0``; positives are ranked with ``s - α/2``, negatives with
             ``s + α/2`` (paper: 0.02 for cosine scores). The reported loss is the AP of these
             shifted scores, which equals the exact AP of the raw scores when ``margin=0``. Keep
@@ -173,7 +173,7 @@ class BlackBoxAPLoss(RankingLoss):
     """
 
     def __init__(
-        self, lambda_val: float = 1.0, margin: float = 0.02, similarity: str = "cosine"
+        self, lambda_val: float = 4.0, margin: float = 0.02, similarity: str = "cosine"
     ) -> None:
         super().__init__(similarity)
         self.lambda_val = float(
