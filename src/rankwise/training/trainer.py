@@ -711,7 +711,7 @@ class Trainer:
             model,
             loss_fn,
             splits.train,
-            optimizer=build_optimizer(config.optimizer, params),
+            optimizer=build_optimizer(config.optimizer, params, getattr(model, "backbone", None)),
             sampler=sampler,
             val_data=splits.val,
             test_data=splits.test,
@@ -1154,7 +1154,7 @@ class Trainer:
         if self._lr_function is not None:
             lr = self._lr_function(self.step)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_mult", 1.0)  # build_optimizer's backbone group
         embeddings, labels = self._forward(x, y)
         if not bool(torch.isfinite(embeddings).all()):
             # a diverged model: stop like a non-finite loss (the loss would only reject its
