@@ -7,7 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from rankwise.cli import build_app
 from rankwise.data import load_dataset
 from rankwise.data.instances import InstanceViews
 from rankwise.training import ConfigError, Trainer, config_from_dict
@@ -142,3 +144,14 @@ def test_default_config_trains_as_before(tmp_path):
     losses = [record["loss"] for record in trainer.history if "loss" in record]
     # measured on the commit before model.pretrained / backbone_lr_mult existed
     assert losses[:2] == [0.9079840779304504, 0.8903432488441467]
+
+
+def test_rankwise_pretrain_command(tmp_path):
+    args = ["pretrain", "-c", "configs/digits_instances.yaml", "-o", str(tmp_path), "--steps", "1"]
+    args += [f"dataset.options.{key}={value}" for key, value in OPTIONS.items()]
+    runner = CliRunner()
+    first = runner.invoke(build_app(), args)
+    assert first.exit_code == 0, first.output
+    assert "wrote" in first.output and (tmp_path / "pretrained.pt").is_file()
+    again = runner.invoke(build_app(), args)
+    assert again.exit_code == 2 and "--overwrite" in again.output

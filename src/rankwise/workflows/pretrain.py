@@ -128,7 +128,9 @@ def pretrain(
     output = Path(output)
     with lock_run_dir(output, "output"):
         if (output / PRETRAINED_FILE).exists() and not overwrite:
-            raise ConfigError(f"output: {output / PRETRAINED_FILE} exists; pass overwrite=True.")
+            raise ConfigError(
+                f"output: {output / PRETRAINED_FILE} exists; pass `overwrite` to replace it."
+            )
         torch.manual_seed(seed)
         model = build_model(backbone, train.input_shape, embedding_dim, frozen_bn=frozen_bn)
         scratch = _spread(model, splits)
