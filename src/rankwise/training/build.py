@@ -20,11 +20,12 @@ import random
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.optimizer import ParamsT
 
 from .config import Config, OptimizerConfig
 from .errors import ConfigError
@@ -293,10 +294,12 @@ def build_optimizer(
     Returns:
         The torch optimizer.
     """
+    groups: ParamsT = params
     if backbone is not None and oc.backbone_lr_mult != 1.0:
         in_backbone = {id(p) for p in backbone.parameters()}
-        params = [  # the head (and loss) group first: param_groups[0] has the scheduled rate
-            {"params": [p for p in params if id(p) not in in_backbone]},
+        head: dict[str, Any] = {"params": [p for p in params if id(p) not in in_backbone]}
+        groups = [  # the head (and loss) group first: param_groups[0] has the scheduled rate
+            head,
             {
                 "params": [p for p in params if id(p) in in_backbone],
                 "lr": oc.lr * oc.backbone_lr_mult,
@@ -304,10 +307,10 @@ def build_optimizer(
             },
         ]
     if oc.name == "sgd":
-        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
+        return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
     if oc.name == "adamw":
-        return torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
-    return torch.optim.Adam(params, lr=oc.lr, weight_decay=oc.weight_decay)
+        return torch.optim.AdamW(groups, lr=oc.lr, weight_decay=oc.weight_decay)
+    return torch.optim.Adam(groups, lr=oc.lr, weight_decay=oc.weight_decay)
 
 
 def total_steps(config: Config, steps_per_epoch: int) -> int:

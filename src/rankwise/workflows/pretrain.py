@@ -23,9 +23,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import DATASET_ALIASES, INSTANCE_DATASETS, RetrievalSplits, load_dataset
+from ..data import DATASET_ALIASES, INSTANCE_DATASETS, ArrayDataset, load_dataset
+from ..data.instances import InstanceViews
 from ..data.registry import read_images
 from ..models import build_model
+from ..models.build import backbone_width
 from ..training.callbacks import embedding_spread
 from ..training.checkpoint import atomic_save
 from ..training.config import ConfigError
@@ -40,6 +42,11 @@ PRETRAINED_FILE = "pretrained.pt"
 def source_split_hash(source_ids: np.ndarray) -> str:
     """First 16 hex digits of the SHA-256 of the training sources' pool indices (int64)."""
     return hashlib.sha256(np.asarray(source_ids, dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
+def _source_ids(split: Any) -> np.ndarray:
+    """``source_ids`` of a split of :func:`~rankwise.data.instances.build_instance_splits`."""
+    return np.asarray(split.source_ids, dtype=np.int64)
 
 
 def mean_negative_cosine(embeddings: torch.Tensor, labels: np.ndarray) -> float:
@@ -70,10 +77,10 @@ def _accuracy(logits: torch.Tensor, categories: np.ndarray) -> float:
     return float((logits.argmax(1).numpy() == categories).mean())
 
 
-def _spread(model: nn.Module, splits: RetrievalSplits) -> dict[str, float]:
-    embeddings = _forward(model, splits.test.batch(np.arange(len(splits.test)))[0])
+def _spread(model: nn.Module, test: ArrayDataset) -> dict[str, float]:
+    embeddings = _forward(model, test.batch(np.arange(len(test)))[0])
     return {
-        "mean_negative_cosine": mean_negative_cosine(embeddings, splits.test.labels),
+        "mean_negative_cosine": mean_negative_cosine(embeddings, test.labels),
         "embedding_spread": embedding_spread(embeddings),
     }
 
@@ -124,7 +131,10 @@ def pretrain(
     splits = load_dataset(
         dataset, protocol="open-set", data_dir=data_dir, seed=split_seed, **options
     )
-    train, val = splits.train, splits.val
+    train, val, test = splits.train, splits.val, splits.test
+    # what build_instance_splits returns (source_ids: the pool index of each split's classes)
+    assert isinstance(train, InstanceViews) and isinstance(test, ArrayDataset)
+    assert val is None or isinstance(val, ArrayDataset)
     output = Path(output)
     with lock_run_dir(output, "output"):
         if (output / PRETRAINED_FILE).exists() and not overwrite:
@@ -133,9 +143,9 @@ def pretrain(
             )
         torch.manual_seed(seed)
         model = build_model(backbone, train.input_shape, embedding_dim, frozen_bn=frozen_bn)
-        scratch = _spread(model, splits)
+        scratch = _spread(model, test)
         classes = int(categories.max()) + 1
-        classifier = nn.Linear(model.head.linear.in_features, classes)
+        classifier = nn.Linear(backbone_width(model.backbone), classes)
         net = nn.Sequential(model.backbone, classifier)
         optimizer = torch.optim.Adam(net.parameters(), lr=lr)
         generator = torch.Generator().manual_seed(seed)
@@ -158,10 +168,10 @@ def pretrain(
             ),
             "val_accuracy": None,
             "spread_scratch": scratch,
-            "spread_pretrained": _spread(model, splits),
+            "spread_pretrained": _spread(model, test),
         }
         if val is not None:
-            val_sources = val.source_ids[val.labels - val.labels.min()]
+            val_sources = _source_ids(val)[val.labels - val.labels.min()]
             report["val_accuracy"] = _accuracy(
                 _forward(net, val.batch(np.arange(len(val)))[0]), categories[val_sources]
             )
