@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "train": "train:train",
     "bench": "bench:bench",
     "tune": "tune:tune",
+    "pretrain": "pretrain:pretrain",
     "embed": "embed:embed",
     "experiment": "experiment:experiment_app",
     "hash": "hash:hash_app",

@@ -19,11 +19,13 @@ import math
 import random
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.optimizer import ParamsT
 
 from .config import Config, OptimizerConfig
 from .errors import ConfigError
@@ -229,7 +231,7 @@ def build_model_from_config(config: Config, input_shape: Sequence[int]) -> nn.Mo
 
     mc = config.model
     try:
-        return build_model(
+        model = build_model(
             mc.backbone,
             tuple(input_shape),
             mc.embedding_dim,
@@ -240,10 +242,42 @@ def build_model_from_config(config: Config, input_shape: Sequence[int]) -> nn.Mo
         raise ConfigError(f"model.weights_path: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from None
+    if mc.pretrained is not None:
+        model.load_state_dict(_pretrained_state(config, tuple(input_shape)))
+    return model
+
+
+def _pretrained_state(config: Config, input_shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """The state dict of ``model.pretrained``, after checking it fits the config's model and data."""
+    path = Path(config.model.pretrained or "")
+    path = path / "pretrained.pt" if path.is_dir() else path
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        meta, state = stored["metadata"], stored["model"]
+    except (OSError, RuntimeError, KeyError, TypeError) as exc:
+        raise ConfigError(f"model.pretrained: {path} is no pretrained.pt ({exc}).") from None
+    mc, ds = config.model, config.dataset
+    wanted = {
+        "backbone": mc.backbone,
+        "embedding_dim": mc.embedding_dim,
+        "frozen_bn": mc.frozen_bn,
+        "input_shape": list(input_shape),
+    }
+    if meta["dataset"]["name"] == ds.name:  # the same pool: its held-out sources must be ours
+        wanted["dataset"] = {"name": ds.name, "split_seed": ds.split_seed, "options": ds.options}
+    for key, value in wanted.items():
+        if meta[key] != value:
+            raise ConfigError(
+                f"model.pretrained: {path} was pretrained with {key}={meta[key]!r}, this run "
+                f"has {key}={value!r}; pretrain again with this run's settings."
+            )
+    return state
 
 
 def build_optimizer(
-    oc: OptimizerConfig, params: Sequence[torch.nn.Parameter]
+    oc: OptimizerConfig,
+    params: Sequence[torch.nn.Parameter],
+    backbone: nn.Module | None = None,
 ) -> torch.optim.Optimizer:
     """The optimizer named by ``oc`` over ``params``.
 
@@ -254,15 +288,29 @@ def build_optimizer(
     Args:
         oc: the ``optimizer`` section.
         params: the parameters to optimize.
+        backbone: the model's backbone: with ``oc.backbone_lr_mult != 1`` its parameters form a
+            second group whose ``lr_mult`` the trainer applies to the scheduled rate.
 
     Returns:
         The torch optimizer.
     """
+    groups: ParamsT = params
+    if backbone is not None and oc.backbone_lr_mult != 1.0:
+        in_backbone = {id(p) for p in backbone.parameters()}
+        head: dict[str, Any] = {"params": [p for p in params if id(p) not in in_backbone]}
+        groups = [  # the head (and loss) group first: param_groups[0] has the scheduled rate
+            head,
+            {
+                "params": [p for p in params if id(p) in in_backbone],
+                "lr": oc.lr * oc.backbone_lr_mult,
+                "lr_mult": oc.backbone_lr_mult,
+            },
+        ]
     if oc.name == "sgd":
-        return torch.optim.SGD(params, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
+        return torch.optim.SGD(groups, lr=oc.lr, momentum=oc.momentum, weight_decay=oc.weight_decay)
     if oc.name == "adamw":
-        return torch.optim.AdamW(params, lr=oc.lr, weight_decay=oc.weight_decay)
-    return torch.optim.Adam(params, lr=oc.lr, weight_decay=oc.weight_decay)
+        return torch.optim.AdamW(groups, lr=oc.lr, weight_decay=oc.weight_decay)
+    return torch.optim.Adam(groups, lr=oc.lr, weight_decay=oc.weight_decay)
 
 
 def total_steps(config: Config, steps_per_epoch: int) -> int:

@@ -73,6 +73,8 @@ class ModelConfig(_Strict):
     embedding_dim: int = Field(64, gt=0)
     weights_path: str | None = None
     frozen_bn: bool = True
+    # pretrained.pt of `rankwise pretrain` (or its folder): the whole model starts from it
+    pretrained: str | None = None
 
 
 class LossConfig(_Strict):
@@ -119,6 +121,8 @@ class OptimizerConfig(_Strict):
     lr: float = Field(1e-3, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)  # SGD only
     weight_decay: float = Field(0.0, ge=0.0)
+    # the backbone's lr is lr * backbone_lr_mult, the head's lr (a pretrained backbone: < 1)
+    backbone_lr_mult: float = Field(1.0, gt=0.0)
 
     @field_validator("name", mode="before")
     @classmethod

@@ -153,7 +153,7 @@ def build_trainer(
             model,
             loss_fn,
             splits.train,
-            optimizer=build_optimizer(config.optimizer, params),
+            optimizer=build_optimizer(config.optimizer, params, getattr(model, "backbone", None)),
             sampler=sampler,
             val_data=splits.val,
             test_data=splits.test,

@@ -466,7 +466,7 @@ class Trainer(Evaluation, Failures):
         if self._lr_function is not None:
             lr = self._lr_function(self.step)
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_mult", 1.0)  # build_optimizer's backbone group
         embeddings, labels = self._forward(x, y)
         if not bool(torch.isfinite(embeddings).all()):
             # a diverged model: stop like a non-finite loss (the loss would only reject its

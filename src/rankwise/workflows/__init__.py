@@ -5,5 +5,6 @@ stored runs, keep / resume / overwrite, atomic result files, one interruption me
 protocols on it are :mod:`~rankwise.workflows.bench` (Tables 1 and 2 of Wen et al., NeurIPS
 2022), :mod:`~rankwise.workflows.tune` (validation-mAP selection, their App. D.1),
 :mod:`~rankwise.workflows.hashing` (TALR and its baselines, He et al., CVPR 2018) and
-:mod:`~rankwise.workflows.roc` (pointwise ROC optimization, Vogel et al., ICML 2018).
+:mod:`~rankwise.workflows.roc` (pointwise ROC optimization, Vogel et al., ICML 2018). Beside them,
+:mod:`~rankwise.workflows.pretrain` makes the pretrained start ``model.pretrained`` loads.
 """
