@@ -21,7 +21,7 @@ import numpy as np
 
 from .._signals import signal_number_of
 from ..training.checkpoint import _atomic_write, atomic_write_text
-from ..training.config import Config, ConfigError, read_config_file
+from ..training.config import Config, ConfigError, config_from_dict, read_config_file
 from ..training.errors import TrainingInterrupted
 from ..training.rundir import existing_results
 from ..training.trainer import RunResult, Trainer
@@ -56,7 +56,11 @@ def check_stored_config(config: Config, run_dir: Path) -> None:
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         return
-    if comparable(read_config_file(saved_path)) != comparable(config.to_dict()):
+    try:  # through the schema: a key added since the run was stored compares as its default
+        saved = config_from_dict(read_config_file(saved_path)).to_dict()
+    except ConfigError:
+        saved = None
+    if saved is None or comparable(saved) != comparable(config.to_dict()):
         raise ConfigError(
             f"output: the run in {str(run_dir)!r} was trained with another config than this "
             "sweep plans for it; start the sweep afresh with `overwrite` (or choose another "
