@@ -4,16 +4,31 @@ A full disk (or a reached quota) shows up as an ``OSError`` with ``errno`` ENOSP
 hidden: torch wraps the error of a failed write in a ``RuntimeError`` of its own. Every writer of
 rankwise's results (checkpoints, reports, sweep summaries) raises :class:`DiskFullError` instead,
 one line naming the folder and the space the file needs against the space free there, and every
-command ends on it with its own exit code (:mod:`rankwise.commands.common`). Neither training
+command ends on it with its own exit code (:mod:`rankwise.commands.common`). :func:`atomic_write`
+is the one crash-safe writer of every result file (checkpoints, reports, sweep and experiment
+results, saved indexes). Neither training
 nor the command line is imported here, so both use it.
 """
 
 from __future__ import annotations
 
 import errno
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["DiskFullError", "disk_full_cause", "format_bytes"]
+__all__ = [
+    "DiskFullError",
+    "atomic_write",
+    "disk_full_cause",
+    "format_bytes",
+    "free_bytes",
+    "fsync_dir",
+]
 
 # errno of a write that failed for want of space: the device is full, or the user's quota is
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -137,3 +152,94 @@ class DiskFullError(OSError):
             resumable=resumable,
             detail=self.detail,
         )
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush ``directory``'s entries (a rename in it) to disk, where the platform allows."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # some platforms cannot open directories; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process's file-creation mask (read by setting and restoring it, under a lock)."""
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+class _ByteCounter:
+    """A write-only file that keeps nothing: how many bytes a writer produces."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing to flush."""
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Bytes free in ``directory``'s file system (None where it cannot be read)."""
+    try:
+        return shutil.disk_usage(directory).free
+    except OSError:
+        return None
+
+
+def _no_space(path: Path, write: Callable[[IO[bytes]], Any]) -> DiskFullError:
+    """The error of a write of ``path`` that ran out of space (the file's full size measured)."""
+    counter = _ByteCounter()
+    try:
+        write(counter)  # type: ignore[arg-type]
+        needed: int | None = counter.size
+    except Exception:  # noqa: BLE001 - the size is a detail of the message, never a new failure
+        needed = None
+    return DiskFullError(path, needed, free_bytes(path.parent))
+
+
+def atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
+    """Write ``path`` through ``write(handle)`` atomically: readers see the old file or the new one.
+
+    Temporary file in the destination folder, ``fsync``, ``os.replace``, ``fsync`` of the folder;
+    the file gets the user's usual permissions; a partial file is removed on any failure.
+
+    Raises:
+        DiskFullError: no space left for the file (``path`` is left as it was).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        # mkstemp creates the file private (0600); a result file gets the permissions any file
+        # the user creates gets (0666 minus the umask), like the PNGs written beside it
+        os.chmod(tmp_name, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException as exc:
+        # interrupted or failed: remove the partial file, keep the previous checkpoint intact
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        if disk_full_cause(exc) is not None:  # torch's own error hides it (a 65-line trace)
+            raise _no_space(path, write) from exc
+        raise
+    fsync_dir(path.parent)

@@ -19,15 +19,15 @@ import functools
 import inspect
 import json
 import math
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 import numpy as np
+
+from .._disk import atomic_write
 
 __all__ = [
     "DEFAULT_OUTPUT_DIR",
@@ -119,9 +119,10 @@ class ExperimentResult:
             FileExistsError: a target exists and ``overwrite`` is False.
         """
         json_path, png_path = resolve_output(self.name, output, overwrite)
-        _atomic_write(json_path, self.to_json().encode())
+        atomic_write(json_path, lambda handle: handle.write(self.to_json().encode()))
         if self.figure is not None:
-            _atomic_write(png_path, _figure_png(self.figure))
+            png = _figure_png(self.figure)
+            atomic_write(png_path, lambda handle: handle.write(png))
         self.json_path, self.figure_path = json_path, png_path
         return json_path, png_path
 
@@ -155,26 +156,6 @@ def resolve_output(name: str, output: str | Path, overwrite: bool = False) -> tu
                     "another --output."
                 )
     return json_path, png_path
-
-
-def _atomic_write(path: Path, payload: bytes) -> None:
-    """Write through a temporary file in the same folder and rename it.
-
-    A crash or Ctrl-C never leaves a half-written result.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-        # mkstemp creates the file private (0600); a result gets the usual permissions
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _require_matplotlib() -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from .._disk import atomic_write
 from .._packing import PackedCodes, _word_dtype, as_packed_codes, code_distance
 from .._threads import keeps_torch_threads
 from .._validation import Interval, check_scalar
@@ -247,15 +248,9 @@ class HammingIndex:
             path = path.with_suffix(path.suffix + ".npz")
         words, ids = self._database()
         packed = PackedCodes(words, self.bits).to("uint8").words if self._size else words
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(
-            tmp,
-            format=np.int64(_FORMAT),
-            bits=np.int64(self.bits),
-            codes=packed.astype(np.uint8),
-            ids=ids,
-        )
-        os.replace(tmp, path)
+        arrays = {"format": np.int64(_FORMAT), "bits": np.int64(self.bits)}
+        arrays.update(codes=packed.astype(np.uint8), ids=ids)
+        atomic_write(path, lambda handle: np.savez(handle, **arrays))
         return path
 
     @classmethod

@@ -16,17 +16,14 @@ import os
 import pickle
 import random
 import shutil
-import tempfile
-import threading
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from .._disk import DiskFullError, disk_full_cause
+from .._disk import DiskFullError, atomic_write, disk_full_cause, free_bytes
 from .errors import CorruptCheckpointError
 
 __all__ = [
@@ -39,94 +36,13 @@ __all__ = [
 ]
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some platforms cannot open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-_UMASK_LOCK = threading.Lock()
-
-
-def _umask() -> int:
-    """The process's file-creation mask (read by setting and restoring it, under a lock)."""
-    with _UMASK_LOCK:
-        mask = os.umask(0o022)
-        os.umask(mask)
-    return mask
-
-
-class _ByteCounter:
-    """A write-only file that keeps nothing: how many bytes a writer produces."""
-
-    def __init__(self) -> None:
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.size += len(data)
-        return len(data)
-
-    def flush(self) -> None:
-        """Nothing to flush."""
-
-
-def _free_bytes(directory: Path) -> int | None:
-    try:
-        return shutil.disk_usage(directory).free
-    except OSError:
-        return None
-
-
-def _no_space(path: Path, write: Callable[[IO[bytes]], Any]) -> DiskFullError:
-    """The error of a write of ``path`` that ran out of space (the file's full size measured)."""
-    counter = _ByteCounter()
-    try:
-        write(counter)  # type: ignore[arg-type]
-        needed: int | None = counter.size
-    except Exception:  # noqa: BLE001 - the size is a detail of the message, never a new failure
-        needed = None
-    return DiskFullError(path, needed, _free_bytes(path.parent))
-
-
-def _atomic_write(path: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp creates the file private (0600); a result file gets the permissions any file
-        # the user creates gets (0666 minus the umask), like the PNGs written beside it
-        os.chmod(tmp_name, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
-    except BaseException as exc:
-        # interrupted or failed: remove the partial file, keep the previous checkpoint intact
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        if disk_full_cause(exc) is not None:  # torch's own error hides it (a 65-line trace)
-            raise _no_space(path, write) from exc
-        raise
-    _fsync_dir(path.parent)
-
-
 def atomic_save(obj: Any, path: str | Path) -> None:
     """``torch.save`` to ``path`` atomically: readers see the old file or the complete new one.
 
     Raises:
         DiskFullError: no space left for the file (``path`` is left as it was).
     """
-    _atomic_write(Path(path), lambda handle: torch.save(obj, handle))
+    atomic_write(Path(path), lambda handle: torch.save(obj, handle))
 
 
 def atomic_write_text(text: str, path: str | Path) -> None:
@@ -135,7 +51,7 @@ def atomic_write_text(text: str, path: str | Path) -> None:
     Raises:
         DiskFullError: no space left for the file (``path`` is left as it was).
     """
-    _atomic_write(Path(path), lambda handle: handle.write(text.encode()))
+    atomic_write(Path(path), lambda handle: handle.write(text.encode()))
 
 
 def _why_unreadable(path: Path, exc: BaseException) -> str:
@@ -208,9 +124,7 @@ def keep_previous(path: str | Path, previous: str | Path) -> bool:
     except BaseException as exc:
         tmp.unlink(missing_ok=True)  # ``previous`` keeps its older copy
         if disk_full_cause(exc) is not None:
-            raise DiskFullError(
-                previous, path.stat().st_size, _free_bytes(previous.parent)
-            ) from exc
+            raise DiskFullError(previous, path.stat().st_size, free_bytes(previous.parent)) from exc
         raise
     return True
 

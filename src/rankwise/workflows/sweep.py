@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .._disk import atomic_write
 from .._signals import signal_number_of
-from ..training.checkpoint import _atomic_write, atomic_write_text
+from ..training.checkpoint import atomic_write_text
 from ..training.config import Config, ConfigError, config_from_dict, read_config_file
 from ..training.errors import TrainingInterrupted
 from ..training.rundir import existing_results
@@ -135,7 +136,7 @@ def write_json(data: Any, path: Path) -> None:
 def write_npz(path: Path, **arrays: Any) -> None:
     """Replace ``path`` atomically by an ``np.savez`` archive of ``arrays``."""
     # the one atomic-write protocol of the checkpoints (temporary file, fsync, rename, disk full)
-    _atomic_write(path, lambda handle: np.savez(handle, **arrays))
+    atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
 
 def sweep_interrupted(
