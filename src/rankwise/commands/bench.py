@@ -144,7 +144,9 @@ def bench(
         None, "--dataset", "-d", help="digits, fashion-mnist, ... (selects configs/<dataset>.yaml)."
     ),
     losses: str | None = typer.Option(
-        None, "--losses", help="Comma-separated losses (default: the config's bench.losses)."
+        None,
+        "--losses",
+        help="Comma-separated losses, or `all` (default): every loss of the config's bench.losses.",
     ),
     seeds: int | None = typer.Option(
         None, "--seeds", min=1, help="Number of seeds 0..n-1 (default 3; 1 with --quick)."
@@ -214,7 +216,7 @@ def bench(
             extra.update(option_overrides(dataset, data_dir, device, num_workers))
             base = apply_overrides(base, extra)
             loss_list = None
-            if losses is not None:
+            if losses is not None and losses.strip().lower() != "all":
                 loss_list = [name.strip() for name in losses.split(",") if name.strip()]
             n_seeds = seeds if seeds is not None else (1 if quick else 3)
             name = str((base.get("dataset") or {}).get("name", "bench")).replace("_", "-")
