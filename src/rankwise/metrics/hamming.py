@@ -499,9 +499,7 @@ def hamming_retrieval_metrics(
 ) -> HammingRetrievalReport:
     """Exact tie-aware retrieval metrics of binary codes ranked by Hamming distance, by counting.
 
-    Per query, one pass over the packed database builds the histograms of items per (distance,
-    affinity level); every metric follows in closed form from them (TALR paper, Prop. 1 and App.
-    A) — no ranking is sorted, so the cost is ``O(N)`` per query and memory stays bounded.
+    One pass over the packed database per query (module docstring): ``O(N)``, bounded memory.
 
     Args:
         query_codes: ``(n_q, b)`` codes in ``{-1, +1}`` / ``{0, 1}`` (numpy / torch, any numeric
