@@ -177,10 +177,7 @@ def _sort_rows(values: torch.Tensor, descending: bool = False) -> tuple[torch.Te
 def _flat_key_sort(
     values: torch.Tensor, descending: bool, sorted_values: torch.Tensor, columns: torch.Tensor
 ) -> None:
-    """``_sort_rows`` of a contiguous float32 block (< 2^31 rows) by one flat sort.
-
-    The results go into the contiguous outputs ``sorted_values`` and ``columns`` (same shape).
-    """
+    """``_sort_rows`` of a contiguous float32 block (< 2^31 rows) into the given outputs."""
     n_rows, n_items = values.shape
     bits = values.view(torch.int32)
     sign = bits >> 31  # -1 for negative values (and -0.0), else 0
@@ -231,10 +228,7 @@ def _window_counts(
     hi: torch.Tensor,
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Items of each relevant item's window [lo, hi) above / tied with it by the exact keys.
-
-    The window holds sorted positions; the relevant item itself counts as tied.
-    """
+    """Items of each window [lo, hi) above / tied with its relevant item (itself tied) by key."""
     device = lo.device
     width = hi - lo
     seg = torch.repeat_interleave(torch.arange(width.shape[0], device=device), width)
@@ -260,10 +254,7 @@ def _relevant_item_counts(
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
     strategy: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """Row and items scoring strictly higher than / tied with each relevant item (S,) each.
-
-    The last element says whether the items come ordered by (row, items higher).
-    """
+    """(rows, higher, tied) of the relevant items (S,), and whether ordered by (row, higher)."""
     sort_values, bound = _float32_for_sorting(values, bound)
     if sort_values is values:
         sort_values = values.clone()

@@ -308,13 +308,10 @@ def operating_point(
 ) -> OperatingPoint:
     """The threshold to deploy under an FPR budget (pointwise ROC, Vogel et al., ICML 2018).
 
-    Among the thresholds whose false positive rate is at most ``fpr``, it returns one with the
-    largest true positive rate and, among those, the smallest false positive rate (the highest
-    such threshold): no other admissible threshold is better on either rate. The rule is "positive
-    iff score >= threshold" and the thresholds are the distinct scores, so tied examples are
-    accepted or rejected together (no randomized splitting of a tie to hit the budget exactly);
-    the achieved FPR can therefore be smaller than ``fpr``. The budget is checked in exact
-    rational arithmetic on the integer counts.
+    Among the thresholds (the distinct scores, "positive iff score >= threshold") whose FPR is at
+    most ``fpr``, the one with the largest TPR and, among those, the smallest FPR: no admissible
+    threshold is better on either rate. Ties are never split to hit the budget, so the achieved FPR
+    can be smaller than ``fpr``; the budget is checked exactly on the integer counts.
 
     With ``sample_weight`` the rates are weighted: TPR = Σ w·1{s ≥ t} over the positives / Σ w
     over the positives, and the FPR likewise (e.g. the weights n_k n_l / n⁻ of a tuple-based
@@ -705,13 +702,11 @@ def roc_curve_from_embeddings(
     ``bins=None`` (default): exact and tie-aware, through :func:`pair_scores` and
     :func:`roc_curve` (memory O(n_pairs); refused above ``max_pairs``).
 
-    ``bins=int``: memory O(bins + chunk): the pair scores are streamed chunk by chunk into a
-    positive and a negative histogram of ``bins`` equal bins over ``score_range`` (default [-1, 1]
-    for cosine; for dot / euclidean one extra streaming pass finds the min and max). Every pair is
-    binned by its exact score (a float32 matmul with a proven error bound, and the exact key for
-    the few pairs within that bound of a bin edge), so each point is the exact (FPR, TPR) of the
-    threshold "score >= lower bin edge"; only the points between edges are missing, replaced by a
-    straight segment. The AUC error is bounded by ``curve.max_auc_error`` (reported on the result).
+    ``bins=int``: memory O(bins + chunk): the pair scores are streamed into a positive and a
+    negative histogram of ``bins`` equal bins over ``score_range`` (default [-1, 1] for cosine, else
+    one extra pass finds the min and max). Every pair is binned by its exact score, so each point
+    is the exact (FPR, TPR) of "score >= lower bin edge"; ``curve.max_auc_error`` bounds the AUC
+    error (docs/metrics.md, "Pair view").
 
     Args: as :func:`pair_scores` (``max_pairs`` for the exact curve only), plus ``bins`` (histogram
     bins, >= 2, or ``None`` for the exact curve), ``score_range`` (``(lo, hi)`` of the histogram;

@@ -322,10 +322,9 @@ def _merged(local: Any, group: Any) -> list[Any]:
 
 
 def _local_result(shard: _Shard, compute: Any) -> Any:
-    """This rank's result: ``compute(shard, self_index)``, ``("empty", n)`` or the error.
+    """This rank's ``compute(shard, self_index)``, ``("empty", n_queries)`` or its error.
 
-    ``("empty", n_queries)`` when no local query can be ranked; an error is returned, and raised
-    on every rank by :func:`_merged`, never here (the other ranks would hang in the gather).
+    An error is raised on every rank by :func:`_merged`, never here: the others would hang.
     """
     try:
         self_index = shard.self_index()
@@ -348,15 +347,10 @@ def _sharded_results(
     group: Any,
     kwargs: dict[str, Any],
 ) -> tuple[list[Any], Any]:
-    """Run ``metric`` on this rank's shard and gather every rank's result (a collective).
+    """Every rank's result of ``metric`` on its shard (a collective), and the first real one.
 
-    Returns:
-        Every rank's result in rank order (a rank without a relevant item contributes its
-        placeholder from :func:`_local_result`) and the first real result, whose fields the
-        callers copy into the placeholders.
-
-    Raises:
-        ValueError: no rank has a query with a relevant item.
+    A rank without a relevant item contributes the placeholder of :func:`_local_result`, which the
+    callers fill from the real result; no real result at all is a ``ValueError``.
     """
     shard = _shard(*data, gallery_sharded, exclude_self, group, kwargs)
 
