@@ -102,16 +102,10 @@ def all_gather_small(values: Sequence[int], group: Any = None) -> list[list[int]
 def padded_all_gather(local: torch.Tensor, sizes: Sequence[int], group: Any = None) -> torch.Tensor:
     """Concatenation, in rank order, of every rank's ``local`` whose row counts are ``sizes``.
 
-    Rows are padded to ``max(sizes)`` for the one ``all_gather``; the result is on ``local``'s
-    device with ``local``'s dtype. No autograd (see :mod:`rankwise.training.distributed`).
-
-    Args:
-        local: ``(sizes[rank], ...)`` tensor; the trailing dimensions agree on every rank.
-        sizes: the row count of every rank (from :func:`all_gather_small`).
-        group: the process group.
-
-    Returns:
-        ``(sum(sizes), ...)`` tensor.
+    ``local`` is ``(sizes[rank], ...)``, the trailing dimensions equal on every rank, and
+    ``sizes`` comes from :func:`all_gather_small`. Rows are padded to ``max(sizes)`` for the one
+    ``all_gather``; the ``(sum(sizes), ...)`` result has ``local``'s device and dtype. No autograd
+    (see :mod:`rankwise.training.distributed`).
     """
     largest = max(sizes)
     device = comm_device(group, local)
@@ -131,15 +125,9 @@ def padded_all_gather(local: torch.Tensor, sizes: Sequence[int], group: Any = No
 def all_gather_rows(local: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, list[int]]:
     """All-gather tensors whose first dimension may differ between ranks (no autograd).
 
-    The trailing dimensions and the dtype must agree on every rank; a mismatch raises the same
-    ``ValueError`` on every rank (never a hang).
-
-    Args:
-        local: this rank's ``(n_rank, ...)`` tensor.
-        group: the process group.
-
-    Returns:
-        ``(rows, sizes)``: the ``(sum n, ...)`` concatenation in rank order and every rank's count.
+    Returns ``(rows, sizes)``: the ``(sum n, ...)`` concatenation in rank order of every rank's
+    ``(n_rank, ...)`` ``local`` and every rank's count. The trailing dimensions and the dtype must
+    agree on every rank; a mismatch raises the same ``ValueError`` on every rank (never a hang).
     """
     if local.dtype not in DTYPE_CODES:
         raise ValueError(f"cannot gather a tensor of dtype {local.dtype} across ranks.")
