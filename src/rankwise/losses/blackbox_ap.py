@@ -46,10 +46,7 @@ def normalized_ranks(scores: torch.Tensor) -> torch.Tensor:
 def _ranks_and_positive_ranks(
     scores: torch.Tensor, pos_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalised ranks among all columns and, on positive columns, among the positives only.
-
-    Both are divided by the row length ``M``; the second is 0 off the positives.
-    """
+    """Ranks / M (the row length) among all columns, and among the positives (0 off them)."""
     rank_all = normalized_ranks(scores)
     # Rank among positives = rank of the positive's overall rank among the positives; the
     # non-positives get +inf keys and sink below every positive.

@@ -82,10 +82,9 @@ _CONTEXT_NAMES = {
 
 
 def _soprc_parameters(cls: _LabelsConstructed) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded).
+    """Keys of ``SOPRCLoss.from_labels`` and, through its ``**kwargs``, of ``SOPRCLoss.__init__``.
 
-    Through its ``**kwargs`` also those of ``SOPRCLoss.__init__``; ``semi_variance`` is replaced
-    by ``semi_variance_weights`` / ``semi_variance_normalization``.
+    Labels excluded; ``semi_variance`` is replaced by the ``semi_variance_*`` keys.
     """
     named, var_kw = keyword_parameters(cls.from_labels, skip=1)
     if var_kw:

@@ -218,9 +218,8 @@ def _negative_huber_sum(
 ) -> torch.Tensor:
     """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,).
 
-    This (P, M) block is the bulk of the loss's cost, so it is built in as few passes as possible:
-    the margin u = 1 − (s⁺ − s)/τ1 = s/τ1 − (s⁺/τ1 − 1) divides the (B, M) scores once instead of
-    the (P, M) differences, and :class:`_MaskedHuberSum` sums ℓ1 over the negatives.
+    The (P, M) block is the bulk of the cost: u = s/τ1 − (s⁺/τ1 − 1) divides the (B, M) scores
+    once, and :class:`_MaskedHuberSum` sums ℓ1 over the negatives in few passes.
     """
     margin = (batch.scores / tau1)[anchor] - (s_pos / tau1 - 1)[:, None]
     is_negative = batch.neg_mask.to(batch.scores.dtype)[anchor]
@@ -390,14 +389,9 @@ class SemiVarianceRegularizer(RankingLoss):
         self.normalization = check_choice(normalization, "normalization", SEMI_VARIANCE_NORMS)
 
     def from_batch(self, batch: PairBatch) -> torch.Tensor:
-        """L_var of an already prepared batch (every positive and negative pair of its masks).
+        """Scalar L_var of a prepared :class:`PairBatch` (every pair of its (B, M) masks).
 
-        Args:
-            batch: a :class:`PairBatch`; ``scores`` (B, M) float, masks (B, M) bool.
-
-        Returns:
-            Scalar tensor. The two terms are also stored in ``last_stats`` (``semi_variance_pos``,
-            ``semi_variance_neg``).
+        ``last_stats`` also gets the two terms, ``semi_variance_pos`` and ``semi_variance_neg``.
         """
         scores = batch.scores
         zero = scores.new_zeros(())
