@@ -67,13 +67,11 @@ class EuclideanThresholdAffinity:
                 f"`thresholds` ({t.size}) and `levels` ({lv.size}) must be non-empty and of the "
                 "same length."
             )
-        order_t = np.argsort(-t, kind="stable")
-        order_l = np.argsort(lv, kind="stable")
         if np.unique(t).size != t.size or np.unique(lv).size != lv.size:
             raise ValueError("`thresholds` and `levels` must each hold distinct values.")
         # decreasing thresholds <-> increasing levels
-        self.thresholds = t[order_t].astype(np.float64)
-        self.levels = lv[order_l].astype(np.uint8)
+        self.thresholds = t[np.argsort(-t, kind="stable")].astype(np.float64)
+        self.levels = lv[np.argsort(lv, kind="stable")].astype(np.uint8)
 
     @classmethod
     def from_quantiles(
@@ -123,12 +121,11 @@ class EuclideanThresholdAffinity:
         """``levels(query_features) -> (n_q, n)`` for a fixed database, prepared once.
 
         Distances come from ``|q|² + |g|² - 2 qᵀg`` (one matrix product; the database is centred
-        once, distances being translation-invariant, against the cancellation far from the
-        origin). Its rounding differs from the pair distances :meth:`from_quantiles` takes the
-        thresholds from, so a pair lying exactly at a quantile could fall on either side of its
-        threshold: every pair within the formula's rounding bound of a threshold is recomputed
-        by that same pair function (``√Σ (q - g)²``), and is then on the same side as in
-        :meth:`from_quantiles`.
+        once, distances being translation-invariant, against the cancellation far from the origin).
+        Its rounding differs from the pair distances :meth:`from_quantiles` takes the thresholds
+        from, so a pair lying exactly at a quantile could fall on either side of its threshold:
+        every pair within the formula's rounding bound of a threshold is recomputed by that same
+        pair function (``√Σ (q - g)²``), and is then on the same side as in :meth:`from_quantiles`.
         """
         g = features_array(database_features, "database_labels")
         centre = g.mean(0)
@@ -263,10 +260,8 @@ def affinity_levels(affinity: Any, lab: torch.Tensor, ref_lab: torch.Tensor) -> 
     """``(B, M)`` float64 affinity levels between anchors and references.
 
     Args:
-        affinity: ``"labels"`` (binary: same class id, or at least one shared multi-hot label),
-            ``"shared_labels"`` (number of shared labels), an
-            :class:`~rankwise.metrics.EuclideanThresholdAffinity` (labels are features) or a
-            callable ``f(labels, ref_labels) -> (B, M)`` of non-negative levels.
+        affinity: as :func:`check_affinity` accepts it: ``"labels"`` (binary), ``"shared_labels"``
+            (number of shared labels), a Euclidean one (labels are features) or a callable.
         lab: anchor labels.
         ref_lab: reference labels.
     """

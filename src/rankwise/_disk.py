@@ -1,13 +1,13 @@
 """Writes that find the disk full: the error that says so, and how to recognise one.
 
 A full disk (or a reached quota) shows up as an ``OSError`` with ``errno`` ENOSPC (EDQUOT), often
-hidden: torch wraps the error of a failed write in a ``RuntimeError`` of its own. Every writer of
+hidden: torch wraps the error of a failed write in a ``RuntimeError`` of its own
+(``PytorchStreamWriter failed writing file``, the ``OSError`` its context). Every writer of
 rankwise's results (checkpoints, reports, sweep summaries) raises :class:`DiskFullError` instead,
 one line naming the folder and the space the file needs against the space free there, and every
-command ends on it with its own exit code (:mod:`rankwise.commands.common`). :func:`atomic_write`
-is the one crash-safe writer of every result file (checkpoints, reports, sweep and experiment
-results, saved indexes). Neither training
-nor the command line is imported here, so both use it.
+command ends on it with its own exit code (:mod:`rankwise.commands.common`). :func:`atomic_write` is
+the one crash-safe writer of every result file (checkpoints, reports, sweep and experiment results,
+saved indexes). Neither training nor the command line is imported here, so both use it.
 """
 
 from __future__ import annotations
@@ -35,17 +35,7 @@ _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def disk_full_cause(exc: BaseException) -> OSError | None:
-    """The "no space left" error behind ``exc``, if any (``exc`` itself, its cause or context).
-
-    torch wraps the ``OSError`` of a failed write in a ``RuntimeError`` of its own
-    (``PytorchStreamWriter failed writing file``); the ``OSError`` is its context.
-
-    Args:
-        exc: an exception.
-
-    Returns:
-        The ``OSError`` with ``errno`` ENOSPC or EDQUOT, or ``None``.
-    """
+    """The ENOSPC / EDQUOT ``OSError`` behind ``exc`` (itself, its cause or context), or None."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -57,14 +47,7 @@ def disk_full_cause(exc: BaseException) -> OSError | None:
 
 
 def format_bytes(size: int) -> str:
-    """``size`` bytes for a message: ``"312.4 MB"``, ``"48.0 kB"``, ``"512 bytes"`` (powers of 10).
-
-    Args:
-        size: a number of bytes.
-
-    Returns:
-        The text.
-    """
+    """``size`` bytes as text: ``"312.4 MB"``, ``"48.0 kB"``, ``"512 bytes"`` (powers of 10)."""
     for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if size >= scale:
             return f"{size / scale:.1f} {unit}"
@@ -133,15 +116,9 @@ class DiskFullError(OSError):
         return text + (f". {self.kept[0].upper()}{self.kept[1:]}." if self.kept else ".")
 
     def with_context(self, *, run_dir: Path | None, kept: str, resumable: bool) -> DiskFullError:
-        """A copy that knows the run it belongs to and what survives.
+        """A copy that knows its ``run_dir``, what is ``kept`` and whether the run is ``resumable``.
 
-        Args:
-            run_dir: the run directory.
-            kept: what survives, e.g. ``"the last good checkpoint (...) is kept"``.
-            resumable: whether the run has a checkpoint to resume from.
-
-        Returns:
-            The new error.
+        ``kept`` says what survives, e.g. ``"the last good checkpoint (...) is kept"``.
         """
         return DiskFullError(
             self.path,

@@ -48,39 +48,19 @@ DTYPE_CODES: tuple[torch.dtype, ...] = (
 
 
 def is_distributed(group: Any = None) -> bool:
-    """Whether a process group with more than one rank is initialized.
-
-    Args:
-        group: the process group (``None``: the default group).
-
-    Returns:
-        ``True`` when collectives over ``group`` involve other processes.
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        return False
-    return dist.get_world_size(group) > 1
+    """Whether ``group`` (``None``: the default group) is initialized and has several ranks."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
 
 def rank_and_world_size(group: Any = None) -> tuple[int, int]:
-    """This process's rank in ``group`` and the group's size (``(0, 1)`` without a process group).
-
-    Args:
-        group: the process group (``None``: the default group).
-
-    Returns:
-        ``(rank, world_size)``.
-    """
+    """``(rank, world_size)`` of this process in ``group`` (``(0, 1)`` without a process group)."""
     if not (dist.is_available() and dist.is_initialized()):
         return 0, 1
     return dist.get_rank(group), dist.get_world_size(group)
 
 
 def require_process_group(what: str) -> None:
-    """Raise a clear error when no process group is initialized.
-
-    Args:
-        what: the object that needs one, for the message.
-    """
+    """Raise a clear error, naming ``what`` needs one, when no process group is initialized."""
     if not dist.is_available():
         raise RuntimeError(f"{what} needs torch.distributed, which this torch build lacks.")
     if not dist.is_initialized():
@@ -94,15 +74,8 @@ def require_process_group(what: str) -> None:
 def comm_device(group: Any = None, like: torch.Tensor | None = None) -> torch.device:
     """The device tensors must be on for collectives of ``group``'s backend.
 
-    NCCL communicates CUDA tensors (on the current CUDA device); gloo CPU tensors. A backend
-    serving both (``"cpu:gloo,cuda:nccl"``) keeps a tensor where it is.
-
-    Args:
-        group: the process group (``None``: the default group).
-        like: the tensor to communicate, if any.
-
-    Returns:
-        The device.
+    NCCL communicates CUDA tensors (on the current CUDA device); gloo CPU tensors. A backend serving
+    both (``"cpu:gloo,cuda:nccl"``) keeps ``like`` (the tensor to communicate, if any) where it is.
     """
     backend = str(dist.get_backend(group)).lower()
     if "gloo" in backend and "nccl" in backend:
@@ -115,14 +88,9 @@ def comm_device(group: Any = None, like: torch.Tensor | None = None) -> torch.de
 
 
 def all_gather_small(values: Sequence[int], group: Any = None) -> list[list[int]]:
-    """All-gather a short vector of integers (e.g. row counts) from every rank.
+    """One list per rank, in rank order, of every rank's short vector of integers (row counts).
 
-    Args:
-        values: this rank's integers (the same number on every rank).
-        group: the process group.
-
-    Returns:
-        One list per rank, in rank order.
+    Every rank passes the same number of ``values``.
     """
     local = torch.tensor(list(values), dtype=torch.int64, device=comm_device(group))
     world = dist.get_world_size(group)
@@ -134,16 +102,10 @@ def all_gather_small(values: Sequence[int], group: Any = None) -> list[list[int]
 def padded_all_gather(local: torch.Tensor, sizes: Sequence[int], group: Any = None) -> torch.Tensor:
     """Concatenation, in rank order, of every rank's ``local`` whose row counts are ``sizes``.
 
-    Rows are padded to ``max(sizes)`` for the one ``all_gather``; the result is on ``local``'s
-    device with ``local``'s dtype. No autograd (see :mod:`rankwise.training.distributed`).
-
-    Args:
-        local: ``(sizes[rank], ...)`` tensor; the trailing dimensions agree on every rank.
-        sizes: the row count of every rank (from :func:`all_gather_small`).
-        group: the process group.
-
-    Returns:
-        ``(sum(sizes), ...)`` tensor.
+    ``local`` is ``(sizes[rank], ...)``, the trailing dimensions equal on every rank, and
+    ``sizes`` comes from :func:`all_gather_small`. Rows are padded to ``max(sizes)`` for the one
+    ``all_gather``; the ``(sum(sizes), ...)`` result has ``local``'s device and dtype. No autograd
+    (see :mod:`rankwise.training.distributed`).
     """
     largest = max(sizes)
     device = comm_device(group, local)
@@ -163,15 +125,9 @@ def padded_all_gather(local: torch.Tensor, sizes: Sequence[int], group: Any = No
 def all_gather_rows(local: torch.Tensor, group: Any = None) -> tuple[torch.Tensor, list[int]]:
     """All-gather tensors whose first dimension may differ between ranks (no autograd).
 
-    The trailing dimensions and the dtype must agree on every rank; a mismatch raises the same
-    ``ValueError`` on every rank (never a hang).
-
-    Args:
-        local: this rank's ``(n_rank, ...)`` tensor.
-        group: the process group.
-
-    Returns:
-        ``(rows, sizes)``: the ``(sum n, ...)`` concatenation in rank order and every rank's count.
+    Returns ``(rows, sizes)``: the ``(sum n, ...)`` concatenation in rank order of every rank's
+    ``(n_rank, ...)`` ``local`` and every rank's count. The trailing dimensions and the dtype must
+    agree on every rank; a mismatch raises the same ``ValueError`` on every rank (never a hang).
     """
     if local.dtype not in DTYPE_CODES:
         raise ValueError(f"cannot gather a tensor of dtype {local.dtype} across ranks.")

@@ -47,19 +47,11 @@ class MissingDependencyError(ImportError):
 
 
 def require(modules: Sequence[str], extra: str, feature: str) -> list[ModuleType]:
-    """Import ``modules`` or raise :class:`MissingDependencyError` naming ``extra``.
+    """The imported ``modules`` (e.g. ``("rich", "yaml")``), in order.
 
-    Args:
-        modules: import names, e.g. ``("rich", "yaml")``.
-        extra: the extra of ``pyproject.toml`` that installs them, e.g. ``"train"``.
-        feature: what needs them, for the message, e.g. ``"rankwise.training"``.
-
-    Returns:
-        The imported modules, in order.
-
-    Raises:
-        MissingDependencyError: listing every module that failed to import and the install
-            command of ``extra``.
+    Raises :class:`MissingDependencyError` listing every module that failed to import, what needs
+    them (``feature``, e.g. ``"rankwise.training"``) and the install command of ``extra`` (the
+    extra of ``pyproject.toml`` that installs them, e.g. ``"train"``).
     """
     imported: list[ModuleType] = []
     missing: list[str] = []

@@ -9,16 +9,11 @@ Bit layout (the same for every packed form): code bit ``i`` is bit ``i % 8`` of 
 (``numpy.packbits(..., bitorder="little")``), equivalently bit ``i % 64`` of little-endian
 ``uint64`` word ``i // 64``. Padding bits beyond ``b`` are 0, so they never add to a distance.
 
-Accepted code inputs (numpy arrays or torch tensors), everywhere in :mod:`rankwise.hashing` and
-:func:`rankwise.metrics.hamming_retrieval_metrics`:
-
-* ``{-1, +1}`` codes of any signed integer or floating dtype, shape ``(n, b)``;
-* ``{0, 1}`` codes as ``bool`` or a signed integer / floating dtype (``0 -> -1``);
-* packed codes: an unsigned integer array (``uint8``, ``uint16``, ``uint32``, ``uint64``) of
-  words in the layout above, with ``bits`` giving ``b`` (default: every bit of the words). An
-  unsigned array holding only 0 and 1 is ambiguous (``x.byte()`` of ``{0, 1}`` codes looks like
-  packed words) and refused unless ``bits`` is given: pass unpacked codes as ``bool`` or ``±1``;
-* a :class:`PackedCodes` (of any word type: it is repacked where another one is needed).
+Accepted code inputs (numpy or torch), everywhere in :mod:`rankwise.hashing` and
+:func:`rankwise.metrics.hamming_retrieval_metrics`: ``(n, b)`` codes in ``{-1, +1}`` (signed or
+floating dtypes) or ``{0, 1}`` (also ``bool``), packed unsigned words with ``bits`` (an unsigned
+array of only 0 and 1 is refused without ``bits``: it could be either), or a :class:`PackedCodes`
+(docs/hashing.md, "Accepted code inputs").
 
 This module sits below the metrics and the hashing network; :mod:`rankwise.hashing.codes` is the
 public path of its names.
@@ -166,10 +161,8 @@ def _check_padding(words: np.ndarray, bits: int, name: str) -> None:
     spare = words.shape[1] * word_bits - bits
     if spare <= 0 or words.shape[0] == 0:
         return
-    keep = word_bits - spare  # bits used in the last word
-    mask = words.dtype.type((1 << keep) - 1) if keep < 64 else None
-    last = words[:, -1]
-    if mask is not None and bool((last & ~mask).any()):
+    mask = words.dtype.type((1 << (word_bits - spare)) - 1)  # the bits used in the last word
+    if bool((words[:, -1] & ~mask).any()):
         raise ValueError(
             f"`{name}` has bits set beyond bit {bits} (the padding of its last word must be 0); "
             "pass the `bits` the codes were packed with, or pack them with "
@@ -342,11 +335,7 @@ def check_same_bits(a: PackedCodes, b: PackedCodes, name_a: str, name_b: str) ->
 
 @keeps_torch_threads
 def hamming_distances(
-    queries: Any,
-    database: Any = None,
-    *,
-    bits: int | None = None,
-    chunk_size: int | None = None,
+    queries: Any, database: Any = None, *, bits: int | None = None, chunk_size: int | None = None
 ) -> np.ndarray:
     """All Hamming distances ``(n_queries, n_database)`` by XOR + popcount of packed codes.
 

@@ -7,11 +7,12 @@ normalisation resolve what users type, and an unknown name fails with one error 
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Lazy", "Registry"]
+__all__ = ["Lazy", "Registry", "keyword_parameters"]
 
 T = TypeVar("T")
 
@@ -88,3 +89,17 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspect.Parameter], bool]:
+    """Named parameters of ``func`` after the first ``skip`` ones, and whether it takes **kwargs.
+
+    A class gives its constructor's, less ``self``.
+    """
+    params = list(inspect.signature(func).parameters.values())
+    named = {
+        p.name: p
+        for p in params[skip:]
+        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
+    return named, any(p.kind == p.VAR_KEYWORD for p in params)

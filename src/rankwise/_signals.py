@@ -1,12 +1,11 @@
 """Ctrl-C and SIGTERM handled alike: what stops a run, a sweep or a command cleanly.
 
-``timeout``, SLURM, Kubernetes and docker stop a process with SIGTERM (then SIGKILL after a
-grace period); a person presses Ctrl-C (SIGINT). Both must leave the same thing behind: the last
-complete step checkpointed, a message saying how to resume, and the exit status a shell expects
-of a process stopped by that signal (128 + its number: 130 for SIGINT, 143 for SIGTERM). This
-module turns either signal into a :class:`SignalInterrupt` (a ``KeyboardInterrupt``, so code that
-already handles Ctrl-C handles SIGTERM too) that remembers which signal it was. No paper equation
-is implemented here.
+``timeout``, SLURM, Kubernetes and docker stop a process with SIGTERM (then SIGKILL after a grace
+period); a person presses Ctrl-C (SIGINT). Both must leave the same thing behind: the last complete
+step checkpointed, a message saying how to resume, and the exit status a shell expects of a process
+stopped by that signal (128 + its number: 130 for SIGINT, 143 for SIGTERM). This module turns either
+signal into a :class:`SignalInterrupt` (a ``KeyboardInterrupt``, so code that already handles Ctrl-C
+handles SIGTERM too) that remembers which signal it was. No paper equation is implemented here.
 """
 
 from __future__ import annotations
@@ -35,15 +34,7 @@ class SignalInterrupt(KeyboardInterrupt):
 
 
 def signal_number_of(exc: BaseException, default: int = signal.SIGINT) -> int:
-    """The signal behind an interruption (``default`` for a plain ``KeyboardInterrupt``).
-
-    Args:
-        exc: the exception.
-        default: the number for an exception that carries none.
-
-    Returns:
-        The signal number.
-    """
+    """The signal number behind the interruption ``exc`` (``default`` when it carries none)."""
     return int(getattr(exc, "signal_number", default))
 
 

@@ -21,7 +21,6 @@ __all__ = [
     "as_tensor",
     "check_embeddings",
     "check_labels",
-    "check_same_length",
     "check_finite",
     "Interval",
     "check_scalar",
@@ -147,13 +146,6 @@ def check_labels(
     return t
 
 
-def check_same_length(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
-    if a.shape[0] != b.shape[0]:
-        raise ValueError(
-            f"`{name_a}` has {a.shape[0]} rows but `{name_b}` has {b.shape[0]}; they must match."
-        )
-
-
 # -- scalar parameters ---------------------------------------------------------------------------
 # One way to check the scalar arguments of every loss, sampler and estimator, in the manner of
 # scikit-learn's ``Interval`` / ``StrOptions`` parameter constraints: Python and numpy scalars of the
@@ -192,19 +184,10 @@ class Interval:
         return f"{what} in {left}{self.low:g}, {self.high:g}{right}"
 
     def contains(self, value: float) -> bool:
-        if self.low is not None:
-            if self.closed in ("both", "left"):
-                if not value >= self.low:
-                    return False
-            elif not value > self.low:
-                return False
-        if self.high is not None:
-            if self.closed in ("both", "right"):
-                if not value <= self.high:
-                    return False
-            elif not value < self.high:
-                return False
-        return True
+        closed_low, closed_high = self.closed in ("both", "left"), self.closed in ("both", "right")
+        if self.low is not None and not (value >= self.low if closed_low else value > self.low):
+            return False
+        return self.high is None or (value <= self.high if closed_high else value < self.high)
 
 
 def _scalar_value(value: Any, kind: str) -> float | int | None:

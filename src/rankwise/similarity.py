@@ -1,8 +1,5 @@
 """One similarity vocabulary: names, the losses' score matrix and the metrics' exact keys.
 
-The names, the differentiable score matrix of the losses, and the exact scores the metrics rank
-by.
-
 Three similarities, one spelling: ``"cosine"`` (rows L2-normalised, then the inner product; the
 score of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
 List Stability*, NeurIPS 2022, Sec. 5, and of the AUC loss of Gajić et al., Eq. 1-3),
@@ -19,13 +16,10 @@ Two computations of the scores live here:
   ``cos * |cos| = (q . g) |q . g| / (||q||^2 ||g||^2)`` for ``"cosine"`` (one division per pair, by
   the norm product, and no square root) and ``-||q - g||^2`` for ``"euclidean"`` (differences
   first: translation-invariant and accurate near 0). Every sum runs over ``k = 0, 1, ..., d - 1`` in
-  that order in float64, each operation rounded once. The key of a pair is therefore a function of
-  the two rows only: it does not depend on the chunk, the block, the gallery order or the device
-  (the numba kernels and the torch implementation perform the same operations). For inputs of at
-  most float32 precision every product is exact in float64, and when all partial sums are exact too
-  (integer and binary codes, fp16 / bf16 and float32 data on a coarse enough grid; see
-  ``docs/metrics.md``) the keys are exact, so mathematically equal similarities give equal keys.
-  :func:`similarity_from_keys` turns keys back into similarities (``cos``, ``q . g``,
+  that order in float64, each operation rounded once, in the numba kernels and the torch code
+  alike, so a pair's key depends on its two rows only; on coarse grids the keys are exact
+  (docs/metrics.md, "Exact scores"). :func:`similarity_from_keys` turns keys back into
+  similarities (``cos``, ``q . g``, ``-||q - g||``).
   ``-||q - g||``).
 """
 
@@ -112,9 +106,7 @@ def similarity_matrix(
     return -sq.clamp_min(1e-12).sqrt()
 
 
-# ----------------------------------------------------------------------------------------------
-# exact evaluation keys
-# ----------------------------------------------------------------------------------------------
+# -- exact evaluation keys -------------------------------------------------------------------------
 
 
 def _power_of_two_row_scale(x: torch.Tensor) -> torch.Tensor:
@@ -144,21 +136,32 @@ def _sequential_norms2(x: torch.Tensor) -> torch.Tensor:
 
 
 def _torch_keys(
-    code: int, q: torch.Tensor, g: torch.Tensor, q_norm2: torch.Tensor, g_norm2: torch.Tensor
+    code: int,
+    q: torch.Tensor,
+    g: torch.Tensor,
+    q_norm2: torch.Tensor,
+    g_norm2: torch.Tensor,
+    pairs: bool = False,
 ) -> torch.Tensor:
-    """(B, N) keys with torch ops, one elementwise operation per step (no fused multiply-add)."""
-    acc = torch.zeros(q.shape[0], g.shape[0], dtype=torch.float64, device=q.device)
-    for k in range(q.shape[1]):
+    """(B, N) keys, or with ``pairs`` the (B,) keys of (q[i], g[i]), by one torch op per step.
+
+    One elementwise operation per step: no fused multiply-add.
+    """
+    if not pairs:
+        q, g, q_norm2, g_norm2 = q[:, None], g[None], q_norm2[:, None], g_norm2[None]
+    shape = torch.broadcast_shapes(q.shape[:-1], g.shape[:-1])
+    acc = torch.zeros(shape, dtype=torch.float64, device=q.device)
+    for k in range(q.shape[-1]):
         if code == _CODES["euclidean"]:
-            t = q[:, k, None] - g[None, :, k]
+            t = q[..., k] - g[..., k]
             acc = acc + t * t
         else:
-            acc = acc + q[:, k, None] * g[None, :, k]
+            acc = acc + q[..., k] * g[..., k]
     if code == _CODES["dot"]:
         return acc
     if code == _CODES["euclidean"]:
         return -acc
-    den = q_norm2[:, None] * g_norm2[None, :]
+    den = q_norm2 * g_norm2
     return torch.where(den == 0, torch.zeros_like(acc), (acc * acc.abs()) / den)
 
 
@@ -260,20 +263,8 @@ class ExactOperands:
                 out.numpy(),
             )
             return out
-        q, g = self.query[rows], self.gallery[cols]
-        acc = torch.zeros(rows.shape[0], dtype=torch.float64, device=q.device)
-        for k in range(q.shape[1]):
-            if self.similarity == "euclidean":
-                t = q[:, k] - g[:, k]
-                acc = acc + t * t
-            else:
-                acc = acc + q[:, k] * g[:, k]
-        if self.similarity == "dot":
-            return acc
-        if self.similarity == "euclidean":
-            return -acc
-        den = self.query_norm2[rows] * self.gallery_norm2[cols]
-        return torch.where(den == 0, torch.zeros_like(acc), (acc * acc.abs()) / den)
+        qn, gn = self.query_norm2[rows], self.gallery_norm2[cols]
+        return _torch_keys(self.code, self.query[rows], self.gallery[cols], qn, gn, pairs=True)
 
 
 def _check_no_overflow(
@@ -298,17 +289,6 @@ def _check_no_overflow(
         )
 
 
-def _checked_pair(query: Any, gallery: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    q = check_embeddings(query, "query")
-    g = q if gallery is None else check_embeddings(gallery, "gallery", device=q.device)
-    if g.shape[1] != q.shape[1]:
-        raise ValueError(
-            f"`gallery` has dimension {g.shape[1]} but `query` has {q.shape[1]}; embed both with "
-            "the same model."
-        )
-    return q, g
-
-
 @keeps_torch_threads
 def ranking_keys(query: Any, gallery: Any = None, similarity: str = "cosine") -> torch.Tensor:
     """Exact float64 keys ranking every (query, gallery) pair like ``similarity`` (ties included).
@@ -323,7 +303,13 @@ def ranking_keys(query: Any, gallery: Any = None, similarity: str = "cosine") ->
         (n_q, n_g) float64 tensor on the query's device; see the module docstring for the exact
         sequence of operations that defines each key.
     """
-    q, g = _checked_pair(query, gallery)
+    q = check_embeddings(query, "query")
+    g = q if gallery is None else check_embeddings(gallery, "gallery", device=q.device)
+    if g.shape[1] != q.shape[1]:
+        raise ValueError(
+            f"`gallery` has dimension {g.shape[1]} but `query` has {q.shape[1]}; embed both with "
+            "the same model."
+        )
     return ExactOperands.build(q, g, similarity).keys()
 
 

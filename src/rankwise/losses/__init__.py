@@ -3,8 +3,7 @@
 SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss, the Wilcoxon loss,
 Smooth-AP, DIR (histogram AP), BlackBox-AP, the pointwise ROC loss (TPR at FPR ≤ α), the
 semi-variance regularizer, the binary-code losses (tie-aware AP / NDCG of TALR, He et al., CVPR
-2018; the DPSH baseline), and
-pytorch-metric-learning baselines through :func:`baseline`.
+2018; the DPSH baseline), and pytorch-metric-learning baselines through :func:`baseline`.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,
 ref_labels=None)`` and returns a scalar; see :mod:`rankwise.losses.base`.

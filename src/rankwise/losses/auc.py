@@ -33,23 +33,10 @@ STRATEGIES = ("hard", "all")
 _POSITIVE = Interval("real", 0, None, closed="neither")
 
 
-# ------------------------------------------------------------------------------------------------
-# threshold grid and the slope of Eq. (10)
-# ------------------------------------------------------------------------------------------------
-def _check_score_range(score_range: Sequence[float]) -> tuple[float, float]:
-    return check_range_pair(score_range, "score_range")
-
-
+# -- threshold grid and the slope of Eq. (10) ------------------------------------------------------
 def _check_delta_s(delta_s: float, t_min: float, t_max: float) -> float:
     # a step as wide as the range would leave a single trapezoid (the paper uses 0.05 on [-1, 1])
     return check_scalar(delta_s, "delta_s", Interval("real", 0, t_max - t_min, closed="neither"))
-
-
-def _n_steps(delta_s: float, t_min: float, t_max: float) -> int:
-    # The grid must reach t_max so that F*(last threshold) ≈ 0 and T*(first) ≈ 1 close the curve;
-    # when the width is not a multiple of Δs the last threshold lies just beyond t_max. The small
-    # tolerance keeps 2 / 0.1 = 19.999999999999996 at 20 steps.
-    return max(1, math.ceil((t_max - t_min) / delta_s - 1e-9))
 
 
 def auc_thresholds(delta_s: float, score_range: Sequence[float] = (-1.0, 1.0)) -> np.ndarray:
@@ -58,9 +45,13 @@ def auc_thresholds(delta_s: float, score_range: Sequence[float] = (-1.0, 1.0)) -
     When the range width is a multiple of ``delta_s`` the last threshold is t_max exactly (41
     thresholds for Δs = 0.05 on [−1, 1]); otherwise it is the first grid point beyond t_max.
     """
-    t_min, t_max = _check_score_range(score_range)
+    t_min, t_max = check_range_pair(score_range, "score_range")
     step = _check_delta_s(delta_s, t_min, t_max)
-    return t_min + step * np.arange(_n_steps(step, t_min, t_max) + 1, dtype=np.float64)
+    # The grid must reach t_max so that F*(last threshold) ≈ 0 and T*(first) ≈ 1 close the curve;
+    # when the width is not a multiple of Δs the last threshold lies just beyond t_max. The small
+    # tolerance keeps 2 / 0.1 = 19.999999999999996 at 20 steps.
+    n_steps = max(1, math.ceil((t_max - t_min) / step - 1e-9))
+    return t_min + step * np.arange(n_steps + 1, dtype=np.float64)
 
 
 # Beyond |z| = 40 the sigmoid's second derivative is below 1e-17 of its peak: thresholds farther
@@ -138,7 +129,7 @@ def auc_slope(delta_s: float, score_range: Sequence[float] = (-1.0, 1.0)) -> flo
         >>> round(auc_slope(0.05), 1), round(auc_slope(0.1), 1)
         (42.1, 22.5)
     """
-    t_min, t_max = _check_score_range(score_range)
+    t_min, t_max = check_range_pair(score_range, "score_range")
     step = _check_delta_s(delta_s, t_min, t_max)
     return _solve_auc_slope(step, t_min, t_max)
 
@@ -147,9 +138,7 @@ auc_slope.cache_info = _solve_auc_slope.cache_info  # type: ignore[attr-defined]
 auc_slope.cache_clear = _solve_auc_slope.cache_clear  # type: ignore[attr-defined]
 
 
-# ------------------------------------------------------------------------------------------------
-# pair selection shared by both losses
-# ------------------------------------------------------------------------------------------------
+# -- pair selection shared by both losses ----------------------------------------------------------
 def _hardest_scores(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(N,) lowest positive and (N,) highest negative score of each valid anchor."""
     valid = batch.restrict_to_valid()
@@ -160,12 +149,10 @@ def _hardest_scores(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _all_pair_scores(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(P,) positive and (Q,) negative pair scores used by the batch-all strategy.
+    """(P,) positive and (Q,) negative pair scores of the rows of valid anchors (batch-all).
 
-    A pair enters when it lies in the row of a valid anchor. Without a reference set the score
-    matrix is symmetric and (i, j), (j, i) are the same pair: each unordered pair is kept once
-    (upper triangle). Counting both halves would double most pairs but count a pair with a skipped
-    anchor (e.g. a singleton class) once, silently reweighting the two kinds.
+    Without a reference set each unordered pair is kept once (upper triangle): both halves would
+    count a pair with a skipped anchor (e.g. a singleton class) once and the others twice.
     """
     valid_rows = batch.valid[:, None]
     if batch.self_reference:
@@ -186,9 +173,7 @@ _BLOCK_ELEMENTS = 2**22
 def _mean_sigmoid(scores: torch.Tensor, thresholds: torch.Tensor, slope: float) -> torch.Tensor:
     """(K,) mean over the (n,) scores x of sigmoid(slope (x − s_k)): T* or F* of Eq. (7).
 
-    One (n, K) block while it has at most ``_BLOCK_ELEMENTS`` entries; beyond, the chunked
-    :class:`_ChunkedMeanSigmoid`, whose memory is one chunk (the same values up to the order of
-    the sums).
+    One (n, K) block up to ``_BLOCK_ELEMENTS`` entries, else :class:`_ChunkedMeanSigmoid`.
     """
     if scores.numel() * thresholds.numel() <= _BLOCK_ELEMENTS:
         return torch.sigmoid(slope * (scores[:, None] - thresholds)).mean(dim=0)
@@ -227,9 +212,7 @@ class _ChunkedMeanSigmoid(torch.autograd.Function):
         return torch.cat(parts), None, None, None
 
 
-# ------------------------------------------------------------------------------------------------
-# losses
-# ------------------------------------------------------------------------------------------------
+# -- losses ----------------------------------------------------------------------------------------
 class AUCLoss(RankingLoss):
     """AUC loss (Gajić et al., Eq. 9): 1 − the trapezoidal area under the sigmoid-relaxed ROC curve.
 
@@ -258,9 +241,6 @@ class AUCLoss(RankingLoss):
         score_range: (t_min, t_max), the range the thresholds span; (−1, 1) suits cosine.
         similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
 
-    Call: ``loss(embeddings (B, d) float, labels (B,) int, ref_embeddings (M, d) | None,
-    ref_labels (M,) | None)`` → scalar tensor of the embeddings' dtype.
-
     Example:
         >>> import torch
         >>> from rankwise.losses import AUCLoss
@@ -280,7 +260,7 @@ class AUCLoss(RankingLoss):
     ) -> None:
         super().__init__(similarity)
         self.strategy = check_choice(strategy, "strategy", STRATEGIES)
-        self.t_min, self.t_max = _check_score_range(score_range)
+        self.t_min, self.t_max = check_range_pair(score_range, "score_range")
         self.delta_s = _check_delta_s(delta_s, self.t_min, self.t_max)
         if slope is None:
             self.slope = auc_slope(self.delta_s, (self.t_min, self.t_max))
@@ -318,10 +298,7 @@ class AUCLoss(RankingLoss):
 
 
 class WilcoxonLoss(RankingLoss):
-    """Batch-hard Wilcoxon loss (Gajić et al., Eq. 11).
-
-    The sigmoid-relaxed Wilcoxon–Mann–Whitney statistic over hardest positives × hardest
-    negatives.
+    """Batch-hard Wilcoxon loss (Gajić et al., Eq. 11): the sigmoid-relaxed WMW statistic.
 
     L = 1 − (1 / N²) Σ_i Σ_j σ(r (f_{p_i} − f_{n_j})), f_{p_i} the hardest (lowest) positive score
     and f_{n_j} the hardest (highest) negative score of valid anchors i and j, N the number of
@@ -331,9 +308,6 @@ class WilcoxonLoss(RankingLoss):
     Args:
         slope: r > 0 multiplying the score difference; 1 as in Eq. (11).
         similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
-
-    Call: ``loss(embeddings (B, d) float, labels (B,) int, ref_embeddings (M, d) | None,
-    ref_labels (M,) | None)`` → scalar tensor.
 
     Example:
         >>> import torch

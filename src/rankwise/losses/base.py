@@ -1,19 +1,16 @@
 """Common machinery of every rankwise loss: validation, score matrix, masks, skipped anchors.
 
-Input validation, the score matrix, positive / negative masks and the bookkeeping of skipped
-anchors shared by the losses. All ranking losses in rankwise follow the pytorch-metric-learning call signature
-``loss(embeddings, labels, ref_embeddings=None, ref_labels=None)``. Each row of ``embeddings`` is a
-query (anchor); it is ranked against ``ref_embeddings`` (a memory bank, a gallery) or, by default,
-against the other rows of the batch (its own row excluded). Scores are cosine similarities of the
-L2-normalized embeddings unless ``similarity="dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``)
-is configured; the names and the score matrix come from :mod:`rankwise.similarity`.
-Anchors without a positive or without a negative cannot be ranked; they are skipped and counted in
+All ranking losses in rankwise follow the pytorch-metric-learning call signature ``loss(embeddings,
+labels, ref_embeddings=None, ref_labels=None)``. Each row of ``embeddings`` is a query (anchor); it
+is ranked against ``ref_embeddings`` (a memory bank, a gallery) or, by default, against the other
+rows of the batch (its own row excluded). Scores are cosine similarities of the L2-normalized
+embeddings unless ``similarity="dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``) is
+configured; the names and the score matrix come from :mod:`rankwise.similarity`. Anchors without a
+positive or without a negative cannot be ranked; they are skipped and counted in
 ``loss.last_stats``, and a batch where no anchor can be ranked raises ``ValueError``.
 Half-precision embeddings (float16, bfloat16; also under ``torch.autocast``) are scored and the loss
-computed in float32, returned as float32: a dot or Euclidean score of two float16 rows overflows
-65504 once their squared norms do, and the losses' temperatures (SOPRC's τ2 = 0.001, Smooth-AP's
-0.01) are finer than float16's spacing of scores near 1 (0.0005 to 0.001). Scores that are still
-not finite (float32 overflow) raise a ``ValueError`` naming ``embeddings``.
+computed in float32, returned as float32 (why: docs/losses.md, "Half precision"). Scores that are
+still not finite (float32 overflow) raise a ``ValueError`` naming ``embeddings``.
 """
 
 from __future__ import annotations

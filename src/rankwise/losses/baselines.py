@@ -1,25 +1,21 @@
 """Pairwise metric-learning baselines from pytorch-metric-learning, behind the rankwise call.
 
-The baselines are built from pytorch-metric-learning (PML, Musgrave et al., "A Metric
-Learning Reality Check", ECCV 2020), wrapped in the rankwise call contract
-``loss(embeddings, labels, ref_embeddings=None, ref_labels=None)``. Nothing is re-implemented:
-the contrastive loss (Hadsell et al., CVPR 2006, in its cosine form with the margins of the XBM
-paper), the triplet loss with batch-hard mining (Hermans et al., 2017) or semi-hard mining
-(Schroff et al., CVPR 2015), the multi-similarity loss and miner (Wang et al., CVPR 2019),
-FastAP (Cakir et al., CVPR 2019) and the cross-batch memory (XBM, Wang et al., CVPR 2020)
-around the contrastive loss all come from PML.
-Inputs are validated like every rankwise loss, anchors that cannot be ranked are counted in
-``last_stats`` (a batch where none can be ranked raises ``ValueError``), and the XBM queue
-position is kept in registered buffers so ``state_dict()`` and ``.to()`` carry the whole memory.
-Scalar parameters are checked like every rankwise loss's (``rankwise._validation``). PML is the
-``baselines`` extra and is imported on the first baseline built, so users of the rankwise losses
-never load it.
+The baselines are built from pytorch-metric-learning (PML, Musgrave et al., "A Metric Learning
+Reality Check", ECCV 2020), wrapped in the rankwise call contract ``loss(embeddings, labels,
+ref_embeddings=None, ref_labels=None)``. Nothing is re-implemented: the contrastive loss (Hadsell
+et al., CVPR 2006, in its cosine form with the margins of the XBM paper), the triplet loss with
+batch-hard mining (Hermans et al., 2017) or semi-hard mining (Schroff et al., CVPR 2015), the
+multi-similarity loss and miner (Wang et al., CVPR 2019), FastAP (Cakir et al., CVPR 2019) and the
+cross-batch memory (XBM, Wang et al., CVPR 2020) around the contrastive loss all come from PML.
+Inputs and scalar parameters are checked like every rankwise loss's, anchors that cannot be ranked
+are counted in ``last_stats`` (a batch where none can be ranked raises ``ValueError``), and the XBM
+queue position is kept in registered buffers so ``state_dict()`` and ``.to()`` carry the whole
+memory. PML is the ``baselines`` extra, imported on the first baseline built.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from types import ModuleType
 from typing import Any
 
@@ -27,7 +23,7 @@ import torch
 from torch import nn
 
 from .._extras import require
-from .._registry import Registry
+from .._registry import Registry, keyword_parameters
 from .._validation import Interval, check_bool, check_choice, check_scalar
 from .base import anchor_statistics, raise_if_nothing_to_rank, score_dtype, validate_pair_inputs
 
@@ -103,15 +99,6 @@ def _pml(submodule: str) -> ModuleType:
     return importlib.import_module(f"pytorch_metric_learning.{submodule}")
 
 
-def _named_parameters(cls: type) -> set[str]:
-    signature = inspect.signature(cls)  # the constructor's, less self
-    return {
-        p.name
-        for p in signature.parameters.values()
-        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    }
-
-
 def baseline_parameters(name: str) -> tuple[str, ...]:
     """Keyword arguments :func:`baseline` accepts for baseline ``name``.
 
@@ -124,7 +111,7 @@ def baseline_parameters(name: str) -> tuple[str, ...]:
         ``batch_loss`` for ``"xbm"``).
     """
     pml_class = _LOSS_CLASSES[name]  # the name is checked before the extra is imported
-    keys = _named_parameters(getattr(_pml("losses"), pml_class))
+    keys = set(keyword_parameters(getattr(_pml("losses"), pml_class))[0])
     keys.update(_PML_COMMON_KEYS)
     if name in _MINER_CLASSES:
         keys.add("miner_kwargs")
@@ -158,7 +145,7 @@ def _check_miner_kwargs(name: str, miner_kwargs: Any) -> dict[str, Any]:
     if name not in _MINER_CLASSES:
         raise ValueError(f"baseline {name!r} has no miner; drop `miner_kwargs`.")
     miner_class = getattr(_pml("miners"), _MINER_CLASSES[name])
-    valid = _named_parameters(miner_class) | {"distance", "collect_stats"}
+    valid = set(keyword_parameters(miner_class)[0]) | {"distance", "collect_stats"}
     for key in miner_kwargs:
         if key not in valid:
             raise ValueError(
@@ -240,17 +227,10 @@ class PMLBaseline(nn.Module):
         ref_embeddings: torch.Tensor | None = None,
         ref_labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Loss of one batch.
+        """Loss of one batch; arguments as :meth:`rankwise.losses.RankingLoss.forward`.
 
-        Args:
-            embeddings: (B, d) float tensor, one row per anchor.
-            labels: (B,) integer class ids.
-            ref_embeddings: optional (M, d) reference set (PML's ``ref_emb``); when given, the
-                anchors are compared with it only, never with each other.
-            ref_labels: (M,) integer class ids of the reference set.
-
-        Returns:
-            A scalar tensor.
+        ``ref_embeddings`` is PML's ``ref_emb``: when given, the anchors are compared with it only,
+        never with each other.
         """
         emb, lab, ref, ref_lab = self._validate(embeddings, labels, ref_embeddings, ref_labels)
         # half precision is computed in float32, like the rankwise losses (rankwise.losses.base)
@@ -294,14 +274,11 @@ class CrossBatchMemoryBaseline(PMLBaseline):
     and not enqueued. The batch is enqueued in the memory's dtype or wider (half-precision
     embeddings are computed in float32), so a call never narrows the memory's dtype.
 
-    Warm-up and the batch term (Wang et al., CVPR 2020, Sec. 4; the released code's
-    ``XBM.START_ITERATION`` and ``loss = batch_loss + XBM.WEIGHT * xbm_loss``): for the first
-    ``start_iteration`` training calls the loss is the inner contrastive loss on the batch alone
-    and nothing is enqueued; after them it is the memory loss, plus the batch loss when
-    ``batch_loss``. The defaults (75, True) are that released form (issue 21; 75 is half the demo's
-    quick budget, as the released code warms up for half of its own); (0, False) is PML's
-    ``CrossBatchMemory`` as it is, which collapses a network trained from scratch (every
-    embedding in one direction, test mAP below the untrained network's; docs/losses.md).
+    Warm-up and the batch term (Wang et al., CVPR 2020, Sec. 4, as the released code does): for the
+    first ``start_iteration`` training calls the loss is the inner contrastive loss on the batch
+    alone and nothing is enqueued; after them it is the memory loss, plus the batch loss when
+    ``batch_loss``. The defaults (75, True) are that form; (0, False) is PML's, which collapses a
+    network trained from scratch (docs/losses.md).
     """
 
     # PML's CrossBatchMemory: its queue_idx, has_been_filled, memory_size, ... are plain
@@ -343,14 +320,8 @@ class CrossBatchMemoryBaseline(PMLBaseline):
         During the warm-up (the first ``start_iteration`` training calls) the batch is ranked
         against itself and not enqueued; with ``batch_loss`` that batch loss is added after it.
 
-        Args:
-            embeddings: (B, embedding_size) float tensor, B <= memory_size.
-            labels: (B,) integer class ids.
-            ref_embeddings: not supported (``ValueError``); the memory is the reference set.
-            ref_labels: likewise.
-
-        Returns:
-            A scalar tensor.
+        ``embeddings`` (B, embedding_size) with B <= memory_size, ``labels`` (B,) class ids;
+        ``ref_embeddings`` / ``ref_labels`` raise ``ValueError`` (the memory is the reference set).
         """
         emb, lab, _, _ = self._validate(embeddings, labels, ref_embeddings, ref_labels)
         xbm = self.loss

@@ -1,21 +1,16 @@
 """BlackBox-AP: average precision from exact ranks with a blackbox-differentiated ranking.
 
-Average precision from exact ranks, differentiated with blackbox differentiation of
-the ranking function, after Rolínek, Musil, Paulus, Vlastelica, Michaelis and Martius, "Optimizing
-Rank-based Metrics with Blackbox Differentiation" (CVPR 2020), Sec. 3 and 4. The ranking
-``rk(s) = argmin_π <s, π>`` is piecewise constant; its blackbox gradient (Vlastelica et al.,
-"Differentiation of Blackbox Combinatorial Solvers", ICLR 2020; Rolínek et al., Eq. 4) is
-``-(rk(s) - rk(s + λ ∂L/∂rk)) / λ``, the exact gradient of a piecewise-linear interpolation of the
-loss whose strength is the hyper-parameter ``λ``. AP is computed from exact ranks (Sec. 4) as
-``AP = mean_{i ∈ pos} rk_pos(i) / rk(i)``, with ``rk(i)`` the rank of positive ``i`` among all the
-anchor's references and ``rk_pos(i)`` its rank among the positives only (a constant, as in the
-paper). Two choices make the interpolation a descent direction of AP (see :class:`BlackBoxAP`):
-the rank is differentiated only through ``rk(i) - rk_pos(i)``, the number of negatives above the
-positive (AP does not change when positives swap among themselves, so neither may its
-interpolation), and ``λ`` perturbs each anchor's own AP, independently of how many anchors the
-batch averages. The score margin (Sec. 4) lowers every positive score by ``α/2`` and raises every
-negative score by ``α/2`` before ranking. Ranks are normalised by the number of columns of the
-score matrix, as in the authors' ``rank_normalised``.
+After Rolínek, Musil, Paulus, Vlastelica, Michaelis and Martius, "Optimizing Rank-based Metrics
+with Blackbox Differentiation" (CVPR 2020), Sec. 3 and 4. The ranking ``rk(s) = argmin_π <s, π>``
+is piecewise constant; its blackbox gradient (Vlastelica et al., "Differentiation of Blackbox
+Combinatorial Solvers", ICLR 2020; Rolínek et al., Eq. 4) is ``-(rk(s) - rk(s + λ ∂L/∂rk)) / λ``,
+the exact gradient of a piecewise-linear interpolation of the loss whose strength is the
+hyper-parameter ``λ``. AP is computed from exact ranks (Sec. 4) as ``AP = mean_{i ∈ pos} rk_pos(i)
+/ rk(i)``, with ``rk_pos(i)`` the rank among the positives only (a constant, as in the paper). Two
+choices make the interpolation a descent direction of AP (:class:`BlackBoxAP`, docs/losses.md): the
+rank is differentiated only through the negatives above the positive, and ``λ`` perturbs each
+anchor's own AP. The score margin (Sec. 4) shifts positive scores by ``-α/2`` and negative ones by
+``+α/2`` before ranking; ranks are normalised by the number of columns, as in ``rank_normalised``.
 """
 
 from __future__ import annotations
@@ -51,10 +46,7 @@ def normalized_ranks(scores: torch.Tensor) -> torch.Tensor:
 def _ranks_and_positive_ranks(
     scores: torch.Tensor, pos_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Normalised ranks among all columns and, on positive columns, among the positives only.
-
-    Both are divided by the row length ``M``; the second is 0 off the positives.
-    """
+    """Ranks / M (the row length) among all columns, and among the positives (0 off them)."""
     rank_all = normalized_ranks(scores)
     # Rank among positives = rank of the positive's overall rank among the positives; the
     # non-positives get +inf keys and sink below every positive.
@@ -157,11 +149,9 @@ class BlackBoxAPLoss(RankingLoss):
             a margin nothing resists weight decay shrinking the embedding to a collapse.
         similarity: ``"cosine"`` (default), ``"dot"`` or ``"neg_euclidean"``.
 
-    Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None (M, d),
-    ref_labels=None (M,))``; returns a scalar. ``last_stats`` holds the anchor / pair counts of
-    :class:`~rankwise.losses.base.RankingLoss` plus ``"mean_ap"`` (of the margin-shifted scores).
-    Ties are broken by reference index; the gradient is a surrogate (see :class:`BlackBoxAP`),
-    so ``gradcheck`` does not apply.
+    ``last_stats`` holds the anchor / pair counts of :class:`~rankwise.losses.base.RankingLoss`
+    plus ``"mean_ap"`` (of the margin-shifted scores). Ties are broken by reference index; the
+    gradient is a surrogate (see :class:`BlackBoxAP`), so ``gradcheck`` does not apply.
 
     Example:
         >>> import torch

@@ -79,11 +79,10 @@ def _neighbour_bins(
     With ``derivative=True``, (bin index, dδ/ds) instead.
 
     A score has a non-zero weight only in bins within one spacing Δ of it, all among these three
-    (``nearest = round((hi − s)/Δ)``). The weight is the formula of
-    :func:`triangular_bin_weights` (same operations, same half-open end bins); the derivative is
-    what autograd gives that formula (``−sign(s − b)/Δ`` where ``1 − |s − b|/Δ ≥ 0``, a weight of
-    exactly 0 at a knot included; 0 in a half-open end bin beyond the range). Bins past the ends
-    get weight and derivative 0.
+    (``nearest = round((hi − s)/Δ)``). The weight is the formula of :func:`triangular_bin_weights`
+    (same operations, same half-open end bins); the derivative is what autograd gives that formula
+    (``−sign(s − b)/Δ`` where ``1 − |s − b|/Δ ≥ 0``, a weight of exactly 0 at a knot included; 0 in
+    a half-open end bin beyond the range). Bins past the ends get weight and derivative 0.
     """
     width = (hi - lo) / (num_bins - 1)
     centres = torch.linspace(hi, lo, num_bins, device=scores.device, dtype=scores.dtype)
@@ -182,9 +181,8 @@ class DIRLoss(RankingLoss):
     Memory O(B·M): each score is added to its (at most two) neighbouring bins, never a
     (B, num_bins, M) block.
 
-    Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None (M, d),
-    ref_labels=None (M,))``; returns a scalar. ``last_stats`` holds the anchor / pair counts of
-    :class:`~rankwise.losses.base.RankingLoss` plus ``"mean_ap_q"``.
+    ``last_stats`` holds the anchor / pair counts of :class:`~rankwise.losses.base.RankingLoss`
+    plus ``"mean_ap_q"``.
 
     Example:
         >>> import torch

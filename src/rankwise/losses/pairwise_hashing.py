@@ -36,8 +36,7 @@ class DPSHLoss(RankingLoss):
             Sec. 5.3) or a callable ``f(labels, ref_labels) -> (B, M)``.
 
     Call as ``loss(codes (B, b), labels, ref_codes=None (M, b), ref_labels=None)``; returns a
-    scalar.
-    ``last_stats``: ``n_pairs``, ``n_similar_pairs``, ``likelihood``, ``quantization``.
+    scalar. ``last_stats``: ``n_pairs``, ``n_similar_pairs``, ``likelihood``, ``quantization``.
 
     Example:
         >>> import torch

@@ -1,16 +1,15 @@
 """Pointwise ROC loss: maximize the TPR of a thresholded similarity subject to FPR ≤ α.
 
-For neural similarities (Vogel, Bellet & Clémençon, *A Probabilistic
-Theory of Supervised Similarity Learning for Pointwise ROC Curve Optimization*, ICML 2018,
-problem (1) and its empirical form (6), with the Lagrangian of Eq. (2)).
+For neural similarities (Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised
+Similarity Learning for Pointwise ROC Curve Optimization*, ICML 2018, problem (1) and its empirical
+form (6), with the Lagrangian of Eq. (2)).
 
 The similarity of a pair is the indicator S(x, x') = 1{s(x, x') ≥ t} of its score s (cosine of the
 embeddings by default) passing a threshold t. Its risks over a batch are the U-statistics of
 Eq. (4)/(5) over the pairs i < j: R̂⁺ is the TPR and R̂⁻ the FPR of the threshold. The loss is the
 negated Lagrangian −(R̃⁺ − λ (R̃⁻ − α)) in which the indicator is replaced by a smooth surrogate ψ of
 u = (s − t)/τ (:func:`surrogate_risks`), and the multiplier λ ≥ 0 (a buffer) follows projected dual
-ascent λ ← max(0, λ + η (R̂⁻ − α)) after every training batch, so that at convergence R̂⁻ ≤ α: λ
-grows while the batches violate the constraint and shrinks towards 0 when it is slack.
+ascent λ ← max(0, λ + η (R̂⁻ − α)) after every training batch, so that at convergence R̂⁻ ≤ α.
 
 By default (``dual_update="indicator"``) the dual step uses the FPR of the indicator itself and the
 surrogate only shapes the gradient of the network (the "proxy Lagrangian" of Cotter, Jiang &
@@ -141,12 +140,9 @@ def pair_score_sets(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
 class PointwiseROCLoss(RankingLoss):
     """Maximize the TPR at FPR ≤ α of the thresholded similarity 1{s(x, x') ≥ t} (problem (1)).
 
-    The value is −(R̃⁺ − λ(R̃⁻ − α)) over the pairs i < j of the batch (or the anchor–reference
-    pairs), R̃± the surrogate TPR / FPR of :func:`surrogate_risks` at margins (s − t)/τ. In training
-    mode each call then takes one projected dual-ascent step λ ← max(0, λ + η(R̂⁻ − α)) on the
-    multiplier buffer, with R̂⁻ the batch FPR of the indicator (``dual_update="indicator"``) or
-    the surrogate R̃⁻ (``"surrogate"``); the loss of that call uses λ from before the step. Eval
-    mode never changes a buffer, and a call that raises changes none either.
+    The value and the dual step are those of the module docstring, over the pairs i < j of the
+    batch (or the anchor–reference pairs); a training call's loss uses λ from before its step.
+    Eval mode never changes a buffer, and a call that raises changes none either.
 
     Deploying the model: predict "same class" when s(x, x') ≥ ``threshold``; the constraint was
     enforced on training batches at that threshold (check it on held-out pairs with
@@ -169,8 +165,6 @@ class PointwiseROCLoss(RankingLoss):
     ``last_stats`` after a call: ``tpr`` and ``fpr`` (indicator, on the batch pairs),
     ``positive_risk`` / ``negative_risk`` (surrogates), ``multiplier`` (λ used by the call),
     ``n_positive_pairs``, ``n_negative_pairs`` and the anchor counts of :class:`RankingLoss`.
-
-    Call: ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)`` → scalar.
 
     Example:
         >>> import torch

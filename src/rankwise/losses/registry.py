@@ -1,10 +1,10 @@
 """Name-based construction of every loss the trainer can use.
 
-The rankwise ranking losses (SOPRC with its semi-variance regularizer, Wen et al., NeurIPS 2022, Alg. 1 and Eq. 9; the biased AP
-baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon loss, Eq. 11; Smooth-AP;
-DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020; the pointwise ROC loss,
-Vogel et al., ICML 2018, problem (1)) and the
-pytorch-metric-learning baselines of :mod:`rankwise.losses.baselines`. Parameters are checked
+The rankwise ranking losses (SOPRC with its semi-variance regularizer, Wen et al., NeurIPS 2022,
+Alg. 1 and Eq. 9; the biased AP baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon
+loss, Eq. 11; Smooth-AP; DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020; the
+pointwise ROC loss, Vogel et al., ICML 2018, problem (1)) and the pytorch-metric-learning baselines
+of :mod:`rankwise.losses.baselines`. Parameters are checked
 against the constructor signature, so a misspelt key fails with a ``ValueError`` naming the loss,
 the key and the valid keys instead of being ignored.
 """
@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast
 
 from torch import nn
 
-from .._registry import Registry
+from .._registry import Registry, keyword_parameters
 from .._validation import Interval, check_scalar
 from .auc import AUCLoss, WilcoxonLoss
 from .baselines import BASELINES, baseline, baseline_parameters
@@ -81,26 +81,14 @@ _CONTEXT_NAMES = {
 }
 
 
-def _keyword_parameters(func: Callable, skip: int = 0) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Named parameters of ``func`` after the first ``skip`` ones, and whether it takes **kwargs."""
-    params = list(inspect.signature(func).parameters.values())
-    named = {
-        p.name: p
-        for p in params[skip:]
-        if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    }
-    return named, any(p.kind == p.VAR_KEYWORD for p in params)
-
-
 def _soprc_parameters(cls: _LabelsConstructed) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Keys accepted by ``SOPRCLoss.from_labels`` (labels excluded).
+    """Keys of ``SOPRCLoss.from_labels`` and, through its ``**kwargs``, of ``SOPRCLoss.__init__``.
 
-    Through its ``**kwargs`` also those of ``SOPRCLoss.__init__``; ``semi_variance`` is replaced
-    by ``semi_variance_weights`` / ``semi_variance_normalization``.
+    Labels excluded; ``semi_variance`` is replaced by the ``semi_variance_*`` keys.
     """
-    named, var_kw = _keyword_parameters(cls.from_labels, skip=1)
+    named, var_kw = keyword_parameters(cls.from_labels, skip=1)
     if var_kw:
-        init_named, var_kw = _keyword_parameters(cls)  # the class: its __init__ less self
+        init_named, var_kw = keyword_parameters(cls)  # the class: its __init__ less self
         named = {**init_named, **named}
     named.pop("semi_variance", None)
     named.pop("prior", None)  # from_labels computes the class priors from the labels
@@ -121,7 +109,7 @@ def loss_parameters(name: str) -> tuple[str, ...]:
     if name == "soprc":
         named, _ = _soprc_parameters(_labels_constructed(name))
         return tuple(sorted({*named, *_SEMI_VARIANCE_KEYS}))
-    named, _ = _keyword_parameters(_LOSS_CLASSES[name].__init__)
+    named, _ = keyword_parameters(_LOSS_CLASSES[name].__init__)
     return tuple(sorted(named))
 
 
@@ -141,10 +129,7 @@ def _with_context(
     context: dict[str, Any],
     required_from: dict[str, inspect.Parameter] | None = None,
 ) -> dict[str, Any]:
-    """Fill constructor parameters named like a context argument, then check the required ones.
-
-    The required parameters are those of ``required_from`` (default ``named``).
-    """
+    """Fill parameters named as context arguments; check those ``required_from`` (or ``named``)."""
     filled = dict(params)
     for param_name, context_name in _CONTEXT_NAMES.items():
         if param_name in named and param_name not in filled and context[context_name] is not None:
@@ -155,13 +140,7 @@ def _with_context(
         if p.default is inspect.Parameter.empty and p.name not in filled
     ]
     if missing:
-        hint = {
-            "num_classes": "num_classes=",
-            "embedding_dim": "embedding_dim=",
-            "embedding_size": "embedding_dim=",
-            "bits": "embedding_dim=",
-        }
-        fixes = ", ".join(hint.get(m, f"{m}=") + "..." for m in missing)
+        fixes = ", ".join(f"{_CONTEXT_NAMES.get(m, m)}=..." for m in missing)
         raise ValueError(f"loss {name!r} needs {', '.join(map(repr, missing))}; pass {fixes}.")
     return filled
 
@@ -221,7 +200,7 @@ def build_loss(
     if name == "soprc":
         return _build_soprc(_labels_constructed(name), train_labels, params, context)
     cls = _LOSS_CLASSES[name]
-    named, var_kw = _keyword_parameters(cls.__init__)
+    named, var_kw = keyword_parameters(cls.__init__)
     if not var_kw:
         _reject_unknown(name, params, tuple(named))
     if name == "pointwise_roc" and train_labels is not None:
@@ -273,7 +252,7 @@ def _build_soprc(
         lambda_pos, lambda_neg = _check_weight_pair(weights)
         regularizer = SemiVarianceRegularizer(lambda_pos, lambda_neg, normalization=normalization)
     # from_labels derives the rest of SOPRCLoss's required arguments from the labels.
-    from_labels_named, _ = _keyword_parameters(cls.from_labels, skip=1)
+    from_labels_named, _ = keyword_parameters(cls.from_labels, skip=1)
     from_labels_named.pop("semi_variance", None)
     kw = _with_context("soprc", named, params, context, required_from=from_labels_named)
     return cls.from_labels(train_labels, semi_variance=regularizer, **kw)

@@ -40,8 +40,7 @@ class SmoothAPLoss(RankingLoss):
         temperature: τ > 0; 0.01 in the paper.
         similarity: ``"cosine"`` (default, as in the paper), ``"dot"`` or ``"neg_euclidean"``.
 
-    Call: ``loss(embeddings (B, d) float, labels (B,) int, ref_embeddings (M, d) | None,
-    ref_labels (M,) | None)`` → scalar tensor. ``last_stats["mean_smooth_ap"]`` holds mean_q AP_q.
+    ``last_stats["mean_smooth_ap"]`` holds mean_q AP_q.
 
     Example:
         >>> import torch

@@ -93,14 +93,11 @@ def _grouped_score_interpolation(
     num_points: int,
     score_range: tuple[float, float] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """φ of Alg. 2 applied separately to the values of every group, fully vectorised.
+    """φ of Alg. 2 (:func:`score_interpolation`) applied separately to every group, vectorised.
 
-    For a group with sorted values u_1 ≤ … ≤ u_n, u_i sits at quantile position i/(n+1) (the
-    expected CDF value of the i-th order statistic). Two extrapolated points close the curve:
-    u_0 = 2u_1 − u_2 at position 0 and u_{n+1} = 2u_n − u_{n−1} at position 1 (Alg. 2, line 2),
-    clipped to ``score_range`` but never past u_1 / u_n (so φ stays monotone even for scores outside
-    the range). The curve is read by linear interpolation at the ``num_points`` positions
-    j/(num_points + 1), j = 1..num_points.
+    u_i sits at position i/(n+1), the expected CDF value of the i-th order statistic; the
+    extrapolated ends (Alg. 2, line 2) are clipped to ``score_range`` but never past u_1 / u_n, so
+    φ stays monotone even for scores outside the range.
 
     Returns:
         (present_groups, phi): the distinct group ids (G,) and their interpolated rows (G, num_points).
@@ -185,6 +182,16 @@ def _check_score_range(score_range: Any, name: str = "score_range") -> tuple[flo
     return None if score_range is None else check_range_pair(score_range, name)
 
 
+def _per_class(values: Any, name: str, num_classes: int) -> torch.Tensor:
+    """``values`` as a (num_classes,) tensor of the default dtype (a shape error names ``name``)."""
+    t = as_tensor(values, name)
+    if t.ndim != 1 or t.shape[0] != num_classes:
+        raise ValueError(
+            f"`{name}` must have shape (num_classes,) = ({num_classes},), got {tuple(t.shape)}."
+        )
+    return t.to(torch.get_default_dtype())
+
+
 def _check_semi_variance(reg: Any) -> SemiVarianceRegularizer | None:
     if reg is not None and not isinstance(reg, SemiVarianceRegularizer):
         raise ValueError(
@@ -211,9 +218,8 @@ def _negative_huber_sum(
 ) -> torch.Tensor:
     """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,).
 
-    This (P, M) block is the bulk of the loss's cost, so it is built in as few passes as possible:
-    the margin u = 1 − (s⁺ − s)/τ1 = s/τ1 − (s⁺/τ1 − 1) divides the (B, M) scores once instead of
-    the (P, M) differences, and :class:`_MaskedHuberSum` sums ℓ1 over the negatives.
+    The (P, M) block is the bulk of the cost: u = s/τ1 − (s⁺/τ1 − 1) divides the (B, M) scores
+    once, and :class:`_MaskedHuberSum` sums ℓ1 over the negatives in few passes.
     """
     margin = (batch.scores / tau1)[anchor] - (s_pos / tau1 - 1)[:, None]
     is_negative = batch.neg_mask.to(batch.scores.dtype)[anchor]
@@ -266,20 +272,13 @@ def _other_pairs_of_same_anchor(anchor: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def _other_positive_sigmoid_sum(
-    scores: torch.Tensor,
-    anchor: torch.Tensor,
-    ref: torch.Tensor,
-    s_pos: torch.Tensor,
-    tau2: float,
+    scores: torch.Tensor, anchor: torch.Tensor, ref: torch.Tensor, s_pos: torch.Tensor, tau2: float
 ) -> torch.Tensor:
     """Σ_{x ∈ z⁺(anchor), x ≠ x⁺} ℓ2(s⁺ − s(x)) for every positive pair: (P,).
 
-    ``anchor``, ``ref`` (P,) are all positive pairs of the anchors used, from
-    :func:`_positive_pairs`, so the other positives of a pair are the other pairs of its anchor:
-    a (P, W) block with W + 1 the most positives of one anchor, instead of a (P, M) one.
-    The positive itself is left out: it is counted exactly, as the "1 +" of the TPR term
-    (ℓ_{0,1}(0) = 1, whereas the surrogate ℓ2(0) = 0 would make the top positive's TPR zero).
-    With ℓ2(0) = 0 the exclusion does not change the value; it states which terms are meant.
+    The other positives of a pair (:func:`_positive_pairs`) are the other pairs of its anchor: a
+    (P, W) block, W + 1 the most positives of one anchor, instead of a (P, M) one. The positive
+    itself is the exact "1 +" of the TPR term (ℓ_{0,1}(0) = 1; the surrogate's ℓ2(0) = 0).
     """
     others, is_real = _other_pairs_of_same_anchor(anchor)
     other_scores = scores[anchor, ref][others]
@@ -390,14 +389,9 @@ class SemiVarianceRegularizer(RankingLoss):
         self.normalization = check_choice(normalization, "normalization", SEMI_VARIANCE_NORMS)
 
     def from_batch(self, batch: PairBatch) -> torch.Tensor:
-        """L_var of an already prepared batch (every positive and negative pair of its masks).
+        """Scalar L_var of a prepared :class:`PairBatch` (every pair of its (B, M) masks).
 
-        Args:
-            batch: a :class:`PairBatch`; ``scores`` (B, M) float, masks (B, M) bool.
-
-        Returns:
-            Scalar tensor. The two terms are also stored in ``last_stats`` (``semi_variance_pos``,
-            ``semi_variance_neg``).
+        ``last_stats`` also gets the two terms, ``semi_variance_pos`` and ``semi_variance_neg``.
         """
         scores = batch.scores
         zero = scores.new_zeros(())
@@ -443,10 +437,7 @@ class SemiVarianceRegularizer(RankingLoss):
 def _plus_semi_variance(
     owner: APLoss | SOPRCLoss, loss: torch.Tensor, batch: PairBatch
 ) -> torch.Tensor:
-    """``loss`` plus ``owner.semi_variance`` (Eq. 9) on the same batch, when one is configured.
-
-    The regularizer's value goes to ``owner.last_stats["semi_variance"]``.
-    """
+    """``loss`` plus ``owner.semi_variance`` (Eq. 9, recorded in ``last_stats``) when configured."""
     if owner.semi_variance is None:
         return loss
     reg = owner.semi_variance.from_batch(batch)
@@ -473,8 +464,6 @@ class APLoss(RankingLoss):
         tau2: ℓ2 temperature τ2 > 0 (default 0.001).
         semi_variance: optional :class:`SemiVarianceRegularizer` added to the loss (Eq. 9).
         similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
-
-    Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``.
 
     Example:
         >>> import torch
@@ -537,13 +526,10 @@ class SOPRCLoss(RankingLoss):
     detached scores and φ = :func:`score_interpolation` (Alg. 2). Pooling all anchors of a class
     makes the update independent of the batch order. Eval mode never changes any buffer.
 
-    ``v`` starts (``v_init="grid"``, the released code) at the evenly spaced values
-    lo + (hi − lo)·j/num_v, j = 0..num_v−1 on ``v_init_range`` = [0, 1) for every class, or
-    (``"uniform"``) at sorted i.i.d. uniform draws on that range from a generator seeded with
-    ``seed``. [0, 1) rather than ``score_range``: positive-pair cosine similarities of a trained
-    embedding lie mostly in [0, 1], and v only has to bracket the positive scores; the start is
-    forgotten geometrically, or at once with ``warm_start=True`` (v_c := φ at the first update of
-    class c, the choice v_1 = E[φ] of Remark 1).
+    ``v`` starts on ``v_init_range`` = [0, 1) (the ``v_init`` grid lo + (hi − lo)·j/num_v of the
+    released code, or sorted uniform draws), not ``score_range``: positive-pair cosines of a trained
+    embedding lie mostly in [0, 1], and v only has to bracket them; the start is forgotten
+    geometrically, or at once with ``warm_start=True`` (v_1 = E[φ], Remark 1; docs/losses.md).
 
     Args:
         num_classes: number of classes C ≥ 2; labels must lie in [0, C).
@@ -578,8 +564,7 @@ class SOPRCLoss(RankingLoss):
     ``prior`` (C,), ``v_updates`` (C,) int64 number of moving-average updates of every row,
     ``positives`` (C,).
 
-    Call as ``loss(embeddings (B, d), labels (B,), ref_embeddings=None, ref_labels=None)``; with
-    a reference set (memory bank) every anchor is ranked against it and v is fed with the
+    With a reference set (memory bank) every anchor is ranked against it and v is fed with the
     anchor–reference positive scores.
 
     Example:
@@ -652,13 +637,7 @@ class SOPRCLoss(RankingLoss):
     def _check_positives(self, positives: Any, num_classes: int) -> torch.Tensor:
         if positives is None:  # the released code: the positive is 1 of |v| + 1
             return torch.full((num_classes,), float(self.num_v + 1))
-        n = as_tensor(positives, "positives")
-        if n.ndim != 1 or n.shape[0] != num_classes:
-            raise ValueError(
-                f"`positives` must have shape (num_classes,) = ({num_classes},), got "
-                f"{tuple(n.shape)}."
-            )
-        n = n.to(torch.get_default_dtype())
+        n = _per_class(positives, "positives", num_classes)
         if not bool(torch.isfinite(n).all()) or bool((n < 1).any()):
             raise ValueError(
                 "`positives` must hold the number of positives of a query of every class, each "
@@ -679,12 +658,7 @@ class SOPRCLoss(RankingLoss):
     def _check_prior(prior: Any, num_classes: int) -> torch.Tensor:
         if prior is None:
             return torch.full((num_classes,), 1.0 / num_classes)
-        p = as_tensor(prior, "prior")
-        if p.ndim != 1 or p.shape[0] != num_classes:
-            raise ValueError(
-                f"`prior` must have shape (num_classes,) = ({num_classes},), got {tuple(p.shape)}."
-            )
-        p = p.to(torch.get_default_dtype())
+        p = _per_class(prior, "prior", num_classes)
         if not bool(torch.isfinite(p).all()) or bool((p < 0).any()) or bool((p >= 1).any()):
             raise ValueError(
                 "`prior` must hold class priors in [0, 1) (no NaN/inf; a prior of 1 would leave "
@@ -777,10 +751,7 @@ class SOPRCLoss(RankingLoss):
     def _update_v(self, batch: PairBatch, pair_scores: _PairScores | None) -> int:
         """Moving average of Eq. (10) on the rows of the classes present among the anchors."""
         anchor, ref = batch.pos_mask.nonzero(as_tuple=True)
-        if pair_scores is None:
-            scores = batch.scores[anchor, ref]
-        else:
-            scores = pair_scores(anchor, ref)
+        scores = batch.scores[anchor, ref] if pair_scores is None else pair_scores(anchor, ref)
         scores = scores.detach().to(self.v.dtype)
         classes, phi = _grouped_score_interpolation(
             scores, batch.labels[anchor], self.num_v, self.score_range
@@ -801,14 +772,7 @@ class SOPRCLoss(RankingLoss):
     ) -> torch.Tensor:
         """Loss of one batch (in training mode, after the update of ``v``).
 
-        Args:
-            embeddings: (B, d) float tensor, one row per anchor.
-            labels: (B,) integer class ids in [0, num_classes).
-            ref_embeddings: optional (M, d) reference set to rank against (memory bank).
-            ref_labels: (M,) integer class ids of the reference set.
-
-        Returns:
-            A scalar tensor.
+        Arguments as :meth:`RankingLoss.forward`; labels are class ids in [0, num_classes).
         """
         batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
         # prepare() sets both

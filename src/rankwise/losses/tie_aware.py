@@ -9,38 +9,25 @@ set). With relaxed codes ``φ ∈ (-1, 1)^b`` (``tanh(γ f / 2)``, see
 cumulative sums ``C_d``. The objective is tie-aware AP (Eq. 6 / 11) or DCG (Eq. 7 / 12) of these
 soft histograms, averaged over the queries; the loss is ``1 - mean``.
 
-Why not Eq. (11)/(12) verbatim. Both come from Eq. (24)/(28) by replacing the exact sums over the
-positions of a tie by integrals: ``H(C_d) - H(C_{d-1}) ≈ ln(C_d / C_{d-1})`` (Eq. 25) and
-``Σ D(t) ≈ ln 2 [Li(C_d + 1) - Li(C_{d-1} + 1)]`` (Eq. 28). Both integrals diverge at the first
-non-empty bin (``C_{d-1} = 0``) and are unbounded next to it (a tiny first bin makes
-``ln(C_d / C_{d-1})`` huge), and Eq. (11)'s ``(c_d^+ - 1) / (c_d - 1)`` has a pole wherever a soft
-bin holds exactly one item's mass. ``form="exact"`` (default) keeps the integrals but adds back
-exactly what the approximation dropped:
+Eq. (11)/(12) replace exact sums over a tie's positions by integrals that diverge at the first
+non-empty bin, and Eq. (11) has a pole where a soft bin holds one item's mass (why, in full:
+docs/hashing.md). ``form="exact"`` (default) adds back what the integrals dropped:
 
-* AP: the harmonic numbers of Eq. (24) are continued to real arguments by the digamma function,
-  ``H(x) = ψ(x + 1) + γ_E`` — that *is* ``∫ dt / t`` plus its Euler-Maclaurin corrections
-  (App. C, Eq. 31) — which is finite at 0 and exact at every integer. Eq. (24) becomes
-  ``AP(d) = c_d^+ / (c_d N^+) [(C^+_{d-1} + 1) ΔH + (c_d^+ - 1) F(C_{d-1}, c_d)]`` with
-  ``ΔH = H(C_d) - H(C_{d-1})`` and ``F(g, n) = (n - (g + 1) ΔH) / (n - 1)``. ``F``'s pole at
-  ``n = 1`` is removable: ``ψ(g + 2) - ψ(g + 1) = 1 / (g + 1)`` makes the numerator vanish there
-  (a bin holding one item has no within-tie term, as in Eq. 6), and near it ``F`` is evaluated by
-  its Taylor series in ``ε = n - 1`` (see ``_within_tie_term``).
-* DCG: the cumulative discount ``S(N) = Σ_{t ≤ N} 1 / log2(t + 1)`` is continued to real ``x``
-  the way ψ is computed: ``S(x) = S_∞(x + M) - Σ_{t=1}^{M} D(x + t)`` with ``M = 32`` and
-  ``S_∞(y) = ln 2 Li(y + 1) + D(y)/2 + D'(y)/12 - D'''(y)/720 + D^(5)(y)/30240 + const`` — the
-  paper's logarithmic integral plus its Euler-Maclaurin corrections, evaluated only where they
-  converge (``y ≥ 32``; residual below 1e-14). ``S`` is smooth on ``x > -1``, exact at integers,
-  and ``DCG(d) = (Σ_v G(v) c_{d,v}) / c_d · (S(C_d) - S(C_{d-1}))`` (Eq. 7 / 19).
+* AP: ``H(x) = ψ(x + 1) + γ_E`` continues the harmonic numbers of Eq. (24) (``∫ dt / t`` plus
+  its Euler-Maclaurin corrections, App. C, Eq. 31): ``AP(d) = c_d^+ / (c_d N^+) [(C^+_{d-1} + 1)
+  ΔH + (c_d^+ - 1) F(C_{d-1}, c_d)]``, ``ΔH = H(C_d) - H(C_{d-1})``, ``F(g, n) = (n - (g + 1)
+  ΔH) / (n - 1)``, whose pole at ``n = 1`` is removable (``_within_tie_term``).
+* DCG: ``S(x) = S_∞(x + M) - Σ_{t=1}^{M} D(x + t)``, ``M = 32``, continues the cumulative
+  discount ``S(N) = Σ_{t ≤ N} 1 / log2(t + 1)``, with ``S_∞(y) = ln 2 Li(y + 1) + D(y)/2 +
+  D'(y)/12 - D'''(y)/720 + D^(5)(y)/30240 + const`` (residual below 1e-14 for ``y ≥ 32``), and
+  ``DCG(d) = (Σ_v G(v) c_{d,v}) / c_d · (S(C_d) - S(C_{d-1}))`` (Eq. 7 / 19).
 
-So with hard codes (large ``γ``, every distance at a bin centre) the objectives equal AP_T and
-NDCG_T of :func:`rankwise.metrics.hamming_retrieval_metrics` exactly. ``form="midpoint"`` is the
-simplified objective of the authors' released code: the per-tie mean of Eq. (6) replaced by the
-ratio of the midpoints of its numerator and denominator, ``Σ_d c_d^+ (C^+_{d-1} + C^+_d + 1) /
-(C_{d-1} + C_d + 1) / N^+``, and for DCG the discount of the tie's middle position,
-``Σ_d Ĝ_d / log2(C_{d-1} + (c_d + 1) / 2 + 1)``; it is exact without ties. Both forms are
-differentiated by autograd (the released hand-written backward of the midpoint form misses a
-factor 2 on its off-diagonal terms). NDCG divides by the exact ideal DCG of the query's
-affinities.
+With hard codes the objectives equal AP_T and NDCG_T of
+:func:`rankwise.metrics.hamming_retrieval_metrics` exactly. ``form="midpoint"`` is the released
+code's simplification, exact without ties: ``Σ_d c_d^+ (C^+_{d-1} + C^+_d + 1) / (C_{d-1} + C_d +
+1) / N^+`` and ``Σ_d Ĝ_d / log2(C_{d-1} + (c_d + 1) / 2 + 1)``. Both forms are differentiated by
+autograd (the released backward of the midpoint form misses a factor 2 off the diagonal). NDCG
+divides by the exact ideal DCG of the query's affinities.
 """
 
 from __future__ import annotations
@@ -128,10 +115,6 @@ def _series_terms(u_max: int) -> int:
     return k + 1
 
 
-def _discount(y: torch.Tensor) -> torch.Tensor:
-    return _LN2 / torch.log1p(y)
-
-
 def _discount_tail(y: torch.Tensor) -> torch.Tensor:
     """``S_∞(y)`` without its constant: Li integral plus Euler-Maclaurin terms (y large)."""
     u = y + 1.0
@@ -157,7 +140,7 @@ def relaxed_cumulative_discount(x: torch.Tensor) -> torch.Tensor:
     """
     x = x.to(torch.float64)
     shifts = torch.arange(1, _SHIFT + 1, dtype=torch.float64, device=x.device)
-    head = _discount(x.unsqueeze(-1) + shifts).sum(-1)
+    head = (_LN2 / torch.log1p(x.unsqueeze(-1) + shifts)).sum(-1)
     return _discount_constant() + _discount_tail(x + _SHIFT) - head
 
 
@@ -303,11 +286,8 @@ def ideal_dcg(gains: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 class _TieAwareLoss(RankingLoss):
     """Relaxed distances and histograms shared by the two losses, on the base class's batch.
 
-    Called as ``loss(codes (B, bits), labels, ref_codes=None (M, bits), ref_labels=None)``: the
-    codes are relaxed codes in ``[-1, 1]``; the labels ``(B,)`` class ids or ``(B, C)`` multi-hot
-    labels (``affinity`` a string), ``(B, F)`` original features for a
-    :class:`~rankwise.metrics.EuclideanThresholdAffinity`. Returns a scalar: float32 for
-    half-precision codes, else of the codes' dtype.
+    Called on relaxed codes ``(B, bits)`` in ``[-1, 1]`` (and ``(M, bits)`` reference codes), with
+    the labels the ``affinity`` takes (class ids, multi-hot, or ``(B, F)`` features).
     """
 
     _objective = ""

@@ -24,11 +24,7 @@ from .distributed import (
     merge_pr_curves,
     merge_retrieval_reports,
 )
-from .hamming import (
-    EuclideanThresholdAffinity,
-    HammingRetrievalReport,
-    hamming_retrieval_metrics,
-)
+from .hamming import EuclideanThresholdAffinity, HammingRetrievalReport, hamming_retrieval_metrics
 from .module import RetrievalMetric
 from .ranking import average_precision, batched_average_precision, batched_ndcg, ndcg
 from .retrieval import PRCurve, RetrievalReport, pr_curve, retrieval_metrics

@@ -24,6 +24,7 @@ __all__ = [
     "block_relevance",
     "check_chunk_size",
     "check_device",
+    "check_gallery_pair",
     "check_ks",
     "check_label_array",
     "check_query_gallery",
@@ -93,9 +94,18 @@ def check_device(device: Any, query: Any) -> torch.device:
     return dev
 
 
-def check_label_array(labels: Any, n: int, name: str, device: torch.device) -> torch.Tensor:
-    """Class ids (n,) or multi-hot (n, C) of 0/1 values (the rule of ``check_labels``)."""
-    return check_labels(labels, n, name, device)
+# class ids (n,) or multi-hot (n, C) of 0/1 values: the one rule of ``check_labels``
+check_label_array = check_labels
+
+
+def check_gallery_pair(gallery: Any, gallery_labels: Any) -> None:
+    """Refuse a ``gallery`` without ``gallery_labels`` or the reverse."""
+    if (gallery is None) != (gallery_labels is None):
+        missing = "gallery" if gallery is None else "gallery_labels"
+        raise ValueError(
+            f"`{missing}` is missing: pass both `gallery` and `gallery_labels`, or neither "
+            "(leave-one-out over the queries)."
+        )
 
 
 def check_query_gallery(
@@ -118,12 +128,7 @@ def check_query_gallery(
     dev = check_device(device, query)
     q = check_embeddings(query, "query", dev)
     ql = check_label_array(query_labels, q.shape[0], "query_labels", dev)
-    if (gallery is None) != (gallery_labels is None):
-        missing = "gallery" if gallery is None else "gallery_labels"
-        raise ValueError(
-            f"`{missing}` is missing: pass both `gallery` and `gallery_labels`, or neither "
-            "(leave-one-out over the queries)."
-        )
+    check_gallery_pair(gallery, gallery_labels)
     if gallery is None:
         g, gl = q, ql
     else:
@@ -153,17 +158,10 @@ MAX_CUTOFF = 2**63 - 1
 
 
 def check_ks(ks: Any, name: str = "ks") -> tuple[int, ...]:
-    """Cut-offs of R@k / P@k: a positive integer or a non-empty sequence of them (deduplicated).
+    """Cut-offs of R@k / P@k (a positive integer or a non-empty sequence) as Python ints, in order.
 
-    Args:
-        ks: the cut-offs.
-        name: the argument's name, for the messages (``"eval_ks"`` for the trainer's).
-
-    Returns:
-        The cut-offs as Python ints, duplicates removed, in the order given.
-
-    Raises:
-        ValueError: naming ``name``: not integers, < 1, or past :data:`MAX_CUTOFF`.
+    Duplicates are removed; a ``ValueError`` names ``name`` (``"eval_ks"`` for the trainer's) for
+    non-integers, cut-offs < 1 or past :data:`MAX_CUTOFF`.
     """
     if isinstance(ks, (int, np.integer)) and not isinstance(ks, (bool, np.bool_)):
         ks = (ks,)

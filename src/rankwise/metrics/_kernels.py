@@ -9,24 +9,14 @@ number scoring exactly ``v`` (``n_d``) and the relevant items among those (``n_d
 recall@k, precision@k, MAP@R, R-precision and the PR curve all follow from these counts in closed
 form (see :mod:`rankwise.metrics.ranking`).
 
-Two interchangeable producers of the counts live here:
-
-* :func:`relevant_group_counts_numba` (CPU): per row, sort only the relevant scores, then one pass
-  over the row puts every item between two consecutive distinct relevant values: a table of equal
-  width buckets over the relevant values' range narrows each item to a handful of candidates, then a
-  binary search among those. The row itself is never sorted, so the cost is O(N + R log R) for N
-  items and R relevant ones, whatever the fraction of relevant items. Rows run in parallel.
-* :func:`relevant_group_counts_torch` (CUDA, and fallback): a vectorised ``torch.sort`` of the
-  whole score chunk followed by run-length bookkeeping with ``cummax`` / ``cummin``.
-
-Both return the same integers in the same order (groups by decreasing score value), so every metric
-derived from them is bit-identical between the two paths.
-
-:func:`relevant_group_counts_from_lists` also takes an *approximate* block with a per-row error
-bound (``bound=``, see :mod:`rankwise.metrics._scores`) and a callback for exact keys: the same
-one pass then lists the items within twice the bound of a relevant value, asks for their exact
-keys (and those of relevant items whose order or ties are uncertain), and returns the counts of
-the exact keys. This is the interface between "scores for a block" and "counts from scores".
+Two interchangeable producers of the counts live here, returning the same integers in the same order
+(groups by decreasing score value), so every metric is bit-identical between them:
+:func:`relevant_group_counts_numba` (CPU: one pass over each row against a bucket table of its
+sorted distinct relevant values, O(N + R log R) for N items and R relevant ones, rows in parallel)
+and :func:`relevant_group_counts_torch` (any device: a sort of the whole chunk and run-length
+bookkeeping). :func:`relevant_group_counts_from_lists` also takes an *approximate* block with a
+per-row error bound and a callback for exact keys (:mod:`rankwise.metrics._scores`) and returns the
+counts of the exact keys. How, in full: docs/metrics.md, "How the counts are computed".
 """
 
 from __future__ import annotations
@@ -48,6 +38,7 @@ __all__ = [
     "relevant_group_counts_from_lists",
     "relevant_lists_from_classes",
     "relevant_lists_from_mask",
+    "tie_group_bounds",
     "BUCKETS_PER_VALUE",
 ]
 
@@ -235,7 +226,6 @@ def _group_counts_kernel(
         n_groups[i] = m
 
 
-# ----------------------------------------------------------------------------------------------
 # counts of the exact keys from an approximate block (see rankwise.metrics._scores)
 #
 # Phase A (_approx_pass_kernel): per row, the relevant items sorted by approximate value; runs of
@@ -246,7 +236,6 @@ def _group_counts_kernel(
 # the relevant items that need one (in a run, or in an ambiguous item's window). Phase C
 # (_verified_groups_kernel): runs re-sorted by exact key, groups of equal keys, ambiguous items
 # placed by exact comparison, certain items by their gap: the counts of the exact keys.
-# ----------------------------------------------------------------------------------------------
 
 
 @njit(cache=True)
@@ -527,13 +516,6 @@ def relevant_lists_from_classes(
     )
 
 
-def _as_kernel_scores(scores: np.ndarray) -> np.ndarray:
-    scores = np.ascontiguousarray(scores)
-    if scores.dtype not in (np.float32, np.float64):
-        scores = scores.astype(np.float32)
-    return scores
-
-
 def _self_index_or_none(self_index, n_rows: int) -> np.ndarray:
     if self_index is None:
         return np.full(n_rows, -1, dtype=np.int64)
@@ -578,7 +560,9 @@ def relevant_group_counts_from_lists(
         raise ValueError(
             f"`buckets_per_value` must be a non-negative integer, got {buckets_per_value!r}."
         )
-    scores = _as_kernel_scores(scores)
+    scores = np.ascontiguousarray(scores)
+    if scores.dtype not in (np.float32, np.float64):
+        scores = scores.astype(np.float32)
     n_rows = scores.shape[0]
     self_index = _self_index_or_none(self_index, n_rows)
     rel_ptr = np.ascontiguousarray(rel_ptr, dtype=np.int64)
@@ -735,15 +719,27 @@ def relevant_group_counts_numba(
 ) -> RelevantGroupCounts:
     """Tie-group counts of every row with the parallel numba kernel (CPU), from a mask.
 
-    Args:
-        scores: (B, N) float32 / float64 numpy array, higher = ranked first.
-        relevant: (B, N) bool numpy array.
-        self_index: (B,) int64, a column to remove from each row entirely (neither an item nor
-            relevant), -1 for none. ``None`` removes nothing.
-        buckets_per_value: as :func:`relevant_group_counts_from_lists`.
+    Args: as :func:`relevant_group_counts_from_lists`, the relevant items given as a (B, N) bool
+    numpy array ``relevant``.
     """
     rel_ptr, cols = relevant_lists_from_mask(relevant, self_index)
     return relevant_group_counts_from_lists(scores, rel_ptr, cols, self_index, buckets_per_value)
+
+
+def tie_group_bounds(sorted_scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, N) first and last position of the tie group of every entry of row-sorted scores."""
+    n_rows, n_items = sorted_scores.shape
+    device = sorted_scores.device
+    pos = torch.arange(n_items, device=device).expand(n_rows, n_items)
+    starts = torch.ones(n_rows, n_items, dtype=torch.bool, device=device)
+    starts[:, 1:] = sorted_scores[:, 1:] != sorted_scores[:, :-1]
+    ends = torch.ones_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    first = torch.cummax(torch.where(starts, pos, 0), dim=1).values
+    last = torch.flip(
+        torch.cummin(torch.flip(torch.where(ends, pos, n_items - 1), [1]), dim=1).values, [1]
+    )
+    return first, last
 
 
 def relevant_group_counts_torch(
@@ -751,13 +747,9 @@ def relevant_group_counts_torch(
 ) -> RelevantGroupCounts:
     """Tie-group counts of every row with vectorised torch ops (any device).
 
-    Args:
-        scores: (B, N) floating tensor, higher = ranked first.
-        relevant: (B, N) bool tensor on the same device.
-        self_index: (B,) int64 tensor, a column to remove from each row, -1 for none.
+    Args: as :func:`relevant_group_counts_numba`, as tensors on one device.
     """
-    n_rows, n_items = scores.shape
-    device = scores.device
+    n_rows = scores.shape[0]
     relevant = relevant.to(torch.bool)
     if self_index is not None and bool((self_index >= 0).any()):
         # The excluded item goes to -inf (below every finite score, so it never shares a group with
@@ -770,15 +762,7 @@ def relevant_group_counts_torch(
         relevant[rows, cols] = False
     sorted_scores, order = torch.sort(scores, dim=1, descending=True)
     rel_sorted = torch.gather(relevant, 1, order)
-    pos = torch.arange(n_items, device=device).expand(n_rows, n_items)
-    starts_group = torch.ones(n_rows, n_items, dtype=torch.bool, device=device)
-    starts_group[:, 1:] = sorted_scores[:, 1:] != sorted_scores[:, :-1]
-    ends_group = torch.ones_like(starts_group)
-    ends_group[:, :-1] = starts_group[:, 1:]
-    group_start = torch.cummax(torch.where(starts_group, pos, 0), dim=1).values
-    group_end = torch.flip(
-        torch.cummin(torch.flip(torch.where(ends_group, pos, n_items - 1), [1]), dim=1).values, [1]
-    )
+    group_start, group_end = tie_group_bounds(sorted_scores)
     rel_cum = torch.cumsum(rel_sorted, dim=1)  # relevant items at ranks <= t (inclusive)
     rel_before = rel_cum - rel_sorted.to(rel_cum.dtype)  # strictly before t
     rel_above_group = torch.gather(rel_before, 1, group_start)
@@ -807,11 +791,8 @@ def relevant_group_counts(
 ) -> RelevantGroupCounts:
     """Dispatch to the numba kernel (CPU tensors) or the torch path (other devices / forced).
 
-    Args:
-        scores: (B, N) floating tensor; fp16 / bf16 on the CPU are widened to float32 (exact).
-        relevant: (B, N) bool tensor.
-        self_index: (B,) int64 tensor or None.
-        backend: ``"auto"``, ``"numba"`` or ``"torch"``.
+    Args: as :func:`relevant_group_counts_torch` (fp16 / bf16 scores on the CPU are widened to
+    float32, exactly), and ``backend``: ``"auto"``, ``"numba"`` or ``"torch"``.
     """
     if backend not in ("auto", "numba", "torch"):
         raise ValueError(f"`backend` must be 'auto', 'numba' or 'torch', got {backend!r}.")

@@ -1,27 +1,22 @@
 """Scores for a block of queries: exact keys, or an approximation with a proven error bound.
 
-The counting kernels refine an approximation to the exact keys where it matters.
-
 The metrics rank by the exact keys of :mod:`rankwise.similarity` (float64, one fixed sequence of
 operations per pair), so a pair's key never depends on the chunk, the block or the gallery order.
 Computing every key that way costs about ten times a float32 matmul, so a block is produced in
 one of three ways (on any device), all of which count exactly like the keys:
 
-* **exact matmul** -- when the inputs sit on a grid coarse enough that every product and partial
-  sum of the inner products is representable (binary / integer codes, low-precision embeddings;
-  see :func:`_exact_matmul_precision`), a float32 (or float64) matmul *is* exact whatever order
-  BLAS sums in, and the block holds the keys themselves (or values that rank and tie like them).
+* **exact matmul** -- when every product and partial sum of the inner products is representable
+  (binary / integer codes, low-precision embeddings; :func:`_exact_matmul_precision`), a float32
+  (or float64) matmul is exact in any summation order and gives the keys (or values that rank and
+  tie like them).
 * **approximation + bound** -- otherwise a float32 matmul of normalised (cosine, dot) or centred
-  (euclidean) rows gives ``a_ij`` with ``|a_ij - phi_i(key_ij)| <= bound_i`` for a strictly
-  increasing ``phi_i`` (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, Eq. 3.5:
-  any summation order of a length-d inner product errs by at most ``gamma_d sum |x_k y_k|``,
-  ``gamma_d = d u / (1 - d u)``, with or without fused multiply-adds). Two items whose
-  approximations differ by more than ``2 bound_i`` are ordered correctly and are not tied; the
-  counting kernels (:func:`rankwise.metrics._kernels.relevant_group_counts_from_lists` with
-  ``bound=`` on the CPU, :func:`rankwise.metrics._sorted.sorted_row_counts` on any device) ask
-  :meth:`BlockScorer.pair_keys` for the exact keys of the few pairs closer than that to a
-  relevant item.
-* **keys** -- when the approximation is not allowed (``approximate=False``) every key of the
+  (euclidean) rows gives ``a_ij`` with ``|a_ij - phi_i(key_ij)| <= bound_i``, ``phi_i`` strictly
+  increasing (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, Eq. 3.5: any
+  summation order errs by at most ``gamma_d sum |x_k y_k|``, ``gamma_d = d u / (1 - d u)``); the
+  counting kernels ask :meth:`BlockScorer.pair_keys` for the exact keys of the few pairs closer
+  than ``2 bound_i`` to a relevant item.
+* **keys** -- with ``approximate=False``, every key by the definition (docs/metrics.md, "Exact
+  scores").
   block is computed by the implementation of the definition.
 """
 

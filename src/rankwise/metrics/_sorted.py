@@ -11,15 +11,11 @@ among the relevant items: a handful of vectorised torch ops per chunk of queries
 This is the path a GPU is good at (one sort per row, no per-item loop); on the CPU the numba
 counting kernel of :mod:`rankwise.metrics._kernels` stays the default.
 
-The rows are sorted in float32 (half the memory traffic of float64); on the CPU as flat int64
-keys, which torch radix-sorts (``_sort_rows``). When the values of a block
-are not exact float32 numbers -- a float32 / float64 matmul approximating the exact keys of
-:mod:`rankwise.similarity` with a proven error bound ``e`` (:mod:`rankwise.metrics._scores`), or
-exact float64 values rounded to float32 -- only items within ``2 e`` of a relevant item's value can
-be ordered or tied differently by the exact keys. Those few items (the *window* of the relevant
-item, again two binary searches away) are compared by their exact keys; every item above the
-window scores strictly higher, every item below strictly lower. The counts are therefore those of
-the exact keys, identical integer for integer to the numba path.
+The rows are sorted in float32 (on the CPU as flat int64 keys, ``_sort_rows``). When the values of a
+block are not exact float32 numbers (an approximation with a proven error bound ``e``,
+:mod:`rankwise.metrics._scores`, or float64 values rounded), only the items within ``2 e`` of a
+relevant value (its *window*) are compared by their exact keys, so the counts are those of the exact
+keys, integer for integer those of the numba path (docs/metrics.md, "How the counts are computed").
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._kernels import RelevantGroupCounts
+from ._kernels import RelevantGroupCounts, tie_group_bounds
 
 __all__ = [
     "RelevantLists",
@@ -82,14 +78,8 @@ def class_relevant_lists(
 ) -> RelevantLists:
     """Lists of queries whose relevant items are the gallery rows of their class (any device).
 
-    Args:
-        query_class: (B,) int64 compact class of each query, -1 when absent from the gallery.
-        class_ptr: (C + 1,) int64; class c's gallery rows are ``members[class_ptr[c]:class_ptr[c+1]]``.
-        members: (n_g,) int64 gallery rows grouped by class.
-        self_index: (B,) int64 gallery row removed from each query's list, -1 for none, or None.
-
-    Returns:
-        The lists, rows non-decreasing.
+    Args: the tensors of :func:`rankwise.metrics._kernels.relevant_lists_from_classes`
+    (``self_index`` may be None). Returns the lists, rows non-decreasing.
     """
     device = query_class.device
     n_rows = int(query_class.shape[0])
@@ -187,10 +177,7 @@ def _sort_rows(values: torch.Tensor, descending: bool = False) -> tuple[torch.Te
 def _flat_key_sort(
     values: torch.Tensor, descending: bool, sorted_values: torch.Tensor, columns: torch.Tensor
 ) -> None:
-    """``_sort_rows`` of a contiguous float32 block (< 2^31 rows) by one flat sort.
-
-    The results go into the contiguous outputs ``sorted_values`` and ``columns`` (same shape).
-    """
+    """``_sort_rows`` of a contiguous float32 block (< 2^31 rows) into the given outputs."""
     n_rows, n_items = values.shape
     bits = values.view(torch.int32)
     sign = bits >> 31  # -1 for negative values (and -0.0), else 0
@@ -241,10 +228,7 @@ def _window_counts(
     hi: torch.Tensor,
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Items of each relevant item's window [lo, hi) above / tied with it by the exact keys.
-
-    The window holds sorted positions; the relevant item itself counts as tied.
-    """
+    """Items of each window [lo, hi) above / tied with its relevant item (itself tied) by key."""
     device = lo.device
     width = hi - lo
     seg = torch.repeat_interleave(torch.arange(width.shape[0], device=device), width)
@@ -270,10 +254,7 @@ def _relevant_item_counts(
     exact_keys: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
     strategy: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
-    """Row and items scoring strictly higher than / tied with each relevant item (S,) each.
-
-    The last element says whether the items come ordered by (row, items higher).
-    """
+    """(rows, higher, tied) of the relevant items (S,), and whether ordered by (row, higher)."""
     sort_values, bound = _float32_for_sorting(values, bound)
     if sort_values is values:
         sort_values = values.clone()
@@ -419,19 +400,14 @@ def sorted_row_counts(
         exact_keys: with ``bound``: ``exact_keys(rows, cols)`` returns the (m,) float64 exact keys
             of the pairs (row ``rows[m]`` of this block, column ``cols[m]``), as tensors on the
             block's device. It is asked only for items within twice the bound of a relevant item.
-        strategy: ``"sort"`` sorts every row (O(N log N)) and locates the relevant values in
-            it (one device sort, two binary searches per relevant item); ``"segment"`` sorts
-            every row with its indices and reads the counts off the sorted row by linear
-            passes (tie-group boundaries where consecutive values differ, the relevant items'
-            positions from the relevance gathered in sorted order; approximate values decide
-            only the relevant items with a neighbour within twice the bound by the exact-key
-            windows); ``"table"`` locates every item among its row's sorted relevant values
-            (two binary searches per item, O(N log M) per row of N items with M relevant;
-            slower than the sort on the CPU, where ``torch.searchsorted`` costs about as much
-            per item as the whole sort). ``"auto"`` (the default) takes ``"segment"`` when at
-            least ``SEGMENT_MIN_RELEVANT_FRACTION`` (5 %) of the block's (row, item) pairs are
-            relevant -- the binary searches of ``"sort"`` then cost more than the linear
-            passes -- and ``"sort"`` otherwise. All return the same counts.
+        strategy: ``"sort"`` sorts every row (O(N log N)), then two binary searches per relevant
+            item; ``"segment"`` reads the counts off the sorted rows by linear passes
+            (:func:`_segment_counts`); ``"table"`` locates every item among its row's M sorted
+            relevant values (O(N log M), yet slower than the sort on the CPU, where
+            ``torch.searchsorted`` costs about as much per item as the whole sort). ``"auto"``
+            takes ``"segment"`` when at least ``SEGMENT_MIN_RELEVANT_FRACTION`` (5 %) of the
+            block's (row, item) pairs are relevant (the binary searches then cost more than the
+            linear passes), else ``"sort"``. All return the same counts.
 
     Returns:
         The counts, groups ordered by decreasing score within each row, exactly as
@@ -496,21 +472,15 @@ def _sorted_by_composite(
 
 def _gathered_keys(block: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``exact_keys`` callback reading the keys from a float64 block that holds them."""
-
-    def keys(rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        return block[rows, cols]
-
-    return keys
+    return lambda rows, cols: block[rows, cols]
 
 
 def _to_numpy(x: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(x.cpu().numpy(), dtype=np.int64)
 
 
-# ----------------------------------------------------------------------------------------------
 # the same counts from a table of the sorted relevant values (O(N log M) per row instead of
 # O(N log N)): every item is located among its row's M relevant values by binary searches
-# ----------------------------------------------------------------------------------------------
 
 
 def _relevant_table(own: torch.Tensor, lists: RelevantLists) -> tuple[torch.Tensor, torch.Tensor]:
@@ -522,20 +492,6 @@ def _relevant_table(own: torch.Tensor, lists: RelevantLists) -> tuple[torch.Tens
     position.scatter_(1, order, torch.arange(width, device=own.device).expand_as(order))
     rows_base = torch.div(slot, width, rounding_mode="floor") * width
     return table, rows_base + position.view(-1)[slot]
-
-
-def _runs(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """First index and one past the last index of the run of equal values holding each entry."""
-    n_rows, width = table.shape
-    index = torch.arange(width, device=table.device).expand(n_rows, width)
-    starts = torch.ones(n_rows, width, dtype=torch.bool, device=table.device)
-    starts[:, 1:] = table[:, 1:] != table[:, :-1]
-    ends = torch.ones_like(starts)
-    ends[:, :-1] = starts[:, 1:]
-    first = torch.cummax(torch.where(starts, index, 0), dim=1).values
-    flipped = torch.flip(torch.where(ends, index, width - 1), [1])
-    last = torch.flip(torch.cummin(flipped, dim=1).values, [1])
-    return first, last + 1
 
 
 def _row_histogram(bins: torch.Tensor, n_bins: int, keep: torch.Tensor | None) -> torch.Tensor:
@@ -568,9 +524,9 @@ def _exact_table_counts(
     tied = torch.gather(table, 1, below.clamp_max(width - 1)) == sort_values
     hist = _row_histogram(below, width + 1, None)
     tied_hist = _row_histogram(below, width + 1, tied)
-    first, end = (x.reshape(-1)[where] for x in _runs(table))
+    first, last = (x.reshape(-1)[where] for x in tie_group_bounds(table))
     rows = lists.rows
-    return _suffix_sums(hist)[rows, end], tied_hist[rows, first]
+    return _suffix_sums(hist)[rows, last + 1], tied_hist[rows, first]
 
 
 def _outward_table(table: torch.Tensor, half_width: torch.Tensor, up: bool) -> torch.Tensor:

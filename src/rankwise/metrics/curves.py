@@ -1,7 +1,5 @@
 """Verification (pair) view of an embedding: exact, tie-aware ROC, ROC AUC and TPR at a fixed FPR.
 
-The curves are computed over all (query, item) pairs.
-
 Every pair of samples is a binary example: positive when the two share a label, negative otherwise,
 scored by their similarity. This is the view of Gajić et al., *Area Under the ROC Curve
 Maximization for Metric Learning* (TPR T(t) and FPR F(t) of Eq. 2-3 with the Heaviside step, the
@@ -111,9 +109,7 @@ class OperatingPoint(NamedTuple):
     threshold: float
 
 
-# ----------------------------------------------------------------------------------------------
-# validation
-# ----------------------------------------------------------------------------------------------
+# -- validation ------------------------------------------------------------------------------------
 
 
 def _check_binary_scores(scores: Any, is_positive: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,9 +171,7 @@ def _distinct_score_counts(
     return distinct, pos_per_group, neg_per_group
 
 
-# ----------------------------------------------------------------------------------------------
-# scores -> curve / scalar
-# ----------------------------------------------------------------------------------------------
+# -- scores -> curve / scalar ----------------------------------------------------------------------
 
 
 def roc_curve(scores: Any, is_positive: Any, *, drop_intermediate: bool = False) -> RocCurve:
@@ -249,12 +243,8 @@ def roc_auc(scores: Any, is_positive: Any) -> float:
     per-distinct-score counts in integer arithmetic (no rank sums in floating point), so it is exact
     for any n that fits in memory. Equals ``sklearn.metrics.roc_auc_score(is_positive, scores)``.
 
-    Args:
-        scores: (n,) real scores (tensor or array, any device).
-        is_positive: (n,) bool or 0/1 targets.
-
-    Raises:
-        ValueError: mismatched lengths, NaN scores, or no positive / no negative.
+    Args: as :func:`roc_curve`. Raises ``ValueError`` on mismatched lengths, NaN scores, or no
+    positive / no negative.
 
     Example:
         >>> from rankwise.metrics import roc_auc
@@ -318,13 +308,10 @@ def operating_point(
 ) -> OperatingPoint:
     """The threshold to deploy under an FPR budget (pointwise ROC, Vogel et al., ICML 2018).
 
-    Among the thresholds whose false positive rate is at most ``fpr``, it returns one with the
-    largest true positive rate and, among those, the smallest false positive rate (the highest
-    such threshold): no other admissible threshold is better on either rate. The rule is "positive
-    iff score >= threshold" and the thresholds are the distinct scores, so tied examples are
-    accepted or rejected together (no randomized splitting of a tie to hit the budget exactly);
-    the achieved FPR can therefore be smaller than ``fpr``. The budget is checked in exact
-    rational arithmetic on the integer counts.
+    Among the thresholds (the distinct scores, "positive iff score >= threshold") whose FPR is at
+    most ``fpr``, the one with the largest TPR and, among those, the smallest FPR: no admissible
+    threshold is better on either rate. Ties are never split to hit the budget, so the achieved FPR
+    can be smaller than ``fpr``; the budget is checked exactly on the integer counts.
 
     With ``sample_weight`` the rates are weighted: TPR = Σ w·1{s ≥ t} over the positives / Σ w
     over the positives, and the FPR likewise (e.g. the weights n_k n_l / n⁻ of a tuple-based
@@ -349,7 +336,7 @@ def operating_point(
         >>> operating_point([0.9, 0.8, 0.8, 0.3, 0.1], [1, 1, 0, 1, 0], fpr=0.4).threshold  # 0.8: tie
         0.9
     """
-    alpha = _check_alpha(fpr)
+    alpha = check_scalar(fpr, "fpr", Interval("real", 0.0, 1.0, closed="neither"))
     s, y = _check_binary_scores(scores, is_positive)
     weights = _check_sample_weight(sample_weight, y)
     distinct, true_pos, false_pos = _cumulative_rates(s, y, weights)
@@ -365,9 +352,7 @@ def operating_point(
         return OperatingPoint(tpr=0.0, fpr=0.0, threshold=math.inf)
     k = int(np.searchsorted(true_pos, best, side="left"))  # the first threshold reaching `best`
     return OperatingPoint(
-        tpr=best / n_pos,
-        fpr=false_pos[k].item() / n_neg,
-        threshold=float(distinct[k]),
+        tpr=best / n_pos, fpr=false_pos[k].item() / n_neg, threshold=float(distinct[k])
     )
 
 
@@ -414,9 +399,8 @@ def tpr_at_fpr(
 ) -> float | tuple[float, float]:
     """Largest TPR reachable by a threshold whose FPR is at most ``fpr`` (ties move together).
 
-    See :func:`operating_point` for the rule and ``sample_weight``. With
-    ``return_threshold=True`` returns ``(tpr, threshold)``: predict positive iff
-    ``score >= threshold``.
+    See :func:`operating_point` for the rule and ``sample_weight``. With ``return_threshold=True``
+    returns ``(tpr, threshold)``: predict positive iff ``score >= threshold``.
 
     Example:
         >>> from rankwise.metrics import tpr_at_fpr
@@ -429,13 +413,7 @@ def tpr_at_fpr(
     return (point.tpr, point.threshold) if return_threshold else point.tpr
 
 
-def _check_alpha(fpr: Any) -> float:
-    return check_scalar(fpr, "fpr", Interval("real", 0.0, 1.0, closed="neither"))
-
-
-# ----------------------------------------------------------------------------------------------
-# embeddings -> pairs
-# ----------------------------------------------------------------------------------------------
+# -- embeddings -> pairs ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -540,10 +518,8 @@ def pair_scores(
     self-pairs (i, i)). With a gallery: every (query, gallery) pair, n_q * n_g of them
     (``exclude_self=True`` drops the pairs (i, i) when the gallery is the query set passed again).
 
-    The scores are the exact similarity values of :func:`rankwise.similarity.exact_similarity`
-    (float64, computed pair by pair in one fixed order): a pair's score does not depend on
-    ``chunk_size``, the order of the samples or the device, and equal similarities of codes and
-    low-precision embeddings are equal numbers.
+    The scores are the exact float64 values of :func:`rankwise.similarity.exact_similarity`: a
+    pair's score depends on its two rows only (not on ``chunk_size``, the order or the device).
 
     Args:
         query: (n_q, d) float embeddings (any device; computed there unless ``device`` is given).
@@ -598,9 +574,7 @@ def pair_scores(
     return scores, is_positive
 
 
-# ----------------------------------------------------------------------------------------------
-# embeddings -> curve
-# ----------------------------------------------------------------------------------------------
+# -- embeddings -> curve ---------------------------------------------------------------------------
 
 
 def _block_value_bounds(
@@ -728,27 +702,16 @@ def roc_curve_from_embeddings(
     ``bins=None`` (default): exact and tie-aware, through :func:`pair_scores` and
     :func:`roc_curve` (memory O(n_pairs); refused above ``max_pairs``).
 
-    ``bins=int``: memory O(bins + chunk): the pair scores are streamed chunk by chunk into a
-    positive and a negative histogram of ``bins`` equal bins over ``score_range`` (default [-1, 1]
-    for cosine; for dot / euclidean one extra streaming pass finds the min and max). Every pair is
-    binned by its exact score (a float32 matmul with a proven error bound, and the exact key for
-    the few pairs within that bound of a bin edge), so each point is the exact (FPR, TPR) of the
-    threshold "score >= lower bin edge"; only the points between edges are missing, replaced by a
-    straight segment. The AUC error is bounded by ``curve.max_auc_error`` (reported on the result).
+    ``bins=int``: memory O(bins + chunk): the pair scores are streamed into a positive and a
+    negative histogram of ``bins`` equal bins over ``score_range`` (default [-1, 1] for cosine, else
+    one extra pass finds the min and max). Every pair is binned by its exact score, so each point
+    is the exact (FPR, TPR) of "score >= lower bin edge"; ``curve.max_auc_error`` bounds the AUC
+    error (docs/metrics.md, "Pair view").
 
-    Args:
-        query: (n_q, d) embeddings, as in :func:`pair_scores`.
-        query_labels: (n_q,) class ids or (n_q, C) multi-hot.
-        gallery: optional (n_g, d) embeddings; None pairs the queries with each other.
-        gallery_labels: labels of the gallery.
-        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
-        exclude_self: as in :func:`pair_scores`.
-        bins: number of histogram bins (>= 2), or ``None`` for the exact curve.
-        score_range: ``(lo, hi)`` of the histogram; scores outside are clamped into the end bins.
-        drop_intermediate: exact curve only; see :func:`roc_curve`.
-        max_pairs: exact curve only; memory guard of :func:`pair_scores`.
-        chunk_size: query rows per block.
-        device: where to compute; default the device of ``query``.
+    Args: as :func:`pair_scores` (``max_pairs`` for the exact curve only), plus ``bins`` (histogram
+    bins, >= 2, or ``None`` for the exact curve), ``score_range`` (``(lo, hi)`` of the histogram;
+    scores outside are clamped into the end bins) and ``drop_intermediate`` (exact curve only; see
+    :func:`roc_curve`).
 
     Returns:
         :class:`RocCurve` (``bin_width`` and ``max_auc_error`` set for the histogram form).

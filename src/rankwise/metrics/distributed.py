@@ -4,20 +4,13 @@ The retrieval metrics of :mod:`rankwise.metrics.retrieval` (tie-aware AP of He e
 Prop. 1; MAP@R and R-precision of Musgrave et al., ECCV 2020; the mean interpolated PR curve of
 Wen et al., NeurIPS 2022, Fig. 2) are means over queries of per-query values, and a query's value
 depends only on its own scores against the whole gallery. So the queries can be split into
-shards, each shard ranked against the full gallery, and the shard results merged:
-
-* :func:`merge_retrieval_reports` concatenates the per-query AP of the shards (in shard order) and
-  takes the mean over the queries with a relevant item exactly as
-  :func:`~rankwise.metrics.retrieval_metrics` does, so the merged mAP is the single-process value
-  (bit for bit when the shards' per-query APs are); R@k, P@k, MAP@R and R-precision are the
-  query-weighted means of the shard means (equal up to the rounding of a float64 mean);
-* :func:`merge_pr_curves` does the same for the mean PR curve;
-* :func:`distributed_retrieval_metrics` / :func:`distributed_pr_curve` run this across the ranks
-  of a ``torch.distributed`` process group: each rank passes its shard of the queries (and of the
-  gallery, or the whole gallery), the gallery is all-gathered, each rank ranks its own queries,
-  and every rank returns the same merged result, equal to the single-process one on the
-  concatenation of the shards in rank order. Every rank holds the whole gallery
-  (``n_gallery x d``); the score block of a rank covers its own queries only.
+shards, each shard ranked against the full gallery, and the shard results merged
+(:func:`merge_retrieval_reports`, :func:`merge_pr_curves`): the merged mAP is the single-process
+value (bit for bit when the shards' per-query APs are), the other means are equal up to the
+rounding of a float64 mean. :func:`distributed_retrieval_metrics` / :func:`distributed_pr_curve`
+run this across the ranks of a ``torch.distributed`` process group: the gallery is all-gathered
+(every rank holds it, ``n_gallery x d``), each rank ranks its own queries, and every rank returns
+the merged result of the shards in rank order.
 
 This module uses :mod:`torch.distributed` only, never training code.
 """
@@ -36,7 +29,8 @@ import torch.distributed as dist
 from .._distributed import all_gather_rows, is_distributed, rank_and_world_size
 from .._validation import as_tensor, check_embeddings
 from ..similarity import check_similarity
-from ._inputs import check_device, check_label_array, check_query_gallery
+from . import retrieval
+from ._inputs import check_device, check_gallery_pair, check_label_array, check_query_gallery
 from .retrieval import PRCurve, RetrievalReport, check_self_index, pr_curve, retrieval_metrics
 
 __all__ = [
@@ -45,12 +39,6 @@ __all__ = [
     "merge_pr_curves",
     "merge_retrieval_reports",
 ]
-
-_NO_RELEVANT = (
-    "no query has a relevant item in the gallery (no shared label in `query_labels` / "
-    "`gallery_labels`, after excluding each query's own row); the metrics are undefined. "
-    "Check the labels, or pass a gallery that contains the query classes."
-)
 
 
 def _weighted_mean(values: Sequence[float], weights: Sequence[int]) -> float:
@@ -62,23 +50,13 @@ def _n_evaluated(report: RetrievalReport) -> int:
     return report.n_queries - report.n_queries_without_relevant
 
 
-def _check_same(reports: Sequence[Any], attribute: str, what: str) -> None:
-    values = [getattr(r, attribute) for r in reports]
-    if any(v != values[0] for v in values[1:]):
-        raise ValueError(
-            f"`{what}` must come from the same evaluation setting; their {attribute} differ "
-            f"({values}). Rank every shard against the same gallery with the same arguments."
-        )
-
-
 def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalReport:
     """The report of all queries from the reports of disjoint query shards (in query order).
 
-    Each report must rank its shard of the queries against the same gallery with the same
-    ``ks``, ``similarity`` and ``ties`` (and each query's own row excluded as in the
-    single-process call). A shard in which no query has a relevant item is passed as a report
-    whose ``per_query_ap`` is all NaN and ``n_queries_without_relevant == n_queries`` (its means
-    are ignored).
+    Each report must rank its shard of the queries against the same gallery with the same ``ks``,
+    ``similarity`` and ``ties`` (and each query's own row excluded as in the single-process call). A
+    shard in which no query has a relevant item is passed as a report whose ``per_query_ap`` is all
+    NaN and ``n_queries_without_relevant == n_queries`` (its means are ignored).
 
     Args:
         reports: one :class:`~rankwise.metrics.RetrievalReport` per shard, in the order of the
@@ -107,11 +85,16 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
     if not reports:
         raise ValueError("`reports` is empty; pass the report of at least one query shard.")
     for attribute in ("ties", "similarity", "ks", "n_gallery"):
-        _check_same(reports, attribute, "reports")
+        values = [getattr(r, attribute) for r in reports]
+        if any(v != values[0] for v in values[1:]):
+            raise ValueError(
+                f"`reports` must come from the same evaluation setting; their {attribute} differ "
+                f"({values}). Rank every shard against the same gallery with the same arguments."
+            )
     ap = torch.cat([r.per_query_ap.to(torch.float64).cpu() for r in reports]).numpy()
     valid = ~np.isnan(ap)
     if not valid.any():
-        raise ValueError(_NO_RELEVANT)
+        raise ValueError(retrieval.NO_RELEVANT_MESSAGE)
     used = [r for r in reports if _n_evaluated(r) > 0]
     weights = [_n_evaluated(r) for r in used]
     ks = reports[0].ks
@@ -168,20 +151,14 @@ def merge_pr_curves(curves: Sequence[PRCurve]) -> PRCurve:
             raise ValueError("`curves` have different recall levels; use the same num_points.")
     used = [c for c in curves if c.n_queries > 0]
     if not used:
-        raise ValueError(
-            "no query has a relevant item in the gallery (no shared label in `query_labels` / "
-            "`gallery_labels`); the PR curve is undefined."
-        )
+        raise ValueError(retrieval.NO_RELEVANT_PR_MESSAGE)
     weights = [c.n_queries for c in used]
     stacked = np.stack([np.asarray(c.precision, dtype=np.float64) for c in used])
     precision = np.array(
         [_weighted_mean(list(stacked[:, j]), weights) for j in range(recall.shape[0])]
     )
     return PRCurve(
-        recall,
-        precision,
-        sum(weights),
-        sum(c.n_queries_without_relevant for c in curves),
+        recall, precision, sum(weights), sum(c.n_queries_without_relevant for c in curves)
     )
 
 
@@ -200,14 +177,19 @@ class _Shard:
 
     def self_index(self) -> torch.Tensor | None:
         """The gallery row of each local query (-1: none), or None; may raise ValueError."""
-        return _self_index(
-            self.exclude_self,
-            self.offset,
-            self.query.shape[0],
-            self.n_total,
-            self.gallery.shape[0],
-            self.query.device,
-        )
+        n_local, n_gallery = self.query.shape[0], self.gallery.shape[0]
+        if self.exclude_self is None or self.exclude_self is False:
+            return None
+        if self.exclude_self is True:
+            if self.n_total != n_gallery:
+                raise ValueError(
+                    f"`exclude_self=True` needs the query rows to be the gallery rows, but the "
+                    f"shards hold {self.n_total} queries and {n_gallery} gallery rows; pass an "
+                    "index array (global gallery row of each local query, -1 for none) instead."
+                )
+            return torch.arange(self.offset, self.offset + n_local, device=self.query.device)
+        rows = f"global gallery row of each of this rank's {n_local} queries"
+        return check_self_index(self.exclude_self, n_local, n_gallery, self.query.device, rows)
 
 
 def _relevant_counts(
@@ -238,12 +220,7 @@ def _relevant_counts(
 
 
 def _check_local(
-    query: Any,
-    query_labels: Any,
-    gallery: Any,
-    gallery_labels: Any,
-    similarity: Any,
-    device: Any,
+    query: Any, query_labels: Any, gallery: Any, gallery_labels: Any, similarity: Any, device: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """This rank's arguments through the shared query/gallery check (empty shards allowed)."""
     q_rows = as_tensor(query, "query").shape[0] if query is not None else 0
@@ -260,12 +237,7 @@ def _check_local(
     dev = check_device(device, query)
     q = check_embeddings(query, "query", dev, allow_empty=True)
     ql = check_label_array(query_labels, q.shape[0], "query_labels", dev)
-    if (gallery is None) != (gallery_labels is None):
-        missing = "gallery" if gallery is None else "gallery_labels"
-        raise ValueError(
-            f"`{missing}` is missing: pass both `gallery` and `gallery_labels`, or neither "
-            "(leave-one-out over the queries)."
-        )
+    check_gallery_pair(gallery, gallery_labels)
     if gallery is None:
         return q, ql, None, None
     g = check_embeddings(gallery, "gallery", dev, allow_empty=True)
@@ -293,23 +265,6 @@ def _agree(error: Exception | None, group: Any) -> None:
     raise ValueError(
         "bad input on several ranks: " + "; ".join(f"rank {r}: {m}" for r, m in failed)
     ) from error
-
-
-def _self_index(
-    exclude_self: Any, offset: int, n_local: int, n_total: int, n_gallery: int, device
-) -> torch.Tensor | None:
-    if exclude_self is None or exclude_self is False:
-        return None
-    if exclude_self is True:
-        if n_total != n_gallery:
-            raise ValueError(
-                f"`exclude_self=True` needs the query rows to be the gallery rows, but the "
-                f"shards hold {n_total} queries and {n_gallery} gallery rows; pass an index "
-                "array (global gallery row of each local query, -1 for none) instead."
-            )
-        return torch.arange(offset, offset + n_local, device=device)
-    rows = f"global gallery row of each of this rank's {n_local} queries"
-    return check_self_index(exclude_self, n_local, n_gallery, device, rows)
 
 
 def _shard(
@@ -367,10 +322,9 @@ def _merged(local: Any, group: Any) -> list[Any]:
 
 
 def _local_result(shard: _Shard, compute: Any) -> Any:
-    """This rank's result: ``compute(shard, self_index)``, ``("empty", n)`` or the error.
+    """This rank's ``compute(shard, self_index)``, ``("empty", n_queries)`` or its error.
 
-    ``("empty", n_queries)`` when no local query can be ranked; an error is returned, and raised
-    on every rank by :func:`_merged`, never here (the other ranks would hang in the gather).
+    An error is raised on every rank by :func:`_merged`, never here: the others would hang.
     """
     try:
         self_index = shard.self_index()
@@ -393,15 +347,10 @@ def _sharded_results(
     group: Any,
     kwargs: dict[str, Any],
 ) -> tuple[list[Any], Any]:
-    """Run ``metric`` on this rank's shard and gather every rank's result (a collective).
+    """Every rank's result of ``metric`` on its shard (a collective), and the first real one.
 
-    Returns:
-        Every rank's result in rank order (a rank without a relevant item contributes its
-        placeholder from :func:`_local_result`) and the first real result, whose fields the
-        callers copy into the placeholders.
-
-    Raises:
-        ValueError: no rank has a query with a relevant item.
+    A rank without a relevant item contributes the placeholder of :func:`_local_result`, which the
+    callers fill from the real result; no real result at all is a ``ValueError``.
     """
     shard = _shard(*data, gallery_sharded, exclude_self, group, kwargs)
 
@@ -419,7 +368,7 @@ def _sharded_results(
     results = _merged(_local_result(shard, compute), group)
     present = [r for r in results if isinstance(r, result_type)]
     if not present:
-        raise ValueError(_NO_RELEVANT)
+        raise ValueError(retrieval.NO_RELEVANT_MESSAGE)
     return results, present[0]
 
 

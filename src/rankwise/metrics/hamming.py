@@ -8,14 +8,12 @@ items of each affinity level ``v``. Per query this module builds those histogram
 over the packed codes (XOR + popcount; the paper's "counting sort", ``O(bN)``), then:
 
 * turns the relevant / total counts into :class:`~rankwise.metrics._kernels.RelevantGroupCounts`
-  (group ``d``: ``N_{d-1}`` items above, ``n_d`` tied, ``n_d^+`` relevant) and evaluates AP_T,
-  AP_T@k (App. A, Eq. 15: the per-position terms up to ``k`` over ``N^+``), MAP@R, R@k, P@k and
-  R-precision with the same closed forms as :func:`rankwise.metrics.retrieval_metrics`;
-* evaluates NDCG_T and NDCG_T@k (App. A, Eq. 18/19: each item of a group receives the group's
-  mean gain times the discounts of the positions the group spans, truncated at ``k``) with
-  ``G(a) = 2^a - 1``, ``D(t) = 1 / log2(t + 1)``, the ideal DCG from the per-level totals;
+  and evaluates AP_T, AP_T@k (App. A, Eq. 15), MAP@R, R@k, P@k and R-precision with the closed
+  forms of :func:`rankwise.metrics.retrieval_metrics`;
+* evaluates NDCG_T and NDCG_T@k (App. A, Eq. 18/19) with ``G(a) = 2^a - 1``,
+  ``D(t) = 1 / log2(t + 1)``, the ideal DCG from the per-level totals;
 * gives the **tie-breaking range** of the paper's Fig. 3: the best and worst AP (and NDCG)
-  attainable by reordering each query's ties (relevant / high-gain items first or last).
+  attainable by reordering each query's ties (docs/hashing.md).
 
 Affinities (Sec. 3.1, 5.2-5.3: labels, multi-hot, shared labels, Euclidean thresholds, callables)
 are those of :mod:`rankwise._affinity`, shared with the binary-code losses.
@@ -499,9 +497,7 @@ def hamming_retrieval_metrics(
 ) -> HammingRetrievalReport:
     """Exact tie-aware retrieval metrics of binary codes ranked by Hamming distance, by counting.
 
-    Per query, one pass over the packed database builds the histograms of items per (distance,
-    affinity level); every metric follows in closed form from them (TALR paper, Prop. 1 and App.
-    A) — no ranking is sorted, so the cost is ``O(N)`` per query and memory stays bounded.
+    One pass over the packed database per query (module docstring): ``O(N)``, bounded memory.
 
     Args:
         query_codes: ``(n_q, b)`` codes in ``{-1, +1}`` / ``{0, 1}`` (numpy / torch, any numeric

@@ -1,7 +1,5 @@
 """Accumulating retrieval evaluator: collect embeddings batch by batch, compute the report once.
 
-The report is the exact, tie-aware one of :func:`rankwise.metrics.retrieval.retrieval_metrics`.
-
 A torchmetrics-style ``nn.Module`` around :func:`rankwise.metrics.retrieval.retrieval_metrics`,
 whose AP is the tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank* (CVPR 2018,
 Prop. 1; per-tie term as corrected in docs/errata.md, McSherry & Najork 2008). Retrieval metrics
@@ -186,10 +184,8 @@ class RetrievalMetric(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Concatenate the stored batches: ``(query, query_labels, gallery, gallery_labels)``.
 
-        ``gallery`` and ``gallery_labels`` are ``None`` in ``"self"`` mode. This is the only place
-        that sees all samples: a distributed subclass overrides it, calls ``super()._gathered()``
-        for the local shard and returns the ``torch.distributed.all_gather`` of each tensor
-        concatenated along dim 0.
+        ``gallery`` and ``gallery_labels`` are ``None`` in ``"self"`` mode. The one place that sees
+        all samples, which a data-parallel subclass overrides (see the class docstring).
         """
         query, query_labels = self._queries.concatenated()
         if self.gallery_mode == "self":

@@ -29,7 +29,7 @@ import torch
 from scipy.special import digamma, gammaln
 
 from .._validation import as_tensor, check_finite
-from ._kernels import RelevantGroupCounts, relevant_group_counts
+from ._kernels import RelevantGroupCounts, relevant_group_counts, tie_group_bounds
 
 __all__ = [
     "TIES",
@@ -333,10 +333,7 @@ def batched_average_precision(scores: Any, relevance: Any, ties: str = "expected
 def average_precision(scores: Any, relevance: Any, ties: str = "expected") -> float:
     """Average precision of one ranked list, tie-aware by default (McSherry & Najork 2008).
 
-    Args:
-        scores: (N,) float tensor / array, higher = ranked first.
-        relevance: (N,) bool or 0/1.
-        ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
+    Args: as :func:`batched_average_precision`, for one list: (N,) ``scores`` and ``relevance``.
 
     Raises:
         ValueError: if ``relevance`` has no relevant item (AP is undefined).
@@ -396,13 +393,11 @@ def batched_ndcg(
         raise ValueError(
             f"`gains` has shape {tuple(a.shape)} but the scores have {tuple(s.shape)}."
         )
-    if a.dtype == torch.bool or a.is_complex():
-        a = a.to(torch.float64)
     a = a.to(torch.float64)
     check_finite(a, "gains")
     if bool((a < 0).any()):
         raise ValueError("`gains` must be non-negative graded relevance values.")
-    n_rows, n_items = s.shape
+    n_items = s.shape[1]
     cutoff = _check_k(k, n_items)
     device = s.device
     gain = torch.exp2(a) - 1.0
@@ -418,15 +413,7 @@ def batched_ndcg(
     if ties == "expected":
         sorted_scores, order = torch.sort(s, dim=1, descending=True)
         g_sorted = torch.gather(gain, 1, order)
-        pos = torch.arange(n_items, device=device).expand(n_rows, n_items)
-        starts = torch.ones(n_rows, n_items, dtype=torch.bool, device=device)
-        starts[:, 1:] = sorted_scores[:, 1:] != sorted_scores[:, :-1]
-        ends = torch.ones_like(starts)
-        ends[:, :-1] = starts[:, 1:]
-        first = torch.cummax(torch.where(starts, pos, 0), dim=1).values
-        last = torch.flip(
-            torch.cummin(torch.flip(torch.where(ends, pos, n_items - 1), [1]), dim=1).values, [1]
-        )
+        first, last = tie_group_bounds(sorted_scores)
         disc_cum = torch.cat(
             [torch.zeros(1, device=device, dtype=torch.float64), torch.cumsum(discount, 0)]
         )
@@ -448,11 +435,7 @@ def batched_ndcg(
 def ndcg(scores: Any, gains: Any, k: int | None = None, ties: str = "expected") -> float:
     """NDCG@k of one ranked list (TALR paper Eq. 3-5, tie-aware Eq. 7 / 18).
 
-    Args:
-        scores: (N,) float tensor / array, higher = ranked first.
-        gains: (N,) graded relevance a >= 0; gain G(a) = 2^a - 1.
-        k: cutoff or None for the whole list.
-        ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
+    Args: as :func:`batched_ndcg`, for one list: (N,) ``scores`` and ``gains``.
 
     Raises:
         ValueError: if every gain is 0 (NDCG is undefined).

@@ -9,12 +9,10 @@ their tie-aware forms are the AP_T per-position terms truncated to positions <= 
 hypergeometric expectation of the relevant items in the top R. The mean PR curve is the one plotted
 by Wen et al. (NeurIPS 2022, SOPRC, Fig. 2): the mean over queries of interpolated precision.
 
-Queries are processed in chunks (never an N x N matrix). Each chunk's scores are the exact keys
-of :mod:`rankwise.similarity` -- a pair's key depends on the two rows only, never on the chunk, the
-gallery order or the backend -- produced by :mod:`rankwise.metrics._scores` ("scores for a block":
-an exact matmul when the inputs allow it, else a float32 matmul with a proven error bound) and
-reduced to per-relevant-group counts of those keys by :mod:`rankwise.metrics._kernels` ("counts
-from scores"), then to metrics in closed form.
+Queries are processed in chunks (never an N x N matrix): the exact keys of
+:mod:`rankwise.similarity` for a block (:mod:`rankwise.metrics._scores`), reduced to
+per-relevant-group counts (:mod:`rankwise.metrics._kernels`, :mod:`rankwise.metrics._sorted`),
+then to the metrics in closed form.
 """
 
 from __future__ import annotations
@@ -50,6 +48,16 @@ _CHUNK_BYTES = 256 * 2**20
 _TORCH_SORT_BYTES = 16
 # Above this mean number of relevant items per query the scores are approximated in float64.
 _FLOAT64_APPROXIMATION_RELEVANT = 256
+# errors when no query has a relevant item (also raised by rankwise.metrics.distributed)
+NO_RELEVANT_MESSAGE = (
+    "no query has a relevant item in the gallery (no shared label in `query_labels` / "
+    "`gallery_labels`, after excluding each query's own row); the metrics are undefined. "
+    "Check the labels, or pass a gallery that contains the query classes."
+)
+NO_RELEVANT_PR_MESSAGE = (
+    "no query has a relevant item in the gallery (no shared label in `query_labels` / "
+    "`gallery_labels`); the PR curve is undefined."
+)
 
 
 @dataclass
@@ -448,11 +456,7 @@ def retrieval_metrics(
     valid = ~np.isnan(ap)
     n_without = int((~valid).sum())
     if not valid.any():
-        raise ValueError(
-            "no query has a relevant item in the gallery (no shared label in `query_labels` / "
-            "`gallery_labels`, after excluding each query's own row); the metrics are undefined. "
-            "Check the labels, or pass a gallery that contains the query classes."
-        )
+        raise ValueError(NO_RELEVANT_MESSAGE)
     return RetrievalReport(
         map=float(ap[valid].mean()),
         recall_at={k: float(per_query[f"recall@{k}"][valid].mean()) for k in ks},
@@ -570,8 +574,5 @@ def pr_curve(
         total += best_after[first_item[:, None] + need - 1].sum(0)
         n_used += int(has_rel.sum())
     if n_used == 0:
-        raise ValueError(
-            "no query has a relevant item in the gallery (no shared label in `query_labels` / "
-            "`gallery_labels`); the PR curve is undefined."
-        )
+        raise ValueError(NO_RELEVANT_PR_MESSAGE)
     return PRCurve(np.linspace(0.0, 1.0, num_points), total / n_used, n_used, n_without)
