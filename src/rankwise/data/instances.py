@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -76,25 +76,18 @@ class ViewAugmentation:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen dataclass: normalise the validated values in place
-        set_(self, "rotation", check_scalar(self.rotation, "rotation", Interval("real", 0, 180)))
-        set_(
-            self,
-            "translation",
-            check_scalar(self.translation, "translation", Interval("real", 0, 1, closed="left")),
-        )
-        set_(self, "noise", check_scalar(self.noise, "noise", Interval("real", 0, None)))
+        for key, interval in (
+            ("rotation", Interval("real", 0, 180)),
+            ("translation", Interval("real", 0, 1, closed="left")),
+            ("noise", Interval("real", 0, None)),
+        ):
+            set_(self, key, check_scalar(getattr(self, key), key, interval))
         set_(self, "padding", check_choice(self.padding, "padding", PADDING_MODES))
         set_(self, "scale", _check_scale(self.scale))
 
     def to_dict(self) -> dict[str, Any]:
         """The parameters as plain python values (``scale`` as a list)."""
-        return {
-            "rotation": self.rotation,
-            "scale": list(self.scale),
-            "translation": self.translation,
-            "noise": self.noise,
-            "padding": self.padding,
-        }
+        return {**asdict(self), "scale": list(self.scale)}
 
     def _affine(self, u: torch.Tensor, height: int, width: int) -> torch.Tensor:
         """``(n, 2, 3)`` float64 sampling matrices from ``(n, 4)`` uniforms in ``[0, 1)``.
@@ -348,6 +341,7 @@ INSTANCE_OPTIONS: tuple[str, ...] = (
     "noise",
     "padding",
 )
+_AUGMENTATION_OPTIONS = INSTANCE_OPTIONS[5:]  # the ViewAugmentation fields
 
 # Defaults per source dataset. Fashion-MNIST is the proxy of issue 7 (4,000 training sources x 4
 # views, 1,000 unseen test sources x 4 views, pi = 1 / 4000); digits has 1,797 images, so fewer
@@ -482,13 +476,7 @@ def build_instance_splits(
         (``train`` / ``val`` index ``train_pool``, ``test`` indexes ``test_pool`` when given).
     """
     opts = _resolve_options(defaults_of, options)
-    augmentation = ViewAugmentation(
-        rotation=opts["rotation"],
-        scale=opts["scale"],
-        translation=opts["translation"],
-        noise=opts["noise"],
-        padding=opts["padding"],
-    )
+    augmentation = ViewAugmentation(**{k: opts[k] for k in _AUGMENTATION_OPTIONS})
     for what, pool in (("train_pool", train_pool), ("test_pool", test_pool)):
         if pool is not None and np.asarray(pool).ndim != 4:
             raise ValueError(f"`{what}` must be (N, C, H, W) images, got shape {pool.shape}.")

@@ -279,17 +279,16 @@ def load_dataset(
         "seed": int(seed),
         "val_holdout": val_holdout,
     }
-    if kind == "array" and protocol == "open-set":
-        # n_query / n_train shape the closed-set split only: refuse them rather than ignore them
-        _check_kwargs(key, kw, (), "in protocol 'open-set' (n_query / n_train are closed-set)")
-    if key == "digits":
+    if kind == "array":
+        if protocol == "open-set":
+            # n_query / n_train shape the closed-set split only: refuse them rather than ignore
+            _check_kwargs(key, kw, (), "in protocol 'open-set' (n_query / n_train are closed-set)")
         _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
+    if key == "digits":
         return load_digits_dataset(**common, **kw)
     if key in ("mnist", "fashion-mnist"):
-        _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
         return load_mnist_family_dataset(key, data_dir=data_dir, **common, **kw)
     if key == "cifar10":
-        _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
         return load_cifar10_dataset(data_dir=data_dir, **common, **kw)
     extra = tuple(p for p in inspect.signature(read_vehicleid).parameters if p != "data_dir")
     _check_kwargs(key, kw, _IMAGE_KWARGS + (extra if key == "vehicleid" else ()))

@@ -302,14 +302,6 @@ class _Settings:
     losses: tuple[RankLoss, ...]
 
 
-def _interpolate(scores: np.ndarray, num_v: int, score_range: tuple[float, float] | None):
-    import torch
-
-    from ..losses.soprc import score_interpolation
-
-    return score_interpolation(torch.from_numpy(scores), num_v, score_range).numpy()
-
-
 def _simulate_rate(
     rate: float,
     positives: SortedScores,
@@ -331,7 +323,7 @@ def _simulate_rate(
     for step in range(settings.burn_in + settings.repeats):
         batch_pos = positives.values[rng.choice(positives.size, n_pos, replace=False)]
         batch_neg = negatives.values[rng.choice(negatives.size, n_neg, replace=False)]
-        phi = _interpolate(batch_pos, settings.num_v, settings.model.score_range)
+        phi = settings.model.phi(batch_pos, settings.num_v)
         # Alg. 1: v_{t+1} = (1 − β) v_t + β φ(h(z⁺)), then the loss uses v_{t+1}; v_1 = φ of the
         # first batch (Remark 1: v_1 ≈ E[φ]) and the burn-in forgets it
         v = phi if v is None else (1 - settings.beta) * v + settings.beta * phi
@@ -352,20 +344,17 @@ def _simulate_rate(
 
 
 def _rows(rates, n_pos, values: dict[str, list[np.ndarray]], estimator: str) -> list[dict]:
-    rows = []
-    for k, rate in enumerate(rates):
-        ap, so = values["ap"][k], values[estimator][k]
-        rows.append(
-            {
-                "sampling_rate": rate,
-                "batch_positives": n_pos[k],
-                "ap_mean": float(ap.mean()),
-                "ap_std": float(ap.std(ddof=1)),
-                "soprc_mean": float(so.mean()),
-                "soprc_std": float(so.std(ddof=1)),
-            }
-        )
-    return rows
+    return [
+        {
+            "sampling_rate": rate,
+            "batch_positives": n,
+            "ap_mean": float(ap.mean()),
+            "ap_std": float(ap.std(ddof=1)),
+            "soprc_mean": float(so.mean()),
+            "soprc_std": float(so.std(ddof=1)),
+        }
+        for rate, n, ap, so in zip(rates, n_pos, values["ap"], values[estimator], strict=True)
+    ]
 
 
 def _checks(rows: list[dict], truth: float, prior: float, repeats: int) -> dict:

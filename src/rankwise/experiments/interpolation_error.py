@@ -141,16 +141,6 @@ def expected_phi_interior(population: np.ndarray, n: int, num_points: int) -> tu
     return np.flatnonzero(inside), values
 
 
-def _phi(
-    scores: np.ndarray, num_points: int, score_range: tuple[float, float] | None
-) -> np.ndarray:
-    import torch
-
-    from ..losses.soprc import score_interpolation
-
-    return score_interpolation(torch.from_numpy(scores), num_points, score_range).numpy()
-
-
 def _batch_errors(
     model: ScoreModel,
     positives: np.ndarray,
@@ -173,7 +163,7 @@ def _batch_errors(
     total_sq = np.zeros(k)
     batch_mae = np.empty(repeats)
     for r in range(repeats):
-        phi = _phi(positives[rng.choice(k, n, replace=False)], k, model.score_range)
+        phi = model.phi(positives[rng.choice(k, n, replace=False)], k)
         total += phi
         total_sq += phi * phi
         batch_mae[r] = np.abs(phi - positives).mean()

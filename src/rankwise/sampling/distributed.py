@@ -73,15 +73,7 @@ class DistributedMPerClassBatchSampler(MPerClassBatchSampler):
             group_rank, world = rank_and_world_size()
             num_replicas = world if num_replicas is None else num_replicas
             rank = group_rank if rank is None else rank
-        super().__init__(
-            labels,
-            m,
-            batch_size,
-            seed=seed,
-            drop_last=drop_last,
-            num_replicas=num_replicas,
-            rank=rank,
-        )
+        super().__init__(labels, m, batch_size, seed, drop_last, num_replicas, rank)
         self.local_batch_size = self.batch_size // self.num_replicas
         self.slot_offset = self.rank * self.local_batch_size
 

@@ -272,12 +272,8 @@ class MPerClassBatchSampler(Sampler[list[int]]):
             must = use[active] == remaining
             forced = active[must]
             optional = active[~must]
-            chosen = np.concatenate(
-                [
-                    forced,
-                    _weighted_top_k(rng, optional, use[optional], per_batch - forced.size),
-                ]
-            )
+            drawn = _weighted_top_k(rng, optional, use[optional], per_batch - forced.size)
+            chosen = np.concatenate([forced, drawn])
             batches[step] = rng.permutation(first_chunk[chosen] + taken[chosen])
             taken[chosen] += 1
             use[chosen] -= 1
@@ -363,16 +359,8 @@ class MPerClassBatchSampler(Sampler[list[int]]):
                 f"`batches_done` ({position}) exceeds the {self._batches_per_epoch} batches of "
                 "an epoch."
             )
-        return {
-            "epoch": self.epoch,
-            "batches_yielded": position,
-            "seed": self.seed,
-            "m": self.m,
-            "batch_size": self.batch_size,
-            "num_samples": self.num_samples,
-            "drop_last": self.drop_last,
-            "num_replicas": self.num_replicas,
-        }
+        config = {key: getattr(self, key) for key in _STATE_CONFIG_KEYS}
+        return {"epoch": self.epoch, "batches_yielded": position, **config}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration of ``state['epoch']`` skips the batches already yielded.

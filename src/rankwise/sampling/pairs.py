@@ -201,8 +201,7 @@ class ClassTupleSample:
 
 def _pair_weight_matrix(sizes: np.ndarray) -> np.ndarray:
     n_minus = (float(sizes.sum()) ** 2 - float((sizes.astype(np.float64) ** 2).sum())) / 2
-    weights = np.triu(np.outer(sizes, sizes).astype(np.float64), 1) / n_minus
-    return weights
+    return np.triu(np.outer(sizes, sizes).astype(np.float64), 1) / n_minus
 
 
 def sample_negative_pairs(labels: Any, B: int, rng: RandomState = None) -> NegativePairSample:
@@ -329,6 +328,15 @@ def _check_matrix_size(similarity: Similarity, n: int) -> None:
         )
 
 
+def _finite_matrix(similarity: np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(similarity, torch.Tensor):
+        similarity = similarity.detach().cpu().numpy()
+    matrix = np.asarray(similarity, dtype=np.float64)
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError("`similarity` contains NaN or inf scores.")
+    return matrix
+
+
 def complete_negative_risk(
     similarity: Similarity, labels: Any, *, max_pairs: int = _DEFAULT_MAX_PAIRS
 ) -> float:
@@ -343,12 +351,7 @@ def complete_negative_risk(
     if callable(similarity):
         first, second = negative_pairs(labels, max_pairs=max_pairs)
         return float(_pair_values(similarity, first, second).mean())
-    matrix = (
-        similarity.detach().cpu().numpy() if isinstance(similarity, torch.Tensor) else similarity
-    )
-    matrix = np.asarray(matrix, dtype=np.float64)
-    if not np.all(np.isfinite(matrix)):
-        raise ValueError("`similarity` contains NaN or inf scores.")
+    matrix = _finite_matrix(similarity)
     total = 0.0
     for k in range(groups.sizes.size - 1):
         rows = groups.order[groups.starts[k] : groups.starts[k] + groups.sizes[k]]
@@ -431,12 +434,7 @@ def incomplete_variances(similarity: np.ndarray | torch.Tensor, labels: Any) -> 
     groups = class_structure(labels)
     n = int(groups.sizes.sum())
     _check_matrix_size(similarity, n)
-    matrix = (
-        similarity.detach().cpu().numpy() if isinstance(similarity, torch.Tensor) else similarity
-    )
-    matrix = np.asarray(matrix, dtype=np.float64)
-    if not np.all(np.isfinite(matrix)):
-        raise ValueError("`similarity` contains NaN or inf scores.")
+    matrix = _finite_matrix(similarity)
     k_classes = groups.sizes.size
     onehot = np.zeros((n, k_classes))
     onehot[np.arange(n), groups.codes] = 1.0
