@@ -285,21 +285,16 @@ def assemble_array_splits(
             f"`val_fraction`={val_fraction} leaves no validation sample for {name!r} (every class "
             "is too small to give two samples); raise it or pass val_fraction=0."
         )
-    # ArrayDataset turns a numpy array into a contiguous tensor
-    train_ds = ArrayDataset(tr_x[kept], tr_y[kept], name=f"{name}/train")
-    val_ds = None
     if held.size:
-        val_ds = ArrayDataset(tr_x[held], tr_y[held], name=f"{name}/val")
         notes.append(val_note)
-    test_ds = ArrayDataset(te_x, te_y, name=f"{name}/test")
-    gallery_ds = None
-    if gallery_x is not None and gallery_y is not None:
-        gallery_ds = ArrayDataset(gallery_x, gallery_y, name=f"{name}/gallery")
+    # ArrayDataset turns a numpy array into a contiguous tensor
     return RetrievalSplits(
-        train=train_ds,
-        val=val_ds,
-        test=test_ds,
-        gallery=gallery_ds,
+        train=ArrayDataset(tr_x[kept], tr_y[kept], name=f"{name}/train"),
+        val=ArrayDataset(tr_x[held], tr_y[held], name=f"{name}/val") if held.size else None,
+        test=ArrayDataset(te_x, te_y, name=f"{name}/test"),
+        gallery=None
+        if gallery_x is None or gallery_y is None
+        else ArrayDataset(gallery_x, gallery_y, name=f"{name}/gallery"),
         protocol=protocol,
         name=name,
         notes=tuple(notes),

@@ -90,10 +90,7 @@ class ViewAugmentation:
         return {**asdict(self), "scale": list(self.scale)}
 
     def _affine(self, u: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        """``(n, 2, 3)`` float64 sampling matrices from ``(n, 4)`` uniforms in ``[0, 1)``.
-
-        The matrices map output to input coordinates, as ``F.affine_grid`` expects.
-        """
+        """``(n, 2, 3)`` float64 output-to-input maps for ``F.affine_grid``, from ``(n, 4)`` uniforms."""
         theta = (2.0 * u[:, 0] - 1.0) * math.radians(self.rotation)
         s = self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 1]
         shift = (2.0 * u[:, 2:] - 1.0) * (2.0 * self.translation)  # normalised coords span 2
@@ -171,11 +168,7 @@ class ViewAugmentation:
         a10, a11 = -sin * (width / height), cos
         # grid = [x, y, 1] @ M with M = [[a00, a10], [a01, a11], [b0, b1]], b = -A t
         matrix = torch.tensor(
-            [
-                [a00, a10],
-                [a01, a11],
-                [-(a00 * tx + a01 * ty), -(a10 * tx + a11 * ty)],
-            ],
+            [[a00, a10], [a01, a11], [-(a00 * tx + a01 * ty), -(a10 * tx + a11 * ty)]],
             dtype=torch.float32,
         )
         grid = (_base_grid(height, width) @ matrix).reshape(1, height, width, 2)
@@ -512,11 +505,5 @@ def build_instance_splits(
         "views: " + ", ".join(f"{k}={v}" for k, v in augmentation.to_dict().items()),
     )
     return RetrievalSplits(
-        train=train,
-        val=val,
-        test=test,
-        gallery=None,
-        protocol="open-set",
-        name=name,
-        notes=notes,
+        train=train, val=val, test=test, gallery=None, protocol="open-set", name=name, notes=notes
     )

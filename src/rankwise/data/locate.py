@@ -21,9 +21,7 @@ RANKWISE_DATA_ENV = "RANKWISE_DATA"
 
 
 def candidate_dirs(
-    data_dir: str | os.PathLike | None,
-    subfolders: Sequence[str],
-    system_dirs: Sequence[str] = (),
+    data_dir: str | os.PathLike | None, subfolders: Sequence[str], system_dirs: Sequence[str] = ()
 ) -> list[Path]:
     """Directories to probe for a dataset, in order.
 

@@ -3,14 +3,9 @@
 The :func:`experiment` decorator turns a function computing a paper's analysis figure into a
 registered experiment, the :class:`ExperimentResult` it returns
 (JSON-ready data, a matplotlib figure, a one-line verdict) and the output rules shared by every
-experiment (``--output DIR|FILE``, no silent overwrite, atomic writes).
-
-An experiment function takes keyword-only arguments with defaults and type annotations (``bool``,
-``int``, ``float``, ``str``, ``X | None`` or ``tuple[X, ...]``); two of them, ``quick: bool`` and
-``seed: int``, are common to all. Its Google-style docstring's ``Args:`` section is the help text of
-the matching ``rankwise experiment NAME --option``. The decorator adds ``output`` and ``overwrite``,
-so ``module.run(output="out.json", quick=True, seed=1, ...)`` and
-``rankwise experiment NAME --output out.json --quick --seed 1 ...`` do the same thing.
+experiment (``--output DIR|FILE``, no silent overwrite, atomic writes). What an experiment
+function may take (and how its options and help reach the command line) is said in
+:mod:`rankwise.experiments`.
 """
 
 from __future__ import annotations
@@ -49,10 +44,7 @@ _RESERVED = ("output", "overwrite")
 
 # -- results ------------------------------------------------------------------------------------
 def _jsonable(value: Any) -> Any:
-    """``value`` with numpy scalars / arrays, tuples and paths turned into JSON types.
-
-    A NaN or an infinity becomes ``None`` (JSON has neither).
-    """
+    """``value`` with numpy values, tuples and paths as JSON types; NaN and ±inf become ``None``."""
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

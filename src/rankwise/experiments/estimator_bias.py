@@ -631,8 +631,7 @@ def _figure(data: dict, model: ScoreModel):
         ax.set_xscale("log")
         ax.set_xticks(rates, [f"{r:g}" for r in rates])
         ax.set_xlabel("sampling rate π₀ (positives per batch / batch size)")
-        ax.set_ylabel("AUPRC loss (mean ± std over batches)")
-        ax.set_title(title)
+        ax.set(ylabel="AUPRC loss (mean ± std over batches)", title=title)
         ax.legend(fontsize=8)
     figure.suptitle(f"Estimator bias, {DISTRIBUTIONS[model.name].label}")
     return figure

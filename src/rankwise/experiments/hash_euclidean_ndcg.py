@@ -147,14 +147,7 @@ def _method_codes(method, bits, features, train_rows, affinity, options) -> tupl
         w = rng.standard_normal((test_x.shape[1], bits))
         return np.where(test_x @ w >= 0, 1, -1), np.where(db_x @ w >= 0, 1, -1)
     model = _train_linear(
-        method,
-        bits,
-        db_x[train_rows] / scale,
-        _ScaledAffinity(affinity, scale),
-        options["iterations"],
-        options["batch_size"],
-        options["lr"],
-        options["seed"],
+        method, bits, db_x[train_rows] / scale, _ScaledAffinity(affinity, scale), **options
     )
     return _codes(model, test_x / scale), _codes(model, db_x / scale)
 
@@ -256,8 +249,7 @@ def _result(rows, bits, affinity, sizes, dims, dataset, options) -> ExperimentRe
     for method in METHODS:
         values = [r["ndcg"] for r in rows if r["method"] == method]
         ax.plot(bits, values, marker="o", label=method)
-    ax.set_xlabel("bits")
-    ax.set_ylabel("tie-aware NDCG (test)")
+    ax.set(xlabel="bits", ylabel="tie-aware NDCG (test)")
     ax.set_title(f"Euclidean-threshold affinities, linear hash functions ({dataset})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

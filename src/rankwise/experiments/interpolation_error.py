@@ -142,11 +142,7 @@ def expected_phi_interior(population: np.ndarray, n: int, num_points: int) -> tu
 
 
 def _batch_errors(
-    model: ScoreModel,
-    positives: np.ndarray,
-    n: int,
-    repeats: int,
-    rng: np.random.Generator,
+    model: ScoreModel, positives: np.ndarray, n: int, repeats: int, rng: np.random.Generator
 ) -> dict:
     """Bias of E[φ(z⁺)] and the single-batch error, against the sorted h(S⁺) (``positives``).
 
@@ -368,8 +364,7 @@ def _figure(studies: list[dict], models: tuple[ScoreModel, ...], figure_size: in
         left.fill_between(
             positions, mean - std, mean + std, color="tab:red", alpha=0.2, label="± std"
         )
-        left.set_xlabel("quantile position")
-        left.set_ylabel("positive score")
+        left.set(xlabel="quantile position", ylabel="positive score")
         left.set_title(DISTRIBUTIONS[model.name].label, fontsize=10)
         left.legend(fontsize=8, loc="upper left")
 
@@ -389,8 +384,7 @@ def _figure(studies: list[dict], models: tuple[ScoreModel, ...], figure_size: in
             shown = values > 1e-12
             if shown.any():
                 right.loglog(sizes[shown], values[shown], style, color=color, ms=4, label=label)
-        right.set_xlabel("positives per batch n⁺")
-        right.set_ylabel("error (score units)")
+        right.set(xlabel="positives per batch n⁺", ylabel="error (score units)")
         right.legend(fontsize=6.5, ncol=2)
     figure.suptitle("Interpolation error of φ (Alg. 2) against the true positive-score quantiles")
     return figure

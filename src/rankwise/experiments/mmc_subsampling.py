@@ -261,10 +261,7 @@ def _comparisons(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if matched is None:
             continue
         best = max(r["test_scale_free"] for r in rows.values())
-        entry = {
-            "n": n,
-            "loss_vs_best": (best - matched["test_scale_free"]) / best,
-        }
+        entry = {"n": n, "loss_vs_best": (best - matched["test_scale_free"]) / best}
         complete = rows.get("complete")
         if complete is not None:
             entry["loss_vs_complete"] = (

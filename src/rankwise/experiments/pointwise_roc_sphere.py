@@ -336,12 +336,8 @@ def _figure(X, y, mean_rows, target_rows) -> Any:
             line = ax.plot(curve.fpr, curve.tpr, label=f"α = {row[key]:.3g}")[0]
             if rows is target_rows:
                 ax.axvline(row["alpha"], color=line.get_color(), linestyle=":", linewidth=1)
-        ax.set_xscale("log")
-        ax.set_xlim(1e-3, 1)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("FPR on test pairs (log)")
-        ax.set_ylabel("TPR on test pairs")
-        ax.set_title(title)
+        ax.set(xscale="log", xlim=(1e-3, 1), ylim=(0, 1.02))
+        ax.set(xlabel="FPR on test pairs (log)", ylabel="TPR on test pairs", title=title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small", loc="lower right")
     return figure

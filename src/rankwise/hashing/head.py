@@ -96,10 +96,7 @@ class HashingHead(nn.Module):
         return f if self.norm is None else self.norm(f)
 
     def _frozen_activations(self, features: torch.Tensor) -> torch.Tensor:
-        """Activations with the running statistics, whatever the mode.
-
-        Encoding never updates them.
-        """
+        """Activations with the running statistics, whatever the mode (encoding never updates them)."""
         if self.norm is None or not self.training:
             return self.activations(features)
         f = self.linear(features)

@@ -71,11 +71,7 @@ class FrozenBatchNorm(nn.Module):
     ) -> FrozenBatchNorm:
         """Copy statistics and affine parameters of ``bn`` (identity affine when it has none)."""
         frozen = cls(bn.num_features, eps=bn.eps, trainable_affine=trainable_affine)
-        ref = (
-            bn.running_mean
-            if bn.running_mean is not None
-            else (bn.weight if bn.weight is not None else None)
-        )
+        ref = bn.running_mean if bn.running_mean is not None else bn.weight
         if ref is not None:
             frozen = frozen.to(device=ref.device, dtype=ref.dtype)
         with torch.no_grad():

@@ -237,9 +237,7 @@ class MPerClassBatchSampler(Sampler[list[int]]):
         # A class with < m samples is completed by uniform draws with replacement.
         with_replacement = rng.integers(0, np.broadcast_to(size, position.shape))
         position = np.where(
-            position < size,
-            position,
-            np.where(size >= self.m, position - size, with_replacement),
+            position < size, position, np.where(size >= self.m, position - size, with_replacement)
         )
         return order[self._class_starts[chunk_class][:, None] + position]
 
