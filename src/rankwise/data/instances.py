@@ -120,9 +120,7 @@ class ViewAugmentation:
         if images.ndim != 4:
             raise ValueError(f"`images` must be (n, C, H, W), got shape {tuple(images.shape)}.")
         u = torch.rand(images.shape[0], 4, generator=generator, dtype=torch.float64)
-        noise = None
-        if self.noise > 0:
-            noise = torch.randn(images.shape, generator=generator)
+        noise = torch.randn(images.shape, generator=generator) if self.noise > 0 else None
         return self.render(images, u, noise)
 
     def render(
