@@ -494,16 +494,13 @@ def run(
         positives.size if num_v is None else num_v,
         losses,
     )
-    values: dict[str, dict[str, list[np.ndarray]]] = {
-        loss.name: {e: [] for e in ESTIMATORS} for loss in losses
+    per_rate = [
+        _simulate_rate(rate, positives, negatives, settings, np.random.default_rng(stream))
+        for rate, stream in zip(rates, streams[1:], strict=True)
+    ]
+    values = {
+        loss.name: {e: [r[loss.name][e] for r in per_rate] for e in ESTIMATORS} for loss in losses
     }
-    for rate, stream in zip(rates, streams[1:], strict=True):
-        per_rate = _simulate_rate(
-            rate, positives, negatives, settings, np.random.default_rng(stream)
-        )
-        for loss in losses:
-            for e in ESTIMATORS:
-                values[loss.name][e].append(per_rate[loss.name][e])
     n_pos = [int(round(r * batch_size)) for r in rates]
     truths = {loss.name: full_data_loss(positives, negatives, loss)[0] for loss in losses}
     expected = [expected_soprc_zero_one(positives, negatives, batch_size - n) for n in n_pos]
