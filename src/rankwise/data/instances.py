@@ -1,19 +1,16 @@
 """Augmented-instance retrieval: any image dataset as a many-class, open-set benchmark.
 
 Every source image is a class of its own and its samples ("views") are random affine transforms
-(rotation, scale, translation) of it plus Gaussian pixel noise. This is the regime SOPRC was
-designed for (Wen et al., NeurIPS 2022, Sec. 6: Stanford Online Products, 11,318 training classes
-of about 5 images, so a class's share of the data is pi ~ 1e-4) built from small offline images,
-in the spirit of exemplar / instance discrimination (Dosovitskiy et al., NeurIPS 2014: one class per
-source patch, views drawn by random transformations). The training, validation and test source
-images are disjoint, so validation and test are open-set (unseen sources, queried leave-one-out).
+of it plus Gaussian pixel noise: the many-class regime SOPRC was designed for (Wen et al., NeurIPS
+2022, Sec. 6: Stanford Online Products, a class share pi ~ 1e-4, the quantity the SOPRC prior
+estimates; here pi = 1 / train_classes) built from small offline images, as in exemplar /
+instance discrimination (Dosovitskiy et al., NeurIPS 2014). Training, validation and test sources
+are disjoint (open-set, queried leave-one-out). No equation of the papers is implemented here.
 
-Training views are fresh at every fetch: :class:`InstanceViews` draws its transform from the global
-torch generator, which :class:`rankwise.training.Trainer` seeds per item by ``(seed, epoch, batch,
-slot)`` (resume stays bit-for-bit and ``num_workers`` does not matter). Validation and test views
-are drawn once from generators seeded by the split seed, in fixed chunks, so they are identical
-across runs and a larger split extends a smaller one. No equation of the papers is implemented
-here; the class share ``pi = 1 / train_classes`` is the quantity the SOPRC prior estimates.
+Training views are fresh at every fetch, from the global torch generator, which
+:class:`rankwise.training.Trainer` seeds per item by ``(seed, epoch, batch, slot)`` (resume stays
+bit-for-bit whatever ``num_workers``). Validation and test views are drawn once in seeded chunks,
+so they are identical across runs and a larger split extends a smaller one.
 """
 
 from __future__ import annotations
@@ -40,8 +37,7 @@ __all__ = [
 
 PADDING_MODES = ("zeros", "border", "reflection")
 
-# Chunk of the fixed validation / test views drawn from one generator: each chunk has its own seed,
-# so the views of an item do not depend on how many items follow it.
+# Views drawn from one seeded generator by fixed_views.
 _VIEW_CHUNK = 1024
 
 
@@ -215,9 +211,8 @@ class _FixedViews(ArrayDataset):
 class InstanceViews(LabelledDataset):
     """Training split of an instance benchmark: a fresh random view at every fetch.
 
-    There are ``views_per_class`` items per source image. Item ``i`` is a view of source ``i // views_per_class`` with label ``i // views_per_class``
-    (labels are ``0 .. S - 1``, one class per source). The view is drawn from the global torch
-    generator, which the trainer seeds per item (see the module docstring).
+    Item ``i`` is a view of source ``i // views_per_class`` with that label (``0 .. S - 1``),
+    drawn from the global torch generator, which the trainer seeds per item.
 
     Args:
         sources: ``(S, C, H, W)`` uint8 (scaled by 1/255 per item) or float images in ``[0, 1]``.
@@ -452,12 +447,10 @@ def build_instance_splits(
             to draw all three from ``train_pool``.
         seed: seed of the source choice and of the fixed validation / test views.
         defaults_of: whose :data:`INSTANCE_DEFAULTS` fill the options not given.
-        **options: :data:`INSTANCE_OPTIONS`: ``train_classes`` (training sources = classes;
-            class share ``pi = 1 / train_classes``), ``views_per_class`` (training items per
-            source), ``val_classes`` (0: no validation split), ``test_classes``,
+        **options: :data:`INSTANCE_OPTIONS`: ``train_classes``, ``views_per_class`` (training
+            items per source), ``val_classes`` (0: no validation split), ``test_classes``,
             ``eval_views_per_class`` (views per validation / test source), and the
-            :class:`ViewAugmentation` parameters ``rotation``, ``scale``, ``translation``,
-            ``noise``, ``padding``.
+            :class:`ViewAugmentation` parameters.
 
     Returns:
         Open-set :class:`RetrievalSplits`: ``train`` an :class:`InstanceViews` (fresh views),
@@ -490,7 +483,7 @@ def build_instance_splits(
 
     val = fixed(tensor(train_pool, val_idx), n_train, "val", 2) if n_val else None
     test = fixed(tensor(test_images, test_idx), n_train + n_val, "test", 3)
-    # which pool image each class is (class j of a split = source_ids[j]), for audits and tests
+    # class j of a split is pool image source_ids[j], for audits and tests
     train.source_ids = train_idx
     if val is not None:
         val.source_ids = val_idx

@@ -45,12 +45,11 @@ class HashingHead(nn.Module):
         relaxation: ``"tanh"`` (``tanh(γ f / 2)``, TALR) or ``"identity"`` (the activations
             ``f`` themselves, for losses with their own quantization term such as DPSH, whose
             outputs ``u`` are linear, Li et al. IJCAI 2016, Eq. 5).
-        center: batch-normalize the activations (``BatchNorm1d`` without affine parameters):
-            every bit is centred over the data and of unit scale, so the codes of a freshly
-            initialised network are not all equal (a linear map of non-negative ReLU features
-            has the same sign for every input) and ``tanh(γ f / 2)`` starts in its sensitive
-            range. In eval mode the running statistics are used (a fixed affine map per bit).
-            ``center=False`` is the paper's plain linear layer (fine on pretrained features).
+        center: batch-normalize the activations (``BatchNorm1d`` without affine parameters,
+            running statistics in eval mode): each bit is centred and of unit scale, so a fresh
+            network's codes differ (a linear map of ReLU features has one sign for every input)
+            and ``tanh(γ f / 2)`` starts in its sensitive range. ``False``: the paper's plain
+            linear layer (fine on pretrained features).
 
     Shapes:
         ``forward``: ``(B, in_features) -> (B, bits)``, values in ``(-1, 1)`` when training.

@@ -180,7 +180,6 @@ class MPerClassBatchSampler(Sampler[list[int]]):
                 f"`labels`); lower batch_size to at most {self.num_classes * self.m} or raise m."
             )
 
-        # Dataset indices grouped by class (stable), with each class's start offset.
         self._indices_by_class = np.argsort(class_codes, kind="stable")
         self._class_sizes = class_sizes.astype(np.int64)
         self._class_starts = np.concatenate([[0], np.cumsum(self._class_sizes)[:-1]])

@@ -11,13 +11,10 @@ symmetrized second-moment matrices of the positive and negative pairs of Sec. 5.
 duality gives the solution in closed form, A ∝ P − λN normalized to ‖A‖_F = 1, with λ ≥ 0 the
 smallest value that makes R̂⁻ ≤ α + Φ; R̂⁻(S_{A_λ}) is non-increasing in λ, so a bisection finds it.
 :func:`projected_gradient_bilinear` solves the same problem iteratively (the check of the closed
-form).
-
-Because those risks are *mean* similarities, α there bounds the average score of the negative
-pairs, not the FPR of a threshold, and values such as 0.05 are usually infeasible (the smallest
-reachable value is ½(1 − ‖N‖_F)). ``risk="indicator"`` solves problem (1) for the thresholded
-similarity 1{S_A ≥ t} instead -- maximize the TPR subject to FPR ≤ α on the training pairs -- by
-the smoothed Lagrangian of :mod:`rankwise.losses.pointwise_roc` with projected dual ascent.
+form). Because those risks are *mean* similarities, α there bounds the average score of the
+negative pairs, not the FPR of a threshold, and values such as 0.05 are usually infeasible;
+``risk="indicator"`` solves problem (1) for the thresholded similarity 1{S_A ≥ t} instead, by the
+smoothed Lagrangian of :mod:`rankwise.losses.pointwise_roc` with projected dual ascent.
 """
 
 from __future__ import annotations
@@ -272,20 +269,15 @@ def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> flo
 class BilinearSimilarity(BaseEstimator):
     """Bilinear similarity S_A(x, x') = ½(1 + xᵀAx'), ‖A‖_F = 1, for pointwise ROC optimization.
 
-    ``risk="mean"`` (default) solves problem (6) of Vogel et al. in closed form: the risks are the
-    mean similarities over the positive / negative pairs, A = (P − λN)/‖P − λN‖_F, λ ≥ 0 the
-    smallest multiplier with R̂⁻(S_A) ≤ α + Φ (bisection). Feasible α lie above ½(1 − ‖N‖_F),
-    reported as ``min_negative_risk_``.
+    ``risk="mean"`` (default) solves problem (6) in closed form, A = (P − λN)/‖P − λN‖_F (module
+    docstring); feasible α lie above ½(1 − ‖N‖_F), reported as ``min_negative_risk_``.
+    ``risk="indicator"`` maximizes the TPR of 1{S_A ≥ t} subject to its training FPR ≤ α by the
+    smoothed Lagrangian of :class:`~rankwise.losses.PointwiseROCLoss` and projected dual ascent
+    on λ, starting from the cosine similarity.
 
-    ``risk="indicator"`` maximizes the TPR of the decision 1{S_A ≥ t} subject to its FPR ≤ α on
-    the training pairs (problem (1) with the indicator), by the smoothed Lagrangian of
-    :class:`~rankwise.losses.PointwiseROCLoss` (``surrogate``, Adam steps of ``learning_rate``)
-    and projected dual ascent on λ (``dual_lr``), starting from the cosine similarity.
-
-    In both cases ``threshold_`` is the largest-TPR threshold on S_A whose FPR on the training
-    pairs is at most α (exactly, on the pairs used for training; a tuple-based sample counts each
-    pair with its weight n_k n_l / n⁻, so that the FPR it bounds is an unbiased estimate of the
-    FPR over every negative pair), the rule of :meth:`predict_pairs`.
+    In both cases ``threshold_``, the rule of :meth:`predict_pairs`, is the largest-TPR threshold
+    on S_A whose FPR on the training pairs is at most α (a tuple-based sample weights each pair
+    n_k n_l / n⁻, so that this FPR estimates the FPR over every negative pair without bias).
 
     Parameters are validated by :meth:`fit` (scikit-learn convention).
 
