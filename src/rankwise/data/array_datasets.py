@@ -63,8 +63,7 @@ def read_mnist_family(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Read the four IDX files of MNIST or Fashion-MNIST.
 
-    Looks in ``data_dir`` (or ``data_dir/<name>``), else ``$RANKWISE_DATA`` (or its ``<name>``
-    subfolder), else ``/usr/share/datasets/fashion-mnist`` for Fashion-MNIST.
+    Looks where :mod:`rankwise.data.locate` says (system copy: Fashion-MNIST's Debian package).
 
     Returns:
         ``(train_images (60000, 28, 28) uint8, train_labels (60000,) int64, test_images,
@@ -225,9 +224,8 @@ def assemble_array_splits(
         seed: seed of the validation and closed-set splits.
         n_query: closed-set queries per class (``None``: all).
         n_train: closed-set training samples per class (``None``: all).
-        val_holdout: ``"samples"`` (validation = held-out samples of the training classes) or
-            ``"classes"`` (held-out training classes: open-set validation; open-set only, as
-            closed-set queries belong to the training classes).
+        val_holdout: ``"samples"`` or ``"classes"`` (:func:`rankwise.data.load_dataset`);
+            ``"classes"`` is open-set only, as closed-set queries belong to the training classes.
     """
     if val_holdout == "classes" and protocol == "closed-set":
         raise ValueError(

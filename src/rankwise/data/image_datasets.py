@@ -358,9 +358,8 @@ def load_image_dataset(
         transform: PIL image -> tensor for val / test / gallery (default: resize + normalize).
         train_transform: the same for the training split (default: ``transform``), e.g. with
             random crops and flips.
-        val_holdout: ``"samples"`` (validation = held-out images of the training classes) or
-            ``"classes"`` (held-out training classes: open-set validation; every folder
-            benchmark's test classes are disjoint from its training classes, In-Shop's included).
+        val_holdout: ``"samples"`` or ``"classes"``, as in :func:`rankwise.data.load_dataset`
+            (every folder benchmark, In-Shop included, has test classes unseen in training).
         reader_kwargs: dataset-specific options (``test_size`` for ``vehicleid``).
     """
     spec = IMAGE_DATASETS[name]

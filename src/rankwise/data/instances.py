@@ -391,10 +391,8 @@ def _pick_sources(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     """Disjoint ``(train, val, test)`` source indices and a note saying where they come from.
 
-    Two pools (official train / test split): train and val sources from the training pool (val
-    first), test sources from the test pool. One pool (digits): test first, then val, then train.
-    Taking each split from the front of a seeded permutation keeps the test (and validation)
-    sources fixed while ``train_classes`` is swept.
+    Each split is taken from the front of a seeded permutation (val before train, test first in
+    one pool), so the test and validation sources stay fixed while ``train_classes`` is swept.
     """
     n_train, n_val, n_test = opts["train_classes"], opts["val_classes"], opts["test_classes"]
     rng = np.random.default_rng(_derive_seed(seed, 0))

@@ -1,11 +1,9 @@
 """The experiment framework: registration, results and output rules.
 
-The :func:`experiment` decorator turns a function computing a paper's analysis figure into a
-registered experiment, the :class:`ExperimentResult` it returns
-(JSON-ready data, a matplotlib figure, a one-line verdict) and the output rules shared by every
-experiment (``--output DIR|FILE``, no silent overwrite, atomic writes). What an experiment
-function may take (and how its options and help reach the command line) is said in
-:mod:`rankwise.experiments`.
+The :func:`experiment` decorator registers a function computing a paper's analysis figure, which
+returns an :class:`ExperimentResult` (JSON-ready data, a matplotlib figure, a one-line verdict)
+written by the output rules every experiment shares (:func:`resolve_output`). What an experiment
+function may take is said in :mod:`rankwise.experiments`.
 """
 
 from __future__ import annotations
@@ -100,8 +98,7 @@ class ExperimentResult:
         """Write the JSON and the PNG figure (see :func:`resolve_output` for the paths).
 
         Args:
-            output: a ``.json`` file (the PNG goes beside it, same stem) or a directory (``NAME.json``
-                and ``NAME.png`` inside it).
+            output: a ``.json`` file or a directory, as in :func:`resolve_output`.
             overwrite: replace existing files; without it an existing file raises.
 
         Returns:

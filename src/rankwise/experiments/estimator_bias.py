@@ -290,11 +290,7 @@ def _simulate_rate(
     settings: _Settings,
     rng: np.random.Generator,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """One sampling rate: ``burn_in`` batches to settle v, then ``repeats`` measured batches.
-
-    Returns:
-        loss name -> estimator name -> (repeats,) values.
-    """
+    """One rate: ``burn_in`` batches settle v, then loss -> estimator -> (repeats,) measurements."""
     n_pos = int(round(rate * settings.batch_size))
     n_neg = settings.batch_size - n_pos
     out = {

@@ -68,11 +68,7 @@ def _max_full_batches(chunks_per_class: np.ndarray, classes_per_batch: int) -> i
 def _weighted_top_k(
     rng: np.random.Generator, candidates: np.ndarray, weights: np.ndarray, k: int
 ) -> np.ndarray:
-    """Draw k of ``candidates`` without replacement with probability proportional to ``weights``.
-
-    Gumbel top-k: the k largest ``log w + Gumbel`` keys are distributed as successive weighted
-    draws without replacement (Plackett-Luce).
-    """
+    """Draw k ``candidates`` without replacement ∝ ``weights`` (Gumbel top-k, Plackett-Luce)."""
     if k == 0:
         return candidates[:0]
     if k == candidates.size:
@@ -111,11 +107,8 @@ class MPerClassBatchSampler(Sampler[list[int]]):
         lists of ``batch_size // num_replicas`` (fewer for a final ``drop_last=False`` batch)
         dataset indices, class-contiguous (``m`` consecutive indices share a label).
 
-    Resuming: save ``sampler.state_dict()`` (epoch and batches of it already handed out; pass
-    ``batches_done=`` when DataLoader workers prefetch) with the checkpoint; after
-    ``load_state_dict`` the next iteration of that epoch yields exactly the batches not yet
-    handed out (``set_epoch`` with the same epoch keeps that offset), and ``set_epoch(epoch + 1)``
-    continues with the sequence an uninterrupted run would have produced.
+    Resuming: save :meth:`state_dict` with the checkpoint; after :meth:`load_state_dict` the
+    batches, this epoch's remaining ones and every later epoch's, are those of an uninterrupted run.
     """
 
     def __init__(

@@ -1,10 +1,8 @@
 """Incomplete U-statistics for the negative-pair risk of a similarity.
 
-Vogel, Bellet & Clémençon,
-*A Probabilistic Theory of Supervised Similarity Learning for Pointwise ROC Curve Optimization*,
-ICML 2018, Sec. 4).
-
-The empirical negative risk of a similarity S on n labelled points is the U-statistic of Eq. (5),
+In Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity Learning for
+Pointwise ROC Curve Optimization* (ICML 2018), the empirical negative risk of a similarity S on n
+labelled points is the U-statistic of Eq. (5),
 R̂⁻(S) = (1/n⁻) Σ_{i<j, Y_i≠Y_j} S(X_i, X_j), a sum over n⁻ = Σ_{k<l} n_k n_l pairs, far too many
 when n is large. Sec. 4 replaces it by an *incomplete* U-statistic of B terms drawn with
 replacement, in one of two ways:

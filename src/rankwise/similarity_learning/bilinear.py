@@ -194,12 +194,7 @@ def projected_gradient_bilinear(
 
 # -- the indicator risk ----------------------------------------------------------------------------
 def _pair_scorer(data: torch.Tensor, first: np.ndarray, second: np.ndarray):
-    """A function A ↦ (xᵀAx' over the pairs (first[t], second[t])), computed the cheaper way.
-
-    When the pairs are about as many as the n² entries of X A Xᵀ, the matrix is formed and
-    indexed (memory n²); for a few sampled pairs the two rows of each pair are gathered (memory
-    pairs × d).
-    """
+    """A ↦ xᵀAx' over the pairs (first[t], second[t]): X A Xᵀ indexed, or rows gathered if few."""
     n, d = data.shape
     rows, cols = torch.as_tensor(first), torch.as_tensor(second)
     if rows.numel() * d > n * n:
@@ -212,11 +207,10 @@ def _fit_indicator(
 ) -> tuple[np.ndarray, float, float]:
     """Primal-dual training of (A, t) for problem (1) with S = 1{xᵀAx' ≥ t}; returns (A, t, λ).
 
-    A is free during training (its scale sets the sharpness of the surrogate, temperature 1) and
-    starts at a multiple of the identity, i.e. at the cosine similarity of the inputs, scaled so
-    that the training scores spread over a few units; t starts at the (1 − α) quantile of the
-    negative scores. Adam steps on (A, t), then one projected dual step on λ with the FPR of the
-    indicator. The decision rule is invariant to a positive rescaling of (A, t).
+    A is free during training (its scale sets the sharpness of the surrogate) and starts at the
+    cosine similarity scaled to spread the training scores over a few units; t starts at the
+    (1 − α) negative-score quantile. Each iteration: an Adam step on (A, t), then a projected dual
+    step on λ with the indicator's FPR. The rule is invariant to a positive rescaling of (A, t).
     """
     dtype = torch.float64
     data = torch.as_tensor(X, dtype=dtype)
