@@ -325,9 +325,7 @@ def load_digits_dataset(
 ) -> RetrievalSplits:
     """Scikit-learn's bundled 8x8 digits (1797 images, 10 classes) as retrieval splits.
 
-    Images are ``(N, 1, 8, 8)`` float32 in [0, 1] (pixel values 0-16 divided by 16). Bundled with
-    scikit-learn: nothing is read from the network. Keywords as in
-    :func:`assemble_array_splits`.
+    Images as :func:`read_digits_images` gives them; keywords as in :func:`assemble_array_splits`.
     """
     images, labels = read_digits_images(with_labels=True)
     return assemble_array_splits(

@@ -89,8 +89,7 @@ class ArrayDataset(LabelledDataset):
         transform: optional callable applied to each float ``(*input_shape)`` item.
 
     Attributes:
-        labels: ``(N,)`` ``np.int64`` class ids.
-        input_shape: shape of one item, e.g. ``(1, 28, 28)``.
+        labels, input_shape: as in :class:`LabelledDataset`.
         num_classes: number of distinct classes present.
         classes: sorted ``np.int64`` array of the distinct class ids.
     """

@@ -9,10 +9,9 @@ Inaturalist_{train,test}_set1.txt``) and PKU VehicleID (``train_list.txt``, test
 1600 / 2400 identities) as in Wen et al., NeurIPS 2022 (SOPRC), Sec. 6, which further splits the
 training data 9:1 into train / validation. Images are opened lazily, one per ``__getitem__``.
 
-Label convention: one mapping per dataset sends the training classes (sorted by their original
-id) to ``0 .. C_train - 1`` and the remaining classes to ``C_train ..``, so training labels are
-contiguous (per-class state in losses can be indexed by label) and labels of different splits
-never collide.
+Labels: the training classes (sorted by original id) become ``0 .. C_train - 1`` and the others
+``C_train ..``, so training labels are contiguous (per-class loss state is indexed by label) and
+the labels of different splits never collide.
 """
 
 from __future__ import annotations

@@ -45,23 +45,19 @@ _VIEW_CHUNK = 1024
 class ViewAugmentation:
     """A seeded random affine transform plus Gaussian pixel noise, for images in ``[0, 1]``.
 
-    A view of an image rotates its content by ``theta ~ U[-rotation, rotation]`` degrees, scales it
-    by ``s ~ U[scale[0], scale[1]]`` about the image centre, shifts it by ``(tx, ty)`` with each
-    ``~ U[-translation, translation]`` times the image side, samples it bilinearly (pixels that come
-    from outside the image follow ``padding``), adds noise ``~ N(0, noise^2)`` to every pixel and
-    clips to ``[0, 1]``.
+    A view rotates the image by ``theta ~ U[-rotation, rotation]`` degrees, scales it by
+    ``s ~ U[scale[0], scale[1]]`` about its centre, shifts it by ``U[-translation, translation]``
+    times its side per axis, samples it bilinearly, adds ``N(0, noise^2)`` noise to every pixel and
+    clips to ``[0, 1]``. Call it on one ``(C, H, W)`` image to draw from the global torch generator
+    (what the trainer seeds per item), or :meth:`apply` on a batch with an explicit generator.
 
     Args:
         rotation: largest absolute rotation in degrees, in ``[0, 180]``.
         scale: ``(low, high)`` range of the zoom factor, ``0 < low <= high`` (``(1, 1)``: none).
         translation: largest shift per axis as a fraction of the image side, in ``[0, 1)``.
         noise: standard deviation of the additive pixel noise, ``>= 0``.
-        padding: ``"zeros"`` (black background: right for MNIST-like images), ``"border"`` or
-            ``"reflection"`` (for natural images).
-
-    Call ``augmentation(image)`` on one ``(C, H, W)`` float image to draw from the global torch
-    generator (what the trainer seeds per item), or :meth:`apply` on a batch with an explicit
-    generator (vectorised).
+        padding: what pixels from outside the image become: ``"zeros"`` (black background: right
+            for MNIST-like images), ``"border"`` or ``"reflection"`` (for natural images).
     """
 
     rotation: float = 30.0

@@ -8,10 +8,8 @@ drawn: the first derivative of the sum of sigmoids for a small, the optimal and 
 
 Every slope is computed twice: by the library (:func:`rankwise.losses.auc.auc_slope`, Simpson's
 rule in grid units) and by an independent re-derivation here (Gauss–Legendre quadrature of Eq. (10)
-in score units, between consecutive thresholds, minimised over r directly). Table 1's 42.2, 22.47
-and 12.02 are reproduced within 1%; its 201 and 101 for Δs = 0.01 and 0.02 are not: Eq. (10) has
-its minimum near r ≈ 184 and 97 there (r·Δs tends to ≈ 1.8 as the grid gets finer, whereas Table 1's
-values for the two finest steps are 2/Δs + 1). Both are reported.
+in score units, minimised over r directly). Table 1's values for Δs = 0.01 and 0.02 are 2/Δs + 1,
+not minima of Eq. (10) (r·Δs tends to ≈ 1.8 on fine grids); results: docs/experiments.md.
 """
 
 from __future__ import annotations

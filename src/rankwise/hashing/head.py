@@ -133,8 +133,7 @@ class HashingModel(nn.Module):
     """A backbone followed by a :class:`HashingHead`.
 
     Args:
-        backbone: module mapping a batch to ``(B, F)`` features (or anything ``flatten(1)`` makes
-            so).
+        backbone: module mapping a batch to ``(B, F)`` features (or what ``flatten(1)`` makes so).
         head: the hashing head.
 
     Attributes:
@@ -186,11 +185,10 @@ def build_hashing_model(
             the linear hash functions ``f_i(x) = w_iᵀx`` of the paper's LabelMe experiment).
         input_shape: shape of one input item.
         bits: code length.
-        gamma: relaxation steepness.
+        gamma: relaxation steepness (see :class:`HashingHead`).
         relaxation: ``"tanh"`` or ``"identity"`` (see :class:`HashingHead`).
         center: batch-normalize the activations (see :class:`HashingHead`).
-        weights_path: local ResNet-50 weights (resnet50 only), as
-            :func:`rankwise.models.build_backbone`.
+        weights_path: local ResNet-50 weights (resnet50 only).
         frozen_bn: freeze the backbone's BatchNorm layers (resnet50).
         **kw: backbone options (``width``; ``hidden``, ``dropout``).
     """

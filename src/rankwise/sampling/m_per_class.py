@@ -355,9 +355,8 @@ class MPerClassBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration of ``state['epoch']`` skips the batches already yielded.
 
-        Raises ValueError when the state was saved by a sampler with another configuration
-        (seed, m, batch_size, dataset size, drop_last or num_replicas), since the batch sequence
-        would then differ.
+        Raises ValueError when the state was saved with another seed, m, batch_size, dataset
+        size, drop_last or num_replicas, since the batch sequence would then differ.
         """
         missing = [k for k in ("epoch", "batches_yielded", *_STATE_CONFIG_KEYS) if k not in state]
         if missing:

@@ -280,11 +280,8 @@ class BilinearSimilarity(BaseEstimator):
         risk: ``"mean"`` or ``"indicator"``.
         tolerance: Φ ≥ 0 added to α in the constraint (problem (6)); mean risk only.
         normalize: L2-normalize the rows of every input (otherwise unnormalized rows raise).
-        negatives: ``"complete"`` (every negative pair), ``"pairs"`` or ``"tuples"`` (incomplete
-            U-statistics of Sec. 4, see :mod:`rankwise.sampling.pairs`).
-        n_negative_samples: B for the incomplete schemes (pairs, or tuples); ``None`` = n pairs or
-            ⌈0.15 n⌉ tuples.
-        random_state: seed / ``numpy.random.Generator`` of the sampled pairs.
+        negatives, n_negative_samples, random_state: the negative pairs (complete or an
+            incomplete U-statistic of Sec. 4), as in :class:`~rankwise.similarity_learning.MMC`.
         max_pairs: cap on the positive pairs (uniformly subsampled beyond, Remark 4) and on the
             complete negative pairs materialized for the indicator risk and the threshold.
         surrogate: ``"sigmoid"`` or ``"softplus"`` (indicator risk).

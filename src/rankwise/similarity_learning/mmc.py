@@ -91,9 +91,8 @@ def _whitening(scatter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _project_spectraplex(Z: np.ndarray) -> np.ndarray:
     """Euclidean projection onto {B ⪰ 0, tr B ≤ 1}: the eigenvalues projected on the capped simplex.
 
-    The projection keeps the eigenvectors of the symmetric part of Z and maps its eigenvalues λ to
-    max(λ − θ, 0), θ = 0 when the clipped eigenvalues sum to at most 1 and otherwise the θ > 0
-    that makes them sum to 1 (the projection onto the simplex, by sorting).
+    Eigenvalues λ of the symmetric part of Z become max(λ − θ, 0), θ ≥ 0 the smallest value that
+    makes them sum to at most 1 (found by sorting).
     """
     values, vectors = np.linalg.eigh((Z + Z.T) / 2)
     clipped = np.clip(values, 0.0, None)
