@@ -272,9 +272,8 @@ def experiment(
 ) -> Callable[[Callable[..., ExperimentResult]], ExperimentRun]:
     """Decorator registering an experiment function; the result is the module's ``run``.
 
-    The decorated function gains two keyword arguments: ``output`` (None: return the result and
-    write nothing; a directory or a ``.json`` path: write JSON and PNG there, checked before the
-    computation starts) and ``overwrite`` (replace existing files).
+    The decorated function gains ``output`` (None: write nothing; else the paths of
+    :func:`resolve_output`, checked before the computation starts) and ``overwrite``.
 
     Args:
         name: the command name, e.g. ``"estimator-bias"``.

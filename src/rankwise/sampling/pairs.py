@@ -13,11 +13,9 @@ replacement, in one of two ways:
   h_S = (1/n⁻) Σ_{k<l} n_k n_l S(X_k, X_l), i.e. B·K(K−1)/2 pairs balanced across all class pairs
   (:func:`sample_class_tuples`, :func:`tuple_based_negative_risk`).
 
-Both are unbiased estimates of R̂⁻ (:func:`complete_negative_risk` computes it exactly for small n).
-Given the data, their variances are σ²_P / B and σ²_T / B, with σ²_P the variance of S over the
-negative pairs and σ²_T that of h_S over the tuples (:func:`incomplete_variances`, exact); these
-converge to the two terms of Prop. 1, Var(S(X, X') | Y ≠ Y') / B₀ and
-K(K−1)/(2B₀) Var(h_S(X⁽¹⁾, …, X⁽ᴷ⁾)) for a budget of B₀ sampled pairs.
+Both are unbiased estimates of R̂⁻ (:func:`complete_negative_risk` computes it exactly for small n);
+their variances given the data, σ²_P / B and σ²_T / B, which converge to the two terms of Prop. 1,
+are computed exactly by :func:`incomplete_variances`.
 
 A ``similarity`` argument is either an (n, n) similarity matrix (numpy array or tensor) or a
 callable ``similarity(first, second)`` that maps two (m,) integer index arrays to the (m,) scores
