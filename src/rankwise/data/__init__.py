@@ -1,11 +1,8 @@
 """rankwise.data: retrieval benchmarks, split for open-set metric learning and closed-set hashing.
 
-Open-set protocol as in Wen et al., NeurIPS 2022 (SOPRC), Sec. 6 (official test split, training
-data split 9:1 into train / validation) and Gajić et al. (AUC loss), Sec. 4.1; closed-set
-protocol as in He et al., CVPR 2018 (tie-aware hashing), Sec. 5.1 (CIFAR-10 settings 1 / 2);
-augmented-instance benchmarks (every source image a class, views by random affine transforms and
-pixel noise) for the many-class regime of SOPRC (Wen et al., Sec. 6: Stanford Online Products).
-Entry point: :func:`load_dataset`. Nothing is ever downloaded.
+Entry point: :func:`load_dataset`, whose module :mod:`rankwise.data.registry` gives the protocols
+of Wen et al. (NeurIPS 2022, Sec. 6), Gajić et al. (Sec. 4.1) and He et al. (CVPR 2018, Sec. 5.1)
+and the augmented-instance benchmarks. Nothing is ever downloaded.
 """
 
 from .array_datasets import read_cifar10, read_digits_images, read_mnist_family

@@ -63,8 +63,7 @@ def read_mnist_family(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Read the four IDX files of MNIST or Fashion-MNIST.
 
-    Looks in ``data_dir`` (or ``data_dir/<name>``), else ``$RANKWISE_DATA`` (or its ``<name>``
-    subfolder), else ``/usr/share/datasets/fashion-mnist`` for Fashion-MNIST.
+    Looks where :mod:`rankwise.data.locate` says (system copy: Fashion-MNIST's Debian package).
 
     Returns:
         ``(train_images (60000, 28, 28) uint8, train_labels (60000,) int64, test_images,
@@ -225,9 +224,8 @@ def assemble_array_splits(
         seed: seed of the validation and closed-set splits.
         n_query: closed-set queries per class (``None``: all).
         n_train: closed-set training samples per class (``None``: all).
-        val_holdout: ``"samples"`` (validation = held-out samples of the training classes) or
-            ``"classes"`` (held-out training classes: open-set validation; open-set only, as
-            closed-set queries belong to the training classes).
+        val_holdout: ``"samples"`` or ``"classes"`` (:func:`rankwise.data.load_dataset`);
+            ``"classes"`` is open-set only, as closed-set queries belong to the training classes.
     """
     if val_holdout == "classes" and protocol == "closed-set":
         raise ValueError(
@@ -285,21 +283,16 @@ def assemble_array_splits(
             f"`val_fraction`={val_fraction} leaves no validation sample for {name!r} (every class "
             "is too small to give two samples); raise it or pass val_fraction=0."
         )
-    # ArrayDataset turns a numpy array into a contiguous tensor
-    train_ds = ArrayDataset(tr_x[kept], tr_y[kept], name=f"{name}/train")
-    val_ds = None
     if held.size:
-        val_ds = ArrayDataset(tr_x[held], tr_y[held], name=f"{name}/val")
         notes.append(val_note)
-    test_ds = ArrayDataset(te_x, te_y, name=f"{name}/test")
-    gallery_ds = None
-    if gallery_x is not None and gallery_y is not None:
-        gallery_ds = ArrayDataset(gallery_x, gallery_y, name=f"{name}/gallery")
+    # ArrayDataset turns a numpy array into a contiguous tensor
     return RetrievalSplits(
-        train=train_ds,
-        val=val_ds,
-        test=test_ds,
-        gallery=gallery_ds,
+        train=ArrayDataset(tr_x[kept], tr_y[kept], name=f"{name}/train"),
+        val=ArrayDataset(tr_x[held], tr_y[held], name=f"{name}/val") if held.size else None,
+        test=ArrayDataset(te_x, te_y, name=f"{name}/test"),
+        gallery=None
+        if gallery_x is None or gallery_y is None
+        else ArrayDataset(gallery_x, gallery_y, name=f"{name}/gallery"),
         protocol=protocol,
         name=name,
         notes=tuple(notes),
@@ -332,9 +325,7 @@ def load_digits_dataset(
 ) -> RetrievalSplits:
     """Scikit-learn's bundled 8x8 digits (1797 images, 10 classes) as retrieval splits.
 
-    Images are ``(N, 1, 8, 8)`` float32 in [0, 1] (pixel values 0-16 divided by 16). Bundled with
-    scikit-learn: nothing is read from the network. Keywords as in
-    :func:`assemble_array_splits`.
+    Images as :func:`read_digits_images` gives them; keywords as in :func:`assemble_array_splits`.
     """
     images, labels = read_digits_images(with_labels=True)
     return assemble_array_splits(

@@ -1,12 +1,10 @@
 """Dataset containers and retrieval splits shared by every loader in :mod:`rankwise.data`.
 
-The retrieval protocols follow the papers rankwise implements. *Open-set* (metric learning): the
-classes of the test set are disjoint from the training classes and every test sample is a query
-against all other test samples (leave-one-out), as in Wen et al., NeurIPS 2022 (SOPRC, Sec. 6
-"Datasets": official test split, remaining data split 9:1 into train/validation) and Gajić et al.
-(AUC loss, Sec. 4.1). *Closed-set* (hashing): queries are retrieved against a separate database
-that shares their classes, as in He et al., CVPR 2018 (tie-aware hashing, Sec. 5.1, CIFAR-10
-"setting 1"). No equation is implemented here; this module only holds the data.
+*Open-set* (metric learning; Wen et al., NeurIPS 2022, Sec. 6; Gajić et al., Sec. 4.1): the test
+classes are disjoint from the training classes and every test sample is queried against all other
+test samples (leave-one-out). *Closed-set* (hashing; He et al., CVPR 2018, Sec. 5.1, CIFAR-10
+"setting 1"): queries are retrieved against a separate database of the same classes. No equation
+is implemented here; this module only holds the data.
 """
 
 from __future__ import annotations
@@ -83,17 +81,15 @@ class ArrayDataset(LabelledDataset):
     """In-memory dataset of array inputs with integer class labels.
 
     Args:
-        inputs: tensor (or numpy array) of shape ``(N, *input_shape)``. ``uint8`` inputs stay ``uint8`` in memory
-            and are converted to ``float32`` in ``[0, 1]`` (divided by 255) per item, so a loader
-            never holds more than the float copy of the batch it is building. Floating inputs are
-            returned as stored.
+        inputs: tensor (or numpy array) of shape ``(N, *input_shape)``. ``uint8`` inputs stay
+            ``uint8`` in memory and become ``float32`` in ``[0, 1]`` (divided by 255) per item;
+            floating inputs are returned as stored.
         labels: ``(N,)`` integer class ids (numpy array or tensor).
         name: a human-readable name used in summaries.
         transform: optional callable applied to each float ``(*input_shape)`` item.
 
     Attributes:
-        labels: ``(N,)`` ``np.int64`` class ids.
-        input_shape: shape of one item, e.g. ``(1, 28, 28)``.
+        labels, input_shape: as in :class:`LabelledDataset`.
         num_classes: number of distinct classes present.
         classes: sorted ``np.int64`` array of the distinct class ids.
     """
@@ -165,8 +161,8 @@ class ArrayDataset(LabelledDataset):
 class NumpyImageTransform:
     """PIL image -> ``(3, size, size)`` float32 tensor, numpy + PIL only.
 
-    RGB, bilinear resize, [0, 1], ImageNet mean / std normalization; picklable, so DataLoader
-    workers can use it.
+    RGB, bilinear resize of the whole image to a square, [0, 1], ImageNet mean / std
+    normalization; picklable, so DataLoader workers can use it.
     """
 
     def __init__(self, image_size: int) -> None:
@@ -195,9 +191,8 @@ def _to_rgb(image: Any) -> Any:
 def default_image_transform(image_size: int = 224) -> Callable[[Any], torch.Tensor]:
     """PIL image -> ``(3, image_size, image_size)`` float32 tensor, ImageNet-normalized.
 
-    Uses torchvision transforms when the ``vision`` extra imports, and an equivalent numpy + PIL
-    pipeline otherwise (bilinear resize of the whole image to a square, scale to [0, 1],
-    subtract the ImageNet mean, divide by its standard deviation).
+    Uses torchvision transforms when the ``vision`` extra imports, and the equivalent
+    :class:`NumpyImageTransform` otherwise.
     """
     if int(image_size) < 1:
         raise ValueError(f"`image_size` must be a positive integer, got {image_size}.")

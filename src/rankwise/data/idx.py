@@ -26,10 +26,7 @@ IDX_LABELS_MAGIC = 2049
 
 def _read_bytes(path: str) -> bytes:
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        with open(path, "rb") as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
             return f.read()
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise CorruptDatasetError(

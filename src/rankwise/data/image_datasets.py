@@ -9,10 +9,9 @@ Inaturalist_{train,test}_set1.txt``) and PKU VehicleID (``train_list.txt``, test
 1600 / 2400 identities) as in Wen et al., NeurIPS 2022 (SOPRC), Sec. 6, which further splits the
 training data 9:1 into train / validation. Images are opened lazily, one per ``__getitem__``.
 
-Label convention: one mapping per dataset sends the training classes (sorted by their original
-id) to ``0 .. C_train - 1`` and the remaining classes to ``C_train ..``, so training labels are
-contiguous (per-class state in losses can be indexed by label) and labels of different splits
-never collide.
+Labels: the training classes (sorted by original id) become ``0 .. C_train - 1`` and the others
+``C_train ..``, so training labels are contiguous (per-class loss state is indexed by label) and
+the labels of different splits never collide.
 """
 
 from __future__ import annotations
@@ -358,9 +357,8 @@ def load_image_dataset(
         transform: PIL image -> tensor for val / test / gallery (default: resize + normalize).
         train_transform: the same for the training split (default: ``transform``), e.g. with
             random crops and flips.
-        val_holdout: ``"samples"`` (validation = held-out images of the training classes) or
-            ``"classes"`` (held-out training classes: open-set validation; every folder
-            benchmark's test classes are disjoint from its training classes, In-Shop's included).
+        val_holdout: ``"samples"`` or ``"classes"``, as in :func:`rankwise.data.load_dataset`
+            (every folder benchmark, In-Shop included, has test classes unseen in training).
         reader_kwargs: dataset-specific options (``test_size`` for ``vehicleid``).
     """
     spec = IMAGE_DATASETS[name]
@@ -384,50 +382,36 @@ def load_image_dataset(
             f"dataset {name!r} at {str(image_root)!r} has an empty training or test split "
             f"({len(train_paths)} train, {len(parsed[query_key][0])} test images)."
         )
-    train_labels = np.asarray([mapping[c] for c in train_raw], dtype=np.int64)
+
+    def ids(raw: list[Any]) -> np.ndarray:
+        return np.asarray([mapping[c] for c in raw], dtype=np.int64)
+
     kept, held, train_labels, val_note = split_validation(
-        train_labels, val_fraction, seed, val_holdout
+        ids(train_raw), val_fraction, seed, val_holdout
     )
     if val_fraction > 0 and held.size == 0:
         raise ValueError(
             f"`val_fraction`={val_fraction} leaves no validation sample for {name!r} (no class "
             "can give two samples and keep one); raise it or pass val_fraction=0."
         )
-    eval_tf = transform
     train_tf = train_transform if train_transform is not None else transform
 
-    def make(paths: list[str], labels: np.ndarray, split: str, tf: ImageTransform | None):
-        return ImageFolderDataset(
-            paths,
-            labels,
-            transform=tf,
-            root=image_root,
-            image_size=image_size,
-            name=f"{name}/{split}",
-        )
+    def make(
+        split: str, paths: list[str], labels: np.ndarray, tf: ImageTransform | None = transform
+    ):
+        return ImageFolderDataset(paths, labels, tf, image_root, image_size, f"{name}/{split}")
 
-    train_all = make(train_paths, train_labels, "train", train_tf)
-    train_ds = train_all.subset(kept)
-    val_ds = None
     notes = [f"{name}: images under {str(image_root)!r}, loaded lazily"]
     if held.size:
-        val_ds = make([train_paths[i] for i in held], train_labels[held], "val", eval_tf)
         notes.append(val_note)
     q_paths, q_raw = parsed[query_key]
-    test_ds = make(
-        q_paths, np.asarray([mapping[c] for c in q_raw], dtype=np.int64), "test", eval_tf
-    )
-    gallery_ds = None
-    if "gallery" in parsed:
-        g_paths, g_raw = parsed["gallery"]
-        gallery_ds = make(
-            g_paths, np.asarray([mapping[c] for c in g_raw], dtype=np.int64), "gallery", eval_tf
-        )
     return RetrievalSplits(
-        train=train_ds,
-        val=val_ds,
-        test=test_ds,
-        gallery=gallery_ds,
+        train=make("train", train_paths, train_labels, train_tf).subset(kept),
+        val=make("val", [train_paths[i] for i in held], train_labels[held]) if held.size else None,
+        test=make("test", q_paths, ids(q_raw)),
+        gallery=make("gallery", parsed["gallery"][0], ids(parsed["gallery"][1]))
+        if "gallery" in parsed
+        else None,
         protocol=protocol,
         name=name,
         notes=tuple(notes),

@@ -1,26 +1,23 @@
 """Augmented-instance retrieval: any image dataset as a many-class, open-set benchmark.
 
 Every source image is a class of its own and its samples ("views") are random affine transforms
-(rotation, scale, translation) of it plus Gaussian pixel noise. This is the regime SOPRC was
-designed for (Wen et al., NeurIPS 2022, Sec. 6: Stanford Online Products, 11,318 training classes
-of about 5 images, so a class's share of the data is pi ~ 1e-4) built from small offline images,
-in the spirit of exemplar / instance discrimination (Dosovitskiy et al., NeurIPS 2014: one class per
-source patch, views drawn by random transformations). The training, validation and test source
-images are disjoint, so validation and test are open-set (unseen sources, queried leave-one-out).
+of it plus Gaussian pixel noise: the many-class regime SOPRC was designed for (Wen et al., NeurIPS
+2022, Sec. 6: Stanford Online Products, a class share pi ~ 1e-4, the quantity the SOPRC prior
+estimates; here pi = 1 / train_classes) built from small offline images, as in exemplar /
+instance discrimination (Dosovitskiy et al., NeurIPS 2014). Training, validation and test sources
+are disjoint (open-set, queried leave-one-out). No equation of the papers is implemented here.
 
-Training views are fresh at every fetch: :class:`InstanceViews` draws its transform from the global
-torch generator, which :class:`rankwise.training.Trainer` seeds per item by ``(seed, epoch, batch,
-slot)`` (resume stays bit-for-bit and ``num_workers`` does not matter). Validation and test views
-are drawn once from generators seeded by the split seed, in fixed chunks, so they are identical
-across runs and a larger split extends a smaller one. No equation of the papers is implemented
-here; the class share ``pi = 1 / train_classes`` is the quantity the SOPRC prior estimates.
+Training views are fresh at every fetch, from the global torch generator, which
+:class:`rankwise.training.Trainer` seeds per item by ``(seed, epoch, batch, slot)`` (resume stays
+bit-for-bit whatever ``num_workers``). Validation and test views are drawn once in seeded chunks,
+so they are identical across runs and a larger split extends a smaller one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -40,8 +37,7 @@ __all__ = [
 
 PADDING_MODES = ("zeros", "border", "reflection")
 
-# Chunk of the fixed validation / test views drawn from one generator: each chunk has its own seed,
-# so the views of an item do not depend on how many items follow it.
+# Views drawn from one seeded generator by fixed_views.
 _VIEW_CHUNK = 1024
 
 
@@ -49,23 +45,19 @@ _VIEW_CHUNK = 1024
 class ViewAugmentation:
     """A seeded random affine transform plus Gaussian pixel noise, for images in ``[0, 1]``.
 
-    A view of an image rotates its content by ``theta ~ U[-rotation, rotation]`` degrees, scales it
-    by ``s ~ U[scale[0], scale[1]]`` about the image centre, shifts it by ``(tx, ty)`` with each
-    ``~ U[-translation, translation]`` times the image side, samples it bilinearly (pixels that come
-    from outside the image follow ``padding``), adds noise ``~ N(0, noise^2)`` to every pixel and
-    clips to ``[0, 1]``.
+    A view rotates the image by ``theta ~ U[-rotation, rotation]`` degrees, scales it by
+    ``s ~ U[scale[0], scale[1]]`` about its centre, shifts it by ``U[-translation, translation]``
+    times its side per axis, samples it bilinearly, adds ``N(0, noise^2)`` noise to every pixel and
+    clips to ``[0, 1]``. Call it on one ``(C, H, W)`` image to draw from the global torch generator
+    (what the trainer seeds per item), or :meth:`apply` on a batch with an explicit generator.
 
     Args:
         rotation: largest absolute rotation in degrees, in ``[0, 180]``.
         scale: ``(low, high)`` range of the zoom factor, ``0 < low <= high`` (``(1, 1)``: none).
         translation: largest shift per axis as a fraction of the image side, in ``[0, 1)``.
         noise: standard deviation of the additive pixel noise, ``>= 0``.
-        padding: ``"zeros"`` (black background: right for MNIST-like images), ``"border"`` or
-            ``"reflection"`` (for natural images).
-
-    Call ``augmentation(image)`` on one ``(C, H, W)`` float image to draw from the global torch
-    generator (what the trainer seeds per item), or :meth:`apply` on a batch with an explicit
-    generator (vectorised).
+        padding: what pixels from outside the image become: ``"zeros"`` (black background: right
+            for MNIST-like images), ``"border"`` or ``"reflection"`` (for natural images).
     """
 
     rotation: float = 30.0
@@ -76,31 +68,21 @@ class ViewAugmentation:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__  # frozen dataclass: normalise the validated values in place
-        set_(self, "rotation", check_scalar(self.rotation, "rotation", Interval("real", 0, 180)))
-        set_(
-            self,
-            "translation",
-            check_scalar(self.translation, "translation", Interval("real", 0, 1, closed="left")),
-        )
-        set_(self, "noise", check_scalar(self.noise, "noise", Interval("real", 0, None)))
+        for key, interval in (
+            ("rotation", Interval("real", 0, 180)),
+            ("translation", Interval("real", 0, 1, closed="left")),
+            ("noise", Interval("real", 0, None)),
+        ):
+            set_(self, key, check_scalar(getattr(self, key), key, interval))
         set_(self, "padding", check_choice(self.padding, "padding", PADDING_MODES))
         set_(self, "scale", _check_scale(self.scale))
 
     def to_dict(self) -> dict[str, Any]:
         """The parameters as plain python values (``scale`` as a list)."""
-        return {
-            "rotation": self.rotation,
-            "scale": list(self.scale),
-            "translation": self.translation,
-            "noise": self.noise,
-            "padding": self.padding,
-        }
+        return {**asdict(self), "scale": list(self.scale)}
 
     def _affine(self, u: torch.Tensor, height: int, width: int) -> torch.Tensor:
-        """``(n, 2, 3)`` float64 sampling matrices from ``(n, 4)`` uniforms in ``[0, 1)``.
-
-        The matrices map output to input coordinates, as ``F.affine_grid`` expects.
-        """
+        """``(n, 2, 3)`` float64 output-to-input maps for ``F.affine_grid``, from ``(n, 4)`` uniforms."""
         theta = (2.0 * u[:, 0] - 1.0) * math.radians(self.rotation)
         s = self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 1]
         shift = (2.0 * u[:, 2:] - 1.0) * (2.0 * self.translation)  # normalised coords span 2
@@ -130,9 +112,7 @@ class ViewAugmentation:
         if images.ndim != 4:
             raise ValueError(f"`images` must be (n, C, H, W), got shape {tuple(images.shape)}.")
         u = torch.rand(images.shape[0], 4, generator=generator, dtype=torch.float64)
-        noise = None
-        if self.noise > 0:
-            noise = torch.randn(images.shape, generator=generator)
+        noise = torch.randn(images.shape, generator=generator) if self.noise > 0 else None
         return self.render(images, u, noise)
 
     def render(
@@ -178,11 +158,7 @@ class ViewAugmentation:
         a10, a11 = -sin * (width / height), cos
         # grid = [x, y, 1] @ M with M = [[a00, a10], [a01, a11], [b0, b1]], b = -A t
         matrix = torch.tensor(
-            [
-                [a00, a10],
-                [a01, a11],
-                [-(a00 * tx + a01 * ty), -(a10 * tx + a11 * ty)],
-            ],
+            [[a00, a10], [a01, a11], [-(a00 * tx + a01 * ty), -(a10 * tx + a11 * ty)]],
             dtype=torch.float32,
         )
         grid = (_base_grid(height, width) @ matrix).reshape(1, height, width, 2)
@@ -231,9 +207,8 @@ class _FixedViews(ArrayDataset):
 class InstanceViews(LabelledDataset):
     """Training split of an instance benchmark: a fresh random view at every fetch.
 
-    There are ``views_per_class`` items per source image. Item ``i`` is a view of source ``i // views_per_class`` with label ``i // views_per_class``
-    (labels are ``0 .. S - 1``, one class per source). The view is drawn from the global torch
-    generator, which the trainer seeds per item (see the module docstring).
+    Item ``i`` is a view of source ``i // views_per_class`` with that label (``0 .. S - 1``),
+    drawn from the global torch generator, which the trainer seeds per item.
 
     Args:
         sources: ``(S, C, H, W)`` uint8 (scaled by 1/255 per item) or float images in ``[0, 1]``.
@@ -348,6 +323,7 @@ INSTANCE_OPTIONS: tuple[str, ...] = (
     "noise",
     "padding",
 )
+_AUGMENTATION_OPTIONS = INSTANCE_OPTIONS[5:]  # the ViewAugmentation fields
 
 # Defaults per source dataset. Fashion-MNIST is the proxy of issue 7 (4,000 training sources x 4
 # views, 1,000 unseen test sources x 4 views, pi = 1 / 4000); digits has 1,797 images, so fewer
@@ -411,10 +387,8 @@ def _pick_sources(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
     """Disjoint ``(train, val, test)`` source indices and a note saying where they come from.
 
-    Two pools (official train / test split): train and val sources from the training pool (val
-    first), test sources from the test pool. One pool (digits): test first, then val, then train.
-    Taking each split from the front of a seeded permutation keeps the test (and validation)
-    sources fixed while ``train_classes`` is swept.
+    Each split is taken from the front of a seeded permutation (val before train, test first in
+    one pool), so the test and validation sources stay fixed while ``train_classes`` is swept.
     """
     n_train, n_val, n_test = opts["train_classes"], opts["val_classes"], opts["test_classes"]
     rng = np.random.default_rng(_derive_seed(seed, 0))
@@ -467,12 +441,10 @@ def build_instance_splits(
             to draw all three from ``train_pool``.
         seed: seed of the source choice and of the fixed validation / test views.
         defaults_of: whose :data:`INSTANCE_DEFAULTS` fill the options not given.
-        **options: :data:`INSTANCE_OPTIONS`: ``train_classes`` (training sources = classes;
-            class share ``pi = 1 / train_classes``), ``views_per_class`` (training items per
-            source), ``val_classes`` (0: no validation split), ``test_classes``,
+        **options: :data:`INSTANCE_OPTIONS`: ``train_classes``, ``views_per_class`` (training
+            items per source), ``val_classes`` (0: no validation split), ``test_classes``,
             ``eval_views_per_class`` (views per validation / test source), and the
-            :class:`ViewAugmentation` parameters ``rotation``, ``scale``, ``translation``,
-            ``noise``, ``padding``.
+            :class:`ViewAugmentation` parameters.
 
     Returns:
         Open-set :class:`RetrievalSplits`: ``train`` an :class:`InstanceViews` (fresh views),
@@ -482,13 +454,7 @@ def build_instance_splits(
         (``train`` / ``val`` index ``train_pool``, ``test`` indexes ``test_pool`` when given).
     """
     opts = _resolve_options(defaults_of, options)
-    augmentation = ViewAugmentation(
-        rotation=opts["rotation"],
-        scale=opts["scale"],
-        translation=opts["translation"],
-        noise=opts["noise"],
-        padding=opts["padding"],
-    )
+    augmentation = ViewAugmentation(**{k: opts[k] for k in _AUGMENTATION_OPTIONS})
     for what, pool in (("train_pool", train_pool), ("test_pool", test_pool)):
         if pool is not None and np.asarray(pool).ndim != 4:
             raise ValueError(f"`{what}` must be (N, C, H, W) images, got shape {pool.shape}.")
@@ -511,7 +477,7 @@ def build_instance_splits(
 
     val = fixed(tensor(train_pool, val_idx), n_train, "val", 2) if n_val else None
     test = fixed(tensor(test_images, test_idx), n_train + n_val, "test", 3)
-    # which pool image each class is (class j of a split = source_ids[j]), for audits and tests
+    # class j of a split is pool image source_ids[j], for audits and tests
     train.source_ids = train_idx
     if val is not None:
         val.source_ids = val_idx
@@ -524,11 +490,5 @@ def build_instance_splits(
         "views: " + ", ".join(f"{k}={v}" for k, v in augmentation.to_dict().items()),
     )
     return RetrievalSplits(
-        train=train,
-        val=val,
-        test=test,
-        gallery=None,
-        protocol="open-set",
-        name=name,
-        notes=notes,
+        train=train, val=val, test=test, gallery=None, protocol="open-set", name=name, notes=notes
     )

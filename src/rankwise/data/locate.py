@@ -21,13 +21,10 @@ RANKWISE_DATA_ENV = "RANKWISE_DATA"
 
 
 def candidate_dirs(
-    data_dir: str | os.PathLike | None,
-    subfolders: Sequence[str],
-    system_dirs: Sequence[str] = (),
+    data_dir: str | os.PathLike | None, subfolders: Sequence[str], system_dirs: Sequence[str] = ()
 ) -> list[Path]:
-    """Directories to probe for a dataset, in order.
+    """Directories to probe for a dataset, in the order of the module docstring.
 
-    ``data_dir`` (+ subfolders) or ``$RANKWISE_DATA`` (+ subfolders), then ``system_dirs``.
     ``data_dir`` given -> the environment is not consulted.
 
     Args:

@@ -230,8 +230,7 @@ def load_dataset(
             ``inshop``. ``inshop`` is closed-set (query vs gallery) only; the other folder
             datasets and the ``*-instances`` benchmarks are open-set only.
         data_dir: folder holding the dataset (or holding it under its conventional folder name);
-            defaults to ``$RANKWISE_DATA``, then system locations
-            (``/usr/share/datasets/fashion-mnist``).
+            default: ``$RANKWISE_DATA``, then system locations (:mod:`rankwise.data.locate`).
         val_fraction: share of the training data held out for validation (``0`` -> ``val=None``):
             of its samples (``val_holdout="samples"``, stratified) or of its classes
             (``"classes"``). Not used by the ``*-instances`` benchmarks, whose validation split
@@ -239,18 +238,14 @@ def load_dataset(
         seed: seed of every random choice (validation and closed-set splits, instance sources
             and their fixed validation / test views).
         image_size: side of the square image tensors of the folder datasets.
-        val_holdout: ``"samples"`` (held-out samples of the training classes: closed-set
-            validation, the papers' 9:1 split), ``"classes"`` (held-out training classes:
-            open-set validation, like the test) or ``None``: ``"classes"`` for the instance
-            benchmarks (the only choice there), ``"samples"`` for the others.
+        val_holdout: ``"samples"`` (held-out samples of the training classes, the papers' 9:1
+            split), ``"classes"`` (held-out training classes: open-set validation, like the
+            test) or ``None`` (:func:`default_val_holdout`; instance benchmarks: only "classes").
         **kw: ``n_query``, ``n_train`` (closed-set per-class counts, ``None`` = all; defaults
             100 / 500, digits 20 / 100) for digits / mnist / fashion-mnist / cifar10;
             ``transform``, ``train_transform`` for folder datasets; ``test_size``
-            ("small" | "medium" | "large") for vehicleid; the options of
-            :func:`rankwise.data.instances.build_instance_splits` (``train_classes``,
-            ``views_per_class``, ``val_classes``, ``test_classes``, ``eval_views_per_class``,
-            ``rotation``, ``scale``, ``translation``, ``noise``, ``padding``) for the
-            ``*-instances`` benchmarks.
+            ("small" | "medium" | "large") for vehicleid; the ``INSTANCE_OPTIONS`` of
+            :func:`rankwise.data.instances.build_instance_splits` for the ``*-instances``.
 
     Returns:
         :class:`RetrievalSplits`.
@@ -279,17 +274,16 @@ def load_dataset(
         "seed": int(seed),
         "val_holdout": val_holdout,
     }
-    if kind == "array" and protocol == "open-set":
-        # n_query / n_train shape the closed-set split only: refuse them rather than ignore them
-        _check_kwargs(key, kw, (), "in protocol 'open-set' (n_query / n_train are closed-set)")
-    if key == "digits":
+    if kind == "array":
+        if protocol == "open-set":
+            # n_query / n_train shape the closed-set split only: refuse them rather than ignore
+            _check_kwargs(key, kw, (), "in protocol 'open-set' (n_query / n_train are closed-set)")
         _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
+    if key == "digits":
         return load_digits_dataset(**common, **kw)
     if key in ("mnist", "fashion-mnist"):
-        _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
         return load_mnist_family_dataset(key, data_dir=data_dir, **common, **kw)
     if key == "cifar10":
-        _check_kwargs(key, kw, _CLOSED_SET_KWARGS)
         return load_cifar10_dataset(data_dir=data_dir, **common, **kw)
     extra = tuple(p for p in inspect.signature(read_vehicleid).parameters if p != "data_dir")
     _check_kwargs(key, kw, _IMAGE_KWARGS + (extra if key == "vehicleid" else ()))

@@ -7,20 +7,10 @@ Under the ROC Curve Maximization for Metric Learning* (Eq. 10, Table 1, Fig. 2) 
 generalization rates of Vogel, Bellet and Clémençon, *A Probabilistic Theory of Supervised
 Similarity Learning for Pointwise ROC Curve Optimization* (ICML 2018, Sec. 5.2, Fig. 2-3).
 
-Every experiment runs from Python and from the command line with the same arguments::
-
-    from rankwise.experiments import estimator_bias
-    result = estimator_bias.run(distribution="bibeta", quick=True, seed=1, output="runs/eb")
-    print(result.verdict)            # one line
-    result.data["rows"]              # what the JSON holds; result.figure is the matplotlib figure
-
-    rankwise experiment list
-    rankwise experiment estimator-bias --distribution bibeta --quick --seed 1 --output runs/eb
-
-``output`` is a directory (``NAME.json`` and ``NAME.png`` inside) or a ``.json`` file (the PNG
-beside it); existing files are only replaced with ``overwrite=True`` / ``--overwrite``. From
-Python, ``output=None`` (the default) writes nothing; the command line writes to
-``runs/experiments/`` by default.
+Every experiment runs from Python and from the command line with the same arguments:
+``estimator_bias.run(quick=True, seed=1, output="runs/eb")`` is
+``rankwise experiment estimator-bias --quick --seed 1 --output runs/eb``; docs/experiments.md
+shows both and the ``output`` rules (:func:`~rankwise.experiments.base.resolve_output`).
 
 Adding an experiment takes one module and one registry entry:
 

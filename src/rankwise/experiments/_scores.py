@@ -40,6 +40,14 @@ class ScoreModel:
     positive_quantile_d2: Callable[[np.ndarray], np.ndarray]
     score_range: tuple[float, float] | None
 
+    def phi(self, scores: np.ndarray, num_points: int) -> np.ndarray:
+        """SOPRC's interpolation φ of Alg. 2 onto ``num_points`` positions, clipped to the range."""
+        import torch
+
+        from ..losses.soprc import score_interpolation
+
+        return score_interpolation(torch.from_numpy(scores), num_points, self.score_range).numpy()
+
 
 def _normal_quantile(u: np.ndarray) -> np.ndarray:
     from scipy.special import ndtri

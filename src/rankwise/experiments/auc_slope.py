@@ -8,10 +8,8 @@ drawn: the first derivative of the sum of sigmoids for a small, the optimal and 
 
 Every slope is computed twice: by the library (:func:`rankwise.losses.auc.auc_slope`, Simpson's
 rule in grid units) and by an independent re-derivation here (Gauss–Legendre quadrature of Eq. (10)
-in score units, between consecutive thresholds, minimised over r directly). Table 1's 42.2, 22.47
-and 12.02 are reproduced within 1%; its 201 and 101 for Δs = 0.01 and 0.02 are not: Eq. (10) has
-its minimum near r ≈ 184 and 97 there (r·Δs tends to ≈ 1.8 as the grid gets finer, whereas Table 1's
-values for the two finest steps are 2/Δs + 1). Both are reported.
+in score units, minimised over r directly). Table 1's values for Δs = 0.01 and 0.02 are 2/Δs + 1,
+not minima of Eq. (10) (r·Δs tends to ≈ 1.8 on fine grids); results: docs/experiments.md.
 """
 
 from __future__ import annotations
@@ -99,11 +97,7 @@ def sum_of_sigmoids_derivative(
 
 
 def _gradient_shape(slope: float, delta_s: float, score_range: tuple[float, float]) -> dict:
-    """Fig. 2's two failure modes as numbers.
-
-    The ripple of the derivative over the middle half of the range (large r) and its value at the
-    ends relative to the middle (small r).
-    """
+    """Fig. 2's failure modes: the derivative's ripple mid-range (large r), its ends (small r)."""
     t_min, t_max = score_range
     width = t_max - t_min
     middle = np.linspace(t_min + width / 4, t_max - width / 4, 4001)
@@ -253,8 +247,7 @@ def _figure(rows: list[dict], shapes: dict, figure_delta_s: float, rng: tuple[fl
             color=colors[label],
             label=f"{label} r = {slope:.2f}",
         )
-    left.set_xlabel("x (similarity)")
-    left.set_ylabel("d/dx Σ_s σ_r(x, s)")
+    left.set(xlabel="x (similarity)", ylabel="d/dx Σ_s σ_r(x, s)")
     left.set_title(f"Fig. 2: derivative of the sum of sigmoids, Δs = {figure_delta_s:g}")
     left.legend(loc="lower center")
 
@@ -280,8 +273,7 @@ def _figure(rows: list[dict], shapes: dict, figure_delta_s: float, rng: tuple[fl
         right.semilogx(
             *zip(*paper, strict=True), "s", mfc="none", color="tab:blue", ms=10, label="Table 1"
         )
-    right.set_xlabel("threshold step Δs")
-    right.set_ylabel("r · Δs")
+    right.set(xlabel="threshold step Δs", ylabel="r · Δs")
     right.set_title("Optimal slope per step (Table 1), in grid units")
     right.legend()
     return figure

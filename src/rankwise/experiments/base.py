@@ -1,16 +1,9 @@
 """The experiment framework: registration, results and output rules.
 
-The :func:`experiment` decorator turns a function computing a paper's analysis figure into a
-registered experiment, the :class:`ExperimentResult` it returns
-(JSON-ready data, a matplotlib figure, a one-line verdict) and the output rules shared by every
-experiment (``--output DIR|FILE``, no silent overwrite, atomic writes).
-
-An experiment function takes keyword-only arguments with defaults and type annotations (``bool``,
-``int``, ``float``, ``str``, ``X | None`` or ``tuple[X, ...]``); two of them, ``quick: bool`` and
-``seed: int``, are common to all. Its Google-style docstring's ``Args:`` section is the help text of
-the matching ``rankwise experiment NAME --option``. The decorator adds ``output`` and ``overwrite``,
-so ``module.run(output="out.json", quick=True, seed=1, ...)`` and
-``rankwise experiment NAME --output out.json --quick --seed 1 ...`` do the same thing.
+The :func:`experiment` decorator registers a function computing a paper's analysis figure, which
+returns an :class:`ExperimentResult` (JSON-ready data, a matplotlib figure, a one-line verdict)
+written by the output rules every experiment shares (:func:`resolve_output`). What an experiment
+function may take is said in :mod:`rankwise.experiments`.
 """
 
 from __future__ import annotations
@@ -49,10 +42,7 @@ _RESERVED = ("output", "overwrite")
 
 # -- results ------------------------------------------------------------------------------------
 def _jsonable(value: Any) -> Any:
-    """``value`` with numpy scalars / arrays, tuples and paths turned into JSON types.
-
-    A NaN or an infinity becomes ``None`` (JSON has neither).
-    """
+    """``value`` with numpy values, tuples and paths as JSON types; NaN and ±inf become ``None``."""
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -108,8 +98,7 @@ class ExperimentResult:
         """Write the JSON and the PNG figure (see :func:`resolve_output` for the paths).
 
         Args:
-            output: a ``.json`` file (the PNG goes beside it, same stem) or a directory (``NAME.json``
-                and ``NAME.png`` inside it).
+            output: a ``.json`` file or a directory, as in :func:`resolve_output`.
             overwrite: replace existing files; without it an existing file raises.
 
         Returns:
@@ -283,9 +272,8 @@ def experiment(
 ) -> Callable[[Callable[..., ExperimentResult]], ExperimentRun]:
     """Decorator registering an experiment function; the result is the module's ``run``.
 
-    The decorated function gains two keyword arguments: ``output`` (None: return the result and
-    write nothing; a directory or a ``.json`` path: write JSON and PNG there, checked before the
-    computation starts) and ``overwrite`` (replace existing files).
+    The decorated function gains ``output`` (None: write nothing; else the paths of
+    :func:`resolve_output`, checked before the computation starts) and ``overwrite``.
 
     Args:
         name: the command name, e.g. ``"estimator-bias"``.

@@ -2,43 +2,24 @@
 
 Reproduces the simulation study of Wen, Xu, Yang, He and Huang, *Exploring the Algorithm-Dependent
 Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022), Sec. 3.3, Fig. 1 and
-App. B.2, Fig. 4: scores of N = 100,000 points with prior π = N⁺/N = 0.1 are drawn from a binormal,
-bibeta or offset-uniform model; batches of B points with n⁺ = round(π₀ B) positives are drawn at
-sampling rates π₀ ∈ {0.01, 0.02, 0.03, 0.1, 0.2}, 500 times each, and three estimators of the
-AUPRC loss are computed on every batch, for the 0-1 loss and for the paper's surrogates ℓ1, ℓ2 of
-Eq. (7) (imported from :mod:`rankwise.losses.soprc`, like the interpolation φ of Alg. 2; the
-estimators themselves are written here from the formulas, independently of the loss classes):
+App. B.2, Fig. 4: batches of B points with n⁺ = round(π₀ B) positives are drawn at sampling rates
+π₀ from N scores of prior π, and the biased AP↓ of Eq. (5) (:func:`ap_estimator`) and SOPRC's
+estimator of Eq. (8) (:func:`soprc_estimator`, TPR from the vector v of Alg. 1 or from all
+positives) are compared with the full-data AUPRC↓ of Eq. (3)/(4) (:func:`full_data_loss`), for the
+0-1 loss and the surrogates ℓ1, ℓ2 of Eq. (7) (imported from :mod:`rankwise.losses.soprc`, like φ;
+the estimators are written here from the formulas), with σ(t) = t / (1 + t). Settings and measured
+results: docs/experiments.md.
 
-- the biased AP↓ of Eq. (5), batch TPR: mean over batch positives x⁺ of
-  σ(Σ_{x∈z⁻} ℓ1(s⁺ − s(x)) / (1 + Σ_{x∈z⁺, x≠x⁺} ℓ2(s⁺ − s(x)))), σ(t) = t / (1 + t);
-- SOPRC's estimator of Eq. (8), batch FPR and prior π:
-  σ((1 − π)/π · mean_{x∈z⁻} ℓ1(s⁺ − s(x)) / TPR(s⁺)), with TPR(s⁺) read from the auxiliary
-  vector v of Alg. 1, (1 + Σ_j ℓ2(s⁺ − v_j)) / (|v| + 1), v ← (1 − β) v + β φ(z⁺) (Eq. 10,
-  updated before use as in Alg. 1), or from all N⁺ positives of S (the ideal v = h(S⁺));
-- against the full-data AUPRC↓ of Eq. (3) (0-1 loss; = 1 − AP of S) or its surrogate, Eq. (4).
-
-The "1 +" counts x⁺ itself exactly in the TPR: ℓ_{0,1}(0) = 1, whereas ℓ2(0) = 0. For the 0-1 loss
-the TPR with all positives is then the exact full-data TPR.
-
-Sign of the biased estimator's error (derived here; Remark 2 states it the other way round, and so
-does Prop. 2's factor 1 + (π₀ − π)H with H > 0). With n⁻ = (1 − π₀)/π₀ · n⁺, Eq. (5) is
-σ((1 − π₀)/π₀ · FPR_z(s⁺)/TPR_z(s⁺)), where FPR_z and TPR_z are batch means; as the batch grows they
-tend to FPR(s⁺) and TPR(s⁺) of S, so the expected value tends to
-g(π₀) = E_{s⁺}[σ(a/b)] with a = (1 − π₀) FPR(s⁺), b = π₀ TPR(s⁺), while Eq. (3) is g(π). For each s⁺,
-σ(a/b) = a/(a + b) = (1 − p) F / ((1 − p) F + p T) with p the rate, F = FPR, T = TPR, and
+Sign of the biased estimator's error (derived here; Remark 2 and Prop. 2's factor 1 + (π₀ − π)H,
+H > 0, state it the other way round). Eq. (5) tends to g(π₀) = E_{s⁺}[σ(a/b)], a = (1 − π₀) F,
+b = π₀ T, with F, T the FPR and TPR of s⁺ in S, while Eq. (3) is g(π). As
 
     d/dp [(1 − p) F / ((1 − p) F + p T)] = −F T / ((1 − p) F + p T)² ≤ 0,
 
-strictly negative wherever F, T > 0. So g is decreasing: π₀ < π gives g(π₀) > g(π), the biased
-estimator lies ABOVE the true AUPRC↓ (too few positives in a batch deflate its precision, each
-positive is outranked by (1 − π₀)/π₀ > (1 − π)/π negatives per positive), and π₀ > π gives it BELOW
-the truth (more positives inflate the batch precision). SOPRC's estimator uses the fixed prior π and
-a TPR that does not depend on n⁺, so its limit is g(π) at every π₀.
-
-At finite batch size SOPRC keeps a small bias of its own: σ is concave, so E[σ(k FPR_z)] < σ(k FPR)
-(Jensen; the term (a) of Eq. 25, of order 1/n⁻, the same at every π₀). For the 0-1 loss with all
-positives its expectation is computed exactly here (the batch count of negatives above s⁺ is
-hypergeometric), which separates that bias from Monte Carlo noise.
+π₀ < π puts the biased estimator ABOVE the true AUPRC↓ (too few positives deflate the batch
+precision) and π₀ > π BELOW it. SOPRC uses the fixed prior π and a TPR independent of n⁺, so its
+limit is g(π) at every π₀; at finite batch size the concavity of σ leaves it a small bias (Jensen,
+term (a) of Eq. 25, O(1/n⁻)), computed exactly for the 0-1 loss by :func:`expected_soprc_zero_one`.
 """
 
 from __future__ import annotations
@@ -302,14 +283,6 @@ class _Settings:
     losses: tuple[RankLoss, ...]
 
 
-def _interpolate(scores: np.ndarray, num_v: int, score_range: tuple[float, float] | None):
-    import torch
-
-    from ..losses.soprc import score_interpolation
-
-    return score_interpolation(torch.from_numpy(scores), num_v, score_range).numpy()
-
-
 def _simulate_rate(
     rate: float,
     positives: SortedScores,
@@ -317,11 +290,7 @@ def _simulate_rate(
     settings: _Settings,
     rng: np.random.Generator,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """One sampling rate: ``burn_in`` batches to settle v, then ``repeats`` measured batches.
-
-    Returns:
-        loss name -> estimator name -> (repeats,) values.
-    """
+    """One rate: ``burn_in`` batches settle v, then loss -> estimator -> (repeats,) measurements."""
     n_pos = int(round(rate * settings.batch_size))
     n_neg = settings.batch_size - n_pos
     out = {
@@ -331,7 +300,7 @@ def _simulate_rate(
     for step in range(settings.burn_in + settings.repeats):
         batch_pos = positives.values[rng.choice(positives.size, n_pos, replace=False)]
         batch_neg = negatives.values[rng.choice(negatives.size, n_neg, replace=False)]
-        phi = _interpolate(batch_pos, settings.num_v, settings.model.score_range)
+        phi = settings.model.phi(batch_pos, settings.num_v)
         # Alg. 1: v_{t+1} = (1 − β) v_t + β φ(h(z⁺)), then the loss uses v_{t+1}; v_1 = φ of the
         # first batch (Remark 1: v_1 ≈ E[φ]) and the burn-in forgets it
         v = phi if v is None else (1 - settings.beta) * v + settings.beta * phi
@@ -352,20 +321,17 @@ def _simulate_rate(
 
 
 def _rows(rates, n_pos, values: dict[str, list[np.ndarray]], estimator: str) -> list[dict]:
-    rows = []
-    for k, rate in enumerate(rates):
-        ap, so = values["ap"][k], values[estimator][k]
-        rows.append(
-            {
-                "sampling_rate": rate,
-                "batch_positives": n_pos[k],
-                "ap_mean": float(ap.mean()),
-                "ap_std": float(ap.std(ddof=1)),
-                "soprc_mean": float(so.mean()),
-                "soprc_std": float(so.std(ddof=1)),
-            }
-        )
-    return rows
+    return [
+        {
+            "sampling_rate": rate,
+            "batch_positives": n,
+            "ap_mean": float(ap.mean()),
+            "ap_std": float(ap.std(ddof=1)),
+            "soprc_mean": float(so.mean()),
+            "soprc_std": float(so.std(ddof=1)),
+        }
+        for rate, n, ap, so in zip(rates, n_pos, values["ap"], values[estimator], strict=True)
+    ]
 
 
 def _checks(rows: list[dict], truth: float, prior: float, repeats: int) -> dict:
@@ -505,16 +471,13 @@ def run(
         positives.size if num_v is None else num_v,
         losses,
     )
-    values: dict[str, dict[str, list[np.ndarray]]] = {
-        loss.name: {e: [] for e in ESTIMATORS} for loss in losses
+    per_rate = [
+        _simulate_rate(rate, positives, negatives, settings, np.random.default_rng(stream))
+        for rate, stream in zip(rates, streams[1:], strict=True)
+    ]
+    values = {
+        loss.name: {e: [r[loss.name][e] for r in per_rate] for e in ESTIMATORS} for loss in losses
     }
-    for rate, stream in zip(rates, streams[1:], strict=True):
-        per_rate = _simulate_rate(
-            rate, positives, negatives, settings, np.random.default_rng(stream)
-        )
-        for loss in losses:
-            for e in ESTIMATORS:
-                values[loss.name][e].append(per_rate[loss.name][e])
     n_pos = [int(round(r * batch_size)) for r in rates]
     truths = {loss.name: full_data_loss(positives, negatives, loss)[0] for loss in losses}
     expected = [expected_soprc_zero_one(positives, negatives, batch_size - n) for n in n_pos]
@@ -642,8 +605,7 @@ def _figure(data: dict, model: ScoreModel):
         ax.set_xscale("log")
         ax.set_xticks(rates, [f"{r:g}" for r in rates])
         ax.set_xlabel("sampling rate π₀ (positives per batch / batch size)")
-        ax.set_ylabel("AUPRC loss (mean ± std over batches)")
-        ax.set_title(title)
+        ax.set(ylabel="AUPRC loss (mean ± std over batches)", title=title)
         ax.legend(fontsize=8)
     figure.suptitle(f"Estimator bias, {DISTRIBUTIONS[model.name].label}")
     return figure

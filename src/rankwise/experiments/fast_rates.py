@@ -375,9 +375,7 @@ def _figure(
             alpha=0.6,
             label=f"class 1 of n = 1000, a = {problem.a:g}",
         )
-    left.set_xlabel("x")
-    left.set_ylabel("density")
-    left.set_title("Fig. 2: μ₁ and a sample of n = 1000")
+    left.set(xlabel="x", ylabel="density", title="Fig. 2: μ₁ and a sample of n = 1000")
     left.legend(fontsize=7)
 
     colors = [f"C{i}" for i in range(len(studies))]
@@ -392,8 +390,7 @@ def _figure(
             color=color,
             label=f"a = {study['a']:g}: C_a = {study['speed']:.2f}",
         )
-    middle.set_xlabel("n")
-    middle.set_ylabel(f"{100 * quantile:g}% quantile of ROC*(α) − R⁺(Ŝ_n)")
+    middle.set(xlabel="n", ylabel=f"{100 * quantile:g}% quantile of ROC*(α) − R⁺(Ŝ_n)")
     middle.set_title("Fig. 3: generalization speed")
     middle.legend(fontsize=7)
 
@@ -413,9 +410,7 @@ def _figure(
     grid = np.linspace(0, 1, 50)
     right.plot(grid, -(2 + grid) / 4, "--", color="tab:green", label="Thm. 2: −(2 + a)/4")
     right.axhline(-0.5, color="grey", ls=":", label="−1/2")
-    right.set_xlabel("noise exponent a")
-    right.set_ylabel("C_a")
-    right.set_title("Speed per a")
+    right.set(xlabel="noise exponent a", ylabel="C_a", title="Speed per a")
     right.legend(fontsize=7)
 
     for study, color in zip(studies, colors, strict=True):
@@ -428,8 +423,7 @@ def _figure(
             parts.loglog(
                 n[visible], cost[visible], "--", color=color, label="cost-sensitive excess"
             )
-    parts.set_xlabel("n")
-    parts.set_ylabel(f"{100 * quantile:g}% quantile over repetitions")
+    parts.set(xlabel="n", ylabel=f"{100 * quantile:g}% quantile over repetitions")
     parts.set_title("Excess = constraint slack + cost-sensitive excess (Remark 1)")
     parts.legend(fontsize=6.5, ncol=2)
     return figure

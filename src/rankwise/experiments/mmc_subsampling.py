@@ -14,13 +14,11 @@ on the 60,000 training images). For every n (a random training subset) and budge
 negative test pairs) and constraint (mean d_A² over the positive test pairs), with its training
 time. The complete statistic is fitted where its n⁻ pairs stay under ``complete_max_pairs``.
 
-metric-learn's ``MMC_Supervised`` (0.7.0) runs on the same subsets in the same run, in a subprocess
-of an interpreter that has it (``metric_learn_python``, the environment variable
-``RANKWISE_METRIC_LEARN_PYTHON``, or this interpreter when it imports metric_learn with a
-scikit-learn it supports): once with its default number of constraints (20 K² pairs of each kind)
-and once with as many negative pairs as the B = 0.15 n tuples. Its matrix is rescaled to meet the
-training constraint exactly before scoring, as MMC's solutions do (d_A is homogeneous in A). When
-no interpreter has metric-learn, the rows are skipped and the reason is recorded.
+metric-learn's ``MMC_Supervised`` (0.7.0) runs on the same subsets in a subprocess of an
+interpreter that has it (:func:`find_metric_learn`), with its default constraints and with as many
+negative pairs as the B = 0.15 n tuples, its matrix rescaled to meet the training constraint
+exactly (d_A is homogeneous in A); without such an interpreter its rows are skipped (reason kept).
+Results: docs/pointwise_roc.md.
 """
 
 from __future__ import annotations
@@ -261,10 +259,7 @@ def _comparisons(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if matched is None:
             continue
         best = max(r["test_scale_free"] for r in rows.values())
-        entry = {
-            "n": n,
-            "loss_vs_best": (best - matched["test_scale_free"]) / best,
-        }
+        entry = {"n": n, "loss_vs_best": (best - matched["test_scale_free"]) / best}
         complete = rows.get("complete")
         if complete is not None:
             entry["loss_vs_complete"] = (

@@ -7,15 +7,13 @@ c₃ = e₃, p_i = 1/3), and bilinear similarities S_A(x, x') = ½(1 + xᵀAx'),
 
 Two families of solutions are fitted on a training sample and scored on the pairs of a test sample:
 
-- the paper's problem (6) with the mean risks, in closed form (A ∝ P − λ_α N), for several α spread
-  over its feasible range (ROC curves of Fig. 1(b)). Checked: the closed form equals projected
-  gradient ascent on the same problem, the constraint holds on the training pairs at the returned
-  λ, and λ_α decreases in α; measured: the FPR region where each solution has the highest TPR of
-  the family (small α, large λ: the low-FPR end, as the paper says);
-- the same bilinear class trained for the thresholded similarity 1{S_A ≥ t} at FPR targets α
-  (:class:`~rankwise.models.BilinearSimilarity` with ``risk="indicator"``): each solution should
-  have the highest test TPR of its family near its own FPR α, and its learned threshold should
-  reach about α on the test pairs.
+- problem (6) with the mean risks in closed form (A ∝ P − λ_α N) for several feasible α (Fig. 1(b)),
+  checked against projected gradient ascent, with the constraint met at the returned λ and λ_α
+  decreasing in α; measured: the FPR region where each solution has its family's highest TPR;
+- :class:`~rankwise.models.BilinearSimilarity` with ``risk="indicator"`` at FPR targets α, each
+  expected to have its family's highest test TPR near its own α and a test FPR of about α.
+
+Results: docs/pointwise_roc.md.
 """
 
 from __future__ import annotations
@@ -72,10 +70,7 @@ def _test_pairs(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
 
 
 def _tpr_at(curve: Any, levels: np.ndarray) -> np.ndarray:
-    """Largest TPR among the curve's points with FPR ≤ each level (the rule of ``tpr_at_fpr``).
-
-    One point per distinct score, FPR and TPR non-decreasing: the last point within the budget.
-    """
+    """Largest TPR among the curve's points with FPR ≤ each level (the rule of ``tpr_at_fpr``)."""
     index = np.searchsorted(curve.fpr, np.asarray(levels, dtype=np.float64), side="right") - 1
     return curve.tpr[index]
 
@@ -156,11 +151,7 @@ def _fpr_target_family(
 
 
 def _best_regions(tpr_on_grid: np.ndarray, grid: np.ndarray) -> list[tuple[float, float] | None]:
-    """For each solution (row of ``tpr_on_grid``), the FPR span where its TPR is the highest.
-
-    Grid points where the best TPR is shared (e.g. TPR = 1 for every solution at large FPR) have
-    no winner: ``argmax`` would credit them to the first row.
-    """
+    """For each row of ``tpr_on_grid``, the FPR span where its TPR alone is highest (or None)."""
     ordered = np.sort(tpr_on_grid, axis=0)
     unique = (
         ordered[-1] - ordered[-2] > 1e-12 if tpr_on_grid.shape[0] > 1 else np.ones(grid.size, bool)
@@ -336,12 +327,8 @@ def _figure(X, y, mean_rows, target_rows) -> Any:
             line = ax.plot(curve.fpr, curve.tpr, label=f"α = {row[key]:.3g}")[0]
             if rows is target_rows:
                 ax.axvline(row["alpha"], color=line.get_color(), linestyle=":", linewidth=1)
-        ax.set_xscale("log")
-        ax.set_xlim(1e-3, 1)
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("FPR on test pairs (log)")
-        ax.set_ylabel("TPR on test pairs")
-        ax.set_title(title)
+        ax.set(xscale="log", xlim=(1e-3, 1), ylim=(0, 1.02))
+        ax.set(xlabel="FPR on test pairs (log)", ylabel="TPR on test pairs", title=title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize="small", loc="lower right")
     return figure

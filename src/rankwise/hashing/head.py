@@ -45,12 +45,11 @@ class HashingHead(nn.Module):
         relaxation: ``"tanh"`` (``tanh(γ f / 2)``, TALR) or ``"identity"`` (the activations
             ``f`` themselves, for losses with their own quantization term such as DPSH, whose
             outputs ``u`` are linear, Li et al. IJCAI 2016, Eq. 5).
-        center: batch-normalize the activations (``BatchNorm1d`` without affine parameters):
-            every bit is centred over the data and of unit scale, so the codes of a freshly
-            initialised network are not all equal (a linear map of non-negative ReLU features
-            has the same sign for every input) and ``tanh(γ f / 2)`` starts in its sensitive
-            range. In eval mode the running statistics are used (a fixed affine map per bit).
-            ``center=False`` is the paper's plain linear layer (fine on pretrained features).
+        center: batch-normalize the activations (``BatchNorm1d`` without affine parameters,
+            running statistics in eval mode): each bit is centred and of unit scale, so a fresh
+            network's codes differ (a linear map of ReLU features has one sign for every input)
+            and ``tanh(γ f / 2)`` starts in its sensitive range. ``False``: the paper's plain
+            linear layer (fine on pretrained features).
 
     Shapes:
         ``forward``: ``(B, in_features) -> (B, bits)``, values in ``(-1, 1)`` when training.
@@ -96,10 +95,7 @@ class HashingHead(nn.Module):
         return f if self.norm is None else self.norm(f)
 
     def _frozen_activations(self, features: torch.Tensor) -> torch.Tensor:
-        """Activations with the running statistics, whatever the mode.
-
-        Encoding never updates them.
-        """
+        """Activations with the running statistics, whatever the mode (encoding never updates them)."""
         if self.norm is None or not self.training:
             return self.activations(features)
         f = self.linear(features)
@@ -137,8 +133,7 @@ class HashingModel(nn.Module):
     """A backbone followed by a :class:`HashingHead`.
 
     Args:
-        backbone: module mapping a batch to ``(B, F)`` features (or anything ``flatten(1)`` makes
-            so).
+        backbone: module mapping a batch to ``(B, F)`` features (or what ``flatten(1)`` makes so).
         head: the hashing head.
 
     Attributes:
@@ -190,11 +185,10 @@ def build_hashing_model(
             the linear hash functions ``f_i(x) = w_iᵀx`` of the paper's LabelMe experiment).
         input_shape: shape of one input item.
         bits: code length.
-        gamma: relaxation steepness.
+        gamma: relaxation steepness (see :class:`HashingHead`).
         relaxation: ``"tanh"`` or ``"identity"`` (see :class:`HashingHead`).
         center: batch-normalize the activations (see :class:`HashingHead`).
-        weights_path: local ResNet-50 weights (resnet50 only), as
-            :func:`rankwise.models.build_backbone`.
+        weights_path: local ResNet-50 weights (resnet50 only).
         frozen_bn: freeze the backbone's BatchNorm layers (resnet50).
         **kw: backbone options (``width``; ``hidden``, ``dropout``).
     """

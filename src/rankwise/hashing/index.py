@@ -99,9 +99,8 @@ def _radius_fill_kernel(queries, database, radius, lims, out_dist, out_index):  
 class HammingIndex:
     """Exact k-nearest-neighbour and radius search by Hamming distance over packed codes.
 
-    Codes are stored packed (``ceil(b / 8)`` bytes in the narrowest machine word: 8 bytes per
-    64-bit code). Results of a query are ordered by increasing distance and, among equal
-    distances, by insertion order; returned indices are the ``ids`` given to :meth:`add`
+    Codes are stored packed (``ceil(b / 8)`` bytes in the narrowest machine word). Results are
+    ordered as in the module docstring; returned indices are the ``ids`` given to :meth:`add`
     (default: the insertion positions ``0, 1, ...``).
 
     Args:

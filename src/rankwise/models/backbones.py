@@ -71,11 +71,7 @@ class FrozenBatchNorm(nn.Module):
     ) -> FrozenBatchNorm:
         """Copy statistics and affine parameters of ``bn`` (identity affine when it has none)."""
         frozen = cls(bn.num_features, eps=bn.eps, trainable_affine=trainable_affine)
-        ref = (
-            bn.running_mean
-            if bn.running_mean is not None
-            else (bn.weight if bn.weight is not None else None)
-        )
+        ref = bn.running_mean if bn.running_mean is not None else bn.weight
         if ref is not None:
             frozen = frozen.to(device=ref.device, dtype=ref.dtype)
         with torch.no_grad():
@@ -110,9 +106,8 @@ class FrozenBatchNorm(nn.Module):
 def freeze_batchnorm(module: nn.Module, trainable_affine: bool = False) -> nn.Module:
     """Replace every ``BatchNorm1d/2d/3d`` in ``module`` by a :class:`FrozenBatchNorm` in place.
 
-    The frozen layers keep their running statistics and stay frozen whatever ``train()`` /
-    ``eval()`` is called later. Returns ``module`` (or the replacement when ``module`` itself is
-    a BN layer).
+    The frozen layers keep their running statistics whatever ``train()`` / ``eval()`` follows.
+    Returns ``module`` (or the replacement when ``module`` itself is a BN layer).
     """
     if isinstance(module, nn.modules.batchnorm._BatchNorm):
         return FrozenBatchNorm.from_batchnorm(module, trainable_affine)

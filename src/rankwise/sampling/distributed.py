@@ -1,17 +1,11 @@
 """P x K batches for data-parallel training: each rank draws a disjoint shard of every global batch.
 
 The stochastic AUPRC estimator of Wen et al. (NeurIPS 2022, Sec. 4, App. D) and the other listwise
-losses are computed on batches of ``P`` classes with ``m`` samples each. With data-parallel
-training the *global* batch (what the loss sees once the embeddings are all-gathered) must be such
-a batch, and each rank embeds one shard of it. :class:`DistributedMPerClassBatchSampler` plans
-every epoch exactly as :class:`~rankwise.sampling.MPerClassBatchSampler` does with the same seed
-(same random draws, same global batches, same order) and hands rank ``r`` the classes
-``r * P / W .. (r + 1) * P / W - 1`` of each batch, all ``m`` samples of a class together.
-
-Whole classes per shard: the global batch is the same whatever the split (the loss sees the
-concatenation), but a rank's forward pass then still holds ``m`` samples of each of its classes,
-so per-rank statistics (batch norm without synchronisation, per-rank diagnostics) see P x K data,
-and the concatenation of the shards in rank order is the single-process batch in its order.
+losses need the *global* batch (the all-gathered embeddings) to hold ``P`` classes with ``m``
+samples each. :class:`DistributedMPerClassBatchSampler` plans every epoch exactly as
+:class:`~rankwise.sampling.MPerClassBatchSampler` does with the same seed and hands each rank
+whole classes of every batch, so that per-rank statistics (batch norm without synchronisation,
+diagnostics) still see P x K data.
 """
 
 from __future__ import annotations
@@ -31,24 +25,20 @@ __all__ = ["DistributedMPerClassBatchSampler"]
 class DistributedMPerClassBatchSampler(MPerClassBatchSampler):
     """:class:`~rankwise.sampling.MPerClassBatchSampler` sharded across data-parallel ranks.
 
-    Every rank builds it with the same labels, ``m``, ``batch_size`` (the *global* batch size)
-    and ``seed``; rank ``r`` then yields its ``batch_size / num_replicas`` indices of each global
-    batch. The shards of one batch are disjoint (whole classes each), their union in rank order
-    is the batch :class:`MPerClassBatchSampler` yields with the same arguments, and every rank
-    yields the same number of batches per epoch. ``set_epoch``, ``state_dict`` and
-    ``load_state_dict`` behave as in the parent class (the position is global; a state saved on
-    one rank resumes every rank).
+    Rank ``r`` yields the r-th of ``num_replicas`` equal slices of the classes of each global
+    batch, all ``m`` samples of a class together. The shards of one batch are disjoint, their
+    union in rank order is the batch :class:`MPerClassBatchSampler` yields with the same
+    arguments, and every rank yields the same number of batches per epoch. ``set_epoch``,
+    ``state_dict`` and ``load_state_dict`` behave as in the parent class (the position is global;
+    a state saved on one rank resumes every rank).
 
     Args:
-        labels: (N,) integer class id of every dataset item.
-        m: samples per class in a batch.
+        labels, m, seed: as in :class:`MPerClassBatchSampler`, the same on every rank.
         batch_size: the global batch size (over all ranks); ``batch_size / m`` classes per batch
             must be divisible by ``num_replicas``.
-        seed: the same non-negative seed on every rank.
         drop_last: as in :class:`MPerClassBatchSampler`; with ``False`` the final smaller batch
             keeps a multiple of ``num_replicas`` leftover classes.
-        num_replicas: the number of ranks (default: the world size of the initialized process
-            group).
+        num_replicas: the number of ranks (default: the world size of the process group).
         rank: this process's rank (default: its rank in the process group).
 
     Attributes:
@@ -73,15 +63,7 @@ class DistributedMPerClassBatchSampler(MPerClassBatchSampler):
             group_rank, world = rank_and_world_size()
             num_replicas = world if num_replicas is None else num_replicas
             rank = group_rank if rank is None else rank
-        super().__init__(
-            labels,
-            m,
-            batch_size,
-            seed=seed,
-            drop_last=drop_last,
-            num_replicas=num_replicas,
-            rank=rank,
-        )
+        super().__init__(labels, m, batch_size, seed, drop_last, num_replicas, rank)
         self.local_batch_size = self.batch_size // self.num_replicas
         self.slot_offset = self.rank * self.local_batch_size
 

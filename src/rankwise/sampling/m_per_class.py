@@ -68,11 +68,7 @@ def _max_full_batches(chunks_per_class: np.ndarray, classes_per_batch: int) -> i
 def _weighted_top_k(
     rng: np.random.Generator, candidates: np.ndarray, weights: np.ndarray, k: int
 ) -> np.ndarray:
-    """Draw k of ``candidates`` without replacement with probability proportional to ``weights``.
-
-    Gumbel top-k: the k largest ``log w + Gumbel`` keys are distributed as successive weighted
-    draws without replacement (Plackett-Luce).
-    """
+    """Draw k ``candidates`` without replacement ∝ ``weights`` (Gumbel top-k, Plackett-Luce)."""
     if k == 0:
         return candidates[:0]
     if k == candidates.size:
@@ -111,11 +107,8 @@ class MPerClassBatchSampler(Sampler[list[int]]):
         lists of ``batch_size // num_replicas`` (fewer for a final ``drop_last=False`` batch)
         dataset indices, class-contiguous (``m`` consecutive indices share a label).
 
-    Resuming: save ``sampler.state_dict()`` (epoch and batches of it already handed out; pass
-    ``batches_done=`` when DataLoader workers prefetch) with the checkpoint; after
-    ``load_state_dict`` the next iteration of that epoch yields exactly the batches not yet
-    handed out (``set_epoch`` with the same epoch keeps that offset), and ``set_epoch(epoch + 1)``
-    continues with the sequence an uninterrupted run would have produced.
+    Resuming: save :meth:`state_dict` with the checkpoint; after :meth:`load_state_dict` the
+    batches, this epoch's remaining ones and every later epoch's, are those of an uninterrupted run.
     """
 
     def __init__(
@@ -180,7 +173,6 @@ class MPerClassBatchSampler(Sampler[list[int]]):
                 f"`labels`); lower batch_size to at most {self.num_classes * self.m} or raise m."
             )
 
-        # Dataset indices grouped by class (stable), with each class's start offset.
         self._indices_by_class = np.argsort(class_codes, kind="stable")
         self._class_sizes = class_sizes.astype(np.int64)
         self._class_starts = np.concatenate([[0], np.cumsum(self._class_sizes)[:-1]])
@@ -237,9 +229,7 @@ class MPerClassBatchSampler(Sampler[list[int]]):
         # A class with < m samples is completed by uniform draws with replacement.
         with_replacement = rng.integers(0, np.broadcast_to(size, position.shape))
         position = np.where(
-            position < size,
-            position,
-            np.where(size >= self.m, position - size, with_replacement),
+            position < size, position, np.where(size >= self.m, position - size, with_replacement)
         )
         return order[self._class_starts[chunk_class][:, None] + position]
 
@@ -272,12 +262,8 @@ class MPerClassBatchSampler(Sampler[list[int]]):
             must = use[active] == remaining
             forced = active[must]
             optional = active[~must]
-            chosen = np.concatenate(
-                [
-                    forced,
-                    _weighted_top_k(rng, optional, use[optional], per_batch - forced.size),
-                ]
-            )
+            drawn = _weighted_top_k(rng, optional, use[optional], per_batch - forced.size)
+            chosen = np.concatenate([forced, drawn])
             batches[step] = rng.permutation(first_chunk[chosen] + taken[chosen])
             taken[chosen] += 1
             use[chosen] -= 1
@@ -363,23 +349,14 @@ class MPerClassBatchSampler(Sampler[list[int]]):
                 f"`batches_done` ({position}) exceeds the {self._batches_per_epoch} batches of "
                 "an epoch."
             )
-        return {
-            "epoch": self.epoch,
-            "batches_yielded": position,
-            "seed": self.seed,
-            "m": self.m,
-            "batch_size": self.batch_size,
-            "num_samples": self.num_samples,
-            "drop_last": self.drop_last,
-            "num_replicas": self.num_replicas,
-        }
+        config = {key: getattr(self, key) for key in _STATE_CONFIG_KEYS}
+        return {"epoch": self.epoch, "batches_yielded": position, **config}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration of ``state['epoch']`` skips the batches already yielded.
 
-        Raises ValueError when the state was saved by a sampler with another configuration
-        (seed, m, batch_size, dataset size, drop_last or num_replicas), since the batch sequence
-        would then differ.
+        Raises ValueError when the state was saved with another seed, m, batch_size, dataset
+        size, drop_last or num_replicas, since the batch sequence would then differ.
         """
         missing = [k for k in ("epoch", "batches_yielded", *_STATE_CONFIG_KEYS) if k not in state]
         if missing:

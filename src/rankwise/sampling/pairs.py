@@ -1,10 +1,8 @@
 """Incomplete U-statistics for the negative-pair risk of a similarity.
 
-Vogel, Bellet & Clémençon,
-*A Probabilistic Theory of Supervised Similarity Learning for Pointwise ROC Curve Optimization*,
-ICML 2018, Sec. 4).
-
-The empirical negative risk of a similarity S on n labelled points is the U-statistic of Eq. (5),
+In Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity Learning for
+Pointwise ROC Curve Optimization* (ICML 2018), the empirical negative risk of a similarity S on n
+labelled points is the U-statistic of Eq. (5),
 R̂⁻(S) = (1/n⁻) Σ_{i<j, Y_i≠Y_j} S(X_i, X_j), a sum over n⁻ = Σ_{k<l} n_k n_l pairs, far too many
 when n is large. Sec. 4 replaces it by an *incomplete* U-statistic of B terms drawn with
 replacement, in one of two ways:
@@ -15,11 +13,9 @@ replacement, in one of two ways:
   h_S = (1/n⁻) Σ_{k<l} n_k n_l S(X_k, X_l), i.e. B·K(K−1)/2 pairs balanced across all class pairs
   (:func:`sample_class_tuples`, :func:`tuple_based_negative_risk`).
 
-Both are unbiased estimates of R̂⁻ (:func:`complete_negative_risk` computes it exactly for small n).
-Given the data, their variances are σ²_P / B and σ²_T / B, with σ²_P the variance of S over the
-negative pairs and σ²_T that of h_S over the tuples (:func:`incomplete_variances`, exact); these
-converge to the two terms of Prop. 1, Var(S(X, X') | Y ≠ Y') / B₀ and
-K(K−1)/(2B₀) Var(h_S(X⁽¹⁾, …, X⁽ᴷ⁾)) for a budget of B₀ sampled pairs.
+Both are unbiased estimates of R̂⁻ (:func:`complete_negative_risk` computes it exactly for small n);
+their variances given the data, σ²_P / B and σ²_T / B, which converge to the two terms of Prop. 1,
+are computed exactly by :func:`incomplete_variances`.
 
 A ``similarity`` argument is either an (n, n) similarity matrix (numpy array or tensor) or a
 callable ``similarity(first, second)`` that maps two (m,) integer index arrays to the (m,) scores
@@ -201,8 +197,7 @@ class ClassTupleSample:
 
 def _pair_weight_matrix(sizes: np.ndarray) -> np.ndarray:
     n_minus = (float(sizes.sum()) ** 2 - float((sizes.astype(np.float64) ** 2).sum())) / 2
-    weights = np.triu(np.outer(sizes, sizes).astype(np.float64), 1) / n_minus
-    return weights
+    return np.triu(np.outer(sizes, sizes).astype(np.float64), 1) / n_minus
 
 
 def sample_negative_pairs(labels: Any, B: int, rng: RandomState = None) -> NegativePairSample:
@@ -329,6 +324,15 @@ def _check_matrix_size(similarity: Similarity, n: int) -> None:
         )
 
 
+def _finite_matrix(similarity: np.ndarray | torch.Tensor) -> np.ndarray:
+    if isinstance(similarity, torch.Tensor):
+        similarity = similarity.detach().cpu().numpy()
+    matrix = np.asarray(similarity, dtype=np.float64)
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError("`similarity` contains NaN or inf scores.")
+    return matrix
+
+
 def complete_negative_risk(
     similarity: Similarity, labels: Any, *, max_pairs: int = _DEFAULT_MAX_PAIRS
 ) -> float:
@@ -343,12 +347,7 @@ def complete_negative_risk(
     if callable(similarity):
         first, second = negative_pairs(labels, max_pairs=max_pairs)
         return float(_pair_values(similarity, first, second).mean())
-    matrix = (
-        similarity.detach().cpu().numpy() if isinstance(similarity, torch.Tensor) else similarity
-    )
-    matrix = np.asarray(matrix, dtype=np.float64)
-    if not np.all(np.isfinite(matrix)):
-        raise ValueError("`similarity` contains NaN or inf scores.")
+    matrix = _finite_matrix(similarity)
     total = 0.0
     for k in range(groups.sizes.size - 1):
         rows = groups.order[groups.starts[k] : groups.starts[k] + groups.sizes[k]]
@@ -431,12 +430,7 @@ def incomplete_variances(similarity: np.ndarray | torch.Tensor, labels: Any) -> 
     groups = class_structure(labels)
     n = int(groups.sizes.sum())
     _check_matrix_size(similarity, n)
-    matrix = (
-        similarity.detach().cpu().numpy() if isinstance(similarity, torch.Tensor) else similarity
-    )
-    matrix = np.asarray(matrix, dtype=np.float64)
-    if not np.all(np.isfinite(matrix)):
-        raise ValueError("`similarity` contains NaN or inf scores.")
+    matrix = _finite_matrix(similarity)
     k_classes = groups.sizes.size
     onehot = np.zeros((n, k_classes))
     onehot[np.arange(n), groups.codes] = 1.0

@@ -181,11 +181,9 @@ def training_pairs(
 
     Args:
         labels: (n,) validated class ids.
-        negatives: ``"complete"`` (every negative pair; refused above ``max_pairs``), ``"pairs"``
-            (``n_negative_samples`` pairs drawn uniformly, pair-based R̄_B) or ``"tuples"``
-            (``n_negative_samples`` K-tuples weighted n_k n_l / n⁻, tuple-based R̃_B).
-        n_negative_samples: B; ``None`` picks B = n (pairs) or B = ⌈0.15 n⌉ tuples, the budget
-            of the paper's Fig. 4.
+        negatives: ``"complete"`` (refused above ``max_pairs`` pairs), ``"pairs"`` or
+            ``"tuples"``, as in :class:`MMC`.
+        n_negative_samples: B; ``None`` picks B = n pairs or ⌈0.15 n⌉ tuples (Fig. 4's budget).
         max_pairs: at most this many positive pairs (uniformly subsampled beyond) and complete
             negative pairs.
         rng: the generator of every draw.

@@ -11,13 +11,10 @@ symmetrized second-moment matrices of the positive and negative pairs of Sec. 5.
 duality gives the solution in closed form, A ∝ P − λN normalized to ‖A‖_F = 1, with λ ≥ 0 the
 smallest value that makes R̂⁻ ≤ α + Φ; R̂⁻(S_{A_λ}) is non-increasing in λ, so a bisection finds it.
 :func:`projected_gradient_bilinear` solves the same problem iteratively (the check of the closed
-form).
-
-Because those risks are *mean* similarities, α there bounds the average score of the negative
-pairs, not the FPR of a threshold, and values such as 0.05 are usually infeasible (the smallest
-reachable value is ½(1 − ‖N‖_F)). ``risk="indicator"`` solves problem (1) for the thresholded
-similarity 1{S_A ≥ t} instead -- maximize the TPR subject to FPR ≤ α on the training pairs -- by
-the smoothed Lagrangian of :mod:`rankwise.losses.pointwise_roc` with projected dual ascent.
+form). Because those risks are *mean* similarities, α there bounds the average score of the
+negative pairs, not the FPR of a threshold, and values such as 0.05 are usually infeasible;
+``risk="indicator"`` solves problem (1) for the thresholded similarity 1{S_A ≥ t} instead, by the
+smoothed Lagrangian of :mod:`rankwise.losses.pointwise_roc` with projected dual ascent.
 """
 
 from __future__ import annotations
@@ -197,12 +194,7 @@ def projected_gradient_bilinear(
 
 # -- the indicator risk ----------------------------------------------------------------------------
 def _pair_scorer(data: torch.Tensor, first: np.ndarray, second: np.ndarray):
-    """A function A ↦ (xᵀAx' over the pairs (first[t], second[t])), computed the cheaper way.
-
-    When the pairs are about as many as the n² entries of X A Xᵀ, the matrix is formed and
-    indexed (memory n²); for a few sampled pairs the two rows of each pair are gathered (memory
-    pairs × d).
-    """
+    """A ↦ xᵀAx' over the pairs (first[t], second[t]): X A Xᵀ indexed, or rows gathered if few."""
     n, d = data.shape
     rows, cols = torch.as_tensor(first), torch.as_tensor(second)
     if rows.numel() * d > n * n:
@@ -215,11 +207,10 @@ def _fit_indicator(
 ) -> tuple[np.ndarray, float, float]:
     """Primal-dual training of (A, t) for problem (1) with S = 1{xᵀAx' ≥ t}; returns (A, t, λ).
 
-    A is free during training (its scale sets the sharpness of the surrogate, temperature 1) and
-    starts at a multiple of the identity, i.e. at the cosine similarity of the inputs, scaled so
-    that the training scores spread over a few units; t starts at the (1 − α) quantile of the
-    negative scores. Adam steps on (A, t), then one projected dual step on λ with the FPR of the
-    indicator. The decision rule is invariant to a positive rescaling of (A, t).
+    A is free during training (its scale sets the sharpness of the surrogate) and starts at the
+    cosine similarity scaled to spread the training scores over a few units; t starts at the
+    (1 − α) negative-score quantile. Each iteration: an Adam step on (A, t), then a projected dual
+    step on λ with the indicator's FPR. The rule is invariant to a positive rescaling of (A, t).
     """
     dtype = torch.float64
     data = torch.as_tensor(X, dtype=dtype)
@@ -272,20 +263,15 @@ def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> flo
 class BilinearSimilarity(BaseEstimator):
     """Bilinear similarity S_A(x, x') = ½(1 + xᵀAx'), ‖A‖_F = 1, for pointwise ROC optimization.
 
-    ``risk="mean"`` (default) solves problem (6) of Vogel et al. in closed form: the risks are the
-    mean similarities over the positive / negative pairs, A = (P − λN)/‖P − λN‖_F, λ ≥ 0 the
-    smallest multiplier with R̂⁻(S_A) ≤ α + Φ (bisection). Feasible α lie above ½(1 − ‖N‖_F),
-    reported as ``min_negative_risk_``.
+    ``risk="mean"`` (default) solves problem (6) in closed form, A = (P − λN)/‖P − λN‖_F (module
+    docstring); feasible α lie above ½(1 − ‖N‖_F), reported as ``min_negative_risk_``.
+    ``risk="indicator"`` maximizes the TPR of 1{S_A ≥ t} subject to its training FPR ≤ α by the
+    smoothed Lagrangian of :class:`~rankwise.losses.PointwiseROCLoss` and projected dual ascent
+    on λ, starting from the cosine similarity.
 
-    ``risk="indicator"`` maximizes the TPR of the decision 1{S_A ≥ t} subject to its FPR ≤ α on
-    the training pairs (problem (1) with the indicator), by the smoothed Lagrangian of
-    :class:`~rankwise.losses.PointwiseROCLoss` (``surrogate``, Adam steps of ``learning_rate``)
-    and projected dual ascent on λ (``dual_lr``), starting from the cosine similarity.
-
-    In both cases ``threshold_`` is the largest-TPR threshold on S_A whose FPR on the training
-    pairs is at most α (exactly, on the pairs used for training; a tuple-based sample counts each
-    pair with its weight n_k n_l / n⁻, so that the FPR it bounds is an unbiased estimate of the
-    FPR over every negative pair), the rule of :meth:`predict_pairs`.
+    In both cases ``threshold_``, the rule of :meth:`predict_pairs`, is the largest-TPR threshold
+    on S_A whose FPR on the training pairs is at most α (a tuple-based sample weights each pair
+    n_k n_l / n⁻, so that this FPR estimates the FPR over every negative pair without bias).
 
     Parameters are validated by :meth:`fit` (scikit-learn convention).
 
@@ -294,11 +280,8 @@ class BilinearSimilarity(BaseEstimator):
         risk: ``"mean"`` or ``"indicator"``.
         tolerance: Φ ≥ 0 added to α in the constraint (problem (6)); mean risk only.
         normalize: L2-normalize the rows of every input (otherwise unnormalized rows raise).
-        negatives: ``"complete"`` (every negative pair), ``"pairs"`` or ``"tuples"`` (incomplete
-            U-statistics of Sec. 4, see :mod:`rankwise.sampling.pairs`).
-        n_negative_samples: B for the incomplete schemes (pairs, or tuples); ``None`` = n pairs or
-            ⌈0.15 n⌉ tuples.
-        random_state: seed / ``numpy.random.Generator`` of the sampled pairs.
+        negatives, n_negative_samples, random_state: the negative pairs (complete or an
+            incomplete U-statistic of Sec. 4), as in :class:`~rankwise.similarity_learning.MMC`.
         max_pairs: cap on the positive pairs (uniformly subsampled beyond, Remark 4) and on the
             complete negative pairs materialized for the indicator risk and the threshold.
         surrogate: ``"sigmoid"`` or ``"softplus"`` (indicator risk).

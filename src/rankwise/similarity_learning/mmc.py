@@ -91,9 +91,8 @@ def _whitening(scatter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _project_spectraplex(Z: np.ndarray) -> np.ndarray:
     """Euclidean projection onto {B ⪰ 0, tr B ≤ 1}: the eigenvalues projected on the capped simplex.
 
-    The projection keeps the eigenvectors of the symmetric part of Z and maps its eigenvalues λ to
-    max(λ − θ, 0), θ = 0 when the clipped eigenvalues sum to at most 1 and otherwise the θ > 0
-    that makes them sum to 1 (the projection onto the simplex, by sorting).
+    Eigenvalues λ of the symmetric part of Z become max(λ − θ, 0), θ ≥ 0 the smallest value that
+    makes them sum to at most 1 (found by sorting).
     """
     values, vectors = np.linalg.eigh((Z + Z.T) / 2)
     clipped = np.clip(values, 0.0, None)
@@ -214,15 +213,11 @@ class MMC(BaseEstimator, TransformerMixin):
     """Mahalanobis metric learning for clustering (Xing et al. 2002) by projected gradient ascent.
 
     Maximizes the mean Mahalanobis distance d_A over the negative pairs subject to a mean squared
-    distance of at most 1 over the positive pairs, A ⪰ 0 (Vogel et al., Sec. 5.3). The ascent runs
-    in the coordinates whitened by M⁺, where the feasible set is {B ⪰ 0, tr B ≤ 1} and the
-    projection exact (one eigendecomposition); each iteration moves along the projected gradient
-    step of Barzilai-Borwein length, backtracking until the objective rises (Armijo), see the
-    module docstring. It stops when the Frank-Wolfe gap, an upper bound on the distance of the
-    objective to the optimum, is at most ``tol`` × objective (``converged_`` = True), after
-    ``max_iter`` iterations, or when no step raises the objective in floating point; the last two
-    leave ``converged_`` False and emit a :class:`~sklearn.exceptions.ConvergenceWarning` with the
-    gap reached.
+    distance of at most 1 over the positive pairs, A ⪰ 0 (Vogel et al., Sec. 5.3), by the spectral
+    projected gradient in whitened coordinates of the module docstring. It stops when the
+    Frank-Wolfe gap is at most ``tol`` × objective (``converged_`` = True), after ``max_iter``
+    iterations, or when no step raises the objective in floating point; the last two leave
+    ``converged_`` False and emit a :class:`~sklearn.exceptions.ConvergenceWarning` with the gap.
 
     Args:
         negatives: ``"complete"`` (every negative pair), ``"pairs"`` (B pairs drawn uniformly) or
