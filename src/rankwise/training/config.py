@@ -50,19 +50,14 @@ class DatasetConfig(_Strict):
     """Which data to train on (see :func:`rankwise.data.load_dataset`)."""
 
     name: str
-    # None = the dataset's usual protocol (closed-set for In-Shop, open-set for the others)
     protocol: Literal["open-set", "closed-set"] | None = None
     data_dir: str | None = None
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     image_size: int = Field(224, gt=0)
     split_seed: int = 0  # fixed across training seeds, so seeds vary only the optimization
-    # validation = held-out "samples" of the training classes (the papers' 9:1 split) or held-out
-    # "classes" (open-set, like the test: selection on held-out samples saturates on small
-    # benchmarks); None = the dataset's default ("classes" for *-instances, else "samples")
+    # held-out "classes" validate open-set like the test: selection on held-out samples (the
+    # papers' 9:1 split) saturates on small benchmarks
     val_holdout: Literal["samples", "classes"] | None = None
-    # extra keyword arguments of rankwise.data.load_dataset for this dataset, e.g.
-    # {test_size: large} for VehicleID, {n_query: 100, n_train: 500} for closed-set splits or
-    # {train_classes: 10000, views_per_class: 4} for an instance benchmark
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -73,7 +68,6 @@ class ModelConfig(_Strict):
     embedding_dim: int = Field(64, gt=0)
     weights_path: str | None = None
     frozen_bn: bool = True
-    # pretrained.pt of `rankwise pretrain` (or its folder): the whole model starts from it
     pretrained: str | None = None
 
 
@@ -121,7 +115,6 @@ class OptimizerConfig(_Strict):
     lr: float = Field(1e-3, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)  # SGD only
     weight_decay: float = Field(0.0, ge=0.0)
-    # the backbone's lr is lr * backbone_lr_mult, the head's lr (a pretrained backbone: < 1)
     backbone_lr_mult: float = Field(1.0, gt=0.0)
 
     @field_validator("name", mode="before")
@@ -202,19 +195,9 @@ class BenchConfig(_Strict):
     """Settings of ``rankwise bench`` (ignored by ``rankwise train``)."""
 
     losses: list[str] = Field(
-        default_factory=lambda: [
-            "contrastive",
-            "triplet",
-            "multi_similarity",
-            "xbm",
-            "fastap",
-            "smooth_ap",
-            "dir",
-            "blackbox_ap",
-            "auc",
-            "ap",
-            "soprc",
-        ]
+        default_factory=lambda: (
+            "contrastive triplet multi_similarity xbm fastap smooth_ap dir blackbox_ap auc ap soprc"
+        ).split()
     )
     # per-loss dotted overrides, e.g. {"soprc": {"optimizer.name": "sgd", "loss.params.beta": 0.1}}
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -225,20 +208,18 @@ class BenchConfig(_Strict):
 class DistributedConfig(_Strict):
     """Data-parallel training under ``torchrun`` (ignored by a single-process run).
 
-    See :mod:`rankwise.training.distributed` and docs/distributed.md.
+    See :mod:`rankwise.training.distributed` and docs/distributed.md (its keys: the process-group
+    ``backend``, the steps between replica checks ``check_every`` beside every checkpoint's, and
+    ``sync_batchnorm`` on CUDA).
     """
 
-    # process-group backend: nccl for CUDA devices, gloo for the CPU ("auto" picks by device)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    # steps between checks that every rank holds the same weights, loss buffers and optimizer
-    # state (they are also checked before every checkpoint); None: only at checkpoints
     check_every: int | None = Field(None, gt=0)
-    # convert BatchNorm layers to SyncBatchNorm on CUDA (global-batch statistics)
     sync_batchnorm: bool = True
 
 
 class Config(_Strict):
-    """One training run. See ``configs/*.yaml`` for complete examples."""
+    """One training run: every key is described in docs/training.md; ``configs/*.yaml`` are examples."""
 
     dataset: DatasetConfig
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -5,27 +5,10 @@ al. (NeurIPS 2022, Eq. 8) ranks every positive of an anchor against every negati
 and its auxiliary vector ``v`` is a moving average over batches (Eq. 10); the AUC loss of Gajić et
 al. (Eq. 9) compares every positive pair with every negative pair. Under plain
 DistributedDataParallel each rank would compute the loss of its own slice, a different (and
-smaller-batch) objective. Here every rank computes the loss of the *global* batch instead:
-
-* :class:`DistributedLoss` (and :func:`all_gather_with_grad`) all-gathers the embeddings and labels
-  of every rank (local sizes may differ), computes the wrapped loss on their concatenation in rank
-  order, and lets the gradient flow back to the local slice only, multiplied by the world size, so
-  that DDP's averaging of the parameter gradients yields exactly the gradient of the loss of the
-  concatenated batch in one process. Memory per rank: the global batch ``B x d`` of embeddings
-  (and its gradient) plus whatever the loss itself builds from ``B`` rows (a ``B x B`` score
-  matrix and its masks for every rankwise loss; more for the pair-based ones, see
-  docs/losses.md).
-* Buffered loss state (SOPRC's ``v``, the XBM queue, any multiplier) is updated by the loss from
-  the global batch, so it evolves identically on every rank; :func:`check_replicas_in_sync`
-  compares checksums of every weight, buffer and optimizer tensor across ranks and names what
-  diverged.
-* :class:`DistributedTrainer` is :class:`~rankwise.training.Trainer` on a process group: the model
-  in DDP, the batch gathered right after the forward pass (the finite check, the collapse
-  detector and the loss see the global batch), a
-  :class:`~rankwise.sampling.DistributedMPerClassBatchSampler` shard of every global P x K batch,
-  sharded evaluation with exactly merged metrics (:mod:`rankwise.metrics.distributed`), rank 0
-  alone writing the run directory, and checkpoints that resume bit for bit with the same world
-  size.
+smaller-batch) objective. Here every rank computes the loss of the *global* batch instead
+(:class:`DistributedLoss`, :func:`all_gather_with_grad`), so buffered loss state (SOPRC's ``v``,
+the XBM queue) evolves identically on every rank, which :func:`check_replicas_in_sync` verifies;
+:class:`DistributedTrainer` is the :class:`~rankwise.training.Trainer` on a process group.
 
 Launch with ``torchrun --nproc-per-node N -m rankwise train -c CONFIG`` (see docs/distributed.md).
 """
@@ -216,7 +199,8 @@ class DistributedLoss(nn.Module):
     given, is gathered the same way. Outside a multi-rank process group it is ``loss`` itself.
 
     Memory per rank: the global batch of ``B x d`` embeddings and its gradient, plus what the
-    loss builds from ``B`` rows (the ``B x B`` score matrix and masks of every rankwise loss).
+    loss builds from ``B`` rows (the ``B x B`` score matrix and masks of every rankwise loss;
+    more for the pair-based ones, see docs/losses.md).
 
     Args:
         loss: the loss module (every name of :data:`rankwise.losses.LOSSES`).
@@ -296,28 +280,14 @@ class DistributedTrainer(Trainer):
     """:class:`~rankwise.training.Trainer` on a torch.distributed process group (one per rank).
 
     Every rank builds the same objects (same seed) and calls :meth:`fit`; the process group must
-    be initialized first (:func:`init_distributed`). What changes from the one-process loop:
-
-    * the model is wrapped in ``DistributedDataParallel`` (SyncBatchNorm on CUDA when the model
-      has BatchNorm layers; on the CPU their statistics stay per rank, with a warning);
-    * each rank embeds its shard of every global P x K batch (an
-      :class:`~rankwise.sampling.MPerClassBatchSampler` is sharded with
-      :class:`~rankwise.sampling.DistributedMPerClassBatchSampler`; its ``batch_size`` is the
-      global batch), and the embeddings and labels are all-gathered right after the forward
-      pass, so the finite check, the collapse detector and the loss see the global batch — the
-      batch a one-process run with the same seed sees, in the same order;
-    * evaluation embeds a contiguous shard of the data on each rank and gathers the embeddings
-      in order; every rank then ranks the whole split with the trainer's ``metric_fn`` /
-      ``curve_fn`` (the same evaluation as one process, so every rank gets the same report);
-    * rank 0 alone writes ``metrics.jsonl``, the checkpoints, the report and the plots, and
-      prints; every rank reads ``last.pt`` on resume (the run directory must be visible to every
-      node), which requires the world size of the run that wrote it;
-    * before every checkpoint (and every ``check_every`` steps) the ranks compare checksums of
-      their weights, loss buffers and optimizer state (:func:`check_replicas_in_sync`), and after
-      every step they agree on stopping (:class:`ReplicaSync`).
-
-    It is a :class:`~rankwise.training.Trainer` with a
-    :class:`~rankwise.training.strategy.DataParallelStrategy`.
+    be initialized first (:func:`init_distributed`). It is a :class:`~rankwise.training.Trainer`
+    with a :class:`~rankwise.training.strategy.DataParallelStrategy`, which says what changes
+    from the one-process loop (an :class:`~rankwise.sampling.MPerClassBatchSampler`'s
+    ``batch_size`` is the global batch, sharded by rank; every rank sees the batch a one-process
+    run with the same seed sees, in the same order). Every rank reads ``last.pt`` on resume (the
+    run directory must be visible to every node), which requires the world size of the run that
+    wrote it; the ranks check they hold the same state (:func:`check_replicas_in_sync`) before
+    every checkpoint and every ``check_every`` steps, and agree on stopping (:class:`ReplicaSync`).
 
     Args:
         model: as :class:`~rankwise.training.Trainer`.

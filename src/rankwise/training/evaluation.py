@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,9 +27,6 @@ from ..metrics import PRCurve, RetrievalReport
 from .callbacks import BestCheckpoint
 from .loader import worker_init
 from .state import RunState
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Evaluation", "embed_batches", "embed_labelled"]
 

@@ -29,10 +29,6 @@ from .rundir import RunPaths, existing_results, resolve_run_dir
 _NAMES = RunPaths(Path())  # the run directory's file names, relative to it
 
 
-def _as_cpu_float32(embeddings: torch.Tensor) -> torch.Tensor:
-    return embeddings.float().cpu()
-
-
 __all__ = ["IMAGE_SUFFIXES", "LoadedRun", "image_paths", "load_run"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
@@ -145,13 +141,7 @@ class LoadedRun:
         else:
             x = self.preprocess(inputs)
             batches = (x[i : i + batch_size] for i in range(0, x.shape[0], batch_size))
-        return embed_batches(self.model, batches, self.device, finish=_as_cpu_float32)
-
-
-def _input_spec(config: Config) -> tuple[tuple[int, ...], str]:
-    from ..data.registry import input_spec
-
-    return input_spec(config.dataset.name, int(config.dataset.image_size))
+        return embed_batches(self.model, batches, self.device, finish=lambda e: e.float().cpu())
 
 
 def _pick_checkpoint(run_dir: Path, checkpoint: str) -> Path:
@@ -199,6 +189,7 @@ def load_run(
         >>> from sklearn.datasets import load_digits  # doctest: +SKIP
         >>> emb = run.embed(load_digits().images)  # (1797, 64)  # doctest: +SKIP
     """
+    from ..data.registry import input_spec
     from ..models import build_model
     from .checkpoint import load_checkpoint
 
@@ -211,7 +202,7 @@ def load_run(
     source = _pick_checkpoint(run_path, checkpoint)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     state = load_checkpoint(source, map_location=dev)
-    input_shape, kind = _input_spec(config)
+    input_shape, kind = input_spec(config.dataset.name, int(config.dataset.image_size))
     # the trained weights replace the backbone's: no pretrained weights file is needed here
     model = build_model(
         config.model.backbone,

@@ -1,9 +1,8 @@
-"""Resumable, seeded training batches and what a dataset must provide for them.
+"""Resumable, seeded batches for the training loop and what a dataset must provide for them.
 
-Resumable, seeded batches for the training loop: a P x K batch sampler (Wen et al., NeurIPS
-2022, App. D: ``batch_size / m`` classes with exactly ``m`` samples each) started at any
-(epoch, batch) position, items whose random transforms are seeded by their batch coordinates, and
-what a user's dataset must provide for them.
+A P x K batch sampler (Wen et al., NeurIPS 2022, App. D: ``batch_size / m`` classes with exactly
+``m`` samples each) started at any (epoch, batch) position, and items whose random transforms are
+seeded by their batch coordinates.
 
 Batches depend only on the sampler's seed, the epoch and the batch position, and a random
 transform of an item only on ``(seed, epoch, batch, slot)``; so a run interrupted anywhere and

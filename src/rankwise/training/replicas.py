@@ -92,10 +92,7 @@ def _agree_on_local_inputs(embeddings: Any, labels: Any, group: Any) -> None:
     signature = (
         [-1, -1]
         if problem is not None
-        else [
-            int(embeddings.shape[1]),
-            DTYPE_CODES.index(embeddings.dtype),
-        ]
+        else [int(embeddings.shape[1]), DTYPE_CODES.index(embeddings.dtype)]
     )
     rows = all_gather_small([0 if problem is None else 1, *signature], group)
     bad = [r for r, row in enumerate(rows) if row[0]]

@@ -10,10 +10,13 @@ temporary files a killed run left.
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checkpoint import atomic_write_text, load_checkpoint
 from .errors import ConfigError, CorruptCheckpointError
 
 __all__ = [
@@ -128,13 +131,8 @@ def existing_results(directory: str | Path, files: Sequence[str] = RUN_RESULT_FI
     Returns:
         The ones present and non-empty, in the order of ``files``.
     """
-    directory = Path(directory)
-    found = []
-    for name in files:
-        path = directory / name
-        if path.is_file() and path.stat().st_size > 0:
-            found.append(name)
-    return found
+    paths = [(name, Path(directory) / name) for name in files]
+    return [name for name, path in paths if path.is_file() and path.stat().st_size > 0]
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -206,8 +204,6 @@ def readable_checkpoint_step(path: str | Path) -> int | None:
     Returns:
         Its ``step``, or ``None``.
     """
-    from .checkpoint import load_checkpoint
-
     try:
         state = load_checkpoint(path)
     except (FileNotFoundError, CorruptCheckpointError):
@@ -256,9 +252,6 @@ def _sweep_results(output: Path, files: Sequence[str]) -> list[str]:
 
 def _remove_previous_sweep(output: Path, files: Sequence[str]) -> None:
     """Delete what the previous sweep in ``output`` wrote: its files and the runs it listed."""
-    import json
-    import shutil
-
     manifest = output / SWEEP_FILE
     runs: list[str] = []
     if manifest.is_file():
@@ -311,10 +304,6 @@ def prepare_sweep_dir(
         ConfigError: a directory with results without ``resume`` / ``overwrite``; both given; a
             ``resume`` of a directory without this sweep.
     """
-    import json
-
-    from .checkpoint import atomic_write_text
-
     output = Path(output)
     if resume and overwrite:
         raise ConfigError(
@@ -356,8 +345,6 @@ def read_sweep(output: str | Path, kind: str) -> dict:
     Raises:
         ConfigError: no such sweep there.
     """
-    import json
-
     path = Path(output) / SWEEP_FILE
     try:
         record = json.loads(path.read_text())

@@ -236,18 +236,7 @@ class RunState(CallbackHost):
         check: Callable[[], None] | None = None,
         strategy: SingleProcess | None = None,
     ) -> RunDirLock:
-        """Take the lock of ``run_dir``, then run ``check`` (a refusal releases it again).
-
-        Args:
-            run_dir: the run directory.
-            key: the argument or config key that named it, for the messages.
-            resume: the caller continues the run there.
-            check: what must hold once the folder is locked (e.g. no results in it).
-            strategy: the processes of the run (the main one takes the lock).
-
-        Returns:
-            The hold of the lock.
-        """
+        """Lock ``run_dir`` (on the main process), then run ``check``; a refusal releases it."""
 
         def take() -> RunDirLock:
             lock = lock_run_dir(run_dir, key, then="resume it" if resume else None)
@@ -497,15 +486,12 @@ class RunState(CallbackHost):
         self.next_position = int(state["next_position"])
         self.seconds = float(state["seconds"])
         self.last_checkpoint_step = self.step
-        self._restore_rng(state)
+        self.strategy.restore_rng(state)
         states = state.get("callbacks", {}) if fmt != 1 else _format1_callback_states(state)
         for callback in self.callbacks:
             if callback.state_key is not None and callback.state_key in states:
                 callback.load_state_dict(states[callback.state_key])
         self._check_best()
-
-    def _restore_rng(self, state: dict[str, Any]) -> None:
-        self.strategy.restore_rng(state)
 
     def _prepare_run_dir(self) -> None:
         if self.run_dir is None or not self.is_main_process:

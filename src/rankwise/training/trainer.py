@@ -42,10 +42,7 @@ from .arguments import (
     positive_int,
 )
 from .build import build_optimizer, learning_rate_at, load_splits, preflight
-from .callbacks import (
-    Callback,
-    StepOutput,
-)
+from .callbacks import Callback, StepOutput
 from .callbacks.host import CallbackLike
 from .config import Config
 from .errors import NonFiniteLossError
@@ -360,12 +357,9 @@ class Trainer(Evaluation, Failures):
     ) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
-        :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments as
-        there; ``resume``: continue from ``<output_dir>/checkpoints/last.pt``, see
-        :meth:`from_run_dir`). Every configuration error that needs the data is raised as a
-        :class:`~rankwise.training.errors.ConfigError` naming the key, before any step; a
-        :class:`~rankwise.training.lock.RunDirInUseError` when another process writes the output
-        directory (checked before anything in it is read and before the data is loaded).
+        :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments,
+        configuration errors and the output directory's lock as there; ``resume``: continue from
+        ``<output_dir>/checkpoints/last.pt``, see :meth:`from_run_dir`).
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.

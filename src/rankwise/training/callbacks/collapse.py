@@ -30,9 +30,6 @@ __all__ = [
 COLLAPSE_SPREAD = 1e-3
 
 
-# -- collapse --------------------------------------------------------------------------------------
-
-
 def embedding_spread(embeddings: torch.Tensor) -> float:
     """Largest distance of an L2-normalized row of ``embeddings`` (N, d) from the first one.
 

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MetricsLogger"]
 
-# -- metrics.jsonl ---------------------------------------------------------------------------------
-
 
 class MetricsLogger(Callback):
     """The run's records: ``trainer.history`` and, with a run directory, ``metrics.jsonl``.

@@ -12,8 +12,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PlotCurves"]
 
-# -- plots -----------------------------------------------------------------------------------------
-
 
 class PlotCurves(Callback):
     """Draw the figures of a completed run with a run directory.

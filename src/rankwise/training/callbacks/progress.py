@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ProgressBar"]
 
-# -- progress bar ----------------------------------------------------------------------------------
-
 
 class ProgressBar(Callback):
     """Progress of the training steps: a bar in a terminal, plain log lines otherwise.

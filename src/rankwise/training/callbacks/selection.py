@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
 __all__ = ["BestCheckpoint"]
 
-# -- model selection -------------------------------------------------------------------------------
-
 
 class BestCheckpoint(Callback):
     """Keep the model with the best validation score; the final test evaluates it.
