@@ -332,14 +332,8 @@ class DataParallelStrategy(SingleProcess):
         """Rank 0 alone (it writes the run directory) takes the lock; every rank learns the outcome.
 
         A refusal (the folder in use, or its check failing) is raised on every rank, so no rank
-        waits in a collective for one that gave up. A collective.
-
-        Args:
-            take: locks the folder and checks it (raises on a refusal).
-            run_dir: the run directory.
-
-        Returns:
-            The hold of the lock on rank 0, an empty one on the others.
+        waits in a collective for one that gave up. A collective; the other ranks get an empty
+        hold.
         """
         if self.world_size == 1:
             return take()

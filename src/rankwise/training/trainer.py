@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from rich.console import Console
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .._signals import signal_number_of
 from .._validation import check_bool
@@ -254,9 +254,7 @@ class Trainer(Evaluation, Failures):
         self.checkpoint_dir = self.paths.checkpoints
         resume, overwrite = check_bool(resume, "resume"), check_bool(overwrite, "overwrite")
         check_run_options(self.run_dir, resume, overwrite, resume_from)
-        if console is None:
-            console = Console(stderr=True)
-        self.console = console
+        self.console = console if console is not None else Console(stderr=True)
 
         self.device = device_of(model, device)
         if self.device.type == "cuda" and self.deterministic:
@@ -265,11 +263,10 @@ class Trainer(Evaluation, Failures):
         self.model.to(self.device)
         self.loss_fn.to(self.device)
         self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
-        self.sampler = (
-            self.strategy.shard_sampler(sampler, from_config=config is not None)
-            if sampler is not None
-            else self._default_sampler()
-        )
+        from_config = config is not None and sampler is not None  # a config's error names its keys
+        if sampler is None:
+            sampler = default_sampler(dataset_labels(train_data, "train_data"), self.seed)
+        self.sampler = self.strategy.shard_sampler(sampler, from_config=from_config)
         self.steps_per_epoch = len(self.sampler)
         if self.steps_per_epoch <= 0:
             raise ValueError("`sampler` yields no batch per epoch.")
@@ -331,10 +328,6 @@ class Trainer(Evaluation, Failures):
         if not params:
             raise ValueError("`model` has no trainable parameter (requires_grad) to optimize.")
         return torch.optim.Adam(params, lr=1e-3)
-
-    def _default_sampler(self) -> BatchSampler:
-        sampler = default_sampler(dataset_labels(self.train_data, "train_data"), self.seed)
-        return self.strategy.shard_sampler(sampler)
 
     def _budget(self, iterations: int | None, epochs: int | None) -> int:
         if iterations is not None and epochs is not None:
@@ -486,21 +479,17 @@ class Trainer(Evaluation, Failures):
         embeddings = self._training_module(x.to(self.device, non_blocking=True))
         return self.strategy.gather_batch(embeddings, y.to(self.device, non_blocking=True))
 
-    def _advance(self, meta: torch.Tensor) -> tuple[int, int]:
-        epoch, position = int(meta[0, 0]), int(meta[0, 1])
-        if position + 1 >= self.steps_per_epoch:
-            self.next_epoch, self.next_position = epoch + 1, 0
-        else:
-            self.next_epoch, self.next_position = epoch, position + 1
-        return epoch, position
-
     def _run_step(self, batches: Iterator[Any]) -> None:
         self._in_step = True
         x, y, meta = next(batches)
         lr = self.learning_rate(self.step)
         loss = self.train_step(x, y)
         self.step += 1
-        epoch, position = self._advance(meta)
+        epoch, position = int(meta[0, 0]), int(meta[0, 1])
+        if position + 1 >= self.steps_per_epoch:
+            self.next_epoch, self.next_position = epoch + 1, 0
+        else:
+            self.next_epoch, self.next_position = epoch, position + 1
         output = StepOutput(self.step, epoch, position, float(loss), lr, int(y.shape[0]))
         self._emit("on_train_step_end", output)
         if self.step % self.eval_every == 0 or self.step == self.total_steps:
@@ -558,7 +547,17 @@ class Trainer(Evaluation, Failures):
         with determinism(self.deterministic), graceful_stop(self):
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
-            batches = iter(self._loader())
+            batches = iter(
+                training_loader(
+                    self.train_data,
+                    self.sampler,
+                    seed=self.seed,
+                    epoch=self.next_epoch,
+                    position=self.next_position,
+                    num_workers=self.num_workers,
+                    pin_memory=self.device.type == "cuda",
+                )
+            )
             try:
                 while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
                     self._run_step(batches)
@@ -582,17 +581,6 @@ class Trainer(Evaluation, Failures):
                 result = self._finish(test)
         self._emit("on_fit_end", result)
         return result
-
-    def _loader(self) -> DataLoader:
-        return training_loader(
-            self.train_data,
-            self.sampler,
-            seed=self.seed,
-            epoch=self.next_epoch,
-            position=self.next_position,
-            num_workers=self.num_workers,
-            pin_memory=self.device.type == "cuda",
-        )
 
     def _result(
         self, status: str, test: RetrievalReport | None = None, curve: PRCurve | None = None

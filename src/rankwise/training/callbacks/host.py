@@ -37,9 +37,8 @@ class CallbackHost:
     def _default_callbacks(
         self, log_every: int, progress: bool | None, detect_collapse: bool
     ) -> list[Callback]:
-        callbacks: list[Callback] = []
-        if detect_collapse:  # first: a collapsed validation split is neither logged nor kept
-            callbacks.append(CollapseDetector())
+        # the collapse detector first: a collapsed validation split is neither logged nor kept
+        callbacks: list[Callback] = [CollapseDetector()] if detect_collapse else []
         callbacks += [
             MetricsLogger(log_every),
             BestCheckpoint(),
