@@ -401,7 +401,8 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 def _top_level_kind(data: Any) -> str:
     if isinstance(data, (bool, int, float)):
         return "a number" if not isinstance(data, bool) else "a boolean"
-    return {list: "a list", str: "a string"}.get(type(data), f"a {type(data).__name__}")
+    kinds: dict[type, str] = {list: "a list", str: "a string"}
+    return kinds.get(type(data), f"a {type(data).__name__}")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
