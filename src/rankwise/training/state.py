@@ -427,7 +427,7 @@ class RunState(CallbackHost):
 
     def _check_best(self) -> None:
         """A resumed run's ``best.pt`` must load: the final test evaluates it."""
-        best = next((c for c in self.callbacks if isinstance(c, BestCheckpoint)), None)
+        best = self._callback(BestCheckpoint)
         path = self.paths.best
         if best is None or best.best_step is None or self.run_dir is None:
             return
