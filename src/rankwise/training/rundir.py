@@ -1,11 +1,8 @@
 """Run directories: file names (:class:`RunPaths`), results, finding runs, picking a checkpoint.
 
-One rule protects finished work for ``train``, ``bench`` and ``tune``: a directory that holds
+One rule protects finished work for ``train``, ``bench`` and ``tune``: a directory holding
 results (checkpoints, ``report.json``, a non-empty ``metrics.jsonl``, the PR curve; not a
-``config.yaml`` alone) is written into only when the caller resumes or overwrites it. Also: the
-run directories below a folder (``rankwise train --resume runs/digits`` for
-``runs/digits/auc-seed0``), the checkpoint to resume from when the newest is corrupt, and the
-temporary files a killed run left.
+``config.yaml`` alone) is written into only when the caller resumes or overwrites it.
 """
 
 from __future__ import annotations
@@ -196,14 +193,7 @@ def resolve_run_dir(path: str | Path) -> Path:
 
 
 def readable_checkpoint_step(path: str | Path) -> int | None:
-    """The step of a checkpoint that loads (``None``: missing or corrupt).
-
-    Args:
-        path: a checkpoint file.
-
-    Returns:
-        Its ``step``, or ``None``.
-    """
+    """The ``step`` of the checkpoint file ``path`` if it loads (``None``: missing or corrupt)."""
     try:
         state = load_checkpoint(path)
     except (FileNotFoundError, CorruptCheckpointError):
@@ -215,9 +205,8 @@ def readable_checkpoint_step(path: str | Path) -> int | None:
 def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
     """Delete the temporary files of atomic writes that a killed run left in ``run_dir``.
 
-    The atomic writers of :mod:`rankwise.training.checkpoint` write ``.NAME.XXXX.tmp`` beside
-    ``NAME`` and rename it; a process killed in between (kill -9, a power cut) leaves it. Call
-    only from the one process that writes the run directory (rank 0 of a data-parallel run).
+    (``.NAME.XXXX.tmp`` of :mod:`rankwise.training.checkpoint`). Call only from the process
+    that writes the run directory (rank 0 of a data-parallel run).
 
     Args:
         run_dir: a run directory.
@@ -285,11 +274,10 @@ def prepare_sweep_dir(
 ) -> None:
     """Apply the results rule to a sweep's output directory and record the sweep in it.
 
-    A fresh sweep refuses a directory holding results (``files``, a ``sweep.json``, or run
-    directories with results below it) unless ``overwrite`` (the previous sweep's files and the
-    run directories its ``sweep.json`` lists are deleted) or ``resume`` (the directory must hold
-    a sweep of the same ``kind`` with the same ``settings``). ``sweep.json`` records ``kind``,
-    ``settings`` (what ``--resume`` re-runs) and the planned run directories.
+    Results here are ``files``, a ``sweep.json`` or run directories with results below;
+    ``overwrite`` deletes the previous sweep's files and the runs its ``sweep.json`` lists;
+    ``resume`` needs a sweep of the same ``kind`` and ``settings``. ``sweep.json`` records
+    ``kind``, ``settings`` and ``runs``.
 
     Args:
         output: the sweep directory.
