@@ -1,13 +1,9 @@
 """Typed, strictly validated configuration of one training run (and of a ``rankwise bench`` sweep).
 
-The defaults and the GPU recipes in ``configs/`` follow the experimental protocol of Wen et al.,
-*Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
-(NeurIPS 2022), Sec. 5.1 and App. D.1: ResNet-50 with frozen batch norm and a 512-d linear
-projection, P x K batches with exactly 4 samples per class (224 = 56 x 4), SGD with weight decay
-4e-4 and a step schedule (x0.1 at 15k / 30k of 50k iterations for SOP), model selection on a 10 %
-validation split. Every model forbids unknown keys (``extra="forbid"``) so a typo is reported with
-its dotted path, and :func:`load_config` applies ``KEY=VALUE`` overrides whose values are parsed
-with ``yaml.safe_load`` (``loss.params.beta=0.1`` gives a float, ``model.frozen_bn=false`` a bool).
+The defaults and the GPU recipes in ``configs/`` follow the protocol of Wen et al. (NeurIPS 2022),
+Sec. 5.1 and App. D.1 (ResNet-50, frozen BN, 512-d projection, P x K batches of 4 per class, SGD
+with weight decay 4e-4 and a step schedule, selection on a 10 % validation split). Unknown keys
+are reported with their dotted path; ``KEY=VALUE`` overrides are parsed with ``yaml.safe_load``.
 """
 
 from __future__ import annotations
@@ -86,8 +82,7 @@ class SamplerConfig(_Strict):
 
     @model_validator(mode="after")
     def _two_classes(self) -> SamplerConfig:
-        # divisibility by m is checked with the data (build.check_batch_classes), where a
-        # suggested batch size can also respect the number of training classes
+        # divisibility by m is checked with the data (build.check_batch_classes)
         if self.batch_size < 2 * self.m:
             raise ValueError(
                 f"sampler.batch_size: {self.batch_size} holds fewer than 2 classes of "
@@ -105,10 +100,8 @@ class SamplerConfig(_Strict):
 class OptimizerConfig(_Strict):
     """SGD (with momentum), Adam or AdamW.
 
-    ``weight_decay`` is the L2 coefficient added to the gradient for ``sgd`` and ``adam`` (coupled:
-    Adam then divides it by the gradient's running scale like the loss gradient) and the decoupled
-    decay of ``adamw`` (Loshchilov & Hutter, ICLR 2019: ``w <- w - lr * weight_decay * w`` beside
-    the Adam step, whatever the size of the loss gradient).
+    ``weight_decay``: coupled L2 in the gradient for ``sgd`` / ``adam``; decoupled for ``adamw``
+    (Loshchilov & Hutter, ICLR 2019: ``w <- w - lr * weight_decay * w`` beside the Adam step).
     """
 
     name: Literal["sgd", "adam", "adamw"] = "adam"
@@ -206,12 +199,7 @@ class BenchConfig(_Strict):
 
 
 class DistributedConfig(_Strict):
-    """Data-parallel training under ``torchrun`` (ignored by a single-process run).
-
-    See :mod:`rankwise.training.distributed` and docs/distributed.md (its keys: the process-group
-    ``backend``, the steps between replica checks ``check_every`` beside every checkpoint's, and
-    ``sync_batchnorm`` on CUDA).
-    """
+    """Data-parallel training under ``torchrun`` (ignored by one process; see docs/distributed.md)."""
 
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     check_every: int | None = Field(None, gt=0)
@@ -358,8 +346,7 @@ def switch_loss(
 ) -> tuple[dict[str, Any], str | None]:
     """``data`` ready for ``overrides`` that change ``loss.name``: the old loss's params dropped.
 
-    A loss's ``params`` belong to that loss (SOPRC's ``beta`` is no parameter of AUC), so when an
-    override switches ``loss.name`` the file's ``loss.params`` are not carried over; ``loss.params``
+    A loss's ``params`` belong to it (SOPRC's ``beta`` is no AUC parameter); ``loss.params``
     overrides still apply on top.
 
     Args:
@@ -408,9 +395,6 @@ def _top_level_kind(data: Any) -> str:
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The sections of a YAML config file as a plain mapping (``{}`` for an empty file).
 
-    The one reader of config files: ``rankwise train`` / ``hash`` / ``bench`` / ``tune`` and the
-    ``config.yaml`` of a run directory.
-
     Args:
         path: the YAML file.
 
@@ -448,10 +432,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def load_config(
     path: str | Path, overrides: Sequence[str] = (), notes: list[str] | None = None
 ) -> Config:
-    """Read a YAML config and apply ``KEY=VALUE`` overrides.
-
-    An override of ``loss.name`` that changes the loss starts from empty ``loss.params`` (the
-    file's belong to its own loss; see :func:`switch_loss`).
+    """Read a YAML config and apply ``KEY=VALUE`` overrides (``loss.name``: :func:`switch_loss`).
 
     Args:
         path: YAML file with the sections of :class:`Config`.
