@@ -1,14 +1,10 @@
 """Using a trained run: the model of a run directory with the preprocessing it was trained with.
 
-A run directory (``rankwise train`` / :meth:`Trainer.from_config`) holds ``config.yaml`` and the
-checkpoints; :func:`load_run` rebuilds the embedding model from them and pairs it with the
-preprocessing its training data went through, so new data is embedded exactly as the test data
-was (``rankwise embed RUN_DIR INPUT --output emb.npy`` on the command line). The model selected
-on validation (``checkpoints/best.pt``, the one the run's test report evaluates) is used by
-default. Raw inputs are what the dataset ships: scikit-learn digits as pixel values 0-16 (as
-``sklearn.datasets.load_digits().images``), MNIST / Fashion-MNIST / CIFAR-10 as ``uint8`` 0-255
-(or floats already in [0, 1]), the image datasets as image files (resized and ImageNet-normalized
-at ``dataset.image_size``). No paper equation is implemented here.
+:func:`load_run` rebuilds the model from ``config.yaml`` and a checkpoint (by default
+``best.pt``, the one the test report evaluates) and embeds new data exactly as the test data was
+(``rankwise embed RUN_DIR INPUT``). Raw inputs are what the dataset ships: digits as pixels 0-16,
+MNIST / Fashion-MNIST / CIFAR-10 as ``uint8`` 0-255 (or floats in [0, 1]), image datasets as image
+files (resized and ImageNet-normalized at ``dataset.image_size``). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -124,15 +120,14 @@ class LoadedRun:
         return torch.stack(items)
 
     def embed(self, inputs: Any, batch_size: int = 256) -> torch.Tensor:
-        """Embed raw inputs (see :meth:`preprocess`) in batches.
+        """Embed raw inputs (as in :meth:`preprocess`) in batches.
 
         Args:
-            inputs: raw array inputs, or image paths for an image run.
+            inputs: see :meth:`preprocess`.
             batch_size: items per forward pass.
 
         Returns:
-            ``(N, embedding_dim)`` float32 embeddings on the CPU, as the run's evaluation saw
-            them.
+            ``(N, embedding_dim)`` float32 embeddings on the CPU, as the run's evaluation saw them.
         """
         if self.input_kind == "images":
             paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
@@ -226,14 +221,7 @@ def load_run(
 
 
 def image_paths(folder: str | Path) -> list[Path]:
-    """The image files below ``folder`` (recursively), sorted: the row order of ``embed``.
-
-    Args:
-        folder: a folder of images, or one image file.
-
-    Returns:
-        The paths.
-    """
+    """The image files below ``folder`` (recursively; ``[folder]`` for a file), sorted."""
     folder = Path(folder)
     if folder.is_file():
         return [folder]
