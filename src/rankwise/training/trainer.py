@@ -1,16 +1,10 @@
 """The training loop: a Trainer for your own model, loss and data.
 
 The loop of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
-with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1: an embedding network trained with a
-ranking loss on P x K batches (exactly ``m`` samples per class), model selection by validation
-tie-aware mAP, and a test report of the selected model. :class:`Trainer` takes objects;
-:meth:`Trainer.from_config` builds them from a YAML config (:mod:`rankwise.training.factory`).
-Progress bar, ``metrics.jsonl``, best-checkpoint selection, plots and the collapse detector are
-callbacks (:mod:`rankwise.training.callbacks`). Resumable bit for bit: a checkpoint holds every
-state (weights, optimizer, loss buffers such as SOPRC's ``v`` of Eq. (10), scheduler, sampler
-position, RNG streams, step, callbacks); random transforms draw from generators seeded by
-``(seed, epoch, batch, slot)``, so batches depend neither on interruptions nor on
-``num_workers``.
+with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P x K batches, model
+selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit:
+a checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams),
+and batches depend neither on interruptions nor on ``num_workers`` (:mod:`.loader`).
 """
 
 from __future__ import annotations
@@ -78,13 +72,10 @@ class Trainer(Evaluation, Failures):
     exact tie-aware metrics of :func:`rankwise.metrics.retrieval_metrics`, the best model by
     validation mAP is kept, and a checkpoint is written; at the end the selected model is tested.
 
-    What the data must provide: ``train_data`` (and ``val_data`` / ``test_data`` /
-    ``gallery_data``) are map-style datasets whose ``dataset[i]`` returns ``(x, label)`` with an
-    integer class id; a batch of ``x`` goes through ``model`` as is. The default sampler reads
-    the class ids without loading items, from a ``labels`` attribute ((N,) ints; every
-    :mod:`rankwise.data` dataset has one) or from ``TensorDataset(inputs, labels)``; with your
-    own ``sampler`` that attribute is not needed for training. A dataset with a ``transform``
-    attribute that is ``None`` is read without per-item RNG seeding (nothing random happens).
+    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id; the
+    default sampler reads the ``(N,)`` ids from a ``labels`` attribute or from
+    ``TensorDataset(inputs, labels)`` (:func:`~rankwise.training.loader.dataset_labels`; not
+    needed with your own ``sampler``).
 
     Args:
         model: the embedding network, ``(B, ...) -> (B, d)``; moved to ``device``.
@@ -94,19 +85,16 @@ class Trainer(Evaluation, Failures):
         optimizer: default ``torch.optim.Adam(lr=1e-3)`` over the trainable parameters of
             ``model`` and ``loss_fn``.
         sampler: a batch sampler (an iterable of index lists with a length; ``set_epoch`` makes
-            resumption exact). Default: :class:`~rankwise.sampling.MPerClassBatchSampler` with
-            ``m=4`` samples per class and ``min(32, 4 x classes)`` samples, seeded by ``seed``.
+            resumption exact). Default: :func:`~rankwise.training.loader.default_sampler`.
         val_data: validation data, ranked leave-one-out; it selects the model (``None``: the
             final model is tested).
         test_data: test queries; ranked leave-one-out (open-set), or against ``gallery_data``
             (closed-set). ``None``: no test report.
         gallery_data: the gallery (database) of a closed-set test.
-        run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go. ``None``
-            writes no file at all: the history, the best model and the result stay in memory,
-            and a run cannot be resumed. The trainer locks it against other processes
-            (:mod:`rankwise.training.lock`) from its construction, before anything in it is
-            read, to the end of :meth:`fit`; a second :meth:`fit` takes it back, refusing it
-            when another process wrote a checkpoint there meanwhile.
+        run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go (``None``:
+            no file; everything stays in memory, no resume). Locked against other processes
+            (:mod:`rankwise.training.lock`) from construction to the end of :meth:`fit`; a
+            second :meth:`fit` refuses it if another process wrote a checkpoint there meanwhile.
         callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
             ``fn(trainer)`` (called after every complete step). A callback of the type of a
             default one (``ProgressBar``, ``MetricsLogger``, ``BestCheckpoint``,
@@ -144,9 +132,8 @@ class Trainer(Evaluation, Failures):
         name: the run's name on the progress bar and plots (default: the loss's).
         config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
             written to ``run_dir/config.yaml`` and into checkpoints, and used in messages.
-        strategy: how many processes train the model: one
-            (:class:`~rankwise.training.strategy.SingleProcess`, the default) or every rank of
-            a process group (:class:`~rankwise.training.strategy.DataParallelStrategy`; see
+        strategy: how many processes train: :class:`~rankwise.training.strategy.SingleProcess`
+            (default) or a ``DataParallelStrategy`` (see
             :class:`~rankwise.training.distributed.DistributedTrainer`).
         loss_name: the loss's name in messages (default: its class name; a config's name).
         run_dir_key: the argument or config key that named ``run_dir``, for messages.
@@ -382,11 +369,8 @@ class Trainer(Evaluation, Failures):
     ) -> Trainer:
         """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``:
-        ``run_dir`` may be a folder holding exactly one run (e.g. ``runs/digits`` for
-        ``runs/digits/auc-seed0``); ``num_workers`` may change freely, ``device`` too (results
-        are then no longer bit-identical); ``checkpoint`` continues from another file than
-        ``last.pt`` (e.g. ``checkpoints/previous.pt``).
+        :func:`rankwise.training.factory.trainer_from_run_dir` (arguments as there) with
+        ``trainer_cls=cls``.
 
         Returns:
             The trainer, at the step of the checkpoint.
@@ -439,9 +423,8 @@ class Trainer(Evaluation, Failures):
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step on the batch ``(x, y)`` at the learning rate of ``self.step``.
 
-        Forward pass, the checks of a healthy model (finite embeddings; the callbacks'
-        ``on_train_batch``, e.g. the collapse detector), the loss, its check, backward and the
-        optimizer (and scheduler) step. A failed check raises before anything is applied.
+        A failed check (finite embeddings, ``on_train_batch`` callbacks, finite loss) raises
+        before anything is applied.
 
         Args:
             x: a batch of inputs (moved to the trainer's device).
@@ -471,11 +454,7 @@ class Trainer(Evaluation, Failures):
         return loss.detach()
 
     def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The embeddings and labels the loss of a training batch sees (on the device).
-
-        On many processes (:class:`~rankwise.training.strategy.DataParallelStrategy`) the model
-        runs in DDP and the batch of every rank is all-gathered.
-        """
+        """The embeddings and labels the loss sees (on many processes: the gathered batch)."""
         embeddings = self._training_module(x.to(self.device, non_blocking=True))
         return self.strategy.gather_batch(embeddings, y.to(self.device, non_blocking=True))
 
