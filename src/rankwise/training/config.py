@@ -199,7 +199,7 @@ class BenchConfig(_Strict):
 
 
 class DistributedConfig(_Strict):
-    """Data-parallel training under ``torchrun`` (ignored by one process; see docs/distributed.md)."""
+    """Data-parallel training under ``torchrun`` (ignored by one process; docs/distributed.md)."""
 
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     check_every: int | None = Field(None, gt=0)
@@ -432,7 +432,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def load_config(
     path: str | Path, overrides: Sequence[str] = (), notes: list[str] | None = None
 ) -> Config:
-    """Read a YAML config and apply ``KEY=VALUE`` overrides (``loss.name``: :func:`switch_loss`).
+    """Read a YAML config and apply ``KEY=VALUE`` overrides (a new loss: :func:`switch_loss`).
 
     Args:
         path: YAML file with the sections of :class:`Config`.

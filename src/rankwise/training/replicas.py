@@ -43,7 +43,7 @@ GRADIENT_REDUCTIONS = ("mean", "sum")
 class _AllGatherWithGrad(torch.autograd.Function):
     """Concatenate every rank's rows; backward returns this rank's slice of the gradient, scaled.
 
-    The backward needs no collective: every rank's loss, hence gradient, is the same.
+    No collective in backward: every rank's loss, hence gradient w.r.t. the gathered rows, is equal.
     """
 
     @staticmethod
