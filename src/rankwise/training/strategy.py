@@ -277,7 +277,7 @@ class DataParallelStrategy(SingleProcess):
         return global_embeddings, global_labels
 
     def embed_split(self, data: Dataset, embed: Embedder) -> tuple[torch.Tensor, np.ndarray]:
-        """Each rank embeds a contiguous shard (all, if fewer items than ranks); gathered in order."""
+        """Ranks embed contiguous shards (all, if fewer items than ranks), gathered in order."""
         n = len(data)  # type: ignore[arg-type]
         if n < self.world_size:
             return embed(data)
