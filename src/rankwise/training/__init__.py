@@ -1,16 +1,10 @@
 """Training and benchmarking of embedding models with ranking losses.
 
-Training and benchmarking of embedding models with ranking losses, following the protocol of
-Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
-Stability* (NeurIPS 2022), Sec. 5.1 and App. D: P x K batches, model selection by validation
-mAUPRC, test report of the selected model, and the Table 1 / Table 2 comparisons
-(:mod:`rankwise.workflows.bench`).
-
-:class:`Trainer` takes your model, loss and data (:mod:`~rankwise.training.trainer`);
-:meth:`Trainer.from_config` builds them from a YAML config (:mod:`~rankwise.training.build`);
-:mod:`~rankwise.training.callbacks` holds the progress bar, the metrics log, the best-checkpoint
-selection, the plots and the collapse detector. Needs the ``train`` extra
-(``pip install 'rankwise[train]'``).
+The protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC
+Optimization with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D: P x K batches, model
+selection by validation mAUPRC, test report of the selected model (Table 1 / 2 comparisons:
+:mod:`rankwise.workflows.bench`). :class:`Trainer` takes your model, loss and data;
+:meth:`Trainer.from_config` builds them from a YAML config. Needs ``pip install 'rankwise[train]'``.
 """
 
 from .._extras import require

@@ -1,16 +1,10 @@
 """Config to objects: the data, model, loss, sampler, optimizer and schedule of a run.
 
-From a validated :class:`~rankwise.training.config.Config` to the objects a
-:class:`~rankwise.training.trainer.Trainer` takes: the dataset splits, the embedding model, the
-loss, the P x K sampler, the optimizer and the learning-rate schedule, following the protocol of
-Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
-Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1.
-
-Every check that needs the data (an unknown loss parameter, more classes per batch than the
-training split has, milestones past the budget, missing files) is made here and raised as a
-:class:`~rankwise.training.errors.ConfigError` naming the config key, before anything is trained;
-:func:`preflight` runs them all without building the model, so a sweep can validate every run
-first. The trainer itself knows nothing of configs.
+From a validated :class:`~rankwise.training.config.Config` (``config`` below) to the objects a
+:class:`~rankwise.training.trainer.Trainer` takes, following the protocol of Wen et al. (NeurIPS
+2022), Sec. 5.1 and App. D.1. Every check that needs the data is made here, before training, as a
+:class:`~rankwise.training.errors.ConfigError` naming the config key; :func:`preflight` runs them
+all without building the model. ``splits`` is the loaded :class:`~rankwise.data.RetrievalSplits`.
 """
 
 from __future__ import annotations
@@ -77,13 +71,10 @@ def learning_rate_at(config: Config, step: int, total_steps: int) -> float:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cuda`` without a GPU is a ConfigError.
+    """The torch device of ``name`` (the ``device`` key: ``auto`` -> CUDA when available, else CPU).
 
-    Args:
-        name: ``"auto"``, ``"cpu"`` or ``"cuda"`` (the ``device`` key).
-
-    Returns:
-        The torch device.
+    Raises:
+        ConfigError: ``cuda`` without a GPU.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -93,11 +84,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed python's ``random``, numpy's global generator and torch (CPU and CUDA).
-
-    Args:
-        seed: a non-negative integer.
-    """
+    """Seed ``random``, numpy's global generator and torch (CPU and CUDA) with ``seed`` (>= 0)."""
     random.seed(seed)
     np.random.seed(seed % (2**32))  # noqa: NPY002
     torch.manual_seed(seed)
@@ -105,9 +92,6 @@ def seed_everything(seed: int) -> None:
 
 def load_splits(config: Config) -> RetrievalSplits:
     """:func:`rankwise.data.load_dataset` for ``config.dataset``; failures as ConfigError.
-
-    Args:
-        config: the run configuration.
 
     Returns:
         The dataset's :class:`~rankwise.data.RetrievalSplits`.
@@ -134,10 +118,6 @@ def load_splits(config: Config) -> RetrievalSplits:
 
 def check_batch_classes(config: Config, splits: RetrievalSplits) -> tuple[np.ndarray, int]:
     """The training labels and class count, after checking a batch's classes fit in them.
-
-    Args:
-        config: the run configuration.
-        splits: the loaded dataset splits.
 
     Returns:
         ``(train_labels (N,) int64, number of training classes)``.
@@ -281,9 +261,8 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """The optimizer named by ``oc`` over ``params``.
 
-    ``sgd`` and ``adam`` add ``weight_decay * w`` to the gradient (coupled L2); ``adamw`` decays
-    the weights by ``lr * weight_decay * w`` outside the adaptive step (decoupled), so a tiny loss
-    gradient cannot be outweighed by the decay term (see docs/losses.md, SOPRC).
+    ``sgd``/``adam``: coupled L2 (``weight_decay * w`` in the gradient); ``adamw``: decoupled
+    decay, which cannot outweigh a tiny loss gradient (see docs/losses.md, SOPRC).
 
     Args:
         oc: the ``optimizer`` section.
@@ -340,10 +319,6 @@ def total_steps(config: Config, steps_per_epoch: int) -> int:
 
 def preflight(config: Config, splits: RetrievalSplits) -> int:
     """Every check :meth:`Trainer.from_config` makes before training, without building the model.
-
-    Args:
-        config: the run configuration.
-        splits: the loaded dataset splits.
 
     Returns:
         The number of training steps of the run.

@@ -1,13 +1,9 @@
 """Crash-safe checkpoints and random-number-generator snapshots for bit-exact resumption.
 
-A training run of the SOPRC protocol (Wen et al., NeurIPS 2022, Sec. 5.1 / Alg. 1) carries state
-beyond the network weights: the auxiliary score vector ``v`` of Eq. (10) (a loss buffer), the
-optimizer moments, the sampler position and the RNG streams. This module writes that state
-atomically (temporary file in the destination directory, ``fsync``, ``os.replace``, ``fsync`` of
-the directory) so an interruption never leaves a truncated checkpoint, and it stores only tensors
-and primitive containers so checkpoints load with ``torch.load(..., weights_only=True)``. A write
-that fails for want of space raises :class:`~rankwise.training.errors.DiskFullError`, which says
-how much space the file needs against what is free.
+A SOPRC run (Wen et al., NeurIPS 2022, Sec. 5.1 / Alg. 1) carries state beyond the weights: ``v``
+of Eq. (10), optimizer moments, sampler position, RNG streams. It is written atomically (temporary
+file, ``fsync``, ``os.replace``, ``fsync`` of the directory), as tensors and plain containers only
+(``weights_only=True`` loads); a full disk raises :class:`~rankwise.training.errors.DiskFullError`.
 """
 
 from __future__ import annotations
@@ -97,8 +93,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 def keep_previous(path: str | Path, previous: str | Path) -> bool:
     """Make ``previous`` a copy of ``path`` atomically (a hard link when the file system allows).
 
-    Called before ``path`` is replaced, so an older good checkpoint survives a corrupted newer
-    one. Nothing happens when ``path`` does not exist.
+    Called before ``path`` is replaced, so a good checkpoint survives a corrupt newer one.
 
     Args:
         path: the current checkpoint (e.g. ``checkpoints/last.pt``).

@@ -1,13 +1,9 @@
 """Typed, strictly validated configuration of one training run (and of a ``rankwise bench`` sweep).
 
-The defaults and the GPU recipes in ``configs/`` follow the experimental protocol of Wen et al.,
-*Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
-(NeurIPS 2022), Sec. 5.1 and App. D.1: ResNet-50 with frozen batch norm and a 512-d linear
-projection, P x K batches with exactly 4 samples per class (224 = 56 x 4), SGD with weight decay
-4e-4 and a step schedule (x0.1 at 15k / 30k of 50k iterations for SOP), model selection on a 10 %
-validation split. Every model forbids unknown keys (``extra="forbid"``) so a typo is reported with
-its dotted path, and :func:`load_config` applies ``KEY=VALUE`` overrides whose values are parsed
-with ``yaml.safe_load`` (``loss.params.beta=0.1`` gives a float, ``model.frozen_bn=false`` a bool).
+The defaults and the GPU recipes in ``configs/`` follow the protocol of Wen et al. (NeurIPS 2022),
+Sec. 5.1 and App. D.1 (ResNet-50, frozen BN, 512-d projection, P x K batches of 4 per class, SGD
+with weight decay 4e-4 and a step schedule, selection on a 10 % validation split). Unknown keys
+are reported with their dotted path; ``KEY=VALUE`` overrides are parsed with ``yaml.safe_load``.
 """
 
 from __future__ import annotations
@@ -50,19 +46,14 @@ class DatasetConfig(_Strict):
     """Which data to train on (see :func:`rankwise.data.load_dataset`)."""
 
     name: str
-    # None = the dataset's usual protocol (closed-set for In-Shop, open-set for the others)
     protocol: Literal["open-set", "closed-set"] | None = None
     data_dir: str | None = None
     val_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     image_size: int = Field(224, gt=0)
     split_seed: int = 0  # fixed across training seeds, so seeds vary only the optimization
-    # validation = held-out "samples" of the training classes (the papers' 9:1 split) or held-out
-    # "classes" (open-set, like the test: selection on held-out samples saturates on small
-    # benchmarks); None = the dataset's default ("classes" for *-instances, else "samples")
+    # held-out "classes" validate open-set like the test: selection on held-out samples (the
+    # papers' 9:1 split) saturates on small benchmarks
     val_holdout: Literal["samples", "classes"] | None = None
-    # extra keyword arguments of rankwise.data.load_dataset for this dataset, e.g.
-    # {test_size: large} for VehicleID, {n_query: 100, n_train: 500} for closed-set splits or
-    # {train_classes: 10000, views_per_class: 4} for an instance benchmark
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -73,7 +64,6 @@ class ModelConfig(_Strict):
     embedding_dim: int = Field(64, gt=0)
     weights_path: str | None = None
     frozen_bn: bool = True
-    # pretrained.pt of `rankwise pretrain` (or its folder): the whole model starts from it
     pretrained: str | None = None
 
 
@@ -92,8 +82,7 @@ class SamplerConfig(_Strict):
 
     @model_validator(mode="after")
     def _two_classes(self) -> SamplerConfig:
-        # divisibility by m is checked with the data (build.check_batch_classes), where a
-        # suggested batch size can also respect the number of training classes
+        # divisibility by m is checked with the data (build.check_batch_classes)
         if self.batch_size < 2 * self.m:
             raise ValueError(
                 f"sampler.batch_size: {self.batch_size} holds fewer than 2 classes of "
@@ -111,17 +100,14 @@ class SamplerConfig(_Strict):
 class OptimizerConfig(_Strict):
     """SGD (with momentum), Adam or AdamW.
 
-    ``weight_decay`` is the L2 coefficient added to the gradient for ``sgd`` and ``adam`` (coupled:
-    Adam then divides it by the gradient's running scale like the loss gradient) and the decoupled
-    decay of ``adamw`` (Loshchilov & Hutter, ICLR 2019: ``w <- w - lr * weight_decay * w`` beside
-    the Adam step, whatever the size of the loss gradient).
+    ``weight_decay``: coupled L2 in the gradient for ``sgd`` / ``adam``; decoupled for ``adamw``
+    (Loshchilov & Hutter, ICLR 2019: ``w <- w - lr * weight_decay * w`` beside the Adam step).
     """
 
     name: Literal["sgd", "adam", "adamw"] = "adam"
     lr: float = Field(1e-3, gt=0.0)
     momentum: float = Field(0.9, ge=0.0, lt=1.0)  # SGD only
     weight_decay: float = Field(0.0, ge=0.0)
-    # the backbone's lr is lr * backbone_lr_mult, the head's lr (a pretrained backbone: < 1)
     backbone_lr_mult: float = Field(1.0, gt=0.0)
 
     @field_validator("name", mode="before")
@@ -202,19 +188,9 @@ class BenchConfig(_Strict):
     """Settings of ``rankwise bench`` (ignored by ``rankwise train``)."""
 
     losses: list[str] = Field(
-        default_factory=lambda: [
-            "contrastive",
-            "triplet",
-            "multi_similarity",
-            "xbm",
-            "fastap",
-            "smooth_ap",
-            "dir",
-            "blackbox_ap",
-            "auc",
-            "ap",
-            "soprc",
-        ]
+        default_factory=lambda: (
+            "contrastive triplet multi_similarity xbm fastap smooth_ap dir blackbox_ap auc ap soprc"
+        ).split()
     )
     # per-loss dotted overrides, e.g. {"soprc": {"optimizer.name": "sgd", "loss.params.beta": 0.1}}
     overrides: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -223,22 +199,15 @@ class BenchConfig(_Strict):
 
 
 class DistributedConfig(_Strict):
-    """Data-parallel training under ``torchrun`` (ignored by a single-process run).
+    """Data-parallel training under ``torchrun`` (ignored by one process; docs/distributed.md)."""
 
-    See :mod:`rankwise.training.distributed` and docs/distributed.md.
-    """
-
-    # process-group backend: nccl for CUDA devices, gloo for the CPU ("auto" picks by device)
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    # steps between checks that every rank holds the same weights, loss buffers and optimizer
-    # state (they are also checked before every checkpoint); None: only at checkpoints
     check_every: int | None = Field(None, gt=0)
-    # convert BatchNorm layers to SyncBatchNorm on CUDA (global-batch statistics)
     sync_batchnorm: bool = True
 
 
 class Config(_Strict):
-    """One training run. See ``configs/*.yaml`` for complete examples."""
+    """One training run: every key is described in docs/training.md; ``configs/*.yaml`` are examples."""
 
     dataset: DatasetConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -377,8 +346,7 @@ def switch_loss(
 ) -> tuple[dict[str, Any], str | None]:
     """``data`` ready for ``overrides`` that change ``loss.name``: the old loss's params dropped.
 
-    A loss's ``params`` belong to that loss (SOPRC's ``beta`` is no parameter of AUC), so when an
-    override switches ``loss.name`` the file's ``loss.params`` are not carried over; ``loss.params``
+    A loss's ``params`` belong to it (SOPRC's ``beta`` is no AUC parameter); ``loss.params``
     overrides still apply on top.
 
     Args:
@@ -418,20 +386,14 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def _top_level_kind(data: Any) -> str:
-    if isinstance(data, list):
-        return "a list"
-    if isinstance(data, str):
-        return "a string"
     if isinstance(data, (bool, int, float)):
         return "a number" if not isinstance(data, bool) else "a boolean"
-    return f"a {type(data).__name__}"
+    kinds: dict[type, str] = {list: "a list", str: "a string"}
+    return kinds.get(type(data), f"a {type(data).__name__}")
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The sections of a YAML config file as a plain mapping (``{}`` for an empty file).
-
-    The one reader of config files: ``rankwise train`` / ``hash`` / ``bench`` / ``tune`` and the
-    ``config.yaml`` of a run directory.
 
     Args:
         path: the YAML file.
@@ -470,10 +432,7 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 def load_config(
     path: str | Path, overrides: Sequence[str] = (), notes: list[str] | None = None
 ) -> Config:
-    """Read a YAML config and apply ``KEY=VALUE`` overrides.
-
-    An override of ``loss.name`` that changes the loss starts from empty ``loss.params`` (the
-    file's belong to its own loss; see :func:`switch_loss`).
+    """Read a YAML config and apply ``KEY=VALUE`` overrides (a new loss: :func:`switch_loss`).
 
     Args:
         path: YAML file with the sections of :class:`Config`.

@@ -1,10 +1,7 @@
 """Convergence figure of a training run (training loss and validation mAP).
 
-Convergence figure of a training run: training loss and validation mAUPRC (tie-aware mAP)
-against the optimizer step, the right panel of Fig. 2 of Wen et al., *Exploring the
-Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022).
-
-Drawn with matplotlib's object API on an Agg canvas (no pyplot state), like :mod:`rankwise.plots`.
+Training loss and validation mAUPRC (tie-aware mAP) against the step: the right panel of Fig. 2
+of Wen et al. (NeurIPS 2022). Matplotlib's object API on an Agg canvas, like :mod:`rankwise.plots`.
 """
 
 from __future__ import annotations
@@ -43,9 +40,9 @@ def training_figure(
     """The two-panel figure of :func:`plot_training_curves` (not saved).
 
     Args:
-        records: the rows of ``metrics.jsonl``.
+        records: see :func:`plot_training_curves`.
         title: figure title.
-        selected_step: the step of the model selected on validation, marked in both panels.
+        selected_step: see :func:`plot_training_curves`.
 
     Returns:
         The matplotlib figure; the mAP panel spans at least :data:`MIN_MAP_SPAN` (within

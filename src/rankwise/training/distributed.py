@@ -1,33 +1,11 @@
 """Data-parallel training with global-batch ranking losses on torch.distributed.
 
-Listwise ranking losses are functions of the whole batch: the stochastic AUPRC estimator of Wen et
-al. (NeurIPS 2022, Eq. 8) ranks every positive of an anchor against every negative of the batch,
-and its auxiliary vector ``v`` is a moving average over batches (Eq. 10); the AUC loss of Gajić et
-al. (Eq. 9) compares every positive pair with every negative pair. Under plain
-DistributedDataParallel each rank would compute the loss of its own slice, a different (and
-smaller-batch) objective. Here every rank computes the loss of the *global* batch instead:
-
-* :class:`DistributedLoss` (and :func:`all_gather_with_grad`) all-gathers the embeddings and labels
-  of every rank (local sizes may differ), computes the wrapped loss on their concatenation in rank
-  order, and lets the gradient flow back to the local slice only, multiplied by the world size, so
-  that DDP's averaging of the parameter gradients yields exactly the gradient of the loss of the
-  concatenated batch in one process. Memory per rank: the global batch ``B x d`` of embeddings
-  (and its gradient) plus whatever the loss itself builds from ``B`` rows (a ``B x B`` score
-  matrix and its masks for every rankwise loss; more for the pair-based ones, see
-  docs/losses.md).
-* Buffered loss state (SOPRC's ``v``, the XBM queue, any multiplier) is updated by the loss from
-  the global batch, so it evolves identically on every rank; :func:`check_replicas_in_sync`
-  compares checksums of every weight, buffer and optimizer tensor across ranks and names what
-  diverged.
-* :class:`DistributedTrainer` is :class:`~rankwise.training.Trainer` on a process group: the model
-  in DDP, the batch gathered right after the forward pass (the finite check, the collapse
-  detector and the loss see the global batch), a
-  :class:`~rankwise.sampling.DistributedMPerClassBatchSampler` shard of every global P x K batch,
-  sharded evaluation with exactly merged metrics (:mod:`rankwise.metrics.distributed`), rank 0
-  alone writing the run directory, and checkpoints that resume bit for bit with the same world
-  size.
-
-Launch with ``torchrun --nproc-per-node N -m rankwise train -c CONFIG`` (see docs/distributed.md).
+Listwise losses are functions of the whole batch (Wen et al., NeurIPS 2022, Eq. 8 and the moving
+average ``v`` of Eq. 10; Gajić et al., Eq. 9), so under plain DistributedDataParallel each rank
+would optimize a smaller-batch objective. Here every rank computes the loss of the *global* batch
+(:class:`DistributedLoss`, :func:`all_gather_with_grad`) and buffered loss state evolves
+identically on every rank (:func:`check_replicas_in_sync`). Launch with ``torchrun
+--nproc-per-node N -m rankwise train -c CONFIG``; see docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -113,12 +91,9 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
 def init_distributed(
     backend: str = "auto", device: str | torch.device = "auto", timeout_s: float | None = None
 ) -> DistributedContext:
-    """Join the process group ``torchrun`` set up (environment rendezvous) and pick the device.
+    """Join the process group ``torchrun`` set up and pick the device (CUDA: the local rank's GPU).
 
-    With ``device`` ``"cuda"`` (or ``"auto"`` on a CUDA machine) each process uses the GPU of
-    its local rank (``torch.cuda.set_device(LOCAL_RANK)``). An already initialized process group
-    is kept. Without ``torchrun`` variables a one-process group is not created: the context
-    says world size 1.
+    An initialized group is kept; without ``torchrun`` variables none is created (world size 1).
 
     Args:
         backend: ``"auto"`` (nccl for CUDA, gloo for the CPU), ``"gloo"`` or ``"nccl"``.
@@ -147,11 +122,9 @@ def init_distributed(
             kwargs["timeout"] = timedelta(seconds=float(timeout_s))
         if chosen == "nccl":
             kwargs["device_id"] = dev
-        # torch.distributed.nn.functional stores the default group as the default argument of
-        # its functions when it is first imported (DistributedDataParallel imports it): imported
-        # after the group exists, it keeps the group, its gloo threads and its TCPStore alive
-        # for good, past destroy_process_group, until they die with the interpreter (see
-        # shutdown_distributed). Imported before, it stores None.
+        # torch.distributed.nn.functional binds the default group as a default argument on
+        # first import: imported after the group exists, it keeps the group and its threads
+        # alive past destroy_process_group (see shutdown_distributed); imported before, None.
         importlib.import_module("torch.distributed.nn.functional")
         dist.init_process_group(**kwargs)
     rank, world = rank_and_world_size()
@@ -175,18 +148,11 @@ def _release_frames(failure: BaseException) -> None:
 def shutdown_distributed(failure: BaseException | None = None) -> None:
     """Leave the process group and stop its threads; the last call of a data-parallel process.
 
-    A process group's threads (gloo's workers and transport loop, the TCPStore server on rank 0)
-    must end before the interpreter does: one still running while the interpreter shuts down
-    can release a tensor of the last collective there and abort the process ("terminate called
-    without an active exception", exit code -6, seen under load). The group ends only when
-    nothing holds it any more, so the objects that do (a :class:`DistributedTrainer` and its
-    ``DistributedDataParallel`` wrapper) must be unreachable: reference cycles are collected
-    here, and the frames of ``failure`` (which hold the trainer that raised it) are cleared.
-
-    On success (``failure`` ``None``) every rank first waits for the others (a barrier), so no
-    rank tears down connections, or the store rank 0 serves, under a rank still communicating.
-    After a failure there is no barrier: the other ranks may never get there. Nothing happens
-    without a process group.
+    The group's threads (gloo, rank 0's TCPStore) must end before the interpreter, or the
+    process can abort at exit (code -6); the group ends only when nothing holds it, so reference
+    cycles are collected and the frames of ``failure`` (holding the trainer) are cleared. On
+    success every rank first waits at a barrier; after a failure not (the others may never
+    arrive). Nothing happens without a process group.
 
     Args:
         failure: the exception that ends the process, if any.
@@ -206,17 +172,12 @@ def shutdown_distributed(failure: BaseException | None = None) -> None:
 class DistributedLoss(nn.Module):
     """Any rankwise loss, computed on the global batch of a data-parallel run.
 
-    ``DistributedLoss(loss)(embeddings, labels)`` all-gathers every rank's embeddings and labels
-    (:func:`all_gather_with_grad`), calls ``loss`` on their concatenation in rank order, and
-    returns the same value on every rank: the value one process computes on the concatenated
-    batch. The gradient flows back to the local slice, scaled so that DDP's gradient averaging
-    gives the single-process gradient of the global batch (``gradient_reduction="sum"`` when you
-    sum the gradients yourself). Stateful losses (SOPRC's ``v``, the XBM queue) are updated from
-    the global batch, identically on every rank. A reference set (``ref_embeddings``), when
-    given, is gathered the same way. Outside a multi-rank process group it is ``loss`` itself.
-
-    Memory per rank: the global batch of ``B x d`` embeddings and its gradient, plus what the
-    loss builds from ``B`` rows (the ``B x B`` score matrix and masks of every rankwise loss).
+    Every rank's embeddings and labels (and ``ref_embeddings``) are all-gathered
+    (:func:`all_gather_with_grad`) and ``loss`` is called on their concatenation in rank order:
+    every rank gets the one-process value of the global batch, stateful losses update
+    identically, and the gradient reaches the local slice scaled for DDP's averaging. Outside a
+    multi-rank group it is ``loss`` itself. Memory per rank: the global ``B x d`` batch and its
+    gradient plus the loss's ``B x B`` matrices (see docs/losses.md).
 
     Args:
         loss: the loss module (every name of :data:`rankwise.losses.LOSSES`).
@@ -295,34 +256,16 @@ class DistributedLoss(nn.Module):
 class DistributedTrainer(Trainer):
     """:class:`~rankwise.training.Trainer` on a torch.distributed process group (one per rank).
 
-    Every rank builds the same objects (same seed) and calls :meth:`fit`; the process group must
-    be initialized first (:func:`init_distributed`). What changes from the one-process loop:
-
-    * the model is wrapped in ``DistributedDataParallel`` (SyncBatchNorm on CUDA when the model
-      has BatchNorm layers; on the CPU their statistics stay per rank, with a warning);
-    * each rank embeds its shard of every global P x K batch (an
-      :class:`~rankwise.sampling.MPerClassBatchSampler` is sharded with
-      :class:`~rankwise.sampling.DistributedMPerClassBatchSampler`; its ``batch_size`` is the
-      global batch), and the embeddings and labels are all-gathered right after the forward
-      pass, so the finite check, the collapse detector and the loss see the global batch — the
-      batch a one-process run with the same seed sees, in the same order;
-    * evaluation embeds a contiguous shard of the data on each rank and gathers the embeddings
-      in order; every rank then ranks the whole split with the trainer's ``metric_fn`` /
-      ``curve_fn`` (the same evaluation as one process, so every rank gets the same report);
-    * rank 0 alone writes ``metrics.jsonl``, the checkpoints, the report and the plots, and
-      prints; every rank reads ``last.pt`` on resume (the run directory must be visible to every
-      node), which requires the world size of the run that wrote it;
-    * before every checkpoint (and every ``check_every`` steps) the ranks compare checksums of
-      their weights, loss buffers and optimizer state (:func:`check_replicas_in_sync`), and after
-      every step they agree on stopping (:class:`ReplicaSync`).
-
-    It is a :class:`~rankwise.training.Trainer` with a
-    :class:`~rankwise.training.strategy.DataParallelStrategy`.
+    Every rank builds the same objects (same seed) after :func:`init_distributed` and calls
+    :meth:`fit`; what changes from one process is said in
+    :class:`~rankwise.training.strategy.DataParallelStrategy` (the sampler's ``batch_size`` is
+    the global batch, sharded by rank). Resuming needs the run directory on every node and the
+    same world size; replicas are checked (:func:`check_replicas_in_sync`) at every checkpoint
+    and every ``check_every`` steps. See docs/distributed.md.
 
     Args:
         model: as :class:`~rankwise.training.Trainer`.
-        loss_fn: as :class:`~rankwise.training.Trainer`; may be a :class:`DistributedLoss` (it
-            is unwrapped: the strategy gathers the batch itself).
+        loss_fn: as there; a :class:`DistributedLoss` is unwrapped (the strategy gathers).
         train_data: as :class:`~rankwise.training.Trainer`.
         group: the process group (``None``: the default one).
         check_every: steps between replica checks (default: only at checkpoints;

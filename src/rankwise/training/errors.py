@@ -1,11 +1,7 @@
-"""Why a training run stopped early.
+"""Why a training run stopped early: a bad config, an unreadable checkpoint, a diverged model.
 
-Why a training run stopped early: a configuration problem found before the first step, a
-checkpoint that cannot be read, a non-finite or collapsed model (the run failed, the last good
-checkpoint is kept), a full disk (the file being written keeps its previous content), or an
-interruption (Ctrl-C or SIGTERM, after a checkpoint).
-
-Messages name config keys (``optimizer.lr``) and Python arguments (in backticks, `` `run_dir` ``),
+Also a full disk (the file being written keeps its content) or an interruption (after a
+checkpoint). Messages name config keys (``optimizer.lr``) and Python arguments (`` `run_dir` ``),
 never command-line flags: :mod:`rankwise.commands` rewrites them for the command line.
 """
 
@@ -34,9 +30,7 @@ class ConfigError(ValueError):
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss (or the model's output) became NaN or infinite.
-
-    The run stopped without applying that step.
+    """The loss (or the model's output) became NaN or infinite; that step was not applied.
 
     Attributes:
         step: the 1-based number of the step that failed.
@@ -59,13 +53,9 @@ class NonFiniteLossError(RuntimeError):
 
 
 class CollapsedEmbeddingsError(NonFiniteLossError):
-    """Every score ties: the model collapsed and the run stopped.
+    """Every score ties (the embeddings all point one way): the model collapsed, the run stopped.
 
-    The embeddings of a training batch or of the validation split all point in the same
-    direction, so nothing can be ranked any more.
-
-    A subclass of :class:`NonFiniteLossError` so every handler of a diverged run (the command
-    line, ``tune`` recording a failed trial) handles a collapsed one too.
+    A :class:`NonFiniteLossError`, so every handler of a diverged run handles it too.
 
     Attributes:
         spread: the :func:`~rankwise.training.callbacks.embedding_spread` that triggered it.
@@ -89,12 +79,9 @@ class CollapsedEmbeddingsError(NonFiniteLossError):
 class ReplicaDivergenceError(NonFiniteLossError):
     """The data-parallel processes no longer hold the same model, loss state or optimizer state.
 
-    Every rank of a data-parallel run must hold bit-identical weights, loss buffers (SOPRC's
-    ``v``, the XBM queue) and optimizer state; a difference means the ranks computed different
-    updates (a non-deterministic kernel, a rank-dependent branch, a buffer updated from the local
-    batch only). The run stops before the diverged state is checkpointed, so the last good
-    checkpoint is kept. A subclass of :class:`NonFiniteLossError` so every handler of a failed
-    run (the command line, ``tune``) handles it too.
+    The ranks computed different updates (a non-deterministic kernel, a rank-dependent branch, a
+    buffer updated from the local batch only); the run stops before checkpointing that state. A
+    :class:`NonFiniteLossError`, so every handler of a failed run handles it too.
 
     Attributes:
         names: the tensors that differ (``model.``, ``loss.`` or ``optimizer.`` prefixed).
@@ -118,8 +105,7 @@ class ReplicaDivergenceError(NonFiniteLossError):
 class CorruptCheckpointError(ValueError):
     """A checkpoint file cannot be read: empty, truncated, junk or not a rankwise checkpoint.
 
-    ``str()`` says ``checkpoint PATH is corrupt: <why>`` and, when an older checkpoint of the
-    run loads, which one and from which step; it never suggests unpickling the file unsafely.
+    ``str()`` is ``checkpoint PATH is corrupt: <why>``, plus the older checkpoint that loads.
 
     Attributes:
         path: the unreadable file.
@@ -149,14 +135,7 @@ class CorruptCheckpointError(ValueError):
         super().__init__(self.describe())
 
     def describe(self, resume_with: str | None = None) -> str:
-        """The message, with ``resume_with`` (how to resume from the fallback) when given.
-
-        Args:
-            resume_with: the command or call that resumes from :attr:`fallback`.
-
-        Returns:
-            The full message.
-        """
+        """The full message, with ``resume_with`` (the call that resumes from :attr:`fallback`)."""
         if self.reason == "it is missing":
             text = f"checkpoint {self.path} is missing."
         else:
@@ -179,17 +158,7 @@ class CorruptCheckpointError(ValueError):
         fallback_step: int | None = None,
         advice: str | None = None,
     ) -> CorruptCheckpointError:
-        """A copy that knows its run, an older good checkpoint, or advice.
-
-        Args:
-            run_dir: the run directory.
-            fallback: an older checkpoint that loads.
-            fallback_step: its step.
-            advice: what else to do.
-
-        Returns:
-            The new error.
-        """
+        """A copy with the given attributes (see the class) replaced; the others kept."""
         return CorruptCheckpointError(
             self.path,
             self.reason,
@@ -211,8 +180,8 @@ class TrainingInterrupted(KeyboardInterrupt):
         run_dir: the run directory (``None`` for a trainer without one: nothing was saved).
         checkpoint_step: the step of the checkpoint to resume from (``None``: none was written).
         resume_hint: how to resume in Python, e.g. ``"Trainer.from_run_dir('runs/x')"``.
-        signal_number: the signal that stopped the run (``signal.SIGINT`` for Ctrl-C and for a
-            callback's ``KeyboardInterrupt``, ``signal.SIGTERM``).
+        signal_number: ``signal.SIGINT`` (Ctrl-C, a callback's ``KeyboardInterrupt``) or
+            ``signal.SIGTERM``.
         resume_command: the shell command that resumes (set by the command line, e.g. for a
             sweep: ``rankwise bench --resume DIR``); ``None``: the command line derives it.
     """

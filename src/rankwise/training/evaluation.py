@@ -1,21 +1,18 @@
 """Evaluation and model selection: embed a dataset once, rank it, test the selected model.
 
-The evaluation of the protocol of Wen et al. (NeurIPS 2022, Sec. 5.1 and App. D.1): the
-validation split is ranked leave-one-out with the exact tie-aware metrics (or the trainer's own
-``metric_fn``), the model with the best validation mAP is selected
-(:class:`~rankwise.training.callbacks.BestCheckpoint`), and the selected model is tested
-(open-set: leave-one-out; closed-set: queries against a gallery) with its mean PR curve.
-:func:`embed_batches` is the one embedding loop (eval mode, no gradient) of the Trainer, of
-:class:`~rankwise.training.inference.LoadedRun` and of the hash codes; :class:`Evaluation` is the
-Trainer's part that evaluates, the same for one process and many (the strategy embeds shards
-and gathers them).
+The protocol of Wen et al. (NeurIPS 2022, Sec. 5.1 and App. D.1): validation ranked
+leave-one-out with the exact tie-aware metrics, the best validation mAP selected
+(:class:`~rankwise.training.callbacks.BestCheckpoint`), the selected model tested (open-set:
+leave-one-out; closed-set: against a gallery) with its mean PR curve. :func:`embed_batches` is
+the one embedding loop of the Trainer, of :class:`~rankwise.training.inference.LoadedRun` and of
+the hash codes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,9 +25,6 @@ from .callbacks import BestCheckpoint
 from .loader import worker_init
 from .state import RunState
 
-if TYPE_CHECKING:
-    pass
-
 __all__ = ["Evaluation", "embed_batches", "embed_labelled"]
 
 
@@ -42,9 +36,7 @@ def embed_batches(
     finish: Callable[[torch.Tensor], torch.Tensor] | None = None,
     name: str = "inputs",
 ) -> torch.Tensor:
-    """The embeddings of every batch of inputs, concatenated (eval mode, no gradient).
-
-    The model's previous mode (train or eval) is restored afterwards.
+    """The embeddings of every batch of inputs, concatenated (eval mode, then restored; no grad).
 
     Args:
         model: the embedding model.
@@ -84,13 +76,13 @@ def embed_labelled(
     """:func:`embed_batches` of a loader of ``(x, label)`` batches, with the ``(N,)`` int64 labels.
 
     Args:
-        model: the embedding model.
+        model: see :func:`embed_batches`.
         loader: ``(inputs, labels)`` batches.
-        device: where the model is.
-        finish: applied to each batch's embeddings.
+        device: see :func:`embed_batches`.
+        finish: see :func:`embed_batches`.
 
     Returns:
-        ``(embeddings, labels)``.
+        ``(embeddings (N, d), labels (N,))``.
     """
     labels: list[torch.Tensor] = []
 
@@ -119,8 +111,7 @@ class Evaluation(RunState):
     def embed(self, dataset: Dataset) -> tuple[torch.Tensor, np.ndarray]:
         """Embeddings ``(N, d)`` (on the trainer's device) and ``(N,)`` int64 labels of a dataset.
 
-        Streams the dataset in batches of ``eval_batch_size`` under ``torch.no_grad()`` in eval
-        mode and restores the previous mode afterwards.
+        Batches of ``eval_batch_size``, as in :func:`embed_batches`.
 
         Args:
             dataset: a map-style dataset of ``(x, label)`` items.
@@ -161,8 +152,7 @@ class Evaluation(RunState):
     def evaluate(self, split: str = "val") -> RetrievalReport:
         """The exact retrieval report of the current model on the ``"val"`` or ``"test"`` data.
 
-        Validation data is ranked leave-one-out; test data leave-one-out too, or against
-        ``gallery_data`` when there is one.
+        Leave-one-out, or test queries against ``gallery_data`` when there is one.
 
         Args:
             split: ``"val"`` or ``"test"``.
@@ -174,11 +164,7 @@ class Evaluation(RunState):
             return self._rank(split)[0]
 
     def test(self) -> tuple[RetrievalReport, PRCurve]:
-        """Test report and mean precision-recall curve of the current model (one embedding pass).
-
-        Returns:
-            ``(report, curve)``.
-        """
+        """``(report, curve)``: the current model's test report and mean PR curve (one pass)."""
         with preserve_torch_threads():
             report, _, curve = self._rank("test", with_curve=True)
         assert curve is not None

@@ -1,11 +1,9 @@
 """Config -> Trainer: the one place that reads a run's configuration.
 
-Builds what a :class:`~rankwise.training.config.Config` describes (data splits, model, ranking
-loss, P x K sampler, optimizer and learning-rate schedule of Wen et al., NeurIPS 2022, Sec. 5.1
-and App. D.1) and hands them, as plain values, to a :class:`~rankwise.training.Trainer` or a
-subclass (data-parallel, hashing). :meth:`Trainer.from_config
-<rankwise.training.Trainer.from_config>` and :meth:`Trainer.from_run_dir
-<rankwise.training.Trainer.from_run_dir>` delegate here.
+Builds what a :class:`~rankwise.training.config.Config` describes (the protocol of Wen et al.,
+NeurIPS 2022, Sec. 5.1 and App. D.1) and hands it, as plain values, to a
+:class:`~rankwise.training.Trainer` or a subclass; ``Trainer.from_config`` / ``from_run_dir``
+delegate here.
 """
 
 from __future__ import annotations
@@ -51,15 +49,7 @@ ModelLike = nn.Module | Callable[[tuple[int, ...]], nn.Module]
 
 
 def strategy_from_config(config: Config, trainer_cls: type[Trainer]) -> SingleProcess:
-    """The strategy of ``trainer_cls`` with the ``distributed`` settings of ``config``.
-
-    Args:
-        config: the run configuration.
-        trainer_cls: the trainer class (its ``strategy_class``).
-
-    Returns:
-        The strategy the trainer runs with.
-    """
+    """``trainer_cls.strategy_class`` with the ``distributed`` settings of ``config``."""
     if trainer_cls.strategy_class is SingleProcess:
         return SingleProcess()
     return trainer_cls.strategy_class(
@@ -86,18 +76,15 @@ def build_trainer(
 ) -> Trainer:
     """Build the data, model, loss, sampler, optimizer and schedule of ``config``; a trainer.
 
-    All configuration errors that need the data (unknown loss parameter, more classes per
-    batch than the training split has, missing dataset files, milestones past the budget)
-    are raised as :class:`~rankwise.training.errors.ConfigError` naming the key, before any
-    training step. The output directory is locked before it is looked at, and a run in it is
-    refused (unless ``resume`` / ``overwrite``) before the data is loaded.
+    Data-dependent config errors are raised as in :mod:`rankwise.training.build`, before any
+    step; the output directory is locked, and a run in it refused (unless ``resume`` /
+    ``overwrite``), before the data is loaded.
 
     Args:
         config: the validated run configuration.
         model: the model instead of ``config.model``'s: a module, or a function of the input
             shape (called after the config's seed is set, so its initialisation is seeded).
-        metric_fn: the evaluation (see :class:`~rankwise.training.Trainer`; default: the
-            trainer's).
+        metric_fn: the evaluation (see :class:`~rankwise.training.Trainer`).
         curve_fn: the test curve (idem).
         trainer_cls: the trainer class (default :class:`~rankwise.training.Trainer`).
         splits: pre-loaded :class:`~rankwise.data.RetrievalSplits` (a sweep reuses one

@@ -1,14 +1,10 @@
 """Using a trained run: the model of a run directory with the preprocessing it was trained with.
 
-A run directory (``rankwise train`` / :meth:`Trainer.from_config`) holds ``config.yaml`` and the
-checkpoints; :func:`load_run` rebuilds the embedding model from them and pairs it with the
-preprocessing its training data went through, so new data is embedded exactly as the test data
-was (``rankwise embed RUN_DIR INPUT --output emb.npy`` on the command line). The model selected
-on validation (``checkpoints/best.pt``, the one the run's test report evaluates) is used by
-default. Raw inputs are what the dataset ships: scikit-learn digits as pixel values 0-16 (as
-``sklearn.datasets.load_digits().images``), MNIST / Fashion-MNIST / CIFAR-10 as ``uint8`` 0-255
-(or floats already in [0, 1]), the image datasets as image files (resized and ImageNet-normalized
-at ``dataset.image_size``). No paper equation is implemented here.
+:func:`load_run` rebuilds the model from ``config.yaml`` and a checkpoint (by default
+``best.pt``, the one the test report evaluates) and embeds new data exactly as the test data was
+(``rankwise embed RUN_DIR INPUT``). Raw inputs are what the dataset ships: digits as pixels 0-16,
+MNIST / Fashion-MNIST / CIFAR-10 as ``uint8`` 0-255 (or floats in [0, 1]), image datasets as image
+files (resized and ImageNet-normalized at ``dataset.image_size``). See docs/training.md.
 """
 
 from __future__ import annotations
@@ -27,10 +23,6 @@ from .evaluation import embed_batches
 from .rundir import RunPaths, existing_results, resolve_run_dir
 
 _NAMES = RunPaths(Path())  # the run directory's file names, relative to it
-
-
-def _as_cpu_float32(embeddings: torch.Tensor) -> torch.Tensor:
-    return embeddings.float().cpu()
 
 
 __all__ = ["IMAGE_SUFFIXES", "LoadedRun", "image_paths", "load_run"]
@@ -128,15 +120,14 @@ class LoadedRun:
         return torch.stack(items)
 
     def embed(self, inputs: Any, batch_size: int = 256) -> torch.Tensor:
-        """Embed raw inputs (see :meth:`preprocess`) in batches.
+        """Embed raw inputs (as in :meth:`preprocess`) in batches.
 
         Args:
-            inputs: raw array inputs, or image paths for an image run.
+            inputs: see :meth:`preprocess`.
             batch_size: items per forward pass.
 
         Returns:
-            ``(N, embedding_dim)`` float32 embeddings on the CPU, as the run's evaluation saw
-            them.
+            ``(N, embedding_dim)`` float32 embeddings on the CPU, as the run's evaluation saw them.
         """
         if self.input_kind == "images":
             paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
@@ -145,13 +136,7 @@ class LoadedRun:
         else:
             x = self.preprocess(inputs)
             batches = (x[i : i + batch_size] for i in range(0, x.shape[0], batch_size))
-        return embed_batches(self.model, batches, self.device, finish=_as_cpu_float32)
-
-
-def _input_spec(config: Config) -> tuple[tuple[int, ...], str]:
-    from ..data.registry import input_spec
-
-    return input_spec(config.dataset.name, int(config.dataset.image_size))
+        return embed_batches(self.model, batches, self.device, finish=lambda e: e.float().cpu())
 
 
 def _pick_checkpoint(run_dir: Path, checkpoint: str) -> Path:
@@ -199,6 +184,7 @@ def load_run(
         >>> from sklearn.datasets import load_digits  # doctest: +SKIP
         >>> emb = run.embed(load_digits().images)  # (1797, 64)  # doctest: +SKIP
     """
+    from ..data.registry import input_spec
     from ..models import build_model
     from .checkpoint import load_checkpoint
 
@@ -211,7 +197,7 @@ def load_run(
     source = _pick_checkpoint(run_path, checkpoint)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     state = load_checkpoint(source, map_location=dev)
-    input_shape, kind = _input_spec(config)
+    input_shape, kind = input_spec(config.dataset.name, int(config.dataset.image_size))
     # the trained weights replace the backbone's: no pretrained weights file is needed here
     model = build_model(
         config.model.backbone,
@@ -235,14 +221,7 @@ def load_run(
 
 
 def image_paths(folder: str | Path) -> list[Path]:
-    """The image files below ``folder`` (recursively), sorted: the row order of ``embed``.
-
-    Args:
-        folder: a folder of images, or one image file.
-
-    Returns:
-        The paths.
-    """
+    """The image files below ``folder`` (recursively; ``[folder]`` for a file), sorted."""
     folder = Path(folder)
     if folder.is_file():
         return [folder]

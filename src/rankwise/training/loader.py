@@ -1,14 +1,9 @@
-"""Resumable, seeded training batches and what a dataset must provide for them.
+"""Resumable, seeded batches for the training loop and what a dataset must provide for them.
 
-Resumable, seeded batches for the training loop: a P x K batch sampler (Wen et al., NeurIPS
-2022, App. D: ``batch_size / m`` classes with exactly ``m`` samples each) started at any
-(epoch, batch) position, items whose random transforms are seeded by their batch coordinates, and
-what a user's dataset must provide for them.
-
-Batches depend only on the sampler's seed, the epoch and the batch position, and a random
-transform of an item only on ``(seed, epoch, batch, slot)``; so a run interrupted anywhere and
-resumed from its checkpoint sees exactly the batches an uninterrupted run sees, whatever
-``num_workers`` is.
+A P x K batch sampler (Wen et al., NeurIPS 2022, App. D: ``batch_size / m`` classes with exactly
+``m`` samples each) started at any (epoch, batch) position; an item's random transform is seeded
+by ``(seed, epoch, batch, slot)``, so a resumed run sees exactly the batches of an uninterrupted
+one, whatever ``num_workers`` is.
 """
 
 from __future__ import annotations
@@ -40,9 +35,8 @@ __all__ = [
 class BatchSampler(Protocol):
     """What the trainer needs of a batch sampler: an iterable of index lists with a length.
 
-    A ``set_epoch(epoch)`` method (as :class:`~rankwise.sampling.MPerClassBatchSampler` and
-    ``DistributedSampler`` have) makes the batches of each epoch reproducible, which bit-for-bit
-    resumption needs; a sampler without it yields whatever its iteration yields.
+    A ``set_epoch(epoch)`` method (as :class:`~rankwise.sampling.MPerClassBatchSampler` has)
+    makes each epoch's batches reproducible, which bit-for-bit resumption needs.
     """
 
     def __iter__(self) -> Iterator[list[int]]: ...
@@ -73,8 +67,7 @@ def mix_seed(*parts: int) -> int:
 def dataset_labels(dataset: Dataset, name: str = "train_data") -> np.ndarray:
     """The (N,) int64 class ids of a dataset, without loading its items.
 
-    Read from a ``labels`` attribute (every :mod:`rankwise.data` dataset has one), or from the
-    second tensor of a two-tensor ``TensorDataset(inputs, labels)``.
+    From a ``labels`` attribute, or the second tensor of ``TensorDataset(inputs, labels)``.
 
     Args:
         dataset: the dataset.
@@ -107,10 +100,7 @@ def dataset_labels(dataset: Dataset, name: str = "train_data") -> np.ndarray:
 
 
 def default_sampler(labels: np.ndarray, seed: int) -> MPerClassBatchSampler:
-    """The trainer's default batch sampler.
-
-    P x K batches of ``m = 4`` samples per class and ``min(32, 4 x classes)`` samples, seeded by
-    ``seed``.
+    """The trainer's default sampler: ``m = 4`` per class, ``min(32, 4 x classes)`` per batch.
 
     Args:
         labels: (N,) class ids of the training data.
@@ -133,10 +123,8 @@ def default_sampler(labels: np.ndarray, seed: int) -> MPerClassBatchSampler:
 class PositionedBatches:
     """Batch sampler yielding ``(index, item_seed, epoch, position)`` tuples forever.
 
-    Starts at batch ``position`` of ``epoch`` of the underlying sampler (whose batches are a
-    function of its seed and ``set_epoch``) and continues with the following epochs. The epoch and
-    position travel with the items, so the trainer knows exactly which batch it consumed even when
-    DataLoader workers prefetch ahead.
+    Starts at batch ``position`` of ``epoch``; epoch and position travel with the items, so the
+    trainer knows which batch it consumed even when DataLoader workers prefetch ahead.
 
     Args:
         sampler: the batch sampler.
@@ -201,9 +189,8 @@ class SeededItems(Dataset):
     ) -> list[tuple[Any, Any, torch.Tensor]]:
         """The items of a batch of keys, as :meth:`__getitem__` gives them one by one.
 
-        A DataLoader fetches a whole batch through this method, so the global numpy / python /
-        torch RNG states are saved and restored once per batch instead of once per item (the
-        same items, at half the loader time of an augmented 224-item batch).
+        The global RNG states are saved and restored once per batch, not per item (half the
+        loader time of an augmented 224-item batch).
 
         Args:
             keys: ``(index, seed, epoch, position)`` tuples.
@@ -238,8 +225,6 @@ class SeededItems(Dataset):
 def worker_init(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: a distinct, reproducible numpy / python stream per worker.
 
-    The loader's generator fixes the torch base seeds.
-
     Args:
         worker_id: the worker's index (unused: ``torch.initial_seed()`` already differs).
     """
@@ -261,11 +246,11 @@ def training_loader(
     """The DataLoader of a ``fit`` call, starting at batch ``position`` of ``epoch``.
 
     Args:
-        dataset: the training data.
+        dataset: the training data (see :class:`SeededItems`).
         sampler: the batch sampler.
         seed: the trainer's seed.
-        epoch: the epoch to start in.
-        position: the batch of that epoch to start at.
+        epoch: see :class:`PositionedBatches`.
+        position: see :class:`PositionedBatches`.
         num_workers: DataLoader worker processes (batches do not depend on it).
         pin_memory: pin host memory (for CUDA).
 

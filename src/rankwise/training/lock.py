@@ -1,22 +1,11 @@
 """One writer per run folder: an exclusive, crash-safe lock on a run or sweep directory.
 
-Two processes writing one run folder mix their files (the config of one, the checkpoints of the
-other) and log every record twice. So every writer of a folder — a training run (fresh or
-resumed), a ``bench`` / ``tune`` / hash sweep — first takes the folder's lock and keeps it until
-it is done; a second process is refused with a message naming the first (pid, host, start time,
-command line).
-
-The lock is an OS lock (``fcntl.flock``) on the file ``.rankwise.lock`` inside the folder, which
-also records who holds it. The kernel drops the lock when its process ends, however it ends
-(``kill -9`` included), so a lock file left behind by a killed process is simply taken over: a
-stale lock never needs deleting by hand. The file is removed when the lock is released.
-
-Within one process the lock is re-entrant: a sweep holding its folder can run trainers in it,
-and a trainer built by :meth:`~rankwise.training.Trainer.from_config` takes the lock its builder
-already holds. Child processes (``fork``, e.g. DataLoader workers) do not inherit it.
-
-Only platforms with ``fcntl`` (Linux, macOS) are protected; elsewhere a warning says the folder
-is not locked. No paper equation is implemented here.
+Two processes writing one folder mix their files, so every writer (a run, a ``bench`` / ``tune``
+/ hash sweep) holds the folder's lock until done; a second one is refused with a message naming
+the first (pid, host, start time, command line). It is a ``fcntl.flock`` on ``.rankwise.lock``
+in the folder, which records the holder; the kernel drops it when the process ends (``kill -9``
+too), so a stale file is taken over. Re-entrant within a process; not inherited by forked
+children. Without ``fcntl`` (not Linux/macOS) a warning says the folder is not locked.
 """
 
 from __future__ import annotations
@@ -227,12 +216,12 @@ def _release(directory: Path) -> None:
 class RunDirLock:
     """One hold of a folder's lock; :meth:`release` it (or leave a ``with`` block) when done.
 
-    Made by :func:`lock_run_dir`. A hold that is garbage-collected is released.
+    Made by :func:`lock_run_dir`; released when garbage-collected.
 
     Args:
         directory: the folder (resolved).
-        held: whether this process holds its lock (``False``: an empty hold, e.g. for a rank
-            of a data-parallel run that does not write the folder).
+        held: whether this process holds its lock (``False``: an empty hold, e.g. of a rank
+            that does not write the folder).
 
     Attributes:
         directory: the folder.

@@ -1,10 +1,8 @@
 """The collectives of data-parallel training: the gathered batch and replicas kept in sync.
 
-:func:`all_gather_with_grad` concatenates every rank's embeddings and labels in rank order, the
-gradient flowing back to the local slice, so every rank computes the loss of the global batch
-(Wen et al., NeurIPS 2022, Eq. 8); :func:`check_replicas_in_sync` compares exact checksums of
-every weight, buffer and optimizer tensor across ranks; :class:`ReplicaSync` agrees on stopping
-after every step. Re-exported by :mod:`rankwise.training.distributed`.
+:func:`all_gather_with_grad` lets every rank compute the loss of the global batch (Wen et al.,
+NeurIPS 2022, Eq. 8); :func:`check_replicas_in_sync` compares exact checksums across ranks;
+:class:`ReplicaSync` agrees on stopping. Re-exported by :mod:`rankwise.training.distributed`.
 """
 
 from __future__ import annotations
@@ -45,9 +43,7 @@ GRADIENT_REDUCTIONS = ("mean", "sum")
 class _AllGatherWithGrad(torch.autograd.Function):
     """Concatenate every rank's rows; backward returns this rank's slice of the gradient, scaled.
 
-    The backward is local (no collective): every rank computes the same loss from the same
-    gathered batch, so the gradient w.r.t. the gathered tensor is the same on every rank and the
-    slice of this rank is all it needs.
+    No collective in backward: every rank's loss, hence gradient w.r.t. the gathered rows, is equal.
     """
 
     @staticmethod
@@ -92,10 +88,7 @@ def _agree_on_local_inputs(embeddings: Any, labels: Any, group: Any) -> None:
     signature = (
         [-1, -1]
         if problem is not None
-        else [
-            int(embeddings.shape[1]),
-            DTYPE_CODES.index(embeddings.dtype),
-        ]
+        else [int(embeddings.shape[1]), DTYPE_CODES.index(embeddings.dtype)]
     )
     rows = all_gather_small([0 if problem is None else 1, *signature], group)
     bad = [r for r, row in enumerate(rows) if row[0]]
@@ -122,19 +115,16 @@ def all_gather_with_grad(
 ) -> tuple[torch.Tensor, torch.Tensor, slice]:
     """The global batch: every rank's embeddings and labels, concatenated in rank order.
 
-    A collective (every rank calls it at the same point). Local batch sizes may differ between
-    ranks; the embedding dimension and dtype must not (the same ``ValueError`` is raised on
-    every rank otherwise). Without a multi-rank process group the inputs come back unchanged.
+    A collective. Local batch sizes may differ; dimension and dtype must not (the same
+    ``ValueError`` on every rank). Without a multi-rank group the inputs come back unchanged.
 
     Args:
         embeddings: this rank's ``(B_r, d)`` embeddings (with autograd history).
         labels: its ``(B_r,)`` class ids (or ``(B_r, C)`` multi-hot).
         group: the process group (``None``: the default one).
-        gradient_reduction: how the parameter gradients are reduced across ranks afterwards:
-            ``"mean"`` (DistributedDataParallel): the gradient reaching the local embeddings is
-            multiplied by the world size, so the averaged parameter gradient is the gradient of
-            the global-batch loss; ``"sum"`` (you all-reduce-sum the gradients yourself): no
-            scaling.
+        gradient_reduction: how parameter gradients are reduced across ranks afterwards:
+            ``"mean"`` (DDP; the local gradient is multiplied by the world size) or ``"sum"``
+            (your own all-reduce-sum; no scaling); either way the global-batch gradient.
 
     Returns:
         ``(global_embeddings (B, d), global_labels (B, ...), local)`` with ``local`` the slice
@@ -168,12 +158,7 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _tensor_checksum(tensor: torch.Tensor) -> torch.Tensor:
-    """Two position-weighted sums (mod a prime) of the 16-bit halves of a tensor's bytes: (2,).
-
-    Exact integer arithmetic, so the result depends only on the bits and not on the reduction
-    order of the device: equal tensors give equal checksums on every rank, and changing any
-    16-bit half-word (e.g. one float in its last bit) changes both sums.
-    """
+    """(2,) position-weighted sums mod a prime of a tensor's 16-bit words: exact, order-free."""
     raw = _as_bytes(tensor)
     if raw.numel() % 2:
         raw = torch.cat([raw, raw.new_zeros(1)])
@@ -242,10 +227,8 @@ def check_replicas_in_sync(
 ) -> None:
     """Raise :class:`~rankwise.training.errors.ReplicaDivergenceError` unless all ranks agree.
 
-    A collective: every rank computes :func:`replica_checksums` (exact, on its device; only the
-    checksums travel) and compares them with rank 0's. Every rank raises the same error, naming
-    the tensors that differ and the ranks that hold another copy. Without a multi-rank process
-    group it does nothing.
+    A collective comparing every rank's :func:`replica_checksums` with rank 0's; every rank
+    raises the same error, naming the tensors and ranks that differ. A no-op on one process.
 
     Args:
         model: the model (the unwrapped module, not the DDP wrapper).
@@ -286,10 +269,8 @@ def check_replicas_in_sync(
 class ReplicaSync(Callback):
     """Keeps the ranks of a :class:`~rankwise.training.distributed.DistributedTrainer` in step with each other.
 
-    After every step the ranks agree on stopping (a Ctrl-C that reached one rank
-    stops every rank after the same step, with one checkpoint), and every ``check_every`` steps
-    they compare their weights, loss buffers and optimizer state
-    (:func:`check_replicas_in_sync`; the trainer also checks before every checkpoint).
+    After every step the ranks agree on stopping (a Ctrl-C on one rank stops all after the same
+    step); every ``check_every`` steps they run :func:`check_replicas_in_sync`.
 
     Args:
         check_every: steps between replica checks (``None``: only at checkpoints).

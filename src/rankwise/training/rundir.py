@@ -1,19 +1,19 @@
 """Run directories: file names (:class:`RunPaths`), results, finding runs, picking a checkpoint.
 
-One rule protects finished work for ``train``, ``bench`` and ``tune``: a directory that holds
+One rule protects finished work for ``train``, ``bench`` and ``tune``: a directory holding
 results (checkpoints, ``report.json``, a non-empty ``metrics.jsonl``, the PR curve; not a
-``config.yaml`` alone) is written into only when the caller resumes or overwrites it. Also: the
-run directories below a folder (``rankwise train --resume runs/digits`` for
-``runs/digits/auc-seed0``), the checkpoint to resume from when the newest is corrupt, and the
-temporary files a killed run left.
+``config.yaml`` alone) is written into only when the caller resumes or overwrites it.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checkpoint import atomic_write_text, load_checkpoint
 from .errors import ConfigError, CorruptCheckpointError
 
 __all__ = [
@@ -128,13 +128,8 @@ def existing_results(directory: str | Path, files: Sequence[str] = RUN_RESULT_FI
     Returns:
         The ones present and non-empty, in the order of ``files``.
     """
-    directory = Path(directory)
-    found = []
-    for name in files:
-        path = directory / name
-        if path.is_file() and path.stat().st_size > 0:
-            found.append(name)
-    return found
+    paths = [(name, Path(directory) / name) for name in files]
+    return [name for name, path in paths if path.is_file() and path.stat().st_size > 0]
 
 
 def _is_run_dir(path: Path) -> bool:
@@ -198,16 +193,7 @@ def resolve_run_dir(path: str | Path) -> Path:
 
 
 def readable_checkpoint_step(path: str | Path) -> int | None:
-    """The step of a checkpoint that loads (``None``: missing or corrupt).
-
-    Args:
-        path: a checkpoint file.
-
-    Returns:
-        Its ``step``, or ``None``.
-    """
-    from .checkpoint import load_checkpoint
-
+    """The ``step`` of the checkpoint file ``path`` if it loads (``None``: missing or corrupt)."""
     try:
         state = load_checkpoint(path)
     except (FileNotFoundError, CorruptCheckpointError):
@@ -219,9 +205,8 @@ def readable_checkpoint_step(path: str | Path) -> int | None:
 def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
     """Delete the temporary files of atomic writes that a killed run left in ``run_dir``.
 
-    The atomic writers of :mod:`rankwise.training.checkpoint` write ``.NAME.XXXX.tmp`` beside
-    ``NAME`` and rename it; a process killed in between (kill -9, a power cut) leaves it. Call
-    only from the one process that writes the run directory (rank 0 of a data-parallel run).
+    (``.NAME.XXXX.tmp`` of :mod:`rankwise.training.checkpoint`). Call only from the process
+    that writes the run directory (rank 0 of a data-parallel run).
 
     Args:
         run_dir: a run directory.
@@ -256,9 +241,6 @@ def _sweep_results(output: Path, files: Sequence[str]) -> list[str]:
 
 def _remove_previous_sweep(output: Path, files: Sequence[str]) -> None:
     """Delete what the previous sweep in ``output`` wrote: its files and the runs it listed."""
-    import json
-    import shutil
-
     manifest = output / SWEEP_FILE
     runs: list[str] = []
     if manifest.is_file():
@@ -292,11 +274,10 @@ def prepare_sweep_dir(
 ) -> None:
     """Apply the results rule to a sweep's output directory and record the sweep in it.
 
-    A fresh sweep refuses a directory holding results (``files``, a ``sweep.json``, or run
-    directories with results below it) unless ``overwrite`` (the previous sweep's files and the
-    run directories its ``sweep.json`` lists are deleted) or ``resume`` (the directory must hold
-    a sweep of the same ``kind`` with the same ``settings``). ``sweep.json`` records ``kind``,
-    ``settings`` (what ``--resume`` re-runs) and the planned run directories.
+    Results here are ``files``, a ``sweep.json`` or run directories with results below;
+    ``overwrite`` deletes the previous sweep's files and the runs its ``sweep.json`` lists;
+    ``resume`` needs a sweep of the same ``kind`` and ``settings``. ``sweep.json`` records
+    ``kind``, ``settings`` and ``runs``.
 
     Args:
         output: the sweep directory.
@@ -311,10 +292,6 @@ def prepare_sweep_dir(
         ConfigError: a directory with results without ``resume`` / ``overwrite``; both given; a
             ``resume`` of a directory without this sweep.
     """
-    import json
-
-    from .checkpoint import atomic_write_text
-
     output = Path(output)
     if resume and overwrite:
         raise ConfigError(
@@ -356,8 +333,6 @@ def read_sweep(output: str | Path, kind: str) -> dict:
     Raises:
         ConfigError: no such sweep there.
     """
-    import json
-
     path = Path(output) / SWEEP_FILE
     try:
         record = json.loads(path.read_text())

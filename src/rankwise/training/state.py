@@ -1,10 +1,8 @@
 """A run on disk: its result (:class:`RunResult`) and the Trainer's part that owns its directory.
 
-:class:`RunResult` is the outcome of :meth:`Trainer.fit <rankwise.training.Trainer.fit>`, the one
-writer and reader of ``report.json`` / ``pr_curve.json``; :class:`RunState` holds the run
-directory's lock, the checkpoint written after every evaluation (weights, optimizer, loss buffers
-such as SOPRC's ``v`` of Wen et al., NeurIPS 2022, Eq. (10), scheduler, sampler position, RNG
-streams, callbacks' state) and resumption. File names: :class:`~rankwise.training.rundir.RunPaths`.
+:class:`RunResult` writes and reads ``report.json`` / ``pr_curve.json``; :class:`RunState` holds
+the directory's lock, the checkpoints (every state, e.g. SOPRC's ``v`` of Wen et al., NeurIPS 2022,
+Eq. (10)) and resumption. File names: :class:`~rankwise.training.rundir.RunPaths`.
 """
 
 from __future__ import annotations
@@ -98,11 +96,7 @@ class RunResult:
         }
 
     def save(self, run_dir: str | Path) -> None:
-        """Write ``report.json`` (and ``pr_curve.json`` when there is a curve), atomically.
-
-        Args:
-            run_dir: the run directory.
-        """
+        """Write ``report.json`` (and ``pr_curve.json``, if any) in ``run_dir``, atomically."""
         paths = RunPaths(Path(run_dir))
         atomic_write_text(json.dumps(self.to_dict(), indent=2) + "\n", paths.report)
         if self.pr_curve is not None:
@@ -194,10 +188,7 @@ def _format1_callback_states(state: dict[str, Any]) -> dict[str, dict[str, Any]]
 
 
 class RunState(CallbackHost):
-    """The Trainer's run directory: its lock, its checkpoints, resumption (a mixin of Trainer).
-
-    It declares the trainer's attributes it (and the mixins built on it) uses.
-    """
+    """The Trainer's run directory: its lock, its checkpoints, resumption (a mixin of Trainer)."""
 
     CHECKPOINT_FORMAT = 2
     run_dir: Path | None
@@ -236,18 +227,7 @@ class RunState(CallbackHost):
         check: Callable[[], None] | None = None,
         strategy: SingleProcess | None = None,
     ) -> RunDirLock:
-        """Take the lock of ``run_dir``, then run ``check`` (a refusal releases it again).
-
-        Args:
-            run_dir: the run directory.
-            key: the argument or config key that named it, for the messages.
-            resume: the caller continues the run there.
-            check: what must hold once the folder is locked (e.g. no results in it).
-            strategy: the processes of the run (the main one takes the lock).
-
-        Returns:
-            The hold of the lock.
-        """
+        """Lock ``run_dir`` (on the main process), then run ``check``; a refusal releases it."""
 
         def take() -> RunDirLock:
             lock = lock_run_dir(run_dir, key, then="resume it" if resume else None)
@@ -315,11 +295,7 @@ class RunState(CallbackHost):
         return self.paths.last
 
     def kept_checkpoint_message(self) -> str:
-        """What survives a failure now: ``"the last good checkpoint (...) is kept"`` or why not.
-
-        Returns:
-            A clause for error messages.
-        """
+        """A clause for error messages: ``"the last good checkpoint (...) is kept"`` or why not."""
         if self.run_dir is None:
             return "nothing was saved (the trainer has no run_dir)"
         if self.last_checkpoint_step is None:
@@ -376,8 +352,7 @@ class RunState(CallbackHost):
             failure: Exception | None = exc  # the main process could not write: all must learn it
         else:
             failure = None
-        # no process goes on (and, say, resumes from last.pt) before the main one has written it;
-        # 1: it failed, 2: its disk is full (every process then ends the same way)
+        # no process goes on before the main one has written it; 1: failed, 2: disk full
         code = 0 if failure is None else 2 if isinstance(failure, DiskFullError) else 1
         code = self.strategy.worst_code(code)
         if failure is not None:
@@ -438,7 +413,7 @@ class RunState(CallbackHost):
 
     def _check_best(self) -> None:
         """A resumed run's ``best.pt`` must load: the final test evaluates it."""
-        best = next((c for c in self.callbacks if isinstance(c, BestCheckpoint)), None)
+        best = self._callback(BestCheckpoint)
         path = self.paths.best
         if best is None or best.best_step is None or self.run_dir is None:
             return
@@ -497,15 +472,12 @@ class RunState(CallbackHost):
         self.next_position = int(state["next_position"])
         self.seconds = float(state["seconds"])
         self.last_checkpoint_step = self.step
-        self._restore_rng(state)
+        self.strategy.restore_rng(state)
         states = state.get("callbacks", {}) if fmt != 1 else _format1_callback_states(state)
         for callback in self.callbacks:
             if callback.state_key is not None and callback.state_key in states:
                 callback.load_state_dict(states[callback.state_key])
         self._check_best()
-
-    def _restore_rng(self, state: dict[str, Any]) -> None:
-        self.strategy.restore_rng(state)
 
     def _prepare_run_dir(self) -> None:
         if self.run_dir is None or not self.is_main_process:
@@ -544,9 +516,7 @@ class RunState(CallbackHost):
     def check_replicas(self) -> None:
         """Raise :class:`ReplicaDivergenceError` unless every process holds the same state.
 
-        A collective on many processes (see
-        :func:`~rankwise.training.replicas.check_replicas_in_sync`): weights, loss buffers,
-        optimizer state. Nothing to check for one process.
+        A collective (:func:`~rankwise.training.replicas.check_replicas_in_sync`); a no-op for one.
         """
         try:
             self.strategy.check_replicas(self.model, self.loss_fn, self.optimizer, self.step)

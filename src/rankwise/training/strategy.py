@@ -1,10 +1,8 @@
 """How many processes train one model: the strategy the Trainer asks for what differs.
 
-Who a process is (``rank``, ``world_size``, ``is_main_process``), the collectives (gather a batch's
-or a split's embeddings, reduce a stop flag, broadcast what rank 0 read, barrier), the sharding
-of the sampler and the evaluation data, and rank 0 alone writing the run directory:
-:class:`SingleProcess` without communication, :class:`DataParallelStrategy` on a
-torch.distributed group with the global-batch loss of Wen et al. (NeurIPS 2022, Eq. 8;
+Who a process is, the collectives, the sharding of sampler and evaluation data, and who writes:
+:class:`SingleProcess` without communication, :class:`DataParallelStrategy` on a torch.distributed
+group with the global-batch loss of Wen et al. (NeurIPS 2022, Eq. 8;
 :func:`~rankwise.training.replicas.all_gather_with_grad`).
 """
 
@@ -138,11 +136,9 @@ class SingleProcess:
 class DataParallelStrategy(SingleProcess):
     """One model trained by every rank of a torch.distributed process group (one per process).
 
-    The model is wrapped in ``DistributedDataParallel`` (SyncBatchNorm on CUDA when it has
-    BatchNorm layers); each rank draws its shard of every global P x K batch and the embeddings
-    and labels are all-gathered right after the forward pass, so the finite check, the collapse
-    detector and the loss see the global batch; evaluation embeds a contiguous shard per rank and
-    gathers them; rank 0 alone writes and prints; checkpoints hold every rank's RNG streams.
+    The model runs in ``DistributedDataParallel`` (SyncBatchNorm on CUDA); each rank draws its
+    shard of every global P x K batch and the embeddings are all-gathered after the forward pass,
+    so checks and loss see the global batch; rank 0 alone writes and prints.
 
     Args:
         group: the process group (``None``: the default one).
@@ -281,10 +277,7 @@ class DataParallelStrategy(SingleProcess):
         return global_embeddings, global_labels
 
     def embed_split(self, data: Dataset, embed: Embedder) -> tuple[torch.Tensor, np.ndarray]:
-        """Each rank embeds a contiguous shard; the shards are gathered in order.
-
-        With fewer items than ranks every rank embeds everything.
-        """
+        """Ranks embed contiguous shards (all, if fewer items than ranks), gathered in order."""
         n = len(data)  # type: ignore[arg-type]
         if n < self.world_size:
             return embed(data)
@@ -331,15 +324,8 @@ class DataParallelStrategy(SingleProcess):
     def lock(self, take: Callable[[], RunDirLock], run_dir: Path) -> RunDirLock:
         """Rank 0 alone (it writes the run directory) takes the lock; every rank learns the outcome.
 
-        A refusal (the folder in use, or its check failing) is raised on every rank, so no rank
-        waits in a collective for one that gave up. A collective.
-
-        Args:
-            take: locks the folder and checks it (raises on a refusal).
-            run_dir: the run directory.
-
-        Returns:
-            The hold of the lock on rank 0, an empty one on the others.
+        A collective: a refusal is raised on every rank (none waits for one that gave up); the
+        other ranks get an empty hold.
         """
         if self.world_size == 1:
             return take()

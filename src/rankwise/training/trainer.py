@@ -1,16 +1,10 @@
 """The training loop: a Trainer for your own model, loss and data.
 
 The loop of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
-with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1: an embedding network trained with a
-ranking loss on P x K batches (exactly ``m`` samples per class), model selection by validation
-tie-aware mAP, and a test report of the selected model. :class:`Trainer` takes objects;
-:meth:`Trainer.from_config` builds them from a YAML config (:mod:`rankwise.training.factory`).
-Progress bar, ``metrics.jsonl``, best-checkpoint selection, plots and the collapse detector are
-callbacks (:mod:`rankwise.training.callbacks`). Resumable bit for bit: a checkpoint holds every
-state (weights, optimizer, loss buffers such as SOPRC's ``v`` of Eq. (10), scheduler, sampler
-position, RNG streams, step, callbacks); random transforms draw from generators seeded by
-``(seed, epoch, batch, slot)``, so batches depend neither on interruptions nor on
-``num_workers``.
+with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P x K batches, model
+selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit:
+a checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
+batches depend neither on interruptions nor on ``num_workers`` (:mod:`rankwise.training.loader`).
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from rich.console import Console
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from .._signals import signal_number_of
 from .._validation import check_bool
@@ -42,10 +36,7 @@ from .arguments import (
     positive_int,
 )
 from .build import build_optimizer, learning_rate_at, load_splits, preflight
-from .callbacks import (
-    Callback,
-    StepOutput,
-)
+from .callbacks import Callback, StepOutput
 from .callbacks.host import CallbackLike
 from .config import Config
 from .errors import NonFiniteLossError
@@ -81,13 +72,10 @@ class Trainer(Evaluation, Failures):
     exact tie-aware metrics of :func:`rankwise.metrics.retrieval_metrics`, the best model by
     validation mAP is kept, and a checkpoint is written; at the end the selected model is tested.
 
-    What the data must provide: ``train_data`` (and ``val_data`` / ``test_data`` /
-    ``gallery_data``) are map-style datasets whose ``dataset[i]`` returns ``(x, label)`` with an
-    integer class id; a batch of ``x`` goes through ``model`` as is. The default sampler reads
-    the class ids without loading items, from a ``labels`` attribute ((N,) ints; every
-    :mod:`rankwise.data` dataset has one) or from ``TensorDataset(inputs, labels)``; with your
-    own ``sampler`` that attribute is not needed for training. A dataset with a ``transform``
-    attribute that is ``None`` is read without per-item RNG seeding (nothing random happens).
+    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id; the
+    default sampler reads the ``(N,)`` ids from a ``labels`` attribute or from
+    ``TensorDataset(inputs, labels)`` (:func:`~rankwise.training.loader.dataset_labels`; not
+    needed with your own ``sampler``).
 
     Args:
         model: the embedding network, ``(B, ...) -> (B, d)``; moved to ``device``.
@@ -97,19 +85,16 @@ class Trainer(Evaluation, Failures):
         optimizer: default ``torch.optim.Adam(lr=1e-3)`` over the trainable parameters of
             ``model`` and ``loss_fn``.
         sampler: a batch sampler (an iterable of index lists with a length; ``set_epoch`` makes
-            resumption exact). Default: :class:`~rankwise.sampling.MPerClassBatchSampler` with
-            ``m=4`` samples per class and ``min(32, 4 x classes)`` samples, seeded by ``seed``.
+            resumption exact). Default: :func:`~rankwise.training.loader.default_sampler`.
         val_data: validation data, ranked leave-one-out; it selects the model (``None``: the
             final model is tested).
         test_data: test queries; ranked leave-one-out (open-set), or against ``gallery_data``
             (closed-set). ``None``: no test report.
         gallery_data: the gallery (database) of a closed-set test.
-        run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go. ``None``
-            writes no file at all: the history, the best model and the result stay in memory,
-            and a run cannot be resumed. The trainer locks it against other processes
-            (:mod:`rankwise.training.lock`) from its construction, before anything in it is
-            read, to the end of :meth:`fit`; a second :meth:`fit` takes it back, refusing it
-            when another process wrote a checkpoint there meanwhile.
+        run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go (``None``:
+            no file; everything stays in memory, no resume). Locked against other processes
+            (:mod:`rankwise.training.lock`) from construction to the end of :meth:`fit`; a
+            second :meth:`fit` refuses it if another process wrote a checkpoint there meanwhile.
         callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
             ``fn(trainer)`` (called after every complete step). A callback of the type of a
             default one (``ProgressBar``, ``MetricsLogger``, ``BestCheckpoint``,
@@ -147,9 +132,8 @@ class Trainer(Evaluation, Failures):
         name: the run's name on the progress bar and plots (default: the loss's).
         config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
             written to ``run_dir/config.yaml`` and into checkpoints, and used in messages.
-        strategy: how many processes train the model: one
-            (:class:`~rankwise.training.strategy.SingleProcess`, the default) or every rank of
-            a process group (:class:`~rankwise.training.strategy.DataParallelStrategy`; see
+        strategy: how many processes train: :class:`~rankwise.training.strategy.SingleProcess`
+            (default) or a ``DataParallelStrategy`` (see
             :class:`~rankwise.training.distributed.DistributedTrainer`).
         loss_name: the loss's name in messages (default: its class name; a config's name).
         run_dir_key: the argument or config key that named ``run_dir``, for messages.
@@ -257,9 +241,7 @@ class Trainer(Evaluation, Failures):
         self.checkpoint_dir = self.paths.checkpoints
         resume, overwrite = check_bool(resume, "resume"), check_bool(overwrite, "overwrite")
         check_run_options(self.run_dir, resume, overwrite, resume_from)
-        if console is None:
-            console = Console(stderr=True)
-        self.console = console
+        self.console = console if console is not None else Console(stderr=True)
 
         self.device = device_of(model, device)
         if self.device.type == "cuda" and self.deterministic:
@@ -268,11 +250,10 @@ class Trainer(Evaluation, Failures):
         self.model.to(self.device)
         self.loss_fn.to(self.device)
         self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
-        self.sampler = (
-            self.strategy.shard_sampler(sampler, from_config=config is not None)
-            if sampler is not None
-            else self._default_sampler()
-        )
+        from_config = config is not None and sampler is not None  # a config's error names its keys
+        if sampler is None:
+            sampler = default_sampler(dataset_labels(train_data, "train_data"), self.seed)
+        self.sampler = self.strategy.shard_sampler(sampler, from_config=from_config)
         self.steps_per_epoch = len(self.sampler)
         if self.steps_per_epoch <= 0:
             raise ValueError("`sampler` yields no batch per epoch.")
@@ -335,10 +316,6 @@ class Trainer(Evaluation, Failures):
             raise ValueError("`model` has no trainable parameter (requires_grad) to optimize.")
         return torch.optim.Adam(params, lr=1e-3)
 
-    def _default_sampler(self) -> BatchSampler:
-        sampler = default_sampler(dataset_labels(self.train_data, "train_data"), self.seed)
-        return self.strategy.shard_sampler(sampler)
-
     def _budget(self, iterations: int | None, epochs: int | None) -> int:
         if iterations is not None and epochs is not None:
             raise ValueError("pass `iterations` or `epochs`, not both.")
@@ -360,12 +337,9 @@ class Trainer(Evaluation, Failures):
     ) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
-        :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments as
-        there; ``resume``: continue from ``<output_dir>/checkpoints/last.pt``, see
-        :meth:`from_run_dir`). Every configuration error that needs the data is raised as a
-        :class:`~rankwise.training.errors.ConfigError` naming the key, before any step; a
-        :class:`~rankwise.training.lock.RunDirInUseError` when another process writes the output
-        directory (checked before anything in it is read and before the data is loaded).
+        :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments,
+        configuration errors and the output directory's lock as there; ``resume``: continue from
+        ``<output_dir>/checkpoints/last.pt``, see :meth:`from_run_dir`).
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
@@ -395,11 +369,8 @@ class Trainer(Evaluation, Failures):
     ) -> Trainer:
         """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``:
-        ``run_dir`` may be a folder holding exactly one run (e.g. ``runs/digits`` for
-        ``runs/digits/auc-seed0``); ``num_workers`` may change freely, ``device`` too (results
-        are then no longer bit-identical); ``checkpoint`` continues from another file than
-        ``last.pt`` (e.g. ``checkpoints/previous.pt``).
+        :func:`rankwise.training.factory.trainer_from_run_dir` (arguments as there) with
+        ``trainer_cls=cls``.
 
         Returns:
             The trainer, at the step of the checkpoint.
@@ -452,9 +423,8 @@ class Trainer(Evaluation, Failures):
     def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One optimizer step on the batch ``(x, y)`` at the learning rate of ``self.step``.
 
-        Forward pass, the checks of a healthy model (finite embeddings; the callbacks'
-        ``on_train_batch``, e.g. the collapse detector), the loss, its check, backward and the
-        optimizer (and scheduler) step. A failed check raises before anything is applied.
+        A failed check (finite embeddings, ``on_train_batch`` callbacks, finite loss) raises
+        before anything is applied.
 
         Args:
             x: a batch of inputs (moved to the trainer's device).
@@ -484,21 +454,9 @@ class Trainer(Evaluation, Failures):
         return loss.detach()
 
     def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The embeddings and labels the loss of a training batch sees (on the device).
-
-        On many processes (:class:`~rankwise.training.strategy.DataParallelStrategy`) the model
-        runs in DDP and the batch of every rank is all-gathered.
-        """
+        """The embeddings and labels the loss sees (on many processes: the gathered batch)."""
         embeddings = self._training_module(x.to(self.device, non_blocking=True))
         return self.strategy.gather_batch(embeddings, y.to(self.device, non_blocking=True))
-
-    def _advance(self, meta: torch.Tensor) -> tuple[int, int]:
-        epoch, position = int(meta[0, 0]), int(meta[0, 1])
-        if position + 1 >= self.steps_per_epoch:
-            self.next_epoch, self.next_position = epoch + 1, 0
-        else:
-            self.next_epoch, self.next_position = epoch, position + 1
-        return epoch, position
 
     def _run_step(self, batches: Iterator[Any]) -> None:
         self._in_step = True
@@ -506,7 +464,11 @@ class Trainer(Evaluation, Failures):
         lr = self.learning_rate(self.step)
         loss = self.train_step(x, y)
         self.step += 1
-        epoch, position = self._advance(meta)
+        epoch, position = int(meta[0, 0]), int(meta[0, 1])
+        if position + 1 >= self.steps_per_epoch:
+            self.next_epoch, self.next_position = epoch + 1, 0
+        else:
+            self.next_epoch, self.next_position = epoch, position + 1
         output = StepOutput(self.step, epoch, position, float(loss), lr, int(y.shape[0]))
         self._emit("on_train_step_end", output)
         if self.step % self.eval_every == 0 or self.step == self.total_steps:
@@ -564,7 +526,17 @@ class Trainer(Evaluation, Failures):
         with determinism(self.deterministic), graceful_stop(self):
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
-            batches = iter(self._loader())
+            batches = iter(
+                training_loader(
+                    self.train_data,
+                    self.sampler,
+                    seed=self.seed,
+                    epoch=self.next_epoch,
+                    position=self.next_position,
+                    num_workers=self.num_workers,
+                    pin_memory=self.device.type == "cuda",
+                )
+            )
             try:
                 while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
                     self._run_step(batches)
@@ -588,17 +560,6 @@ class Trainer(Evaluation, Failures):
                 result = self._finish(test)
         self._emit("on_fit_end", result)
         return result
-
-    def _loader(self) -> DataLoader:
-        return training_loader(
-            self.train_data,
-            self.sampler,
-            seed=self.seed,
-            epoch=self.next_epoch,
-            position=self.next_position,
-            num_workers=self.num_workers,
-            pin_memory=self.device.type == "cuda",
-        )
 
     def _result(
         self, status: str, test: RetrievalReport | None = None, curve: PRCurve | None = None

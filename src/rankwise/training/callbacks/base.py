@@ -40,21 +40,14 @@ class StepOutput:
 
 
 def report_summary(report: RetrievalReport) -> dict[str, Any]:
-    """``report.to_dict()`` without the per-query list (kept only in ``report.json``).
-
-    Args:
-        report: a retrieval report.
-
-    Returns:
-        A JSON-ready dict.
-    """
+    """JSON-ready ``report.to_dict()`` without the per-query list (kept only in ``report.json``)."""
     out = report.to_dict()
     out.pop("per_query_ap", None)
     return out
 
 
 class Callback:
-    """Base class of the trainer's callbacks: every hook does nothing (see the module docstring).
+    """Base class of the trainer's callbacks: every hook does nothing (see docs/training.md).
 
     Attributes:
         state_key: the key of this callback's state in a checkpoint (``None``: no state).
@@ -63,12 +56,12 @@ class Callback:
     state_key: str | None = None
 
     def on_fit_start(self, trainer: Trainer) -> None:
-        """Before the first step of a ``fit`` call."""
+        """Before the first step of a ``fit`` call (also after a resume)."""
 
     def on_train_batch(
         self, trainer: Trainer, embeddings: torch.Tensor, labels: torch.Tensor
     ) -> None:
-        """After the forward pass of a training batch, before its loss."""
+        """After a training batch's forward pass, before its loss (raising: nothing is applied)."""
 
     def on_train_step_end(self, trainer: Trainer, output: StepOutput) -> None:
         """After an optimizer step."""
@@ -79,7 +72,7 @@ class Callback:
         """After an evaluation of the validation data (before the checkpoint)."""
 
     def on_step_end(self, trainer: Trainer) -> None:
-        """After a complete step (records, evaluation and checkpoint written)."""
+        """After a complete step (records, evaluation, checkpoint): the safe point to stop."""
 
     def on_train_end(self, trainer: Trainer) -> None:
         """When the training loop is left, normally or by an exception."""

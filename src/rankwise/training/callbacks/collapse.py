@@ -30,16 +30,11 @@ __all__ = [
 COLLAPSE_SPREAD = 1e-3
 
 
-# -- collapse --------------------------------------------------------------------------------------
-
-
 def embedding_spread(embeddings: torch.Tensor) -> float:
     """Largest distance of an L2-normalized row of ``embeddings`` (N, d) from the first one.
 
-    Cosine scores are ranked by direction only, and for unit vectors 1 - u_i.u_j = |u_i - u_j|^2 / 2,
-    so a spread ``r`` puts every pairwise score within 2 r^2 of every other. 0 means every row has
-    the same direction (or every row is zero); ``inf`` for fewer than 2 rows (nothing to compare).
-    O(N d), no score matrix.
+    For unit vectors 1 - u_i.u_j = |u_i - u_j|^2 / 2, so a spread ``r`` puts every cosine score
+    within 2 r^2 of every other; 0: one direction (or all zero); ``inf``: fewer than 2 rows. O(N d).
 
     Args:
         embeddings: (N, d) tensor.
@@ -54,14 +49,7 @@ def embedding_spread(embeddings: torch.Tensor) -> float:
 
 
 def config_collapse_advice(config: Config) -> str:
-    """Likely causes of a collapse under ``config`` and the settings that fix them.
-
-    Args:
-        config: the run configuration.
-
-    Returns:
-        ``"Likely cause: ... Fix: ..."``, in config keys.
-    """
+    """``"Likely cause: ... Fix: ..."`` of a collapse under ``config``, in config keys."""
     oc = config.optimizer
     causes, fixes = [], []
     if oc.weight_decay > 0 and oc.name != "adamw":
@@ -89,14 +77,7 @@ def config_collapse_advice(config: Config) -> str:
 
 
 def optimizer_collapse_advice(optimizer: torch.optim.Optimizer) -> str:
-    """Likely causes of a collapse for a trainer built from objects, in terms of its optimizer.
-
-    Args:
-        optimizer: the trainer's optimizer.
-
-    Returns:
-        ``"Likely cause: ... Fix: ..."``.
-    """
+    """``"Likely cause: ... Fix: ..."`` of a collapse, in terms of the trainer's ``optimizer``."""
     name = type(optimizer).__name__
     decay = max(float(g.get("weight_decay", 0.0) or 0.0) for g in optimizer.param_groups)
     lr = float(optimizer.param_groups[0].get("lr", math.nan))
@@ -113,15 +94,10 @@ def optimizer_collapse_advice(optimizer: torch.optim.Optimizer) -> str:
 
 
 class CollapseDetector(Callback):
-    """Stop a run whose scores all tie.
+    """Stop a run whose scores all tie: a training batch's or the validation split's embeddings.
 
-    That is when the embeddings of a training batch (checked every step, before the loss) or of
-    the validation split (at every evaluation) all point in one direction.
-
-    Raises :class:`~rankwise.training.errors.CollapsedEmbeddingsError` (a
-    :class:`~rankwise.training.errors.NonFiniteLossError`) with the likely cause and fix; the
-    step is not applied (training batch) or not checkpointed (validation), so the last good
-    checkpoint is kept.
+    Raises :class:`~rankwise.training.errors.CollapsedEmbeddingsError` with the likely cause and
+    fix; the step is not applied (training batch) or not checkpointed (validation).
 
     Args:
         threshold: the :func:`embedding_spread` at or below which the run counts as collapsed.
@@ -151,7 +127,7 @@ class CollapseDetector(Callback):
             trainer: the trainer.
             embeddings: (N, d) embeddings.
             where: ``"training batch"`` or ``"validation split"``.
-            step: the step the embeddings belong to (for the message).
+            step: their step (for the message).
         """
         spread = embedding_spread(embeddings)
         if spread > self.threshold:

@@ -1,9 +1,7 @@
 """The Trainer's callbacks: the default ones, a user's replacing them, and calling their hooks.
 
-:class:`CallbackHost` (a mixin of :class:`~rankwise.training.Trainer`) holds the callbacks of a
-run — the collapse detector, the ``metrics.jsonl`` logger, the best-checkpoint selection, the
-progress bar and the plots by default — calls their hooks in order, and reads the history and
-the selection back from them.
+:class:`CallbackHost` (a mixin of :class:`~rankwise.training.Trainer`) holds them, calls their
+hooks in order, and reads the history and the selection back from them.
 """
 
 from __future__ import annotations
@@ -37,9 +35,8 @@ class CallbackHost:
     def _default_callbacks(
         self, log_every: int, progress: bool | None, detect_collapse: bool
     ) -> list[Callback]:
-        callbacks: list[Callback] = []
-        if detect_collapse:  # first: a collapsed validation split is neither logged nor kept
-            callbacks.append(CollapseDetector())
+        # the collapse detector first: a collapsed validation split is neither logged nor kept
+        callbacks: list[Callback] = [CollapseDetector()] if detect_collapse else []
         callbacks += [
             MetricsLogger(log_every),
             BestCheckpoint(),

@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MetricsLogger"]
 
-# -- metrics.jsonl ---------------------------------------------------------------------------------
-
 
 class MetricsLogger(Callback):
     """The run's records: ``trainer.history`` and, with a run directory, ``metrics.jsonl``.
@@ -34,12 +32,9 @@ class MetricsLogger(Callback):
     ``loss_fn.last_stats``), ``{"kind": "val", "step", ...report}`` at every evaluation, the final
     ``{"kind": "test", ...}`` and ``{"kind": "error", ...}`` when the run fails.
 
-    The losses of the steps since the last record are checkpointed, so a run resumed between two
-    records logs the same mean as an uninterrupted run. On resume the file is cut back to the
-    records of the checkpoint's step (a crash between checkpoints leaves later ones; they are
-    replayed) and the test record is dropped (the final test runs again). A last line cut short
-    (the run was killed while appending it; its step came after the checkpoint) is dropped with
-    a note; any other line that is not a JSON record is corruption (a ``ConfigError``).
+    The loss window is checkpointed (a resumed run logs the same means). On resume the file is
+    cut back to the checkpoint's step and the test record dropped; a last line cut short is
+    dropped with a note, any other non-JSON line is corruption (a ``ConfigError``).
 
     Args:
         log_every: steps between training records.

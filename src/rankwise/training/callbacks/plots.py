@@ -12,14 +12,9 @@ if TYPE_CHECKING:
 
 __all__ = ["PlotCurves"]
 
-# -- plots -----------------------------------------------------------------------------------------
-
 
 class PlotCurves(Callback):
-    """Draw the figures of a completed run with a run directory.
-
-    ``training_curves.png`` (training loss and validation mAP against the step) and
-    ``pr_curve.png`` (the test mean PR curve).
+    """Draw ``training_curves.png`` and ``pr_curve.png`` (test PR) in a completed run's directory.
 
     Args:
         title: title of the training-curves figure (default: the trainer's name).

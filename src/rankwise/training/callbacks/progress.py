@@ -20,16 +20,13 @@ if TYPE_CHECKING:
 
 __all__ = ["ProgressBar"]
 
-# -- progress bar ----------------------------------------------------------------------------------
-
 
 class ProgressBar(Callback):
     """Progress of the training steps: a bar in a terminal, plain log lines otherwise.
 
-    In a terminal: a rich bar with steps, elapsed and remaining time, the mean loss and
-    samples / s of the last ``log_every`` steps, and the last validation mAP. Without one (a
-    log file, a pipe, a batch job): one plain line at every evaluation and at least every
-    ``line_every`` seconds in between, e.g. ``soprc on digits: step 50/150 (33%)  loss 0.2143
+    The bar shows steps, times, the mean loss and samples / s of the last ``log_every`` steps
+    and the last validation mAP; a plain line comes at every evaluation and at least every
+    ``line_every`` seconds, e.g. ``soprc on digits: step 50/150 (33%)  loss 0.2143
     val mAP 0.9012 (best 0.9012 at 50)  12.3 s elapsed, ~24.6 s left``.
 
     Args:
@@ -111,15 +108,7 @@ class ProgressBar(Callback):
         return "—" if self._val is None else f"{self._val:.4f}"
 
     def line(self, trainer: Trainer, step: int) -> str:
-        """The plain progress line at ``step``.
-
-        Args:
-            trainer: the trainer.
-            step: steps completed.
-
-        Returns:
-            The line (no trailing newline).
-        """
+        """The plain progress line (no newline) of ``trainer`` after ``step`` steps."""
         total = trainer.total_steps
         elapsed = time.perf_counter() - self._fit_start
         done = step - self._first_step

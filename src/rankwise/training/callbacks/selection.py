@@ -18,15 +18,12 @@ if TYPE_CHECKING:
 
 __all__ = ["BestCheckpoint"]
 
-# -- model selection -------------------------------------------------------------------------------
-
 
 class BestCheckpoint(Callback):
     """Keep the model with the best validation score; the final test evaluates it.
 
-    With a run directory the best model is written (atomically) to ``checkpoints/best.pt``
-    (``{"format", "step", "val", "config", "model", "loss"}``); without one its weights are kept
-    in memory. Without validation data nothing is selected and the final model is tested.
+    Written atomically to ``checkpoints/best.pt`` (``{"format", "step", "val", "config", "model",
+    "loss"}``), or kept in memory without a run directory; without validation data, none.
 
     Args:
         monitor: the :class:`~rankwise.metrics.RetrievalReport` attribute to maximize:
@@ -75,14 +72,7 @@ class BestCheckpoint(Callback):
         )
 
     def best_model_state(self, trainer: RunState) -> dict[str, torch.Tensor] | None:
-        """The selected model's ``state_dict`` (``None``: nothing was selected).
-
-        Args:
-            trainer: the trainer (its run directory and device).
-
-        Returns:
-            The weights, mapped to the trainer's device.
-        """
+        """The selected model's ``state_dict`` on ``trainer``'s device (``None``: none selected)."""
         if trainer.run_dir is not None:
             path = trainer.paths.best
             if path.is_file():
