@@ -239,10 +239,9 @@ def prepare_splits(
         ConfigError: runs that disagree on the dataset, or the first run that fails
             :func:`~rankwise.training.trainer.preflight`, named by ``describe``.
     """
-    dataset_key = json.dumps(runs[0].config.dataset.model_dump(mode="json"), sort_keys=True)
-    if any(
-        json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != dataset_key
-        for r in runs
+    if (
+        len({json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) for r in runs})
+        > 1
     ):
         raise ConfigError("per-loss bench.overrides must not change the dataset section.")
     splits = load_splits(runs[0].config)
@@ -426,7 +425,9 @@ def tested(result: RunResult) -> tuple[RetrievalReport, PRCurve]:
     return result.test, result.pr_curve
 
 
-def _bench_summary(
+def _write_summary(
+    output: Path,
+    ablation: bool,
     runs: Sequence[BenchRun],
     results: Sequence[RunResult],
     splits: RetrievalSplits,
@@ -435,8 +436,9 @@ def _bench_summary(
     complete: bool,
     warm_up: float,
 ) -> dict[str, Any]:
+    """Rewrite ``bench.json`` and ``bench.md`` with the finished runs; returns the summary."""
     rows = aggregate_rows(runs[: len(results)], results)
-    return {
+    summary = {
         "dataset": runs[0].config.dataset.name,
         "protocol": str(splits.protocol),
         "seeds": [int(s) for s in seeds],
@@ -447,11 +449,9 @@ def _bench_summary(
         "rows": [row.to_dict() for row in rows],
         "reference_rows": references,
     }
-
-
-def _write_tables(output: Path, summary: Mapping[str, Any], ablation: bool) -> None:
     write_json(summary, output / "bench.json")
     atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
+    return summary
 
 
 def run_bench(
@@ -540,6 +540,7 @@ def run_bench(
             soft_wrap=True,
         )
         results: list[RunResult] = []
+        sweep = (output, ablation, runs, results, splits, seeds)  # results: filled run by run
         try:
             warm_up = warm_up_metrics()
             curves: dict[str, PRCurve] = {}
@@ -557,32 +558,23 @@ def run_bench(
                     soft_wrap=True,
                     highlight=False,
                 )
-                partial = _bench_summary(runs, results, splits, seeds, references, False, warm_up)
-                _write_tables(output, partial, ablation)
+                _write_summary(*sweep, references, False, warm_up)
         except KeyboardInterrupt as exc:
             names = [f"{run.label} seed {run.seed}" for run in runs]
             raise sweep_interrupted("bench", exc, names, len(results), output) from None
 
-        summary = _bench_summary(runs, results, splits, seeds, references, True, warm_up)
-        _write_tables(output, summary, ablation)
+        summary = _write_summary(*sweep, references, True, warm_up)
         rows = aggregate_rows(runs, results)
-        curves.update(
-            {row.label: _average_curves([tested(r)[1] for r in row.results]) for row in rows}
-        )
+        trained = {row.label: _average_curves([tested(r)[1] for r in row.results]) for row in rows}
         plot_pr_curves(
-            {**{row.label: curves[row.label] for row in rows}, **_reference_curves(curves, rows)},
+            {**trained, **curves},  # curves: the no-learning references
             output / "pr_curves.png",
             title=f"mean test PR curves on {summary['dataset']} "
             f"({'SOPRC ablation' if ablation else 'all losses'})",
             labels=_legend_labels(rows, references, ablation),
-            references=list(_reference_curves(curves, rows)),
+            references=list(curves),
         )
         return summary
-
-
-def _reference_curves(curves: Mapping[str, PRCurve], rows: Sequence[BenchRow]) -> dict:
-    labels = {row.label for row in rows}
-    return {name: curve for name, curve in curves.items() if name not in labels}
 
 
 def _legend_labels(

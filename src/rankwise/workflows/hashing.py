@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -429,19 +429,9 @@ class MethodResult:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "method": self.method,
-            "bits": self.bits,
-            "map": self.map,
-            "map_range": list(self.map_range),
-            "ndcg": self.ndcg,
-            "run_dir": self.run_dir,
-            "best_step": self.best_step,
-            "seconds": self.seconds,
-            "error": self.error,
-            "report": self.report,
-        }
+        """JSON-ready form (``report`` last)."""
+        data = asdict(self)
+        return data | {"map_range": list(self.map_range), "report": data.pop("report")}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MethodResult:

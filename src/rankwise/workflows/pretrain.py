@@ -44,11 +44,6 @@ def source_split_hash(source_ids: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(source_ids, dtype=np.int64).tobytes()).hexdigest()[:16]
 
 
-def _source_ids(split: Any) -> np.ndarray:
-    """``source_ids`` of a split of :func:`~rankwise.data.instances.build_instance_splits`."""
-    return np.asarray(split.source_ids, dtype=np.int64)
-
-
 def mean_negative_cosine(embeddings: torch.Tensor, labels: np.ndarray) -> float:
     """Mean cosine of the pairs of ``embeddings`` (N, d) with different ``labels`` (N,)."""
     unit = nn.functional.normalize(embeddings.detach().float(), dim=1)
@@ -171,7 +166,7 @@ def pretrain(
             "spread_pretrained": _spread(model, test),
         }
         if val is not None:
-            val_sources = _source_ids(val)[val.labels - val.labels.min()]
+            val_sources = np.asarray(val.source_ids, dtype=np.int64)[val.labels - val.labels.min()]
             report["val_accuracy"] = _accuracy(
                 _forward(net, val.batch(np.arange(len(val)))[0]), categories[val_sources]
             )

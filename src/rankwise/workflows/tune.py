@@ -322,17 +322,6 @@ def _without_run_prefix(exc: ConfigError) -> str:
     return text
 
 
-def _shared_splits(trials: Sequence[TuneTrial]) -> RetrievalSplits:
-    """One data load for the sweep, then every data-dependent check of every distinct run."""
-    trial_of = {id(run): trial for trial in trials for run in trial.runs}
-
-    def describe(run: BenchRun) -> str:
-        trial = trial_of[id(run)]
-        return f"tune trial {_describe(trial.loss, trial.params)}"
-
-    return prepare_splits([run for trial in trials for run in trial.runs], describe)
-
-
 def _run_trial(
     trial: TuneTrial,
     splits: RetrievalSplits,
@@ -356,28 +345,15 @@ def _run_trial(
             )
         except NonFiniteLossError as exc:
             # a diverging point is a legitimate tuning outcome: record it, never select it
-            trial.outcomes.append(
-                SeedOutcome(
-                    run.seed,
-                    None,
-                    None,
-                    exc.step,
-                    time.perf_counter() - start,
-                    str(run.config.resolved_output_dir()),
-                    str(exc),
-                )
-            )
+            seconds, run_dir = time.perf_counter() - start, str(run.config.resolved_output_dir())
+            outcome = SeedOutcome(run.seed, None, None, exc.step, seconds, run_dir, str(exc))
+            trial.outcomes.append(outcome)
             return
-        trial.outcomes.append(
-            SeedOutcome(
-                run.seed,
-                validation_map(result),
-                result.best_step,
-                result.steps,
-                result.seconds,
-                str(result.run_dir),
-            )
+        score, run_dir = validation_map(result), str(result.run_dir)
+        outcome = SeedOutcome(
+            run.seed, score, result.best_step, result.steps, result.seconds, run_dir
         )
+        trial.outcomes.append(outcome)
 
 
 def _selection_key(trial: TuneTrial) -> tuple[float, float, int]:
@@ -397,14 +373,14 @@ def _winners(
         ``(winners, ties)``: ``ties[loss]`` lists the trials whose mean validation mAP equals the
         winner's (the winner first); absent when there was no tie.
     """
-    best: dict[str, TuneTrial | None] = {}
-    for trial in trials:
-        best.setdefault(trial.loss, None)
-        current = best[trial.loss]
-        if trial.val_map_mean is not None and (
-            current is None or _selection_key(trial) > _selection_key(current)
-        ):
-            best[trial.loss] = trial
+    best = {
+        loss: max(
+            (t for t in trials if t.loss == loss and t.val_map_mean is not None),
+            key=_selection_key,
+            default=None,
+        )
+        for loss in dict.fromkeys(t.loss for t in trials)
+    }
     ties: dict[str, list[int]] = {}
     for loss, winner in best.items():
         if winner is None:
@@ -592,7 +568,11 @@ def tune(
         )
         runs = [run for trial in trials for run in trial.runs]
         run_dirs = [run.config.resolved_output_dir() for run in runs]
-        splits = _shared_splits(trials)  # every configuration error first, nothing written yet
+        names = {
+            id(run): f"tune trial {_describe(t.loss, t.params)}" for t in trials for run in t.runs
+        }
+        # every configuration error first, nothing written yet
+        splits = prepare_splits(runs, lambda run: names[id(run)])
         prepare_sweep_dir(
             output, "tune", settings, run_dirs, TUNE_FILES, resume=resume, overwrite=overwrite
         )
