@@ -48,6 +48,17 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return out
 
 
+def _xy(curve: Any, name: str, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
+    """The curve's ``x`` and ``y`` arrays, checked to be 1-D of the same length."""
+    xs, ys = (np.asarray(getattr(curve, key), dtype=np.float64) for key in (x, y))
+    if xs.shape != ys.shape or xs.ndim != 1:
+        raise ValueError(
+            f"curve {name!r}: `{x}` and `{y}` must be 1-D of the same length, got "
+            f"{xs.shape} and {ys.shape}."
+        )
+    return xs, ys
+
+
 # after tab10's 10 colours: further curves reuse them with another dash pattern and a marker,
 # never a pale shade (the 11th method of a benchmark, SOPRC, must read as well as the first)
 _DASHES = ("-", "--", "-.", ":")
@@ -109,14 +120,8 @@ def plot_pr_curves(
     fig = Figure(figsize=(10.0 if many else 6.4, 5.2 if many else 4.8))
     ax = fig.add_subplot()
     for name in [*methods, *references]:
-        curve, style = curves[name], {"linewidth": 1.8, **styles[name]}
-        recall = np.asarray(curve.recall, dtype=np.float64)
-        precision = np.asarray(curve.precision, dtype=np.float64)
-        if recall.shape != precision.shape or recall.ndim != 1:
-            raise ValueError(
-                f"curve {name!r}: `recall` and `precision` must be 1-D of the same length, got "
-                f"{recall.shape} and {precision.shape}."
-            )
+        recall, precision = _xy(curves[name], name, "recall", "precision")
+        style = {"linewidth": 1.8, **styles[name]}
         ax.plot(recall, precision, label=_legend_text(name, labels, name), **style)
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.02)
@@ -158,13 +163,7 @@ def plot_roc_curves(
     ax = fig.add_subplot()
     smallest_fpr = 1.0
     for style, (name, curve) in zip(_line_styles(len(curves)), curves.items(), strict=True):
-        fpr = np.asarray(curve.fpr, dtype=np.float64)
-        tpr = np.asarray(curve.tpr, dtype=np.float64)
-        if fpr.shape != tpr.shape or fpr.ndim != 1:
-            raise ValueError(
-                f"curve {name!r}: `fpr` and `tpr` must be 1-D of the same length, got "
-                f"{fpr.shape} and {tpr.shape}."
-            )
+        fpr, tpr = _xy(curve, name, "fpr", "tpr")
         positive = fpr[fpr > 0]
         if positive.size:
             smallest_fpr = min(smallest_fpr, float(positive.min()))

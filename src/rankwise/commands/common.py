@@ -130,10 +130,6 @@ def error_console() -> Console:
     return Console(stderr=True)
 
 
-def _first_line(text: str) -> str:
-    return text.splitlines()[0] if text else text
-
-
 def _training_errors() -> _TrainingErrors | None:
     """The training exception classes (None when :mod:`rankwise.training` was never imported).
 
@@ -277,7 +273,7 @@ def cli_errors(
     except (Exception, KeyboardInterrupt) as exc:
         code = _exit_for(exc, err, flags, what, interrupted_note)
         if code is None and bad_input and isinstance(exc, bad_input):
-            text = escape(_first_line(to_flags(str(exc), flags)))
+            text = escape((to_flags(str(exc), flags).splitlines() or [""])[0])
             err.print(f"[bold red]error:[/bold red] [red]{text}[/red]", soft_wrap=True)
             code = EXIT_BAD_INPUT
         if code is None:

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..reporting import report_rows
 from .common import cli_errors
 
 __all__ = ["evaluate", "load_array", "parse_ks"]
@@ -250,13 +251,8 @@ def _report_table(report: Any) -> Table:
     table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("mAP", f"{report.map:.4f}")
-    for k, value in report.recall_at.items():
-        table.add_row(f"recall@{k}", f"{value:.4f}")
-    for k, value in report.precision_at.items():
-        table.add_row(f"precision@{k}", f"{value:.4f}")
-    table.add_row("MAP@R", f"{report.map_at_r:.4f}")
-    table.add_row("R-precision", f"{report.r_precision:.4f}")
+    for name, value in report_rows(report):
+        table.add_row(name, f"{value:.4f}")
     return table
 
 

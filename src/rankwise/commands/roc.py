@@ -31,28 +31,19 @@ roc_app = typer.Typer(
 )
 
 _FLAGS = {
-    "alpha": "--alpha",
-    "tolerance": "--tolerance",
-    "negatives": "--negatives",
-    "n_negative_samples": "--n-negative-samples",
-    "max_iter": "--max-iter",
+    **{
+        name: "--" + name.replace("_", "-")
+        for name in (
+            "alpha tolerance negatives n_negative_samples max_iter learning_rate dataset method "
+            "fpr pca center test_fraction n_train n_test output overwrite"
+        ).split()
+    },
     "n_threads": "--threads",
-    "learning_rate": "--learning-rate",
     "risk": "--method",
     "X": "--features",
     "y": "--labels",
     "y_test": "--test-labels",
-    "dataset": "--dataset",
-    "method": "--method",
-    "fpr": "--fpr",
-    "pca": "--pca",
-    "center": "--center",
-    "test_fraction": "--test-fraction",
-    "n_train": "--n-train",
-    "n_test": "--n-test",
     "X_test": "--test-features",
-    "output": "--output",
-    "overwrite": "--overwrite",
 }
 
 

@@ -43,18 +43,6 @@ FLAGS = {
 }
 
 
-def _read_run_config(run_dir: Path) -> dict[str, Any]:
-    """The saved config of a run as a dict (empty when unreadable: the resume reports it)."""
-    from ..training import ConfigError
-    from ..training.config import read_config_file
-    from ..training.state import RunPaths
-
-    try:
-        return read_config_file(RunPaths(run_dir).config)
-    except ConfigError:
-        return {}
-
-
 def _join_process_group(config: dict[str, Any], device: str | None) -> int:
     """Under torchrun, join the process group (``config``'s backend and device); the rank."""
     from ..training.distributed import init_distributed, launched_by_torchrun
@@ -210,7 +198,10 @@ def train(
         raise
     finally:
         trainer = None  # its DDP wrapper holds the process group, which must end now
-        _leave_process_group(failure)
+        from ..training.distributed import launched_by_torchrun, shutdown_distributed
+
+        if launched_by_torchrun():  # leave the process group this command joined
+            shutdown_distributed(failure)
 
 
 @contextmanager
@@ -266,14 +257,6 @@ def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
             raise typer.Exit(128 + signum) from None
 
 
-def _leave_process_group(failure: BaseException | None) -> None:
-    """Under torchrun, leave the process group this command joined and stop its threads."""
-    from ..training.distributed import launched_by_torchrun, shutdown_distributed
-
-    if launched_by_torchrun():
-        shutdown_distributed(failure)
-
-
 def _build_trainer(
     overrides: list[str],
     config: Path | None,
@@ -284,8 +267,10 @@ def _build_trainer(
 ) -> tuple[Any, int]:
     """The trainer of the command (data-parallel under torchrun) and this process's rank."""
     from ..training import ConfigError, Trainer, load_config
+    from ..training.config import read_config_file
     from ..training.distributed import DistributedTrainer, launched_by_torchrun
     from ..training.rundir import resolve_run_dir
+    from ..training.state import RunPaths
 
     num_workers, device = options["num_workers"], options["device"]
     data_dir, seed = options["data_dir"], options["seed"]
@@ -304,7 +289,11 @@ def _build_trainer(
     trainer_class: Any = DistributedTrainer if launched_by_torchrun() else Trainer
     if resume is not None:
         run_dir = resolve_run_dir(resume)  # a folder holding one run is accepted
-        rank = _join_process_group(_read_run_config(run_dir), device)
+        try:  # an unreadable config.yaml: the resume below reports it
+            saved = read_config_file(RunPaths(run_dir).config)
+        except ConfigError:
+            saved = {}
+        rank = _join_process_group(saved, device)
         trainer = trainer_class.from_run_dir(
             run_dir,
             num_workers=num_workers,
