@@ -85,16 +85,9 @@ def option_overrides(
     dataset: str | None, data_dir: str | None, device: str | None, num_workers: int | None
 ) -> dict:
     """The dotted overrides the shared ``--dataset/--data-dir/--device/--num-workers`` stand for."""
-    extra: dict = {}
-    if dataset is not None:
-        extra["dataset.name"] = dataset
-    if data_dir is not None:
-        extra["dataset.data_dir"] = data_dir
-    if device is not None:
-        extra["device"] = device
-    if num_workers is not None:
-        extra["num_workers"] = num_workers
-    return extra
+    keys = ("dataset.name", "dataset.data_dir", "device", "num_workers")
+    values = (dataset, data_dir, device, num_workers)
+    return {key: value for key, value in zip(keys, values, strict=True) if value is not None}
 
 
 def resumed_settings(

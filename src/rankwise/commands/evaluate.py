@@ -218,14 +218,15 @@ def _write_outputs(
     """Write the JSON report and the PR plot (an OSError becomes a one-line error in evaluate)."""
     from ..plots import plot_pr_curves
 
+    text = json.dumps(report.to_dict(), indent=2) + "\n"
     if json_out is not None and str(json_out) == "-":
         # `--json -`: stdout carries the JSON alone, so a script can parse it
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        sys.stdout.write(text)
         sys.stdout.flush()
     elif json_out is not None:
         try:
             json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+            json_out.write_text(text)
         except OSError as exc:
             raise ValueError(
                 f"--json {json_out}: could not write the report ({exc.strerror or exc})."
@@ -305,29 +306,10 @@ def evaluate(
         gallery_labels_t = (
             load_array(gallery_labels, "--gallery-labels") if gallery_labels is not None else None
         )
-        report = retrieval_metrics(
-            query,
-            query_labels,
-            gallery_t,
-            gallery_labels_t,
-            ks=ks_tuple,
-            similarity=similarity,
-            ties=ties,
-            device=dev,
-        )
-        curve = (
-            pr_curve(
-                query,
-                query_labels,
-                gallery_t,
-                gallery_labels_t,
-                similarity=similarity,
-                ties=ties,
-                device=dev,
-            )
-            if plot_pr is not None
-            else None
-        )
+        arrays = (query, query_labels, gallery_t, gallery_labels_t)
+        options = {"similarity": similarity, "ties": ties, "device": dev}
+        report = retrieval_metrics(*arrays, ks=ks_tuple, **options)
+        curve = pr_curve(*arrays, **options) if plot_pr is not None else None
 
     mode = "leave-one-out" if gallery is None else f"gallery {gallery}"
     console.print(

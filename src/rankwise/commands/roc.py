@@ -112,8 +112,7 @@ class _Progress(RocProgress):
         if self._progress is not None:
             self._progress.update(self._task, completed=done)
             if done == total:
-                self._progress.stop()
-                self._progress = None
+                self.close()
             return
         if done == total or now - self._last >= self.line_every:
             elapsed = now - self._start

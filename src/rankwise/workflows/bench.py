@@ -290,10 +290,8 @@ def reference_rows(
     """
 
     def row(name: str, reports: Sequence[Any], row_seeds: Sequence[int]) -> dict[str, Any]:
-        out: dict[str, Any] = {"loss": name, "label": name, "seconds": 0.0}
-        out.update(_mean_std(reports))
-        out["seeds"] = [int(s) for s in row_seeds]
-        return out
+        seeds = [int(s) for s in row_seeds]
+        return {"loss": name, "label": name, "seconds": 0.0, **_mean_std(reports), "seeds": seeds}
 
     def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:  # any split with .inputs
         x = dataset.inputs.reshape(len(dataset.labels), -1).to(torch.float32)
@@ -391,19 +389,18 @@ def run_or_resume(
     name: str,
     test: bool = True,
 ) -> tuple[RunResult, str]:
-    """Train one run of a sweep, resume it from its checkpoint, or keep its stored result.
+    """:func:`rankwise.workflows.sweep.run_or_resume` of a planned run, on the sweep's splits.
 
     Args:
         run: the planned run.
         splits: the sweep's dataset splits.
-        resume: continue an interrupted sweep: a completed run is kept, an interrupted one
-            continues from ``checkpoints/last.pt``, the others start afresh.
+        resume: as :func:`~rankwise.workflows.sweep.run_or_resume`.
         console: where the run's progress goes.
         name: the run's name on its progress bar / lines.
-        test: test the selected model (``tune`` does not).
+        test: as :func:`~rankwise.workflows.sweep.run_or_resume`.
 
     Returns:
-        ``(result, how)``: how is ``"trained"``, ``"resumed"`` or ``"kept"``.
+        ``(result, how)`` as :func:`~rankwise.workflows.sweep.run_or_resume`.
     """
 
     def build(resume: bool = False, overwrite: bool = False) -> Trainer:

@@ -313,19 +313,12 @@ def _build_model(config, method: str, settings: HashSettings, input_shape) -> nn
     """The hashing model (or, for smooth_ap / triplet, the embedding model) of a run."""
     mc = config.model
     common = {"weights_path": mc.weights_path, "frozen_bn": mc.frozen_bn}
+    positional = (mc.backbone, tuple(input_shape), mc.embedding_dim)
     try:
         if method in ("smooth_ap", "triplet"):
-            return build_model(
-                mc.backbone,
-                tuple(input_shape),
-                mc.embedding_dim,
-                **common,
-                **settings.backbone_options,
-            )
+            return build_model(*positional, **common, **settings.backbone_options)
         return build_hashing_model(
-            mc.backbone,
-            tuple(input_shape),
-            mc.embedding_dim,
+            *positional,
             gamma=settings.gamma,
             # DPSH's quantization term acts on linear outputs u (Li et al., IJCAI 2016, Eq. 5)
             relaxation="identity" if method == "dpsh" else "tanh",

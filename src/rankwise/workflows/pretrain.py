@@ -166,7 +166,8 @@ def pretrain(
             "spread_pretrained": _spread(model, test),
         }
         if val is not None:
-            val_sources = np.asarray(val.source_ids, dtype=np.int64)[val.labels - val.labels.min()]
+            val_ids = val.source_ids  # type: ignore[attr-defined]  # build_instance_splits sets it
+            val_sources = np.asarray(val_ids, dtype=np.int64)[val.labels - val.labels.min()]
             report["val_accuracy"] = _accuracy(
                 _forward(net, val.batch(np.arange(len(val)))[0]), categories[val_sources]
             )

@@ -300,17 +300,14 @@ def _outputs(output: Path, overwrite: bool) -> dict[str, Path]:
 def _estimator(options: dict[str, Any], progress: RocProgress) -> Any:
     from ..similarity_learning import BilinearSimilarity  # noqa: PLC0415 - extra (scikit-learn)
 
+    same = ("tolerance", "negatives", "n_negative_samples", "max_iter", "learning_rate")
     return BilinearSimilarity(
         options["alpha"],
         risk=METHODS[options["method"]],
-        tolerance=options["tolerance"],
-        negatives=options["negatives"],
-        n_negative_samples=options["n_negative_samples"],
-        max_iter=options["max_iter"],
-        learning_rate=options["learning_rate"],
         random_state=options["seed"],
         n_threads=options["threads"],
         callback=progress.iteration,
+        **{key: options[key] for key in same},
     )
 
 

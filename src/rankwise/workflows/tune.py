@@ -568,11 +568,11 @@ def tune(
         )
         runs = [run for trial in trials for run in trial.runs]
         run_dirs = [run.config.resolved_output_dir() for run in runs]
-        names = {
+        described = {
             id(run): f"tune trial {_describe(t.loss, t.params)}" for t in trials for run in t.runs
         }
         # every configuration error first, nothing written yet
-        splits = prepare_splits(runs, lambda run: names[id(run)])
+        splits = prepare_splits(runs, lambda run: described[id(run)])
         prepare_sweep_dir(
             output, "tune", settings, run_dirs, TUNE_FILES, resume=resume, overwrite=overwrite
         )
