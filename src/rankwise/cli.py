@@ -3,10 +3,9 @@
 Sub-commands: ``evaluate`` (exact tie-aware retrieval report of saved embeddings), ``train`` (one
 training run from a YAML config), ``bench`` (every loss on one dataset, Table 1 style), ``tune``
 (hyper-parameter selection on the validation split), ``embed`` (new data through a trained run's
-model and preprocessing) and ``experiment`` (the papers' analysis
-figures, :mod:`rankwise.experiments`). The
-sub-commands live in :mod:`rankwise.commands` (see its docstring to add one); ``python -m
-rankwise`` runs the same program.
+model and preprocessing) and ``experiment`` (the papers' analysis figures,
+:mod:`rankwise.experiments`). The sub-commands live in :mod:`rankwise.commands` (see its
+docstring to add one); ``python -m rankwise`` runs the same program.
 
 The command line needs the ``cli`` extra (typer, rich and the training stack); without it,
 ``rankwise`` says which extra to install instead of failing with an ``ImportError``.

@@ -625,15 +625,12 @@ def results_table(results: Sequence[MethodResult], metric: str = "map") -> str:
     by_key = {(r.method, r.bits): r for r in results}
     head = "| method | " + " | ".join(f"{b} bits" for b in bits) + " |"
     rows = [head, "|---|" + "---:|" * len(bits)]
+
+    def cell(r: MethodResult | None) -> str:
+        return "—" if r is None else "failed" if r.error else f"{getattr(r, metric):.4f}"
+
     for m in methods:
-        cells = []
-        for b in bits:
-            r = by_key.get((m, b))
-            if r is None:
-                cells.append("—")
-            else:
-                cells.append("failed" if r.error else f"{getattr(r, metric):.4f}")
-        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+        rows.append(f"| {m} | " + " | ".join(cell(by_key.get((m, b))) for b in bits) + " |")
     return "\n".join(rows)
 
 

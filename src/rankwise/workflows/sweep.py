@@ -135,7 +135,6 @@ def write_json(data: Any, path: Path) -> None:
 
 def write_npz(path: Path, **arrays: Any) -> None:
     """Replace ``path`` atomically by an ``np.savez`` archive of ``arrays``."""
-    # the one atomic-write protocol of the checkpoints (temporary file, fsync, rename, disk full)
     atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
 
