@@ -307,7 +307,7 @@ def evaluate(
             load_array(gallery_labels, "--gallery-labels") if gallery_labels is not None else None
         )
         arrays = (query, query_labels, gallery_t, gallery_labels_t)
-        options = {"similarity": similarity, "ties": ties, "device": dev}
+        options: dict[str, Any] = {"similarity": similarity, "ties": ties, "device": dev}
         report = retrieval_metrics(*arrays, ks=ks_tuple, **options)
         curve = pr_curve(*arrays, **options) if plot_pr is not None else None
 

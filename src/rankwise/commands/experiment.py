@@ -50,7 +50,6 @@ def list_command() -> None:
     output_console(width=200).print(table)
 
 
-# -- one command per registered experiment --------------------------------------------------------
 def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)

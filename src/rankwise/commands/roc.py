@@ -81,7 +81,6 @@ def _print_report(console: Any, report: dict[str, Any]) -> None:
     )
 
 
-# -- progress ---------------------------------------------------------------------------------------
 class _Progress(RocProgress):
     """The stages of ``roc fit`` on stderr: a bar for the iterations in a terminal, lines otherwise.
 
@@ -151,7 +150,6 @@ class _Progress(RocProgress):
             self._progress = None
 
 
-# -- the command -----------------------------------------------------------------------------------
 @roc_app.command("fit")
 def fit(
     alpha: float = typer.Option(0.05, "--alpha", help="Target false positive rate α in (0, 1)."),

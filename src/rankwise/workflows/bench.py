@@ -356,9 +356,6 @@ def warm_up_metrics() -> float:
     return time.perf_counter() - start
 
 
-# -- resumable runs --------------------------------------------------------------------------------
-
-
 def stored_result(run: BenchRun, with_test: bool = True) -> RunResult | None:
     """The result of a run of the sweep that already completed (``None``: not completed).
 

@@ -191,9 +191,6 @@ class HashSettings(BaseModel):
         return list(dict.fromkeys(value))
 
 
-# -- the trainer -----------------------------------------------------------------------------------
-
-
 def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *, ks=(100,)):
     """Evaluation of a :class:`~rankwise.training.Trainer` by Hamming ranking of ``sign`` codes.
 
@@ -260,9 +257,6 @@ class HashingTrainer(Trainer):
         super().__init__(*args, **kwargs)
 
 
-# -- configs ---------------------------------------------------------------------------------------
-
-
 def load_hash_config(path: str | Path | None = None, overrides: Sequence[str] = ()):
     """Read a hashing config: a training config plus a ``hash:`` section.
 
@@ -313,12 +307,19 @@ def _build_model(config, method: str, settings: HashSettings, input_shape) -> nn
     """The hashing model (or, for smooth_ap / triplet, the embedding model) of a run."""
     mc = config.model
     common = {"weights_path": mc.weights_path, "frozen_bn": mc.frozen_bn}
-    positional = (mc.backbone, tuple(input_shape), mc.embedding_dim)
     try:
         if method in ("smooth_ap", "triplet"):
-            return build_model(*positional, **common, **settings.backbone_options)
+            return build_model(
+                mc.backbone,
+                tuple(input_shape),
+                mc.embedding_dim,
+                **common,
+                **settings.backbone_options,
+            )
         return build_hashing_model(
-            *positional,
+            mc.backbone,
+            tuple(input_shape),
+            mc.embedding_dim,
             gamma=settings.gamma,
             # DPSH's quantization term acts on linear outputs u (Li et al., IJCAI 2016, Eq. 5)
             relaxation="identity" if method == "dpsh" else "tanh",
@@ -369,9 +370,6 @@ def build_hash_trainer(
         name=name,
         plots=PlotCurves(title=name, pr_title=f"test mean PR curve, {name}", label=method),
     )
-
-
-# -- evaluation ------------------------------------------------------------------------------------
 
 
 def encode_dataset(model: nn.Module, dataset, batch_size: int = 512, device=None):

@@ -166,7 +166,6 @@ def fit_roc(
     return RocFit(report, estimator, prep, split, paths)
 
 
-# -- data ------------------------------------------------------------------------------------------
 def _subsample(rows: np.ndarray, n: int | None, rng: np.random.Generator) -> np.ndarray:
     """``n`` of the row indices ``rows`` drawn without replacement (sorted), or all of them."""
     if n is None or n >= rows.size:
@@ -264,7 +263,6 @@ def _preprocess(
     return unit(train), unit(test), {"mean": mean, "components": components}
 
 
-# -- evaluation ------------------------------------------------------------------------------------
 def _test_pairs(y: np.ndarray, max_pairs: int) -> tuple[np.ndarray, np.ndarray]:
     n = y.size
     if n * (n - 1) // 2 > max_pairs:
