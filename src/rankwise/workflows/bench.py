@@ -468,13 +468,11 @@ def run_bench(
     configuration errors (including the data-dependent ones: unknown loss parameter, too many
     classes per batch) are raised before the first run.
 
-    No lost work: an ``output`` that holds results is refused unless ``overwrite`` (the previous
-    sweep is deleted) or ``resume``; ``bench.json`` / ``bench.md`` are rewritten after every
-    run (``"complete": false`` until the end), so an interrupted sweep keeps its table; with
-    ``resume`` the completed runs are kept and skipped and the interrupted one continues from its
-    checkpoint. ``sweep.json`` records the settings (what ``rankwise bench --resume`` re-runs).
-    ``output`` is locked for the whole sweep (:mod:`rankwise.training.lock`): a second sweep into
-    it is refused, naming the process that holds it.
+    No lost work (the rules of :mod:`rankwise.workflows.sweep`): an ``output`` that holds results
+    is refused unless ``overwrite`` (the previous sweep is deleted) or ``resume``; ``bench.json``
+    / ``bench.md`` are rewritten after every run (``"complete": false`` until the end), so an
+    interrupted sweep keeps its table. ``sweep.json`` records the settings (what ``rankwise bench
+    --resume`` re-runs).
 
     Args:
         base: the base config as a plain mapping.

@@ -462,10 +462,8 @@ def run_hash_experiment(
 
     Runs are ``<output>/<method>/<bits>bits`` (each a normal run directory: config, checkpoints,
     metrics, report); ``<output>/results.json`` collects the test results. The rules of
-    :mod:`rankwise.workflows.sweep`: a run trained with another config is refused before
-    anything is written (``overwrite`` retrains it); a run with the same config that completed
-    is not trained again (its result is read), one that was interrupted continues from its
-    checkpoint, so running the same sweep again continues where it stopped.
+    :mod:`rankwise.workflows.sweep` apply (a run trained with another config is refused,
+    ``overwrite`` retrains every run), so running the same sweep again continues where it stopped.
 
     Args:
         config: the base training config.
