@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._disk import DiskFullError, disk_full_cause
 from .._extras import MissingDependencyError
+from .._signals import signal_number_of
 
 if TYPE_CHECKING:  # typer and rich are imported where used: the exit codes need neither
     from rich.console import Console
@@ -44,6 +45,7 @@ __all__ = [
     "cli_errors",
     "error_console",
     "output_console",
+    "signal_name",
     "to_flags",
     "train_resume_command",
 ]
@@ -144,13 +146,11 @@ def _training_errors() -> _TrainingErrors | None:
     return ConfigError, NonFiniteLossError, TrainingInterrupted, CorruptCheckpointError
 
 
-def _signal_exit(exc: BaseException) -> tuple[int, str]:
-    """Exit status (128 + signal) and the signal's name of an interruption."""
+def signal_name(number: int) -> str:
+    """How messages name a signal: ``Ctrl-C`` for SIGINT, else its name (``SIGTERM``)."""
     import signal
 
-    number = int(getattr(exc, "signal_number", signal.SIGINT))
-    name = "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
-    return 128 + number, name
+    return "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
 
 
 def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
@@ -216,10 +216,10 @@ def _exit_for(
             err.print(f"[red]{what} failed:[/red] {escape(text)}", soft_wrap=True)
             return EXIT_FAILED
     if isinstance(exc, KeyboardInterrupt):  # before anything was trained or saved
-        code, name = _signal_exit(exc)
-        text = f"{what} interrupted ({name}){'; ' + note if note else ''}."
+        number = signal_number_of(exc)
+        text = f"{what} interrupted ({signal_name(number)}){'; ' + note if note else ''}."
         err.print(f"[yellow]{escape(text)}[/yellow]", soft_wrap=True)
-        return code
+        return 128 + number
     return None
 
 

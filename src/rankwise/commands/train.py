@@ -23,7 +23,7 @@ from typing import Any
 
 import typer
 
-from .common import cli_errors, output_console, train_resume_command
+from .common import cli_errors, output_console, signal_name, train_resume_command
 
 __all__ = ["FLAGS", "train"]
 
@@ -226,16 +226,13 @@ def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
     def outcome() -> str | None:
         return "completed" if trainer.completed else (saved[0] if saved else None)
 
-    def name_of(signum: int) -> str:
-        return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-
     def on_signal(signum: int) -> bool:
         if outcome() is None or noted:
             return False  # the run is not saved yet, or a second signal: raise at once
         noted.append(signum)
-        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {name_of(signum)}"
+        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {signal_name(signum)}"
         trainer.console.print(
-            f"[yellow]{name_of(signum)} after the run {outcome()}: nothing is lost; finishing "
+            f"[yellow]{signal_name(signum)} after the run {outcome()}: nothing is lost; finishing "
             f"({again} aborts at once).[/yellow]",
             soft_wrap=True,
         )
@@ -250,7 +247,7 @@ def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
             signum = signal_number_of(exc)
             where = escape(str(trainer.run_dir))
             trainer.console.print(
-                f"[yellow]{name_of(signum)}: aborted after the run {outcome()}; what it saved "
+                f"[yellow]{signal_name(signum)}: aborted after the run {outcome()}; what it saved "
                 f"is kept in {where} (plots may be missing).[/yellow]",
                 soft_wrap=True,
             )
