@@ -170,15 +170,12 @@ def plot_roc_curves(
         auc = getattr(curve, "auc", None)
         label = f"{name} (AUC {auc:.4f})" if isinstance(auc, float) else name
         ax.plot(fpr, tpr, linewidth=1.8, label=label, **style)
+    low = min(smallest_fpr, 0.1) if log_fpr else 0.0
+    chance = np.geomspace(low, 1.0, 100) if log_fpr else np.array([0.0, 1.0])
+    ax.plot(chance, chance, "k:", linewidth=1.0, label="chance")
     if log_fpr:
-        low = min(smallest_fpr, 0.1)
-        chance = np.geomspace(low, 1.0, 100)
-        ax.plot(chance, chance, "k:", linewidth=1.0, label="chance")
         ax.set_xscale("log")
-        ax.set_xlim(low, 1.0)
-    else:
-        ax.plot([0.0, 1.0], [0.0, 1.0], "k:", linewidth=1.0, label="chance")
-        ax.set_xlim(0.0, 1.0)
+    ax.set_xlim(low, 1.0)
     ax.set_ylim(0.0, 1.02)
     ax.set_xlabel("false positive rate" + (" (log scale)" if log_fpr else ""))
     ax.set_ylabel("true positive rate")
