@@ -98,11 +98,9 @@ class _Progress(RocProgress):
         self._start = self._last = time.perf_counter()
 
     def stage(self, text: str) -> None:
-        """One line naming what the command does now."""
         self.console.print(f"roc fit: {text}", markup=False, highlight=False, soft_wrap=True)
 
     def iteration(self, done: int, total: int) -> None:
-        """Called by the estimator after every iteration (``done`` of ``total``)."""
         now = time.perf_counter()
         if done == 1:
             self._start = self._last = now
