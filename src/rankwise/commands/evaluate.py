@@ -218,7 +218,7 @@ def _write_outputs(
     """Write the JSON report and the PR plot (an OSError becomes a one-line error in evaluate)."""
     from ..plots import plot_pr_curves
 
-    text = json.dumps(report.to_dict(), indent=2) + "\n"
+    text = json.dumps(report.to_dict(), indent=2) + "\n" if json_out is not None else ""
     if json_out is not None and str(json_out) == "-":
         # `--json -`: stdout carries the JSON alone, so a script can parse it
         sys.stdout.write(text)
