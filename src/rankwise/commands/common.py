@@ -159,10 +159,7 @@ def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
     command = exc.resume_command
     if command is None and exc.run_dir is not None and exc.checkpoint_step is not None:
         command = train_resume_command(exc.run_dir)
-    if command is not None:
-        text = f"{text}. Resume with: {command}"
-    else:
-        text = f"{text}."
+    text += f". Resume with: {command}" if command is not None else "."
     return (f"{what} interrupted: " if what != "training" else "") + text
 
 
