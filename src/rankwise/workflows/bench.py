@@ -1,7 +1,6 @@
 """Loss comparison and ablation sweeps (Tables 1 and 2 of the SOPRC paper).
 
-Loss comparison and ablation sweeps: the Table 1 and Table 2 protocol of Wen et al.,
-*Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
+The Table 1 and Table 2 protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
 (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale.
 
 Every loss is trained with the same backbone, sampler, budget and seeds (only its own parameters
@@ -146,17 +145,15 @@ def plan_bench(
         ablation: plan Table 2's five SOPRC rows instead of the loss comparison.
         output: sweep directory; run ``<label>/seed<k>`` goes below it.
         run_overrides: dotted ``{key: value}`` overrides applied to every run last (after its loss
-            is chosen and after the ``quick`` budget), e.g. ``{"loss.params.lambda_val": 50}`` or
-            ``{"budget.iterations": 20}`` from the command line (a parameter a run's loss does not
-            take is reported as a config error naming the run).
+            and the ``quick`` budget), e.g. ``{"loss.params.lambda_val": 50}``; a parameter a
+            run's loss does not take is a config error naming the run.
 
     Raises:
         ConfigError: naming the run and the offending key.
     """
     base_config = config_from_dict(base)  # reports errors of the base file itself first
     bench = base_config.bench
-    # the table reports R@1 and R@10 whatever the base config evaluates; each run shows its
-    # progress as `rankwise train` does (a bar in a terminal, plain lines otherwise)
+    # the table reports R@1 and R@10 whatever the base config evaluates
     common: dict[str, Any] = {"eval_ks": sorted({*base_config.eval_ks, 1, 10})}
     if quick:
         common.update(bench.quick.overrides)
@@ -268,14 +265,10 @@ def reference_rows(
 ) -> list[dict[str, Any]]:
     """What the table must be read against: the same test protocol with no learning at all.
 
-    * ``input (no training)``: cosine retrieval on the flattened raw inputs (only for in-memory
-      array datasets; image folders are skipped, and the skip is reported in the row list's
-      absence, never silently replaced).
-    * ``untrained network``: the benchmark's backbone + head at its seeded initialisation, one
-      evaluation per seed, through the same :meth:`Trainer.evaluate` as the trained rows.
-
-    A loss that does not beat these rows has not learned anything that transfers to the test
-    classes; on tiny open-set problems (5 training classes) that happens, and the table says so.
+    ``input (no training)``: cosine retrieval on the flattened raw inputs (in-memory array
+    datasets only; no row for image folders). ``untrained network``: the backbone + head at its
+    seeded initialisation, evaluated per seed by the same :meth:`Trainer.evaluate`. A loss that
+    does not beat these has learned nothing that transfers to the test classes.
 
     Args:
         runs: the planned runs (the first one's config gives the backbone).
@@ -337,13 +330,8 @@ def _average_curves(curves: Sequence[PRCurve]) -> PRCurve:
 def warm_up_metrics() -> float:
     """Compile the numba evaluation kernels before anything is timed; returns the seconds spent.
 
-    The first call of a compiled kernel in a process compiles it (or loads it from numba's
-    cache), which would otherwise be counted in the first run's time. Both evaluation layouts
-    (leave-one-out and query / gallery) and the PR curve are exercised, in float32 as training
-    produces them.
-
-    Returns:
-        Wall-clock seconds of the warm-up.
+    A kernel's first call in a process compiles it (or loads numba's cache), which would count
+    in the first run's time. Exercises leave-one-out, query / gallery and the PR curve in float32.
     """
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(0)
@@ -388,16 +376,8 @@ def run_or_resume(
 ) -> tuple[RunResult, str]:
     """:func:`rankwise.workflows.sweep.run_or_resume` of a planned run, on the sweep's splits.
 
-    Args:
-        run: the planned run.
-        splits: the sweep's dataset splits.
-        resume: as :func:`~rankwise.workflows.sweep.run_or_resume`.
-        console: where the run's progress goes.
-        name: the run's name on its progress bar / lines.
-        test: as :func:`~rankwise.workflows.sweep.run_or_resume`.
-
-    Returns:
-        ``(result, how)`` as :func:`~rankwise.workflows.sweep.run_or_resume`.
+    ``resume``, ``test`` and the returned ``(result, how)`` as there; ``console`` shows the run's
+    progress, under ``name``.
     """
 
     def build(resume: bool = False, overwrite: bool = False) -> Trainer:
@@ -463,28 +443,13 @@ def run_bench(
 ) -> dict[str, Any]:
     """Train every planned run, then write ``bench.json``, ``bench.md`` and ``pr_curves.png``.
 
-    Arguments as in :func:`plan_bench`; ``console`` receives one progress line per run (the
-    table itself is :func:`rankwise.reporting.print_bench_table` of the returned summary). All
-    configuration errors (including the data-dependent ones: unknown loss parameter, too many
-    classes per batch) are raised before the first run.
-
-    No lost work (the rules of :mod:`rankwise.workflows.sweep`): an ``output`` that holds results
-    is refused unless ``overwrite`` (the previous sweep is deleted) or ``resume``; ``bench.json``
-    / ``bench.md`` are rewritten after every run (``"complete": false`` until the end), so an
-    interrupted sweep keeps its table. ``sweep.json`` records the settings (what ``rankwise bench
-    --resume`` re-runs).
-
-    Args:
-        base: the base config as a plain mapping.
-        losses: losses to compare (default ``base["bench"]["losses"]``).
-        seeds: training seeds.
-        quick: apply ``bench.quick.overrides``.
-        ablation: Table 2's SOPRC rows instead of the loss comparison.
-        output: the sweep directory.
-        console: rich console for progress lines.
-        run_overrides: dotted overrides applied to every run last.
-        resume: continue the sweep in ``output`` (its settings must be these).
-        overwrite: delete the previous sweep's results in ``output`` first.
+    Arguments as :func:`plan_bench`; ``console`` gets one progress line per run (the table is
+    :func:`rankwise.reporting.print_bench_table` of the summary). Every configuration error,
+    data-dependent ones included, is raised before the first run. The rules of
+    :mod:`rankwise.workflows.sweep` apply: an ``output`` holding results is refused unless
+    ``resume`` (continue; its ``sweep.json`` settings must be these) or ``overwrite`` (delete its
+    results first); ``bench.json`` / ``bench.md`` are rewritten after every run (``"complete":
+    false`` until the end).
 
     Returns:
         The ``bench.json`` content: ``{"dataset", "protocol", "seeds", "complete",
@@ -500,7 +465,6 @@ def run_bench(
     """
     console = console if console is not None else Console()
     output = Path(output)
-    # one sweep per folder at a time: locked before anything in it is read or written
     with lock_run_dir(output, "output", then="resume it" if resume else None):
         runs = plan_bench(
             base,
@@ -520,7 +484,7 @@ def run_bench(
             run_overrides=dict(run_overrides or {}),
         )
         run_dirs = [run.config.resolved_output_dir() for run in runs]
-        # every configuration error first (nothing is written before), then the results rule
+        # every configuration error before anything is written
         splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
         prepare_sweep_dir(
             output, "bench", settings, run_dirs, BENCH_FILES, resume=resume, overwrite=overwrite
