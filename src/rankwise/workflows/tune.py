@@ -1,6 +1,6 @@
 """Hyper-parameter selection on the validation split.
 
-Hyper-parameter selection on the validation split, the way Wen et al., *Exploring the
+The way Wen et al., *Exploring the
 Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
 Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of dotted overrides is trained with
 the benchmark protocol of :mod:`rankwise.workflows.bench` (same backbone, sampler, budget and seeds)
@@ -51,8 +51,7 @@ __all__ = [
     "validation_map",
 ]
 
-# keys the tuning protocol sets itself (seeds come from ``seeds``, run directories from ``output``,
-# the loss from ``losses``); a grid over them would be silently overwritten or break the sweep
+# keys the protocol sets itself (from seeds, output, losses): a grid over them would be lost
 _RESERVED_KEYS = (
     "seed",
     "output_dir",
@@ -66,8 +65,7 @@ _RESERVED_KEYS = (
 )
 _LOSS_PARAM_PREFIX = "loss.params."
 TUNE_FILES = ("tune.json", "tuned.yaml")
-# how a tie of the selection score is broken (documented in docs/training.md, reported in
-# tune.json and on the console): equal scores are common when a grid key has no effect
+# equal scores are common when a grid key has no effect (docs/training.md, "rankwise tune")
 TIE_RULE = (
     "equal mean validation mAP: the trial with the higher worst seed wins (the steadier "
     "point), then the earlier trial in grid order"
@@ -93,7 +91,6 @@ class TuneTrial:
 
     Attributes:
         index: position in the sweep (trial directories are ``trials/trial<index>``).
-        loss: the loss name.
         params: the dotted overrides of this point that apply to ``loss``.
         skipped: grid keys left out for ``loss`` (``{key: reason}``).
         runs: the planned, validated runs (one per seed).
@@ -141,8 +138,7 @@ class TuneTrial:
 def validation_map(result: RunResult) -> float:
     """The selection score of a run: the validation mAP of its selected checkpoint.
 
-    Only ``result.best_val`` is read; the test report (``result.test``) is deliberately never
-    touched, so the selection cannot depend on test data.
+    Only ``result.best_val`` is read, never ``result.test``: selection cannot see test data.
     """
     if result.best_val is None:
         raise RuntimeError(
@@ -249,10 +245,9 @@ def plan_tune(
 ) -> list[TuneTrial]:
     """Resolve and validate every trial of a tuning sweep, without loading data or training.
 
-    Each loss gets the Cartesian product of the grid keys that apply to it; a
-    ``loss.params.NAME`` key whose parameter the loss does not accept is skipped for that loss
-    (recorded in :attr:`TuneTrial.skipped`). Runs are planned with :func:`plan_bench`, so the
-    per-loss ``bench.overrides`` of the base apply first and the grid point on top of them.
+    Each loss gets the Cartesian product of the grid keys that apply to it (a
+    ``loss.params.NAME`` its loss does not take goes to :attr:`TuneTrial.skipped`). Runs are
+    planned by :func:`plan_bench`: the base's ``bench.overrides`` first, the grid point on top.
 
     Args:
         base: the base config as a plain mapping (``yaml.safe_load`` of a config file).
@@ -516,29 +511,13 @@ def tune(
     resume: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Select each loss's hyper-parameters on the validation split.
+    """Select each loss's hyper-parameters on validation data; write ``tune.json``, ``tuned.yaml``.
 
-    Writes ``tune.json`` and ``tuned.yaml`` to ``output``.
-
-    Arguments as in :func:`plan_tune`. Every configuration error (including the data-dependent
-    ones checked by :func:`~rankwise.training.trainer.preflight`) is raised before the first run.
-    A trial whose loss becomes non-finite is recorded as diverged and never selected. Equal
-    scores are broken by :data:`TIE_RULE`, and every tie is reported.
-
-    No lost work, as :func:`~rankwise.workflows.bench.run_bench`: an ``output`` holding results
-    is refused unless ``overwrite`` or ``resume``; ``tune.json`` is rewritten after every
-    trial; ``resume`` keeps the finished runs and continues the interrupted one.
-
-    Args:
-        base: the base config as a plain mapping.
-        losses: losses to tune (default ``base["bench"]["losses"]``).
-        grid: ``{dotted key: [values]}``.
-        seeds: tuning seeds.
-        output: the sweep directory.
-        quick: apply ``bench.quick.overrides``.
-        console: rich console for progress lines.
-        resume: continue the sweep in ``output`` (its settings must be these).
-        overwrite: delete the previous sweep's results in ``output`` first.
+    Arguments as :func:`plan_tune`, and ``console``, ``resume``, ``overwrite`` as
+    :func:`~rankwise.workflows.bench.run_bench` (``tune.json`` is rewritten after every trial).
+    Every configuration error, data-dependent ones included, is raised before the first run. A
+    trial whose loss becomes non-finite is recorded as diverged and never selected; ties are
+    broken by :data:`TIE_RULE` and reported.
 
     Returns:
         The ``tune.json`` content: ``{"dataset", "protocol", "selection", "tie_rule", "seeds",
@@ -551,12 +530,10 @@ def tune(
 
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
-        RunDirInUseError: another process is writing ``output`` (nothing is read or written; the
-            sweep holds its lock to the end, see :mod:`rankwise.training.lock`).
+        RunDirInUseError: another process is writing ``output`` (see :mod:`rankwise.training.lock`).
     """
     console = console if console is not None else Console()
     output = Path(output)
-    # one sweep per folder at a time: locked before anything in it is read or written
     with lock_run_dir(output, "output", then="resume it" if resume else None):
         trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
         settings = sweep_settings(
