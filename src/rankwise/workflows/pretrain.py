@@ -2,14 +2,9 @@
 
 Wen et al. (NeurIPS 2022, App. D.1) fine-tune an ImageNet-pretrained ResNet-50, so their embeddings
 start spread out; a run here starts from random weights. :func:`pretrain` trains the backbone of an
-instance benchmark (:mod:`rankwise.data.instances`) with cross-entropy on a different label space:
-the dataset's categories (Fashion-MNIST's 10 garment types) of the **training sources only**, each
-seen as fresh augmented views, through a linear classifier on the backbone's features. The
-validation and test sources are never touched (their categories give the held-out accuracy, on
-the validation sources only). It writes ``pretrained.pt`` (the embedding model's state dict, head
-left at its seeded initialisation as the paper's new projection is, plus metadata that
-``model.pretrained`` checks) and ``report.json`` (accuracies and the test embeddings' spread from
-scratch and pretrained). No ranking equation is implemented here.
+instance benchmark (:mod:`rankwise.data.instances`) with cross-entropy on its categories, from the
+**training sources only** (test sources never touched), and writes ``pretrained.pt`` and
+``report.json`` (docs/training.md, "A pretrained start").
 """
 
 from __future__ import annotations
