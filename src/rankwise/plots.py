@@ -1,13 +1,12 @@
 """PNG figures of evaluation curves (precision-recall, ROC) and of tie-breaking ranges.
 
-Precision-recall curves of the retrieval view (the AP that
-SOPRC, Wen et al. NeurIPS 2022, and tie-aware AP_T, He et al. CVPR 2018, optimize) and ROC curves
-of the pair view (Gajić et al., Eq. 1-3; Vogel et al., ICML 2018, pointwise ROC at FPR = alpha),
-and the mAP range over every tie-breaking of Hamming rankings (He et al., CVPR 2018, Fig. 3).
+Precision-recall curves of the retrieval view (the AP that SOPRC, Wen et al. NeurIPS 2022, and
+tie-aware AP_T, He et al. CVPR 2018, optimize), ROC curves of the pair view (Gajić et al., Eq.
+1-3; Vogel et al., ICML 2018, pointwise ROC at FPR = alpha) and the mAP range over every
+tie-breaking of Hamming rankings (He et al., CVPR 2018, Fig. 3).
 
-Figures are drawn with matplotlib's object API on an Agg canvas: no pyplot state, no window, no
-backend switch in the caller's process, so the helpers are safe on headless machines and inside
-training loops.
+Drawn with matplotlib's object API on an Agg canvas (no pyplot state, window or backend
+switch), so safe on headless machines and inside training loops.
 """
 
 from __future__ import annotations

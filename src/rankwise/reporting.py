@@ -1,14 +1,12 @@
 """Tables of sweep results, as Markdown and as rich tables.
 
-Tables of sweep results: the Table 1 / Table 2 layout of Wen et al., *Exploring the
+The Table 1 / Table 2 layout of Wen et al., *Exploring the
 Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
 Sec. 5.2-5.3 (test mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds, in %) as
 Markdown (``bench.md``) and as rich tables, and the validation table of a tuning sweep.
 
-The functions read the plain ``bench.json`` / ``tune.json`` summaries, so a table can be
-re-rendered from a finished sweep without re-running anything. Rendering is kept out of the
-training code: :mod:`rankwise.training` computes the summaries, this module (and the command
-line) shows them. Rich is imported only by the functions that print.
+The functions read the plain ``bench.json`` / ``tune.json`` summaries, so a finished sweep's
+table can be re-rendered; rich is imported only by the functions that print.
 """
 
 from __future__ import annotations
@@ -170,12 +168,9 @@ def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> 
 
 
 def print_bench_table(summary: Mapping[str, Any], console: Console, ablation: bool = False) -> None:
-    """Print a ``bench.json`` summary as a rich table; the best mAUPRC row is bold.
+    """Print a ``bench.json`` summary on ``console``; the best mAUPRC row is bold.
 
-    Args:
-        summary: the content of ``bench.json``.
-        console: the rich console to print to.
-        ablation: render the Table 2 columns.
+    ``summary`` and ``ablation`` as :func:`bench_table_markdown`.
     """
     from rich.table import Table
 

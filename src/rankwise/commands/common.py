@@ -1,12 +1,8 @@
-"""Exit codes, error handling and flag names shared by every sub-command.
+"""Exit codes, error handling, flag names and consoles shared by every sub-command.
 
-What every ``rankwise`` sub-command shares: exit codes, the mapping of library errors to exit
-codes and messages, the translation of argument names into command-line flags, and consoles.
-
-The library speaks in keys: its errors name config keys (``sampler.batch_size``) and Python
-arguments, the latter written in backticks (`` `losses` ``, `` `run_dir` ``). Only the command line
-knows its flags, so :func:`to_flags` rewrites those names into the flags of the command that
-raised them (`` `losses` `` becomes ``--losses``, a leading ``run_dir:`` becomes ``--resume:``).
+The library's errors name config keys (``sampler.batch_size``) and Python arguments in backticks
+(`` `losses` ``); only the command line knows its flags, so :func:`to_flags` rewrites those names
+into the flags of the command that raised them.
 """
 
 from __future__ import annotations
@@ -85,16 +81,9 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
 def train_resume_command(run_dir: Any, *options: object) -> str:
     """The command that continues the training run in ``run_dir``.
 
-    ``rankwise train --resume RUN_DIR [options]``; in a process of a data-parallel run started by
-    ``torchrun``, the same under ``torchrun`` with the same number of processes: the checkpoint
-    holds the random streams of every process, so a one-process resume is refused.
-
-    Args:
-        run_dir: the run directory.
-        *options: more options of the command (each through str), e.g. ``"--from-checkpoint", path``.
-
-    Returns:
-        The command line.
+    ``rankwise train --resume RUN_DIR [options]`` (``options`` each through str, e.g.
+    ``"--from-checkpoint", path``); under ``torchrun`` with the same number of processes in a
+    data-parallel run, whose checkpoint holds every process's random streams.
     """
     import os
 
@@ -113,10 +102,8 @@ def train_resume_command(run_dir: Any, *options: object) -> str:
 def output_console(width: int = 140, quiet: bool = False) -> Console:
     """A rich console on stdout.
 
-    Piped or captured output gets ``width`` columns, so tables are not squeezed into 80.
-
     Args:
-        width: columns of piped or captured output.
+        width: columns of piped or captured output (so tables are not squeezed into 80).
         quiet: print nothing (the ranks other than 0 of a data-parallel run).
     """
     from rich.console import Console
@@ -133,11 +120,7 @@ def error_console() -> Console:
 
 
 def _training_errors() -> _TrainingErrors | None:
-    """The training exception classes (None when :mod:`rankwise.training` was never imported).
-
-    A command that never used the training code cannot have raised its exceptions, so pydantic
-    and the rest of the training stack are not imported to check for them.
-    """
+    """The training exception classes; None if training was never imported (so none was raised)."""
     if "rankwise.training" not in sys.modules:
         return None
     from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted
@@ -231,17 +214,15 @@ def cli_errors(
 ) -> Iterator[Console]:
     """Turn the library's errors into one message on stderr and the command's exit code.
 
-    ``ConfigError`` -> ``config error: ...``, exit 2; a corrupt checkpoint -> ``error:
-    checkpoint PATH is corrupt ...`` (with the command that resumes from an older good one),
-    exit 2; ``TrainingInterrupted`` -> its message (which says how to resume), exit 130 for
-    Ctrl-C and 143 for SIGTERM; any other interruption -> ``<what> interrupted``, the same
-    codes; ``NonFiniteLossError`` (and its subclasses) ->
-    ``<what> failed: ...``, exit 1; :class:`~rankwise._extras.MissingDependencyError` -> the
-    extra to install, exit 3; a write that found no space left (a
-    :class:`~rankwise._disk.DiskFullError`, or any ``OSError`` ENOSPC / EDQUOT, also inside
-    torch's ``RuntimeError``) -> ``error: no space left on device ...``, exit 4; an exception
-    of ``bad_input`` -> ``error: <first line>``, exit 2.
-    Anything else propagates (a bug: its traceback is wanted).
+    ``ConfigError`` -> ``config error: ...``, exit 2; a corrupt checkpoint -> ``error: checkpoint
+    PATH is corrupt ...`` (with the command resuming from an older good one), exit 2;
+    ``TrainingInterrupted`` -> its message (how to resume), exit 130 for Ctrl-C and 143 for
+    SIGTERM (handled like Ctrl-C inside the block); any other interruption -> ``<what>
+    interrupted``, the same codes; ``NonFiniteLossError`` -> ``<what> failed: ...``, exit 1;
+    :class:`~rankwise._extras.MissingDependencyError` -> the extra to install, exit 3; no space
+    left (:class:`~rankwise._disk.DiskFullError`, or ``OSError`` ENOSPC / EDQUOT, also inside
+    torch's ``RuntimeError``) -> ``error: no space left on device ...``, exit 4; a ``bad_input``
+    exception -> ``error: <first line>``, exit 2. Anything else propagates (a bug).
 
     Args:
         what: the activity, for the messages (``"training"``, ``"bench"``, ``"tune"``).
@@ -250,9 +231,6 @@ def cli_errors(
         err: the console to print to (default :func:`error_console`).
         interrupted_note: appended to the message of an interruption outside training, e.g.
             ``"nothing written"``.
-
-    SIGTERM is handled like Ctrl-C inside the block (:func:`rankwise._signals.handle_signals`),
-    so ``timeout``, SLURM or Kubernetes stopping a command gets the same clean message.
 
     Yields:
         The error console.
