@@ -2,11 +2,9 @@
 
 ``rankwise experiment list`` and ``rankwise experiment NAME [--output DIR|FILE] [--quick]
 [--seed N] [options]``, each writing JSON, a PNG figure and printing a one-line verdict. The
-experiments live in :mod:`rankwise.experiments`; this module only turns each registered experiment's keyword options into command-line options
-(``tuple`` options as comma-separated lists); errors go through
-:func:`~rankwise.commands.common.cli_errors`: bad options and existing outputs end with a one-line
-``error:`` naming the flag and exit code 2, Ctrl-C with code 130 and SIGTERM with code 143,
-nothing written.
+experiments live in :mod:`rankwise.experiments`; this module turns each one's keyword options into
+command-line options (``tuple`` options as comma-separated lists); errors go through
+:func:`~rankwise.commands.common.cli_errors`, nothing written.
 """
 
 from __future__ import annotations

@@ -82,11 +82,9 @@ def _print_report(console: Any, report: dict[str, Any]) -> None:
 
 
 class _Progress(RocProgress):
-    """The stages of ``roc fit`` on stderr: a bar for the iterations in a terminal, lines otherwise.
+    """``roc fit``'s stages on stderr, one line each (as ``rankwise train`` shows its steps).
 
-    Every stage is one line (``roc fit: fitting ...``); the primal-dual iterations of the indicator
-    risk are a rich bar in a terminal and, in a log or a pipe, a line at most every ``line_every``
-    seconds and at the last iteration, as ``rankwise train`` shows its steps.
+    The iterations: a bar in a terminal, else a line at most every ``line_every`` s and at the last.
     """
 
     def __init__(self, console: Any, line_every: float = 10.0) -> None:

@@ -1,17 +1,14 @@
 """``rankwise train``: one training run from a YAML config, or the resumption of one.
 
-``rankwise train``: one training run from a YAML config with ``KEY=VALUE`` overrides, or the
-resumption of an interrupted run (``--resume RUN_DIR``), following the image-retrieval protocol of
-Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
-Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the
-selected model). Configuration errors end with a message naming the key and exit code 2; Ctrl-C
-(SIGTERM) saves a checkpoint and exits with code 130 (143); a NaN/inf loss exits with code 1; a
-full disk exits with code 4 (the earlier checkpoints are intact).
+A config with ``KEY=VALUE`` overrides, or ``--resume RUN_DIR``, run by the image-retrieval
+protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
+with List Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report
+of the selected model). Ctrl-C / SIGTERM saves a checkpoint; exit codes as
+:func:`~rankwise.commands.common.cli_errors`.
 
-Under ``torchrun --nproc-per-node N -m rankwise train ...`` every process runs this command and
-the run is data-parallel (:class:`~rankwise.training.distributed.DistributedTrainer`, backend
-``distributed.backend``): rank 0 writes the run directory and prints, the other ranks print only
-errors. See docs/distributed.md.
+Under ``torchrun --nproc-per-node N -m rankwise train ...`` the run is data-parallel
+(:class:`~rankwise.training.distributed.DistributedTrainer`): rank 0 writes the run directory and
+prints, the other ranks print only errors. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -208,11 +205,9 @@ def train(
 def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
     """Ctrl-C / SIGTERM once the run's outcome is saved: finish the command, exit 0.
 
-    Before, a signal interrupts the run as usual. Once the run has completed (``report.json``
-    written) or stopped at ``--max-steps`` with its checkpoint, nothing is left to lose: the first
-    signal is noted and the plots and the result table are finished; a second aborts at once
-    (with 128 + its number) but says that the results are kept. The caller appends the
-    status to the yielded list when ``fit`` returns.
+    Once the run completed or stopped at ``--max-steps`` with its checkpoint, the first signal is
+    noted and plots and table are finished; a second aborts (128 + its number), saying the results
+    are kept. The caller appends the status to the yielded list when ``fit`` returns.
     """
     import signal
 

@@ -4,7 +4,7 @@ Wen et al. (NeurIPS 2022, App. D.1) fine-tune an ImageNet-pretrained ResNet-50, 
 start spread out; a run here starts from random weights. :func:`pretrain` trains the backbone of an
 instance benchmark (:mod:`rankwise.data.instances`) with cross-entropy on its categories, from the
 **training sources only** (test sources never touched), and writes ``pretrained.pt`` and
-``report.json`` (docs/training.md, "A pretrained start").
+``report.json`` (docs/training.md, "A pretrained start"). No ranking equation is implemented here.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A sweep is a plan of training runs below one output folder, locked for the whole
 (:func:`~rankwise.training.lock.lock_run_dir`). A run whose stored ``config.yaml`` differs from
 the planned one (device and workers aside) is refused before anything is written; an unchanged
 run is kept when completed, resumed from ``checkpoints/last.pt`` when interrupted; result files
-are replaced atomically; an interruption says what is kept and how to resume.
+are replaced atomically; an interruption says what is kept and how to resume. No paper
+equation is implemented here.
 """
 
 from __future__ import annotations
