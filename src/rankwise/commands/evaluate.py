@@ -1,11 +1,10 @@
 """``rankwise evaluate``: exact, tie-aware retrieval report of saved embeddings.
 
-Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery (or,
-leave-one-out, against the other samples) and prints mAP (the tie-aware AP_T of He et al., *Hashing
-as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6 as corrected in docs/errata.md), recall@k,
-precision@k, MAP@R and R-precision as computed by
-:func:`rankwise.metrics.retrieval.retrieval_metrics`. Optionally writes the report as JSON and the
-mean precision-recall curve as a PNG. Bad input ends with a one-line error and exit code 2.
+Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery
+(or leave-one-out) and prints :func:`rankwise.metrics.retrieval.retrieval_metrics`: mAP (the
+tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6
+as corrected in docs/errata.md), recall@k, precision@k, MAP@R and R-precision. Optionally writes
+the report as JSON and the mean PR curve as a PNG. Bad input: a one-line error, exit code 2.
 """
 
 from __future__ import annotations
@@ -96,8 +95,7 @@ def _load_npy(path: Path, key: str | None, name: str) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
     except ValueError:  # pickled objects or a corrupt header
-        # numpy's own message advises allow_pickle=True, i.e. running code from the file:
-        # never repeat it
+        # numpy's message advises allow_pickle=True (running the file's code): never repeat it
         raise ValueError(
             f"{name}: {path.name} is not a numeric .npy array (a corrupt file, or pickled "
             "Python objects, which are never loaded); save the array with "

@@ -125,8 +125,7 @@ def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
     def command(**kwargs: Any) -> None:
         output = kwargs.pop("output") or DEFAULT_OUTPUT_DIR
         overwrite = kwargs.pop("overwrite")
-        # Ctrl-C (exit 130) and SIGTERM (exit 143) end with one line; results are written
-        # only once complete, so an interrupted experiment leaves nothing behind
+        # results are written only once complete: an interrupted experiment leaves nothing
         with cli_errors(
             f"experiment {spec.name}",
             flags,

@@ -178,10 +178,8 @@ class HashSettings(BaseModel):
 def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *, ks=(100,)):
     """Evaluation of a :class:`~rankwise.training.Trainer` by Hamming ranking of ``sign`` codes.
 
-    The ``metric_fn`` of :class:`HashingTrainer`: the eval-mode outputs are binarised and ranked
-    by :func:`~rankwise.metrics.hamming_retrieval_metrics` (tie-aware AP_T, NDCG_T and the
-    tie-breaking ranges). Cut-offs beyond the number of ranked items are dropped, as a validation
-    split may hold fewer items than the test cut-offs.
+    The ``metric_fn`` of :class:`HashingTrainer`. Cut-offs beyond the number of ranked items are
+    dropped, as a validation split may hold fewer items than the test cut-offs.
 
     Args:
         query: ``(n, bits)`` outputs of the queries.
@@ -430,10 +428,8 @@ def run_hash_experiment(
 ) -> list[MethodResult]:
     """Train every method of ``settings`` at every code length; test each by Hamming ranking.
 
-    Runs are ``<output>/<method>/<bits>bits`` (each a normal run directory: config, checkpoints,
-    metrics, report); ``<output>/results.json`` collects the test results. The rules of
-    :mod:`rankwise.workflows.sweep` apply (a run trained with another config is refused,
-    ``overwrite`` retrains every run), so running the same sweep again continues where it stopped.
+    Runs are normal run directories ``<output>/<method>/<bits>bits``; ``<output>/results.json``
+    collects the test results. The rules of :mod:`rankwise.workflows.sweep` apply.
 
     Args:
         config: the base training config.
@@ -450,8 +446,7 @@ def run_hash_experiment(
         ConfigError: a run in ``output`` was trained with another config (without
             ``overwrite``).
         TrainingInterrupted: Ctrl-C or SIGTERM; the same call again continues.
-        RunDirInUseError: another process is writing ``output`` (the sweep holds its lock to
-            the end, see :mod:`rankwise.training.lock`).
+        RunDirInUseError: another process is writing ``output`` (see :mod:`rankwise.training.lock`).
     """
     output = Path(output)
     plan = [
@@ -653,9 +648,16 @@ def evaluate_sweep(output: str | Path, device: str | None = None) -> list[Method
 def write_report(
     results: Sequence[MethodResult], output: str | Path, title: str = "", prefix: str = "results"
 ) -> list[Path]:
-    """Write ``<prefix>.json``, ``<prefix>_table.md``, ``<prefix>_tie_ranges.png`` into ``output``.
+    """Write ``<prefix>.json``, ``<prefix>_table.md`` and ``<prefix>_tie_ranges.png``.
 
-    ``results`` are a sweep's, ``title`` the tie-range figure's. Returns the written paths.
+    Args:
+        results: the results of a sweep.
+        output: the sweep directory.
+        title: title of the tie-range figure.
+        prefix: file-name prefix.
+
+    Returns:
+        The written paths.
     """
     output = Path(output)
     json_path = output / f"{prefix}.json"
