@@ -149,9 +149,8 @@ def plot_roc_curves(
             the legend shows its ``auc``).
         path: output ``.png`` file (parent folders are created).
         title: figure title.
-        log_fpr: logarithmic FPR axis (the low-FPR region verification systems operate in). The
-            point FPR = 0 cannot be drawn on a log axis; the axis starts at the smallest non-zero
-            FPR over all curves.
+        log_fpr: logarithmic FPR axis (where verification systems operate), starting at the
+            smallest non-zero FPR over all curves (FPR = 0 cannot be drawn on it).
 
     Returns:
         The path written, as a :class:`pathlib.Path`.

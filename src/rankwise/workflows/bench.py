@@ -452,11 +452,8 @@ def run_bench(
     false`` until the end).
 
     Returns:
-        The ``bench.json`` content: ``{"dataset", "protocol", "seeds", "complete",
-        "runs_finished", "runs_planned", "warm_up_seconds", "rows", "reference_rows"}``, one
-        row per loss (or ablation variant) with ``map_mean``, ``map_std``,
-        ``recall_at_1_mean``, ..., ``seconds`` (mean wall-clock seconds per run, numba
-        compilation excluded) and bookkeeping fields.
+        The ``bench.json`` content (schema: docs/training.md, "rankwise bench"): one row per
+        loss (or ablation variant) with ``map_mean``, ``map_std``, ``recall_at_1_mean``, ...
 
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; the finished runs are in ``bench.json`` and the

@@ -520,13 +520,9 @@ def tune(
     broken by :data:`TIE_RULE` and reported.
 
     Returns:
-        The ``tune.json`` content: ``{"dataset", "protocol", "selection", "tie_rule", "seeds",
-        "quick", "grid", "complete", "trials", "winners", "tuned_config"}``; each trial has
-        ``trial``, ``loss``, ``params`` (its dotted overrides), ``skipped`` (grid keys left out
-        for its loss, with the reason), ``val_map_per_seed``, ``val_map_mean`` (``None`` if it
-        diverged), ``seconds`` and bookkeeping; ``winners[loss]`` is ``{"trial", "params",
-        "skipped", "val_map_mean", "tied_with"}`` (``None`` when every trial of the loss
-        diverged; its bench overrides are then left as in the base).
+        The ``tune.json`` content (fields: docs/training.md, "rankwise tune"): every trial, and
+        ``winners[loss]`` (``None`` when every trial of the loss diverged; its bench overrides
+        are then left as in the base).
 
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
