@@ -1,9 +1,8 @@
 """``rankwise roc fit``: learn a bilinear similarity for a target false positive rate.
 
-Pointwise ROC optimization (Vogel, Bellet & Clémençon, ICML 2018) from the command line: the fit,
-its held-out report and its run folder are :func:`rankwise.workflows.roc.fit_roc`; the command
-reads arrays saved with numpy / torch, prints the table, and shows progress on stderr (a bar in a
-terminal, a few lines otherwise). Bad input ends with a one-line ``error:`` and exit code 2.
+Pointwise ROC optimization (Vogel, Bellet & Clémençon, ICML 2018) from the command line, by
+:func:`rankwise.workflows.roc.fit_roc`: reads numpy / torch arrays, prints the table, shows
+progress on stderr. Bad input ends with a one-line ``error:`` and exit code 2.
 """
 
 from __future__ import annotations

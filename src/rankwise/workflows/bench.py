@@ -1,13 +1,12 @@
 """Loss comparison and ablation sweeps (Tables 1 and 2 of the SOPRC paper).
 
-The Table 1 and Table 2 protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
-(NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale.
-
-Every loss is trained with the same backbone, sampler, budget and seeds (only its own parameters
-and, where configured, its optimizer differ) and reported as mean ± std over seeds of the test
-mAUPRC (tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The
-ablation reproduces Table 2's rows for SOPRC: biased estimator (class prior pi replaced by the
-batch ratio), without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the
+The protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC
+Optimization with List Stability* (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale: every
+loss is trained with the same backbone, sampler, budget and seeds (only its own parameters and,
+where configured, its optimizer differ) and reported as mean ± std over seeds of the test mAUPRC
+(tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The
+ablation reproduces Table 2's SOPRC rows: biased estimator (class prior pi replaced by the batch
+ratio), without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the
 semi-variance regularizer L_var (Eq. 9), and SGD versus Adam.
 """
 
@@ -278,8 +277,7 @@ def reference_rows(
         curves: when given, receives each row's mean test PR curve, by row name.
 
     Returns:
-        The rows, with the fields of a trained row (``seeds``: the seeds evaluated, ``[]``
-        for the seedless raw input).
+        The rows, with a trained row's fields (``seeds``: those evaluated, ``[]`` for raw input).
     """
 
     def row(name: str, reports: Sequence[Any], row_seeds: Sequence[int]) -> dict[str, Any]:

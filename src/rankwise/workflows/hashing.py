@@ -131,8 +131,7 @@ class HashSettings(BaseModel):
         bits: code lengths, one run per length and method (the paper: 12, 24, 32, 48).
         objective: ``"ap"`` (TieAwareAPLoss) or ``"ndcg"`` (TieAwareNDCGLoss) for ``talr``.
         gamma: steepness of the ``tanh(γ f / 2)`` relaxation of the hashing head.
-        center: batch-normalize the hashing head's activations (see
-            :class:`~rankwise.hashing.HashingHead`).
+        center: batch-normalize the head's activations (:class:`~rankwise.hashing.HashingHead`).
         backbone_options: options of the backbone of every method, e.g. ``{width: 16}`` for
             ``small_cnn`` (see :func:`rankwise.models.build_backbone`).
         methods: which of :data:`HASH_METHODS` to run.
@@ -611,8 +610,7 @@ def evaluate_sweep(output: str | Path, device: str | None = None) -> list[Method
         device: where to encode (default: the runs' device setting).
 
     Raises:
-        FileNotFoundError: not a sweep directory. A run without a checkpoint (not trained, or
-            failed) is reported as failed.
+        FileNotFoundError: not a sweep directory (a run without a checkpoint is reported failed).
     """
     output = Path(output)
     if not (output / "hash_config.yaml").is_file():

@@ -1,13 +1,11 @@
 """Hyper-parameter selection on the validation split.
 
-The way Wen et al., *Exploring the
-Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
-Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of dotted overrides is trained with
-the benchmark protocol of :mod:`rankwise.workflows.bench` (same backbone, sampler, budget and seeds)
-and scored by the validation mAUPRC (tie-aware mAP) of its selected checkpoint, averaged over the
-tuning seeds; the best point per loss wins. Test metrics are never read. The winners are written
-as ``bench.overrides`` of a ``tuned.yaml``, so ``rankwise bench --config tuned.yaml`` reports the
-test table of the tuned losses.
+The way Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
+List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of
+dotted overrides is trained with the protocol of :mod:`rankwise.workflows.bench` and scored by the
+validation mAUPRC (tie-aware mAP) of its selected checkpoint, averaged over the tuning seeds; the
+best point per loss wins. Test metrics are never read. The winners are written as
+``bench.overrides`` of a ``tuned.yaml`` for ``rankwise bench --config tuned.yaml``.
 """
 
 from __future__ import annotations
