@@ -58,8 +58,7 @@ def _xy(curve: Any, name: str, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
     return xs, ys
 
 
-# after tab10's 10 colours: further curves reuse them with another dash pattern and a marker,
-# never a pale shade (the 11th method of a benchmark, SOPRC, must read as well as the first)
+# after tab10's 10 colours: other dashes and markers, never a pale shade (the 11th must read too)
 _DASHES = ("-", "--", "-.", ":")
 _MARKERS = (None, "o", "s", "^")
 

@@ -65,8 +65,7 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
         flags: argument or config key -> flag of this command, e.g. ``{"run_dir": "--resume"}``.
 
     Returns:
-        ``message`` with every backticked name of ``flags`` replaced by its flag, and a leading
-        ``"<name>: "`` (the key the message is about) replaced by ``"<flag>: "``.
+        ``message``, each backticked name of ``flags`` and a leading ``"<name>: "`` as its flag.
     """
 
     def backticked(match: re.Match[str]) -> str:
@@ -229,8 +228,7 @@ def cli_errors(
         flags: argument / config key -> flag, applied to every message with :func:`to_flags`.
         bad_input: exception types that mean invalid input (``rankwise evaluate``).
         err: the console to print to (default :func:`error_console`).
-        interrupted_note: appended to the message of an interruption outside training, e.g.
-            ``"nothing written"``.
+        interrupted_note: appended to a non-training interruption's message (``"nothing written"``).
 
     Yields:
         The error console.
