@@ -1,12 +1,7 @@
 """The ``rankwise`` command line.
 
-Sub-commands: ``evaluate`` (exact tie-aware retrieval report of saved embeddings), ``train`` (one
-training run from a YAML config), ``bench`` (every loss on one dataset, Table 1 style), ``tune``
-(hyper-parameter selection on the validation split), ``embed`` (new data through a trained run's
-model and preprocessing) and ``experiment`` (the papers' analysis
-figures, :mod:`rankwise.experiments`). The
-sub-commands live in :mod:`rankwise.commands` (see its docstring to add one); ``python -m
-rankwise`` runs the same program.
+The sub-commands live in :mod:`rankwise.commands` (see its docstring to add one);
+``python -m rankwise`` runs the same program.
 
 The command line needs the ``cli`` extra (typer, rich and the training stack); without it,
 ``rankwise`` says which extra to install instead of failing with an ``ImportError``.
@@ -76,9 +71,8 @@ def _print_version(value: bool) -> None:
 def _conventional_help() -> None:
     """Help text as click writes it: ``EMBEDDINGS`` in usage lines, no ``<bool>`` for flags.
 
-    typer (0.2x) shows a required argument as ``{embeddings}`` in the usage line and the type
-    ``<bool>`` beside every flag, which reads as a value to pass. Both renderings are replaced
-    once per process; a typer without these hooks is left as it is.
+    typer 0.2x's ``{embeddings}`` and ``<bool>`` (read as a value to pass) are replaced once per
+    process; a typer without these hooks is left as it is.
     """
     from typer import core
 
@@ -119,11 +113,7 @@ def __getattr__(name: str) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point of ``rankwise`` (and of ``python -m rankwise``).
-
-    Args:
-        argv: the arguments (default ``sys.argv[1:]``).
-    """
+    """Entry point of ``rankwise`` and ``python -m rankwise`` (``argv``: default sys.argv[1:])."""
     try:
         app = __getattr__("app")
     except MissingDependencyError as exc:

@@ -1,13 +1,12 @@
 """PNG figures of evaluation curves (precision-recall, ROC) and of tie-breaking ranges.
 
-Precision-recall curves of the retrieval view (the AP that
-SOPRC, Wen et al. NeurIPS 2022, and tie-aware AP_T, He et al. CVPR 2018, optimize) and ROC curves
-of the pair view (Gajić et al., Eq. 1-3; Vogel et al., ICML 2018, pointwise ROC at FPR = alpha),
-and the mAP range over every tie-breaking of Hamming rankings (He et al., CVPR 2018, Fig. 3).
+Precision-recall curves of the retrieval view (the AP that SOPRC, Wen et al. NeurIPS 2022, and
+tie-aware AP_T, He et al. CVPR 2018, optimize), ROC curves of the pair view (Gajić et al., Eq.
+1-3; Vogel et al., ICML 2018, pointwise ROC at FPR = alpha) and the mAP range over every
+tie-breaking of Hamming rankings (He et al., CVPR 2018, Fig. 3).
 
-Figures are drawn with matplotlib's object API on an Agg canvas: no pyplot state, no window, no
-backend switch in the caller's process, so the helpers are safe on headless machines and inside
-training loops.
+Drawn with matplotlib's object API on an Agg canvas (no pyplot state, window or backend
+switch), so safe on headless machines and inside training loops.
 """
 
 from __future__ import annotations
@@ -48,8 +47,18 @@ def _save(fig: Figure, path: str | Path) -> Path:
     return out
 
 
-# after tab10's 10 colours: further curves reuse them with another dash pattern and a marker,
-# never a pale shade (the 11th method of a benchmark, SOPRC, must read as well as the first)
+def _xy(curve: Any, name: str, x: str, y: str) -> tuple[np.ndarray, np.ndarray]:
+    """The curve's ``x`` and ``y`` arrays, checked to be 1-D of the same length."""
+    xs, ys = (np.asarray(getattr(curve, key), dtype=np.float64) for key in (x, y))
+    if xs.shape != ys.shape or xs.ndim != 1:
+        raise ValueError(
+            f"curve {name!r}: `{x}` and `{y}` must be 1-D of the same length, got "
+            f"{xs.shape} and {ys.shape}."
+        )
+    return xs, ys
+
+
+# after tab10's 10 colours: other dashes and markers, never a pale shade (the 11th must read too)
 _DASHES = ("-", "--", "-.", ":")
 _MARKERS = (None, "o", "s", "^")
 
@@ -109,14 +118,8 @@ def plot_pr_curves(
     fig = Figure(figsize=(10.0 if many else 6.4, 5.2 if many else 4.8))
     ax = fig.add_subplot()
     for name in [*methods, *references]:
-        curve, style = curves[name], {"linewidth": 1.8, **styles[name]}
-        recall = np.asarray(curve.recall, dtype=np.float64)
-        precision = np.asarray(curve.precision, dtype=np.float64)
-        if recall.shape != precision.shape or recall.ndim != 1:
-            raise ValueError(
-                f"curve {name!r}: `recall` and `precision` must be 1-D of the same length, got "
-                f"{recall.shape} and {precision.shape}."
-            )
+        recall, precision = _xy(curves[name], name, "recall", "precision")
+        style = {"linewidth": 1.8, **styles[name]}
         ax.plot(recall, precision, label=_legend_text(name, labels, name), **style)
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.02)
@@ -145,9 +148,8 @@ def plot_roc_curves(
             the legend shows its ``auc``).
         path: output ``.png`` file (parent folders are created).
         title: figure title.
-        log_fpr: logarithmic FPR axis (the low-FPR region verification systems operate in). The
-            point FPR = 0 cannot be drawn on a log axis; the axis starts at the smallest non-zero
-            FPR over all curves.
+        log_fpr: logarithmic FPR axis (where verification systems operate), starting at the
+            smallest non-zero FPR over all curves (FPR = 0 cannot be drawn on it).
 
     Returns:
         The path written, as a :class:`pathlib.Path`.
@@ -158,28 +160,19 @@ def plot_roc_curves(
     ax = fig.add_subplot()
     smallest_fpr = 1.0
     for style, (name, curve) in zip(_line_styles(len(curves)), curves.items(), strict=True):
-        fpr = np.asarray(curve.fpr, dtype=np.float64)
-        tpr = np.asarray(curve.tpr, dtype=np.float64)
-        if fpr.shape != tpr.shape or fpr.ndim != 1:
-            raise ValueError(
-                f"curve {name!r}: `fpr` and `tpr` must be 1-D of the same length, got "
-                f"{fpr.shape} and {tpr.shape}."
-            )
+        fpr, tpr = _xy(curve, name, "fpr", "tpr")
         positive = fpr[fpr > 0]
         if positive.size:
             smallest_fpr = min(smallest_fpr, float(positive.min()))
         auc = getattr(curve, "auc", None)
         label = f"{name} (AUC {auc:.4f})" if isinstance(auc, float) else name
         ax.plot(fpr, tpr, linewidth=1.8, label=label, **style)
+    low = min(smallest_fpr, 0.1) if log_fpr else 0.0
+    chance = np.geomspace(low, 1.0, 100) if log_fpr else np.array([0.0, 1.0])
+    ax.plot(chance, chance, "k:", linewidth=1.0, label="chance")
     if log_fpr:
-        low = min(smallest_fpr, 0.1)
-        chance = np.geomspace(low, 1.0, 100)
-        ax.plot(chance, chance, "k:", linewidth=1.0, label="chance")
         ax.set_xscale("log")
-        ax.set_xlim(low, 1.0)
-    else:
-        ax.plot([0.0, 1.0], [0.0, 1.0], "k:", linewidth=1.0, label="chance")
-        ax.set_xlim(0.0, 1.0)
+    ax.set_xlim(low, 1.0)
     ax.set_ylim(0.0, 1.02)
     ax.set_xlabel("false positive rate" + (" (log scale)" if log_fpr else ""))
     ax.set_ylabel("true positive rate")

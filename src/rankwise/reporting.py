@@ -1,14 +1,11 @@
 """Tables of sweep results, as Markdown and as rich tables.
 
-Tables of sweep results: the Table 1 / Table 2 layout of Wen et al., *Exploring the
-Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
-Sec. 5.2-5.3 (test mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds, in %) as
-Markdown (``bench.md``) and as rich tables, and the validation table of a tuning sweep.
+The Table 1 / Table 2 layout of Wen et al., *Exploring the Algorithm-Dependent Generalization of
+AUPRC Optimization with List Stability* (NeurIPS 2022), Sec. 5.2-5.3 (test mAUPRC = tie-aware mAP,
+R@1, R@10, MAP@R, mean ± std over seeds, in %), and the validation table of a tuning sweep.
 
-The functions read the plain ``bench.json`` / ``tune.json`` summaries, so a table can be
-re-rendered from a finished sweep without re-running anything. Rendering is kept out of the
-training code: :mod:`rankwise.training` computes the summaries, this module (and the command
-line) shows them. Rich is imported only by the functions that print.
+The functions read the plain ``bench.json`` / ``tune.json`` summaries, so a finished sweep's
+table can be re-rendered; rich is imported only by the functions that print.
 """
 
 from __future__ import annotations
@@ -48,16 +45,14 @@ def report_rows(report: Any) -> list[tuple[str, float]]:
     Returns:
         mAP, recall@k..., precision@k..., MAP@R, R-precision, in that order.
     """
-    rows = [(REPORT_NAMES["map"], float(report.map))]
-    rows += [(REPORT_NAMES["recall_at"].format(k=k), float(v)) for k, v in report.recall_at.items()]
-    rows += [
-        (REPORT_NAMES["precision_at"].format(k=k), float(v)) for k, v in report.precision_at.items()
+    names = REPORT_NAMES
+    return [
+        (names["map"], float(report.map)),
+        *((names["recall_at"].format(k=k), float(v)) for k, v in report.recall_at.items()),
+        *((names["precision_at"].format(k=k), float(v)) for k, v in report.precision_at.items()),
+        (names["map_at_r"], float(report.map_at_r)),
+        (names["r_precision"], float(report.r_precision)),
     ]
-    rows += [
-        (REPORT_NAMES["map_at_r"], float(report.map_at_r)),
-        (REPORT_NAMES["r_precision"], float(report.r_precision)),
-    ]
-    return rows
 
 
 def report_table(report: Any, title: str | None = None) -> Any:
@@ -115,13 +110,9 @@ def _table_cells(row: Mapping[str, Any], ablation: bool) -> list[str]:
     else:
         head = [row["loss"]]
     n = len(row["seeds"]) if "seeds" in row else 2  # a seedless reference row has none
-    return head + [
-        _pct(row["map_mean"], row["map_std"], n),
-        _pct(row["recall_at_1_mean"], row["recall_at_1_std"], n),
-        _pct(row["recall_at_10_mean"], row["recall_at_10_std"], n),
-        _pct(row["map_at_r_mean"], row["map_at_r_std"], n),
-        f"{row['seconds']:.1f}",
-    ]
+    metrics = ("map", "recall_at_1", "recall_at_10", "map_at_r")
+    cells = [_pct(row[f"{key}_mean"], row[f"{key}_std"], n) for key in metrics]
+    return [*head, *cells, f"{row['seconds']:.1f}"]
 
 
 def _spread_note(summary: Mapping[str, Any]) -> str:
@@ -176,12 +167,9 @@ def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> 
 
 
 def print_bench_table(summary: Mapping[str, Any], console: Console, ablation: bool = False) -> None:
-    """Print a ``bench.json`` summary as a rich table; the best mAUPRC row is bold.
+    """Print a ``bench.json`` summary on ``console``; the best mAUPRC row is bold.
 
-    Args:
-        summary: the content of ``bench.json``.
-        console: the rich console to print to.
-        ablation: render the Table 2 columns.
+    ``summary`` and ``ablation`` as :func:`bench_table_markdown`.
     """
     from rich.table import Table
 
@@ -228,12 +216,8 @@ def print_tune_table(summary: Mapping[str, Any], console: Console) -> None:
     )
     table.add_column("", justify="center")
     table.add_column("Loss")
-    table.add_column("Trial", justify="right")
-    for key in keys:
-        table.add_column(key, justify="right")
-    table.add_column("val mAP", justify="right")
-    table.add_column("per seed", justify="right")
-    table.add_column("s", justify="right")
+    for name in ["Trial", *keys, "val mAP", "per seed", "s"]:
+        table.add_column(name, justify="right")
     for trial in summary["trials"]:
         won = winners.get(trial["loss"]) == trial["trial"]
         cells = ["—" if key in trial["skipped"] else _fmt(trial["params"].get(key)) for key in keys]

@@ -3,16 +3,12 @@
 Adding a sub-command is one file plus one registration line:
 
 1. write ``commands/<name>.py`` with a typer command function (its docstring is the help text,
-   its parameters the options); import heavy modules inside the function, so ``rankwise --help``
-   stays fast, and run the body inside :func:`~rankwise.commands.common.cli_errors`, which turns
-   the library's errors into the shared exit codes (:mod:`rankwise.commands.common`) and rewrites
-   argument names into this command's flags;
+   its parameters the options); import heavy modules inside the function (a fast ``--help``) and
+   run the body inside :func:`~rankwise.commands.common.cli_errors` (exit codes and flag names);
 2. add ``"<name>": "<module>:<function>"`` to :data:`COMMANDS` below (the target may also be a
    ``typer.Typer`` of sub-commands, e.g. ``rankwise experiment list``; it is added as a group).
 
-:func:`register` adds every entry of :data:`COMMANDS` to a typer app, in this order (the order of
-``rankwise --help``); :mod:`rankwise.cli` calls it. The library underneath speaks in config keys
-and argument names; only this package knows flags.
+:func:`register` adds them to :mod:`rankwise.cli`'s app in this order (``rankwise --help``'s).
 """
 
 from __future__ import annotations

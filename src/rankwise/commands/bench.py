@@ -1,7 +1,7 @@
 """``rankwise bench``: compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset.
 
-``rankwise bench``: every loss trained with the same backbone, sampler, budget and seeds on one
-dataset, reported Table 1-style (mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds),
+Every loss trained with the same backbone, sampler, budget and seeds on one dataset, reported
+Table 1-style (mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds),
 or, with ``--ablation``, Table 2's SOPRC ablation (Wen et al., *Exploring the Algorithm-Dependent
 Generalization of AUPRC Optimization with List Stability*, NeurIPS 2022, Sec. 5.2-5.3). Writes
 ``bench.json``, ``bench.md`` and ``pr_curves.png`` (Fig. 2 style) to the output directory.
@@ -85,16 +85,9 @@ def option_overrides(
     dataset: str | None, data_dir: str | None, device: str | None, num_workers: int | None
 ) -> dict:
     """The dotted overrides the shared ``--dataset/--data-dir/--device/--num-workers`` stand for."""
-    extra: dict = {}
-    if dataset is not None:
-        extra["dataset.name"] = dataset
-    if data_dir is not None:
-        extra["dataset.data_dir"] = data_dir
-    if device is not None:
-        extra["device"] = device
-    if num_workers is not None:
-        extra["num_workers"] = num_workers
-    return extra
+    keys = ("dataset.name", "dataset.data_dir", "device", "num_workers")
+    values = (dataset, data_dir, device, num_workers)
+    return {key: value for key, value in zip(keys, values, strict=True) if value is not None}
 
 
 def resumed_settings(
@@ -208,9 +201,8 @@ def bench(
         else:
             base = read_base_config(dataset, config)
             extra = parse_overrides(list(overrides or []))
-            # Command-line KEY=VALUE overrides are applied to every run last: after each run's
-            # loss is chosen (applied to the base config, `loss.*` values would be dropped with
-            # the base loss) and after the --quick budget. Only `bench.*` keys shape the plan.
+            # KEY=VALUE overrides go to every run last (on the base, `loss.*` values would be
+            # dropped with the base loss); only `bench.*` keys shape the plan
             run_overrides = {k: v for k, v in extra.items() if not k.startswith("bench.")}
             extra = {k: v for k, v in extra.items() if k not in run_overrides}
             extra.update(option_overrides(dataset, data_dir, device, num_workers))
@@ -253,13 +245,7 @@ def bench(
 
 
 def print_outputs(console: Console, *, results: Sequence[Path], plots: str | None = None) -> None:
-    """Print the closing lines of a sweep: where its results (and plots) were written.
-
-    Args:
-        console: where to print.
-        results: the result files.
-        plots: the plot files, as one line of text.
-    """
+    """Print the closing lines of a sweep: its ``results`` files (and ``plots``, one line)."""
     # soft_wrap: paths are printed whole, never broken across lines
     console.print(f"results: {', '.join(str(p) for p in results)}", soft_wrap=True)
     if plots is not None:

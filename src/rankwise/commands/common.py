@@ -1,12 +1,8 @@
-"""Exit codes, error handling and flag names shared by every sub-command.
+"""Exit codes, error handling, flag names and consoles shared by every sub-command.
 
-What every ``rankwise`` sub-command shares: exit codes, the mapping of library errors to exit
-codes and messages, the translation of argument names into command-line flags, and consoles.
-
-The library speaks in keys: its errors name config keys (``sampler.batch_size``) and Python
-arguments, the latter written in backticks (`` `losses` ``, `` `run_dir` ``). Only the command line
-knows its flags, so :func:`to_flags` rewrites those names into the flags of the command that
-raised them (`` `losses` `` becomes ``--losses``, a leading ``run_dir:`` becomes ``--resume:``).
+The library's errors name config keys (``sampler.batch_size``) and Python arguments in backticks
+(`` `losses` ``); only the command line knows its flags, so :func:`to_flags` rewrites those names
+into the flags of the command that raised them.
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._disk import DiskFullError, disk_full_cause
 from .._extras import MissingDependencyError
+from .._signals import signal_number_of
 
 if TYPE_CHECKING:  # typer and rich are imported where used: the exit codes need neither
     from rich.console import Console
@@ -44,6 +41,7 @@ __all__ = [
     "cli_errors",
     "error_console",
     "output_console",
+    "signal_name",
     "to_flags",
     "train_resume_command",
 ]
@@ -67,8 +65,7 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
         flags: argument or config key -> flag of this command, e.g. ``{"run_dir": "--resume"}``.
 
     Returns:
-        ``message`` with every backticked name of ``flags`` replaced by its flag, and a leading
-        ``"<name>: "`` (the key the message is about) replaced by ``"<flag>: "``.
+        ``message``, each backticked name of ``flags`` and a leading ``"<name>: "`` as its flag.
     """
 
     def backticked(match: re.Match[str]) -> str:
@@ -83,16 +80,9 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
 def train_resume_command(run_dir: Any, *options: object) -> str:
     """The command that continues the training run in ``run_dir``.
 
-    ``rankwise train --resume RUN_DIR [options]``; in a process of a data-parallel run started by
-    ``torchrun``, the same under ``torchrun`` with the same number of processes: the checkpoint
-    holds the random streams of every process, so a one-process resume is refused.
-
-    Args:
-        run_dir: the run directory.
-        *options: more options of the command (each through str), e.g. ``"--from-checkpoint", path``.
-
-    Returns:
-        The command line.
+    ``rankwise train --resume RUN_DIR [options]`` (``options`` each through str, e.g.
+    ``"--from-checkpoint", path``); under ``torchrun`` with the same number of processes in a
+    data-parallel run, whose checkpoint holds every process's random streams.
     """
     import os
 
@@ -111,10 +101,8 @@ def train_resume_command(run_dir: Any, *options: object) -> str:
 def output_console(width: int = 140, quiet: bool = False) -> Console:
     """A rich console on stdout.
 
-    Piped or captured output gets ``width`` columns, so tables are not squeezed into 80.
-
     Args:
-        width: columns of piped or captured output.
+        width: columns of piped or captured output (so tables are not squeezed into 80).
         quiet: print nothing (the ranks other than 0 of a data-parallel run).
     """
     from rich.console import Console
@@ -130,16 +118,8 @@ def error_console() -> Console:
     return Console(stderr=True)
 
 
-def _first_line(text: str) -> str:
-    return text.splitlines()[0] if text else text
-
-
 def _training_errors() -> _TrainingErrors | None:
-    """The training exception classes (None when :mod:`rankwise.training` was never imported).
-
-    A command that never used the training code cannot have raised its exceptions, so pydantic
-    and the rest of the training stack are not imported to check for them.
-    """
+    """The training exception classes; None if training was never imported (so none was raised)."""
     if "rankwise.training" not in sys.modules:
         return None
     from ..training import ConfigError, NonFiniteLossError, TrainingInterrupted
@@ -148,13 +128,11 @@ def _training_errors() -> _TrainingErrors | None:
     return ConfigError, NonFiniteLossError, TrainingInterrupted, CorruptCheckpointError
 
 
-def _signal_exit(exc: BaseException) -> tuple[int, str]:
-    """Exit status (128 + signal) and the signal's name of an interruption."""
+def signal_name(number: int) -> str:
+    """How messages name a signal: ``Ctrl-C`` for SIGINT, else its name (``SIGTERM``)."""
     import signal
 
-    number = int(getattr(exc, "signal_number", signal.SIGINT))
-    name = "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
-    return 128 + number, name
+    return "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
 
 
 def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
@@ -163,10 +141,7 @@ def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
     command = exc.resume_command
     if command is None and exc.run_dir is not None and exc.checkpoint_step is not None:
         command = train_resume_command(exc.run_dir)
-    if command is not None:
-        text = f"{text}. Resume with: {command}"
-    else:
-        text = f"{text}."
+    text += f". Resume with: {command}" if command is not None else "."
     return (f"{what} interrupted: " if what != "training" else "") + text
 
 
@@ -220,10 +195,10 @@ def _exit_for(
             err.print(f"[red]{what} failed:[/red] {escape(text)}", soft_wrap=True)
             return EXIT_FAILED
     if isinstance(exc, KeyboardInterrupt):  # before anything was trained or saved
-        code, name = _signal_exit(exc)
-        text = f"{what} interrupted ({name}){'; ' + note if note else ''}."
+        number = signal_number_of(exc)
+        text = f"{what} interrupted ({signal_name(number)}){'; ' + note if note else ''}."
         err.print(f"[yellow]{escape(text)}[/yellow]", soft_wrap=True)
-        return code
+        return 128 + number
     return None
 
 
@@ -238,28 +213,22 @@ def cli_errors(
 ) -> Iterator[Console]:
     """Turn the library's errors into one message on stderr and the command's exit code.
 
-    ``ConfigError`` -> ``config error: ...``, exit 2; a corrupt checkpoint -> ``error:
-    checkpoint PATH is corrupt ...`` (with the command that resumes from an older good one),
-    exit 2; ``TrainingInterrupted`` -> its message (which says how to resume), exit 130 for
-    Ctrl-C and 143 for SIGTERM; any other interruption -> ``<what> interrupted``, the same
-    codes; ``NonFiniteLossError`` (and its subclasses) ->
-    ``<what> failed: ...``, exit 1; :class:`~rankwise._extras.MissingDependencyError` -> the
-    extra to install, exit 3; a write that found no space left (a
-    :class:`~rankwise._disk.DiskFullError`, or any ``OSError`` ENOSPC / EDQUOT, also inside
-    torch's ``RuntimeError``) -> ``error: no space left on device ...``, exit 4; an exception
-    of ``bad_input`` -> ``error: <first line>``, exit 2.
-    Anything else propagates (a bug: its traceback is wanted).
+    ``ConfigError`` -> ``config error: ...``, exit 2; a corrupt checkpoint -> ``error: checkpoint
+    PATH is corrupt ...`` (with the command resuming from an older good one), exit 2;
+    ``TrainingInterrupted`` -> its message (how to resume), exit 130 for Ctrl-C and 143 for
+    SIGTERM (handled like Ctrl-C inside the block); any other interruption -> ``<what>
+    interrupted``, the same codes; ``NonFiniteLossError`` -> ``<what> failed: ...``, exit 1;
+    :class:`~rankwise._extras.MissingDependencyError` -> the extra to install, exit 3; no space
+    left (:class:`~rankwise._disk.DiskFullError`, or ``OSError`` ENOSPC / EDQUOT, also inside
+    torch's ``RuntimeError``) -> ``error: no space left on device ...``, exit 4; a ``bad_input``
+    exception -> ``error: <first line>``, exit 2. Anything else propagates (a bug).
 
     Args:
         what: the activity, for the messages (``"training"``, ``"bench"``, ``"tune"``).
         flags: argument / config key -> flag, applied to every message with :func:`to_flags`.
         bad_input: exception types that mean invalid input (``rankwise evaluate``).
         err: the console to print to (default :func:`error_console`).
-        interrupted_note: appended to the message of an interruption outside training, e.g.
-            ``"nothing written"``.
-
-    SIGTERM is handled like Ctrl-C inside the block (:func:`rankwise._signals.handle_signals`),
-    so ``timeout``, SLURM or Kubernetes stopping a command gets the same clean message.
+        interrupted_note: appended to a non-training interruption's message (``"nothing written"``).
 
     Yields:
         The error console.
@@ -277,7 +246,7 @@ def cli_errors(
     except (Exception, KeyboardInterrupt) as exc:
         code = _exit_for(exc, err, flags, what, interrupted_note)
         if code is None and bad_input and isinstance(exc, bad_input):
-            text = escape(_first_line(to_flags(str(exc), flags)))
+            text = escape((to_flags(str(exc), flags).splitlines() or [""])[0])
             err.print(f"[bold red]error:[/bold red] [red]{text}[/red]", soft_wrap=True)
             code = EXIT_BAD_INPUT
         if code is None:

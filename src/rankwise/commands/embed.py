@@ -1,11 +1,10 @@
 """``rankwise embed``: embed new data with a trained run.
 
-Loads the model of a run directory with the preprocessing of its training data
-(:func:`rankwise.training.load_run`) and writes the embeddings of INPUT as a ``.npy`` file, ready
-for ``rankwise evaluate`` or a nearest-neighbour index. INPUT is an array file (``.npy``,
-``.npz[:key]``, ``.pt[:key]``) of raw inputs as the dataset ships them (digits pixels 0-16,
-MNIST / CIFAR ``uint8``) or, for a run on an image dataset, a folder of images (embedded in
-sorted path order, listed beside the output). No paper equation is implemented here.
+Loads a run directory's model and preprocessing (:func:`rankwise.training.load_run`) and writes the
+embeddings of INPUT as a ``.npy`` file. INPUT is an array file (``.npy``, ``.npz[:key]``,
+``.pt[:key]``) of raw inputs as the dataset ships them (digits pixels 0-16, MNIST / CIFAR
+``uint8``) or, for a run on an image dataset, a folder of images (embedded in sorted path order,
+listed beside the output). No paper equation is implemented here.
 """
 
 from __future__ import annotations

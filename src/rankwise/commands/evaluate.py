@@ -1,11 +1,10 @@
 """``rankwise evaluate``: exact, tie-aware retrieval report of saved embeddings.
 
-Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery (or,
-leave-one-out, against the other samples) and prints mAP (the tie-aware AP_T of He et al., *Hashing
-as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6 as corrected in docs/errata.md), recall@k,
-precision@k, MAP@R and R-precision as computed by
-:func:`rankwise.metrics.retrieval.retrieval_metrics`. Optionally writes the report as JSON and the
-mean precision-recall curve as a PNG. Bad input ends with a one-line error and exit code 2.
+Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery
+(or leave-one-out) and prints :func:`rankwise.metrics.retrieval.retrieval_metrics`: mAP (the
+tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6
+as corrected in docs/errata.md), recall@k, precision@k, MAP@R and R-precision. Optionally writes
+the report as JSON and the mean PR curve as a PNG. Bad input: a one-line error, exit code 2.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..reporting import report_rows
 from .common import cli_errors
 
 __all__ = ["evaluate", "load_array", "parse_ks"]
@@ -95,8 +95,7 @@ def _load_npy(path: Path, key: str | None, name: str) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
     except ValueError:  # pickled objects or a corrupt header
-        # numpy's own message advises allow_pickle=True, i.e. running code from the file:
-        # never repeat it
+        # numpy's message advises allow_pickle=True (running the file's code): never repeat it
         raise ValueError(
             f"{name}: {path.name} is not a numeric .npy array (a corrupt file, or pickled "
             "Python objects, which are never loaded); save the array with "
@@ -217,14 +216,15 @@ def _write_outputs(
     """Write the JSON report and the PR plot (an OSError becomes a one-line error in evaluate)."""
     from ..plots import plot_pr_curves
 
+    text = json.dumps(report.to_dict(), indent=2) + "\n" if json_out is not None else ""
     if json_out is not None and str(json_out) == "-":
         # `--json -`: stdout carries the JSON alone, so a script can parse it
-        sys.stdout.write(json.dumps(report.to_dict(), indent=2) + "\n")
+        sys.stdout.write(text)
         sys.stdout.flush()
     elif json_out is not None:
         try:
             json_out.parent.mkdir(parents=True, exist_ok=True)
-            json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+            json_out.write_text(text)
         except OSError as exc:
             raise ValueError(
                 f"--json {json_out}: could not write the report ({exc.strerror or exc})."
@@ -250,13 +250,8 @@ def _report_table(report: Any) -> Table:
     table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("mAP", f"{report.map:.4f}")
-    for k, value in report.recall_at.items():
-        table.add_row(f"recall@{k}", f"{value:.4f}")
-    for k, value in report.precision_at.items():
-        table.add_row(f"precision@{k}", f"{value:.4f}")
-    table.add_row("MAP@R", f"{report.map_at_r:.4f}")
-    table.add_row("R-precision", f"{report.r_precision:.4f}")
+    for name, value in report_rows(report):
+        table.add_row(name, f"{value:.4f}")
     return table
 
 
@@ -309,29 +304,10 @@ def evaluate(
         gallery_labels_t = (
             load_array(gallery_labels, "--gallery-labels") if gallery_labels is not None else None
         )
-        report = retrieval_metrics(
-            query,
-            query_labels,
-            gallery_t,
-            gallery_labels_t,
-            ks=ks_tuple,
-            similarity=similarity,
-            ties=ties,
-            device=dev,
-        )
-        curve = (
-            pr_curve(
-                query,
-                query_labels,
-                gallery_t,
-                gallery_labels_t,
-                similarity=similarity,
-                ties=ties,
-                device=dev,
-            )
-            if plot_pr is not None
-            else None
-        )
+        arrays = (query, query_labels, gallery_t, gallery_labels_t)
+        options: dict[str, Any] = {"similarity": similarity, "ties": ties, "device": dev}
+        report = retrieval_metrics(*arrays, ks=ks_tuple, **options)
+        curve = pr_curve(*arrays, **options) if plot_pr is not None else None
 
     mode = "leave-one-out" if gallery is None else f"gallery {gallery}"
     console.print(

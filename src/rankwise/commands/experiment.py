@@ -2,11 +2,9 @@
 
 ``rankwise experiment list`` and ``rankwise experiment NAME [--output DIR|FILE] [--quick]
 [--seed N] [options]``, each writing JSON, a PNG figure and printing a one-line verdict. The
-experiments live in :mod:`rankwise.experiments`; this module only turns each registered experiment's keyword options into command-line options
-(``tuple`` options as comma-separated lists); errors go through
-:func:`~rankwise.commands.common.cli_errors`: bad options and existing outputs end with a one-line
-``error:`` naming the flag and exit code 2, Ctrl-C with code 130 and SIGTERM with code 143,
-nothing written.
+experiments live in :mod:`rankwise.experiments`; this module turns each one's keyword options into
+command-line options (``tuple`` options as comma-separated lists); errors go through
+:func:`~rankwise.commands.common.cli_errors`, nothing written.
 """
 
 from __future__ import annotations
@@ -50,7 +48,6 @@ def list_command() -> None:
     output_console(width=200).print(table)
 
 
-# -- one command per registered experiment --------------------------------------------------------
 def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -128,8 +125,7 @@ def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
     def command(**kwargs: Any) -> None:
         output = kwargs.pop("output") or DEFAULT_OUTPUT_DIR
         overwrite = kwargs.pop("overwrite")
-        # Ctrl-C (exit 130) and SIGTERM (exit 143) end with one line; results are written
-        # only once complete, so an interrupted experiment leaves nothing behind
+        # results are written only once complete: an interrupted experiment leaves nothing
         with cli_errors(
             f"experiment {spec.name}",
             flags,

@@ -1,13 +1,10 @@
 """``rankwise hash``: learn binary codes by tie-aware ranking and evaluate them by Hamming ranking.
 
 ``rankwise hash train`` trains TALR (He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning
-to Rank", CVPR 2018) and its baselines at every code length on one dataset, in the CIFAR-10
-"setting 1" protocol of the paper's Sec. 5.1, each run on the library's Trainer
-(:mod:`rankwise.workflows.hashing`); ``rankwise hash evaluate`` re-evaluates the selected
-checkpoints of a sweep by counting sort (tie-aware mAP, NDCG, the tie-breaking range) and writes
-the Table 1-style table and the Fig. 3-style tie-breaking plot. Configuration errors exit with
-code 2 (a run trained with another config too), a failed run with 1, Ctrl-C with 130 (the sweep
-continues where it stopped when run again).
+to Rank", CVPR 2018) and its baselines at every code length on one dataset, in the paper's Sec.
+5.1 protocol (:mod:`rankwise.workflows.hashing`); ``rankwise hash evaluate`` re-evaluates the
+selected checkpoints of a sweep by counting sort and writes the Table 1-style table and the Fig.
+3-style tie-breaking plot. Exit codes as :func:`~rankwise.commands.common.cli_errors`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """``rankwise pretrain``: a pretrained start for the runs of a config (cross-entropy on categories).
 
-Reads the dataset and model sections of a run config (with ``KEY=VALUE`` overrides), trains the
-backbone on the categories of the dataset's training sources
-(:func:`rankwise.workflows.pretrain.pretrain`) and writes ``pretrained.pt`` for ``model.pretrained``
-and ``report.json``. No paper equation is implemented here.
+Reads a run config's dataset and model sections (with ``KEY=VALUE`` overrides) and runs
+:func:`rankwise.workflows.pretrain.pretrain`. No paper equation is implemented here.
 """
 
 from __future__ import annotations

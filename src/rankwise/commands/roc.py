@@ -1,9 +1,8 @@
 """``rankwise roc fit``: learn a bilinear similarity for a target false positive rate.
 
-Pointwise ROC optimization (Vogel, Bellet & Clémençon, ICML 2018) from the command line: the fit,
-its held-out report and its run folder are :func:`rankwise.workflows.roc.fit_roc`; the command
-reads arrays saved with numpy / torch, prints the table, and shows progress on stderr (a bar in a
-terminal, a few lines otherwise). Bad input ends with a one-line ``error:`` and exit code 2.
+Pointwise ROC optimization (Vogel, Bellet & Clémençon, ICML 2018) from the command line, by
+:func:`rankwise.workflows.roc.fit_roc`: reads numpy / torch arrays, prints the table, shows
+progress on stderr. Bad input ends with a one-line ``error:`` and exit code 2.
 """
 
 from __future__ import annotations
@@ -31,28 +30,19 @@ roc_app = typer.Typer(
 )
 
 _FLAGS = {
-    "alpha": "--alpha",
-    "tolerance": "--tolerance",
-    "negatives": "--negatives",
-    "n_negative_samples": "--n-negative-samples",
-    "max_iter": "--max-iter",
+    **{
+        name: "--" + name.replace("_", "-")
+        for name in (
+            "alpha tolerance negatives n_negative_samples max_iter learning_rate dataset method "
+            "fpr pca center test_fraction n_train n_test output overwrite"
+        ).split()
+    },
     "n_threads": "--threads",
-    "learning_rate": "--learning-rate",
     "risk": "--method",
     "X": "--features",
     "y": "--labels",
     "y_test": "--test-labels",
-    "dataset": "--dataset",
-    "method": "--method",
-    "fpr": "--fpr",
-    "pca": "--pca",
-    "center": "--center",
-    "test_fraction": "--test-fraction",
-    "n_train": "--n-train",
-    "n_test": "--n-test",
     "X_test": "--test-features",
-    "output": "--output",
-    "overwrite": "--overwrite",
 }
 
 
@@ -90,13 +80,10 @@ def _print_report(console: Any, report: dict[str, Any]) -> None:
     )
 
 
-# -- progress ---------------------------------------------------------------------------------------
 class _Progress(RocProgress):
-    """The stages of ``roc fit`` on stderr: a bar for the iterations in a terminal, lines otherwise.
+    """``roc fit``'s stages on stderr, one line each (as ``rankwise train`` shows its steps).
 
-    Every stage is one line (``roc fit: fitting ...``); the primal-dual iterations of the indicator
-    risk are a rich bar in a terminal and, in a log or a pipe, a line at most every ``line_every``
-    seconds and at the last iteration, as ``rankwise train`` shows its steps.
+    The iterations: a bar in a terminal, else a line at most every ``line_every`` s and at the last.
     """
 
     def __init__(self, console: Any, line_every: float = 10.0) -> None:
@@ -108,11 +95,9 @@ class _Progress(RocProgress):
         self._start = self._last = time.perf_counter()
 
     def stage(self, text: str) -> None:
-        """One line naming what the command does now."""
         self.console.print(f"roc fit: {text}", markup=False, highlight=False, soft_wrap=True)
 
     def iteration(self, done: int, total: int) -> None:
-        """Called by the estimator after every iteration (``done`` of ``total``)."""
         now = time.perf_counter()
         if done == 1:
             self._start = self._last = now
@@ -121,8 +106,7 @@ class _Progress(RocProgress):
         if self._progress is not None:
             self._progress.update(self._task, completed=done)
             if done == total:
-                self._progress.stop()
-                self._progress = None
+                self.close()
             return
         if done == total or now - self._last >= self.line_every:
             elapsed = now - self._start
@@ -161,7 +145,6 @@ class _Progress(RocProgress):
             self._progress = None
 
 
-# -- the command -----------------------------------------------------------------------------------
 @roc_app.command("fit")
 def fit(
     alpha: float = typer.Option(0.05, "--alpha", help="Target false positive rate α in (0, 1)."),

@@ -1,17 +1,14 @@
 """``rankwise train``: one training run from a YAML config, or the resumption of one.
 
-``rankwise train``: one training run from a YAML config with ``KEY=VALUE`` overrides, or the
-resumption of an interrupted run (``--resume RUN_DIR``), following the image-retrieval protocol of
-Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
-Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the
-selected model). Configuration errors end with a message naming the key and exit code 2; Ctrl-C
-(SIGTERM) saves a checkpoint and exits with code 130 (143); a NaN/inf loss exits with code 1; a
-full disk exits with code 4 (the earlier checkpoints are intact).
+A config with ``KEY=VALUE`` overrides, or ``--resume RUN_DIR``, run by the image-retrieval
+protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
+with List Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report
+of the selected model). Ctrl-C / SIGTERM saves a checkpoint; exit codes as
+:func:`~rankwise.commands.common.cli_errors`.
 
-Under ``torchrun --nproc-per-node N -m rankwise train ...`` every process runs this command and
-the run is data-parallel (:class:`~rankwise.training.distributed.DistributedTrainer`, backend
-``distributed.backend``): rank 0 writes the run directory and prints, the other ranks print only
-errors. See docs/distributed.md.
+Under ``torchrun --nproc-per-node N -m rankwise train ...`` the run is data-parallel
+(:class:`~rankwise.training.distributed.DistributedTrainer`): rank 0 writes the run directory and
+prints, the other ranks print only errors. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -23,7 +20,7 @@ from typing import Any
 
 import typer
 
-from .common import cli_errors, output_console, train_resume_command
+from .common import cli_errors, output_console, signal_name, train_resume_command
 
 __all__ = ["FLAGS", "train"]
 
@@ -41,18 +38,6 @@ FLAGS = {
     "data_dir": "--data-dir",
     "resume_from": "--from-checkpoint",
 }
-
-
-def _read_run_config(run_dir: Path) -> dict[str, Any]:
-    """The saved config of a run as a dict (empty when unreadable: the resume reports it)."""
-    from ..training import ConfigError
-    from ..training.config import read_config_file
-    from ..training.state import RunPaths
-
-    try:
-        return read_config_file(RunPaths(run_dir).config)
-    except ConfigError:
-        return {}
 
 
 def _join_process_group(config: dict[str, Any], device: str | None) -> int:
@@ -210,18 +195,19 @@ def train(
         raise
     finally:
         trainer = None  # its DDP wrapper holds the process group, which must end now
-        _leave_process_group(failure)
+        from ..training.distributed import launched_by_torchrun, shutdown_distributed
+
+        if launched_by_torchrun():  # leave the process group this command joined
+            shutdown_distributed(failure)
 
 
 @contextmanager
 def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
     """Ctrl-C / SIGTERM once the run's outcome is saved: finish the command, exit 0.
 
-    Before, a signal interrupts the run as usual. Once the run has completed (``report.json``
-    written) or stopped at ``--max-steps`` with its checkpoint, nothing is left to lose: the first
-    signal is noted and the plots and the result table are finished; a second aborts at once
-    (with 128 + its number) but says that the results are kept. The caller appends the
-    status to the yielded list when ``fit`` returns.
+    Once the run completed or stopped at ``--max-steps`` with its checkpoint, the first signal is
+    noted and plots and table are finished; a second aborts (128 + its number), saying the results
+    are kept. The caller appends the status to the yielded list when ``fit`` returns.
     """
     import signal
 
@@ -235,16 +221,13 @@ def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
     def outcome() -> str | None:
         return "completed" if trainer.completed else (saved[0] if saved else None)
 
-    def name_of(signum: int) -> str:
-        return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-
     def on_signal(signum: int) -> bool:
         if outcome() is None or noted:
             return False  # the run is not saved yet, or a second signal: raise at once
         noted.append(signum)
-        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {name_of(signum)}"
+        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {signal_name(signum)}"
         trainer.console.print(
-            f"[yellow]{name_of(signum)} after the run {outcome()}: nothing is lost; finishing "
+            f"[yellow]{signal_name(signum)} after the run {outcome()}: nothing is lost; finishing "
             f"({again} aborts at once).[/yellow]",
             soft_wrap=True,
         )
@@ -259,19 +242,11 @@ def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
             signum = signal_number_of(exc)
             where = escape(str(trainer.run_dir))
             trainer.console.print(
-                f"[yellow]{name_of(signum)}: aborted after the run {outcome()}; what it saved "
+                f"[yellow]{signal_name(signum)}: aborted after the run {outcome()}; what it saved "
                 f"is kept in {where} (plots may be missing).[/yellow]",
                 soft_wrap=True,
             )
             raise typer.Exit(128 + signum) from None
-
-
-def _leave_process_group(failure: BaseException | None) -> None:
-    """Under torchrun, leave the process group this command joined and stop its threads."""
-    from ..training.distributed import launched_by_torchrun, shutdown_distributed
-
-    if launched_by_torchrun():
-        shutdown_distributed(failure)
 
 
 def _build_trainer(
@@ -284,8 +259,10 @@ def _build_trainer(
 ) -> tuple[Any, int]:
     """The trainer of the command (data-parallel under torchrun) and this process's rank."""
     from ..training import ConfigError, Trainer, load_config
+    from ..training.config import read_config_file
     from ..training.distributed import DistributedTrainer, launched_by_torchrun
     from ..training.rundir import resolve_run_dir
+    from ..training.state import RunPaths
 
     num_workers, device = options["num_workers"], options["device"]
     data_dir, seed = options["data_dir"], options["seed"]
@@ -304,7 +281,11 @@ def _build_trainer(
     trainer_class: Any = DistributedTrainer if launched_by_torchrun() else Trainer
     if resume is not None:
         run_dir = resolve_run_dir(resume)  # a folder holding one run is accepted
-        rank = _join_process_group(_read_run_config(run_dir), device)
+        try:  # an unreadable config.yaml: the resume below reports it
+            saved = read_config_file(RunPaths(run_dir).config)
+        except ConfigError:
+            saved = {}
+        rank = _join_process_group(saved, device)
         trainer = trainer_class.from_run_dir(
             run_dir,
             num_workers=num_workers,

@@ -1,12 +1,10 @@
 """``rankwise tune``: hyper-parameter selection on the validation split.
 
-``rankwise tune``: hyper-parameter selection on the validation split, as Wen et al., *Exploring
-the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
-Sec. 5.1 and App. D.1, tuned every loss before its test report. Every point of a ``--grid`` of
-dotted overrides is trained per loss with the ``rankwise bench`` protocol and scored by the mean
-validation mAUPRC (tie-aware mAP) over the seeds; writes ``tune.json`` (every trial, the winners)
-and ``tuned.yaml`` (the base config with the winners as ``bench.overrides``) for
-``rankwise bench --config tuned.yaml``.
+As Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
+Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a ``--grid`` is
+trained per loss by the ``rankwise bench`` protocol and scored by its mean validation mAUPRC over
+the seeds (:mod:`rankwise.workflows.tune`); writes ``tune.json`` and ``tuned.yaml`` (the winners
+as ``bench.overrides``) for ``rankwise bench --config tuned.yaml``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Loss comparison and ablation sweeps (Tables 1 and 2 of the SOPRC paper).
 
-Loss comparison and ablation sweeps: the Table 1 and Table 2 protocol of Wen et al.,
-*Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
-(NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale.
-
-Every loss is trained with the same backbone, sampler, budget and seeds (only its own parameters
-and, where configured, its optimizer differ) and reported as mean ± std over seeds of the test
-mAUPRC (tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The
-ablation reproduces Table 2's rows for SOPRC: biased estimator (class prior pi replaced by the
-batch ratio), without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the
+The protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC
+Optimization with List Stability* (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale: every
+loss is trained with the same backbone, sampler, budget and seeds (only its own parameters and,
+where configured, its optimizer differ) and reported as mean ± std over seeds of the test mAUPRC
+(tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The
+ablation reproduces Table 2's SOPRC rows: biased estimator (class prior pi replaced by the batch
+ratio), without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the
 semi-variance regularizer L_var (Eq. 9), and SGD versus Adam.
 """
 
@@ -146,17 +144,15 @@ def plan_bench(
         ablation: plan Table 2's five SOPRC rows instead of the loss comparison.
         output: sweep directory; run ``<label>/seed<k>`` goes below it.
         run_overrides: dotted ``{key: value}`` overrides applied to every run last (after its loss
-            is chosen and after the ``quick`` budget), e.g. ``{"loss.params.lambda_val": 50}`` or
-            ``{"budget.iterations": 20}`` from the command line (a parameter a run's loss does not
-            take is reported as a config error naming the run).
+            and the ``quick`` budget), e.g. ``{"loss.params.lambda_val": 50}``; a parameter a
+            run's loss does not take is a config error naming the run.
 
     Raises:
         ConfigError: naming the run and the offending key.
     """
     base_config = config_from_dict(base)  # reports errors of the base file itself first
     bench = base_config.bench
-    # the table reports R@1 and R@10 whatever the base config evaluates; each run shows its
-    # progress as `rankwise train` does (a bar in a terminal, plain lines otherwise)
+    # the table reports R@1 and R@10 whatever the base config evaluates
     common: dict[str, Any] = {"eval_ks": sorted({*base_config.eval_ks, 1, 10})}
     if quick:
         common.update(bench.quick.overrides)
@@ -239,10 +235,9 @@ def prepare_splits(
         ConfigError: runs that disagree on the dataset, or the first run that fails
             :func:`~rankwise.training.trainer.preflight`, named by ``describe``.
     """
-    dataset_key = json.dumps(runs[0].config.dataset.model_dump(mode="json"), sort_keys=True)
-    if any(
-        json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) != dataset_key
-        for r in runs
+    if (
+        len({json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) for r in runs})
+        > 1
     ):
         raise ConfigError("per-loss bench.overrides must not change the dataset section.")
     splits = load_splits(runs[0].config)
@@ -269,14 +264,10 @@ def reference_rows(
 ) -> list[dict[str, Any]]:
     """What the table must be read against: the same test protocol with no learning at all.
 
-    * ``input (no training)``: cosine retrieval on the flattened raw inputs (only for in-memory
-      array datasets; image folders are skipped, and the skip is reported in the row list's
-      absence, never silently replaced).
-    * ``untrained network``: the benchmark's backbone + head at its seeded initialisation, one
-      evaluation per seed, through the same :meth:`Trainer.evaluate` as the trained rows.
-
-    A loss that does not beat these rows has not learned anything that transfers to the test
-    classes; on tiny open-set problems (5 training classes) that happens, and the table says so.
+    ``input (no training)``: cosine retrieval on the flattened raw inputs (in-memory array
+    datasets only; no row for image folders). ``untrained network``: the backbone + head at its
+    seeded initialisation, evaluated per seed by the same :meth:`Trainer.evaluate`. A loss that
+    does not beat these has learned nothing that transfers to the test classes.
 
     Args:
         runs: the planned runs (the first one's config gives the backbone).
@@ -286,15 +277,12 @@ def reference_rows(
         curves: when given, receives each row's mean test PR curve, by row name.
 
     Returns:
-        The rows, with the fields of a trained row (``seeds``: the seeds evaluated, ``[]``
-        for the seedless raw input).
+        The rows, with a trained row's fields (``seeds``: those evaluated, ``[]`` for raw input).
     """
 
     def row(name: str, reports: Sequence[Any], row_seeds: Sequence[int]) -> dict[str, Any]:
-        out: dict[str, Any] = {"loss": name, "label": name, "seconds": 0.0}
-        out.update(_mean_std(reports))
-        out["seeds"] = [int(s) for s in row_seeds]
-        return out
+        seeds = [int(s) for s in row_seeds]
+        return {"loss": name, "label": name, "seconds": 0.0, **_mean_std(reports), "seeds": seeds}
 
     def flat(dataset: Any) -> tuple[torch.Tensor, np.ndarray]:  # any split with .inputs
         x = dataset.inputs.reshape(len(dataset.labels), -1).to(torch.float32)
@@ -340,13 +328,8 @@ def _average_curves(curves: Sequence[PRCurve]) -> PRCurve:
 def warm_up_metrics() -> float:
     """Compile the numba evaluation kernels before anything is timed; returns the seconds spent.
 
-    The first call of a compiled kernel in a process compiles it (or loads it from numba's
-    cache), which would otherwise be counted in the first run's time. Both evaluation layouts
-    (leave-one-out and query / gallery) and the PR curve are exercised, in float32 as training
-    produces them.
-
-    Returns:
-        Wall-clock seconds of the warm-up.
+    A kernel's first call in a process compiles it (or loads numba's cache), which would count
+    in the first run's time. Exercises leave-one-out, query / gallery and the PR curve in float32.
     """
     start = time.perf_counter()
     generator = torch.Generator().manual_seed(0)
@@ -357,9 +340,6 @@ def warm_up_metrics() -> float:
     pr_curve(x, labels)
     pr_curve(x[:12], labels[:12], x, labels)
     return time.perf_counter() - start
-
-
-# -- resumable runs --------------------------------------------------------------------------------
 
 
 def stored_result(run: BenchRun, with_test: bool = True) -> RunResult | None:
@@ -392,19 +372,10 @@ def run_or_resume(
     name: str,
     test: bool = True,
 ) -> tuple[RunResult, str]:
-    """Train one run of a sweep, resume it from its checkpoint, or keep its stored result.
+    """:func:`rankwise.workflows.sweep.run_or_resume` of a planned run, on the sweep's splits.
 
-    Args:
-        run: the planned run.
-        splits: the sweep's dataset splits.
-        resume: continue an interrupted sweep: a completed run is kept, an interrupted one
-            continues from ``checkpoints/last.pt``, the others start afresh.
-        console: where the run's progress goes.
-        name: the run's name on its progress bar / lines.
-        test: test the selected model (``tune`` does not).
-
-    Returns:
-        ``(result, how)``: how is ``"trained"``, ``"resumed"`` or ``"kept"``.
+    ``resume``, ``test`` and the returned ``(result, how)`` as there; ``console`` shows the run's
+    progress, under ``name``.
     """
 
     def build(resume: bool = False, overwrite: bool = False) -> Trainer:
@@ -426,7 +397,9 @@ def tested(result: RunResult) -> tuple[RetrievalReport, PRCurve]:
     return result.test, result.pr_curve
 
 
-def _bench_summary(
+def _write_summary(
+    output: Path,
+    ablation: bool,
     runs: Sequence[BenchRun],
     results: Sequence[RunResult],
     splits: RetrievalSplits,
@@ -435,8 +408,9 @@ def _bench_summary(
     complete: bool,
     warm_up: float,
 ) -> dict[str, Any]:
+    """Rewrite ``bench.json`` and ``bench.md`` with the finished runs; returns the summary."""
     rows = aggregate_rows(runs[: len(results)], results)
-    return {
+    summary = {
         "dataset": runs[0].config.dataset.name,
         "protocol": str(splits.protocol),
         "seeds": [int(s) for s in seeds],
@@ -447,11 +421,9 @@ def _bench_summary(
         "rows": [row.to_dict() for row in rows],
         "reference_rows": references,
     }
-
-
-def _write_tables(output: Path, summary: Mapping[str, Any], ablation: bool) -> None:
     write_json(summary, output / "bench.json")
     atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
+    return summary
 
 
 def run_bench(
@@ -469,37 +441,17 @@ def run_bench(
 ) -> dict[str, Any]:
     """Train every planned run, then write ``bench.json``, ``bench.md`` and ``pr_curves.png``.
 
-    Arguments as in :func:`plan_bench`; ``console`` receives one progress line per run (the
-    table itself is :func:`rankwise.reporting.print_bench_table` of the returned summary). All
-    configuration errors (including the data-dependent ones: unknown loss parameter, too many
-    classes per batch) are raised before the first run.
-
-    No lost work: an ``output`` that holds results is refused unless ``overwrite`` (the previous
-    sweep is deleted) or ``resume``; ``bench.json`` / ``bench.md`` are rewritten after every
-    run (``"complete": false`` until the end), so an interrupted sweep keeps its table; with
-    ``resume`` the completed runs are kept and skipped and the interrupted one continues from its
-    checkpoint. ``sweep.json`` records the settings (what ``rankwise bench --resume`` re-runs).
-    ``output`` is locked for the whole sweep (:mod:`rankwise.training.lock`): a second sweep into
-    it is refused, naming the process that holds it.
-
-    Args:
-        base: the base config as a plain mapping.
-        losses: losses to compare (default ``base["bench"]["losses"]``).
-        seeds: training seeds.
-        quick: apply ``bench.quick.overrides``.
-        ablation: Table 2's SOPRC rows instead of the loss comparison.
-        output: the sweep directory.
-        console: rich console for progress lines.
-        run_overrides: dotted overrides applied to every run last.
-        resume: continue the sweep in ``output`` (its settings must be these).
-        overwrite: delete the previous sweep's results in ``output`` first.
+    Arguments as :func:`plan_bench`; ``console`` gets one progress line per run (the table is
+    :func:`rankwise.reporting.print_bench_table` of the summary). Every configuration error,
+    data-dependent ones included, is raised before the first run. The rules of
+    :mod:`rankwise.workflows.sweep` apply: an ``output`` holding results is refused unless
+    ``resume`` (continue; its ``sweep.json`` settings must be these) or ``overwrite`` (delete its
+    results first); ``bench.json`` / ``bench.md`` are rewritten after every run (``"complete":
+    false`` until the end).
 
     Returns:
-        The ``bench.json`` content: ``{"dataset", "protocol", "seeds", "complete",
-        "runs_finished", "runs_planned", "warm_up_seconds", "rows", "reference_rows"}``, one
-        row per loss (or ablation variant) with ``map_mean``, ``map_std``,
-        ``recall_at_1_mean``, ..., ``seconds`` (mean wall-clock seconds per run, numba
-        compilation excluded) and bookkeeping fields.
+        The ``bench.json`` content (schema: docs/training.md, "rankwise bench"): one row per
+        loss (or ablation variant) with ``map_mean``, ``map_std``, ``recall_at_1_mean``, ...
 
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; the finished runs are in ``bench.json`` and the
@@ -508,7 +460,6 @@ def run_bench(
     """
     console = console if console is not None else Console()
     output = Path(output)
-    # one sweep per folder at a time: locked before anything in it is read or written
     with lock_run_dir(output, "output", then="resume it" if resume else None):
         runs = plan_bench(
             base,
@@ -528,7 +479,7 @@ def run_bench(
             run_overrides=dict(run_overrides or {}),
         )
         run_dirs = [run.config.resolved_output_dir() for run in runs]
-        # every configuration error first (nothing is written before), then the results rule
+        # every configuration error before anything is written
         splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
         prepare_sweep_dir(
             output, "bench", settings, run_dirs, BENCH_FILES, resume=resume, overwrite=overwrite
@@ -540,6 +491,7 @@ def run_bench(
             soft_wrap=True,
         )
         results: list[RunResult] = []
+        sweep = (output, ablation, runs, results, splits, seeds)  # results: filled run by run
         try:
             warm_up = warm_up_metrics()
             curves: dict[str, PRCurve] = {}
@@ -557,32 +509,23 @@ def run_bench(
                     soft_wrap=True,
                     highlight=False,
                 )
-                partial = _bench_summary(runs, results, splits, seeds, references, False, warm_up)
-                _write_tables(output, partial, ablation)
+                _write_summary(*sweep, references, False, warm_up)
         except KeyboardInterrupt as exc:
             names = [f"{run.label} seed {run.seed}" for run in runs]
             raise sweep_interrupted("bench", exc, names, len(results), output) from None
 
-        summary = _bench_summary(runs, results, splits, seeds, references, True, warm_up)
-        _write_tables(output, summary, ablation)
+        summary = _write_summary(*sweep, references, True, warm_up)
         rows = aggregate_rows(runs, results)
-        curves.update(
-            {row.label: _average_curves([tested(r)[1] for r in row.results]) for row in rows}
-        )
+        trained = {row.label: _average_curves([tested(r)[1] for r in row.results]) for row in rows}
         plot_pr_curves(
-            {**{row.label: curves[row.label] for row in rows}, **_reference_curves(curves, rows)},
+            {**trained, **curves},  # curves: the no-learning references
             output / "pr_curves.png",
             title=f"mean test PR curves on {summary['dataset']} "
             f"({'SOPRC ablation' if ablation else 'all losses'})",
             labels=_legend_labels(rows, references, ablation),
-            references=list(_reference_curves(curves, rows)),
+            references=list(curves),
         )
         return summary
-
-
-def _reference_curves(curves: Mapping[str, PRCurve], rows: Sequence[BenchRow]) -> dict:
-    labels = {row.label for row in rows}
-    return {name: curve for name, curve in curves.items() if name not in labels}
 
 
 def _legend_labels(

@@ -7,23 +7,9 @@ database by Hamming distance and scored by tie-aware AP_T (Table 1), with the ti
 of every method (Fig. 3). Here on Fashion-MNIST (same class structure and sizes) with a small CNN
 trained from scratch.
 
-Methods, all on the same backbone, data, sampler and optimizer (only the loss and the head
-differ), each trained by :class:`HashingTrainer` — the library's :class:`~rankwise.training.Trainer`
-with model selection and test reports by Hamming ranking of the binary codes:
-
-* ``talr``: a :class:`~rankwise.hashing.HashingHead` trained with
-  :class:`~rankwise.losses.TieAwareAPLoss` (``objective="ap"``) or
-  :class:`~rankwise.losses.TieAwareNDCGLoss` (``"ndcg"``), exact (harmonic-number) form;
-* ``talr_midpoint``: the same with the authors' released simplified objective
-  (``form="midpoint"``);
-* ``dpsh``: the same head, with linear outputs, trained with :class:`~rankwise.losses.DPSHLoss`
-  (pairwise likelihood plus quantization, the pair-based baseline of Table 1);
-* ``smooth_ap`` / ``triplet``: an L2-normalised ``bits``-dimensional embedding trained with
-  Smooth-AP, or with the triplet loss (margin 0.2, semi-hard mining), binarised by ``sign`` at
-  test time;
-* ``untrained``: the codes of the initial (untrained) hashing network — its batch-norm statistics
-  set from the training data, so the codes are centred random projections of random features —
-  the reference a trained model has to beat.
+The methods of :data:`HASH_METHODS` share backbone, data, sampler and optimizer (only the loss
+and the head differ; the table in docs/hashing.md, "Workflow"), each trained by
+:class:`HashingTrainer`.
 """
 
 from __future__ import annotations
@@ -31,7 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -86,9 +72,8 @@ __all__ = [
     "write_report",
 ]
 
-# hash method -> (its loss, None for the tie-aware loss of hash.objective; the loss's parameters).
-# The baselines' own settings: FaceNet's margin 0.2 with semi-hard mining (Schroff et al., CVPR
-# 2015; batch-hard mining collapses on these 10-class batches at the shared learning rate)
+# method -> (loss, None = hash.objective's; params). Triplet: FaceNet's margin 0.2, semi-hard
+# (Schroff et al., CVPR 2015; batch-hard collapses on these 10-class batches at the shared lr)
 _METHODS: Registry[tuple[str | None, dict[str, Any]]] = Registry(
     "hash method",
     {
@@ -102,8 +87,7 @@ _METHODS: Registry[tuple[str | None, dict[str, Any]]] = Registry(
 )
 HASH_METHODS = _METHODS.names
 _OBJECTIVE_LOSS = {"ap": "tie_aware_ap", "ndcg": "tie_aware_ndcg"}
-# The built-in config of `rankwise hash train` (the same as configs/hash_fashion_mnist.yaml, which
-# documents every choice): Fashion-MNIST in TALR's CIFAR-10 setting 1.
+# `rankwise hash train`'s built-in config = configs/hash_fashion_mnist.yaml (documented there)
 DEFAULT_HASH_CONFIG: dict[str, Any] = {
     "dataset": {
         "name": "fashion-mnist",
@@ -147,8 +131,7 @@ class HashSettings(BaseModel):
         bits: code lengths, one run per length and method (the paper: 12, 24, 32, 48).
         objective: ``"ap"`` (TieAwareAPLoss) or ``"ndcg"`` (TieAwareNDCGLoss) for ``talr``.
         gamma: steepness of the ``tanh(γ f / 2)`` relaxation of the hashing head.
-        center: batch-normalize the hashing head's activations (see
-            :class:`~rankwise.hashing.HashingHead`).
+        center: batch-normalize the head's activations (:class:`~rankwise.hashing.HashingHead`).
         backbone_options: options of the backbone of every method, e.g. ``{width: 16}`` for
             ``small_cnn`` (see :func:`rankwise.models.build_backbone`).
         methods: which of :data:`HASH_METHODS` to run.
@@ -191,16 +174,11 @@ class HashSettings(BaseModel):
         return list(dict.fromkeys(value))
 
 
-# -- the trainer -----------------------------------------------------------------------------------
-
-
 def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *, ks=(100,)):
     """Evaluation of a :class:`~rankwise.training.Trainer` by Hamming ranking of ``sign`` codes.
 
-    The ``metric_fn`` of :class:`HashingTrainer`: the eval-mode outputs are binarised and ranked
-    by :func:`~rankwise.metrics.hamming_retrieval_metrics` (tie-aware AP_T, NDCG_T and the
-    tie-breaking ranges). Cut-offs beyond the number of ranked items are dropped, as a validation
-    split may hold fewer items than the test cut-offs.
+    The ``metric_fn`` of :class:`HashingTrainer`. Cut-offs beyond the number of ranked items are
+    dropped, as a validation split may hold fewer items than the test cut-offs.
 
     Args:
         query: ``(n, bits)`` outputs of the queries.
@@ -224,14 +202,8 @@ def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *,
 def hamming_curve_fn(query, query_labels, gallery=None, gallery_labels=None):
     """Mean precision-recall curve of the ``sign`` codes (the ``curve_fn`` of HashingTrainer).
 
-    Ranked by the integer inner products of the ±1 codes (``similarity="dot"``, exact on
-    codes), the same order as the Hamming distances.
-
-    Args:
-        query: ``(n, bits)`` outputs of the queries.
-        query_labels: ``(n,)`` labels.
-        gallery: ``(m, bits)`` outputs of the database, or None for leave-one-out.
-        gallery_labels: ``(m,)`` labels.
+    Arguments as :func:`hamming_metric_fn`; ranked by the integer inner products of the ±1 codes
+    (``similarity="dot"``), the same order as the Hamming distances.
     """
     return pr_curve(
         binarize(query).float(),
@@ -245,22 +217,16 @@ def hamming_curve_fn(query, query_labels, gallery=None, gallery_labels=None):
 class HashingTrainer(Trainer):
     """The library's :class:`~rankwise.training.Trainer`, ranking by Hamming distance of codes.
 
-    Model selection (validation, leave-one-out) and the test report (queries against the
-    gallery) use :func:`hamming_metric_fn` (``sign`` of the model's eval-mode outputs ranked by
-    :func:`~rankwise.metrics.hamming_retrieval_metrics`), so the selected model is the one whose
-    *codes* have the best tie-aware mAP, and the test report carries NDCG_T and the
-    tie-breaking ranges. Everything else is the library's loop (steps, checkpoints, bit-for-bit
-    resume, callbacks); arguments as :class:`~rankwise.training.Trainer`, whose ``metric_fn``
-    and ``curve_fn`` default here to :func:`hamming_metric_fn` and :func:`hamming_curve_fn`.
+    Arguments as :class:`~rankwise.training.Trainer`, with ``metric_fn`` / ``curve_fn``
+    defaulting to :func:`hamming_metric_fn` / :func:`hamming_curve_fn`: model selection picks the
+    model whose *codes* have the best tie-aware mAP, and the test report carries NDCG_T and the
+    tie-breaking ranges.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("metric_fn", hamming_metric_fn)
         kwargs.setdefault("curve_fn", hamming_curve_fn)
         super().__init__(*args, **kwargs)
-
-
-# -- configs ---------------------------------------------------------------------------------------
 
 
 def load_hash_config(path: str | Path | None = None, overrides: Sequence[str] = ()):
@@ -350,15 +316,14 @@ def build_hash_trainer(
 ):
     """A :class:`HashingTrainer` for one (method, code length) run of ``config``.
 
-    Built by :func:`rankwise.training.factory.build_trainer` (same data, sampler, optimizer,
-    schedule, seeds as :meth:`rankwise.training.Trainer.from_config`), with a hashing model (or
-    an embedding model for the ``smooth_ap`` / ``triplet`` baselines) of ``bits`` outputs.
+    Built as :meth:`rankwise.training.Trainer.from_config` builds (data, sampler, optimizer,
+    seeds), with a hashing model (an embedding model for ``smooth_ap`` / ``triplet``).
 
     Args:
         config: the run's training config (:func:`method_config`).
         settings: the hash settings (``gamma``).
         method: one of :data:`HASH_METHODS` other than ``"untrained"``.
-        bits: code length.
+        bits: code length (the model's outputs).
         splits: pre-loaded splits (one load for every run).
         overwrite: start afresh in an output directory holding a run.
         resume: continue the run in the output directory.
@@ -378,9 +343,6 @@ def build_hash_trainer(
     )
 
 
-# -- evaluation ------------------------------------------------------------------------------------
-
-
 def encode_dataset(model: nn.Module, dataset, batch_size: int = 512, device=None):
     """``({-1, +1}`` int8 codes ``(N, bits)``, ``(N,)`` labels``)`` of a dataset, eval mode."""
     device = device or next(model.parameters()).device
@@ -389,10 +351,7 @@ def encode_dataset(model: nn.Module, dataset, batch_size: int = 512, device=None
 
 
 def evaluate_codes(model: nn.Module, splits, ks: Sequence[int] = (100, 1000), batch_size=512):
-    """Test report of a model's codes, by :func:`~rankwise.metrics.hamming_retrieval_metrics`.
-
-    Test queries against the gallery (closed-set) or leave-one-out (open-set).
-    """
+    """Test report of a model's codes: test queries against the gallery, or leave-one-out."""
     query, query_labels = encode_dataset(model, splits.test, batch_size)
     gallery, gallery_labels = (None, None)
     if splits.gallery is not None:
@@ -405,8 +364,7 @@ class MethodResult:
     """Test result of one (method, code length) run.
 
     Attributes:
-        method: the method.
-        bits: code length.
+        method, bits: the run's method and code length.
         map: tie-aware mAP of the test queries (AP_T).
         map_range: ``(worst, best)`` mAP over every tie-breaking (Fig. 3).
         ndcg: tie-aware NDCG.
@@ -429,19 +387,9 @@ class MethodResult:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "method": self.method,
-            "bits": self.bits,
-            "map": self.map,
-            "map_range": list(self.map_range),
-            "ndcg": self.ndcg,
-            "run_dir": self.run_dir,
-            "best_step": self.best_step,
-            "seconds": self.seconds,
-            "error": self.error,
-            "report": self.report,
-        }
+        """JSON-ready form (``report`` last)."""
+        data = asdict(self)
+        return data | {"map_range": list(self.map_range), "report": data.pop("report")}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> MethodResult:
@@ -479,12 +427,8 @@ def run_hash_experiment(
 ) -> list[MethodResult]:
     """Train every method of ``settings`` at every code length; test each by Hamming ranking.
 
-    Runs are ``<output>/<method>/<bits>bits`` (each a normal run directory: config, checkpoints,
-    metrics, report); ``<output>/results.json`` collects the test results. The rules of
-    :mod:`rankwise.workflows.sweep`: a run trained with another config is refused before
-    anything is written (``overwrite`` retrains it); a run with the same config that completed
-    is not trained again (its result is read), one that was interrupted continues from its
-    checkpoint, so running the same sweep again continues where it stopped.
+    Runs are normal run directories ``<output>/<method>/<bits>bits``; ``<output>/results.json``
+    collects the test results. The rules of :mod:`rankwise.workflows.sweep` apply.
 
     Args:
         config: the base training config.
@@ -501,8 +445,7 @@ def run_hash_experiment(
         ConfigError: a run in ``output`` was trained with another config (without
             ``overwrite``).
         TrainingInterrupted: Ctrl-C or SIGTERM; the same call again continues.
-        RunDirInUseError: another process is writing ``output`` (the sweep holds its lock to
-            the end, see :mod:`rankwise.training.lock`).
+        RunDirInUseError: another process is writing ``output`` (see :mod:`rankwise.training.lock`).
     """
     output = Path(output)
     plan = [
@@ -510,7 +453,6 @@ def run_hash_experiment(
         for bits in settings.bits
         for method in settings.methods
     ]
-    # one sweep per folder at a time: locked before anything in it is read or written
     with lock_run_dir(output, "output_dir"):
         if not overwrite:
             check_planned_configs([cfg for *_, cfg in plan], (RESULT_FILE,))
@@ -539,9 +481,8 @@ def run_hash_experiment(
 def calibrate_batch_norm(model: nn.Module, dataset, batch_size: int = 512) -> nn.Module:
     """Set the running statistics of every batch-norm layer to the data's, without training.
 
-    An untrained network's centred head would otherwise keep its initial statistics (mean 0,
-    variance 1), which do not centre anything. The statistics are the exact averages over one
-    pass of ``dataset`` (``momentum=None``); the model's mode and momenta are restored.
+    Without it an untrained centred head keeps its initial mean 0 / variance 1 (centring nothing).
+    Exact averages over one pass of ``dataset``; the model's mode and momenta are restored.
 
     Args:
         model: the network.
@@ -642,15 +583,12 @@ def results_table(results: Sequence[MethodResult], metric: str = "map") -> str:
     by_key = {(r.method, r.bits): r for r in results}
     head = "| method | " + " | ".join(f"{b} bits" for b in bits) + " |"
     rows = [head, "|---|" + "---:|" * len(bits)]
+
+    def cell(r: MethodResult | None) -> str:
+        return "—" if r is None else "failed" if r.error else f"{getattr(r, metric):.4f}"
+
     for m in methods:
-        cells = []
-        for b in bits:
-            r = by_key.get((m, b))
-            if r is None:
-                cells.append("—")
-            else:
-                cells.append("failed" if r.error else f"{getattr(r, metric):.4f}")
-        rows.append(f"| {m} | " + " | ".join(cells) + " |")
+        rows.append(f"| {m} | " + " | ".join(cell(by_key.get((m, b))) for b in bits) + " |")
     return "\n".join(rows)
 
 
@@ -664,17 +602,15 @@ def head_of(model: nn.Module) -> HashingHead | None:
 def evaluate_sweep(output: str | Path, device: str | None = None) -> list[MethodResult]:
     """Re-evaluate every run of a sweep from its selected checkpoint (``checkpoints/best.pt``).
 
-    The models are rebuilt from the sweep's ``hash_config.yaml`` and each run's
-    ``config.yaml``; the ``untrained`` rows from the same seeds. Every result is the test report
-    of :func:`evaluate_codes` (tie-aware mAP, NDCG and the tie-breaking range).
+    Models are rebuilt from ``hash_config.yaml`` and each run's ``config.yaml`` (``untrained``
+    from the same seeds) and tested by :func:`evaluate_codes`.
 
     Args:
         output: the sweep directory of :func:`run_hash_experiment`.
         device: where to encode (default: the runs' device setting).
 
     Raises:
-        FileNotFoundError: not a sweep directory. A run without a checkpoint (not trained, or
-            failed) is reported as failed.
+        FileNotFoundError: not a sweep directory (a run without a checkpoint is reported failed).
     """
     output = Path(output)
     if not (output / "hash_config.yaml").is_file():

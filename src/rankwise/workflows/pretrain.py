@@ -2,14 +2,9 @@
 
 Wen et al. (NeurIPS 2022, App. D.1) fine-tune an ImageNet-pretrained ResNet-50, so their embeddings
 start spread out; a run here starts from random weights. :func:`pretrain` trains the backbone of an
-instance benchmark (:mod:`rankwise.data.instances`) with cross-entropy on a different label space:
-the dataset's categories (Fashion-MNIST's 10 garment types) of the **training sources only**, each
-seen as fresh augmented views, through a linear classifier on the backbone's features. The
-validation and test sources are never touched (their categories give the held-out accuracy, on
-the validation sources only). It writes ``pretrained.pt`` (the embedding model's state dict, head
-left at its seeded initialisation as the paper's new projection is, plus metadata that
-``model.pretrained`` checks) and ``report.json`` (accuracies and the test embeddings' spread from
-scratch and pretrained). No ranking equation is implemented here.
+instance benchmark (:mod:`rankwise.data.instances`) with cross-entropy on its categories, from the
+**training sources only** (test sources never touched), and writes ``pretrained.pt`` and
+``report.json`` (docs/training.md, "A pretrained start"). No ranking equation is implemented here.
 """
 
 from __future__ import annotations
@@ -42,11 +37,6 @@ PRETRAINED_FILE = "pretrained.pt"
 def source_split_hash(source_ids: np.ndarray) -> str:
     """First 16 hex digits of the SHA-256 of the training sources' pool indices (int64)."""
     return hashlib.sha256(np.asarray(source_ids, dtype=np.int64).tobytes()).hexdigest()[:16]
-
-
-def _source_ids(split: Any) -> np.ndarray:
-    """``source_ids`` of a split of :func:`~rankwise.data.instances.build_instance_splits`."""
-    return np.asarray(split.source_ids, dtype=np.int64)
 
 
 def mean_negative_cosine(embeddings: torch.Tensor, labels: np.ndarray) -> float:
@@ -171,7 +161,8 @@ def pretrain(
             "spread_pretrained": _spread(model, test),
         }
         if val is not None:
-            val_sources = _source_ids(val)[val.labels - val.labels.min()]
+            val_ids = val.source_ids  # type: ignore[attr-defined]  # build_instance_splits sets it
+            val_sources = np.asarray(val_ids, dtype=np.int64)[val.labels - val.labels.min()]
             report["val_accuracy"] = _accuracy(
                 _forward(net, val.batch(np.arange(len(val)))[0]), categories[val_sources]
             )

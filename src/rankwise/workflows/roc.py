@@ -1,16 +1,10 @@
 """Fit and evaluate a bilinear similarity for a target false positive rate (``rankwise roc fit``).
 
 Pointwise ROC optimization (Vogel, Bellet & Clémençon, ICML 2018): a verification system runs at a
-fixed FPR α, so learn the similarity that maximizes the TPR there. :func:`fit_roc` takes a
-dataset's pixels (a bundled / installed grayscale array dataset) or feature arrays, preprocesses
-them (optional centring and PCA, then L2 normalization), fits
-:class:`~rankwise.similarity_learning.BilinearSimilarity` on the training part and reports, on the
-pairs of the held-out part, the TPR at a few FPR levels next to the cosine similarity of the same
-features and the FPR and TPR of the learned threshold. Its run folder holds the ROC curves (PNG),
-the JSON report, the learned model (``bilinear.npz``) and the split (``split.npz``: the rows of
-the source used for training and for testing, and the seed), from which every reported number can
-be recomputed; the folder follows the rules of :mod:`rankwise.workflows.sweep` (locked while
-written, results refused without ``overwrite``, files replaced atomically).
+fixed FPR α, so learn the similarity that maximizes the TPR there. :func:`fit_roc` fits
+:class:`~rankwise.similarity_learning.BilinearSimilarity` on a dataset's pixels or feature arrays
+and reports held-out TPRs next to cosine's; its run folder (docs/pointwise_roc.md, "rankwise roc
+fit") follows the rules of :mod:`rankwise.workflows.sweep`.
 """
 
 from __future__ import annotations
@@ -166,7 +160,6 @@ def fit_roc(
     return RocFit(report, estimator, prep, split, paths)
 
 
-# -- data ------------------------------------------------------------------------------------------
 def _subsample(rows: np.ndarray, n: int | None, rng: np.random.Generator) -> np.ndarray:
     """``n`` of the row indices ``rows`` drawn without replacement (sorted), or all of them."""
     if n is None or n >= rows.size:
@@ -179,8 +172,7 @@ def _dataset_features(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train X, train y, test X, test y, train rows, test rows) of flattened pixels in [0, 1].
 
-    The rows index the source named in ``split.npz``: the 1,797 digits images for ``digits``
-    (both parts), the official training and test sets otherwise.
+    The rows index ``split.npz``'s source: the 1,797 digits images, else the official sets.
     """
     train_x, train_y, test_x, test_y = read_images(name, data_dir)
     if test_x is None:  # digits: one part, split here
@@ -264,7 +256,6 @@ def _preprocess(
     return unit(train), unit(test), {"mean": mean, "components": components}
 
 
-# -- evaluation ------------------------------------------------------------------------------------
 def _test_pairs(y: np.ndarray, max_pairs: int) -> tuple[np.ndarray, np.ndarray]:
     n = y.size
     if n * (n - 1) // 2 > max_pairs:
@@ -300,17 +291,14 @@ def _outputs(output: Path, overwrite: bool) -> dict[str, Path]:
 def _estimator(options: dict[str, Any], progress: RocProgress) -> Any:
     from ..similarity_learning import BilinearSimilarity  # noqa: PLC0415 - extra (scikit-learn)
 
+    same = ("tolerance", "negatives", "n_negative_samples", "max_iter", "learning_rate")
     return BilinearSimilarity(
         options["alpha"],
         risk=METHODS[options["method"]],
-        tolerance=options["tolerance"],
-        negatives=options["negatives"],
-        n_negative_samples=options["n_negative_samples"],
-        max_iter=options["max_iter"],
-        learning_rate=options["learning_rate"],
         random_state=options["seed"],
         n_threads=options["threads"],
         callback=progress.iteration,
+        **{key: options[key] for key in same},
     )
 
 

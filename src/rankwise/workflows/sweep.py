@@ -1,13 +1,11 @@
 """The one sweep engine of ``bench``, ``tune``, the hash sweep and ``roc fit``: no lost work.
 
-A sweep is a plan of training runs below one output folder. The engine holds the rules every
-protocol shares: the folder is locked for the whole sweep (:func:`~rankwise.training.lock.lock_run_dir`,
-a second writer is refused with :class:`~rankwise.training.lock.RunDirInUseError`); a run whose
-stored ``config.yaml`` differs from the planned one (other than the device and the data-loading
-workers) is refused before anything is written, naming the folder and the fix (``overwrite`` or
-another output); an unchanged run is kept when it completed and continues from
-``checkpoints/last.pt`` when it was interrupted; result files are replaced atomically; an
-interruption says what is kept and how the sweep resumes. No paper equation is implemented here.
+A sweep is a plan of training runs below one output folder, locked for the whole sweep
+(:func:`~rankwise.training.lock.lock_run_dir`). A run whose stored ``config.yaml`` differs from
+the planned one (device and workers aside) is refused before anything is written; an unchanged
+run is kept when completed, resumed from ``checkpoints/last.pt`` when interrupted; result files
+are replaced atomically; an interruption says what is kept and how to resume. No paper
+equation is implemented here.
 """
 
 from __future__ import annotations
@@ -72,9 +70,8 @@ def check_stored_config(config: Config, run_dir: Path) -> None:
 def sweep_settings(base: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
     """The plain-JSON settings a sweep records in ``sweep.json`` and is resumed with.
 
-    Args:
-        base: the base config (the settings that may change on resumption are left out).
-        **fields: the protocol's own settings (losses, seeds, grid, ...).
+    ``base`` is recorded without the settings that may change on resumption; ``fields`` are the
+    protocol's own (losses, seeds, grid, ...).
     """
     return json.loads(json.dumps({"base": comparable(dict(base)), **fields}))
 
@@ -135,7 +132,6 @@ def write_json(data: Any, path: Path) -> None:
 
 def write_npz(path: Path, **arrays: Any) -> None:
     """Replace ``path`` atomically by an ``np.savez`` archive of ``arrays``."""
-    # the one atomic-write protocol of the checkpoints (temporary file, fsync, rename, disk full)
     atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
 

@@ -1,13 +1,11 @@
 """Hyper-parameter selection on the validation split.
 
-Hyper-parameter selection on the validation split, the way Wen et al., *Exploring the
-Algorithm-Dependent Generalization of AUPRC Optimization with List Stability* (NeurIPS 2022),
-Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of dotted overrides is trained with
-the benchmark protocol of :mod:`rankwise.workflows.bench` (same backbone, sampler, budget and seeds)
-and scored by the validation mAUPRC (tie-aware mAP) of its selected checkpoint, averaged over the
-tuning seeds; the best point per loss wins. Test metrics are never read. The winners are written
-as ``bench.overrides`` of a ``tuned.yaml``, so ``rankwise bench --config tuned.yaml`` reports the
-test table of the tuned losses.
+The way Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
+List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of
+dotted overrides is trained with the protocol of :mod:`rankwise.workflows.bench` and scored by the
+validation mAUPRC (tie-aware mAP) of its selected checkpoint, averaged over the tuning seeds; the
+best point per loss wins. Test metrics are never read. The winners are written as
+``bench.overrides`` of a ``tuned.yaml`` for ``rankwise bench --config tuned.yaml``.
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ __all__ = [
     "validation_map",
 ]
 
-# keys the tuning protocol sets itself (seeds come from ``seeds``, run directories from ``output``,
-# the loss from ``losses``); a grid over them would be silently overwritten or break the sweep
+# keys the protocol sets itself (from seeds, output, losses): a grid over them would be lost
 _RESERVED_KEYS = (
     "seed",
     "output_dir",
@@ -66,8 +63,7 @@ _RESERVED_KEYS = (
 )
 _LOSS_PARAM_PREFIX = "loss.params."
 TUNE_FILES = ("tune.json", "tuned.yaml")
-# how a tie of the selection score is broken (documented in docs/training.md, reported in
-# tune.json and on the console): equal scores are common when a grid key has no effect
+# equal scores are common when a grid key has no effect (docs/training.md, "rankwise tune")
 TIE_RULE = (
     "equal mean validation mAP: the trial with the higher worst seed wins (the steadier "
     "point), then the earlier trial in grid order"
@@ -93,7 +89,6 @@ class TuneTrial:
 
     Attributes:
         index: position in the sweep (trial directories are ``trials/trial<index>``).
-        loss: the loss name.
         params: the dotted overrides of this point that apply to ``loss``.
         skipped: grid keys left out for ``loss`` (``{key: reason}``).
         runs: the planned, validated runs (one per seed).
@@ -141,8 +136,7 @@ class TuneTrial:
 def validation_map(result: RunResult) -> float:
     """The selection score of a run: the validation mAP of its selected checkpoint.
 
-    Only ``result.best_val`` is read; the test report (``result.test``) is deliberately never
-    touched, so the selection cannot depend on test data.
+    Only ``result.best_val`` is read, never ``result.test``: selection cannot see test data.
     """
     if result.best_val is None:
         raise RuntimeError(
@@ -249,10 +243,9 @@ def plan_tune(
 ) -> list[TuneTrial]:
     """Resolve and validate every trial of a tuning sweep, without loading data or training.
 
-    Each loss gets the Cartesian product of the grid keys that apply to it; a
-    ``loss.params.NAME`` key whose parameter the loss does not accept is skipped for that loss
-    (recorded in :attr:`TuneTrial.skipped`). Runs are planned with :func:`plan_bench`, so the
-    per-loss ``bench.overrides`` of the base apply first and the grid point on top of them.
+    Each loss gets the Cartesian product of the grid keys that apply to it (a
+    ``loss.params.NAME`` its loss does not take goes to :attr:`TuneTrial.skipped`). Runs are
+    planned by :func:`plan_bench`: the base's ``bench.overrides`` first, the grid point on top.
 
     Args:
         base: the base config as a plain mapping (``yaml.safe_load`` of a config file).
@@ -322,17 +315,6 @@ def _without_run_prefix(exc: ConfigError) -> str:
     return text
 
 
-def _shared_splits(trials: Sequence[TuneTrial]) -> RetrievalSplits:
-    """One data load for the sweep, then every data-dependent check of every distinct run."""
-    trial_of = {id(run): trial for trial in trials for run in trial.runs}
-
-    def describe(run: BenchRun) -> str:
-        trial = trial_of[id(run)]
-        return f"tune trial {_describe(trial.loss, trial.params)}"
-
-    return prepare_splits([run for trial in trials for run in trial.runs], describe)
-
-
 def _run_trial(
     trial: TuneTrial,
     splits: RetrievalSplits,
@@ -356,28 +338,15 @@ def _run_trial(
             )
         except NonFiniteLossError as exc:
             # a diverging point is a legitimate tuning outcome: record it, never select it
-            trial.outcomes.append(
-                SeedOutcome(
-                    run.seed,
-                    None,
-                    None,
-                    exc.step,
-                    time.perf_counter() - start,
-                    str(run.config.resolved_output_dir()),
-                    str(exc),
-                )
-            )
+            seconds, run_dir = time.perf_counter() - start, str(run.config.resolved_output_dir())
+            outcome = SeedOutcome(run.seed, None, None, exc.step, seconds, run_dir, str(exc))
+            trial.outcomes.append(outcome)
             return
-        trial.outcomes.append(
-            SeedOutcome(
-                run.seed,
-                validation_map(result),
-                result.best_step,
-                result.steps,
-                result.seconds,
-                str(result.run_dir),
-            )
+        score, run_dir = validation_map(result), str(result.run_dir)
+        outcome = SeedOutcome(
+            run.seed, score, result.best_step, result.steps, result.seconds, run_dir
         )
+        trial.outcomes.append(outcome)
 
 
 def _selection_key(trial: TuneTrial) -> tuple[float, float, int]:
@@ -397,14 +366,14 @@ def _winners(
         ``(winners, ties)``: ``ties[loss]`` lists the trials whose mean validation mAP equals the
         winner's (the winner first); absent when there was no tie.
     """
-    best: dict[str, TuneTrial | None] = {}
-    for trial in trials:
-        best.setdefault(trial.loss, None)
-        current = best[trial.loss]
-        if trial.val_map_mean is not None and (
-            current is None or _selection_key(trial) > _selection_key(current)
-        ):
-            best[trial.loss] = trial
+    best = {
+        loss: max(
+            (t for t in trials if t.loss == loss and t.val_map_mean is not None),
+            key=_selection_key,
+            default=None,
+        )
+        for loss in dict.fromkeys(t.loss for t in trials)
+    }
     ties: dict[str, list[int]] = {}
     for loss, winner in best.items():
         if winner is None:
@@ -540,47 +509,25 @@ def tune(
     resume: bool = False,
     overwrite: bool = False,
 ) -> dict[str, Any]:
-    """Select each loss's hyper-parameters on the validation split.
+    """Select each loss's hyper-parameters on validation data; write ``tune.json``, ``tuned.yaml``.
 
-    Writes ``tune.json`` and ``tuned.yaml`` to ``output``.
-
-    Arguments as in :func:`plan_tune`. Every configuration error (including the data-dependent
-    ones checked by :func:`~rankwise.training.trainer.preflight`) is raised before the first run.
-    A trial whose loss becomes non-finite is recorded as diverged and never selected. Equal
-    scores are broken by :data:`TIE_RULE`, and every tie is reported.
-
-    No lost work, as :func:`~rankwise.workflows.bench.run_bench`: an ``output`` holding results
-    is refused unless ``overwrite`` or ``resume``; ``tune.json`` is rewritten after every
-    trial; ``resume`` keeps the finished runs and continues the interrupted one.
-
-    Args:
-        base: the base config as a plain mapping.
-        losses: losses to tune (default ``base["bench"]["losses"]``).
-        grid: ``{dotted key: [values]}``.
-        seeds: tuning seeds.
-        output: the sweep directory.
-        quick: apply ``bench.quick.overrides``.
-        console: rich console for progress lines.
-        resume: continue the sweep in ``output`` (its settings must be these).
-        overwrite: delete the previous sweep's results in ``output`` first.
+    Arguments as :func:`plan_tune`, and ``console``, ``resume``, ``overwrite`` as
+    :func:`~rankwise.workflows.bench.run_bench` (``tune.json`` is rewritten after every trial).
+    Every configuration error, data-dependent ones included, is raised before the first run. A
+    trial whose loss becomes non-finite is recorded as diverged and never selected; ties are
+    broken by :data:`TIE_RULE` and reported.
 
     Returns:
-        The ``tune.json`` content: ``{"dataset", "protocol", "selection", "tie_rule", "seeds",
-        "quick", "grid", "complete", "trials", "winners", "tuned_config"}``; each trial has
-        ``trial``, ``loss``, ``params`` (its dotted overrides), ``skipped`` (grid keys left out
-        for its loss, with the reason), ``val_map_per_seed``, ``val_map_mean`` (``None`` if it
-        diverged), ``seconds`` and bookkeeping; ``winners[loss]`` is ``{"trial", "params",
-        "skipped", "val_map_mean", "tied_with"}`` (``None`` when every trial of the loss
-        diverged; its bench overrides are then left as in the base).
+        The ``tune.json`` content (fields: docs/training.md, "rankwise tune"): every trial, and
+        ``winners[loss]`` (``None`` when every trial of the loss diverged; its bench overrides
+        are then left as in the base).
 
     Raises:
         TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
-        RunDirInUseError: another process is writing ``output`` (nothing is read or written; the
-            sweep holds its lock to the end, see :mod:`rankwise.training.lock`).
+        RunDirInUseError: another process is writing ``output`` (see :mod:`rankwise.training.lock`).
     """
     console = console if console is not None else Console()
     output = Path(output)
-    # one sweep per folder at a time: locked before anything in it is read or written
     with lock_run_dir(output, "output", then="resume it" if resume else None):
         trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
         settings = sweep_settings(
@@ -592,7 +539,11 @@ def tune(
         )
         runs = [run for trial in trials for run in trial.runs]
         run_dirs = [run.config.resolved_output_dir() for run in runs]
-        splits = _shared_splits(trials)  # every configuration error first, nothing written yet
+        described = {
+            id(run): f"tune trial {_describe(t.loss, t.params)}" for t in trials for run in t.runs
+        }
+        # every configuration error first, nothing written yet
+        splits = prepare_splits(runs, lambda run: described[id(run)])
         prepare_sweep_dir(
             output, "tune", settings, run_dirs, TUNE_FILES, resume=resume, overwrite=overwrite
         )
