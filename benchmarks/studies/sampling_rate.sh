@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 21's sampling-rate study on Fashion-MNIST instances (pi = 1/3,200): K = 2, 4, 8 views per
+# class at (i) a fixed batch of 64 (32 / 16 / 8 classes per batch) and (ii) a fixed 16 classes per
+# batch (batches of 32 / 64 / 128), from scratch and from a pretrained backbone (`rankwise pretrain`
+# on the 10 categories of the training sources; fine-tuned with the backbone at 0.1 x the head's
+# learning rate), seeds 0-2; SOPRC (defaults), SOPRC with tpr_count=num_v (the released
+# normalisation), AP, Smooth-AP, FastAP, contrastive. 180 runs of BUDGET steps (default 800, validation
+# every 80): 4-6 min each on one shared core of the 2-core development machine, about 15 CPU-hours.
+#   bash benchmarks/studies/sampling_rate.sh [OUT]        (default OUT: runs/study21)
+#   python benchmarks/studies/summarize_sampling_rate.py OUT
+# Resumable: a finished run (report.json) is skipped, an interrupted one resumes from its
+# checkpoint. Seed 0 of every cell runs first (pretrained start first), then seeds 1 and 2.
+set -euo pipefail
+OUT=${1:-runs/study21}
+RANKWISE=${RANKWISE:-rankwise}
+BUDGET=${BUDGET:-800}
+EVAL_EVERY=${EVAL_EVERY:-80}
+CONFIG=configs/fashion_mnist_instances.yaml
+DATA="dataset.options.train_classes=3200 dataset.options.val_classes=250 dataset.options.test_classes=500"
+mkdir -p "$OUT"
+if [ ! -f "$OUT/pretraining/pretrained.pt" ]; then
+    $RANKWISE pretrain -c $CONFIG -o "$OUT/pretraining" --steps 400 --batch-size 128 $DATA
+fi
+# cell -> "views_per_class batch_size"; fc_k4 (16 classes x 4) is fb_k4
+declare -A CELLS=([fb_k4]="4 64" [fb_k2]="2 64" [fb_k8]="8 64" [fc_k2]="2 32" [fc_k8]="8 128")
+# loss label -> overrides
+declare -A LOSSES=([soprc]="loss.name=soprc" [soprc_numv]="loss.name=soprc loss.params.tpr_count=num_v"
+    [ap]="loss.name=ap" [smooth_ap]="loss.name=smooth_ap" [fastap]="loss.name=fastap"
+    [contrastive]="loss.name=contrastive")
+for seed in 0 1 2; do
+    for start in pretrained scratch; do
+        START=""
+        [ $start = pretrained ] && START="model.pretrained=$OUT/pretraining optimizer.backbone_lr_mult=0.1"
+        for cell in fb_k4 fb_k2 fb_k8 fc_k2 fc_k8; do
+            read -r K B <<< "${CELLS[$cell]}"
+            for loss in soprc soprc_numv ap smooth_ap fastap contrastive; do
+                RUN="$OUT/$start/$cell/$loss/seed$seed"
+                grep -qs '"status": "completed"' "$RUN/report.json" && continue
+                mkdir -p "$(dirname "$RUN")"
+                if [ -f "$RUN/checkpoints/last.pt" ]; then
+                    $RANKWISE train --resume "$RUN" >> "$RUN.log" 2>&1 \
+                        || { echo "failed: $RUN (log: $RUN.log)" >&2; exit 1; }
+                else
+                    # shellcheck disable=SC2086
+                    $RANKWISE train -c $CONFIG -o "$RUN" budget.iterations=$BUDGET \
+                        eval_every=$EVAL_EVERY $DATA $START seed=$seed ${LOSSES[$loss]} \
+                        dataset.options.views_per_class=$K sampler.m=$K sampler.batch_size=$B \
+                        > "$RUN.log" 2>&1 || { echo "failed: $RUN (log: $RUN.log)" >&2; exit 1; }
+                fi
+                echo "done: $RUN"
+            done
+        done
+    done
+done

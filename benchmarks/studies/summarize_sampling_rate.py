@@ -1,0 +1,116 @@
+"""Tables of issue 21's sampling-rate study (benchmarks/studies/sampling_rate.sh).
+
+Reads ``OUT/<start>/<cell>/<loss>/seed<k>/report.json`` and prints, per start (pretrained,
+scratch) and regime (fixed batch of 64; fixed 16 classes per batch), the test mAUPRC in % as
+mean ± sample std over the finished seeds for K = 2, 4, 8, the drop from K = 2 to K = 8 in points
+and relative to K = 2, and how many runs selected their last checkpoint (the budget is long enough
+when few do). Unfinished runs are counted, never silently dropped.
+
+    python benchmarks/studies/summarize_sampling_rate.py runs/study21 [--markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+LOSSES = {
+    "soprc": "SOPRC (defaults)",
+    "soprc_numv": "SOPRC, `tpr_count=num_v`",
+    "ap": "AP loss (biased)",
+    "smooth_ap": "Smooth-AP",
+    "fastap": "FastAP (PML)",
+    "contrastive": "contrastive (PML)",
+}
+# regime -> {K: cell}; the K = 4 cell is shared (16 classes x 4 = a batch of 64)
+REGIMES = {
+    "fixed batch of 64 (32 / 16 / 8 classes per batch)": {2: "fb_k2", 4: "fb_k4", 8: "fb_k8"},
+    "fixed 16 classes per batch (batches of 32 / 64 / 128)": {2: "fc_k2", 4: "fb_k4", 8: "fc_k8"},
+}
+STARTS = {"pretrained": "pretrained start", "scratch": "from scratch"}
+
+
+def _runs(out: Path, start: str, cell: str, loss: str) -> tuple[list[float], int, int]:
+    """Test mAUPRC (%) of the finished seeds, how many selected the last step, unfinished count."""
+    maps, last, unfinished = [], 0, 0
+    for seed in range(3):
+        report = out / start / cell / loss / f"seed{seed}" / "report.json"
+        data = json.loads(report.read_text()) if report.exists() else None
+        if data is None or data.get("status") != "completed":
+            unfinished += 1
+            continue
+        maps.append(100 * data["test"]["map"])
+        last += int(data["best_step"] == data["steps"])
+    return maps, last, unfinished
+
+
+def _cell(maps: list[float]) -> str:
+    if not maps:
+        return "—"
+    if len(maps) == 1:
+        return f"{maps[0]:.2f} (1 seed)"
+    return f"{statistics.mean(maps):.2f} ± {statistics.stdev(maps):.2f}" + (
+        "" if len(maps) == 3 else f" ({len(maps)} seeds)"
+    )
+
+
+def tables(out: Path) -> str:
+    """The markdown tables, one per start and regime."""
+    lines = []
+    for start, start_name in STARTS.items():
+        for regime, cells in REGIMES.items():
+            lines += [
+                f"**{start_name}, {regime}** (test mAUPRC %, mean ± sample std over seeds 0-2)",
+                "",
+                "| loss | K = 2 | K = 4 | K = 8 | drop K=2→8 (points) | drop (relative) "
+                "| runs selecting the last step |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for loss, name in LOSSES.items():
+                cols, means, last, done = [], {}, 0, 0
+                for k, cell in cells.items():
+                    maps, n_last, _ = _runs(out, start, cell, loss)
+                    cols.append(_cell(maps))
+                    if maps:
+                        means[k] = statistics.mean(maps)
+                    last, done = last + n_last, done + len(maps)
+                if 2 in means and 8 in means:
+                    drop = means[2] - means[8]
+                    drops = [f"{drop:.2f}", f"{100 * drop / means[2]:.0f} %"]
+                else:
+                    drops = ["—", "—"]
+                lines.append(f"| {name} | " + " | ".join(cols + drops) + f" | {last} of {done} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print (and optionally write) the tables; exit 2 without a study folder."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    args = parser.parse_args(argv)
+    if not args.out.is_dir():
+        print(
+            f"no study folder {args.out}; run benchmarks/studies/sampling_rate.sh", file=sys.stderr
+        )
+        return 2
+    text = tables(args.out)
+    total = sum(
+        _runs(args.out, s, c, loss)[2]
+        for s in STARTS
+        for c in {"fb_k2", "fb_k4", "fb_k8", "fc_k2", "fc_k8"}
+        for loss in LOSSES
+    )
+    text += f"\n\nUnfinished runs: {total} of 180.\n"
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
