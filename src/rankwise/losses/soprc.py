@@ -307,14 +307,7 @@ class SemiVarianceRegularizer(RankingLoss):
 
     λ1/n⁺ Σ_{s⁺ < μ⁺} (s⁺ − μ⁺)² + λ2/n⁻ Σ_{s⁻ > μ⁻} (s⁻ − μ⁻)², where s⁺ (s⁻) runs over the
     scores of all positive (negative) pairs of the batch, pooled over anchors as in the authors'
-    released configs, and μ± are their means (differentiated through). Only the low tail of the
-    positives and the high tail of the negatives are penalised, so well-ranked pairs are not pulled
-    towards the mean.
-
-    ``normalization="pairs"`` (default) divides by n⁺ / n⁻, all pairs, as Eq. (9) is written;
-    ``"tail"`` divides each sum by the number of its terms (the pairs below / above the mean), as
-    the authors' released code does. A tail holds about half the pairs, so the released weights
-    act about twice as strongly with ``"tail"``.
+    released configs, and μ± are their means (differentiated through).
 
     Use it alone (``reg(embeddings, labels)``, a :class:`RankingLoss`), add it to any loss, or pass
     it as ``semi_variance=`` to :class:`SOPRCLoss` / :class:`APLoss`, which call
@@ -324,7 +317,8 @@ class SemiVarianceRegularizer(RankingLoss):
         lambda_pos: λ1 ≥ 0, weight on positives below their mean (released configs: 1).
         lambda_neg: λ2 ≥ 0, weight on negatives above their mean (released configs: 5).
         similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``; standalone use only).
-        normalization: ``"pairs"`` (Eq. 9) or ``"tail"`` (released code), see above.
+        normalization: ``"pairs"`` divides by n⁺ / n⁻ as Eq. (9) is written; ``"tail"`` by the
+            number of terms of each tail, as the released code does (about twice as strong).
 
     Example:
         >>> import torch
@@ -480,10 +474,9 @@ class SOPRCLoss(RankingLoss):
     detached scores and φ = :func:`score_interpolation` (Alg. 2). Pooling all anchors of a class
     makes the update independent of the batch order. Eval mode never changes any buffer.
 
-    ``v`` starts on ``v_init_range`` = [0, 1) (the ``v_init`` grid lo + (hi − lo)·j/num_v of the
-    released code, or sorted uniform draws), not ``score_range``: positive-pair cosines of a trained
-    embedding lie mostly in [0, 1], and v only has to bracket them; the start is forgotten
-    geometrically, or at once with ``warm_start=True`` (v_1 = E[φ], Remark 1; docs/losses.md).
+    ``v`` starts on ``v_init_range`` (default [0, 1): positive-pair cosines lie mostly there), a
+    grid as in the released code or sorted uniform draws; the start is forgotten geometrically, or
+    at once with ``warm_start=True`` (v_1 = E[φ], Remark 1; docs/losses.md).
 
     Args:
         num_classes: number of classes C ≥ 2; labels must lie in [0, C).
@@ -515,11 +508,8 @@ class SOPRCLoss(RankingLoss):
             for every class (then TPR = (1 + Σ_j ℓ2(s⁺ − v_{c,j})) / (|v| + 1)).
 
     Buffers (carried by ``state_dict()``, ``.to()``, ``.double()``): ``v`` (C, num_v),
-    ``prior`` (C,), ``v_updates`` (C,) int64 number of moving-average updates of every row,
-    ``positives`` (C,).
-
-    With a reference set (memory bank) every anchor is ranked against it and v is fed with the
-    anchor–reference positive scores.
+    ``prior`` (C,), ``v_updates`` (C,) int64 updates of every row, ``positives`` (C,). With a
+    reference set, v is fed with the anchor–reference positive scores.
 
     Example:
         >>> import torch
@@ -630,13 +620,10 @@ class SOPRCLoss(RankingLoss):
     ) -> SOPRCLoss:
         """Build the loss with class priors counted from the training labels.
 
-        By default (``prior_scale=0.1``) the released code's ``prior_mul`` rule:
-        π_c = prior_scale · n_c / max_c n_c, so the largest class gets ``prior_scale`` (0.01 in the
-        released SOP config, 0.1 elsewhere). ``prior_scale=None`` gives the raw ratio the theory
-        uses, π_c = (n_c − 1)/(N − 1): the fraction of the other N − 1 training samples that are
-        positives of a query of class c (~1e-4 on SOP, where it leaves the loss almost no
-        gradient; see docs/losses.md). Classes absent from ``train_labels`` (and, with
-        ``prior_scale=None``, singletons) get π_c = 0.
+        By default the released code's ``prior_mul`` rule π_c = prior_scale · n_c / max_c n_c (the
+        largest class gets ``prior_scale``); ``prior_scale=None`` gives the theory's raw ratio
+        π_c = (n_c − 1)/(N − 1) (~1e-4 on SOP: almost no gradient; docs/losses.md). Classes absent
+        from ``train_labels`` (and, with ``prior_scale=None``, singletons) get π_c = 0.
 
         Args:
             train_labels: (N,) integer class ids of the training set, N ≥ 2.
