@@ -211,11 +211,9 @@ def features_array(x: Any, name: str) -> np.ndarray:
 
 
 def _pair_distances(a: np.ndarray, b: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """Euclidean distances of the pairs ``(a[rows[i]], b[cols[i]])``.
+    """Euclidean distances of the pairs ``(a[rows[i]], b[cols[i]])``, each from its two rows only.
 
-    Each pair's value depends only on its two rows (never on which other pairs are computed with
-    it), so the thresholds of :meth:`EuclideanThresholdAffinity.from_quantiles` and the levels of
-    a call agree on every pair's side of a threshold.
+    So :meth:`EuclideanThresholdAffinity.from_quantiles` and a call agree on every pair's side.
     """
     out = np.empty(rows.size, dtype=np.float64)
     step = 1 << 20

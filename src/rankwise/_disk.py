@@ -1,13 +1,11 @@
 """Writes that find the disk full: the error that says so, and how to recognise one.
 
-A full disk (or a reached quota) shows up as an ``OSError`` with ``errno`` ENOSPC (EDQUOT), often
-hidden: torch wraps the error of a failed write in a ``RuntimeError`` of its own
-(``PytorchStreamWriter failed writing file``, the ``OSError`` its context). Every writer of
-rankwise's results (checkpoints, reports, sweep summaries) raises :class:`DiskFullError` instead,
-one line naming the folder and the space the file needs against the space free there, and every
-command ends on it with its own exit code (:mod:`rankwise.commands.common`). :func:`atomic_write` is
-the one crash-safe writer of every result file (checkpoints, reports, sweep and experiment results,
-saved indexes). Neither training nor the command line is imported here, so both use it.
+A full disk (or a reached quota) is an ``OSError`` with ``errno`` ENOSPC (EDQUOT), often hidden in
+torch's ``RuntimeError`` (``PytorchStreamWriter failed writing file``, the ``OSError`` its
+context). Every writer of rankwise's results raises :class:`DiskFullError` instead, and every
+command ends on it with its own exit code (:mod:`rankwise.commands.common`). :func:`atomic_write`
+is the one crash-safe writer of every result file; neither training nor the command line is
+imported here, so both use it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """torch.distributed plumbing shared by the training and the metrics code.
 
-The collectives that data-parallel training with listwise ranking losses needs: the process-group
-facts (rank, world size, the device a backend communicates on) and an all-gather of tensors whose
-first dimension differs between ranks (each rank pads its rows to the largest local count, the
-padded blocks are gathered with one ``all_gather`` and the padding is cut off again). Ranking
-losses such as the AUPRC estimator of Wen et al. (NeurIPS 2022, Eq. 8) are functions of the whole
-batch, so data-parallel training must gather the batch before the loss (see
-:mod:`rankwise.training.distributed`), and exact retrieval metrics over sharded queries need the
-whole gallery on every rank (:mod:`rankwise.metrics.distributed`).
-
-Only :mod:`torch.distributed` is used here, never training code, so :mod:`rankwise.metrics` may
-import it. Every function is a collective: all ranks of the group must call it, in the same order.
+Ranking losses such as the AUPRC estimator of Wen et al. (NeurIPS 2022, Eq. 8) are functions of the
+whole batch, so data-parallel training gathers the batch before the loss
+(:mod:`rankwise.training.distributed`), and exact metrics over sharded queries need the whole
+gallery on every rank (:mod:`rankwise.metrics.distributed`). Here: rank, world size, the backend's
+device, and an all-gather of tensors whose first dimension differs between ranks (padded, gathered,
+trimmed). Only :mod:`torch.distributed` is used, so :mod:`rankwise.metrics` may import it. Every
+function is a collective: all ranks of the group must call it, in the same order.
 """
 
 from __future__ import annotations

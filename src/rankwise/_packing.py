@@ -9,14 +9,9 @@ Bit layout (the same for every packed form): code bit ``i`` is bit ``i % 8`` of 
 (``numpy.packbits(..., bitorder="little")``), equivalently bit ``i % 64`` of little-endian
 ``uint64`` word ``i // 64``. Padding bits beyond ``b`` are 0, so they never add to a distance.
 
-Accepted code inputs (numpy or torch), everywhere in :mod:`rankwise.hashing` and
-:func:`rankwise.metrics.hamming_retrieval_metrics`: ``(n, b)`` codes in ``{-1, +1}`` (signed or
-floating dtypes) or ``{0, 1}`` (also ``bool``), packed unsigned words with ``bits`` (an unsigned
-array of only 0 and 1 is refused without ``bits``: it could be either), or a :class:`PackedCodes`
-(docs/hashing.md, "Accepted code inputs").
-
-This module sits below the metrics and the hashing network; :mod:`rankwise.hashing.codes` is the
-public path of its names.
+Accepted code inputs (numpy or torch; docs/hashing.md, "Accepted code inputs"): ``(n, b)`` codes
+in ``{-1, +1}`` or ``{0, 1}``, packed unsigned words with ``bits``, or a :class:`PackedCodes`.
+:mod:`rankwise.hashing.codes` is the public path of these names.
 """
 
 from __future__ import annotations

@@ -1,26 +1,19 @@
 """One similarity vocabulary: names, the losses' score matrix and the metrics' exact keys.
 
-Three similarities, one spelling: ``"cosine"`` (rows L2-normalised, then the inner product; the
+Three similarities, one spelling: ``"cosine"`` (the inner product of L2-normalised rows; the
 score of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
-List Stability*, NeurIPS 2022, Sec. 5, and of the AUC loss of Gajić et al., Eq. 1-3),
-``"dot"`` (the raw inner product, e.g. of binary codes, He et al., *Hashing as Tie-Aware Learning to
-Rank*, CVPR 2018, Eq. 2) and ``"euclidean"`` (ranking by *increasing* Euclidean distance, i.e. the
-score is ``-||q - g||``). ``"neg_euclidean"`` is accepted everywhere as an alias of
-``"euclidean"`` and normalised to it (:data:`SIMILARITY_ALIASES`).
+List Stability*, NeurIPS 2022, Sec. 5, and of the AUC loss of Gajić et al., Eq. 1-3), ``"dot"``
+(the raw inner product, e.g. of binary codes, He et al., *Hashing as Tie-Aware Learning to Rank*,
+CVPR 2018, Eq. 2) and ``"euclidean"`` (score ``-||q - g||``; alias ``"neg_euclidean"``,
+:data:`SIMILARITY_ALIASES`).
 
-Two computations of the scores live here:
-
-* :func:`similarity_matrix` -- differentiable, in the input dtype, for the losses (one matmul).
-* :func:`ranking_keys` -- the exact evaluation keys of the metrics. A key is a float64 number that
-  ranks and ties exactly like the similarity: ``q . g`` for ``"dot"``,
-  ``cos * |cos| = (q . g) |q . g| / (||q||^2 ||g||^2)`` for ``"cosine"`` (one division per pair, by
-  the norm product, and no square root) and ``-||q - g||^2`` for ``"euclidean"`` (differences
-  first: translation-invariant and accurate near 0). Every sum runs over ``k = 0, 1, ..., d - 1`` in
-  that order in float64, each operation rounded once, in the numba kernels and the torch code
-  alike, so a pair's key depends on its two rows only; on coarse grids the keys are exact
-  (docs/metrics.md, "Exact scores"). :func:`similarity_from_keys` turns keys back into
-  similarities (``cos``, ``q . g``, ``-||q - g||``).
-  ``-||q - g||``).
+:func:`similarity_matrix` is the losses' differentiable score matrix (one matmul, input dtype).
+:func:`ranking_keys` gives the metrics' exact float64 keys, which rank and tie exactly like the
+similarity: ``q . g`` (dot), ``cos * |cos| = (q . g) |q . g| / (||q||^2 ||g||^2)`` (cosine, no
+square root) and ``-||q - g||^2`` (euclidean, differences first). Every sum runs over
+``k = 0, 1, ..., d - 1`` in order in float64, one rounding per operation, in the numba kernels and
+the torch code alike, so a pair's key depends on its two rows only (docs/metrics.md, "Exact
+scores"). :func:`similarity_from_keys` turns keys back into similarities.
 """
 
 from __future__ import annotations

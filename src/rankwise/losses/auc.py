@@ -47,9 +47,7 @@ def auc_thresholds(delta_s: float, score_range: Sequence[float] = (-1.0, 1.0)) -
     """
     t_min, t_max = check_range_pair(score_range, "score_range")
     step = _check_delta_s(delta_s, t_min, t_max)
-    # The grid must reach t_max so that F*(last threshold) ≈ 0 and T*(first) ≈ 1 close the curve;
-    # when the width is not a multiple of Δs the last threshold lies just beyond t_max. The small
-    # tolerance keeps 2 / 0.1 = 19.999999999999996 at 20 steps.
+    # reaching t_max closes the curve; the tolerance keeps 2 / 0.1 = 19.999999999999996 at 20 steps
     n_steps = max(1, math.ceil((t_max - t_min) / step - 1e-9))
     return t_min + step * np.arange(n_steps + 1, dtype=np.float64)
 
@@ -63,10 +61,9 @@ _POINTS_PER_STEP = 64
 
 
 def _eq10_objective(rho: float, n_steps_real: float) -> float:
-    """Eq. (10) in grid units u = (x − t_min) / Δs, ρ = r Δs: ρ⁴ ∫_0^W (Σ_k g(ρ (u − k)))² du.
+    """Eq. (10) in grid units u = (x − t_min) / Δs, ρ = r Δs (same minimizer), g = σ'' / r².
 
-    g(z) = σ(z)(1 − σ(z))(1 − 2σ(z)) is σ'' up to the factor r²; the change of variables only
-    multiplies the objective by a positive constant, so its minimizer in ρ is that of Eq. (10).
+    ρ⁴ ∫_0^W (Σ_k g(ρ (u − k)))² du with g(z) = σ(z)(1 − σ(z))(1 − 2σ(z)).
     """
     n_thresholds = math.ceil(n_steps_real - 1e-9) + 1
     u = np.linspace(0.0, n_steps_real, math.ceil(n_steps_real * _POINTS_PER_STEP) + 1)
@@ -86,9 +83,8 @@ def _eq10_objective(rho: float, n_steps_real: float) -> float:
 @functools.lru_cache(maxsize=64)
 def _solve_auc_slope(delta_s: float, t_min: float, t_max: float) -> float:
     n_steps_real = (t_max - t_min) / delta_s
-    # The objective rises from the degenerate minimum at ρ = 0, peaks, falls to one non-degenerate
-    # local minimum (ρ ≈ 1.8–3 for 1 to 200 steps) and then grows like ρ³: bracket it on a coarse
-    # geometric grid, then refine with bounded Brent.
+    # after the degenerate minimum at ρ = 0 the objective has one local minimum (ρ ≈ 1.8–3 for
+    # 1 to 200 steps) before growing like ρ³: bracket it on a geometric grid, refine with Brent
     rhos = np.geomspace(0.2, 40.0, 49)
     values = np.array([_eq10_objective(float(r), n_steps_real) for r in rhos])
     interior = np.flatnonzero((values[1:-1] < values[:-2]) & (values[1:-1] < values[2:])) + 1
@@ -171,10 +167,7 @@ _BLOCK_ELEMENTS = 2**22
 
 
 def _mean_sigmoid(scores: torch.Tensor, thresholds: torch.Tensor, slope: float) -> torch.Tensor:
-    """(K,) mean over the (n,) scores x of sigmoid(slope (x − s_k)): T* or F* of Eq. (7).
-
-    One (n, K) block up to ``_BLOCK_ELEMENTS`` entries, else :class:`_ChunkedMeanSigmoid`.
-    """
+    """(K,) mean over the (n,) scores x of sigmoid(slope (x − s_k)): T* or F* of Eq. (7)."""
     if scores.numel() * thresholds.numel() <= _BLOCK_ELEMENTS:
         return torch.sigmoid(slope * (scores[:, None] - thresholds)).mean(dim=0)
     rows = max(1, _BLOCK_ELEMENTS // thresholds.numel())
@@ -184,9 +177,8 @@ def _mean_sigmoid(scores: torch.Tensor, thresholds: torch.Tensor, slope: float) 
 class _ChunkedMeanSigmoid(torch.autograd.Function):
     """mean_x sigmoid(r (x − s_k)) over chunks of ``rows`` scores; backward recomputes each chunk.
 
-    Autograd would keep the whole (n, K) sigmoid block for the backward pass (+1 GB for batch-all
-    at B = 2,000); the derivative r σ (1 − σ) is cheap to recompute chunk by chunk instead. Not
-    twice differentiable; the thresholds get no gradient.
+    Autograd would keep the whole (n, K) block (+1 GB for batch-all at B = 2,000). Not twice
+    differentiable; the thresholds get no gradient.
     """
 
     @staticmethod
@@ -230,9 +222,8 @@ class AUCLoss(RankingLoss):
       every (anchor, reference) pair is distinct and counted once.
 
     ``last_stats`` gains ``n_positive_scores``/``n_negative_scores`` (the sizes of the two score
-    sets) and ``relaxed_auc`` (A). Memory: the (B, M) score matrix and masks; the (n_scores, K)
-    sigmoid block of each set (K thresholds, 41 for Δs = 0.05) is built in chunks of at most
-    2**22 entries once it is larger, forward and backward, so ``"all"`` stays O(B·M) too.
+    sets) and ``relaxed_auc`` (A). Memory O(B·M) for both strategies: the sigmoid blocks
+    are chunked (docs/losses.md, "Memory of every loss").
 
     Args:
         delta_s: threshold step Δs in (0, t_max − t_min); 0.05 in the paper.

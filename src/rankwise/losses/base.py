@@ -1,16 +1,12 @@
 """Common machinery of every rankwise loss: validation, score matrix, masks, skipped anchors.
 
-All ranking losses in rankwise follow the pytorch-metric-learning call signature ``loss(embeddings,
-labels, ref_embeddings=None, ref_labels=None)``. Each row of ``embeddings`` is a query (anchor); it
-is ranked against ``ref_embeddings`` (a memory bank, a gallery) or, by default, against the other
-rows of the batch (its own row excluded). Scores are cosine similarities of the L2-normalized
-embeddings unless ``similarity="dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``) is
-configured; the names and the score matrix come from :mod:`rankwise.similarity`. Anchors without a
-positive or without a negative cannot be ranked; they are skipped and counted in
-``loss.last_stats``, and a batch where no anchor can be ranked raises ``ValueError``.
-Half-precision embeddings (float16, bfloat16; also under ``torch.autocast``) are scored and the loss
-computed in float32, returned as float32 (why: docs/losses.md, "Half precision"). Scores that are
-still not finite (float32 overflow) raise a ``ValueError`` naming ``embeddings``.
+Every loss follows the pytorch-metric-learning call ``loss(embeddings, labels, ref_embeddings=None,
+ref_labels=None)``: each row of ``embeddings`` is a query (anchor) ranked against ``ref_embeddings``
+(a memory bank, a gallery) or by default the other rows of the batch, scored by a similarity of
+:mod:`rankwise.similarity` (cosine unless configured). Anchors without a positive or a negative are
+skipped and counted in ``loss.last_stats``; a batch where none can be ranked raises ``ValueError``.
+Half-precision embeddings are scored and the loss computed in float32 (docs/losses.md, "The common
+contract" and "Half precision"); non-finite scores raise a ``ValueError`` naming ``embeddings``.
 """
 
 from __future__ import annotations

@@ -7,10 +7,8 @@ et al., CVPR 2006, in its cosine form with the margins of the XBM paper), the tr
 batch-hard mining (Hermans et al., 2017) or semi-hard mining (Schroff et al., CVPR 2015), the
 multi-similarity loss and miner (Wang et al., CVPR 2019), FastAP (Cakir et al., CVPR 2019) and the
 cross-batch memory (XBM, Wang et al., CVPR 2020) around the contrastive loss all come from PML.
-Inputs and scalar parameters are checked like every rankwise loss's, anchors that cannot be ranked
-are counted in ``last_stats`` (a batch where none can be ranked raises ``ValueError``), and the XBM
-queue position is kept in registered buffers so ``state_dict()`` and ``.to()`` carry the whole
-memory. PML is the ``baselines`` extra, imported on the first baseline built.
+Inputs and parameters are checked like every rankwise loss's, and anchor counts go to
+``last_stats``. PML is the ``baselines`` extra, imported on the first baseline built.
 """
 
 from __future__ import annotations
@@ -258,21 +256,16 @@ class PMLBaseline(nn.Module):
 class CrossBatchMemoryBaseline(PMLBaseline):
     """PML ``CrossBatchMemory`` (XBM) around a loss, with its whole state in the module state.
 
-    PML 2.9 already keeps the memory (``loss.embedding_memory`` (memory_size, embedding_size),
-    ``loss.label_memory`` (memory_size,)) in registered buffers, but its queue position and
-    "memory full" flag are plain Python attributes that ``state_dict()`` would lose: after a
-    checkpoint reload PML would treat a full memory as empty. This wrapper mirrors them in the
-    int64 buffers ``memory_queue_index`` and ``memory_filled`` and restores them into PML before
-    every call, so ``state_dict()``, ``load_state_dict()`` and ``.to()`` carry the full state.
-    ``reference_set_error`` is fixed: the memory is the reference set.
+    PML keeps the memory (``loss.embedding_memory`` (memory_size, embedding_size),
+    ``loss.label_memory`` (memory_size,)) in buffers but its queue position and "memory full" flag
+    in plain attributes, which ``state_dict()`` would lose; they are mirrored in the int64 buffers
+    ``memory_queue_index`` and ``memory_filled`` and restored into PML before every call. The
+    memory is the reference set (``ref_embeddings`` raise ``ValueError``).
 
-    ``last_stats`` adds ``n_memory_items``; the anchor counts are taken against the memory actually
-    used (after this batch is enqueued, the anchor's own slot excluded). A call that raises leaves
-    the memory as it was: the counts are taken on the memory as it would be after the enqueue,
-    and a batch where no anchor has both a positive and a negative there raises ``ValueError``
-    before PML writes anything. In eval mode the memory is frozen: the batch is ranked against it
-    and not enqueued. The batch is enqueued in the memory's dtype or wider (half-precision
-    embeddings are computed in float32), so a call never narrows the memory's dtype.
+    ``last_stats`` adds ``n_memory_items``; anchors are counted against the memory as it is after
+    the enqueue (own slot excluded), before PML writes anything, so a call that raises leaves the
+    memory as it was. Eval mode ranks against a frozen memory. The batch is enqueued in the
+    memory's dtype or wider (half precision in float32).
 
     Warm-up and the batch term (Wang et al., CVPR 2020, Sec. 4, as the released code does): for the
     first ``start_iteration`` training calls the loss is the inner contrastive loss on the batch
@@ -315,13 +308,9 @@ class CrossBatchMemoryBaseline(PMLBaseline):
         ref_embeddings: torch.Tensor | None = None,
         ref_labels: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Enqueue the batch and compute the loss of its anchors against the memory.
+        """Enqueue the batch and compute the loss of its anchors against the memory (see the class).
 
-        During the warm-up (the first ``start_iteration`` training calls) the batch is ranked
-        against itself and not enqueued; with ``batch_loss`` that batch loss is added after it.
-
-        ``embeddings`` (B, embedding_size) with B <= memory_size, ``labels`` (B,) class ids;
-        ``ref_embeddings`` / ``ref_labels`` raise ``ValueError`` (the memory is the reference set).
+        ``embeddings`` (B, embedding_size) with B <= memory_size, ``labels`` (B,) class ids.
         """
         emb, lab, _, _ = self._validate(embeddings, labels, ref_embeddings, ref_labels)
         xbm = self.loss

@@ -60,12 +60,7 @@ def _bin_histograms(
     num_bins: int,
     score_range: tuple[float, float],
 ) -> tuple[torch.Tensor, ...]:
-    """Σ_j mask[b, j] · δ(s[b, j], m) for every mask: (B, num_bins) each, in O(B·M) memory.
-
-    The same sums as ``(triangular_bin_weights(scores) * mask[:, None]).sum(-1)``, without the
-    (B, num_bins, M) block (1.7 GB at B = 2,048): see :class:`_TriangularHistograms`. ``masks``
-    are 0/1 float tensors shaped like ``scores`` and get no gradient.
-    """
+    """Σ_j mask[b, j] · δ(s[b, j], m) for every 0/1 float mask: (B, num_bins) each, O(B·M) memory."""
     stacked = torch.stack(masks)
     lo, hi = float(score_range[0]), float(score_range[1])
     return tuple(_TriangularHistograms.apply(scores, stacked, num_bins, lo, hi).unbind(0))
@@ -76,13 +71,8 @@ def _neighbour_bins(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(bin index, weight δ) of every score for its bins nearest − 1, nearest, nearest + 1.
 
-    With ``derivative=True``, (bin index, dδ/ds) instead.
-
-    A score has a non-zero weight only in bins within one spacing Δ of it, all among these three
-    (``nearest = round((hi − s)/Δ)``). The weight is the formula of :func:`triangular_bin_weights`
-    (same operations, same half-open end bins); the derivative is what autograd gives that formula
-    (``−sign(s − b)/Δ`` where ``1 − |s − b|/Δ ≥ 0``, a weight of exactly 0 at a knot included; 0 in
-    a half-open end bin beyond the range). Bins past the ends get weight and derivative 0.
+    With ``derivative=True``, (bin index, dδ/ds) instead: the operations of
+    :func:`triangular_bin_weights` and what autograd gives for them. Bins past the ends get 0.
     """
     width = (hi - lo) / (num_bins - 1)
     centres = torch.linspace(hi, lo, num_bins, device=scores.device, dtype=scores.dtype)
@@ -104,10 +94,9 @@ def _neighbour_bins(
 class _TriangularHistograms(torch.autograd.Function):
     """(k, B, num_bins) histograms Σ_j masks[i, b, j] · δ(s[b, j], m) of (B, M) scores.
 
-    Each score is scattered into its neighbouring bins only (:func:`_neighbour_bins`), so memory
-    is O(B·M); the backward pass recomputes the weights' derivatives instead of keeping autograd's
-    per-bin intermediates (they took 3x the memory of the scores and masks). Values equal the
-    dense form up to the order of the sums. Not twice differentiable.
+    Each score is scattered into its neighbouring bins only, and backward recomputes the weights'
+    derivatives (autograd's intermediates took 3x the memory of the scores and masks). Values
+    equal the dense form up to the order of the sums. Not twice differentiable.
     """
 
     @staticmethod

@@ -4,17 +4,13 @@ For neural similarities (Vogel, Bellet & Clémençon, *A Probabilistic Theory of
 Similarity Learning for Pointwise ROC Curve Optimization*, ICML 2018, problem (1) and its empirical
 form (6), with the Lagrangian of Eq. (2)).
 
-The similarity of a pair is the indicator S(x, x') = 1{s(x, x') ≥ t} of its score s (cosine of the
-embeddings by default) passing a threshold t. Its risks over a batch are the U-statistics of
-Eq. (4)/(5) over the pairs i < j: R̂⁺ is the TPR and R̂⁻ the FPR of the threshold. The loss is the
-negated Lagrangian −(R̃⁺ − λ (R̃⁻ − α)) in which the indicator is replaced by a smooth surrogate ψ of
-u = (s − t)/τ (:func:`surrogate_risks`), and the multiplier λ ≥ 0 (a buffer) follows projected dual
-ascent λ ← max(0, λ + η (R̂⁻ − α)) after every training batch, so that at convergence R̂⁻ ≤ α.
-
-By default (``dual_update="indicator"``) the dual step uses the FPR of the indicator itself and the
-surrogate only shapes the gradient of the network (the "proxy Lagrangian" of Cotter, Jiang &
-Sridharan, ALT 2019): the constraint the multiplier enforces is then the true FPR at t, not a
-relaxation of it; ``dual_update="surrogate"`` uses the surrogate's R̃⁻ (the plain Lagrangian).
+The similarity of a pair is S(x, x') = 1{s(x, x') ≥ t}; over a batch its TPR R̂⁺ and FPR R̂⁻ are
+the U-statistics of Eq. (4)/(5) over the pairs i < j. The loss is the negated Lagrangian
+−(R̃⁺ − λ (R̃⁻ − α)) with the indicator replaced by a smooth surrogate ψ of u = (s − t)/τ
+(:func:`surrogate_risks`); the multiplier λ ≥ 0 (a buffer) follows projected dual ascent
+λ ← max(0, λ + η (R̂⁻ − α)) after every training batch. ``dual_update="indicator"`` (default)
+steps on the indicator's FPR (the "proxy Lagrangian" of Cotter, Jiang & Sridharan, ALT 2019),
+``"surrogate"`` on R̃⁻ (docs/pointwise_roc.md).
 """
 
 from __future__ import annotations
@@ -144,8 +140,7 @@ class PointwiseROCLoss(RankingLoss):
     batch (or the anchor–reference pairs); a training call's loss uses λ from before its step.
     Eval mode never changes a buffer, and a call that raises changes none either.
 
-    Deploying the model: predict "same class" when s(x, x') ≥ ``threshold``; the constraint was
-    enforced on training batches at that threshold (check it on held-out pairs with
+    Deploy with "same class" iff s(x, x') ≥ ``threshold`` (check the FPR on held-out pairs with
     :func:`rankwise.metrics.roc_curve_from_embeddings`).
 
     Args:
@@ -210,9 +205,7 @@ class PointwiseROCLoss(RankingLoss):
     def from_labels(cls, train_labels: Any, **kwargs: Any) -> PointwiseROCLoss:
         """Build the loss after checking that the training labels can form both kinds of pairs.
 
-        The risks are conditional means over positive and over negative pairs, so no class prior
-        enters the loss; the labels only have to hold two classes (negative pairs) and a class
-        with two samples (positive pairs), which is checked here, before any training.
+        No class prior enters the loss: the labels only need two classes and a class of two.
 
         Args:
             train_labels: (N,) integer class ids of the training set.

@@ -9,8 +9,7 @@ vector ``v`` updated by the moving average of Eq. (10) with the score interpolat
 (:class:`SemiVarianceRegularizer`). Garbled formulas are read as in docs/errata.md (SOPRC):
 ℓ1(x) = 1 − 2x/τ1 for x < 0, ℓ2(x) = tanh(−x/(2τ2)) for x < 0, one row of ``v`` per class. The
 TPR term counts the n_c − 1 positives a class row stands for (the released code's |v| + 1 is
-``tpr_count="num_v"``). Where the library departs from the authors' released code, and why the
-many-class defaults are what they are, is in docs/losses.md (SOPRC).
+``tpr_count="num_v"``). Departures from the released code and the many-class defaults: docs/losses.md.
 """
 
 from __future__ import annotations
@@ -64,12 +63,7 @@ def huber_surrogate(x: torch.Tensor, tau1: float) -> torch.Tensor:
 
 
 def _huber_of_margin(u: torch.Tensor) -> torch.Tensor:
-    """ℓ1 as a function of u = 1 − x/τ1: 2u − 1 for u > 1, u² on [0, 1], 0 for u < 0.
-
-    With c = clamp(u, 0, 1) all three branches are c·(2u − c), and so is the derivative: 2c. One
-    clamp replaces two `where` masks, forward and backward; at the knots u = 1 and u = 0 (x = 0 and
-    x = τ1) the gradient is the common value of both sides, as ℓ1 is continuously differentiable.
-    """
+    """ℓ1 of u = 1 − x/τ1: c·(2u − c) with c = clamp(u, 0, 1), one clamp instead of `where` masks."""
     inside = u.clamp(min=0, max=1)
     return inside * (2 * u - inside)
 
@@ -93,15 +87,7 @@ def _grouped_score_interpolation(
     num_points: int,
     score_range: tuple[float, float] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """φ of Alg. 2 (:func:`score_interpolation`) applied separately to every group, vectorised.
-
-    u_i sits at position i/(n+1), the expected CDF value of the i-th order statistic; the
-    extrapolated ends (Alg. 2, line 2) are clipped to ``score_range`` but never past u_1 / u_n, so
-    φ stays monotone even for scores outside the range.
-
-    Returns:
-        (present_groups, phi): the distinct group ids (G,) and their interpolated rows (G, num_points).
-    """
+    """φ of every group: (distinct group ids (G,), rows (G, num_points)); ends never pass u_1 / u_n."""
     present, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
     n_groups = present.numel()
     # sort by value, then stably by group: values end up sorted within each group
@@ -203,11 +189,7 @@ def _check_semi_variance(reg: Any) -> SemiVarianceRegularizer | None:
 
 # -- shared pieces of Eq. (5) and Eq. (8) -----------------------------------------------------------
 def _positive_pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(anchor index, reference index, score) of every positive pair of a valid anchor, (P,) each.
-
-    The pairs come in row-major order (ascending anchor), so the pairs of one anchor are contiguous;
-    :func:`_other_pairs_of_same_anchor` relies on it.
-    """
+    """(anchor, reference, score) of every positive pair of a valid anchor, (P,) each, by anchor."""
     pos_mask = batch.pos_mask & batch.valid[:, None]
     anchor, ref = pos_mask.nonzero(as_tuple=True)
     return anchor, ref, batch.scores[anchor, ref]
@@ -216,24 +198,17 @@ def _positive_pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor, torch
 def _negative_huber_sum(
     batch: PairBatch, anchor: torch.Tensor, s_pos: torch.Tensor, tau1: float
 ) -> torch.Tensor:
-    """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,).
-
-    The (P, M) block is the bulk of the cost: u = s/τ1 − (s⁺/τ1 − 1) divides the (B, M) scores
-    once, and :class:`_MaskedHuberSum` sums ℓ1 over the negatives in few passes.
-    """
+    """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,)."""
     margin = (batch.scores / tau1)[anchor] - (s_pos / tau1 - 1)[:, None]
     is_negative = batch.neg_mask.to(batch.scores.dtype)[anchor]
     return _MaskedHuberSum.apply(margin, is_negative)
 
 
 class _MaskedHuberSum(torch.autograd.Function):
-    """Row sums Σ_m mask[p, m] · ℓ1(margin[p, m]) of :func:`_huber_of_margin`: (P, M) → (P,).
+    """Row sums Σ_m mask[p, m] · ℓ1(margin[p, m]): (P, M) → (P,); ``mask`` is 0/1 float.
 
-    Differentiated by hand because this block dominates the loss: autograd would save and replay
-    the clamp, the product and the mask (several passes over the block), whereas the derivative is
-    just dℓ1/du = 2·clamp(u, 0, 1), so backward is one product with a saved slope. ``mask`` is a
-    0/1 float tensor (ℓ1 is finite, so a 0 drops the entry, gradient included). Not twice
-    differentiable.
+    Differentiated by hand because this block dominates the loss: backward is one product with the
+    saved slope 2·clamp(u, 0, 1). Not twice differentiable.
     """
 
     @staticmethod
@@ -251,13 +226,9 @@ class _MaskedHuberSum(torch.autograd.Function):
 
 
 def _other_pairs_of_same_anchor(anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every pair p, the indices of the other pairs with the same anchor: (P, W) each.
+    """(indices, is_real), (P, W) each: the other pairs of every pair's anchor (sorted ``anchor``).
 
-    ``anchor`` (P,) int64 must list the pairs of one anchor contiguously in ascending anchor order,
-    as :func:`_positive_pairs` returns them. Row p holds the W = (most pairs of one anchor) − 1
-    slots ``first + j`` for j < n − 1, skipping p itself (j ≥ p − first moves one further), where
-    ``first`` is the anchor's first pair and n its number of pairs. Returns (indices, is_real):
-    padding slots (is_real False) hold a valid index so the gather stays in bounds.
+    Padding slots (is_real False) hold a valid index so the gather stays in bounds.
     """
     n_pairs = anchor.numel()
     pairs_per_anchor = torch.bincount(anchor)
@@ -274,12 +245,7 @@ def _other_pairs_of_same_anchor(anchor: torch.Tensor) -> tuple[torch.Tensor, tor
 def _other_positive_sigmoid_sum(
     scores: torch.Tensor, anchor: torch.Tensor, ref: torch.Tensor, s_pos: torch.Tensor, tau2: float
 ) -> torch.Tensor:
-    """Σ_{x ∈ z⁺(anchor), x ≠ x⁺} ℓ2(s⁺ − s(x)) for every positive pair: (P,).
-
-    The other positives of a pair (:func:`_positive_pairs`) are the other pairs of its anchor: a
-    (P, W) block, W + 1 the most positives of one anchor, instead of a (P, M) one. The positive
-    itself is the exact "1 +" of the TPR term (ℓ_{0,1}(0) = 1; the surrogate's ℓ2(0) = 0).
-    """
+    """Σ_{x ∈ z⁺(anchor), x ≠ x⁺} ℓ2(s⁺ − s(x)) for every positive pair, from a (P, W) block: (P,)."""
     others, is_real = _other_pairs_of_same_anchor(anchor)
     other_scores = scores[anchor, ref][others]
     terms = sigmoid_surrogate(s_pos[:, None] - other_scores, tau2)
@@ -289,11 +255,8 @@ def _other_positive_sigmoid_sum(
 class _PairScores:
     """Scores of single (anchor, reference) pairs, each computed from its two embeddings alone.
 
-    A row of a matrix product ``emb @ ref.T`` depends in its last bits on where the two rows sit in
-    the batch (BLAS blocks the product by position), and s(i, j) may differ from s(j, i). The
-    moving average of ``v`` keeps such bits forever, so ``v`` would depend on the batch order.
-    An elementwise product reduced over the embedding dimension gives, for every pair, a value that
-    depends only on the two embeddings, and s(a, b) == s(b, a) bit for bit.
+    The last bits of ``emb @ ref.T`` depend on the batch position (BLAS blocking) and the moving
+    average of ``v`` would keep them; a per-pair product gives s(a, b) == s(b, a) bit for bit.
     """
 
     def __init__(self, emb: torch.Tensor, ref: torch.Tensor, similarity: str) -> None:
@@ -312,15 +275,10 @@ class _PairScores:
 
 
 def _one_minus_precision(fpr: torch.Tensor, tpr: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
-    """σ(FPR / (rate · TPR)) of Eq. (3)/(8) in a form that stays finite and exact.
+    """σ(FPR / (rate · TPR)) of Eq. (3)/(8) as FPR / (FPR + rate · TPR), in at least float32.
 
-    σ(t) = t/(1 + t) is 1 − precision as a function of the FPR/TPR odds t; rate = π/(1 − π).
-    Evaluated as FPR / (FPR + w) with w = rate · TPR by :class:`_RatioToSum`, whose derivatives
-    w / (FPR + w)² and −FPR / (FPR + w)² are single terms. The direct forms fail at the odds of a
-    many-class prior (rate ~ 1e-4, TPR ~ 1e-2, FPR ~ 10: t ~ 1e7): t/(1 + t) overflows float16
-    (65504) to inf/inf = NaN, and its autograd derivative 1/(1 + t) − t/(1 + t)² cancels to a
-    relative error of about eps · t (all digits in float32). Computed in at least float32
-    (half-precision inputs are upcast: w underflows float16 at small priors). FPR ≥ 0 and w > 0.
+    At many-class odds (t ~ 1e7) t/(1 + t) overflows float16 and its autograd derivative cancels
+    to all digits in float32; :class:`_RatioToSum` has single-term derivatives.
     """
     dtype = torch.promote_types(fpr.dtype, torch.float32)
     return _RatioToSum.apply(fpr.to(dtype), rate.to(dtype) * tpr.to(dtype))
@@ -349,14 +307,7 @@ class SemiVarianceRegularizer(RankingLoss):
 
     λ1/n⁺ Σ_{s⁺ < μ⁺} (s⁺ − μ⁺)² + λ2/n⁻ Σ_{s⁻ > μ⁻} (s⁻ − μ⁻)², where s⁺ (s⁻) runs over the
     scores of all positive (negative) pairs of the batch, pooled over anchors as in the authors'
-    released configs, and μ± are their means (differentiated through). Only the low tail of the
-    positives and the high tail of the negatives are penalised, so well-ranked pairs are not pulled
-    towards the mean.
-
-    ``normalization="pairs"`` (default) divides by n⁺ / n⁻, all pairs, as Eq. (9) is written;
-    ``"tail"`` divides each sum by the number of its terms (the pairs below / above the mean), as
-    the authors' released code does. A tail holds about half the pairs, so the released weights
-    act about twice as strongly with ``"tail"``.
+    released configs, and μ± are their means (differentiated through).
 
     Use it alone (``reg(embeddings, labels)``, a :class:`RankingLoss`), add it to any loss, or pass
     it as ``semi_variance=`` to :class:`SOPRCLoss` / :class:`APLoss`, which call
@@ -366,7 +317,8 @@ class SemiVarianceRegularizer(RankingLoss):
         lambda_pos: λ1 ≥ 0, weight on positives below their mean (released configs: 1).
         lambda_neg: λ2 ≥ 0, weight on negatives above their mean (released configs: 5).
         similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``; standalone use only).
-        normalization: ``"pairs"`` (Eq. 9) or ``"tail"`` (released code), see above.
+        normalization: ``"pairs"`` divides by n⁺ / n⁻ as Eq. (9) is written; ``"tail"`` by the
+            number of terms of each tail, as the released code does (about twice as strong).
 
     Example:
         >>> import torch
@@ -389,14 +341,10 @@ class SemiVarianceRegularizer(RankingLoss):
         self.normalization = check_choice(normalization, "normalization", SEMI_VARIANCE_NORMS)
 
     def from_batch(self, batch: PairBatch) -> torch.Tensor:
-        """Scalar L_var of a prepared :class:`PairBatch` (every pair of its (B, M) masks).
-
-        ``last_stats`` also gets the two terms, ``semi_variance_pos`` and ``semi_variance_neg``.
-        """
+        """Scalar L_var of a prepared :class:`PairBatch`; both terms also go to ``last_stats``."""
         scores = batch.scores
         zero = scores.new_zeros(())
         tail = self.normalization == "tail"
-        # positives are a few entries per row: gather them
         pos = scores[batch.pos_mask]
         if pos.numel():
             below = (pos - pos.mean()).clamp(max=0)
@@ -526,10 +474,9 @@ class SOPRCLoss(RankingLoss):
     detached scores and φ = :func:`score_interpolation` (Alg. 2). Pooling all anchors of a class
     makes the update independent of the batch order. Eval mode never changes any buffer.
 
-    ``v`` starts on ``v_init_range`` = [0, 1) (the ``v_init`` grid lo + (hi − lo)·j/num_v of the
-    released code, or sorted uniform draws), not ``score_range``: positive-pair cosines of a trained
-    embedding lie mostly in [0, 1], and v only has to bracket them; the start is forgotten
-    geometrically, or at once with ``warm_start=True`` (v_1 = E[φ], Remark 1; docs/losses.md).
+    ``v`` starts on ``v_init_range`` (default [0, 1): positive-pair cosines lie mostly there), a
+    grid as in the released code or sorted uniform draws; the start is forgotten geometrically, or
+    at once with ``warm_start=True`` (v_1 = E[φ], Remark 1; docs/losses.md).
 
     Args:
         num_classes: number of classes C ≥ 2; labels must lie in [0, C).
@@ -561,11 +508,8 @@ class SOPRCLoss(RankingLoss):
             for every class (then TPR = (1 + Σ_j ℓ2(s⁺ − v_{c,j})) / (|v| + 1)).
 
     Buffers (carried by ``state_dict()``, ``.to()``, ``.double()``): ``v`` (C, num_v),
-    ``prior`` (C,), ``v_updates`` (C,) int64 number of moving-average updates of every row,
-    ``positives`` (C,).
-
-    With a reference set (memory bank) every anchor is ranked against it and v is fed with the
-    anchor–reference positive scores.
+    ``prior`` (C,), ``v_updates`` (C,) int64 updates of every row, ``positives`` (C,). With a
+    reference set, v is fed with the anchor–reference positive scores.
 
     Example:
         >>> import torch
@@ -603,7 +547,6 @@ class SOPRCLoss(RankingLoss):
         positives: torch.Tensor | Sequence[float] | None = None,
     ) -> None:
         super().__init__(similarity)
-        # a query needs negatives: at least 2 classes
         self.num_classes = check_scalar(num_classes, "num_classes", Interval("integer", 2, None))
         self.num_v = check_scalar(num_v, "num_v", _COUNT)
         self.beta = check_scalar(beta, "beta", _UNIT)
@@ -677,13 +620,10 @@ class SOPRCLoss(RankingLoss):
     ) -> SOPRCLoss:
         """Build the loss with class priors counted from the training labels.
 
-        By default (``prior_scale=0.1``) the released code's ``prior_mul`` rule:
-        π_c = prior_scale · n_c / max_c n_c, so the largest class gets ``prior_scale`` (0.01 in the
-        released SOP config, 0.1 elsewhere). ``prior_scale=None`` gives the raw ratio the theory
-        uses, π_c = (n_c − 1)/(N − 1): the fraction of the other N − 1 training samples that are
-        positives of a query of class c (~1e-4 on SOP, where it leaves the loss almost no
-        gradient; see docs/losses.md). Classes absent from ``train_labels`` (and, with
-        ``prior_scale=None``, singletons) get π_c = 0.
+        By default the released code's ``prior_mul`` rule π_c = prior_scale · n_c / max_c n_c (the
+        largest class gets ``prior_scale``); ``prior_scale=None`` gives the theory's raw ratio
+        π_c = (n_c − 1)/(N − 1) (~1e-4 on SOP: almost no gradient; docs/losses.md). Classes absent
+        from ``train_labels`` (and, with ``prior_scale=None``, singletons) get π_c = 0.
 
         Args:
             train_labels: (N,) integer class ids of the training set, N ≥ 2.
@@ -775,7 +715,6 @@ class SOPRCLoss(RankingLoss):
         Arguments as :meth:`RankingLoss.forward`; labels are class ids in [0, num_classes).
         """
         batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
-        # prepare() sets both
         assert batch.embeddings is not None and batch.ref_embeddings is not None
         pair_scores = _PairScores(batch.embeddings, batch.ref_embeddings, self.similarity)
         return self._compute(batch, pair_scores)

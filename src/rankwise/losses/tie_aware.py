@@ -9,25 +9,19 @@ set). With relaxed codes ``φ ∈ (-1, 1)^b`` (``tanh(γ f / 2)``, see
 cumulative sums ``C_d``. The objective is tie-aware AP (Eq. 6 / 11) or DCG (Eq. 7 / 12) of these
 soft histograms, averaged over the queries; the loss is ``1 - mean``.
 
-Eq. (11)/(12) replace exact sums over a tie's positions by integrals that diverge at the first
-non-empty bin, and Eq. (11) has a pole where a soft bin holds one item's mass (why, in full:
-docs/hashing.md). ``form="exact"`` (default) adds back what the integrals dropped:
+Eq. (11)/(12) diverge at the first non-empty bin and Eq. (11) has a pole where a soft bin holds
+one item's mass; ``form="exact"`` (default) adds back what their integrals dropped (docs/hashing.md):
 
-* AP: ``H(x) = ψ(x + 1) + γ_E`` continues the harmonic numbers of Eq. (24) (``∫ dt / t`` plus
-  its Euler-Maclaurin corrections, App. C, Eq. 31): ``AP(d) = c_d^+ / (c_d N^+) [(C^+_{d-1} + 1)
-  ΔH + (c_d^+ - 1) F(C_{d-1}, c_d)]``, ``ΔH = H(C_d) - H(C_{d-1})``, ``F(g, n) = (n - (g + 1)
-  ΔH) / (n - 1)``, whose pole at ``n = 1`` is removable (``_within_tie_term``).
-* DCG: ``S(x) = S_∞(x + M) - Σ_{t=1}^{M} D(x + t)``, ``M = 32``, continues the cumulative
-  discount ``S(N) = Σ_{t ≤ N} 1 / log2(t + 1)``, with ``S_∞(y) = ln 2 Li(y + 1) + D(y)/2 +
-  D'(y)/12 - D'''(y)/720 + D^(5)(y)/30240 + const`` (residual below 1e-14 for ``y ≥ 32``), and
-  ``DCG(d) = (Σ_v G(v) c_{d,v}) / c_d · (S(C_d) - S(C_{d-1}))`` (Eq. 7 / 19).
+* AP: ``AP(d) = c_d^+ / (c_d N^+) [(C^+_{d-1} + 1) ΔH + (c_d^+ - 1) F(C_{d-1}, c_d)]`` with the
+  harmonic numbers ``H(x) = ψ(x + 1) + γ_E`` of Eq. (24), ``ΔH = H(C_d) - H(C_{d-1})`` and
+  ``F(g, n) = (n - (g + 1) ΔH) / (n - 1)`` (removable pole at ``n = 1``).
+* DCG: ``DCG(d) = (Σ_v G(v) c_{d,v}) / c_d · (S(C_d) - S(C_{d-1}))`` (Eq. 7 / 19), ``S`` the
+  continued cumulative discount of :func:`relaxed_cumulative_discount`.
 
 With hard codes the objectives equal AP_T and NDCG_T of
 :func:`rankwise.metrics.hamming_retrieval_metrics` exactly. ``form="midpoint"`` is the released
-code's simplification, exact without ties: ``Σ_d c_d^+ (C^+_{d-1} + C^+_d + 1) / (C_{d-1} + C_d +
-1) / N^+`` and ``Σ_d Ĝ_d / log2(C_{d-1} + (c_d + 1) / 2 + 1)``. Both forms are differentiated by
-autograd (the released backward of the midpoint form misses a factor 2 off the diagonal). NDCG
-divides by the exact ideal DCG of the query's affinities.
+code's simplification, exact without ties (docs/hashing.md); both forms are differentiated by
+autograd. NDCG divides by the exact ideal DCG of the query's affinities.
 """
 
 from __future__ import annotations
@@ -136,7 +130,9 @@ def _discount_constant() -> float:
 def relaxed_cumulative_discount(x: torch.Tensor) -> torch.Tensor:
     """``S(x)``: ``Σ_{t=1}^{x} 1 / log2(t + 1)`` continued smoothly to real ``x > -1``.
 
-    Exact (to float64 rounding) at every integer, ``S(0) = 0``; see the module docstring.
+    ``S(x) = S_∞(x + 32) - Σ_{t=1}^{32} D(x + t)`` with
+    ``S_∞(y) = ln 2 Li(y + 1) + D(y)/2 + D'(y)/12 - D'''(y)/720 + D^(5)(y)/30240 + const``;
+    exact (to float64 rounding) at every integer.
     """
     x = x.to(torch.float64)
     shifts = torch.arange(1, _SHIFT + 1, dtype=torch.float64, device=x.device)
@@ -166,8 +162,7 @@ def soft_histograms(
     """
     spacing = bits / num_bins
     if math.isclose(delta, spacing, rel_tol=1e-12):
-        # Δ = spacing: a distance z in [0, b] falls between two neighbouring centres and the
-        # kernel splits it linearly between them (weights 1 - frac and frac, summing to 1), so
+        # Δ = spacing: the kernel splits z linearly between its two neighbouring centres, so
         # two scatter-adds replace the (B, M, K + 1) kernel matrix
         position = (distances / spacing).clamp(0.0, float(num_bins))
         lower = position.detach().floor().clamp_max(num_bins - 1).long()
@@ -300,9 +295,8 @@ class _TieAwareLoss(RankingLoss):
         form: str = "exact",
         affinity: Any = "labels",
     ) -> None:
-        # relaxed Hamming distances (b - φᵀφ') / 2 come from the "dot" scores of the base class,
-        # which half-precision codes get in float32 (the relaxed histogram's kernel width is finer
-        # than float16's spacing of distances near `bits`)
+        # distances (b - φᵀφ') / 2 from the base class's "dot" scores, in float32 for half codes
+        # (the kernel width is finer than float16's spacing of distances near `bits`)
         super().__init__("dot")
         self.bits = check_scalar(bits, "bits", Interval("integer", 1, None))
         if num_bins is None:

@@ -1,22 +1,17 @@
 """Counting kernels behind the exact, tie-aware retrieval metrics.
 
 Tie-aware average precision (McSherry & Najork 2008; He et al., "Hashing as Tie-Aware Learning to
-Rank", CVPR 2018, Prop. 1 / Eq. 6 in the per-position form of docs/errata.md) decomposes additively over
-tie groups, and a tie group holding no relevant item contributes nothing. So for one query the
-whole ranking is summarised, for every distinct score value ``v`` held by a relevant item, by three
-counts: the number of items scoring strictly higher than ``v`` (``N_{d-1}`` in the paper), the
-number scoring exactly ``v`` (``n_d``) and the relevant items among those (``n_d^+``). AP_T,
-recall@k, precision@k, MAP@R, R-precision and the PR curve all follow from these counts in closed
-form (see :mod:`rankwise.metrics.ranking`).
+Rank", CVPR 2018, Prop. 1 / Eq. 6 in the per-position form of docs/errata.md) decomposes additively
+over tie groups, and a group without a relevant item contributes nothing. So one query's ranking is
+summarised, for every distinct score value ``v`` held by a relevant item, by three counts: the items
+scoring strictly higher (``N_{d-1}``), exactly ``v`` (``n_d``), and the relevant ones among those
+(``n_d^+``). Every metric follows from them in closed form (:mod:`rankwise.metrics.ranking`).
 
-Two interchangeable producers of the counts live here, returning the same integers in the same order
-(groups by decreasing score value), so every metric is bit-identical between them:
-:func:`relevant_group_counts_numba` (CPU: one pass over each row against a bucket table of its
-sorted distinct relevant values, O(N + R log R) for N items and R relevant ones, rows in parallel)
-and :func:`relevant_group_counts_torch` (any device: a sort of the whole chunk and run-length
-bookkeeping). :func:`relevant_group_counts_from_lists` also takes an *approximate* block with a
-per-row error bound and a callback for exact keys (:mod:`rankwise.metrics._scores`) and returns the
-counts of the exact keys. How, in full: docs/metrics.md, "How the counts are computed".
+:func:`relevant_group_counts_numba` (CPU, a bucket table per row, O(N + R log R)) and
+:func:`relevant_group_counts_torch` (any device, one sort per chunk) return the same integers in
+the same order (groups by decreasing value), so every metric is bit-identical between them;
+:func:`relevant_group_counts_from_lists` also takes an approximate block with an error bound and
+returns the counts of the exact keys (docs/metrics.md, "How the counts are computed").
 """
 
 from __future__ import annotations
@@ -42,10 +37,8 @@ __all__ = [
     "BUCKETS_PER_VALUE",
 ]
 
-# Buckets of the lookup table per distinct relevant value. A plain binary search over m values costs
-# log2(m) unpredictable branches per item (~120 ns per item at m = 2,000); with ~4 buckets per value
-# most buckets hold at most one value and an item costs one table read. Measured on 20,000-item
-# float32 rows with 2,000 relevant: 4 and 8 are equally fast and 3-4x faster than one bucket.
+# Buckets of the lookup table per distinct relevant value: most then hold at most one value, so an
+# item costs one table read (4 and 8 measured 3-4x faster than one bucket, a plain binary search).
 BUCKETS_PER_VALUE = 4
 # Cap of the table (per row and thread: 512 KiB of int64); past it buckets just hold more values.
 _MAX_BUCKETS = 1 << 16

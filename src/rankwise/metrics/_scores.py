@@ -1,23 +1,17 @@
 """Scores for a block of queries: exact keys, or an approximation with a proven error bound.
 
-The metrics rank by the exact keys of :mod:`rankwise.similarity` (float64, one fixed sequence of
-operations per pair), so a pair's key never depends on the chunk, the block or the gallery order.
-Computing every key that way costs about ten times a float32 matmul, so a block is produced in
-one of three ways (on any device), all of which count exactly like the keys:
+The metrics rank by the exact keys of :mod:`rankwise.similarity`, which cost about ten times a
+float32 matmul, so a block is produced in one of three ways (on any device) that all count
+exactly like the keys (docs/metrics.md, "Exact scores"):
 
 * **exact matmul** -- when every product and partial sum of the inner products is representable
-  (binary / integer codes, low-precision embeddings; :func:`_exact_matmul_precision`), a float32
-  (or float64) matmul is exact in any summation order and gives the keys (or values that rank and
-  tie like them).
+  (binary / integer codes, low-precision embeddings; :func:`_exact_matmul_precision`).
 * **approximation + bound** -- otherwise a float32 matmul of normalised (cosine, dot) or centred
   (euclidean) rows gives ``a_ij`` with ``|a_ij - phi_i(key_ij)| <= bound_i``, ``phi_i`` strictly
-  increasing (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, Eq. 3.5: any
-  summation order errs by at most ``gamma_d sum |x_k y_k|``, ``gamma_d = d u / (1 - d u)``); the
+  increasing (Higham, *Accuracy and Stability of Numerical Algorithms*, 2002, Eq. 3.5); the
   counting kernels ask :meth:`BlockScorer.pair_keys` for the exact keys of the few pairs closer
   than ``2 bound_i`` to a relevant item.
-* **keys** -- with ``approximate=False``, every key by the definition (docs/metrics.md, "Exact
-  scores").
-  block is computed by the implementation of the definition.
+* **keys** -- with ``approximate=False``, every key by the definition.
 """
 
 from __future__ import annotations

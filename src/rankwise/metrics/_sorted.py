@@ -1,21 +1,15 @@
 """Sorted-row counting: tie-group counts of a score block from a device sort of each row.
 
-Tie-aware AP, recall@k, precision@k, MAP@R and R-precision (He et al., "Hashing as Tie-Aware
-Learning to Rank", CVPR 2018, Prop. 1 / Eq. 6 in the per-position form of docs/errata.md) need, for
-every distinct score value ``v`` held by a relevant item of a query, the number of items scoring
-strictly higher (``N_{d-1}``), exactly ``v`` (``n_d``) and the relevant ones among the latter
-(``n_d^+``); see :class:`rankwise.metrics._kernels.RelevantGroupCounts`. Once a row is sorted the
-items tied at ``v`` are one contiguous run, so both counts are two binary searches
-(``torch.searchsorted``) of ``v`` in the sorted row, and the groups are the runs of equal counts
-among the relevant items: a handful of vectorised torch ops per chunk of queries, on any device.
-This is the path a GPU is good at (one sort per row, no per-item loop); on the CPU the numba
-counting kernel of :mod:`rankwise.metrics._kernels` stays the default.
+The counts of :class:`rankwise.metrics._kernels.RelevantGroupCounts` (He et al., "Hashing as
+Tie-Aware Learning to Rank", CVPR 2018, Prop. 1 / Eq. 6): once a row is sorted the items tied at
+a relevant value ``v`` are one contiguous run, so the counts are binary searches
+(``torch.searchsorted``) in the sorted row, a few vectorised torch ops per chunk on any device (the
+GPU path; on the CPU the numba kernel of :mod:`rankwise.metrics._kernels` stays the default).
 
-The rows are sorted in float32 (on the CPU as flat int64 keys, ``_sort_rows``). When the values of a
-block are not exact float32 numbers (an approximation with a proven error bound ``e``,
-:mod:`rankwise.metrics._scores`, or float64 values rounded), only the items within ``2 e`` of a
-relevant value (its *window*) are compared by their exact keys, so the counts are those of the exact
-keys, integer for integer those of the numba path (docs/metrics.md, "How the counts are computed").
+Rows are sorted in float32. When a block's values are not exact (an approximation with a proven
+error bound ``e``, :mod:`rankwise.metrics._scores`, or rounded float64), only the items within
+``2 e`` of a relevant value are compared by their exact keys, so the counts equal the numba path's
+integer for integer (docs/metrics.md, "How the counts are computed").
 """
 
 from __future__ import annotations
@@ -47,10 +41,8 @@ _SUBNORMAL32 = 2.0**-149
 _FLOAT32_SAFE = 2.0**126
 # relative slack on the window half-width (the float64 arithmetic of the window's own ends)
 _WINDOW_SLACK = 1.0 + 2.0**-40
-# Devices whose float32 rows are sorted as one flat array of int64 keys (``_sort_rows``): torch
-# sorts a 1-D int64 tensor by radix sort on the CPU, 1.5-2x faster than its row-wise float32
-# sort (benchmarks/bench_retrieval.py --device cpu). On CUDA the row-wise sort is kept: the flat
-# sort has not been measured there (docs/benchmarks.md).
+# Devices whose float32 rows are sorted as flat int64 keys (``_sort_rows``): torch's CPU radix sort
+# is 1.5-2x faster than its row-wise float32 sort; CUDA is not measured (docs/benchmarks.md).
 FLAT_KEY_SORT_DEVICES = frozenset({"cpu"})
 FLAT_SORT_PART = 2**20  # scores sorted at once by the flat sort (``_sort_rows``)
 
@@ -134,12 +126,9 @@ def _float32_for_sorting(
 def _sort_rows(values: torch.Tensor, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.sort(values, dim=1, descending=descending)``: (B, N) sorted values and columns.
 
-    Ties may come in any order, as with ``torch.sort``. On ``FLAT_KEY_SORT_DEVICES`` a float32
-    block is sorted as flat int64 arrays ``row * 2^32 + k(value)``, where ``k`` maps float32 to
-    integers preserving order and equality (``-0.0`` and ``0.0`` share a key): the row in the high
-    bits keeps each row's items together and in row order. The rows go in parts of about
-    ``FLAT_SORT_PART`` scores: the radix sort is memory-bound, and measured 2x slower per item
-    once its arrays leave the cache (2M scores and more, on this project's CPU).
+    Ties may come in any order. On ``FLAT_KEY_SORT_DEVICES`` a float32 block is sorted as flat
+    int64 keys ``row * 2^32 + k(value)`` (``k`` order- and equality-preserving), in parts of about
+    ``FLAT_SORT_PART`` scores: the radix sort ran 2x slower per item once out of cache.
     """
     n_rows, n_items = values.shape
     flat_key = (

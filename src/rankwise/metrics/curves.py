@@ -1,16 +1,12 @@
 """Verification (pair) view of an embedding: exact, tie-aware ROC, ROC AUC and TPR at a fixed FPR.
 
-Every pair of samples is a binary example: positive when the two share a label, negative otherwise,
-scored by their similarity. This is the view of Gajić et al., *Area Under the ROC Curve
-Maximization for Metric Learning* (TPR T(t) and FPR F(t) of Eq. 2-3 with the Heaviside step, the
-area of Eq. 1), and of Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity
-Learning for Pointwise ROC Curve Optimization* (ICML 2018): the empirical risks of Eq. (4)/(5) are
-U-statistics over the unordered pairs i < j, and pointwise ROC optimization is "max TPR subject to
-FPR <= alpha". Ties are handled exactly: a threshold t predicts "positive" for every score >= t, so
-tied pairs always move together (one ROC point per distinct score, no randomized tie-splitting),
-and the AUC is the Mann-Whitney statistic with tied positive/negative pairs counted 1/2 -- the area
-under the tie-aware ROC curve whose points are joined by straight lines. For pair counts too large
-to materialize, :func:`roc_curve_from_embeddings` accepts ``bins=`` and streams a histogram.
+Every pair of samples is a binary example, positive when the two share a label, scored by their
+similarity: the view of Gajić et al., *Area Under the ROC Curve Maximization for Metric Learning*
+(Eq. 1-3), and of Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity
+Learning for Pointwise ROC Curve Optimization* (ICML 2018; U-statistics over the pairs i < j of
+Eq. (4)/(5), "max TPR subject to FPR <= alpha"). A threshold t predicts "positive" for every
+score >= t, so tied pairs move together and the AUC is the Mann-Whitney statistic with ties
+counted 1/2 (docs/metrics.md, "Pair view").
 """
 
 from __future__ import annotations
@@ -79,11 +75,7 @@ class RocCurve:
 
     @property
     def auc(self) -> float:
-        """Area under the curve; for an exact curve bit for bit :func:`roc_auc` of its scores.
-
-        The trapezoidal sum of the rounded rates can differ from the exact Mann-Whitney value in
-        the last bit, so an exact curve returns the value computed from its integer counts.
-        """
+        """Area under the curve; for an exact curve bit for bit :func:`roc_auc` of its scores."""
         if self.mann_whitney is not None:
             return self.mann_whitney
         return float((np.diff(self.fpr) * (self.tpr[1:] + self.tpr[:-1])).sum() / 2.0)
@@ -113,7 +105,6 @@ class OperatingPoint(NamedTuple):
 
 
 def _check_binary_scores(scores: Any, is_positive: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate 1-D scores and 1-D boolean targets of the same length with both classes present."""
     s = as_tensor(scores, "scores")
     y = as_tensor(is_positive, "is_positive", device=s.device)
     if s.ndim != 1:
@@ -177,17 +168,14 @@ def _distinct_score_counts(
 def roc_curve(scores: Any, is_positive: Any, *, drop_intermediate: bool = False) -> RocCurve:
     """Exact, tie-aware ROC curve of scored binary examples (Gajić et al., Eq. 2-3).
 
-    One point per distinct score: tied examples always enter together, so a run of ties is one
-    diagonal segment and not a staircase whose shape depends on the input order. Equal to
+    One point per distinct score (a run of ties is one diagonal segment). Equal to
     ``sklearn.metrics.roc_curve(is_positive, scores, drop_intermediate=drop_intermediate)``.
 
     Args:
         scores: (n,) real scores, higher means "more likely positive"; tensor or array, any device.
         is_positive: (n,) bool or 0/1 targets.
-        drop_intermediate: scikit-learn's rule, on the exact integer counts: drop a threshold
-            whose cumulative true- and false-positive counts both change by the same amount before
-            and after it (it sits on a straight, evenly stepped segment); the first and last
-            thresholds and the (0, 0) point are always kept, and the area is unchanged.
+        drop_intermediate: scikit-learn's rule on the exact integer counts (docs/metrics.md);
+            the area is unchanged.
 
     Returns:
         :class:`RocCurve` with (fpr, tpr, thresholds) float64 numpy arrays.
@@ -239,9 +227,8 @@ def _mann_whitney(
 def roc_auc(scores: Any, is_positive: Any) -> float:
     """Exact ROC AUC: the Mann-Whitney statistic with ties counted 1/2, in O(n log n).
 
-    AUC = P(s+ > s-) + 1/2 P(s+ = s-) over all (positive, negative) pairs, computed from the
-    per-distinct-score counts in integer arithmetic (no rank sums in floating point), so it is exact
-    for any n that fits in memory. Equals ``sklearn.metrics.roc_auc_score(is_positive, scores)``.
+    AUC = P(s+ > s-) + 1/2 P(s+ = s-), in integer arithmetic from the per-distinct-score counts.
+    Equals ``sklearn.metrics.roc_auc_score(is_positive, scores)``.
 
     Args: as :func:`roc_curve`. Raises ``ValueError`` on mismatched lengths, NaN scores, or no
     positive / no negative.
@@ -308,16 +295,12 @@ def operating_point(
 ) -> OperatingPoint:
     """The threshold to deploy under an FPR budget (pointwise ROC, Vogel et al., ICML 2018).
 
-    Among the thresholds (the distinct scores, "positive iff score >= threshold") whose FPR is at
-    most ``fpr``, the one with the largest TPR and, among those, the smallest FPR: no admissible
-    threshold is better on either rate. Ties are never split to hit the budget, so the achieved FPR
-    can be smaller than ``fpr``; the budget is checked exactly on the integer counts.
+    Among the thresholds (the distinct scores) whose FPR is at most ``fpr``, the one with the
+    largest TPR and, among those, the smallest FPR. Ties are never split, so the achieved FPR can
+    be smaller than ``fpr``; the budget is checked exactly on the integer counts.
 
-    With ``sample_weight`` the rates are weighted: TPR = Σ w·1{s ≥ t} over the positives / Σ w
-    over the positives, and the FPR likewise (e.g. the weights n_k n_l / n⁻ of a tuple-based
-    sample of pairs, which make it an unbiased estimate of the FPR over every pair). Whole-number
-    weights count as repeated examples and keep the check exact; other weights are summed in
-    float64 and the budget is checked up to the rounding bound of those sums, n·ε·Σw.
+    With ``sample_weight`` both rates are weighted sums over their class. Whole-number weights count
+    as repeated examples and keep the check exact; other weights are checked up to n·ε·Σw.
 
     Args:
         scores: (n,) real scores.
@@ -467,11 +450,7 @@ def _prepare_pairs(
 
 
 def _pair_blocks(p: _PairProblem) -> Iterator[tuple[int, int, int, torch.Tensor]]:
-    """(first row, last row + 1, first column, (b, m) bool mask of the pairs to keep) per block.
-
-    Together the blocks cover every pair exactly once: leave-one-out keeps the upper triangle
-    (j > i, or j >= i with the self pairs), a gallery keeps every pair but (i, i) when excluded.
-    """
+    """(first row, last row + 1, first column, (b, m) keep mask) per block, each pair once."""
     nq = p.qg.query.shape[0]
     dev = p.qg.device
     for start in range(0, nq, p.chunk_size):
@@ -513,13 +492,9 @@ def pair_scores(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Similarity and same-label flag of every (query, item) pair, the examples of the pair view.
 
-    Leave-one-out (``gallery=None``): each unordered pair {i, j}, i < j, exactly once, as in the
-    U-statistics of Vogel et al. (Eq. 4/5) -- n(n-1)/2 pairs (``exclude_self=False`` adds the n
-    self-pairs (i, i)). With a gallery: every (query, gallery) pair, n_q * n_g of them
-    (``exclude_self=True`` drops the pairs (i, i) when the gallery is the query set passed again).
-
-    The scores are the exact float64 values of :func:`rankwise.similarity.exact_similarity`: a
-    pair's score depends on its two rows only (not on ``chunk_size``, the order or the device).
+    Leave-one-out (``gallery=None``): each unordered pair i < j once, n(n-1)/2 pairs. With a
+    gallery: all n_q * n_g pairs. Scores are the exact float64 values of
+    :func:`rankwise.similarity.exact_similarity` (independent of ``chunk_size`` and device).
 
     Args:
         query: (n_q, d) float embeddings (any device; computed there unless ``device`` is given).
@@ -529,7 +504,8 @@ def pair_scores(
         gallery_labels: (n_g,) or (n_g, C), same kind as ``query_labels``.
         similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (score ``-||q - g||``;
             alias ``"neg_euclidean"``).
-        exclude_self: see above; default True for leave-one-out, False with a gallery.
+        exclude_self: drop the self pairs (i, i); default True for leave-one-out, False with a
+            gallery (then True needs as many gallery rows as queries).
         max_pairs: refuse to materialize more pairs than this (memory guard).
         chunk_size: query rows per block of the score matrix (default: ~16M scores per block).
         device: where to compute; default the device of ``query``.
@@ -602,12 +578,7 @@ def _score_range(p: _PairProblem) -> tuple[float, float]:
 
 
 def _bins_of(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
-    """Bin k of each value: the number of lower edges ``edges[1:]`` at or below it.
-
-    So a value is in a bin >= k exactly when it is ``>= edges[k]`` (k >= 1): the histogram's
-    points are the exact (FPR, TPR) of those thresholds. Values below ``edges[1]`` (including
-    those below the range) fall in bin 0, values above the range in the last bin.
-    """
+    """Bin k of each value: the number of lower edges ``edges[1:]`` at or below it (clamped)."""
     bins = edges.shape[0]
     width = float(edges[1] - edges[0])
     guess = ((values - float(edges[0])) / width).floor().clamp_(0, bins - 1).long()
@@ -621,11 +592,7 @@ def _bins_of(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
 def _block_bins(
     p: _PairProblem, start: int, stop: int, col_lo: int, edges: torch.Tensor
 ) -> torch.Tensor:
-    """(b, m) bin of the exact score of every pair of the block.
-
-    Approximate blocks are binned from both ends of each pair's interval; the few pairs whose
-    interval straddles a bin edge get their exact key (the bin is monotone in the value).
-    """
+    """(b, m) bin of the exact score of every pair; pairs whose bound straddles an edge get keys."""
     low, high = _block_value_bounds(p, start, stop, col_lo)
     low_bins = _bins_of(low, edges)
     if high is None:
@@ -702,11 +669,9 @@ def roc_curve_from_embeddings(
     ``bins=None`` (default): exact and tie-aware, through :func:`pair_scores` and
     :func:`roc_curve` (memory O(n_pairs); refused above ``max_pairs``).
 
-    ``bins=int``: memory O(bins + chunk): the pair scores are streamed into a positive and a
-    negative histogram of ``bins`` equal bins over ``score_range`` (default [-1, 1] for cosine, else
-    one extra pass finds the min and max). Every pair is binned by its exact score, so each point
-    is the exact (FPR, TPR) of "score >= lower bin edge"; ``curve.max_auc_error`` bounds the AUC
-    error (docs/metrics.md, "Pair view").
+    ``bins=int``: memory O(bins + chunk): the exact pair scores are streamed into positive and
+    negative histograms over ``score_range`` (default [-1, 1] for cosine, else one extra pass);
+    ``curve.max_auc_error`` bounds the AUC error (docs/metrics.md, "Pair view").
 
     Args: as :func:`pair_scores` (``max_pairs`` for the exact curve only), plus ``bins`` (histogram
     bins, >= 2, or ``None`` for the exact curve), ``score_range`` (``(lo, hi)`` of the histogram;

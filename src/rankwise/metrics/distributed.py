@@ -1,18 +1,13 @@
 """Exact retrieval metrics over query shards: per-shard reports merged, and the torch.distributed form.
 
 The retrieval metrics of :mod:`rankwise.metrics.retrieval` (tie-aware AP of He et al., CVPR 2018,
-Prop. 1; MAP@R and R-precision of Musgrave et al., ECCV 2020; the mean interpolated PR curve of
-Wen et al., NeurIPS 2022, Fig. 2) are means over queries of per-query values, and a query's value
-depends only on its own scores against the whole gallery. So the queries can be split into
-shards, each shard ranked against the full gallery, and the shard results merged
-(:func:`merge_retrieval_reports`, :func:`merge_pr_curves`): the merged mAP is the single-process
-value (bit for bit when the shards' per-query APs are), the other means are equal up to the
-rounding of a float64 mean. :func:`distributed_retrieval_metrics` / :func:`distributed_pr_curve`
-run this across the ranks of a ``torch.distributed`` process group: the gallery is all-gathered
-(every rank holds it, ``n_gallery x d``), each rank ranks its own queries, and every rank returns
-the merged result of the shards in rank order.
-
-This module uses :mod:`torch.distributed` only, never training code.
+Prop. 1; MAP@R and R-precision of Musgrave et al., ECCV 2020; the mean PR curve of Wen et al.,
+NeurIPS 2022, Fig. 2) are means of per-query values that depend only on the query's scores against
+the whole gallery. So shards of queries ranked against the full gallery merge
+(:func:`merge_retrieval_reports`, :func:`merge_pr_curves`) into the single-process value: mAP bit
+for bit when the per-query APs are, the other means up to the rounding of a float64 mean.
+:func:`distributed_retrieval_metrics` / :func:`distributed_pr_curve` do this across the ranks of a
+``torch.distributed`` group, all-gathering the gallery (docs/distributed.md, "Evaluation").
 """
 
 from __future__ import annotations

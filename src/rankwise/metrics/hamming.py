@@ -510,11 +510,10 @@ def hamming_retrieval_metrics(
         database_labels: labels of the database (same kind); None with ``database_codes=None``.
         ks: cutoffs of AP@k, NDCG@k, R@k and P@k; each must be at most the number of ranked
             database items. None: those of 1, 10 and 100 that fit.
-        affinity: ``"labels"`` (binary: same class id, or at least one shared multi-hot label),
-            ``"shared_labels"`` (multi-level: number of shared labels), an
-            :class:`EuclideanThresholdAffinity`, or a callable ``f(query_labels[chunk],
-            database_labels) -> (chunk, n)`` of integer affinities in ``[0, 255]``. AP-type
-            metrics use binary relevance (affinity > 0); NDCG uses gains ``2^a - 1``.
+        affinity: ``"labels"`` (binary), ``"shared_labels"`` (number of shared labels), an
+            :class:`EuclideanThresholdAffinity`, or a callable giving ``(chunk, n)`` integer
+            affinities in ``[0, 255]`` (:mod:`rankwise._affinity`). AP-type metrics use binary
+            relevance (affinity > 0); NDCG uses gains ``2^a - 1``.
         ties: ``"expected"`` (tie-aware, default), ``"optimistic"`` or ``"pessimistic"``; the
             tie-breaking ranges are always reported.
         bits: code length of packed input (default every bit of the words).

@@ -5,8 +5,6 @@ whose AP is the tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to R
 Prop. 1; per-tie term as corrected in docs/errata.md, McSherry & Najork 2008). Retrieval metrics
 are not decomposable over batches (every query is ranked against the whole gallery), so the module
 only stores detached copies of the batches and defers all work to :meth:`RetrievalMetric.compute`.
-The concatenation of the stored batches goes through :meth:`RetrievalMetric._gathered`, the single
-hook a data-parallel subclass overrides with an ``all_gather``.
 """
 
 from __future__ import annotations
@@ -89,10 +87,8 @@ class RetrievalMetric(nn.Module):
         >>> metric.reset()
 
     Args:
-        ks: cut-offs of recall@k / precision@k.
-        similarity: ``"cosine"``, ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
-        ties: ``"expected"`` (tie-aware, default), ``"optimistic"`` or ``"pessimistic"``.
-        exclude_self: passed to :func:`retrieval_metrics` (default there: True for leave-one-out).
+        ks, similarity, ties, exclude_self: as :func:`retrieval_metrics` (cut-offs of recall@k /
+            precision@k; ``"cosine"``, ``"dot"`` or ``"euclidean"``; tie rule; self matches).
         gallery_mode: ``"self"`` -- every accumulated sample queries all the others
             (leave-one-out); ``"separate"`` -- the batches given to :meth:`update` are queries
             and those given to :meth:`update_gallery` the gallery.
@@ -182,10 +178,9 @@ class RetrievalMetric(nn.Module):
     def _gathered(
         self,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Concatenate the stored batches: ``(query, query_labels, gallery, gallery_labels)``.
+        """``(query, query_labels, gallery, gallery_labels)``, the gallery None in ``"self"`` mode.
 
-        ``gallery`` and ``gallery_labels`` are ``None`` in ``"self"`` mode. The one place that sees
-        all samples, which a data-parallel subclass overrides (see the class docstring).
+        The one place that sees all samples, which a data-parallel subclass overrides.
         """
         query, query_labels = self._queries.concatenated()
         if self.gallery_mode == "self":

@@ -10,13 +10,10 @@ relevant items in all, the per-group term of AP_T is (docs/errata.md, Eq. 6 corr
     b = (n_d^+ - 1) / (n_d - 1)  (0 when n_d = 1),
 
 whose inner sum is (a - b (N_{d-1} + 1)) (H(N_d) - H(N_{d-1})) + b n_d with a = N^+_{d-1} + 1 and H
-the harmonic numbers: only per-group counts are needed, never a sort of the irrelevant items. The
-t-th summand is the expected value of rel(t) * precision(t); truncating the sum at t <= R gives the
-tie-aware MAP@R of Musgrave, Belongie & Lim ("A Metric Learning Reality Check", ECCV 2020), and the
-hypergeometric expectation of the relevant items in the top k gives tie-aware precision@k and
-R-precision. ``ties="optimistic"`` / ``"pessimistic"`` instead rank relevant items first / last
-within each tie. DCG_T uses G(a) = 2^a - 1 and D(t) = 1 / log2(t + 1); every item of a tie group
-receives the mean discount of the positions its group spans (only positions <= k count).
+the harmonic numbers. Truncated at t <= R it is the tie-aware MAP@R of Musgrave, Belongie & Lim
+(ECCV 2020); precision@k and R-precision are hypergeometric expectations. DCG_T uses
+G(a) = 2^a - 1, D(t) = 1 / log2(t + 1) and the mean discount over each tie (docs/metrics.md,
+"Exact definitions").
 """
 
 from __future__ import annotations

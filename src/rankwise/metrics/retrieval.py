@@ -292,9 +292,8 @@ def _prepare(
     classes = None
     if not qg.multi_hot:
         classes = _ClassIndex.build(qg.query_labels, qg.gallery_labels)
-    # Both counting paths refine an approximation to the exact keys themselves
-    # (rankwise.metrics._scores). With many relevant items per query a float64 approximation
-    # leaves far fewer pairs to recompute exactly than a float32 one.
+    # with many relevant items per query a float64 approximation leaves far fewer pairs to
+    # recompute by exact key than a float32 one
     scorer = BlockScorer(
         qg.query,
         qg.gallery,
