@@ -56,13 +56,20 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait(timeout=60)
 
 
-# another process that takes a folder's lock and keeps it until it is killed
-HOLD = (
-    "import sys, time\n"
+# rankwise.training.lock in a fresh process without the rankwise.training package's __init__
+# (torch and the trainer, seconds of import per process): the same module and lock_run_dir
+IMPORT_LOCK = (
+    "import sys, types\n"
+    "import rankwise\n"
+    "package = types.ModuleType('rankwise.training')\n"
+    "package.__path__ = [rankwise.__path__[0] + '/training']\n"
+    "sys.modules['rankwise.training'] = package\n"
     "from rankwise.training.lock import lock_run_dir\n"
-    "hold = lock_run_dir(sys.argv[1])\n"
-    "print('locked', flush=True)\n"
-    "time.sleep(600)\n"
+)
+
+# another process that takes a folder's lock and keeps it until it is killed
+HOLD = IMPORT_LOCK + (
+    "import time\nhold = lock_run_dir(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(600)\n"
 )
 
 
@@ -205,9 +212,8 @@ def test_a_forked_child_does_not_keep_the_lock_of_a_killed_parent(tmp_path):
     few seconds, and must not keep its run folder locked meanwhile."""
     from rankwise.training.lock import lock_run_dir
 
-    script = (
-        "import os, sys, time\n"
-        "from rankwise.training.lock import lock_run_dir\n"
+    script = IMPORT_LOCK + (
+        "import os, time\n"
         "hold = lock_run_dir(sys.argv[1])\n"
         "child = os.fork()\n"
         "if child == 0:\n"
