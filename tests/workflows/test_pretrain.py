@@ -155,3 +155,24 @@ def test_rankwise_pretrain_command(tmp_path):
     assert "wrote" in first.output and (tmp_path / "pretrained.pt").is_file()
     again = runner.invoke(build_app(), args)
     assert again.exit_code == 2 and "--overwrite" in again.output
+
+
+def test_a_pretraining_fits_runs_that_only_view_its_sources_differently(pretrained):
+    # issue 21's study fine-tunes one pretraining at K = 2, 4, 8 views per source: the views, the
+    # evaluation views and the augmentation do not change which sources are held out, so they are
+    # not compared (refused before: "was pretrained with dataset=..., views_per_class: 2")
+    views = {"views_per_class": 2, "eval_views_per_class": 3, "rotation": 10.0, "noise": 0.0}
+    config = _config(
+        model={**BASE["model"], "pretrained": str(pretrained[0])},
+        dataset={**BASE["dataset"], "options": {**OPTIONS, **views}},
+    )
+    model = build_model_from_config(config, INPUT_SHAPE)
+    state = torch.load(pretrained[0] / "pretrained.pt", weights_only=True)["model"]
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    # a split option still is: other validation / test sources could be pretraining sources
+    config = _config(
+        model={**BASE["model"], "pretrained": str(pretrained[0])},
+        dataset={**BASE["dataset"], "options": {**OPTIONS, "val_classes": 10}},
+    )
+    with pytest.raises(ConfigError, match=r"model\.pretrained: .* dataset="):
+        build_model_from_config(config, INPUT_SHAPE)

@@ -324,6 +324,9 @@ INSTANCE_OPTIONS: tuple[str, ...] = (
     "padding",
 )
 _AUGMENTATION_OPTIONS = INSTANCE_OPTIONS[5:]  # the ViewAugmentation fields
+# how a source is viewed, not which sources each split holds (a pretraining on the same split fits
+# runs that differ only here)
+VIEW_OPTIONS: tuple[str, ...] = ("views_per_class", "eval_views_per_class", *_AUGMENTATION_OPTIONS)
 
 # Defaults per source dataset. Fashion-MNIST is the proxy of issue 7 (4,000 training sources x 4
 # views, 1,000 unseen test sources x 4 views, pi = 1 / 4000); digits has 1,797 images, so fewer

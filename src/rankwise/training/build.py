@@ -229,6 +229,8 @@ def build_model_from_config(config: Config, input_shape: Sequence[int]) -> nn.Mo
 
 def _pretrained_state(config: Config, input_shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
     """The state dict of ``model.pretrained``, after checking it fits the config's model and data."""
+    from ..data.instances import VIEW_OPTIONS
+
     path = Path(config.model.pretrained or "")
     path = path / "pretrained.pt" if path.is_dir() else path
     try:
@@ -243,12 +245,21 @@ def _pretrained_state(config: Config, input_shape: tuple[int, ...]) -> dict[str,
         "frozen_bn": mc.frozen_bn,
         "input_shape": list(input_shape),
     }
+
+    def held_out(dataset: dict[str, Any]) -> dict[str, Any]:
+        # views and augmentation do not move a source between splits
+        options = {k: v for k, v in dataset["options"].items() if k not in VIEW_OPTIONS}
+        return {**dataset, "options": options}
+
+    stored = {**meta, "dataset": held_out(meta["dataset"])}
     if meta["dataset"]["name"] == ds.name:  # the same pool: its held-out sources must be ours
-        wanted["dataset"] = {"name": ds.name, "split_seed": ds.split_seed, "options": ds.options}
+        wanted["dataset"] = held_out(
+            {"name": ds.name, "split_seed": ds.split_seed, "options": ds.options}
+        )
     for key, value in wanted.items():
-        if meta[key] != value:
+        if stored[key] != value:
             raise ConfigError(
-                f"model.pretrained: {path} was pretrained with {key}={meta[key]!r}, this run "
+                f"model.pretrained: {path} was pretrained with {key}={stored[key]!r}, this run "
                 f"has {key}={value!r}; pretrain again with this run's settings."
             )
     return state
