@@ -7,14 +7,11 @@ fed with φ(h(z⁺)), the n⁺ batch positives linearly interpolated onto N⁺ q
 extrapolated point closes each end). Prop. 3 bounds the interpolation error of the quantile function
 p of the positive scores by ‖p − p̂‖∞ ≤ ‖p″‖∞ / (8 (n⁺)²) when the knots are exact quantiles.
 
-For the three score models of App. B.2 and a range of n⁺, on N⁺ = 10,000 positive scores, this
-experiment measures Prop. 3's deterministic error of interpolating p at the knots i/(n⁺ + 1) on the
-interior [1/(n⁺ + 1), n⁺/(n⁺ + 1)] (beyond it φ extrapolates and the binormal and bibeta p″ are
-unbounded) against ‖p″‖∞ / (8 n⁺²) over that interior (and the per-interval form
-max_i ‖p″‖_{∞, [k_i, k_{i+1}]} / (8 (n⁺ + 1)²)); the expected error E[φ(z⁺)] − h(S⁺) that v
-inherits (Prop. 1), which also holds the O(1/n⁺) gap between expected order statistics and quantiles
-that Prop. 3 assumes away; and the error of one batch, dominated by sampling noise (≈ n⁺^(-1/2)).
-The offset-uniform p is linear, so φ interpolates it exactly. Results: docs/experiments.md.
+For the three score models of App. B.2 and a range of n⁺ this experiment measures Prop. 3's error
+on the interior [1/(n⁺ + 1), n⁺/(n⁺ + 1)] against its bound (also per interval,
+max_i ‖p″‖_{∞, [k_i, k_{i+1}]} / (8 (n⁺ + 1)²)), the expected error E[φ(z⁺)] − h(S⁺) that v
+inherits (Prop. 1; it also holds the O(1/n⁺) gap between expected order statistics and quantiles
+that Prop. 3 assumes away) and the error of one batch. Settings and results: docs/experiments.md.
 """
 
 from __future__ import annotations

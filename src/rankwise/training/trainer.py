@@ -72,10 +72,8 @@ class Trainer(Evaluation, Failures):
     exact tie-aware metrics of :func:`rankwise.metrics.retrieval_metrics`, the best model by
     validation mAP is kept, and a checkpoint is written; at the end the selected model is tested.
 
-    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id; the
-    default sampler reads the ``(N,)`` ids from a ``labels`` attribute or from
-    ``TensorDataset(inputs, labels)`` (:func:`~rankwise.training.loader.dataset_labels`; not
-    needed with your own ``sampler``).
+    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id (what the
+    default sampler reads: :func:`~rankwise.training.loader.dataset_labels`, docs/training.md).
 
     Args:
         model: the embedding network, ``(B, ...) -> (B, d)``; moved to ``device``.
@@ -101,9 +99,8 @@ class Trainer(Evaluation, Failures):
             ``CollapseDetector``, ``PlotCurves``) replaces that default.
         iterations: the budget in optimizer steps; or
         epochs: the budget in passes of the sampler (default 1 when neither is given).
-        lr_schedule: a function ``step -> learning rate`` (0-based step; the rate is set on
-            every parameter group before the step) or a torch ``LRScheduler`` (stepped after
-            every optimizer step; its state is checkpointed). ``None`` keeps the optimizer's.
+        lr_schedule: a function ``step -> learning rate`` (0-based) or a torch ``LRScheduler``
+            (checkpointed), as in docs/training.md ("Defaults"); ``None`` keeps the optimizer's.
         eval_every: steps between evaluations and checkpoints (default: once per epoch).
         log_every: steps between training records in the history.
         eval_ks: cut-offs of recall@k / precision@k in the reports.
@@ -117,8 +114,8 @@ class Trainer(Evaluation, Failures):
             :func:`rankwise.metrics.pr_curve`.
         device: ``"cpu"``, ``"cuda"``, ``"auto"`` or a ``torch.device``; default: where the
             model's parameters are.
-        seed: seeds the default sampler, the per-item transform seeds and the data loaders.
-            Seed your model's initialisation yourself (``torch.manual_seed`` before building it).
+        seed: seeds the default sampler, the per-item transform seeds and the data loaders,
+            not the model's initialisation (``torch.manual_seed`` before building it).
         num_workers: DataLoader worker processes (batches do not depend on it).
         deterministic: deterministic algorithms (warn-only) and cuDNN during training.
         progress: show a progress bar (``None``: only when stdout is a terminal).
@@ -369,8 +366,7 @@ class Trainer(Evaluation, Failures):
     ) -> Trainer:
         """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        :func:`rankwise.training.factory.trainer_from_run_dir` (arguments as there) with
-        ``trainer_cls=cls``.
+        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``.
 
         Returns:
             The trainer, at the step of the checkpoint.
@@ -408,10 +404,7 @@ class Trainer(Evaluation, Failures):
     # -- training ---------------------------------------------------------------------------
 
     def learning_rate(self, step: int) -> float:
-        """The learning rate of the 0-based ``step`` (of the first parameter group).
-
-        Args:
-            step: 0-based index of the optimizer step.
+        """The learning rate of the 0-based optimizer ``step`` (of the first parameter group).
 
         Returns:
             The rate ``lr_schedule`` gives (or the optimizer's current one).
