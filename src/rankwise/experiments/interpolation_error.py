@@ -40,10 +40,6 @@ def _interior_grid(n: int) -> tuple[np.ndarray, np.ndarray]:
 CENTRAL = (0.1, 0.9)
 
 
-def _window(grid: np.ndarray, window: tuple[float, float] | None) -> np.ndarray:
-    return grid if window is None else grid[(grid >= window[0]) & (grid <= window[1])]
-
-
 def prop3_error(model: ScoreModel, n: int, window: tuple[float, float] | None = None) -> float:
     """‖p − p̂‖∞ on [1/(n + 1), n/(n + 1)], p̂ the linear interpolation of p at i/(n + 1).
 
@@ -53,7 +49,8 @@ def prop3_error(model: ScoreModel, n: int, window: tuple[float, float] | None = 
         window: optionally restrict the sup to this quantile interval, e.g. (0.1, 0.9).
     """
     knots, grid = _interior_grid(n)
-    grid = _window(grid, window)
+    if window is not None:
+        grid = grid[(grid >= window[0]) & (grid <= window[1])]
     if grid.size == 0:
         return 0.0
     interpolated = np.interp(grid, knots, model.positive_quantile(knots))

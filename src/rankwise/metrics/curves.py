@@ -469,14 +469,6 @@ def _pair_blocks(p: _PairProblem) -> Iterator[tuple[int, int, int, torch.Tensor]
         yield start, stop, col_lo, keep
 
 
-def _iter_pair_values(p: _PairProblem) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(exact float64 similarity values, is_positive) 1-D blocks covering every pair once."""
-    for start, stop, col_lo, keep in _pair_blocks(p):
-        keys = p.scorer.keys(start, stop, col_lo)
-        rel = block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])
-        yield similarity_from_keys(keys, p.qg.similarity)[keep], rel[keep]
-
-
 @keeps_torch_threads
 def pair_scores(
     query: Any,
@@ -542,10 +534,13 @@ def pair_scores(
     scores = torch.empty(n_pairs, dtype=torch.float64, device=dev)
     is_positive = torch.empty(n_pairs, dtype=torch.bool, device=dev)
     offset = 0
-    for block_scores, block_pos in _iter_pair_values(p):
+    for start, stop, col_lo, keep in _pair_blocks(p):  # every pair once
+        keys = p.scorer.keys(start, stop, col_lo)
+        rel = block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])
+        block_scores = similarity_from_keys(keys, p.qg.similarity)[keep]
         n = block_scores.shape[0]
         scores[offset : offset + n] = block_scores
-        is_positive[offset : offset + n] = block_pos
+        is_positive[offset : offset + n] = rel[keep]
         offset += n
     return scores, is_positive
 

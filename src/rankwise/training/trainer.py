@@ -94,9 +94,8 @@ class Trainer(Evaluation, Failures):
             (:mod:`rankwise.training.lock`) from construction to the end of :meth:`fit`; a
             second :meth:`fit` refuses it if another process wrote a checkpoint there meanwhile.
         callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
-            ``fn(trainer)`` (called after every complete step). A callback of the type of a
-            default one (``ProgressBar``, ``MetricsLogger``, ``BestCheckpoint``,
-            ``CollapseDetector``, ``PlotCurves``) replaces that default.
+            ``fn(trainer)`` (called after every complete step); one of the type of a default
+            callback replaces that default (the defaults: docs/training.md).
         iterations: the budget in optimizer steps; or
         epochs: the budget in passes of the sampler (default 1 when neither is given).
         lr_schedule: a function ``step -> learning rate`` (0-based) or a torch ``LRScheduler``
@@ -107,9 +106,8 @@ class Trainer(Evaluation, Failures):
         eval_batch_size: batch size when embedding evaluation data.
         metric_fn: the evaluation, called as ``metric_fn(query, query_labels, gallery,
             gallery_labels, ks=eval_ks)`` (``gallery`` ``None`` for leave-one-out); default
-            :func:`rankwise.metrics.retrieval_metrics` (cosine, tie-aware). Its report needs the
-            attribute the selection monitors (``map``) and ``to_dict()``; e.g.
-            ``functools.partial(retrieval_metrics, similarity="dot")``.
+            :func:`rankwise.metrics.retrieval_metrics`. Its report needs ``map`` (what the
+            selection monitors) and ``to_dict()`` (docs/training.md).
         curve_fn: the test curve, called like ``metric_fn`` without ``ks``; default
             :func:`rankwise.metrics.pr_curve`.
         device: ``"cpu"``, ``"cuda"``, ``"auto"`` or a ``torch.device``; default: where the

@@ -443,11 +443,9 @@ def run_bench(
 
     Arguments as :func:`plan_bench`; ``console`` gets one progress line per run (the table is
     :func:`rankwise.reporting.print_bench_table` of the summary). Every configuration error,
-    data-dependent ones included, is raised before the first run. The rules of
-    :mod:`rankwise.workflows.sweep` apply: an ``output`` holding results is refused unless
-    ``resume`` (continue; its ``sweep.json`` settings must be these) or ``overwrite`` (delete its
-    results first); ``bench.json`` / ``bench.md`` are rewritten after every run (``"complete":
-    false`` until the end).
+    data-dependent ones included, is raised before the first run. The ``resume`` / ``overwrite``
+    rules of :mod:`rankwise.workflows.sweep` apply; ``bench.json`` / ``bench.md`` are rewritten
+    after every run (``"complete": false`` until the end).
 
     Returns:
         The ``bench.json`` content (schema: docs/training.md, "rankwise bench"): one row per
