@@ -21,9 +21,7 @@ Adding an experiment takes one module and one registry entry:
        @experiment("my-study", summary="One line for `rankwise experiment list`.",
                    reference="Author et al., Venue Year, Sec. 5, Fig. 3")
        def run(*, quick: bool = False, seed: int = 0, sizes: tuple[int, ...] = (10, 100)):
-           # docstring: a summary line, then a Google-style Args section with one entry per
-           # option ("sizes: Sample sizes, comma-separated."): it is the option's --help text
-           ...
+           ...  # docstring: a summary line, then Args ("sizes: Sample sizes, comma-separated.")
            return ExperimentResult("my-study", data={...}, verdict="my-study: ...",
                                    consistent=True, figure=figure)
 

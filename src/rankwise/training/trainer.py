@@ -333,8 +333,8 @@ class Trainer(Evaluation, Failures):
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
         :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments,
-        configuration errors and the output directory's lock as there; ``resume``: continue from
-        ``<output_dir>/checkpoints/last.pt``, see :meth:`from_run_dir`).
+        configuration errors and the output directory's lock as there; see also
+        :meth:`from_run_dir`).
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
