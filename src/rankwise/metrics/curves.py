@@ -1,12 +1,10 @@
 """Verification (pair) view of an embedding: exact, tie-aware ROC, ROC AUC and TPR at a fixed FPR.
 
 Every pair of samples is a binary example, positive when the two share a label, scored by their
-similarity: the view of Gajić et al., *Area Under the ROC Curve Maximization for Metric Learning*
-(Eq. 1-3), and of Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity
-Learning for Pointwise ROC Curve Optimization* (ICML 2018; U-statistics over the pairs i < j of
-Eq. (4)/(5), "max TPR subject to FPR <= alpha"). A threshold t predicts "positive" for every
-score >= t, so tied pairs move together and the AUC is the Mann-Whitney statistic with ties
-counted 1/2 (docs/metrics.md, "Pair view").
+similarity: the view of Gajić et al. (Eq. 1-3), and of Vogel, Bellet & Clémençon (ICML 2018;
+U-statistics over the pairs i < j of Eq. (4)/(5), "max TPR subject to FPR <= alpha"). A threshold t
+predicts "positive" for every score >= t, so tied pairs move together and the AUC is the
+Mann-Whitney statistic with ties counted 1/2 (docs/metrics.md, "Pair view").
 """
 
 from __future__ import annotations

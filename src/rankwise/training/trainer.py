@@ -1,9 +1,8 @@
 """The training loop: a Trainer for your own model, loss and data.
 
-The loop of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
-with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P x K batches, model
-selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit:
-a checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
+The loop of Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P x K batches, model
+selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit: a
+checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
 batches depend neither on interruptions nor on ``num_workers`` (:mod:`rankwise.training.loader`).
 """
 

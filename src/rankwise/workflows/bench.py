@@ -1,13 +1,12 @@
 """Loss comparison and ablation sweeps (Tables 1 and 2 of the SOPRC paper).
 
-The protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC
-Optimization with List Stability* (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale: every
-loss is trained with the same backbone, sampler, budget and seeds (only its own parameters and,
-where configured, its optimizer differ) and reported as mean ± std over seeds of the test mAUPRC
-(tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The
-ablation reproduces Table 2's SOPRC rows: biased estimator (class prior pi replaced by the batch
-ratio), without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the
-semi-variance regularizer L_var (Eq. 9), and SGD versus Adam.
+The protocol of Wen et al. (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale: every loss is
+trained with the same backbone, sampler, budget and seeds (only its own parameters and, where
+configured, its optimizer differ) and reported as mean ± std over seeds of the test mAUPRC
+(tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The ablation
+reproduces Table 2's SOPRC rows: biased estimator (class prior pi replaced by the batch ratio),
+without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the semi-variance
+regularizer L_var (Eq. 9), and SGD versus Adam.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Hyper-parameter selection on the validation split.
 
-The way Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
-List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of
+The way Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of
 dotted overrides is trained with the protocol of :mod:`rankwise.workflows.bench` and scored by the
 validation mAUPRC (tie-aware mAP) of its selected checkpoint, averaged over the tuning seeds; the
 best point per loss wins. Test metrics are never read. The winners are written as
