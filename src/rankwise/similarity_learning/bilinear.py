@@ -1,8 +1,7 @@
 """Bilinear similarities for pointwise ROC optimization.
 
-Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity Learning for Pointwise ROC Curve Optimization*, ICML
-2018, Sec. 5.1): S_A(x, x') = ½(1 + xᵀAx') with ‖A‖_F ≤ 1 on L2-normalized inputs, so that
-S_A ∈ [0, 1].
+Vogel, Bellet & Clémençon (ICML 2018, Sec. 5.1): S_A(x, x') = ½(1 + xᵀAx') with ‖A‖_F ≤ 1 on
+L2-normalized inputs, so that S_A ∈ [0, 1].
 
 :class:`BilinearSimilarity` solves the empirical problem (6), max R̂⁺(S_A) subject to
 R̂⁻(S_A) ≤ α + Φ, in closed form, A ∝ P − λN with λ found by bisection

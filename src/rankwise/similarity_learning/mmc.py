@@ -1,7 +1,7 @@
 """MMC, Mahalanobis metric learning by projected gradient ascent.
 
-The algorithm of Xing, Ng, Jordan & Russell (NIPS 2002), in the form of Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity Learning for Pointwise
-ROC Curve Optimization* (ICML 2018), Sec. 5.3:
+The algorithm of Xing, Ng, Jordan & Russell (NIPS 2002), in the form of Vogel, Bellet & Clémençon
+(ICML 2018), Sec. 5.3:
 
     max_A  (1/n⁻) Σ_{i<j, Y_i≠Y_j} d_A(X_i, X_j)
     s.t.   (1/n⁺) Σ_{i<j, Y_i=Y_j} d_A²(X_i, X_j) ≤ 1,   A ⪰ 0,
