@@ -127,8 +127,7 @@ class Trainer(Evaluation, Failures):
         config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
             written to ``run_dir/config.yaml`` and into checkpoints, and used in messages.
         strategy: how many processes train: :class:`~rankwise.training.strategy.SingleProcess`
-            (default) or a ``DataParallelStrategy`` (see
-            :class:`~rankwise.training.distributed.DistributedTrainer`).
+            (default) or a ``DataParallelStrategy`` (docs/distributed.md).
         loss_name: the loss's name in messages (default: its class name; a config's name).
         run_dir_key: the argument or config key that named ``run_dir``, for messages.
 

@@ -359,11 +359,10 @@ def _selection_key(trial: TuneTrial) -> tuple[float, float, int]:
 def _winners(
     trials: Sequence[TuneTrial],
 ) -> tuple[dict[str, TuneTrial | None], dict[str, list[int]]]:
-    """Per loss, the trial with the highest mean validation mAP, ties broken by :data:`TIE_RULE`.
+    """Per loss, the best trial by mean validation mAP (:data:`TIE_RULE`), and the tied trials.
 
-    Returns:
-        ``(winners, ties)``: ``ties[loss]`` lists the trials whose mean validation mAP equals the
-        winner's (the winner first); absent when there was no tie.
+    ``ties[loss]`` lists the trials whose mean validation mAP equals the winner's (the winner
+    first); absent when there was no tie.
     """
     best = {
         loss: max(
