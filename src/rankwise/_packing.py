@@ -1,9 +1,8 @@
 """Binary codes: validation, bit packing and Hamming distances by XOR + popcount.
 
-He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning to Rank" (CVPR 2018), Sec. 3.1,
-Eq. (1): for codes ``φ, φ' ∈ {-1, +1}^b`` the Hamming distance is ``(b - φᵀφ') / 2``, the number
-of differing bits. Stored as bits (``+1 -> 1``, ``-1 -> 0``) it is ``popcount(x XOR y)``: one
-instruction per 64 bits, and 8 bytes per 64-bit code.
+He, Cakir, Bargal & Sclaroff (CVPR 2018), Sec. 3.1, Eq. (1): for codes ``φ, φ' ∈ {-1, +1}^b`` the
+Hamming distance is ``(b - φᵀφ') / 2``, the number of differing bits. Stored as bits (``+1 -> 1``,
+``-1 -> 0``) it is ``popcount(x XOR y)``: one instruction per 64 bits, and 8 bytes per 64-bit code.
 
 Bit layout (the same for every packed form): code bit ``i`` is bit ``i % 8`` of byte ``i // 8``
 (``numpy.packbits(..., bitorder="little")``), equivalently bit ``i % 64`` of little-endian

@@ -35,7 +35,10 @@ def as_tensor(x: Any, name: str, device: torch.device | str | None = None) -> to
     if isinstance(x, torch.Tensor):
         t = x
     else:
-        array = x if isinstance(x, np.ndarray) else _as_array(x, name)
+        try:
+            array = x if isinstance(x, np.ndarray) else np.asarray(x)
+        except Exception as exc:  # pragma: no cover - message path (ragged nested lists)
+            raise ValueError(f"`{name}` could not be converted to an array: {exc}") from exc
         if array.dtype.kind not in "biufc":
             what = "strings" if array.dtype.kind in "US" else f"dtype {array.dtype}"
             raise ValueError(
@@ -46,13 +49,6 @@ def as_tensor(x: Any, name: str, device: torch.device | str | None = None) -> to
     if device is not None:
         t = t.to(device)
     return t
-
-
-def _as_array(x: Any, name: str) -> np.ndarray:
-    try:
-        return np.asarray(x)
-    except Exception as exc:  # pragma: no cover - message path (ragged nested lists)
-        raise ValueError(f"`{name}` could not be converted to an array: {exc}") from exc
 
 
 def check_finite(t: torch.Tensor, name: str) -> None:

@@ -69,11 +69,7 @@ def _print_version(value: bool) -> None:
 
 
 def _conventional_help() -> None:
-    """Help text as click writes it: ``EMBEDDINGS`` in usage lines, no ``<bool>`` for flags.
-
-    typer 0.2x's ``{embeddings}`` and ``<bool>`` (read as a value to pass) are replaced once per
-    process; a typer without these hooks is left as it is.
-    """
+    """Typer 0.2x's help as click writes it (``EMBEDDINGS``, no ``<bool>``), patched once."""
     from typer import core
 
     argument, option = core.TyperArgument, core.TyperOption

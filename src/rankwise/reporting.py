@@ -1,8 +1,7 @@
 """Tables of sweep results, as Markdown and as rich tables.
 
-The Table 1 / Table 2 layout of Wen et al., *Exploring the Algorithm-Dependent Generalization of
-AUPRC Optimization with List Stability* (NeurIPS 2022), Sec. 5.2-5.3 (test mAUPRC = tie-aware mAP,
-R@1, R@10, MAP@R, mean ± std over seeds, in %), and the validation table of a tuning sweep.
+The Table 1 / Table 2 layout of Wen et al. (NeurIPS 2022), Sec. 5.2-5.3 (test mAUPRC = tie-aware
+mAP, R@1, R@10, MAP@R, mean ± std over seeds, in %), and the validation table of a tuning sweep.
 
 The functions read the plain ``bench.json`` / ``tune.json`` summaries, so a finished sweep's
 table can be re-rendered; rich is imported only by the functions that print.

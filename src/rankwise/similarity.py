@@ -1,11 +1,9 @@
 """One similarity vocabulary: names, the losses' score matrix and the metrics' exact keys.
 
-Three similarities, one spelling: ``"cosine"`` (the inner product of L2-normalised rows; the
-score of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
-List Stability*, NeurIPS 2022, Sec. 5, and of the AUC loss of Gajić et al., Eq. 1-3), ``"dot"``
-(the raw inner product, e.g. of binary codes, He et al., *Hashing as Tie-Aware Learning to Rank*,
-CVPR 2018, Eq. 2) and ``"euclidean"`` (score ``-||q - g||``; alias ``"neg_euclidean"``,
-:data:`SIMILARITY_ALIASES`).
+Three similarities, one spelling: ``"cosine"`` (the inner product of L2-normalised rows; the score
+of Wen et al., NeurIPS 2022, Sec. 5, and of the AUC loss of Gajić et al., Eq. 1-3), ``"dot"`` (the
+raw inner product, e.g. of binary codes, He et al., CVPR 2018, Eq. 2) and ``"euclidean"`` (score
+``-||q - g||``; alias ``"neg_euclidean"``, :data:`SIMILARITY_ALIASES`).
 
 :func:`similarity_matrix` is the losses' differentiable score matrix (one matmul, input dtype).
 :func:`ranking_keys` gives the metrics' exact float64 keys, which rank and tie exactly like the

@@ -1,9 +1,8 @@
 """``rankwise bench``: compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset.
 
 Every loss trained with the same backbone, sampler, budget and seeds on one dataset, reported
-Table 1-style (mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds),
-or, with ``--ablation``, Table 2's SOPRC ablation (Wen et al., *Exploring the Algorithm-Dependent
-Generalization of AUPRC Optimization with List Stability*, NeurIPS 2022, Sec. 5.2-5.3). Writes
+Table 1-style (mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds), or, with
+``--ablation``, Table 2's SOPRC ablation (Wen et al., NeurIPS 2022, Sec. 5.2-5.3). Writes
 ``bench.json``, ``bench.md`` and ``pr_curves.png`` (Fig. 2 style) to the output directory.
 """
 

@@ -81,10 +81,7 @@ def _print_report(console: Any, report: dict[str, Any]) -> None:
 
 
 class _Progress(RocProgress):
-    """``roc fit``'s stages on stderr, one line each (as ``rankwise train`` shows its steps).
-
-    The iterations: a bar in a terminal, else a line at most every ``line_every`` s and at the last.
-    """
+    """``roc fit``'s progress on stderr: a line per stage; iterations as a bar or timed lines."""
 
     def __init__(self, console: Any, line_every: float = 10.0) -> None:
         self.console = console

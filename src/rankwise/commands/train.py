@@ -1,9 +1,8 @@
 """``rankwise train``: one training run from a YAML config, or the resumption of one.
 
-A config with ``KEY=VALUE`` overrides, or ``--resume RUN_DIR``, run by the image-retrieval
-protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
-with List Stability* (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report
-of the selected model). Ctrl-C / SIGTERM saves a checkpoint; exit codes as
+A config with ``KEY=VALUE`` overrides, or ``--resume RUN_DIR``, run by the image-retrieval protocol
+of Wen et al. (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, test report of the
+selected model). Ctrl-C / SIGTERM saves a checkpoint; exit codes as
 :func:`~rankwise.commands.common.cli_errors`.
 
 Under ``torchrun --nproc-per-node N -m rankwise train ...`` the run is data-parallel

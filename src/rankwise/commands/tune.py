@@ -1,10 +1,9 @@
 """``rankwise tune``: hyper-parameter selection on the validation split.
 
-As Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List
-Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a ``--grid`` is
+As Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a ``--grid`` is
 trained per loss by the ``rankwise bench`` protocol and scored by its mean validation mAUPRC over
-the seeds (:mod:`rankwise.workflows.tune`); writes ``tune.json`` and ``tuned.yaml`` (the winners
-as ``bench.overrides``) for ``rankwise bench --config tuned.yaml``.
+the seeds (:mod:`rankwise.workflows.tune`); writes ``tune.json`` and ``tuned.yaml`` (the winners as
+``bench.overrides``) for ``rankwise bench --config tuned.yaml``.
 """
 
 from __future__ import annotations

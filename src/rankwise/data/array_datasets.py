@@ -54,10 +54,6 @@ def _find_idx_file(folder: Path, stems: tuple[str, ...]) -> Path | None:
     return None
 
 
-def _idx_layout() -> str:
-    return "\n".join(f"  <dir>/{stems[0]}[.gz]" for stems in _IDX_STEMS.values())
-
-
 def read_mnist_family(
     name: str, data_dir: str | os.PathLike | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -82,7 +78,7 @@ def read_mnist_family(
         data_dir,
         markers=(),
         subfolders=subfolders,
-        layout=_idx_layout(),
+        layout="\n".join(f"  <dir>/{stems[0]}[.gz]" for stems in _IDX_STEMS.values()),
         system_dirs=system,
         hint=hint,
         is_root=lambda d: all(_find_idx_file(d, st) is not None for st in _IDX_STEMS.values()),

@@ -1,13 +1,11 @@
 """Image-folder retrieval benchmarks read from their official on-disk layouts and split files.
 
-Splits follow the metric-learning literature the papers use: CUB-200-2011 (classes 1-100 train,
-101-200 test) and Stanford Online Products (``Ebay_train.txt`` / ``Ebay_test.txt``) as in Gajić
-et al., Sec. 4.1; Cars196 (classes 1-98 train, 99-196 test); In-Shop Clothes (train / query /
-gallery from ``list_eval_partition.txt``, query-vs-gallery retrieval); iNaturalist 2018 with the
-metric-learning split of Brown et al. (Smooth-AP, ECCV 2020: ``Inat_dataset_splits/
-Inaturalist_{train,test}_set1.txt``) and PKU VehicleID (``train_list.txt``, test sets of 800 /
-1600 / 2400 identities) as in Wen et al., NeurIPS 2022 (SOPRC), Sec. 6, which further splits the
-training data 9:1 into train / validation. Images are opened lazily, one per ``__getitem__``.
+Splits follow the metric-learning literature the papers use: CUB-200-2011 and Stanford Online
+Products as in Gajić et al., Sec. 4.1, Cars196, In-Shop Clothes (query-vs-gallery retrieval),
+iNaturalist 2018 with the split of Brown et al. (Smooth-AP, ECCV 2020) and PKU VehicleID as in Wen
+et al., NeurIPS 2022 (SOPRC), Sec. 6, which further splits the training data 9:1 into train /
+validation; the classes and split files of each: docs/training.md, "Datasets". Images are opened
+lazily, one per ``__getitem__``.
 
 Labels: the training classes (sorted by original id) become ``0 .. C_train - 1`` and the others
 ``C_train ..``, so training labels are contiguous (per-class loss state is indexed by label) and

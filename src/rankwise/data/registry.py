@@ -226,9 +226,8 @@ def load_dataset(
         name: one of :data:`DATASETS` (or an alias in :data:`DATASET_ALIASES`).
         protocol: ``"open-set"`` (test classes disjoint from training classes; the test set is
             queried leave-one-out) or ``"closed-set"`` (queries vs a database of the same
-            classes). ``None`` (default) picks the dataset's usual protocol: open-set for all but
-            ``inshop``. ``inshop`` is closed-set (query vs gallery) only; the other folder
-            datasets and the ``*-instances`` benchmarks are open-set only.
+            classes), as the dataset allows (the table of docs/training.md, "Datasets");
+            ``None`` (default): open-set for all but ``inshop``.
         data_dir: folder holding the dataset (or holding it under its conventional folder name);
             default: ``$RANKWISE_DATA``, then system locations (:mod:`rankwise.data.locate`).
         val_fraction: share of the training data held out for validation (``0`` -> ``val=None``):

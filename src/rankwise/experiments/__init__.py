@@ -1,11 +1,10 @@
 """Reproductions of the papers' analysis figures, one module per experiment.
 
-Each experiment writes JSON, a PNG figure and a one-line verdict: the SOPRC estimator study and interpolation error of Wen et al.,
-*Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with List Stability*
-(NeurIPS 2022, Sec. 3.3, Fig. 1, App. B.2, Fig. 4-5), the sigmoid slope of Gajić et al., *Area
-Under the ROC Curve Maximization for Metric Learning* (Eq. 10, Table 1, Fig. 2) and the fast
-generalization rates of Vogel, Bellet and Clémençon, *A Probabilistic Theory of Supervised
-Similarity Learning for Pointwise ROC Curve Optimization* (ICML 2018, Sec. 5.2, Fig. 2-3).
+Each experiment writes JSON, a PNG figure and a one-line verdict: the SOPRC estimator study and
+interpolation error of Wen et al. (NeurIPS 2022, Sec. 3.3, Fig. 1, App. B.2, Fig. 4-5), the sigmoid
+slope of Gajić et al. (Eq. 10, Table 1, Fig. 2), the generalization rates, pointwise ROC and MMC
+studies of Vogel, Bellet and Clémençon (ICML 2018, Sec. 5) and TALR's LabelMe NDCG (He et al.,
+CVPR 2018, Table 3); each module cites its paper in full.
 
 Every experiment runs from Python and from the command line with the same arguments:
 ``estimator_bias.run(quick=True, seed=1, output="runs/eb")`` is
@@ -21,9 +20,7 @@ Adding an experiment takes one module and one registry entry:
        @experiment("my-study", summary="One line for `rankwise experiment list`.",
                    reference="Author et al., Venue Year, Sec. 5, Fig. 3")
        def run(*, quick: bool = False, seed: int = 0, sizes: tuple[int, ...] = (10, 100)):
-           # docstring: a summary line, then a Google-style Args section with one entry per
-           # option ("sizes: Sample sizes, comma-separated."): it is the option's --help text
-           ...
+           ...  # docstring: a summary line, then Args ("sizes: Sample sizes, comma-separated.")
            return ExperimentResult("my-study", data={...}, verdict="my-study: ...",
                                    consistent=True, figure=figure)
 

@@ -10,16 +10,10 @@ positives) are compared with the full-data AUPRC↓ of Eq. (3)/(4) (:func:`full_
 the estimators are written here from the formulas), with σ(t) = t / (1 + t). Settings and measured
 results: docs/experiments.md.
 
-Sign of the biased estimator's error (derived here; Remark 2 and Prop. 2's factor 1 + (π₀ − π)H,
-H > 0, state it the other way round). Eq. (5) tends to g(π₀) = E_{s⁺}[σ(a/b)], a = (1 − π₀) F,
-b = π₀ T, with F, T the FPR and TPR of s⁺ in S, while Eq. (3) is g(π). As
-
-    d/dp [(1 − p) F / ((1 − p) F + p T)] = −F T / ((1 − p) F + p T)² ≤ 0,
-
-π₀ < π puts the biased estimator ABOVE the true AUPRC↓ (too few positives deflate the batch
-precision) and π₀ > π BELOW it. SOPRC uses the fixed prior π and a TPR independent of n⁺, so its
-limit is g(π) at every π₀; at finite batch size the concavity of σ leaves it a small bias (Jensen,
-term (a) of Eq. 25, O(1/n⁻)), computed exactly for the 0-1 loss by :func:`expected_soprc_zero_one`.
+The biased estimator lies ABOVE the true AUPRC↓ for π₀ < π and BELOW it for π₀ > π (Remark 2 and
+Prop. 2 state it the other way round; derivation in docs/experiments.md). SOPRC's limit is the
+truth at every π₀, up to a small Jensen bias at finite batch size (term (a) of Eq. 25, O(1/n⁻)),
+computed exactly for the 0-1 loss by :func:`expected_soprc_zero_one`.
 """
 
 from __future__ import annotations

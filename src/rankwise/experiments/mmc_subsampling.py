@@ -7,18 +7,11 @@ sample per class, pairs weighted n_k n_l / n⁻), B·K(K−1)/2 pairs instead of
 says B = O(n) keeps the learning rate; Fig. 4 shows the test objective and constraint for several
 n and B, averaged over 5 runs.
 
-The paper's data is MNIST with PCA keeping 90 % of the variance; here Fashion-MNIST (the IDX files
-of the Debian package ``dataset-fashion-mnist``) by default, with the same preprocessing (PCA fitted
-on the 60,000 training images). For every n (a random training subset) and budget B = f·n, the
-:class:`~rankwise.models.MMC` solution is scored on the test images: objective (mean d_A over the
-negative test pairs) and constraint (mean d_A² over the positive test pairs), with its training
-time. The complete statistic is fitted where its n⁻ pairs stay under ``complete_max_pairs``.
-
-metric-learn's ``MMC_Supervised`` (0.7.0) runs on the same subsets in a subprocess of an
-interpreter that has it (:func:`find_metric_learn`), with its default constraints and with as many
-negative pairs as the B = 0.15 n tuples, its matrix rescaled to meet the training constraint
-exactly (d_A is homogeneous in A); without such an interpreter its rows are skipped (reason kept).
-Results: docs/pointwise_roc.md.
+Here on Fashion-MNIST by default (the paper's MNIST where installed), with the paper's PCA to 90 %
+of the variance: for every n and budget B = f·n the :class:`~rankwise.models.MMC` solution is scored
+on the test pairs (objective, constraint, fit time), beside metric-learn's ``MMC_Supervised`` run in
+an interpreter that has it (:func:`find_metric_learn`; skipped otherwise, the reason kept).
+Settings and results: docs/pointwise_roc.md.
 """
 
 from __future__ import annotations

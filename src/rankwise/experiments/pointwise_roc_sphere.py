@@ -6,14 +6,9 @@ uniform on the cap of angle π/4 around its centroid c_i (c₁ = (cos π/3, sin 
 c₃ = e₃, p_i = 1/3), and bilinear similarities S_A(x, x') = ½(1 + xᵀAx'), ‖A‖_F ≤ 1.
 
 Two families of solutions are fitted on a training sample and scored on the pairs of a test sample:
-
-- problem (6) with the mean risks in closed form (A ∝ P − λ_α N) for several feasible α (Fig. 1(b)),
-  checked against projected gradient ascent, with the constraint met at the returned λ and λ_α
-  decreasing in α; measured: the FPR region where each solution has its family's highest TPR;
-- :class:`~rankwise.models.BilinearSimilarity` with ``risk="indicator"`` at FPR targets α, each
-  expected to have its family's highest test TPR near its own α and a test FPR of about α.
-
-Results: docs/pointwise_roc.md.
+problem (6) in closed form for several feasible α (Fig. 1(b)), checked against projected gradient
+ascent, and :class:`~rankwise.models.BilinearSimilarity` with ``risk="indicator"`` at FPR targets
+α. Settings and results: docs/pointwise_roc.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Hashing heads: a linear layer whose outputs become bits, relaxed by tanh for training.
 
-He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning to Rank" (CVPR 2018), Sec. 4.1,
-Eq. (8)-(10): bit ``i`` of the code is ``sgn(f_i(x))`` with ``f`` the network's activations, and
-training replaces ``sgn`` by the smooth ``tanh``. Following the authors' released code
-(``2 sigmoid(γ f) - 1``), the relaxation here is ``tanh(γ f / 2)`` with steepness ``γ``
-(``γ = 1`` in every released experiment); larger ``γ`` makes the relaxed codes closer to binary.
-``sgn(0)`` is taken as ``+1`` so that encoding is deterministic.
+He, Cakir, Bargal & Sclaroff (CVPR 2018), Sec. 4.1, Eq. (8)-(10): bit ``i`` of the code is
+``sgn(f_i(x))`` with ``f`` the network's activations, and training replaces ``sgn`` by the smooth
+``tanh``. Following the authors' released code (``2 sigmoid(γ f) - 1``), the relaxation here is
+``tanh(γ f / 2)`` with steepness ``γ`` (``γ = 1`` in every released experiment); larger ``γ`` makes
+the relaxed codes closer to binary. ``sgn(0)`` is taken as ``+1`` so that encoding is deterministic.
 """
 
 from __future__ import annotations

@@ -164,10 +164,9 @@ class PMLBaseline(nn.Module):
         reference_set_error: when set, passing ``ref_embeddings`` raises ``ValueError`` with this
             reason (the PML loss cannot rank against an external set).
 
-    ``last_stats`` after each call: ``n_anchors``, ``n_anchors_used`` (anchors with a positive and
-    a negative among the references), ``n_skipped_no_positive``, ``n_skipped_no_negative``,
-    ``n_positive_pairs``, ``n_negative_pairs`` and, with a miner, ``n_mined_triplets`` or
-    ``n_mined_positive_pairs`` / ``n_mined_negative_pairs``.
+    ``last_stats`` after each call: the counts of :func:`rankwise.losses.base.anchor_statistics`
+    and, with a miner, ``n_mined_triplets`` or ``n_mined_positive_pairs`` /
+    ``n_mined_negative_pairs``.
     """
 
     def __init__(

@@ -29,11 +29,9 @@ class DPSHLoss(RankingLoss):
 
     Args:
         eta: weight ``η >= 0`` of the quantization term ``mean ||sgn(u) - u||²``.
-        affinity: which pairs are similar: ``"labels"`` (same class id / a shared multi-hot
-            label; ``"shared_labels"`` is the same here), an
-            :class:`~rankwise.metrics.EuclideanThresholdAffinity` (labels are features; affinity
-            > 0 is similar: multi-level affinities are made binary, as the paper does for DPSH in
-            Sec. 5.3) or a callable ``f(labels, ref_labels) -> (B, M)``.
+        affinity: which pairs are similar (affinity > 0), as for
+            :class:`~rankwise.losses.TieAwareAPLoss`; multi-level affinities are made binary, as
+            the paper does for DPSH in Sec. 5.3.
 
     Call as ``loss(codes (B, b), labels, ref_codes=None (M, b), ref_labels=None)``; returns a
     scalar. ``last_stats``: ``n_pairs``, ``n_similar_pairs``, ``likelihood``, ``quantization``.

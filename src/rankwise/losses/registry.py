@@ -82,10 +82,7 @@ _CONTEXT_NAMES = {
 
 
 def _soprc_parameters(cls: _LabelsConstructed) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Keys of ``SOPRCLoss.from_labels`` and, through its ``**kwargs``, of ``SOPRCLoss.__init__``.
-
-    Labels excluded; ``semi_variance`` is replaced by the ``semi_variance_*`` keys.
-    """
+    """Keys of ``SOPRCLoss.from_labels`` and, through its ``**kwargs``, of ``SOPRCLoss`` itself."""
     named, var_kw = keyword_parameters(cls.from_labels, skip=1)
     if var_kw:
         init_named, var_kw = keyword_parameters(cls)  # the class: its __init__ less self

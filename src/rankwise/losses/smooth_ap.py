@@ -32,9 +32,8 @@ class SmoothAPLoss(RankingLoss):
 
     As τ → 0, AP_q tends to the exact average precision of q's ranking (for tie-free scores).
 
-    Memory: one (n_positive_pairs, M) block of sigmoids (plus autograd's copy), M the number of
-    reference items — linear in the number of (anchor, positive) pairs, B·(m−1) for m samples per
-    class, instead of the (B, B, B) tensor of the original implementation.
+    Memory: one (n_positive_pairs, M) block of sigmoids (plus autograd's copy), M the reference
+    items, instead of the original implementation's (B, B, B) tensor (docs/losses.md).
 
     Args:
         temperature: τ > 0; 0.01 in the paper.

@@ -474,10 +474,6 @@ class SOPRCLoss(RankingLoss):
     detached scores and φ = :func:`score_interpolation` (Alg. 2). Pooling all anchors of a class
     makes the update independent of the batch order. Eval mode never changes any buffer.
 
-    ``v`` starts on ``v_init_range`` (default [0, 1): positive-pair cosines lie mostly there), a
-    grid as in the released code or sorted uniform draws; the start is forgotten geometrically, or
-    at once with ``warm_start=True`` (v_1 = E[φ], Remark 1; docs/losses.md).
-
     Args:
         num_classes: number of classes C ≥ 2; labels must lie in [0, C).
         prior: (C,) class priors π_c ∈ [0, 1] (fraction of the reference set sharing a query's
@@ -485,8 +481,7 @@ class SOPRCLoss(RankingLoss):
             :meth:`from_labels`. A class with π_c = 0 raises when one of its anchors is used.
         num_v: |v|, values kept per class (default 100).
         beta: moving-average rate β ∈ [0, 1] of Eq. (10) (configs 0.1; paper text 0.001).
-        tau1: ℓ1 margin τ1 > 0 (default 0.1).
-        tau2: ℓ2 temperature τ2 > 0 (default 0.001).
+        tau1, tau2: ℓ1 margin and ℓ2 temperature, as for :class:`APLoss`.
         unbiased: False replaces π_c by the anchor's batch sampling rate n⁺/(n⁺ + n⁻) (Table 2,
             row 1).
         use_v: False estimates TPR from the anchor's batch positives instead of v, as
@@ -496,13 +491,14 @@ class SOPRCLoss(RankingLoss):
             False (default) differentiates through it w.r.t. s⁺, as Alg. 1 is written.
         score_range: (low, high) clip for the extrapolated ends of φ, or None (default (−1, 1), the
             range of cosine similarity).
-        semi_variance: optional :class:`SemiVarianceRegularizer` added to the loss (Eq. 9, Alg. 1
-            line 6), evaluated on this loss's score matrix.
-        similarity: ``"cosine"`` (default), ``"dot"`` or ``"euclidean"`` (alias ``"neg_euclidean"``).
-        v_init: ``"grid"`` (default) or ``"uniform"``, see above.
-        v_init_range: (low, high) interval of the initial v (default (0, 1)).
+        semi_variance, similarity: as for :class:`APLoss` (Eq. 9 is Alg. 1's line 6).
+        v_init: the start of v: ``"grid"`` (default, the released code's) or ``"uniform"``
+            (sorted uniform draws) on ``v_init_range``, forgotten geometrically.
+        v_init_range: (low, high) interval of the initial v (default (0, 1): positive-pair
+            cosines lie mostly there).
         seed: seed of the generator used by ``v_init="uniform"`` (default 0).
-        warm_start: copy φ into v_c at the first update of class c instead of averaging.
+        warm_start: copy φ into v_c at the first update of class c instead of averaging
+            (v_1 = E[φ], Remark 1; docs/losses.md).
         positives: (C,) N⁺_c ≥ 1, the number of positives a row of v stands for (a class-c query
             has n_c − 1; :meth:`from_labels` fills it), or None for the released code's |v| + 1
             for every class (then TPR = (1 + Σ_j ℓ2(s⁺ − v_{c,j})) / (|v| + 1)).

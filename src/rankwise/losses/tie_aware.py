@@ -360,9 +360,8 @@ class TieAwareAPLoss(_TieAwareLoss):
         delta: triangular kernel half-width ``Δ`` (default the bin spacing ``b / K``).
         form: ``"exact"`` (harmonic-number form, equal to AP_T for hard codes) or
             ``"midpoint"`` (the authors' released simplification).
-        affinity: ``"labels"`` (same class / a shared multi-hot label), ``"shared_labels"``
-            (binary here too: any shared label), an :class:`EuclideanThresholdAffinity` (labels
-            are then the original features) or a callable ``f(labels, ref_labels) -> (B, M)``.
+        affinity: as for :func:`rankwise.metrics.hamming_retrieval_metrics` (labels are
+            features for an :class:`EuclideanThresholdAffinity`); relevance is affinity > 0.
 
     ``last_stats``: the anchor / pair counts of :func:`rankwise.losses.base.anchor_statistics`
     plus ``"mean_ap_r"``. Anchors without a relevant or an irrelevant item are skipped.

@@ -1,11 +1,10 @@
 """Exact, tie-aware evaluation of rankings and retrieval (no training code).
 
-Tie-aware AP and NDCG follow He et al., "Hashing as Tie-Aware Learning to Rank" (CVPR 2018),
-Prop. 1 / App. A (McSherry & Najork 2008); MAP@R and R-precision follow Musgrave et al., "A Metric
-Learning Reality Check" (ECCV 2020); ROC curves, ROC AUC and TPR at a fixed FPR (Vogel et al.,
-ICML 2018) live in :mod:`rankwise.metrics.curves`, the accumulating ``RetrievalMetric`` in
-:mod:`rankwise.metrics.module`; Hamming rankings of binary codes are evaluated by counting sort
-in :mod:`rankwise.metrics.hamming` (TALR, Sec. 3.2).
+Tie-aware AP and NDCG follow He et al. (CVPR 2018), Prop. 1 / App. A (McSherry & Najork 2008); MAP@R
+and R-precision follow Musgrave et al., "A Metric Learning Reality Check" (ECCV 2020); ROC curves,
+ROC AUC and TPR at a fixed FPR (Vogel et al., ICML 2018) live in :mod:`rankwise.metrics.curves`, the
+accumulating ``RetrievalMetric`` in :mod:`rankwise.metrics.module`; Hamming rankings of binary codes
+are evaluated by counting sort in :mod:`rankwise.metrics.hamming` (TALR, Sec. 3.2).
 """
 
 from .curves import (

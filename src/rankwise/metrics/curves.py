@@ -1,12 +1,10 @@
 """Verification (pair) view of an embedding: exact, tie-aware ROC, ROC AUC and TPR at a fixed FPR.
 
 Every pair of samples is a binary example, positive when the two share a label, scored by their
-similarity: the view of Gajić et al., *Area Under the ROC Curve Maximization for Metric Learning*
-(Eq. 1-3), and of Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity
-Learning for Pointwise ROC Curve Optimization* (ICML 2018; U-statistics over the pairs i < j of
-Eq. (4)/(5), "max TPR subject to FPR <= alpha"). A threshold t predicts "positive" for every
-score >= t, so tied pairs move together and the AUC is the Mann-Whitney statistic with ties
-counted 1/2 (docs/metrics.md, "Pair view").
+similarity: the view of Gajić et al. (Eq. 1-3), and of Vogel, Bellet & Clémençon (ICML 2018;
+U-statistics over the pairs i < j of Eq. (4)/(5), "max TPR subject to FPR <= alpha"). A threshold t
+predicts "positive" for every score >= t, so tied pairs move together and the AUC is the
+Mann-Whitney statistic with ties counted 1/2 (docs/metrics.md, "Pair view").
 """
 
 from __future__ import annotations
@@ -469,14 +467,6 @@ def _pair_blocks(p: _PairProblem) -> Iterator[tuple[int, int, int, torch.Tensor]
         yield start, stop, col_lo, keep
 
 
-def _iter_pair_values(p: _PairProblem) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(exact float64 similarity values, is_positive) 1-D blocks covering every pair once."""
-    for start, stop, col_lo, keep in _pair_blocks(p):
-        keys = p.scorer.keys(start, stop, col_lo)
-        rel = block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])
-        yield similarity_from_keys(keys, p.qg.similarity)[keep], rel[keep]
-
-
 @keeps_torch_threads
 def pair_scores(
     query: Any,
@@ -542,10 +532,13 @@ def pair_scores(
     scores = torch.empty(n_pairs, dtype=torch.float64, device=dev)
     is_positive = torch.empty(n_pairs, dtype=torch.bool, device=dev)
     offset = 0
-    for block_scores, block_pos in _iter_pair_values(p):
+    for start, stop, col_lo, keep in _pair_blocks(p):  # every pair once
+        keys = p.scorer.keys(start, stop, col_lo)
+        rel = block_relevance(p.qg.query_labels[start:stop], p.qg.gallery_labels[col_lo:])
+        block_scores = similarity_from_keys(keys, p.qg.similarity)[keep]
         n = block_scores.shape[0]
         scores[offset : offset + n] = block_scores
-        is_positive[offset : offset + n] = block_pos
+        is_positive[offset : offset + n] = rel[keep]
         offset += n
     return scores, is_positive
 

@@ -1,19 +1,15 @@
 """Tie-aware retrieval metrics of binary codes by counting sort: no ranking is ever sorted.
 
-He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning to Rank" (CVPR 2018), Sec. 3.2 and
-Prop. 1: ranked by the integer Hamming distance ``d ∈ {0, ..., b}``, a database splits into
-``b + 1`` tie groups, and AP_T (Eq. 6, per-position form of McSherry & Najork 2008) and DCG_T
-(Eq. 7) are sums of per-group terms that need only the per-distance histograms ``n_{d,v}`` of the
-items of each affinity level ``v``. Per query this module builds those histograms in one pass
-over the packed codes (XOR + popcount; the paper's "counting sort", ``O(bN)``), then:
-
-* turns the relevant / total counts into :class:`~rankwise.metrics._kernels.RelevantGroupCounts`
-  and evaluates AP_T, AP_T@k (App. A, Eq. 15), MAP@R, R@k, P@k and R-precision with the closed
-  forms of :func:`rankwise.metrics.retrieval_metrics`;
-* evaluates NDCG_T and NDCG_T@k (App. A, Eq. 18/19) with ``G(a) = 2^a - 1``,
-  ``D(t) = 1 / log2(t + 1)``, the ideal DCG from the per-level totals;
-* gives the **tie-breaking range** of the paper's Fig. 3: the best and worst AP (and NDCG)
-  attainable by reordering each query's ties (docs/hashing.md).
+He, Cakir, Bargal & Sclaroff (CVPR 2018), Sec. 3.2 and Prop. 1: ranked by the integer Hamming
+distance ``d ∈ {0, ..., b}``, a database splits into ``b + 1`` tie groups, and AP_T (Eq. 6,
+per-position form of McSherry & Najork 2008) and DCG_T (Eq. 7) are sums of per-group terms that need
+only the per-distance histograms ``n_{d,v}`` of the items of each affinity level ``v``. Per query
+this module builds those histograms in one pass over the packed codes (XOR + popcount; the paper's
+"counting sort", ``O(bN)``), then evaluates AP_T, AP_T@k (App. A, Eq. 15), MAP@R, R@k, P@k and
+R-precision with the closed forms of :func:`rankwise.metrics.retrieval_metrics` (via
+:class:`~rankwise.metrics._kernels.RelevantGroupCounts`), NDCG_T and NDCG_T@k (App. A, Eq. 18/19,
+the ideal DCG from the per-level totals), and the **tie-breaking range** of the paper's Fig. 3: the
+best and worst AP (and NDCG) attainable by reordering each query's ties (docs/hashing.md).
 
 Affinities (Sec. 3.1, 5.2-5.3: labels, multi-hot, shared labels, Euclidean thresholds, callables)
 are those of :mod:`rankwise._affinity`, shared with the binary-code losses.

@@ -87,8 +87,7 @@ class RetrievalMetric(nn.Module):
         >>> metric.reset()
 
     Args:
-        ks, similarity, ties, exclude_self: as :func:`retrieval_metrics` (cut-offs of recall@k /
-            precision@k; ``"cosine"``, ``"dot"`` or ``"euclidean"``; tie rule; self matches).
+        ks, similarity, ties, exclude_self: as :func:`retrieval_metrics`.
         gallery_mode: ``"self"`` -- every accumulated sample queries all the others
             (leave-one-out); ``"separate"`` -- the batches given to :meth:`update` are queries
             and those given to :meth:`update_gallery` the gallery.
@@ -101,8 +100,7 @@ class RetrievalMetric(nn.Module):
     ``.to()`` does not move them (``store_device`` decides where they live).
 
     Data-parallel use: each process accumulates its own shard; override :meth:`_gathered` to
-    ``all_gather`` the concatenated local tensors (padding to equal lengths, then trimming) so that
-    :meth:`compute` ranks every query against the full gallery on every rank.
+    ``all_gather`` them so that :meth:`compute` ranks every query against the whole gallery.
     """
 
     def __init__(
@@ -178,10 +176,7 @@ class RetrievalMetric(nn.Module):
     def _gathered(
         self,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """``(query, query_labels, gallery, gallery_labels)``, the gallery None in ``"self"`` mode.
-
-        The one place that sees all samples, which a data-parallel subclass overrides.
-        """
+        """``(query, query_labels, gallery, gallery_labels)``, gallery None in ``"self"`` mode."""
         query, query_labels = self._queries.concatenated()
         if self.gallery_mode == "self":
             return query, query_labels, None, None

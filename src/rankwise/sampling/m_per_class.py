@@ -3,24 +3,14 @@
 Every ranking loss in rankwise needs, for each anchor, positives and negatives inside the batch; the
 stochastic AUPRC estimator of Wen et al. (NeurIPS 2022, Sec. 4 and App. D) and the batch-hard /
 batch-all AUC loss of Gajić et al. (Sec. 4) are trained on batches of ``P`` classes with ``m``
-samples each. This module builds such batches reproducibly. One epoch is planned as follows:
-
-1. per class, shuffle its indices and cut them into chunks of ``m``; a class's last, incomplete
-   chunk is padded with other samples of the same class (without repeating a sample inside the
-   chunk); a class with fewer than ``m`` samples yields one chunk holding all its samples plus
-   draws with replacement (such classes are counted in ``n_classes_undersized``);
-2. the chunks are grouped into batches of ``P = batch_size / m`` chunks of *distinct* classes. The
-   number of full batches is the largest ``B`` with ``sum_c min(k_c, B) >= P * B`` (``k_c`` = chunks
-   of class c), which is the maximum any grouping can reach and depends only on the class sizes,
-   so ``len()`` is known before iterating. Batches are filled by weighted sampling without
-   replacement (weights = chunks a class has left, i.e. a shuffled chunk list read without
-   repeating a class), always including the classes that must appear in every remaining batch;
-3. chunks that fit in no full batch are dropped (``drop_last=True``) or, one chunk per remaining
-   class, form a smaller final batch (``drop_last=False``); samples that end up in no batch are
-   counted in ``n_samples_dropped_last_epoch``.
-
-All randomness comes from a private ``numpy.random.Generator`` seeded by ``(seed, epoch)``; the
-global torch / numpy generators are never touched.
+samples each. This module builds such batches reproducibly: each epoch, every class's shuffled
+indices are cut into chunks of ``m`` (a last, incomplete chunk padded with other samples of the
+class, a class with fewer than ``m`` samples completed by draws with replacement), and the chunks
+are grouped by weighted sampling into the largest possible number of batches of
+``P = batch_size / m`` distinct classes (:func:`_max_full_batches`: ``len()`` depends only on the
+class sizes); the leftover chunks are dropped or form a smaller final batch (``drop_last``,
+docs/losses.md). All randomness comes from a private ``numpy.random.Generator`` seeded by
+``(seed, epoch)``; the global torch / numpy generators are never touched.
 """
 
 from __future__ import annotations

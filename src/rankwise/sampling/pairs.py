@@ -1,11 +1,9 @@
 """Incomplete U-statistics for the negative-pair risk of a similarity.
 
-In Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity Learning for
-Pointwise ROC Curve Optimization* (ICML 2018), the empirical negative risk of a similarity S on n
-labelled points is the U-statistic of Eq. (5),
-R̂⁻(S) = (1/n⁻) Σ_{i<j, Y_i≠Y_j} S(X_i, X_j), a sum over n⁻ = Σ_{k<l} n_k n_l pairs, far too many
-when n is large. Sec. 4 replaces it by an *incomplete* U-statistic of B terms drawn with
-replacement, in one of two ways:
+In Vogel, Bellet & Clémençon (ICML 2018), the empirical negative risk of a similarity S on n
+labelled points is the U-statistic of Eq. (5), R̂⁻(S) = (1/n⁻) Σ_{i<j, Y_i≠Y_j} S(X_i, X_j), a sum
+over n⁻ = Σ_{k<l} n_k n_l pairs, far too many when n is large. Sec. 4 replaces it by an *incomplete*
+U-statistic of B terms drawn with replacement, in one of two ways:
 
 - pair-based, R̄_B: B pairs drawn uniformly among the negative pairs
   (:func:`sample_negative_pairs`, :func:`pair_based_negative_risk`);

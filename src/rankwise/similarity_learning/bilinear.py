@@ -1,20 +1,14 @@
 """Bilinear similarities for pointwise ROC optimization.
 
-Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity Learning for Pointwise ROC Curve Optimization*, ICML
-2018, Sec. 5.1): S_A(x, x') = ½(1 + xᵀAx') with ‖A‖_F ≤ 1 on L2-normalized inputs, so that
-S_A ∈ [0, 1].
+Vogel, Bellet & Clémençon (ICML 2018, Sec. 5.1): S_A(x, x') = ½(1 + xᵀAx') with ‖A‖_F ≤ 1 on
+L2-normalized inputs, so that S_A ∈ [0, 1].
 
 :class:`BilinearSimilarity` solves the empirical problem (6), max R̂⁺(S_A) subject to
-R̂⁻(S_A) ≤ α + Φ, where the risks of Eq. (4)/(5) are the mean similarity over the positive and the
-negative pairs i < j. Both are linear in A, R̂±(S_A) = ½(1 + ⟨A, P⟩) and ½(1 + ⟨A, N⟩) with P, N the
-symmetrized second-moment matrices of the positive and negative pairs of Sec. 5.1, so Lagrangian
-duality gives the solution in closed form, A ∝ P − λN normalized to ‖A‖_F = 1, with λ ≥ 0 the
-smallest value that makes R̂⁻ ≤ α + Φ; R̂⁻(S_{A_λ}) is non-increasing in λ, so a bisection finds it.
-:func:`projected_gradient_bilinear` solves the same problem iteratively (the check of the closed
-form). Because those risks are *mean* similarities, α there bounds the average score of the
-negative pairs, not the FPR of a threshold, and values such as 0.05 are usually infeasible;
-``risk="indicator"`` solves problem (1) for the thresholded similarity 1{S_A ≥ t} instead, by the
-smoothed Lagrangian of :mod:`rankwise.losses.pointwise_roc` with projected dual ascent.
+R̂⁻(S_A) ≤ α + Φ, in closed form, A ∝ P − λN with λ found by bisection
+(:func:`projected_gradient_bilinear` solves it iteratively, the check of the closed form). Its risks
+are *mean* similarities, so α bounds the average score of the negative pairs, not an FPR;
+``risk="indicator"`` solves problem (1) for 1{S_A ≥ t} instead, by the smoothed Lagrangian of
+:mod:`rankwise.losses.pointwise_roc` (docs/pointwise_roc.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """MMC, Mahalanobis metric learning by projected gradient ascent.
 
-The algorithm of Xing, Ng, Jordan & Russell (NIPS 2002), in the form of Vogel, Bellet & Clémençon, *A Probabilistic Theory of Supervised Similarity Learning for Pointwise
-ROC Curve Optimization* (ICML 2018), Sec. 5.3:
+The algorithm of Xing, Ng, Jordan & Russell (NIPS 2002), in the form of Vogel, Bellet & Clémençon
+(ICML 2018), Sec. 5.3:
 
     max_A  (1/n⁻) Σ_{i<j, Y_i≠Y_j} d_A(X_i, X_j)
     s.t.   (1/n⁺) Σ_{i<j, Y_i=Y_j} d_A²(X_i, X_j) ≤ 1,   A ⪰ 0,
@@ -9,22 +9,11 @@ ROC Curve Optimization* (ICML 2018), Sec. 5.3:
 with d_A(x, x') = √((x − x')ᵀ A (x − x')), the empirical problem (3) with α = 0 for an unbounded
 distance (Sec. 2.2). The objective is concave in A and the feasible set convex.
 
-:class:`MMC` solves it in the coordinates whitened by M⁺ (the mean outer product of the
-positive-pair differences, so that the constraint is ⟨A, M⁺⟩ ≤ 1): with W = M⁺^(-1/2) on the range
-of M⁺ and A = W B Wᵀ, the feasible set is the spectraplex {B ⪰ 0, tr B ≤ 1}, onto which the
-Euclidean projection is exact and costs one eigendecomposition (the eigenvalues projected onto the
-capped simplex), and the iterates do not depend on an invertible linear map of the features (raw
-or standardized inputs give the same metric). The ascent is projected gradient with
-Barzilai-Borwein step sizes and a backtracking (Armijo) search along the projected direction, the
-spectral projected gradient of Birgin, Martínez & Raydan (SIAM J. Optim., 2000).
-
-The stopping rule certifies what it claims: for a concave objective g and a feasible B, the
-Frank-Wolfe gap max_{S feasible} ⟨∇g(B), S − B⟩ = λ_max(∇g(B))₊ − ⟨∇g(B), B⟩ bounds
-g(B*) − g(B) from above, so ``converged_`` is set only once that gap is at most ``tol`` times the
-objective: the training objective is then within a relative ``tol`` of the optimum.
-
-The negative term is computed on every negative pair or on an incomplete U-statistic (pair- or
-tuple-based sampling, Sec. 4), the scalability study of Fig. 4.
+:class:`MMC` solves it by the spectral projected gradient of Birgin, Martínez & Raydan (SIAM J.
+Optim., 2000) in the coordinates whitened by M⁺ (A = W B Wᵀ, W = M⁺^(-1/2), the feasible set the
+spectraplex {B ⪰ 0, tr B ≤ 1}), stops on a certified Frank-Wolfe gap, and computes the negative
+term on every negative pair or on an incomplete U-statistic (Sec. 4, the scalability study of
+Fig. 4); docs/pointwise_roc.md explains the solver and its certificate.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Training and benchmarking of embedding models with ranking losses.
 
-The protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC
-Optimization with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D: P x K batches, model
-selection by validation mAUPRC, test report of the selected model (Table 1 / 2 comparisons:
+The protocol of Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D: P x K batches, model selection by
+validation mAUPRC, test report of the selected model (Table 1 / 2 comparisons:
 :mod:`rankwise.workflows.bench`). :class:`Trainer` takes your model, loss and data;
 :meth:`Trainer.from_config` builds them from a YAML config. Needs ``pip install 'rankwise[train]'``.
 """

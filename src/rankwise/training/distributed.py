@@ -264,17 +264,12 @@ class DistributedTrainer(Trainer):
     and every ``check_every`` steps. See docs/distributed.md.
 
     Args:
-        model: as :class:`~rankwise.training.Trainer`.
+        model, train_data, **kwargs: as :class:`~rankwise.training.Trainer`.
         loss_fn: as there; a :class:`DistributedLoss` is unwrapped (the strategy gathers).
-        train_data: as :class:`~rankwise.training.Trainer`.
-        group: the process group (``None``: the default one).
-        check_every: steps between replica checks (default: only at checkpoints;
-            :meth:`from_config`: ``config.distributed.check_every``).
-        sync_batchnorm: convert BatchNorm layers to SyncBatchNorm on CUDA (default ``True``;
-            :meth:`from_config`: ``config.distributed.sync_batchnorm``).
-        find_unused_parameters: passed to ``DistributedDataParallel``.
+        group, check_every, sync_batchnorm, find_unused_parameters: as for
+            :class:`~rankwise.training.strategy.DataParallelStrategy` (:meth:`from_config`: from
+            ``config.distributed``).
         strategy: the strategy itself (instead of ``group`` ... ``find_unused_parameters``).
-        **kwargs: as :class:`~rankwise.training.Trainer`.
     """
 
     strategy_class = DataParallelStrategy

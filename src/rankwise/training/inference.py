@@ -1,10 +1,9 @@
 """Using a trained run: the model of a run directory with the preprocessing it was trained with.
 
 :func:`load_run` rebuilds the model from ``config.yaml`` and a checkpoint (by default
-``best.pt``, the one the test report evaluates) and embeds new data exactly as the test data was
-(``rankwise embed RUN_DIR INPUT``). Raw inputs are what the dataset ships: digits as pixels 0-16,
-MNIST / Fashion-MNIST / CIFAR-10 as ``uint8`` 0-255 (or floats in [0, 1]), image datasets as image
-files (resized and ImageNet-normalized at ``dataset.image_size``). See docs/training.md.
+``best.pt``, the one the test report evaluates) and embeds raw inputs, as the dataset ships them,
+exactly as the test data was (``rankwise embed RUN_DIR INPUT``; the input formats:
+docs/training.md, "Using a trained run").
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The training loop: a Trainer for your own model, loss and data.
 
-The loop of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization
-with List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P x K batches, model
-selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit:
-a checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
+The loop of Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P x K batches, model
+selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit: a
+checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
 batches depend neither on interruptions nor on ``num_workers`` (:mod:`rankwise.training.loader`).
 """
 
@@ -72,10 +71,8 @@ class Trainer(Evaluation, Failures):
     exact tie-aware metrics of :func:`rankwise.metrics.retrieval_metrics`, the best model by
     validation mAP is kept, and a checkpoint is written; at the end the selected model is tested.
 
-    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id; the
-    default sampler reads the ``(N,)`` ids from a ``labels`` attribute or from
-    ``TensorDataset(inputs, labels)`` (:func:`~rankwise.training.loader.dataset_labels`; not
-    needed with your own ``sampler``).
+    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id (what the
+    default sampler reads: :func:`~rankwise.training.loader.dataset_labels`, docs/training.md).
 
     Args:
         model: the embedding network, ``(B, ...) -> (B, d)``; moved to ``device``.
@@ -96,29 +93,26 @@ class Trainer(Evaluation, Failures):
             (:mod:`rankwise.training.lock`) from construction to the end of :meth:`fit`; a
             second :meth:`fit` refuses it if another process wrote a checkpoint there meanwhile.
         callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
-            ``fn(trainer)`` (called after every complete step). A callback of the type of a
-            default one (``ProgressBar``, ``MetricsLogger``, ``BestCheckpoint``,
-            ``CollapseDetector``, ``PlotCurves``) replaces that default.
+            ``fn(trainer)`` (called after every complete step); one of the type of a default
+            callback replaces that default (the defaults: docs/training.md).
         iterations: the budget in optimizer steps; or
         epochs: the budget in passes of the sampler (default 1 when neither is given).
-        lr_schedule: a function ``step -> learning rate`` (0-based step; the rate is set on
-            every parameter group before the step) or a torch ``LRScheduler`` (stepped after
-            every optimizer step; its state is checkpointed). ``None`` keeps the optimizer's.
+        lr_schedule: a function ``step -> learning rate`` (0-based) or a torch ``LRScheduler``
+            (checkpointed), as in docs/training.md ("Defaults"); ``None`` keeps the optimizer's.
         eval_every: steps between evaluations and checkpoints (default: once per epoch).
         log_every: steps between training records in the history.
         eval_ks: cut-offs of recall@k / precision@k in the reports.
         eval_batch_size: batch size when embedding evaluation data.
         metric_fn: the evaluation, called as ``metric_fn(query, query_labels, gallery,
             gallery_labels, ks=eval_ks)`` (``gallery`` ``None`` for leave-one-out); default
-            :func:`rankwise.metrics.retrieval_metrics` (cosine, tie-aware). Its report needs the
-            attribute the selection monitors (``map``) and ``to_dict()``; e.g.
-            ``functools.partial(retrieval_metrics, similarity="dot")``.
+            :func:`rankwise.metrics.retrieval_metrics`. Its report needs ``map`` (what the
+            selection monitors) and ``to_dict()`` (docs/training.md).
         curve_fn: the test curve, called like ``metric_fn`` without ``ks``; default
             :func:`rankwise.metrics.pr_curve`.
         device: ``"cpu"``, ``"cuda"``, ``"auto"`` or a ``torch.device``; default: where the
             model's parameters are.
-        seed: seeds the default sampler, the per-item transform seeds and the data loaders.
-            Seed your model's initialisation yourself (``torch.manual_seed`` before building it).
+        seed: seeds the default sampler, the per-item transform seeds and the data loaders,
+            not the model's initialisation (``torch.manual_seed`` before building it).
         num_workers: DataLoader worker processes (batches do not depend on it).
         deterministic: deterministic algorithms (warn-only) and cuDNN during training.
         progress: show a progress bar (``None``: only when stdout is a terminal).
@@ -133,8 +127,7 @@ class Trainer(Evaluation, Failures):
         config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
             written to ``run_dir/config.yaml`` and into checkpoints, and used in messages.
         strategy: how many processes train: :class:`~rankwise.training.strategy.SingleProcess`
-            (default) or a ``DataParallelStrategy`` (see
-            :class:`~rankwise.training.distributed.DistributedTrainer`).
+            (default) or a ``DataParallelStrategy`` (docs/distributed.md).
         loss_name: the loss's name in messages (default: its class name; a config's name).
         run_dir_key: the argument or config key that named ``run_dir``, for messages.
 
@@ -338,8 +331,8 @@ class Trainer(Evaluation, Failures):
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
         :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments,
-        configuration errors and the output directory's lock as there; ``resume``: continue from
-        ``<output_dir>/checkpoints/last.pt``, see :meth:`from_run_dir`).
+        configuration errors and the output directory's lock as there; see also
+        :meth:`from_run_dir`).
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
@@ -369,8 +362,7 @@ class Trainer(Evaluation, Failures):
     ) -> Trainer:
         """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        :func:`rankwise.training.factory.trainer_from_run_dir` (arguments as there) with
-        ``trainer_cls=cls``.
+        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``.
 
         Returns:
             The trainer, at the step of the checkpoint.
@@ -408,10 +400,7 @@ class Trainer(Evaluation, Failures):
     # -- training ---------------------------------------------------------------------------
 
     def learning_rate(self, step: int) -> float:
-        """The learning rate of the 0-based ``step`` (of the first parameter group).
-
-        Args:
-            step: 0-based index of the optimizer step.
+        """The learning rate of the 0-based optimizer ``step`` (of the first parameter group).
 
         Returns:
             The rate ``lr_schedule`` gives (or the optimizer's current one).

@@ -1,13 +1,12 @@
 """Loss comparison and ablation sweeps (Tables 1 and 2 of the SOPRC paper).
 
-The protocol of Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC
-Optimization with List Stability* (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale: every
-loss is trained with the same backbone, sampler, budget and seeds (only its own parameters and,
-where configured, its optimizer differ) and reported as mean ± std over seeds of the test mAUPRC
-(tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The
-ablation reproduces Table 2's SOPRC rows: biased estimator (class prior pi replaced by the batch
-ratio), without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the
-semi-variance regularizer L_var (Eq. 9), and SGD versus Adam.
+The protocol of Wen et al. (NeurIPS 2022), Sec. 5.2-5.3 and App. D.1, at any scale: every loss is
+trained with the same backbone, sampler, budget and seeds (only its own parameters and, where
+configured, its optimizer differ) and reported as mean ± std over seeds of the test mAUPRC
+(tie-aware mAP), Recall@1, Recall@10 and MAP@R of the model selected on validation mAP. The ablation
+reproduces Table 2's SOPRC rows: biased estimator (class prior pi replaced by the batch ratio),
+without the auxiliary vector ``v`` (phi(z+) instead of phi(S+)), without the semi-variance
+regularizer L_var (Eq. 9), and SGD versus Adam.
 """
 
 from __future__ import annotations
@@ -443,11 +442,9 @@ def run_bench(
 
     Arguments as :func:`plan_bench`; ``console`` gets one progress line per run (the table is
     :func:`rankwise.reporting.print_bench_table` of the summary). Every configuration error,
-    data-dependent ones included, is raised before the first run. The rules of
-    :mod:`rankwise.workflows.sweep` apply: an ``output`` holding results is refused unless
-    ``resume`` (continue; its ``sweep.json`` settings must be these) or ``overwrite`` (delete its
-    results first); ``bench.json`` / ``bench.md`` are rewritten after every run (``"complete":
-    false`` until the end).
+    data-dependent ones included, is raised before the first run. The ``resume`` / ``overwrite``
+    rules of :mod:`rankwise.workflows.sweep` apply; ``bench.json`` / ``bench.md`` are rewritten
+    after every run (``"complete": false`` until the end).
 
     Returns:
         The ``bench.json`` content (schema: docs/training.md, "rankwise bench"): one row per

@@ -1,11 +1,10 @@
 """Training and evaluating hash functions on rankwise's Trainer: TALR and its baselines.
 
-The protocol of He, Cakir, Bargal & Sclaroff, "Hashing as Tie-Aware Learning to Rank" (CVPR 2018),
-Sec. 5.1-5.2 ("CIFAR-10, setting 1"): per class 100 test queries and 500 training images drawn
-from the database, the database is everything but the queries; every query is ranked against the
-database by Hamming distance and scored by tie-aware AP_T (Table 1), with the tie-breaking range
-of every method (Fig. 3). Here on Fashion-MNIST (same class structure and sizes) with a small CNN
-trained from scratch.
+The protocol of He, Cakir, Bargal & Sclaroff (CVPR 2018), Sec. 5.1-5.2 ("CIFAR-10, setting 1"): per
+class 100 test queries and 500 training images drawn from the database, the database is everything
+but the queries; every query is ranked against the database by Hamming distance and scored by
+tie-aware AP_T (Table 1), with the tie-breaking range of every method (Fig. 3). Here on
+Fashion-MNIST (same class structure and sizes) with a small CNN trained from scratch.
 
 The methods of :data:`HASH_METHODS` share backbone, data, sampler and optimizer (only the loss
 and the head differ; the table in docs/hashing.md, "Workflow"), each trained by

@@ -1,7 +1,6 @@
 """Hyper-parameter selection on the validation split.
 
-The way Wen et al., *Exploring the Algorithm-Dependent Generalization of AUPRC Optimization with
-List Stability* (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of
+The way Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D.1, tuned every loss: each point of a grid of
 dotted overrides is trained with the protocol of :mod:`rankwise.workflows.bench` and scored by the
 validation mAUPRC (tie-aware mAP) of its selected checkpoint, averaged over the tuning seeds; the
 best point per loss wins. Test metrics are never read. The winners are written as
@@ -360,11 +359,10 @@ def _selection_key(trial: TuneTrial) -> tuple[float, float, int]:
 def _winners(
     trials: Sequence[TuneTrial],
 ) -> tuple[dict[str, TuneTrial | None], dict[str, list[int]]]:
-    """Per loss, the trial with the highest mean validation mAP, ties broken by :data:`TIE_RULE`.
+    """Per loss, the best trial by mean validation mAP (:data:`TIE_RULE`), and the tied trials.
 
-    Returns:
-        ``(winners, ties)``: ``ties[loss]`` lists the trials whose mean validation mAP equals the
-        winner's (the winner first); absent when there was no tie.
+    ``ties[loss]`` lists the trials whose mean validation mAP equals the winner's (the winner
+    first); absent when there was no tie.
     """
     best = {
         loss: max(
