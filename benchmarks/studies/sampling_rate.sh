@@ -10,17 +10,25 @@
 #   python benchmarks/studies/summarize_sampling_rate.py OUT
 # Resumable: a finished run (report.json) is skipped, an interrupted one resumes from its
 # checkpoint. Seed 0 of every cell runs first (pretrained start first), then seeds 1 and 2.
+# Parallel: each run is claimed with flock on OUT/<run>.lock, so N copies of this script share the
+# list without running anything twice; on the 2-core machine start two with THREADS=1 (torch
+# intra-op threads per run, recorded in each run's config.yaml; default: torch's own).
 set -euo pipefail
 OUT=${1:-runs/study21}
 RANKWISE=${RANKWISE:-rankwise}
 BUDGET=${BUDGET:-800}
 EVAL_EVERY=${EVAL_EVERY:-80}
+THREADS=${THREADS:+threads=$THREADS}
 CONFIG=configs/fashion_mnist_instances.yaml
 DATA="dataset.options.train_classes=3200 dataset.options.val_classes=250 dataset.options.test_classes=500"
 mkdir -p "$OUT"
+# one copy pretrains, the others wait for it
+exec {PRE}> "$OUT/pretraining.lock"
+flock "$PRE"
 if [ ! -f "$OUT/pretraining/pretrained.pt" ]; then
     $RANKWISE pretrain -c $CONFIG -o "$OUT/pretraining" --steps 400 --batch-size 128 $DATA
 fi
+exec {PRE}>&-
 # cell -> "views_per_class batch_size"; fc_k4 (16 classes x 4) is fb_k4
 declare -A CELLS=([fb_k4]="4 64" [fb_k2]="2 64" [fb_k8]="8 64" [fc_k2]="2 32" [fc_k8]="8 128")
 # loss label -> overrides
@@ -37,17 +45,22 @@ for seed in 0 1 2; do
                 RUN="$OUT/$start/$cell/$loss/seed$seed"
                 grep -qs '"status": "completed"' "$RUN/report.json" && continue
                 mkdir -p "$(dirname "$RUN")"
+                # another copy of this script holds the run: leave it to that copy
+                exec {LOCK}> "$RUN.lock"
+                flock -n "$LOCK" || { exec {LOCK}>&-; continue; }
+                grep -qs '"status": "completed"' "$RUN/report.json" && { exec {LOCK}>&-; continue; }
                 if [ -f "$RUN/checkpoints/last.pt" ]; then
                     $RANKWISE train --resume "$RUN" >> "$RUN.log" 2>&1 \
                         || { echo "failed: $RUN (log: $RUN.log)" >&2; exit 1; }
                 else
                     # shellcheck disable=SC2086
                     $RANKWISE train -c $CONFIG -o "$RUN" budget.iterations=$BUDGET \
-                        eval_every=$EVAL_EVERY $DATA $START seed=$seed ${LOSSES[$loss]} \
+                        eval_every=$EVAL_EVERY $DATA $START seed=$seed ${LOSSES[$loss]} $THREADS \
                         dataset.options.views_per_class=$K sampler.m=$K sampler.batch_size=$B \
                         > "$RUN.log" 2>&1 || { echo "failed: $RUN (log: $RUN.log)" >&2; exit 1; }
                 fi
                 echo "done: $RUN"
+                exec {LOCK}>&-
             done
         done
     done

@@ -295,3 +295,17 @@ def test_ties_are_broken_by_the_documented_rule_and_reported():
     winners, ties = _winners([trial(0, 0.7, 0.7), trial(1, 0.7, 0.7)])
     assert winners["auc"].index == 0 and ties == {"auc": [0, 1]}
     assert "worst seed" in TIE_RULE and "grid order" in TIE_RULE
+
+
+def test_cli_tune_losses_all_tunes_every_loss_of_the_config(tmp_path):
+    # `--losses all` means the config's bench.losses, as in `rankwise bench` (it was refused as an
+    # unknown loss 'all' before the flag's parse was shared)
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump({**BASE, "bench": {**BASE["bench"], "losses": ["auc"]}}))
+    out = tmp_path / "out"
+    args = ["tune", "--config", str(config), "--losses", "all", "--grid", "optimizer.lr=0.001"]
+    args += ["--seeds", "1", "--output", str(out), "budget.iterations=2", "eval_every=2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "tune.json").read_text())
+    assert [t["loss"] for t in summary["trials"]] == ["auc"]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .common import cli_errors, output_console
+from .common import cli_errors, loss_list, output_console
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -206,9 +206,6 @@ def bench(
             extra = {k: v for k, v in extra.items() if k not in run_overrides}
             extra.update(option_overrides(dataset, data_dir, device, num_workers))
             base = apply_overrides(base, extra)
-            loss_list = None
-            if losses is not None and losses.strip().lower() != "all":
-                loss_list = [name.strip() for name in losses.split(",") if name.strip()]
             n_seeds = seeds if seeds is not None else (1 if quick else 3)
             name = str((base.get("dataset") or {}).get("name", "bench")).replace("_", "-")
             out = (
@@ -218,7 +215,7 @@ def bench(
             )
             plan = {
                 "base": base,
-                "losses": loss_list,
+                "losses": loss_list(losses),
                 "seeds": list(range(n_seeds)),
                 "quick": quick,
                 "ablation": ablation,

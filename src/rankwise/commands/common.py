@@ -77,6 +77,17 @@ def to_flags(message: str, flags: Mapping[str, str]) -> str:
     return _BACKTICKED.sub(backticked, message)
 
 
+def loss_list(losses: str | None) -> list[str] | None:
+    """``--losses`` as a list: ``None`` for the config's ``bench.losses`` (not given, or ``all``).
+
+    >>> loss_list("ap, soprc,"), loss_list("All"), loss_list(None)
+    (['ap', 'soprc'], None, None)
+    """
+    if losses is None or losses.strip().lower() == "all":
+        return None
+    return [name.strip() for name in losses.split(",") if name.strip()]
+
+
 def train_resume_command(run_dir: Any, *options: object) -> str:
     """The command that continues the training run in ``run_dir``.
 

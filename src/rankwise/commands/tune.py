@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from .bench import FLAGS, option_overrides, print_outputs, read_base_config, resumed_settings
-from .common import cli_errors, output_console
+from .common import cli_errors, loss_list, output_console
 
 __all__ = ["tune"]
 
@@ -48,10 +48,7 @@ def _fresh_settings(
         if key in parsed_grid:
             raise ConfigError(f"--grid {key} is given twice; list all its values once.")
         parsed_grid[key] = values
-    loss_list = None
-    if losses is not None:
-        loss_list = [name.strip() for name in losses.split(",") if name.strip()]
-    return {"base": base, "losses": loss_list, "grid": parsed_grid}
+    return {"base": base, "losses": loss_list(losses), "grid": parsed_grid}
 
 
 def tune(
@@ -69,7 +66,9 @@ def tune(
         None, "--config", "-c", metavar="FILE", help="Base YAML config."
     ),
     losses: str | None = typer.Option(
-        None, "--losses", help="Comma-separated losses (default: the config's bench.losses)."
+        None,
+        "--losses",
+        help="Comma-separated losses, or `all` (default): every loss of the config's bench.losses.",
     ),
     grid: list[str] | None = typer.Option(
         None,
