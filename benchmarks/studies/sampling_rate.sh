@@ -10,6 +10,8 @@
 #   python benchmarks/studies/summarize_sampling_rate.py OUT
 # Resumable: a finished run (report.json) is skipped, an interrupted one resumes from its
 # checkpoint. Seed 0 of every cell runs first (pretrained start first), then seeds 1 and 2.
+# Subsets: SEEDS, STARTS, CELLS_RUN and LOSSES_RUN (space-separated) restrict the lists, e.g. a
+# longer-budget check: BUDGET=3200 EVAL_EVERY=320 CELLS_RUN="fb_k2 fb_k8" SEEDS=0 ... OUT_LONG.
 # Parallel: each run is claimed with flock on OUT/<run>.lock, so N copies of this script share the
 # list without running anything twice; on the 2-core machine start two with THREADS=1 (torch
 # intra-op threads per run, recorded in each run's config.yaml; default: torch's own).
@@ -35,13 +37,13 @@ declare -A CELLS=([fb_k4]="4 64" [fb_k2]="2 64" [fb_k8]="8 64" [fc_k2]="2 32" [f
 declare -A LOSSES=([soprc]="loss.name=soprc" [soprc_numv]="loss.name=soprc loss.params.tpr_count=num_v"
     [ap]="loss.name=ap" [smooth_ap]="loss.name=smooth_ap" [fastap]="loss.name=fastap"
     [contrastive]="loss.name=contrastive")
-for seed in 0 1 2; do
-    for start in pretrained scratch; do
+for seed in ${SEEDS:-0 1 2}; do
+    for start in ${STARTS:-pretrained scratch}; do
         START=""
         [ $start = pretrained ] && START="model.pretrained=$OUT/pretraining optimizer.backbone_lr_mult=0.1"
-        for cell in fb_k4 fb_k2 fb_k8 fc_k2 fc_k8; do
+        for cell in ${CELLS_RUN:-fb_k4 fb_k2 fb_k8 fc_k2 fc_k8}; do
             read -r K B <<< "${CELLS[$cell]}"
-            for loss in soprc soprc_numv ap smooth_ap fastap contrastive; do
+            for loss in ${LOSSES_RUN:-soprc soprc_numv ap smooth_ap fastap contrastive}; do
                 RUN="$OUT/$start/$cell/$loss/seed$seed"
                 grep -qs '"status": "completed"' "$RUN/report.json" && continue
                 mkdir -p "$(dirname "$RUN")"

@@ -3,8 +3,10 @@
 Reads ``OUT/<start>/<cell>/<loss>/seed<k>/report.json`` and prints, per start (pretrained,
 scratch) and regime (fixed batch of 64; fixed 16 classes per batch), the test mAUPRC in % as
 mean ± sample std over the finished seeds for K = 2, 4, 8, the drop from K = 2 to K = 8 in points
-and relative to K = 2, and how many runs selected their last checkpoint (the budget is long enough
-when few do). Unfinished runs are counted, never silently dropped.
+and relative to K = 2, how many runs selected their last checkpoint (the budget is long enough
+when few do) and how much validation mAP the runs still gained over the last 20 % of their steps
+(points, mean over the row's runs: how far from converged a run that selected its last step is).
+Unfinished runs are counted, never silently dropped.
 
     python benchmarks/studies/summarize_sampling_rate.py runs/study21 [--markdown FILE]
 """
@@ -33,18 +35,31 @@ REGIMES = {
 STARTS = {"pretrained": "pretrained start", "scratch": "from scratch"}
 
 
-def _runs(out: Path, start: str, cell: str, loss: str) -> tuple[list[float], int, int]:
-    """Test mAUPRC (%) of the finished seeds, how many selected the last step, unfinished count."""
-    maps, last, unfinished = [], 0, 0
+def _late_gain(run: Path, steps: int) -> float:
+    """Validation mAP (points) at the last evaluation minus at the first one at >= 80 % of steps."""
+    vals = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "val":
+            vals[record["step"]] = record["map"]
+    late = min(step for step in vals if step >= 0.8 * steps)
+    return 100 * (vals[max(vals)] - vals[late])
+
+
+def _runs(out: Path, start: str, cell: str, loss: str) -> tuple[list[float], int, int, list[float]]:
+    """Per finished seed: test mAUPRC (%), selected-last count, unfinished count, late val gain."""
+    maps, last, unfinished, gains = [], 0, 0, []
     for seed in range(3):
-        report = out / start / cell / loss / f"seed{seed}" / "report.json"
+        run = out / start / cell / loss / f"seed{seed}"
+        report = run / "report.json"
         data = json.loads(report.read_text()) if report.exists() else None
         if data is None or data.get("status") != "completed":
             unfinished += 1
             continue
         maps.append(100 * data["test"]["map"])
         last += int(data["best_step"] == data["steps"])
-    return maps, last, unfinished
+        gains.append(_late_gain(run, data["steps"]))
+    return maps, last, unfinished, gains
 
 
 def _cell(maps: list[float]) -> str:
@@ -66,23 +81,26 @@ def tables(out: Path) -> str:
                 f"**{start_name}, {regime}** (test mAUPRC %, mean ± sample std over seeds 0-2)",
                 "",
                 "| loss | K = 2 | K = 4 | K = 8 | drop K=2→8 (points) | drop (relative) "
-                "| runs selecting the last step |",
-                "|---|---|---|---|---|---|---|",
+                "| runs selecting the last step | late validation gain (points) |",
+                "|---|---|---|---|---|---|---|---|",
             ]
             for loss, name in LOSSES.items():
-                cols, means, last, done = [], {}, 0, 0
+                cols, means, last, done, gains = [], {}, 0, 0, []
                 for k, cell in cells.items():
-                    maps, n_last, _ = _runs(out, start, cell, loss)
+                    maps, n_last, _, run_gains = _runs(out, start, cell, loss)
                     cols.append(_cell(maps))
                     if maps:
                         means[k] = statistics.mean(maps)
-                    last, done = last + n_last, done + len(maps)
+                    last, done, gains = last + n_last, done + len(maps), gains + run_gains
                 if 2 in means and 8 in means:
                     drop = means[2] - means[8]
                     drops = [f"{drop:.2f}", f"{100 * drop / means[2]:.0f} %"]
                 else:
                     drops = ["—", "—"]
-                lines.append(f"| {name} | " + " | ".join(cols + drops) + f" | {last} of {done} |")
+                gain = f"{statistics.mean(gains):+.2f}" if gains else "—"
+                lines.append(
+                    f"| {name} | " + " | ".join(cols + drops) + f" | {last} of {done} | {gain} |"
+                )
             lines.append("")
     return "\n".join(lines)
 
