@@ -73,3 +73,36 @@ def test_choice_bool_and_range_pair():
     for bad in ((-math.inf, 1), (1, 1), (2, 1), (0,), None, "ab"):
         with pytest.raises(ValueError, match="`score_range` must be a pair"):
             check_range_pair(bad, "score_range")
+
+
+def test_every_device_entry_point_refuses_the_same_inputs_naming_its_argument(monkeypatch):
+    # one resolution (`_validation.resolve_device`) behind the config key, the Trainer argument,
+    # the distributed setup and `evaluate --device`: the same refusals, each naming its argument
+    from rankwise._validation import resolve_device
+    from rankwise.commands.evaluate import _check_device
+    from rankwise.training import ConfigError
+    from rankwise.training.arguments import device_of
+    from rankwise.training.build import resolve_device as config_device
+    from rankwise.training.distributed import init_distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device(torch.device("cpu")) == torch.device("cpu")
+    model = torch.nn.Linear(2, 2)
+    entry_points = [
+        (lambda d: resolve_device(d), ValueError, "`device`: "),
+        (lambda d: device_of(model, d), ValueError, "`device`: "),
+        (lambda d: config_device(d), ConfigError, "device: "),
+        (lambda d: init_distributed(device=d).device, ConfigError, "device: "),
+        (lambda d: _check_device(d), ValueError, "--device: "),
+    ]
+    for call, error, name in entry_points:
+        assert call("auto") == torch.device("cpu")
+        for device, fragment in [
+            ("cuda", "no CUDA device"),
+            ("cuda:1", "no CUDA device"),
+            ("bogus", "unknown device 'bogus'"),
+        ]:
+            with pytest.raises(error) as info:
+                call(device)
+            assert str(info.value).startswith(name) and fragment in str(info.value), info.value

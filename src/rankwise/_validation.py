@@ -27,6 +27,7 @@ __all__ = [
     "check_choice",
     "check_bool",
     "check_range_pair",
+    "resolve_device",
 ]
 
 
@@ -252,3 +253,29 @@ def check_range_pair(
     if not lo < hi:
         raise ValueError(f"{message}, got {value!r}.")
     return lo, hi
+
+
+def resolve_device(device: str | torch.device, name: str = "`device`") -> torch.device:
+    """``device`` as a ``torch.device``: ``"auto"`` is CUDA when available, else the CPU.
+
+    The one place every entry point (config key, Trainer / pipeline argument, distributed setup,
+    ``--device``) turns a device name into a device, so all of them refuse the same inputs with
+    the same message, naming ``name``.
+
+    Raises:
+        ValueError: an unknown device name, or a CUDA device on a machine without one.
+    """
+    if isinstance(device, str) and device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"{name}: unknown device {device!r}; use 'auto', 'cpu', 'cuda' or 'cuda:N'."
+        ) from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"{name}: {str(device)!r} requested but no CUDA device is available on this machine; "
+            "use 'cpu' or 'auto'."
+        )
+    return dev

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .._validation import resolve_device
 from ..reporting import report_rows
 from .common import cli_errors
 
@@ -176,13 +177,7 @@ def parse_ks(text: str) -> tuple[int, ...]:
 def _check_device(device: str | None) -> torch.device | None:
     if device is None:
         return None
-    try:
-        dev = torch.device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"--device: unknown device {device!r} (try cpu or cuda).") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA device is available on this machine.")
-    return dev
+    return resolve_device(device, "--device")
 
 
 def _check_output_path(path: Path | None, flag: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._validation import Interval, check_scalar
+from .._validation import Interval, check_scalar, resolve_device
 
 __all__ = [
     "check_dataset",
@@ -51,15 +51,7 @@ def device_of(model: nn.Module, device: str | torch.device | None) -> torch.devi
     if device is None:
         first = next(iter(model.parameters()), None)
         return first.device if first is not None else torch.device("cpu")
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"`device`: unknown device {device!r} (use cpu, cuda or auto).") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"`device` {device!r}: no CUDA device is available on this machine.")
-    return dev
+    return resolve_device(device)
 
 
 def check_dataset(data: Any, name: str, required: bool = False) -> None:

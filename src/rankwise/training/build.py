@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import ParamsT
 
+from .._validation import resolve_device as resolve_any_device
 from .config import Config, OptimizerConfig
 from .errors import ConfigError
 
@@ -76,11 +77,10 @@ def resolve_device(name: str) -> torch.device:
     Raises:
         ConfigError: ``cuda`` without a GPU.
     """
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: 'cuda' requested but no CUDA device is available; use auto/cpu.")
-    return torch.device(name)
+    try:
+        return resolve_any_device(name, "device")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def seed_everything(seed: int) -> None:

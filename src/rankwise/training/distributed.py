@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .._distributed import is_distributed, rank_and_world_size, require_process_group
-from .._validation import check_choice
+from .._validation import check_choice, resolve_device
 from .errors import ConfigError
 from .replicas import (
     GRADIENT_REDUCTIONS,
@@ -104,12 +104,11 @@ def init_distributed(
         The :class:`DistributedContext`.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    dev = torch.device(device) if not (isinstance(device, str) and device == "auto") else None
-    if dev is None:
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = resolve_device(device, "device")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("device: 'cuda' requested but no CUDA device is available.")
         index = dev.index if dev.index is not None else local_rank % torch.cuda.device_count()
         dev = torch.device("cuda", index)
         torch.cuda.set_device(dev)

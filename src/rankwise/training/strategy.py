@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import Dataset, Subset
 
 from .._distributed import all_gather_rows, all_gather_small, comm_device, rank_and_world_size
+from .._validation import resolve_device
 from ..sampling import DistributedMPerClassBatchSampler, MPerClassBatchSampler
 from .build import seed_everything
 from .callbacks import Callback
@@ -166,9 +167,7 @@ class DataParallelStrategy(SingleProcess):
         """``cuda`` without an index becomes the current CUDA device (the local rank's)."""
         if device is None:
             return None
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        dev = torch.device(device)
+        dev = resolve_device(device)
         if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
             dev = torch.device("cuda", torch.cuda.current_device())
         return dev
