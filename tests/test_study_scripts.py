@@ -1,0 +1,85 @@
+"""The issue-21 study summaries (benchmarks/studies/) on hand-made run folders: the right runs are
+read, means / drops / late validation gains are computed from them, and every missing or
+unfinished run is counted instead of silently dropped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+STUDIES = Path(__file__).resolve().parents[1] / "benchmarks" / "studies"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, STUDIES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(run: Path, test_map: float, best_step: int = 800, vals=(0.40, 0.50), status="completed"):
+    """A finished run: report.json and the validation records (the last two at 640 and 800)."""
+    run.mkdir(parents=True)
+    test = {"map": test_map, "recall_at": {"1": 0.5, "10": 0.9}, "map_at_r": 0.3}
+    report = {"status": status, "steps": 800, "best_step": best_step, "test": test}
+    (run / "report.json").write_text(json.dumps(report))
+    records = [{"kind": "train", "step": 10, "loss": 1.0}, {"kind": "val", "step": 80, "map": 0.1}]
+    records += [{"kind": "val", "step": s, "map": v} for s, v in zip((640, 800), vals, strict=True)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_sampling_rate_summary_means_drops_gains_and_unfinished_runs(tmp_path, capsys):
+    summary = _script("summarize_sampling_rate")
+    out = tmp_path / "study"
+    for cell, maps in {"fb_k2": (0.60, 0.62, 0.58), "fb_k8": (0.45, 0.45, 0.45)}.items():
+        for seed, value in enumerate(maps):
+            _run(
+                out / "pretrained" / cell / "ap" / f"seed{seed}",
+                value,
+                best_step=720 if seed == 0 else 800,
+            )
+    _run(out / "pretrained" / "fb_k4" / "ap" / "seed0", 0.55, status="interrupted")
+    assert summary.main([str(out), "--markdown", str(tmp_path / "t.md")]) == 0
+    text = (tmp_path / "t.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| AP loss"))
+    # K = 2: 60 ± 2; K = 4 unfinished; K = 8: 45 ± 0; drop 15 points = 25 %; the seed-1 and -2
+    # runs of each cell selected their last step (4 of 6); every run gained 10 points late
+    assert (
+        row
+        == "| AP loss (biased) | 60.00 ± 2.00 | — | 45.00 ± 0.00 | 15.00 | 25 % | 4 of 6 | +10.00 |"
+    )
+    assert "Unfinished runs: 174 of 180." in text
+    assert summary.main([str(tmp_path / "nowhere")]) == 2
+    assert "sampling_rate.sh" in capsys.readouterr().err
+
+
+def test_pretrained_table_prefers_the_bench_runs_and_lists_the_missing(tmp_path):
+    table = _script("pretrained_table")
+    study, bench = tmp_path / "study", tmp_path / "bench"
+    for seed in range(3):
+        _run(study / "pretrained" / "fb_k4" / "ap" / f"seed{seed}", 0.5 + 0.01 * seed)
+        _run(bench / "triplet" / f"seed{seed}", 0.2)
+        # a study run of a loss the bench also ran is not read
+        _run(study / "pretrained" / "fb_k4" / "triplet" / f"seed{seed}", 0.9)
+    _run(bench / "auc" / "seed0", 0.3)
+    text, missing = table.table(study, [bench])
+    rows = {line.split(" | ")[0]: line for line in text.splitlines()}
+    assert rows["| AP loss (biased)"].startswith("| AP loss (biased) | 51.00 ± 1.00 | 50.00 ± 0.00")
+    assert "50.00, 51.00, 52.00 | 800 / 800 / 800 of 800 |" in rows["| AP loss (biased)"]
+    assert rows["| triplet, batch-hard (PML)"].startswith(
+        "| triplet, batch-hard (PML) | 20.00 ± 0.00"
+    )
+    assert rows["| AUC loss (batch-all) (1 of 3 seeds)"].startswith(
+        "| AUC loss (batch-all) (1 of 3 seeds) | 30.00 |"
+    )
+    assert len(missing) == 3 * (len(table.ROWS) - 3) + 2
+    assert any(m.startswith("auc seed 1") for m in missing)
+
+
+@pytest.mark.parametrize("args", [[], ["--study", "nowhere"]])
+def test_pretrained_table_refuses_missing_folders(args, capsys):
+    assert _script("pretrained_table").main(args) == 2
+    assert "no such folder" in capsys.readouterr().err
