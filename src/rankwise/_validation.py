@@ -263,7 +263,8 @@ def resolve_device(device: str | torch.device, name: str = "`device`") -> torch.
     the same message, naming ``name``.
 
     Raises:
-        ValueError: an unknown device name, or a CUDA device on a machine without one.
+        ValueError: an unknown device name, a CUDA device on a machine without one, or a device
+            torch cannot allocate on (``cuda:5`` on a machine with one GPU).
     """
     if isinstance(device, str) and device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -278,4 +279,12 @@ def resolve_device(device: str | torch.device, name: str = "`device`") -> torch.
             f"{name}: {str(device)!r} requested but no CUDA device is available on this machine; "
             "use 'cpu' or 'auto'."
         )
+    if dev.type != "cpu":
+        try:
+            torch.empty(0, device=dev)
+        except (RuntimeError, AssertionError) as exc:
+            raise ValueError(
+                f"{name}: {str(device)!r} cannot be used on this machine ({exc}); use 'cpu' or "
+                "'auto'."
+            ) from exc
     return dev

@@ -39,7 +39,7 @@ ENTRY_POINTS = {
             "`query_labels` holds strings",
         ),
         ({"device": "cuda:0" if not torch.cuda.is_available() else "cuda:99"}, "`device`"),
-        ({"device": "bogus"}, "`device` must name a torch device"),
+        ({"device": "bogus"}, "`device`: unknown device 'bogus'"),
         ({"chunk_size": "x"}, "`chunk_size` must be an integer >= 1, got 'x'"),
         ({"chunk_size": 0}, "`chunk_size`"),
         ({"chunk_size": 2.0}, "`chunk_size`"),

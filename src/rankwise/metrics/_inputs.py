@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._validation import Interval, check_embeddings, check_labels, check_scalar
+from .._validation import Interval, check_embeddings, check_labels, check_scalar, resolve_device
 from ..similarity import check_similarity
 
 __all__ = [
@@ -67,31 +67,14 @@ def block_relevance(ql: torch.Tensor, gl: torch.Tensor) -> torch.Tensor:
 
 
 def check_device(device: Any, query: Any) -> torch.device:
-    """The device to compute on: ``device``, else the query tensor's device, else the CPU.
+    """The device to compute on: ``device`` (``"auto"``: CUDA if any), else the query's, else CPU.
 
     Raises:
         ValueError: an unknown device string, or a device this machine does not have.
     """
     if device is None:
         return query.device if isinstance(query, torch.Tensor) else torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(
-            f"`device` must name a torch device such as 'cpu', 'cuda' or 'cuda:1', got {device!r}."
-        ) from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"`device`={device!r} but no CUDA device is available on this machine; pass "
-            "device='cpu' (or None for the device of `query`)."
-        )
-    try:
-        torch.empty(0, device=dev)
-    except (RuntimeError, AssertionError) as exc:
-        raise ValueError(
-            f"`device`={device!r} cannot be used on this machine ({exc}); pass device='cpu'."
-        ) from exc
-    return dev
+    return resolve_device(device)
 
 
 # class ids (n,) or multi-hot (n, C) of 0/1 values: the one rule of ``check_labels``
