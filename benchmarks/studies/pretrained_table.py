@@ -91,7 +91,24 @@ def table(study: Path | None, benches: list[Path], seeds: int = 3) -> tuple[str,
             f"| {_mean_std(map_r)} | {', '.join(f'{m:.2f}' for m in maps)} "
             f"| {' / '.join(str(r['best_step']) for r in reports)} of {reports[0]['steps']} |"
         )
+    lines += _reference_rows(benches)
     return "\n".join(lines), missing
+
+
+def _reference_rows(benches: list[Path]) -> list[str]:
+    """The no-learning rows of the first bench sweep, whose network is the pretrained one."""
+    for bench in benches:
+        summary = bench / "bench.json"
+        if summary.exists():
+            rows = json.loads(summary.read_text())["reference_rows"]
+            names = {"untrained network": "pretrained network, before fine-tuning"}
+            return [
+                f"| *{names.get(row['label'], row['label'])}* | {100 * row['map_mean']:.2f} "
+                f"| {100 * row['recall_at_1_mean']:.2f} | {100 * row['recall_at_10_mean']:.2f} "
+                f"| {100 * row['map_at_r_mean']:.2f} | — | — |"
+                for row in rows
+            ]
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
