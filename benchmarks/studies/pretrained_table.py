@@ -1,8 +1,8 @@
 """The pretrained-start benchmark table of docs/results.md (issue 21, item 5).
 
 Every loss of ``configs/fashion_mnist_instances.yaml``'s ``bench.losses`` fine-tunes the backbone
-pretrained by ``rankwise pretrain`` (backbone lr x 0.1) at π = 1/3,200, K = 4, batches of 64,
-800 steps, seeds 0-2; the checkpoint is chosen on open-set validation mAP and only then is the test
+pretrained by ``rankwise pretrain`` (its learning rate the head's, chosen on validation) at
+π = 1/3,200, K = 4, batches of 64, 800 steps, seeds 0-2; the checkpoint is chosen on open-set validation mAP and only then is the test
 split ranked. AP, SOPRC (both TPR normalisations), Smooth-AP, FastAP and contrastive are the K = 4
 cell of the sampling-rate study (benchmarks/studies/sampling_rate.sh, the same config and overrides,
 so the same runs); the other losses come from ``rankwise bench`` sweeps (see

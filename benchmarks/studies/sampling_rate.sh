@@ -2,8 +2,9 @@
 # Issue 21's sampling-rate study on Fashion-MNIST instances (pi = 1/3,200): K = 2, 4, 8 views per
 # class at (i) a fixed batch of 64 (32 / 16 / 8 classes per batch) and (ii) a fixed 16 classes per
 # batch (batches of 32 / 64 / 128), from scratch and from a pretrained backbone (`rankwise pretrain`
-# on the 10 categories of the training sources; fine-tuned with the backbone at 0.1 x the head's
-# learning rate), seeds 0-2; SOPRC (defaults), SOPRC with tpr_count=num_v (the released
+# on the 10 categories of the training sources; fine-tuned with the backbone at BACKBONE_LR_MULT x
+# the head's learning rate, default 1: chosen on open-set validation among 0.1 / 0.3 / 1, see
+# docs/results.md), seeds 0-2; SOPRC (defaults), SOPRC with tpr_count=num_v (the released
 # normalisation), AP, Smooth-AP, FastAP, contrastive. 180 runs of BUDGET steps (default 800, validation
 # every 80): 4-6 min each on one shared core of the 2-core development machine, about 15 CPU-hours.
 #   bash benchmarks/studies/sampling_rate.sh [OUT]        (default OUT: runs/study21)
@@ -21,6 +22,7 @@ RANKWISE=${RANKWISE:-rankwise}
 BUDGET=${BUDGET:-800}
 EVAL_EVERY=${EVAL_EVERY:-80}
 THREADS=${THREADS:+threads=$THREADS}
+BACKBONE_LR_MULT=${BACKBONE_LR_MULT:-1.0}
 CONFIG=configs/fashion_mnist_instances.yaml
 DATA="dataset.options.train_classes=3200 dataset.options.val_classes=250 dataset.options.test_classes=500"
 mkdir -p "$OUT"
@@ -40,7 +42,7 @@ declare -A LOSSES=([soprc]="loss.name=soprc" [soprc_numv]="loss.name=soprc loss.
 for seed in ${SEEDS:-0 1 2}; do
     for start in ${STARTS:-pretrained scratch}; do
         START=""
-        [ $start = pretrained ] && START="model.pretrained=$OUT/pretraining optimizer.backbone_lr_mult=0.1"
+        [ $start = pretrained ] && START="model.pretrained=$OUT/pretraining optimizer.backbone_lr_mult=$BACKBONE_LR_MULT"
         for cell in ${CELLS_RUN:-fb_k4 fb_k2 fb_k8 fc_k2 fc_k8}; do
             read -r K B <<< "${CELLS[$cell]}"
             for loss in ${LOSSES_RUN:-soprc soprc_numv ap smooth_ap fastap contrastive}; do
