@@ -51,7 +51,7 @@ def test_sampling_rate_summary_means_drops_gains_and_unfinished_runs(tmp_path, c
         row
         == "| AP loss (biased) | 60.00 ± 2.00 | — | 45.00 ± 0.00 | 15.00 | 25 % | 4 of 6 | +10.00 |"
     )
-    assert "Unfinished runs: 174 of 180." in text
+    assert "Unfinished runs: 204 of 210." in text
     assert summary.main([str(tmp_path / "nowhere")]) == 2
     assert "sampling_rate.sh" in capsys.readouterr().err
 

@@ -2,11 +2,12 @@
 
 Every loss of ``configs/fashion_mnist_instances.yaml``'s ``bench.losses`` fine-tunes the backbone
 pretrained by ``rankwise pretrain`` (its learning rate the head's, chosen on validation) at
-π = 1/3,200, K = 4, batches of 64, 800 steps, seeds 0-2; the checkpoint is chosen on open-set validation mAP and only then is the test
-split ranked. AP, SOPRC (both TPR normalisations), Smooth-AP, FastAP and contrastive are the K = 4
-cell of the sampling-rate study (benchmarks/studies/sampling_rate.sh, the same config and overrides,
-so the same runs); the other losses come from ``rankwise bench`` sweeps (see
-benchmarks/studies/pretrained_bench.sh). Missing runs are listed, never silently dropped.
+π = 1/3,200, K = 4, batches of 64, 800 steps, seeds 0-2; the checkpoint is chosen on open-set
+validation mAP and only then is the test split ranked. AP, SOPRC (defaults and two variants),
+Smooth-AP, FastAP and contrastive are the K = 4 cell of the sampling-rate study
+(benchmarks/studies/sampling_rate.sh, the same config and overrides, so the same runs); the other
+losses come from ``rankwise bench`` sweeps (benchmarks/studies/pretrained_bench.sh). Missing runs
+are listed, never silently dropped.
 
     python benchmarks/studies/pretrained_table.py --study runs/study21 \
         --bench runs/bench21_pre/xbm runs/bench21_pre/others [--markdown FILE]
@@ -35,6 +36,7 @@ ROWS = [
     ("ap", "AP loss (biased)"),
     ("soprc", "SOPRC (defaults)"),
     ("soprc_numv", "SOPRC, `tpr_count=num_v`"),
+    ("soprc_detach", "SOPRC, `detach_tpr=true`"),
 ]
 STUDY_CELL = ("pretrained", "fb_k4")
 

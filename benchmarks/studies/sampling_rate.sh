@@ -5,8 +5,9 @@
 # on the 10 categories of the training sources; fine-tuned with the backbone at BACKBONE_LR_MULT x
 # the head's learning rate, default 1: chosen on open-set validation among 0.1 / 0.3 / 1, see
 # docs/results.md), seeds 0-2; SOPRC (defaults), SOPRC with tpr_count=num_v (the released
-# normalisation), AP, Smooth-AP, FastAP, contrastive. 180 runs of BUDGET steps (default 800, validation
-# every 80): 4-6 min each on one shared core of the 2-core development machine, about 15 CPU-hours.
+# normalisation), AP, Smooth-AP, FastAP, contrastive, and SOPRC with detach_tpr=true (the released
+# gradient; added last to each cell's list). 210 runs of BUDGET steps (default 800, validation every
+# 80): 2-3 min each on one core of the 2-core development machine (4-6 when shared), 8-10 CPU-hours.
 #   bash benchmarks/studies/sampling_rate.sh [OUT]        (default OUT: runs/study21)
 #   python benchmarks/studies/summarize_sampling_rate.py OUT
 # Resumable: a finished run (report.json) is skipped, an interrupted one resumes from its
@@ -38,14 +39,15 @@ declare -A CELLS=([fb_k4]="4 64" [fb_k2]="2 64" [fb_k8]="8 64" [fc_k2]="2 32" [f
 # loss label -> overrides
 declare -A LOSSES=([soprc]="loss.name=soprc" [soprc_numv]="loss.name=soprc loss.params.tpr_count=num_v"
     [ap]="loss.name=ap" [smooth_ap]="loss.name=smooth_ap" [fastap]="loss.name=fastap"
-    [contrastive]="loss.name=contrastive")
+    [contrastive]="loss.name=contrastive"
+    [soprc_detach]="loss.name=soprc loss.params.detach_tpr=true")
 for seed in ${SEEDS:-0 1 2}; do
     for start in ${STARTS:-pretrained scratch}; do
         START=""
         [ $start = pretrained ] && START="model.pretrained=$OUT/pretraining optimizer.backbone_lr_mult=$BACKBONE_LR_MULT"
         for cell in ${CELLS_RUN:-fb_k4 fb_k2 fb_k8 fc_k2 fc_k8}; do
             read -r K B <<< "${CELLS[$cell]}"
-            for loss in ${LOSSES_RUN:-soprc soprc_numv ap smooth_ap fastap contrastive}; do
+            for loss in ${LOSSES_RUN:-soprc soprc_numv ap smooth_ap fastap contrastive soprc_detach}; do
                 RUN="$OUT/$start/$cell/$loss/seed$seed"
                 grep -qs '"status": "completed"' "$RUN/report.json" && continue
                 mkdir -p "$(dirname "$RUN")"

@@ -26,6 +26,7 @@ LOSSES = {
     "smooth_ap": "Smooth-AP",
     "fastap": "FastAP (PML)",
     "contrastive": "contrastive (PML)",
+    "soprc_detach": "SOPRC, `detach_tpr=true`",
 }
 # regime -> {K: cell}; the K = 4 cell is shared (16 classes x 4 = a batch of 64)
 REGIMES = {
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in {"fb_k2", "fb_k4", "fb_k8", "fc_k2", "fc_k8"}
         for loss in LOSSES
     )
-    text += f"\n\nUnfinished runs: {total} of 180.\n"
+    text += f"\n\nUnfinished runs: {total} of {2 * 5 * 3 * len(LOSSES)}.\n"
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
