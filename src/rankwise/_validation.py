@@ -279,7 +279,9 @@ def resolve_device(device: str | torch.device, name: str = "`device`") -> torch.
             f"{name}: {str(device)!r} requested but no CUDA device is available on this machine; "
             "use 'cpu' or 'auto'."
         )
-    if dev.type != "cpu":
+    # an explicit index (cuda:5 on a one-GPU machine) is probed; a bare `cuda` is not, so no rank
+    # of a distributed run opens a context on GPU 0 before it selects its own GPU
+    if dev.type != "cpu" and (dev.type != "cuda" or dev.index is not None):
         try:
             torch.empty(0, device=dev)
         except (RuntimeError, AssertionError) as exc:

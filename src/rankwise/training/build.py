@@ -71,7 +71,7 @@ def learning_rate_at(config: Config, step: int, total_steps: int) -> float:
     return base
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str | torch.device) -> torch.device:
     """The torch device of ``name`` (the ``device`` key: ``auto`` -> CUDA when available, else CPU).
 
     Raises:

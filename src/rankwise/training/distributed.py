@@ -24,7 +24,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from .._distributed import is_distributed, rank_and_world_size, require_process_group
-from .._validation import check_choice, resolve_device
+from .._validation import check_choice
+from .build import resolve_device as config_device
 from .errors import ConfigError
 from .replicas import (
     GRADIENT_REDUCTIONS,
@@ -104,10 +105,7 @@ def init_distributed(
         The :class:`DistributedContext`.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    try:
-        dev = resolve_device(device, "device")
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    dev = config_device(device)
     if dev.type == "cuda":
         index = dev.index if dev.index is not None else local_rank % torch.cuda.device_count()
         dev = torch.device("cuda", index)
