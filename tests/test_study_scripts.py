@@ -56,6 +56,24 @@ def test_sampling_rate_summary_means_drops_gains_and_unfinished_runs(tmp_path, c
     assert "sampling_rate.sh" in capsys.readouterr().err
 
 
+def test_sampling_rate_paired_differences_by_seed_and_the_unpaired_count(tmp_path):
+    summary = _script("summarize_sampling_rate")
+    out = tmp_path / "study"
+    for loss, maps in {"soprc": (0.60, 0.70, 0.50), "soprc_detach": (0.62, 0.70)}.items():
+        for seed, value in enumerate(maps):
+            _run(out / "scratch" / "fc_k8" / loss / f"seed{seed}", value)
+    # a numv run without its defaults partner is not paired
+    _run(out / "pretrained" / "fb_k2" / "soprc_numv" / "seed0", 0.3)
+    text = summary.paired(out)
+    row = next(line for line in text.splitlines() if "from scratch | K = 8, batch 128" in line)
+    assert row.endswith("| — | +2.00 / +0.00 (mean +1.00) |")
+    total = text.splitlines()[-1]
+    assert "| — (30 pairs unfinished) |" in total
+    assert "+1.00 over 2 pairs: 1 better, 1 equal, 0 worse (28 pairs unfinished)" in total
+    assert summary.main([str(out), "--paired", "--markdown", str(tmp_path / "p.md")]) == 0
+    assert "paired by seed" in (tmp_path / "p.md").read_text()
+
+
 def test_pretrained_table_prefers_the_bench_runs_and_lists_the_missing(tmp_path):
     table = _script("pretrained_table")
     study, bench = tmp_path / "study", tmp_path / "bench"

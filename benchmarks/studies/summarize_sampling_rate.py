@@ -6,9 +6,12 @@ mean ± sample std over the finished seeds for K = 2, 4, 8, the drop from K = 2 
 and relative to K = 2, how many runs selected their last checkpoint (the budget is long enough
 when few do) and how much validation mAP the runs still gained over the last 20 % of their steps
 (points, mean over the row's runs: how far from converged a run that selected its last step is).
-Unfinished runs are counted, never silently dropped.
+Unfinished runs are counted, never silently dropped. ``--paired`` adds the evidence for SOPRC's
+defaults: per cell, each variant (``tpr_count=num_v``, ``detach_tpr=true``) minus the defaults,
+paired by seed (same seed, same data order and initialisation), and over the whole study how many
+paired runs the variant wins, ties and loses.
 
-    python benchmarks/studies/summarize_sampling_rate.py runs/study21 [--markdown FILE]
+    python benchmarks/studies/summarize_sampling_rate.py runs/study21 [--paired] [--markdown FILE]
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ REGIMES = {
     "fixed 16 classes per batch (batches of 32 / 64 / 128)": {2: "fc_k2", 4: "fb_k4", 8: "fc_k8"},
 }
 STARTS = {"pretrained": "pretrained start", "scratch": "from scratch"}
+# cell -> (K, batch size), in the order of the paired table
+CELLS = {"fb_k2": (2, 64), "fb_k4": (4, 64), "fb_k8": (8, 64), "fc_k2": (2, 32), "fc_k8": (8, 128)}
+PAIRED_VARIANTS = ("soprc_numv", "soprc_detach")
 
 
 def _late_gain(run: Path, steps: int) -> float:
@@ -106,11 +112,67 @@ def tables(out: Path) -> str:
     return "\n".join(lines)
 
 
+def _seed_maps(out: Path, start: str, cell: str, loss: str) -> dict[int, float]:
+    """Test mAUPRC (%) of each finished seed of one cell and loss."""
+    maps = {}
+    for seed in range(3):
+        report = out / start / cell / loss / f"seed{seed}" / "report.json"
+        data = json.loads(report.read_text()) if report.exists() else None
+        if data is not None and data.get("status") == "completed":
+            maps[seed] = 100 * data["test"]["map"]
+    return maps
+
+
+def paired(out: Path, against: str = "soprc", variants: tuple[str, ...] = PAIRED_VARIANTS) -> str:
+    """Each variant minus ``against`` in test mAUPRC points, paired by seed, per start and cell."""
+    header = " | ".join(f"{LOSSES[v]} − defaults" for v in variants)
+    lines = [
+        "**SOPRC's variants against its defaults, paired by seed** (test mAUPRC points: per seed "
+        "0 / 1 / 2, then the mean; a seed missing in either run is left out and counted)",
+        "",
+        f"| start | cell (K, batch) | {header} |",
+        "|---|---|" + "---|" * len(variants),
+    ]
+    diffs: dict[str, list[float]] = {v: [] for v in variants}
+    unpaired = dict.fromkeys(variants, 0)
+    for start, start_name in STARTS.items():
+        for cell, (k, batch) in CELLS.items():
+            base = _seed_maps(out, start, cell, against)
+            cols = []
+            for variant in variants:
+                other = _seed_maps(out, start, cell, variant)
+                seeds = sorted(set(base) & set(other))
+                unpaired[variant] += 3 - len(seeds)
+                ds = [other[s] - base[s] for s in seeds]
+                diffs[variant] += ds
+                per_seed = " / ".join(f"{d:+.2f}" for d in ds)
+                cols.append(f"{per_seed} (mean {statistics.mean(ds):+.2f})" if ds else "—")
+            lines.append(f"| {start_name} | K = {k}, batch {batch} | " + " | ".join(cols) + " |")
+    summary = []
+    for variant in variants:
+        ds = diffs[variant]
+        if ds:
+            wins, ties = sum(d > 0 for d in ds), sum(d == 0 for d in ds)
+            summary.append(
+                f"{statistics.mean(ds):+.2f} over {len(ds)} pairs: {wins} better, {ties} equal, "
+                f"{len(ds) - wins - ties} worse"
+            )
+        else:
+            summary.append("—")
+        if unpaired[variant]:
+            summary[-1] += f" ({unpaired[variant]} pairs unfinished)"
+    lines.append("| **all** | | " + " | ".join(summary) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print (and optionally write) the tables; exit 2 without a study folder."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--markdown", type=Path, help="also write the tables to this file")
+    parser.add_argument(
+        "--paired", action="store_true", help="add SOPRC's variants against its defaults by seed"
+    )
     args = parser.parse_args(argv)
     if not args.out.is_dir():
         print(
@@ -118,13 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     text = tables(args.out)
-    total = sum(
-        _runs(args.out, s, c, loss)[2]
-        for s in STARTS
-        for c in {"fb_k2", "fb_k4", "fb_k8", "fc_k2", "fc_k8"}
-        for loss in LOSSES
-    )
+    total = sum(_runs(args.out, s, c, loss)[2] for s in STARTS for c in CELLS for loss in LOSSES)
     text += f"\n\nUnfinished runs: {total} of {2 * 5 * 3 * len(LOSSES)}.\n"
+    if args.paired:
+        text += "\n" + paired(args.out) + "\n"
     print(text)
     if args.markdown:
         args.markdown.write_text(text)
