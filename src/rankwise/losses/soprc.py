@@ -488,7 +488,9 @@ class SOPRCLoss(RankingLoss):
             (1 + Σ_{x ∈ z⁺, x ≠ x⁺} ℓ2(s⁺ − s(x))) / n⁺ (Table 2, rows 1–2); v is then neither read
             nor updated.
         detach_tpr: True computes the TPR denominator without gradient, as the released code does;
-            False (default) differentiates through it w.r.t. s⁺, as Alg. 1 is written.
+            False (default) differentiates through it w.r.t. s⁺, as Alg. 1 is written. True
+            trained better when fine-tuning a pretrained network with K ≥ 4 views per class
+            (docs/losses.md, Evidence 3).
         score_range: (low, high) clip for the extrapolated ends of φ, or None (default (−1, 1), the
             range of cosine similarity).
         semi_variance, similarity: as for :class:`APLoss` (Eq. 9 is Alg. 1's line 6).
