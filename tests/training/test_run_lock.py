@@ -217,14 +217,20 @@ def test_a_forked_child_does_not_keep_the_lock_of_a_killed_parent(tmp_path):
         "hold = lock_run_dir(sys.argv[1])\n"
         "child = os.fork()\n"
         "if child == 0:\n"
+        "    os.write(1, b'child running\\n')\n"
         "    time.sleep(120)\n"
         "    os._exit(0)\n"
-        "print(child, flush=True)\n"
+        "os.write(1, b'%d\\n' % child)\n"  # one write each: the two lines never interleave
         "time.sleep(600)\n"
     )
     run_dir = tmp_path / "run"
     parent = subprocess.Popen([sys.executable, "-c", script, str(run_dir)], stdout=subprocess.PIPE)
-    child = int(parent.stdout.readline())
+    # kill the parent only once the child runs: fork returns in the parent first, and until the
+    # child is scheduled (its at-fork hook closes the lock file) it shares the parent's lock; on a
+    # loaded machine the test could otherwise kill the parent inside that window
+    lines = {parent.stdout.readline().strip() for _ in range(2)}
+    assert b"child running" in lines, lines
+    child = int((lines - {b"child running"}).pop())
     try:
         kill(parent)
         with lock_run_dir(run_dir):  # the child still runs, the folder is free
