@@ -40,6 +40,7 @@ STARTS = {"pretrained": "pretrained start", "scratch": "from scratch"}
 # cell -> (K, batch size), in the order of the paired table
 CELLS = {"fb_k2": (2, 64), "fb_k4": (4, 64), "fb_k8": (8, 64), "fc_k2": (2, 32), "fc_k8": (8, 128)}
 PAIRED_VARIANTS = ("soprc_numv", "soprc_detach")
+SEEDS = range(3)
 
 
 def _late_gain(run: Path, steps: int) -> float:
@@ -53,20 +54,25 @@ def _late_gain(run: Path, steps: int) -> float:
     return 100 * (vals[max(vals)] - vals[late])
 
 
-def _runs(out: Path, start: str, cell: str, loss: str) -> tuple[list[float], int, int, list[float]]:
-    """Per finished seed: test mAUPRC (%), selected-last count, unfinished count, late val gain."""
-    maps, last, unfinished, gains = [], 0, 0, []
-    for seed in range(3):
+def _finished(out: Path, start: str, cell: str, loss: str) -> dict[int, tuple[Path, dict]]:
+    """Seed -> (run folder, report) of each completed run of one cell and loss."""
+    runs = {}
+    for seed in SEEDS:
         run = out / start / cell / loss / f"seed{seed}"
         report = run / "report.json"
         data = json.loads(report.read_text()) if report.exists() else None
-        if data is None or data.get("status") != "completed":
-            unfinished += 1
-            continue
-        maps.append(100 * data["test"]["map"])
-        last += int(data["best_step"] == data["steps"])
-        gains.append(_late_gain(run, data["steps"]))
-    return maps, last, unfinished, gains
+        if data is not None and data.get("status") == "completed":
+            runs[seed] = (run, data)
+    return runs
+
+
+def _runs(out: Path, start: str, cell: str, loss: str) -> tuple[list[float], int, int, list[float]]:
+    """Per finished seed: test mAUPRC (%), selected-last count, unfinished count, late val gain."""
+    finished = _finished(out, start, cell, loss).values()
+    maps = [100 * data["test"]["map"] for _, data in finished]
+    last = sum(data["best_step"] == data["steps"] for _, data in finished)
+    gains = [_late_gain(run, data["steps"]) for run, data in finished]
+    return maps, last, len(SEEDS) - len(maps), gains
 
 
 def _cell(maps: list[float]) -> str:
@@ -112,15 +118,12 @@ def tables(out: Path) -> str:
     return "\n".join(lines)
 
 
-def _seed_maps(out: Path, start: str, cell: str, loss: str) -> dict[int, float]:
-    """Test mAUPRC (%) of each finished seed of one cell and loss."""
-    maps = {}
-    for seed in range(3):
-        report = out / start / cell / loss / f"seed{seed}" / "report.json"
-        data = json.loads(report.read_text()) if report.exists() else None
-        if data is not None and data.get("status") == "completed":
-            maps[seed] = 100 * data["test"]["map"]
-    return maps
+def _maps_by_seed(out: Path, start: str, cell: str, loss: str) -> dict[int, float]:
+    """Seed -> test mAUPRC (%) of each completed run of one cell and loss."""
+    return {
+        seed: 100 * data["test"]["map"]
+        for seed, (_, data) in _finished(out, start, cell, loss).items()
+    }
 
 
 def paired(out: Path, against: str = "soprc", variants: tuple[str, ...] = PAIRED_VARIANTS) -> str:
@@ -137,12 +140,12 @@ def paired(out: Path, against: str = "soprc", variants: tuple[str, ...] = PAIRED
     unpaired = dict.fromkeys(variants, 0)
     for start, start_name in STARTS.items():
         for cell, (k, batch) in CELLS.items():
-            base = _seed_maps(out, start, cell, against)
+            base = _maps_by_seed(out, start, cell, against)
             cols = []
             for variant in variants:
-                other = _seed_maps(out, start, cell, variant)
+                other = _maps_by_seed(out, start, cell, variant)
                 seeds = sorted(set(base) & set(other))
-                unpaired[variant] += 3 - len(seeds)
+                unpaired[variant] += len(SEEDS) - len(seeds)
                 ds = [other[s] - base[s] for s in seeds]
                 diffs[variant] += ds
                 per_seed = " / ".join(f"{d:+.2f}" for d in ds)
@@ -181,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = tables(args.out)
     total = sum(_runs(args.out, s, c, loss)[2] for s in STARTS for c in CELLS for loss in LOSSES)
-    text += f"\n\nUnfinished runs: {total} of {2 * 5 * 3 * len(LOSSES)}.\n"
+    text += (
+        f"\n\nUnfinished runs: {total} of {len(STARTS) * len(CELLS) * len(SEEDS) * len(LOSSES)}.\n"
+    )
     if args.paired:
         text += "\n" + paired(args.out) + "\n"
     print(text)
