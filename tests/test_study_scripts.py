@@ -1,11 +1,14 @@
 """The issue-21 study summaries (benchmarks/studies/) on hand-made run folders: the right runs are
 read, means / drops / late validation gains are computed from them, and every missing or
-unfinished run is counted instead of silently dropped."""
+unfinished run is counted instead of silently dropped; and the study's driver (sampling_rate.sh)
+with a stand-in CLI: the subset, budget and schedule it passes, and that finished runs are skipped."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -101,3 +104,59 @@ def test_pretrained_table_prefers_the_bench_runs_and_lists_the_missing(tmp_path)
 def test_pretrained_table_refuses_missing_folders(args, capsys):
     assert _script("pretrained_table").main(args) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+# A stand-in for the rankwise CLI: records each call's arguments and finishes the run at once.
+FAKE_RANKWISE = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+mkdir -p "$out"
+touch "$out/pretrained.pt"
+echo '{"status": "completed"}' > "$out/report.json"
+"""
+
+
+def _study(tmp_path: Path, **env: str):
+    fake = tmp_path / "rankwise"
+    fake.write_text(FAKE_RANKWISE)
+    fake.chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    calls.touch()
+    full = {**os.environ, "RANKWISE": str(fake), "CALLS": str(calls), **env}
+    result = subprocess.run(
+        ["bash", str(STUDIES / "sampling_rate.sh"), str(tmp_path / "out")],
+        cwd=STUDIES.parents[1],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result, calls.read_text().splitlines()
+
+
+def test_sampling_rate_study_runs_the_subset_once_with_the_step_schedule(tmp_path):
+    subset = {"SEEDS": "0", "STARTS": "pretrained", "CELLS_RUN": "fb_k2 fc_k8", "LOSSES_RUN": "ap"}
+    result, calls = _study(tmp_path, BUDGET="2400", EVAL_EVERY="120", SCHEDULE="step", **subset)
+    assert result.returncode == 0, result.stderr
+    pretrain, *trains = calls
+    assert pretrain.startswith("pretrain ")
+    assert len(trains) == 2
+    for call in trains:
+        # the paper's two decays, at half and three quarters of the budget
+        assert "schedule.name=multistep schedule.milestones=[1200,1800]" in call
+        assert "budget.iterations=2400 eval_every=120" in call
+        assert "model.pretrained=" in call and "loss.name=ap" in call
+    assert "sampler.m=8 sampler.batch_size=128" in trains[1]
+    # a second pass finds every run completed and starts nothing
+    again, calls_again = _study(tmp_path, SCHEDULE="step", **subset)
+    assert again.returncode == 0 and calls_again == calls
+
+
+def test_sampling_rate_study_defaults_to_a_constant_rate_and_refuses_unknown_schedules(tmp_path):
+    subset = {"SEEDS": "1", "STARTS": "scratch", "CELLS_RUN": "fb_k4", "LOSSES_RUN": "soprc_numv"}
+    result, calls = _study(tmp_path, **subset)
+    assert result.returncode == 0, result.stderr
+    assert "schedule." not in calls[1] and "budget.iterations=800" in calls[1]
+    assert "loss.params.tpr_count=num_v" in calls[1] and "model.pretrained" not in calls[1]
+    bad, _ = _study(tmp_path, SCHEDULE="cosine", **subset)
+    assert bad.returncode == 2 and "SCHEDULE=cosine: use none or step" in bad.stderr

@@ -14,6 +14,10 @@
 # checkpoint. Seed 0 of every cell runs first (pretrained start first), then seeds 1 and 2.
 # Subsets: SEEDS, STARTS, CELLS_RUN and LOSSES_RUN (space-separated) restrict the lists, e.g. a
 # longer-budget check: BUDGET=3200 EVAL_EVERY=320 CELLS_RUN="fb_k2 fb_k8" SEEDS=0 ... OUT_LONG.
+# Learning-rate schedule: SCHEDULE=none (default: constant, what the 800-step tables use) or
+# SCHEDULE=step, the SOPRC paper's form (App. D: lr x 0.1 twice), here at 50 % and 75 % of BUDGET so
+# that the last quarter runs at 1 % of the learning rate and validation can plateau within the budget
+# (the converged re-run: BUDGET=2400 EVAL_EVERY=120 SCHEDULE=step ... runs/study21_conv).
 # Parallel: each run is claimed with flock on OUT/<run>.lock, so N copies of this script share the
 # list without running anything twice; on the 2-core machine start two with THREADS=1 (torch
 # intra-op threads per run, recorded in each run's config.yaml; default: torch's own).
@@ -24,6 +28,11 @@ BUDGET=${BUDGET:-800}
 EVAL_EVERY=${EVAL_EVERY:-80}
 THREADS=${THREADS:+threads=$THREADS}
 BACKBONE_LR_MULT=${BACKBONE_LR_MULT:-1.0}
+case ${SCHEDULE:-none} in
+    none) SCHEDULE_ARGS="" ;;
+    step) SCHEDULE_ARGS="schedule.name=multistep schedule.milestones=[$((BUDGET / 2)),$((BUDGET * 3 / 4))]" ;;
+    *) echo "SCHEDULE=$SCHEDULE: use none or step" >&2; exit 2 ;;
+esac
 CONFIG=configs/fashion_mnist_instances.yaml
 DATA="dataset.options.train_classes=3200 dataset.options.val_classes=250 dataset.options.test_classes=500"
 mkdir -p "$OUT"
@@ -61,7 +70,7 @@ for seed in ${SEEDS:-0 1 2}; do
                 else
                     # shellcheck disable=SC2086
                     $RANKWISE train -c $CONFIG -o "$RUN" budget.iterations=$BUDGET \
-                        eval_every=$EVAL_EVERY $DATA $START seed=$seed ${LOSSES[$loss]} $THREADS \
+                        eval_every=$EVAL_EVERY $SCHEDULE_ARGS $DATA $START seed=$seed ${LOSSES[$loss]} $THREADS \
                         dataset.options.views_per_class=$K sampler.m=$K sampler.batch_size=$B \
                         > "$RUN.log" 2>&1 || { echo "failed: $RUN (log: $RUN.log)" >&2; exit 1; }
                 fi
