@@ -59,6 +59,28 @@ def test_sampling_rate_summary_means_drops_gains_and_unfinished_runs(tmp_path, c
     assert "sampling_rate.sh" in capsys.readouterr().err
 
 
+def test_sampling_rate_summary_of_a_subset_counts_only_the_subset(tmp_path):
+    summary = _script("summarize_sampling_rate")
+    out = tmp_path / "study"
+    for cell, value in {"fc_k2": 0.50, "fc_k8": 0.70}.items():
+        for seed in range(3):
+            _run(out / "pretrained" / cell / "smooth_ap" / f"seed{seed}", value)
+    _run(out / "pretrained" / "fc_k2" / "ap" / "seed0", 0.4)
+    args = ["--starts", "pretrained", "--cells", "fc_k2", "fc_k8", "--losses", "ap", "smooth_ap"]
+    assert summary.main([str(out), *args, "--markdown", str(tmp_path / "t.md")]) == 0
+    text = (tmp_path / "t.md").read_text()
+    assert "from scratch" not in text and "SOPRC" not in text
+    row = next(
+        line
+        for line in text.split("fixed 16 classes")[1].splitlines()
+        if line.startswith("| Smooth-AP")
+    )
+    # K = 4 is outside the subset; the drop from 50 to 70 is -20 points, -40 %
+    assert row.startswith("| Smooth-AP | 50.00 ± 0.00 | not run | 70.00 ± 0.00 | -20.00 | -40 % |")
+    # 2 cells x 2 losses x 3 seeds = 12 runs, 7 finished
+    assert "Unfinished runs: 5 of 12." in text
+
+
 def test_sampling_rate_paired_differences_by_seed_and_the_unpaired_count(tmp_path):
     summary = _script("summarize_sampling_rate")
     out = tmp_path / "study"

@@ -12,6 +12,10 @@ paired by seed (same seed, same data order and initialisation), and over the who
 paired runs the variant wins, ties and loses.
 
     python benchmarks/studies/summarize_sampling_rate.py runs/study21 [--paired] [--markdown FILE]
+
+A study run on a subset (the script's STARTS / CELLS_RUN / LOSSES_RUN) is summarised with the same
+subset (``--starts``, ``--cells``, ``--losses``): the other rows are left out, a cell outside the
+subset reads "not run", and the unfinished count is over the subset's runs.
 """
 
 from __future__ import annotations
@@ -85,10 +89,16 @@ def _cell(maps: list[float]) -> str:
     )
 
 
-def tables(out: Path) -> str:
-    """The markdown tables, one per start and regime."""
+def tables(
+    out: Path,
+    starts: tuple[str, ...] = tuple(STARTS),
+    cells_run: tuple[str, ...] = tuple(CELLS),
+    losses: tuple[str, ...] = tuple(LOSSES),
+) -> str:
+    """The markdown tables, one per start and regime, over the given subset of the study."""
     lines = []
-    for start, start_name in STARTS.items():
+    for start in starts:
+        start_name = STARTS[start]
         for regime, cells in REGIMES.items():
             lines += [
                 f"**{start_name}, {regime}** (test mAUPRC %, mean ± sample std over seeds 0-2)",
@@ -97,9 +107,13 @@ def tables(out: Path) -> str:
                 "| runs selecting the last step | late validation gain (points) |",
                 "|---|---|---|---|---|---|---|---|",
             ]
-            for loss, name in LOSSES.items():
+            for loss in losses:
+                name = LOSSES[loss]
                 cols, means, last, done, gains = [], {}, 0, 0, []
                 for k, cell in cells.items():
+                    if cell not in cells_run:
+                        cols.append("not run")
+                        continue
                     maps, n_last, _, run_gains = _runs(out, start, cell, loss)
                     cols.append(_cell(maps))
                     if maps:
@@ -176,16 +190,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--paired", action="store_true", help="add SOPRC's variants against its defaults by seed"
     )
+    for option, choices in (("starts", STARTS), ("cells", CELLS), ("losses", LOSSES)):
+        parser.add_argument(
+            f"--{option}",
+            nargs="+",
+            choices=list(choices),
+            default=list(choices),
+            help=f"summarise only these {option} (default: all)",
+        )
     args = parser.parse_args(argv)
     if not args.out.is_dir():
         print(
             f"no study folder {args.out}; run benchmarks/studies/sampling_rate.sh", file=sys.stderr
         )
         return 2
-    text = tables(args.out)
-    total = sum(_runs(args.out, s, c, loss)[2] for s in STARTS for c in CELLS for loss in LOSSES)
+    starts, cells, losses = tuple(args.starts), tuple(args.cells), tuple(args.losses)
+    text = tables(args.out, starts, cells, losses)
+    total = sum(_runs(args.out, s, c, loss)[2] for s in starts for c in cells for loss in losses)
     text += (
-        f"\n\nUnfinished runs: {total} of {len(STARTS) * len(CELLS) * len(SEEDS) * len(LOSSES)}.\n"
+        f"\n\nUnfinished runs: {total} of {len(starts) * len(cells) * len(SEEDS) * len(losses)}.\n"
     )
     if args.paired:
         text += "\n" + paired(args.out) + "\n"
