@@ -144,7 +144,11 @@ def _study(tmp_path: Path, **env: str):
     fake.chmod(0o755)
     calls = tmp_path / "calls.txt"
     calls.touch()
-    full = {**os.environ, "RANKWISE": str(fake), "CALLS": str(calls), **env}
+    # the script's own settings come only from the test, never from the caller's shell
+    own = {"BUDGET", "EVAL_EVERY", "SCHEDULE", "SEEDS", "STARTS", "CELLS_RUN", "LOSSES_RUN"}
+    own |= {"THREADS", "BACKBONE_LR_MULT"}
+    inherited = {key: value for key, value in os.environ.items() if key not in own}
+    full = {**inherited, "RANKWISE": str(fake), "CALLS": str(calls), **env}
     result = subprocess.run(
         ["bash", str(STUDIES / "sampling_rate.sh"), str(tmp_path / "out")],
         cwd=STUDIES.parents[1],

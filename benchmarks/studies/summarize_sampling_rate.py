@@ -206,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     starts, cells, losses = tuple(args.starts), tuple(args.cells), tuple(args.losses)
     text = tables(args.out, starts, cells, losses)
-    total = sum(_runs(args.out, s, c, loss)[2] for s in starts for c in cells for loss in losses)
+    total = sum(
+        len(SEEDS) - len(_finished(args.out, s, c, loss))
+        for s in starts
+        for c in cells
+        for loss in losses
+    )
     text += (
         f"\n\nUnfinished runs: {total} of {len(starts) * len(cells) * len(SEEDS) * len(losses)}.\n"
     )
