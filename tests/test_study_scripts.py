@@ -146,7 +146,7 @@ def _study(tmp_path: Path, **env: str):
     calls.touch()
     # the script's own settings come only from the test, never from the caller's shell
     own = {"BUDGET", "EVAL_EVERY", "SCHEDULE", "SEEDS", "STARTS", "CELLS_RUN", "LOSSES_RUN"}
-    own |= {"THREADS", "BACKBONE_LR_MULT"}
+    own |= {"THREADS", "BACKBONE_LR_MULT", "PRETRAIN_SEED"}
     inherited = {key: value for key, value in os.environ.items() if key not in own}
     full = {**inherited, "RANKWISE": str(fake), "CALLS": str(calls), **env}
     result = subprocess.run(
@@ -186,3 +186,15 @@ def test_sampling_rate_study_defaults_to_a_constant_rate_and_refuses_unknown_sch
     assert "loss.params.tpr_count=num_v" in calls[1] and "model.pretrained" not in calls[1]
     bad, _ = _study(tmp_path, SCHEDULE="cosine", **subset)
     assert bad.returncode == 2 and "SCHEDULE=cosine: use none or step" in bad.stderr
+
+
+def test_sampling_rate_study_pretrains_with_the_given_seed_only(tmp_path):
+    subset = {"SEEDS": "0", "STARTS": "pretrained", "CELLS_RUN": "fb_k2", "LOSSES_RUN": "ap"}
+    result, calls = _study(tmp_path, PRETRAIN_SEED="2", **subset)
+    assert result.returncode == 0, result.stderr
+    pretrain, train = calls
+    # the pretraining's seed, and not the fine-tuning's: that stays the run's own seed
+    assert pretrain.endswith(" seed=2") and train.count("seed=") == 1 and " seed=0 " in train
+    (tmp_path / "plain").mkdir()
+    plain, calls = _study(tmp_path / "plain", **subset)
+    assert plain.returncode == 0 and "seed=" not in calls[0]

@@ -21,12 +21,17 @@
 # Parallel: each run is claimed with flock on OUT/<run>.lock, so N copies of this script share the
 # list without running anything twice; on the 2-core machine start two with THREADS=1 (torch
 # intra-op threads per run, recorded in each run's config.yaml; default: torch's own).
+# Pretraining variance: PRETRAIN_SEED=N pretrains OUT/pretraining with seed=N (default: the config's
+# seed, 0); one OUT per pretraining seed, e.g. issue 30's study:
+#   PRETRAIN_SEED=1 SEEDS=0 STARTS=pretrained CELLS_RUN="fb_k2 fb_k8" LOSSES_RUN="soprc ap smooth_ap" \
+#   BUDGET=2400 EVAL_EVERY=120 SCHEDULE=step bash benchmarks/studies/sampling_rate.sh runs/study30/pre1
 set -euo pipefail
 OUT=${1:-runs/study21}
 RANKWISE=${RANKWISE:-rankwise}
 BUDGET=${BUDGET:-800}
 EVAL_EVERY=${EVAL_EVERY:-80}
 THREADS=${THREADS:+threads=$THREADS}
+PRETRAIN_SEED=${PRETRAIN_SEED:+seed=$PRETRAIN_SEED}
 BACKBONE_LR_MULT=${BACKBONE_LR_MULT:-1.0}
 case ${SCHEDULE:-none} in
     none) SCHEDULE_ARGS="" ;;
@@ -40,7 +45,7 @@ mkdir -p "$OUT"
 exec {PRE}> "$OUT/pretraining.lock"
 flock "$PRE"
 if [ ! -f "$OUT/pretraining/pretrained.pt" ]; then
-    $RANKWISE pretrain -c $CONFIG -o "$OUT/pretraining" --steps 400 --batch-size 128 $DATA
+    $RANKWISE pretrain -c $CONFIG -o "$OUT/pretraining" --steps 400 --batch-size 128 $DATA $PRETRAIN_SEED
 fi
 exec {PRE}>&-
 # cell -> "views_per_class batch_size"; fc_k4 (16 classes x 4) is fb_k4
