@@ -137,9 +137,9 @@ def test_recall_at_k_equals_the_released_code(case):
 
 
 def test_the_default_leaves_the_query_out_of_its_ranking_set():
-    """The departure from the released code: the paper ranks each positive among the database
-    Ω (the batch without the query); the released code also counts the query, whose similarity
-    1 puts it above every positive, so each rank is one too many and σ((k − rank)/τ1) at most
+    """The departure from the released code: rankwise ranks each positive among the database Ω,
+    the batch without the query; the released code also counts the query, whose similarity 1
+    puts it above every positive, so each rank is one too many and σ((k − rank)/τ1) at most
     σ(−1) = 0.27 for k = 1. On the fixture's batch our loss is lower by the amount below."""
     case = FIXTURE["recall_at_k"]["cases"][0]
     emb, labels = f64(case["embeddings"]), torch.tensor(case["labels"])
