@@ -13,7 +13,7 @@
 #       --bench OUT/xbm OUT/others OUT/roadmap OUT/recall_at_k
 # Four sweeps: xbm, others (triplet, multi-similarity, DIR, BlackBox-AP, AUC), roadmap and
 # recall_at_k (issue 33; the Recall@k surrogate with the paper's tau1 = 1, which the config widens
-# to 8 for its from-scratch start); 24 runs of 2-4 min on one core of the 2-core development
+# to 16 for its from-scratch start); 24 runs of 2-4 min on one core of the 2-core development
 # machine. SWEEPS (space-separated names, default all four) restricts them; a sweep already
 # started (its OUT/<name>/sweep.json) is resumed (`rankwise bench --resume`), so running the
 # script again finishes an interrupted sweep or adds a new one without touching the others.
