@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._disk import DiskFullError, disk_full_cause
 from .._extras import MissingDependencyError
-from .._signals import signal_number_of
+from .._signals import signal_label, signal_number_of
 
 if TYPE_CHECKING:  # typer and rich are imported where used: the exit codes need neither
     from rich.console import Console
@@ -141,9 +141,7 @@ def _training_errors() -> _TrainingErrors | None:
 
 def signal_name(number: int) -> str:
     """How messages name a signal: ``Ctrl-C`` for SIGINT, else its name (``SIGTERM``)."""
-    import signal
-
-    return "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
+    return signal_label(number)
 
 
 def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
@@ -153,7 +151,9 @@ def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
     if command is None and exc.run_dir is not None and exc.checkpoint_step is not None:
         command = train_resume_command(exc.run_dir)
     text += f". Resume with: {command}" if command is not None else "."
-    return (f"{what} interrupted: " if what != "training" else "") + text
+    if what == "training" or text.startswith(f"{what} interrupted"):
+        return text  # the message names what was interrupted already (once)
+    return f"{what} interrupted: {text}"
 
 
 def _no_space_text(exc: BaseException, what: str) -> str | None:

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .._disk import atomic_write
-from .._signals import signal_number_of
+from .._signals import signal_label, signal_number_of
 from ..training.checkpoint import atomic_write_text
 from ..training.config import Config, ConfigError, config_from_dict, read_config_file
 from ..training.errors import TrainingInterrupted
@@ -155,17 +155,27 @@ def sweep_interrupted(
         kept: where the finished runs' results are.
         again: the Python call that resumes.
     """
-    done = f"{finished} of {len(runs)} runs finished ({kept})"
+    signal_number = signal_number_of(exc)
+    head = f"{kind} interrupted ({signal_label(signal_number)})"
     if isinstance(exc, TrainingInterrupted) and finished < len(runs):
-        message = f"{kind} interrupted in run {runs[finished]}: {exc.message}; {done}"
+        # the run's own message without its "training interrupted (Ctrl-C)" head: said once
+        where = f" {exc.detail}" if exc.detail is not None else f": {exc.message}"
+        message = f"{head} in run {runs[finished]}{where}; {_finished(finished, runs, kept)}"
         step, checkpoint = exc.step, exc.checkpoint_step
     else:
-        message, step, checkpoint = f"{kind} interrupted; {done}", 0, None
+        message, step, checkpoint = f"{head}; {_finished(finished, runs, kept)}", 0, None
     return TrainingInterrupted(
         message,
         step,
         output,
         checkpoint,
         f"{again} (output={str(output)!r})",
-        signal_number=signal_number_of(exc),
+        signal_number=signal_number,
     )
+
+
+def _finished(finished: int, runs: Sequence[str], kept: str) -> str:
+    """How many runs of a sweep finished, and where their results are (when there are some)."""
+    if finished == 0:
+        return "no run had finished" if len(runs) > 1 else "the run had not finished"
+    return f"{finished} of {len(runs)} run{'s' if len(runs) > 1 else ''} finished ({kept})"
