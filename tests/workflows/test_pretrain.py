@@ -396,3 +396,24 @@ def test_rankwise_pretrain_messages(tmp_path):
         assert refused.exit_code == 2 and named in refused.output, refused.output
     missing = runner.invoke(build_app(), ["pretrain", "-o", str(tmp_path / "x")])
     assert missing.exit_code == 2 and "--config: pass the runs' config" in missing.output
+
+
+def test_rankwise_train_says_the_pretrained_start_and_the_backbone_rate_took_effect(
+    pretrained, tmp_path
+):
+    config = Path(__file__).resolve().parents[2] / "configs" / "digits_instances.yaml"
+    args = ["train", "-c", str(config), "-o", str(tmp_path / "run"), "budget.iterations=2"]
+    args += [f"dataset.options.{key}={value}" for key, value in OPTIONS.items()]
+    args += ["model.embedding_dim=8", "eval_every=2", "sampler.batch_size=16"]
+    plain = CliRunner().invoke(build_app(), [*args, "-o", str(tmp_path / "plain")])
+    assert plain.exit_code == 0, plain.output
+    assert "model.pretrained" not in plain.output and "backbone_lr_mult" not in plain.output
+    args += [f"model.pretrained={pretrained[0]}", "optimizer.backbone_lr_mult=0.1"]
+    result = CliRunner().invoke(build_app(), args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert (
+        f"the model starts from the pretrained weights {pretrained[0] / 'pretrained.pt'} "
+        "(model.pretrained); the backbone trains at 0.1 x the scheduled learning rate "
+        "(optimizer.backbone_lr_mult; 0.0001 at optimizer.lr=0.001)"
+    ) in said

@@ -85,6 +85,25 @@ def _print_result(console: Any, result: Any) -> None:
     )
 
 
+def _start_line(config: Any, resumed: bool) -> str | None:
+    """The line saying that ``model.pretrained`` / ``optimizer.backbone_lr_mult`` took effect."""
+    if config is None:
+        return None
+    said = []
+    if config.model.pretrained is not None:
+        path = Path(config.model.pretrained)
+        path = path / "pretrained.pt" if path.is_dir() else path
+        when = "the run started" if resumed else "the model starts"
+        said.append(f"{when} from the pretrained weights {path} (model.pretrained)")
+    mult, lr = config.optimizer.backbone_lr_mult, config.optimizer.lr
+    if mult != 1:
+        said.append(
+            f"the backbone trains at {mult:g} x the scheduled learning rate "
+            f"(optimizer.backbone_lr_mult; {mult * lr:g} at optimizer.lr={lr:g})"
+        )
+    return "; ".join(said) if said else None
+
+
 def _check_resume_options(
     resume: Path | None,
     from_checkpoint: Path | None,
@@ -187,6 +206,9 @@ def train(
                     f"resuming {trainer.run_dir} at step {trainer.step}/{trainer.total_steps}",
                     soft_wrap=True,
                 )
+            start = _start_line(trainer.config, resumed=resume is not None)
+            if start is not None:  # the options that change the start say they took effect
+                console.print(start, soft_wrap=True, markup=False, highlight=False)
             with _finish_when_saved(trainer) as saved:
                 result = trainer.fit(max_steps=max_steps)
                 saved.append(result.status)
