@@ -396,6 +396,11 @@ def test_rankwise_pretrain_messages(tmp_path):
         assert refused.exit_code == 2 and named in refused.output, refused.output
     missing = runner.invoke(build_app(), ["pretrain", "-o", str(tmp_path / "x")])
     assert missing.exit_code == 2 and "--config: pass the runs' config" in missing.output
+    (tmp_path / "checkpoints" / "last.pt").write_bytes(b"junk")
+    corrupt = runner.invoke(build_app(), ["pretrain", "--resume", str(tmp_path)])
+    said = " ".join(corrupt.output.split())
+    assert corrupt.exit_code == 2 and "last.pt is corrupt" in said, corrupt.output
+    assert "start it afresh with --overwrite" in said and "rankwise train" not in said
 
 
 def test_rankwise_train_says_the_pretrained_start_and_the_backbone_rate_took_effect(

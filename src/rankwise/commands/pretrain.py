@@ -25,6 +25,7 @@ FLAGS = {
     "resume": "--resume",
     "steps": "--steps",
     "output_dir": "--output",
+    "run_dir": "--resume",
 }
 
 
@@ -99,7 +100,8 @@ def pretrain(
     """
     console = output_console()
     with cli_errors("pretraining", FLAGS) as err:
-        from ..training import TrainingInterrupted
+        from ..training import ConfigError, TrainingInterrupted
+        from ..training.errors import CorruptCheckpointError
         from ..workflows.pretrain import pretrain as run_pretrain
         from ..workflows.pretrain import read_pretrain_settings
 
@@ -133,6 +135,11 @@ def pretrain(
         except TrainingInterrupted as exc:
             exc.resume_command = f"rankwise pretrain --resume {folder}"
             raise
+        except CorruptCheckpointError as exc:  # its advice would name `rankwise train`
+            raise ConfigError(
+                f"--resume: checkpoint {exc.path} is corrupt: {exc.reason}; the pretraining "
+                f"cannot continue from it: start it afresh with --overwrite."
+            ) from None
     _print_result(console, folder, report)
 
 
