@@ -82,12 +82,12 @@ def pretrain(
         metavar="DIR",
         help="Continue the interrupted pretraining in DIR from its last checkpoint.",
     ),
-    steps: int | None = typer.Option(None, "--steps", min=1, help="Adam steps [default: 400]."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Adam steps (default 400)."),
     lr: float | None = typer.Option(
-        None, "--lr", min=0.0, help="Adam learning rate [default: 0.001]."
+        None, "--lr", min=0.0, help="Adam learning rate (default 0.001)."
     ),
     batch_size: int | None = typer.Option(
-        None, "--batch-size", min=1, help="Views per step [default: 128]."
+        None, "--batch-size", min=1, help="Views per step (default 128)."
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Delete the pretraining in the output folder and start afresh."
