@@ -422,7 +422,7 @@ def run_hash_experiment(
     *,
     overwrite: bool = False,
     console=None,
-    progress_callback: Callable[[MethodResult], Any] | None = None,
+    progress_callback: Callable[[MethodResult, str], Any] | None = None,
 ) -> list[MethodResult]:
     """Train every method of ``settings`` at every code length; test each by Hamming ranking.
 
