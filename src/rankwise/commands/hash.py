@@ -128,14 +128,28 @@ def train_command(
 
         cfg, settings = load_hash_config(config, extra)
 
-        def announce(result) -> None:
+        def announce(result, how: str) -> None:
+            said = {
+                "kept": "; kept from an earlier run",
+                "resumed": "; resumed from its checkpoint",
+            }
             console.print(
                 f"{result.method:>14} {result.bits:>3} bits: tie-aware mAP {result.map:.4f} "
-                f"(ties [{result.map_range[0]:.4f}, {result.map_range[1]:.4f}])",
+                f"(ties [{result.map_range[0]:.4f}, {result.map_range[1]:.4f}]{said.get(how, '')})",
                 soft_wrap=True,
             )
 
         with lock_run_dir(output, "output_dir"):  # the sweep and its report: one writer
+            if not overwrite and (output / "hash_config.yaml").is_file():
+                # a re-run continues the sweep in --output: say so before anything is reused
+                err.print(
+                    f"note: {output} holds a sweep: runs completed with this config are kept and "
+                    "interrupted ones resume from their checkpoints (a run trained with another "
+                    "config is refused; --overwrite retrains every run).",
+                    soft_wrap=True,
+                    markup=False,
+                    highlight=False,
+                )
             try:
                 results = run_hash_experiment(
                     cfg,

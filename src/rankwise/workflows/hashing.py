@@ -422,7 +422,7 @@ def run_hash_experiment(
     *,
     overwrite: bool = False,
     console=None,
-    progress_callback: Callable[[MethodResult], Any] | None = None,
+    progress_callback: Callable[[MethodResult, str], Any] | None = None,
 ) -> list[MethodResult]:
     """Train every method of ``settings`` at every code length; test each by Hamming ranking.
 
@@ -435,7 +435,9 @@ def run_hash_experiment(
         output: the sweep directory.
         overwrite: retrain runs that exist.
         console: rich console for messages.
-        progress_callback: called as ``fn(result)`` after each run.
+        progress_callback: called as ``fn(result, how)`` after each run, ``how`` being
+            ``"trained"``, ``"resumed"`` (from the checkpoint an interruption left) or
+            ``"kept"`` (completed by an earlier call with this config).
 
     Returns:
         One :class:`MethodResult` per (method, bits).
@@ -463,11 +465,11 @@ def run_hash_experiment(
         results: list[MethodResult] = []
         try:
             for method, bits, cfg in plan:
-                result = _run_one(cfg, settings, method, bits, splits, overwrite, console)
+                result, how = _run_one(cfg, settings, method, bits, splits, overwrite, console)
                 results.append(result)
                 write_json([r.to_dict() for r in results], output / "results.json")
                 if progress_callback is not None:
-                    progress_callback(result)
+                    progress_callback(result, how)
         except KeyboardInterrupt as exc:
             names = [f"{method} {bits} bits" for method, bits, _ in plan]
             kept, again = "their results are in results.json", "the same call again"
@@ -537,12 +539,18 @@ def _stored(run_dir: Path) -> MethodResult | None:
     return MethodResult.from_dict(json.loads(path.read_text())) if path.is_file() else None
 
 
-def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> MethodResult:
-    """Keep, resume or train one run (:func:`rankwise.workflows.sweep.run_or_resume`)."""
+def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> tuple[MethodResult, str]:
+    """Keep, resume or train one run (:func:`rankwise.workflows.sweep.run_or_resume`).
+
+    Returns:
+        ``(result, how)``: how is ``"trained"``, ``"resumed"`` or ``"kept"``.
+    """
     run_dir = cfg.resolved_output_dir()
     if method == "untrained":
         kept = None if overwrite else _stored(run_dir)
-        return kept if kept is not None else _run_untrained(cfg, settings, bits, splits)
+        if kept is not None:
+            return kept, "kept"
+        return _run_untrained(cfg, settings, bits, splits), "trained"
 
     def build(**how: bool) -> Trainer:
         return build_hash_trainer(
@@ -552,12 +560,12 @@ def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> MethodR
     try:
         run, how = run_or_resume(cfg, build, resume=not overwrite, kept=partial(_stored, run_dir))
     except NonFiniteLossError as exc:  # a diverged / collapsed run: reported, the sweep goes on
-        return _failed(method, bits, run_dir, str(exc))
+        return _failed(method, bits, run_dir, str(exc)), "trained"
     if isinstance(run, MethodResult):  # kept: the stored result of this config
-        return run
+        return run, how
     result = _result(method, bits, run.test, run_dir, run.best_step, run.seconds)
     write_json(result.to_dict(), run_dir / RESULT_FILE)
-    return result
+    return result, how
 
 
 def _failed(method: str, bits: int, run_dir, error: str) -> MethodResult:

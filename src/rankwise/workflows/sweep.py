@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .._disk import atomic_write
-from .._signals import signal_number_of
+from .._signals import signal_label, signal_number_of
 from ..training.checkpoint import atomic_write_text
 from ..training.config import Config, ConfigError, config_from_dict, read_config_file
 from ..training.errors import TrainingInterrupted
@@ -30,6 +30,7 @@ __all__ = [
     "check_planned_configs",
     "check_stored_config",
     "run_or_resume",
+    "stored_config_differences",
     "sweep_interrupted",
     "sweep_settings",
     "write_json",
@@ -46,25 +47,67 @@ def comparable(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in MAY_CHANGE}
 
 
+def _differences(saved: Any, planned: Any, prefix: str = "") -> list[str]:
+    """The dotted keys where two configs differ, as ``key: <stored> stored, <planned> planned``."""
+    if isinstance(saved, dict) and isinstance(planned, dict):
+        out: list[str] = []
+        for key in [*saved, *(k for k in planned if k not in saved)]:
+            out += _differences(saved.get(key), planned.get(key), f"{prefix}{key}.")
+        return out
+    if saved == planned:
+        return []
+    return [f"{prefix.rstrip('.')}: {json.dumps(saved)} stored, {json.dumps(planned)} planned"]
+
+
+def stored_config_differences(config: Config, run_dir: Path) -> list[str] | None:
+    """How the ``config.yaml`` of ``run_dir`` differs from ``config`` (device and workers aside).
+
+    Returns:
+        ``None`` when it is the same config or none is stored; else the differing keys (a
+        config.yaml that no longer validates is one difference).
+    """
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        return None
+    try:  # through the schema: a key added since the run was stored compares as its default
+        saved = config_from_dict(read_config_file(saved_path)).to_dict()
+    except ConfigError as exc:
+        return [f"its config.yaml is not a valid config today ({exc})"]
+    differences = _differences(comparable(saved), comparable(config.to_dict()))
+    return differences or None
+
+
+def _refusal(refused: Sequence[tuple[Path, list[str]]]) -> str:
+    """The message refusing the runs of a sweep stored with another config, and why."""
+    shown = 3
+    why = "; ".join(refused[0][1][:shown]) + (" ..." if len(refused[0][1]) > shown else "")
+    if len(refused) == 1:
+        where = f"the run in {str(refused[0][0])!r} was made with another config than this sweep"
+        what = "it"
+    else:
+        runs = ", ".join(f"{d.parent.name}/{d.name}" for d, _ in refused)
+        root = refused[0][0].parent.parent
+        where = (
+            f"{len(refused)} runs in {str(root)!r} ({runs}) were made with another config than "
+            "this sweep"
+        )
+        what = "them"
+    return (
+        f"output: {where} plans for {what} ({why}); start the sweep afresh with `overwrite` (or "
+        "choose another output)."
+    )
+
+
 def check_stored_config(config: Config, run_dir: Path) -> None:
     """Refuse a run directory whose ``config.yaml`` is not ``config`` (none stored: no check).
 
     Raises:
-        ConfigError: naming ``run_dir`` and the fix (``overwrite`` or another output).
+        ConfigError: naming ``run_dir``, the keys that differ and the fix (``overwrite`` or
+            another output).
     """
-    saved_path = run_dir / "config.yaml"
-    if not saved_path.is_file():
-        return
-    try:  # through the schema: a key added since the run was stored compares as its default
-        saved = config_from_dict(read_config_file(saved_path)).to_dict()
-    except ConfigError:
-        saved = None
-    if saved is None or comparable(saved) != comparable(config.to_dict()):
-        raise ConfigError(
-            f"output: the run in {str(run_dir)!r} was trained with another config than this "
-            "sweep plans for it; start the sweep afresh with `overwrite` (or choose another "
-            "output)."
-        )
+    differences = stored_config_differences(config, run_dir)
+    if differences is not None:
+        raise ConfigError(_refusal([(run_dir, differences)]))
 
 
 def sweep_settings(base: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
@@ -79,14 +122,21 @@ def sweep_settings(base: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
 def check_planned_configs(configs: Iterable[Config], result_files: Sequence[str] = ()) -> None:
     """:func:`check_stored_config` of every planned run that holds results, before any training.
 
+    Every refused run is named in one message, with the keys the first one differs in.
+
     Args:
         configs: the planned runs' configs.
         result_files: files besides a training run's own that count as results of a run.
     """
+    refused = []
     for config in configs:
         run_dir = config.resolved_output_dir()
         if existing_results(run_dir) or existing_results(run_dir, result_files):
-            check_stored_config(config, run_dir)
+            differences = stored_config_differences(config, run_dir)
+            if differences is not None:
+                refused.append((run_dir, differences))
+    if refused:
+        raise ConfigError(_refusal(refused))
 
 
 def run_or_resume(
@@ -155,17 +205,27 @@ def sweep_interrupted(
         kept: where the finished runs' results are.
         again: the Python call that resumes.
     """
-    done = f"{finished} of {len(runs)} runs finished ({kept})"
+    signal_number = signal_number_of(exc)
+    head = f"{kind} interrupted ({signal_label(signal_number)})"
     if isinstance(exc, TrainingInterrupted) and finished < len(runs):
-        message = f"{kind} interrupted in run {runs[finished]}: {exc.message}; {done}"
+        # the run's own message without its "training interrupted (Ctrl-C)" head: said once
+        where = f" {exc.detail}" if exc.detail is not None else f": {exc.message}"
+        message = f"{head} in run {runs[finished]}{where}; {_finished(finished, runs, kept)}"
         step, checkpoint = exc.step, exc.checkpoint_step
     else:
-        message, step, checkpoint = f"{kind} interrupted; {done}", 0, None
+        message, step, checkpoint = f"{head}; {_finished(finished, runs, kept)}", 0, None
     return TrainingInterrupted(
         message,
         step,
         output,
         checkpoint,
         f"{again} (output={str(output)!r})",
-        signal_number=signal_number_of(exc),
+        signal_number=signal_number,
     )
+
+
+def _finished(finished: int, runs: Sequence[str], kept: str) -> str:
+    """How many runs of a sweep finished, and where their results are (when there are some)."""
+    if finished == 0:
+        return "no run had finished" if len(runs) > 1 else "the run had not finished"
+    return f"{finished} of {len(runs)} run{'s' if len(runs) > 1 else ''} finished ({kept})"

@@ -25,7 +25,7 @@ from rich.console import Console
 
 from ..losses.registry import loss_parameters
 from ..training.checkpoint import atomic_write_text
-from ..training.config import ConfigError, config_from_dict
+from ..training.config import ConfigError, apply_overrides, config_from_dict
 from ..training.errors import NonFiniteLossError
 from ..training.lock import lock_run_dir
 from ..training.rundir import prepare_sweep_dir
@@ -41,6 +41,7 @@ __all__ = [
     "TUNE_FILES",
     "SeedOutcome",
     "TuneTrial",
+    "overrides_over_quick",
     "parse_grid_values",
     "plan_tune",
     "tune",
@@ -183,6 +184,28 @@ def parse_grid_values(item: str) -> tuple[str, list[Any]]:
 
 def _overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def overrides_over_quick(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` (the overrides applied) whose ``--quick`` budget leaves the overridden keys alone.
+
+    ``rankwise bench`` applies its ``KEY=VALUE`` overrides after ``bench.quick.overrides``;
+    ``rankwise tune`` applies them to the base config, which the quick budget would override. The
+    ``bench.quick.overrides`` keys that overlap an override are dropped from the base, so the
+    caller's value wins under ``quick`` too (and ``bench --quick`` on ``tuned.yaml`` keeps it).
+
+    Args:
+        base: the base config as a mapping, ``overrides`` already applied.
+        overrides: the caller's dotted overrides.
+
+    Returns:
+        ``base`` with those ``bench.quick.overrides`` keys removed (a copy).
+    """
+    quick = config_from_dict(base).bench.quick.overrides
+    kept = {k: v for k, v in quick.items() if not any(_overlap(k, key) for key in overrides)}
+    if len(kept) == len(quick):
+        return dict(base)
+    return apply_overrides(base, {"bench.quick.overrides": kept})
 
 
 def _check_grid_key(key: Any, checked: Sequence[str], quick_keys: Sequence[str]) -> None:
@@ -475,8 +498,9 @@ def _announce(trials: Sequence[TuneTrial], splits: RetrievalSplits, output: Path
                 soft_wrap=True,
             )
     n_runs = sum(len(t.runs) for t in trials)
+    counted = f"{len(trials)} trial{'s' * (len(trials) != 1)} ({n_runs} run{'s' * (n_runs != 1)})"
     console.print(
-        f"[bold]rankwise tune[/bold]: {len(trials)} trials ({n_runs} runs) on "
+        f"[bold]rankwise tune[/bold]: {counted} on "
         f"{trials[0].runs[0].config.dataset.name} ({splits.protocol}) -> {output}",
         soft_wrap=True,
     )
