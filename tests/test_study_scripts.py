@@ -131,7 +131,7 @@ def test_pretrained_table_refuses_missing_folders(args, capsys):
 # A stand-in for the rankwise CLI: records each call's arguments and finishes the run at once.
 FAKE_RANKWISE = """#!/usr/bin/env bash
 echo "$*" >> "$CALLS"
-while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+while [ $# -gt 0 ]; do case $1 in -o | --resume) out=$2 ;; esac; shift; done
 mkdir -p "$out"
 touch "$out/pretrained.pt"
 echo '{"status": "completed"}' > "$out/report.json"
@@ -288,3 +288,16 @@ def test_pretrained_bench_runs_the_surrogate_sweeps_and_resumes_a_started_one(tm
     assert "--losses xbm loss.params.start_iteration=400" in xbm
     assert "--losses triplet,multi_similarity,dir,blackbox_ap,auc" in others
     assert resumed == [f"bench --resume {out}/roadmap", f"bench --resume {out}/recall_at_k"]
+
+
+def test_sampling_rate_study_resumes_an_interrupted_pretraining(tmp_path):
+    subset = {"SEEDS": "0", "STARTS": "pretrained", "CELLS_RUN": "fb_k2", "LOSSES_RUN": "ap"}
+    # what an interrupted `rankwise pretrain` leaves: a checkpoint and no pretrained.pt
+    (tmp_path / "out" / "pretraining" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "out" / "pretraining" / "checkpoints" / "last.pt").touch()
+    result, calls = _study(tmp_path, **subset)
+    assert result.returncode == 0, result.stderr
+    resume, train = calls
+    assert resume.startswith("pretrain --resume ") and resume.endswith("out/pretraining")
+    assert train.startswith("train ")
+    assert (tmp_path / "out" / "pretraining" / "pretrained.pt").is_file()
