@@ -160,3 +160,30 @@ def test_the_training_log_reads_floats():
     loss_fn(*pk_batch(seed=8))
     stats = {k: v for k, v in loss_fn.last_stats.items() if isinstance(v, (int, float))}
     assert {"loss_auprc", "tpr_mean", "fpr_mean", "semi_variance", "n_anchors"} <= stats.keys()
+
+
+@pytest.mark.parametrize("name", RANKWISE)
+def test_batches_of_one_label_pattern_share_structure_not_classes(name, monkeypatch):
+    """Batches whose labels have the same pattern share their label structure (BatchLayout); the
+    losses, SOPRC's per-class state included, come out bit for bit as without the sharing."""
+    from rankwise.losses import base
+
+    def run():
+        base._LAYOUTS.clear()
+        loss_fn = make(name).train()
+        out = []
+        for seed, classes in enumerate([(0, 1, 2), (3, 4, 5), (2, 0, 5), (5, 2, 0)]):
+            x, y = pk_batch(seed=seed, classes=classes)
+            value = loss_fn(x, y)
+            value.backward()
+            out.append((value.detach(), x.grad, dict(loss_fn.last_stats)))
+        return out, {k: v.clone() for k, v in loss_fn.state_dict().items()}
+
+    shared, shared_state = run()
+    monkeypatch.setattr(base, "_LAYOUT_CACHE_ENTRIES", 0)  # every batch builds its own
+    alone, alone_state = run()
+    for (v1, g1, s1), (v2, g2, s2) in zip(shared, alone, strict=True):
+        assert torch.equal(v1, v2) and torch.equal(g1, g2) and s1 == s2
+    assert shared_state.keys() == alone_state.keys()
+    for key in shared_state:
+        assert torch.equal(shared_state[key], alone_state[key]), key

@@ -149,7 +149,7 @@ def _all_pair_scores(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
     Without a reference set each unordered pair is kept once (upper triangle): both halves would
     count a pair with a skipped anchor (e.g. a singleton class) once and the others twice.
     """
-    pos_index, neg_index = batch.host.cached("all_pair_index", _all_pair_index)
+    pos_index, neg_index = batch.host.pattern_cached("all_pair_index", _all_pair_index)
     flat = batch.scores.reshape(-1)
     pos_index, neg_index = batch.send(pos_index, neg_index)
     return flat.index_select(0, pos_index), flat.index_select(0, neg_index)

@@ -18,11 +18,13 @@ the embeddings are checked on the device (non-finite scores, a loss's own range 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -190,11 +192,17 @@ def raise_if_nothing_to_rank(owner: str, n_valid: int, labels: torch.Tensor) -> 
 class BatchLayout:
     """The label-only structure of one batch, on the host: CPU tensors and Python ints.
 
-    Built once per call from the labels (the data loader gives them on the host, so nothing here
-    waits for the device): the positive / negative masks, the per-anchor counts, which anchors can
-    be ranked, the anchor counts of ``last_stats``, and, computed on demand and cached, the index
-    tensors a loss needs (:meth:`valid_index`, :meth:`positive_pairs`, or a loss's own through
-    :meth:`cached`). A loss sends what it needs to the device with :meth:`PairBatch.send`.
+    Built from the labels (the data loader gives them on the host, so nothing here waits for the
+    device): the positive / negative masks, the per-anchor counts, which anchors can be ranked,
+    the anchor counts of ``last_stats``, and, computed on demand and cached, the index tensors a
+    loss needs (:meth:`valid_index`, :meth:`positive_pairs`, or a loss's own through
+    :meth:`cached` / :meth:`pattern_cached`). A loss sends what it needs to the device with
+    :meth:`PairBatch.send`.
+
+    Batches of class ids whose labels have the same *pattern* (equal where the labels are equal:
+    a P x K sampler gives the same pattern at every step) share one structure
+    (:meth:`from_labels` keeps the last few): only the label values, used by a few lookups per
+    step, change. :attr:`classes` numbers the classes of such a batch by first appearance.
 
     Args:
         pos_mask: (B, M) bool, each anchor's positives (itself excluded).
@@ -210,6 +218,8 @@ class BatchLayout:
         n_anchors, n_valid: ints.
         stats: ``n_anchors, n_anchors_used, n_skipped_no_positive, n_skipped_no_negative,
             n_positive_pairs, n_negative_pairs`` (pairs of the valid anchors), ints.
+        classes: (B,) int64 class index of every anchor, by first appearance (None unless built
+            by :meth:`from_labels` from class ids against the batch itself).
     """
 
     def __init__(
@@ -224,31 +234,27 @@ class BatchLayout:
         self.pos_mask, self.neg_mask = pos_mask, neg_mask
         self.self_reference = self_reference
         self.labels, self.ref_labels = labels, ref_labels
-        self.positives_per_anchor = pos_mask.sum(1)
-        self.negatives_per_anchor = neg_mask.sum(1)
-        has_pos = self.positives_per_anchor > 0
-        has_neg = self.negatives_per_anchor > 0
-        self.valid = has_pos & has_neg if valid is None else valid
-        counts = torch.stack(
-            [
-                self.valid.sum(),
-                (~has_pos).sum(),
-                (has_pos & ~has_neg).sum(),
-                (self.positives_per_anchor * self.valid).sum(),
-                (self.negatives_per_anchor * self.valid).sum(),
-            ]
-        ).tolist()
+        self.classes: torch.Tensor | None = None
+        # numpy on the host tensors' memory: a few microseconds per step instead of torch's
+        # dispatch per operation
+        positives, negatives = pos_mask.numpy().sum(1), neg_mask.numpy().sum(1)
+        has_pos, has_neg = positives > 0, negatives > 0
+        valid_rows = has_pos & has_neg if valid is None else valid.numpy()
+        self.positives_per_anchor = torch.from_numpy(positives)
+        self.negatives_per_anchor = torch.from_numpy(negatives)
+        self.valid = torch.from_numpy(valid_rows) if valid is None else valid
         self.n_anchors = int(pos_mask.shape[0])
-        self.n_valid = counts[0]
+        self.n_valid = int(np.count_nonzero(valid_rows))
         self.stats: dict[str, Any] = {
             "n_anchors": self.n_anchors,
-            "n_anchors_used": counts[0],
-            "n_skipped_no_positive": counts[1],
-            "n_skipped_no_negative": counts[2],
-            "n_positive_pairs": counts[3],
-            "n_negative_pairs": counts[4],
+            "n_anchors_used": self.n_valid,
+            "n_skipped_no_positive": int(np.count_nonzero(~has_pos)),
+            "n_skipped_no_negative": int(np.count_nonzero(has_pos & ~has_neg)),
+            "n_positive_pairs": int(positives[valid_rows].sum()),
+            "n_negative_pairs": int(negatives[valid_rows].sum()),
         }
         self._cache: dict[str, Any] = {}
+        self._pattern_cache: dict[Any, Any] = {}
 
     @classmethod
     def from_labels(
@@ -259,12 +265,45 @@ class BatchLayout:
         levels: torch.Tensor | None = None,
     ) -> BatchLayout:
         """The layout of class ids (same id: positive) or of affinity ``levels`` (> 0: positive)."""
-        same = labels[:, None] == ref_labels[None, :] if levels is None else levels > 0
-        pos_mask, neg_mask = same, ~same
+        pattern = None
+        if levels is None and self_reference and labels.ndim == 1:
+            pattern, classes = _label_pattern(labels.numpy())
+            shared = _LAYOUTS.get(pattern)
+            if shared is not None:
+                return shared._with_labels(labels, ref_labels, classes)
+        if levels is None:
+            same = labels.numpy()[:, None] == ref_labels.numpy()[None, :]
+        else:
+            same = levels.numpy() > 0
+        negative = ~same
         if self_reference:
-            pos_mask.fill_diagonal_(False)
-            neg_mask.fill_diagonal_(False)  # (already False for class ids)
-        return cls(pos_mask, neg_mask, self_reference, labels, ref_labels)
+            np.fill_diagonal(same, False)
+            np.fill_diagonal(negative, False)  # (already False for class ids)
+        layout = cls(
+            torch.from_numpy(same), torch.from_numpy(negative), self_reference, labels, ref_labels
+        )
+        if pattern is None:
+            return layout
+        if labels.numel() ** 2 <= _LAYOUT_CACHE_ENTRIES:
+            _LAYOUTS[pattern] = layout
+            while len(_LAYOUTS) > _LAYOUT_CACHE_SIZE:
+                del _LAYOUTS[next(iter(_LAYOUTS))]
+        return layout._with_labels(labels, ref_labels, classes)
+
+    def _with_labels(
+        self, labels: torch.Tensor, ref_labels: torch.Tensor, classes: np.ndarray
+    ) -> BatchLayout:
+        """This structure for a batch of the same pattern.
+
+        It gets its own labels, per-batch cache and copies of the masks (a loss may write into
+        the batch's masks); the pattern's cache is shared.
+        """
+        out = copy.copy(self)
+        out.labels, out.ref_labels, out.classes = labels, ref_labels, torch.from_numpy(classes)
+        out.pos_mask, out.neg_mask = self.pos_mask.clone(), self.neg_mask.clone()
+        out.valid = self.valid.clone()
+        out._cache = {}
+        return out
 
     @property
     def all_valid(self) -> bool:
@@ -277,9 +316,22 @@ class BatchLayout:
             self._cache[key] = build(self)
         return self._cache[key]
 
+    def pattern_cached(self, key: Any, build: Callable[[BatchLayout], Any]) -> Any:
+        """``build(self)``, shared by the batches of this label pattern.
+
+        ``build`` may read the masks, counts, ``valid`` and :attr:`classes`, never the label
+        values (another batch of the pattern has other classes); ``key`` names everything else
+        it depends on (e.g. a dtype).
+        """
+        if key not in self._pattern_cache:
+            self._pattern_cache[key] = build(self)
+        return self._pattern_cache[key]
+
     def valid_index(self) -> torch.Tensor:
         """(N,) int64 rows of the valid anchors, increasing."""
-        return self.cached("valid_index", lambda s: s.valid.nonzero().squeeze(1))
+        return self.pattern_cached(
+            "valid_index", lambda s: torch.from_numpy(np.flatnonzero(s.valid.numpy()))
+        )
 
     def positive_pairs(self, valid_only: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """(anchor, reference) int64 (P,) each: the positive pairs, row-major (by anchor).
@@ -288,10 +340,10 @@ class BatchLayout:
         gives every positive pair (anchors without a negative too).
         """
         if not valid_only or self.all_valid:
-            return self.cached("positive_pairs", lambda s: s.pos_mask.nonzero(as_tuple=True))
-        return self.cached(
+            return self.pattern_cached("positive_pairs", lambda s: _nonzero(s.pos_mask.numpy()))
+        return self.pattern_cached(
             "valid_positive_pairs",
-            lambda s: (s.pos_mask & s.valid[:, None]).nonzero(as_tuple=True),
+            lambda s: _nonzero(s.pos_mask.numpy() & s.valid.numpy()[:, None]),
         )
 
     def restricted(self) -> BatchLayout:
@@ -307,6 +359,29 @@ class BatchLayout:
             )
 
         return self.cached("restricted", build)
+
+
+# Layouts of recent label patterns (self-reference class ids, at most this many mask entries
+# each: 2 bytes per entry), oldest first
+_LAYOUTS: dict[bytes, BatchLayout] = {}
+_LAYOUT_CACHE_SIZE = 8
+_LAYOUT_CACHE_ENTRIES = 2**18
+
+
+def _label_pattern(labels: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """(key, classes): the labels renumbered by first appearance, and the bytes of that."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty_like(first)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    classes = rank[inverse.reshape(-1)].astype(np.int64, copy=False)
+    return classes.tobytes(), classes
+
+
+def _nonzero(mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column (int64 tensors) of the True entries of a 2-D host mask, row-major."""
+    rows, cols = np.nonzero(mask)
+    as_int64 = (torch.from_numpy(a.astype(np.int64, copy=False)) for a in (rows, cols))
+    return tuple(as_int64)  # type: ignore[return-value]
 
 
 @dataclass
@@ -348,6 +423,7 @@ class PairBatch:
     ref_embeddings: torch.Tensor | None = None
     layout: BatchLayout | None = field(default=None, repr=False)
     inputs_ok: torch.Tensor | None = None
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def host(self) -> BatchLayout:
@@ -362,6 +438,16 @@ class PairBatch:
                 self.valid.cpu(),
             )
         return self.layout
+
+    def cached(self, key: str, build: Callable[[PairBatch], Any]) -> Any:
+        """``build(self)`` once per batch: a device tensor several parts of a loss use."""
+        if key not in self._derived:
+            self._derived[key] = build(self)
+        return self._derived[key]
+
+    def negative_weights(self) -> torch.Tensor:
+        """``neg_mask`` as 0/1 in the scores' dtype (a bool factor would be cast at every use)."""
+        return self.cached("negative_weights", lambda b: b.neg_mask.to(b.scores.dtype))
 
     def send(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """Host tensors on the scores' device, in one copy (the same tensors on the CPU)."""
@@ -494,7 +580,8 @@ class RankingLoss(nn.Module):
         rows = emb.to(score_dtype(emb.dtype))
         ref_rows = rows if self_reference else ref.to(rows.dtype)
         scores = _score_matrix(rows, ref_rows, self.similarity, self_reference)
-        finite = torch.isfinite(scores).all()
+        # s − s is 0 exactly when s is finite (NaN and ±inf give NaN): cheaper than isfinite
+        finite = (scores - scores).eq(0).all()
         ok = finite if ok is None else finite & ok
         self.last_stats = LossStats(
             layout.stats, check=DeferredCheck(ok, self._explain(emb, ref, self_reference))

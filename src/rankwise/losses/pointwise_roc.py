@@ -126,7 +126,7 @@ def pair_score_sets(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
     Without a reference set every unordered pair {i, j} of the batch counts once (i < j, the
     U-statistics of the paper); with one, every (anchor, reference) pair counts once.
     """
-    pos_index, neg_index = batch.send(*batch.host.cached("pair_set_index", _pair_set_index))
+    pos_index, neg_index = batch.send(*batch.host.pattern_cached("pair_set_index", _pair_set_index))
     flat = batch.scores.reshape(-1)
     return flat.index_select(0, pos_index), flat.index_select(0, neg_index)
 

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -31,7 +32,7 @@ from .._validation import (
     check_range_pair,
     check_scalar,
 )
-from .base import PairBatch, RankingLoss, score_dtype
+from .base import BatchLayout, PairBatch, RankingLoss, score_dtype
 
 __all__ = [
     "APLoss",
@@ -95,35 +96,34 @@ class _GroupLayout:
     """
 
     def __init__(self, groups: torch.Tensor, num_points: int) -> None:
-        present, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
-        self.present, self.num_points = present, num_points
-        self.n_groups, width = int(present.numel()), int(counts.max())
-        # each value's position within its group, in input order
-        order = torch.argsort(inverse, stable=True)
-        starts = torch.cumsum(counts, 0) - counts
-        slot = torch.empty_like(inverse)
-        slot[order] = torch.arange(inverse.numel()) - starts[inverse[order]]
-        self.width = width + 1
-        self.cell = inverse * self.width + slot
-        # columns of the sorted block: u_1, u_n, u_2 (u_1 for a single value), u_{n−1} (or u_1)
-        self.ends = torch.stack(
-            [
-                torch.zeros_like(counts),
-                counts - 1,
-                counts.clamp(max=2) - 1,
-                (counts - 2).clamp(min=0),
-            ],
-            dim=1,
+        # numpy on the host labels: a few microseconds per operation instead of torch's dispatch
+        present, first, inverse, counts = np.unique(
+            groups.numpy(), return_index=True, return_inverse=True, return_counts=True
         )
-        self.high_column = (counts + 1)[:, None]  # u_{n+1}: column n + 1 of the curve
+        inverse, counts = inverse.astype(np.int64), counts.astype(np.int64)
+        self.present, self.num_points = torch.from_numpy(present), num_points
+        self.first = torch.from_numpy(first.astype(np.int64))  # each group's first value
+        self.n_groups, width = int(present.size), int(counts.max())
+        # each value's position within its group, in input order
+        order = np.argsort(inverse, kind="stable")
+        starts = np.cumsum(counts) - counts
+        slot = np.empty_like(inverse)
+        slot[order] = np.arange(inverse.size) - starts[inverse[order]]
+        self.width = width + 1
+        self.cell = torch.from_numpy(inverse * self.width + slot)
+        # columns of the sorted block: u_1, u_n, u_2 (u_1 for a single value), u_{n−1} (or u_1)
+        ends = [np.zeros_like(counts), counts - 1, np.minimum(counts, 2) - 1]
+        self.ends = torch.from_numpy(np.stack([*ends, np.maximum(counts - 2, 0)], axis=1))
+        # u_{n+1}: column n + 1 of the curve
+        self.high_column = torch.from_numpy((counts + 1)[:, None])
         # position j/(K+1) on the index scale of a group of n values is j(n+1)/(K+1); integer
         # arithmetic keeps positions that coincide with a data point exact
-        j = torch.arange(1, num_points + 1)
+        j = np.arange(1, num_points + 1, dtype=np.int64)
         numerator = j[None, :] * (counts[:, None] + 1)
-        left = torch.div(numerator, num_points + 1, rounding_mode="floor")
-        self.remainder = numerator - left * (num_points + 1)
-        right = torch.minimum(left + 1, (counts + 1)[:, None])
-        self.knots = torch.cat([left, right], dim=1)
+        left = numerator // (num_points + 1)
+        self.remainder = torch.from_numpy(numerator - left * (num_points + 1))
+        right = np.minimum(left + 1, (counts + 1)[:, None])
+        self.knots = torch.from_numpy(np.concatenate([left, right], axis=1))
 
     def device_tensors(self) -> list[torch.Tensor]:
         """What :func:`_phi` needs on the device (send them, then pass them in this order)."""
@@ -249,7 +249,7 @@ def _negative_huber_sum(
 ) -> torch.Tensor:
     """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,)."""
     margin = (batch.scores / tau1).index_select(0, anchor) - (s_pos / tau1 - 1)[:, None]
-    is_negative = batch.neg_mask.to(batch.scores.dtype).index_select(0, anchor)
+    is_negative = batch.negative_weights().index_select(0, anchor)
     return _MaskedHuberSum.apply(margin, is_negative)
 
 
@@ -307,6 +307,22 @@ def _other_positive_sigmoid_sum(
     other_scores = scores[anchor, ref][index]
     terms = sigmoid_surrogate(s_pos[:, None] - other_scores, tau2)
     return torch.where(is_real, terms, 0).sum(1)
+
+
+def _unordered_pairs(
+    anchor: torch.Tensor, ref: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each pair of a symmetric pair list once, and where every listed pair finds it (host).
+
+    Returns (first, second, position): the pairs {a, b} with a < b, row-major, and for every
+    listed pair (a, b) the position of {a, b} among them.
+    """
+    a, b = anchor.numpy(), ref.numpy()
+    lower = a < b
+    first, second = a[lower], b[lower]
+    key = np.minimum(a, b) * n + np.maximum(a, b)
+    position = np.searchsorted(first * n + second, key)
+    return torch.from_numpy(first), torch.from_numpy(second), torch.from_numpy(position)
 
 
 class _PairScores:
@@ -409,7 +425,7 @@ class SemiVarianceRegularizer(RankingLoss):
         zero = scores.new_zeros(())
         tail = self.normalization == "tail"
         host = batch.host
-        positives = host.cached(
+        positives = host.pattern_cached(
             "flat_positives", lambda h: h.pos_mask.reshape(-1).nonzero().squeeze(1)
         )
         n_pos = int(positives.numel())
@@ -424,7 +440,7 @@ class SemiVarianceRegularizer(RankingLoss):
         # negatives are nearly every entry: a dense 0/1 mask is cheaper than gathering them
         n_neg = int(host.negatives_per_anchor.sum())
         if n_neg:
-            is_negative = batch.neg_mask.to(scores.dtype)
+            is_negative = batch.negative_weights()
             neg_mean = (scores * is_negative).sum() / n_neg
             above = (scores - neg_mean).clamp(min=0) * is_negative
             count = (above > 0).sum().clamp(min=1) if tail else n_neg
@@ -805,11 +821,17 @@ class SOPRCLoss(RankingLoss):
     ) -> int:
         """Moving average of Eq. (10) on the rows of the classes present among the anchors.
 
-        Where ``batch.inputs_ok`` is False (refused embeddings) every row keeps its value.
+        ``pairs``: (anchor, ref) of the positive pairs, or with a third tensor each unordered pair
+        once and the positions that spread their scores over the pairs. Where
+        ``batch.inputs_ok`` is False (refused embeddings) every row keeps its value.
         """
-        anchor, ref = pairs
         classes, *phi_sent = sent
-        scores = batch.scores[anchor, ref] if pair_scores is None else pair_scores(anchor, ref)
+        if pair_scores is None:
+            scores = batch.scores[pairs[0], pairs[1]]
+        elif len(pairs) == 3:  # each unordered pair once, then in the order of the pairs
+            scores = pair_scores(pairs[0], pairs[1]).index_select(0, pairs[2])
+        else:
+            scores = pair_scores(pairs[0], pairs[1])
         scores = scores.detach().to(self.v.dtype)
         phi = _phi(scores, groups, phi_sent, self.score_range)
         old = self.v.index_select(0, classes)
@@ -821,10 +843,11 @@ class SOPRCLoss(RankingLoss):
             # the constants of (1 − β) v + β φ, rounded to v's dtype as a (1 − β) tensor would be
             keep, take = _moving_average_weights(self.beta, self.v.dtype)
             new = keep * old + take * phi
-        updates = torch.ones_like(classes)
-        if batch.inputs_ok is not None:
+        if batch.inputs_ok is None:
+            updates = torch.ones_like(classes)
+        else:
             new = torch.where(batch.inputs_ok, new, old)
-            updates = updates * batch.inputs_ok
+            updates = batch.inputs_ok.to(classes.dtype).expand(classes.shape)
         self.v.index_copy_(0, classes, new)
         self.v_updates.index_add_(0, classes, updates)
         return groups.n_groups
@@ -849,47 +872,86 @@ class SOPRCLoss(RankingLoss):
         """Loss of a prepared batch; ``v`` is fed with the pair scores of ``batch.scores``."""
         return self._compute(batch, None)
 
-    def _pair_plan(self, batch: PairBatch) -> tuple[list[torch.Tensor], _GroupLayout | None]:
+    def _pair_plan(
+        self, batch: PairBatch, symmetric: bool
+    ) -> tuple[list[torch.Tensor], int, _GroupLayout | None]:
         """The step's label-only tensors, computed on the host and sent in one copy.
 
-        Returns the device tensors ``anchor, ref, anchor class, n⁻, rate, (n_class | others,
-        is_real, n⁺)``, then, when v is updated, ``anchor, ref`` of every positive pair, the
-        classes and φ's layout; and that layout (None without an update).
+        Returns the device tensors ``anchor, ref, anchor class, n⁻, rate, flat position, (n_class
+        | others, is_real, n⁺)``, then, when v is updated, the pairs that feed it (``anchor, ref`` of
+        every positive pair, or with ``symmetric`` each unordered pair once and where each
+        ordered pair finds its score), the classes and φ's layout; how many tensors the pairs
+        are; and φ's layout (None without an update).
         """
         host = batch.host
         assert host.labels is not None
         dtype = batch.scores.dtype
         anchor, ref = host.positive_pairs()
         anchor_labels = host.labels[anchor]
-        n_neg = host.negatives_per_anchor[anchor].to(dtype)
+        # what depends on the label pattern only is computed once per pattern
+        n_neg = host.pattern_cached(
+            ("pair_negatives", dtype), lambda h: h.negatives_per_anchor[anchor].to(dtype)
+        )
+        n_pos = host.pattern_cached(
+            ("pair_positives", dtype), lambda h: h.positives_per_anchor[anchor].to(dtype)
+        )
         if self.unbiased:
             # checked before v is updated: a call that raises leaves the state as it was
             prior = self._anchor_priors(anchor_labels)
             rate = prior / (1 - prior)  # π/(1 − π), the prior odds of a positive
         else:
-            n_pos = host.positives_per_anchor[anchor].to(dtype)
-            rate = n_pos / n_neg  # π0/(1 − π0) with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
-        tensors = [anchor, ref, anchor_labels, n_neg, rate]
+            # π0/(1 − π0) with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
+            rate = host.pattern_cached(("batch_rate", dtype), lambda h: n_pos / n_neg)
+        flat = host.pattern_cached("flat_pairs", lambda h: anchor * h.pos_mask.shape[1] + ref)
+        tensors = [anchor, ref, anchor_labels, n_neg, rate, flat]
         if self.use_v:
             tensors.append(self._host_buffer("positives")[anchor_labels].to(dtype))
         else:
-            n_pos = host.positives_per_anchor[anchor].to(dtype)
-            tensors += [*_other_pairs_of_same_anchor(anchor), n_pos]
-        groups = None
+            others = host.pattern_cached(
+                "other_pairs", lambda h: _other_pairs_of_same_anchor(anchor)
+            )
+            tensors += [*others, n_pos]
+        groups, n_pair_tensors = None, 0
         if self.training and self.use_v:
-            update_anchor, update_ref = host.positive_pairs(valid_only=False)
-            groups = _GroupLayout(host.labels[update_anchor], self.num_v)
-            tensors += [update_anchor, update_ref, groups.present, *groups.device_tensors()]
-        return batch.send(*tensors), groups
+            groups, pairs, group_rows = self._update_plan(host, symmetric)
+            n_pair_tensors = len(pairs)
+            tensors += [*pairs, host.labels[group_rows], *groups.device_tensors()]
+        return batch.send(*tensors), n_pair_tensors, groups
+
+    def _update_plan(
+        self, host: BatchLayout, symmetric: bool
+    ) -> tuple[_GroupLayout, tuple[torch.Tensor, ...], torch.Tensor]:
+        """φ's layout over the classes of every positive pair and the pairs that feed it.
+
+        Also returns an anchor of each group, whose label is the group's class.
+        """
+
+        def build(h: BatchLayout) -> tuple[_GroupLayout, tuple[torch.Tensor, ...], torch.Tensor]:
+            anchor, ref = h.positive_pairs(valid_only=False)
+            # the pattern's class numbers when the layout is shared by a pattern, else the labels
+            classes = h.classes if h.classes is not None else h.labels
+            assert classes is not None
+            groups = _GroupLayout(classes[anchor], self.num_v)
+            pairs = _unordered_pairs(anchor, ref, h.n_anchors) if symmetric else (anchor, ref)
+            return groups, pairs, anchor[groups.first]
+
+        key = ("soprc_update", self.num_v, symmetric)
+        if host.classes is None:
+            return host.cached(str(key), build)
+        return host.pattern_cached(key, build)
 
     def _compute(self, batch: PairBatch, pair_scores: _PairScores | None) -> torch.Tensor:
         self._check_batch(batch)
-        sent, groups = self._pair_plan(batch)
-        anchor, ref, anchor_labels, n_neg, rate = sent[:5]
-        s_pos = batch.scores[anchor, ref]
+        # s(a, b) == s(b, a) bit for bit: a batch against itself scores each pair once
+        symmetric = pair_scores is not None and batch.self_reference
+        sent, n_pairs, groups = self._pair_plan(batch, symmetric)
+        anchor, ref, anchor_labels, n_neg, rate, flat = sent[:6]
+        s_pos = batch.scores.reshape(-1).index_select(0, flat)  # scores[anchor, ref]
         rows_updated = 0
         if groups is not None:
-            rows_updated = self._update_v(batch, pair_scores, sent[-8:-6], groups, sent[-6:])
+            start = len(sent) - 6 - n_pairs
+            pairs, rest = sent[start : start + n_pairs], sent[start + n_pairs :]
+            rows_updated = self._update_v(batch, pair_scores, pairs, groups, rest)
 
         fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
         s_tpr = s_pos.detach() if self.detach_tpr else s_pos
@@ -898,11 +960,11 @@ class SOPRCLoss(RankingLoss):
             # N⁺ − 1 positives that v places above s⁺, out of N⁺
             v_rows = self.v.index_select(0, anchor_labels).to(s_pos.dtype)
             above = sigmoid_surrogate(s_tpr[:, None] - v_rows, self.tau2).mean(1)
-            n_class = sent[5]
+            n_class = sent[6]
             tpr = (1 + (n_class - 1) * above) / n_class
         else:
             scores = batch.scores.detach() if self.detach_tpr else batch.scores
-            others, is_real, n_pos = sent[5:8]
+            others, is_real, n_pos = sent[6:9]
             positives = _other_positive_sigmoid_sum(
                 scores, anchor, ref, s_tpr, self.tau2, (others, is_real)
             )
