@@ -47,7 +47,14 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
-__all__ = ["DispatchCounter", "SYNC_OPS", "VIEW_OPS", "count_dispatch", "to_device"]
+__all__ = [
+    "DispatchCounter",
+    "SYNC_OPS",
+    "VIEW_OPS",
+    "count_dispatch",
+    "simulating_device",
+    "to_device",
+]
 
 aten = torch.ops.aten
 
@@ -215,6 +222,21 @@ class _DispatchLevel(TorchDispatchMode):
         return out
 
 
+# how many DispatchCounter contexts are open (on any thread): while one is, CPU tensors stand for
+# device data, so code that reads a CPU value at once because it costs nothing there defers the
+# read as it would on an accelerator (simulating_device)
+_open_counters = 0
+
+
+def simulating_device() -> bool:
+    """Whether a :class:`DispatchCounter` is counting: CPU tensors stand for device data.
+
+    Code that reads a value of CPU data at once (free on the CPU) and defers the read on an
+    accelerator asks this, so that a counted CPU run takes the accelerator's path.
+    """
+    return _open_counters > 0
+
+
 class DispatchCounter:
     """Context manager counting aten operations and host syncs (see the module docstring).
 
@@ -237,11 +259,15 @@ class DispatchCounter:
         self._modes = (_FunctionLevel(self), _DispatchLevel(self))
 
     def __enter__(self) -> DispatchCounter:
+        global _open_counters
         for mode in self._modes:
             mode.__enter__()
+        _open_counters += 1
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        global _open_counters
+        _open_counters -= 1
         for mode in reversed(self._modes):
             mode.__exit__(*exc)
 

@@ -130,8 +130,14 @@ def test_refused_values_return_nan_and_raise_when_last_stats_is_read(name, argum
     assert loss_fn.state_dict().keys() == state.keys()
     for key in state:
         assert torch.equal(loss_fn.state_dict()[key], state[key]), key
-    value = loss_fn(*args)
+    with DispatchCounter():  # as on an accelerator
+        value = loss_fn(*args)
     assert torch.isnan(value)
+    # on the CPU reading the flag waits for nothing: the call itself raises, changing nothing
+    with pytest.raises(ValueError, match=f"`{argument}`"):
+        loss_fn(*args)
+    for key in state:
+        assert torch.equal(loss_fn.state_dict()[key], state[key]), key
     # the next good call is unaffected
     good = loss_fn(x, y)
     assert torch.isfinite(good) and all(math.isfinite(v) for v in dict(loss_fn.last_stats).values())

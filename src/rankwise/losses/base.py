@@ -11,9 +11,10 @@ contract" and "Half precision").
 A step waits for the device nowhere (issue 31): everything that depends on the labels only (masks,
 counts, the batch's positive pairs, which anchors are skipped) is computed on the host from the
 labels, once per batch (:class:`BatchLayout`), and sent to the device in one copy; the values of
-the embeddings are checked on the device (non-finite scores, a loss's own range checks) and the
-``ValueError`` naming ``embeddings`` is raised when ``loss.last_stats`` is read (a
-:class:`~rankwise.losses._deferred.LossStats`), while the call returns NaN and changes no state.
+the embeddings are checked on the device (non-finite scores, a loss's own range checks) as one
+flag. On the CPU, where reading it waits for nothing, a failed check raises the ``ValueError``
+naming ``embeddings`` at the call; on an accelerator it is raised when ``loss.last_stats`` is read
+(a :class:`~rankwise.losses._deferred.LossStats`), while the call returns NaN and changes no state.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from torch import nn
 
 from .._affinity import affinity_labels, affinity_levels
-from .._dispatch import to_device
+from .._dispatch import simulating_device, to_device
 from .._validation import check_embeddings, check_finite
 from ..similarity import SIMILARITIES, check_similarity, similarity_matrix
 from ._deferred import DeferredCheck, LossStats
@@ -558,8 +559,8 @@ class RankingLoss(nn.Module):
         """Validate inputs, build the score matrix and masks, count skipped anchors.
 
         Labels are read on the host (a copy of them when they are on an accelerator); the
-        embeddings' values are checked on the device, and a failure raises when ``last_stats``
-        is read (see the module docstring).
+        embeddings' values are checked on the device, and a failure raises here for CPU
+        embeddings, when ``last_stats`` is read on an accelerator (see the module docstring).
         """
         emb, lab, ref, ref_lab = validate_pair_inputs(
             embeddings,
@@ -583,9 +584,11 @@ class RankingLoss(nn.Module):
         # s − s is 0 exactly when s is finite (NaN and ±inf give NaN): cheaper than isfinite
         finite = (scores - scores).eq(0).all()
         ok = finite if ok is None else finite & ok
-        self.last_stats = LossStats(
-            layout.stats, check=DeferredCheck(ok, self._explain(emb, ref, self_reference))
-        )
+        check = DeferredCheck(ok, self._explain(emb, ref, self_reference))
+        if emb.device.type == "cpu" and not simulating_device():
+            # reading a CPU value waits for nothing: refuse at the call, before any state changes
+            check.raise_if_failed()
+        self.last_stats = LossStats(layout.stats, check=check)
         sent = to_device(
             [layout.pos_mask, layout.neg_mask, lab, ref_lab, layout.valid]
             + ([] if levels is None else [levels]),
@@ -653,9 +656,9 @@ class RankingLoss(nn.Module):
             ref_labels: (M,) integer class ids of the reference set.
 
         Returns:
-            A scalar tensor (float32 for float16 / bfloat16 embeddings, see the module docstring);
-            NaN when the embeddings' values are refused, whose ``ValueError`` is raised when
-            ``last_stats`` is read.
+            A scalar tensor (float32 for float16 / bfloat16 embeddings, see the module docstring).
+            Refused values of the embeddings raise a ``ValueError`` naming them (on an
+            accelerator: NaN is returned and the error raised when ``last_stats`` is read).
         """
         batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
         return self.finish(self.compute(batch), batch)
