@@ -240,8 +240,9 @@ class RecallAtKLoss(RankingLoss):
         else:
             scores, pos_mask, rows = batch.scores, batch.pos_mask, batch.valid
             rank_mask = (batch.pos_mask, batch.neg_mask)
-            pairs = batch.send(*batch.host.positive_pairs())
-        recall = self.recall_per_anchor(scores, pos_mask, rank_mask, rows, (pairs[0], pairs[1]))
+            anchors, positives = batch.send(*batch.host.positive_pairs())
+            pairs = (anchors, positives)
+        recall = self.recall_per_anchor(scores, pos_mask, rank_mask, rows, pairs)
         weight = rows.to(recall.dtype)
         mean_recall = (recall * weight).sum() / weight.sum()
         stats: dict[str, Any] = self.last_stats  # detached tensors, read when logged
