@@ -663,7 +663,8 @@ def tune(
     """Select each loss's hyper-parameters on validation data; write ``tune.json``, ``tuned.yaml``.
 
     Arguments as :func:`plan_tune`, and ``console``, ``resume``, ``overwrite`` as
-    :func:`~rankwise.workflows.bench.run_bench` (``tune.json`` is rewritten after every trial).
+    :func:`~rankwise.workflows.bench.run_bench` (``tune.json`` is rewritten after every run,
+    with the trials finished so far).
     Every configuration error, data-dependent ones included, is raised before the first run. A
     trial whose loss becomes non-finite is recorded as diverged and never selected; ties are
     broken by :data:`TIE_RULE` and reported.
