@@ -302,8 +302,8 @@ def prepare_sweep_dir(
         if saved["settings"] != settings:
             raise ConfigError(
                 f"output: the {kind} sweep in {str(output)!r} was started with other settings; "
-                "resume it with its own (rankwise "
-                f"{kind} --resume {output}) or start afresh with `overwrite`."
+                "continue it with its own settings (`resume` alone, which reads them from its "
+                f"{SWEEP_FILE}) or start afresh with `overwrite`."
             )
     elif overwrite:
         _remove_previous_sweep(output, files)
