@@ -7,11 +7,13 @@ loss + batch-hard miner (Hermans et al., 2017, Eq. 5), called directly, on one P
 (56 classes x 4 samples = 224, dimension 512, float32, CPU) in the same process with the calls
 interleaved, so machine load affects every loss alike. It checks the target that the SOPRC
 estimator (Wen et al., NeurIPS 2022, Alg. 1), the AP loss and the AUC loss (Gajić et al., Eq. 9)
-are no slower than PML FastAP, and measures in fresh subprocesses the peak memory against the batch
-size of Smooth-AP (Brown et al., ECCV 2020, Eq. 5; ours vs PML's ``SmoothAPLoss``) and of ROADMAP
-(Ramzi et al., NeurIPS 2021) and the Recall@k surrogate (Patel et al., CVPR 2022) beside PML FastAP,
-and the largest batch whose Recall@k surrogate call stays within a memory budget (2 GiB), the
-large-batch regime of that paper.
+are no slower than PML FastAP, counts the operations and host syncs of one step of each loss
+(``rankwise._dispatch.DispatchCounter``: embeddings and buffers on the device, labels on the host,
+as the data loader gives them), and measures in fresh subprocesses the peak memory against the
+batch size of Smooth-AP (Brown et al., ECCV 2020, Eq. 5; ours vs PML's ``SmoothAPLoss``) and of
+ROADMAP (Ramzi et al., NeurIPS 2021) and the Recall@k surrogate (Patel et al., CVPR 2022) beside
+PML FastAP, and the largest batch whose Recall@k surrogate call stays within a memory budget
+(2 GiB), the large-batch regime of that paper.
 
 Usage::
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import statistics
@@ -43,6 +46,7 @@ import numpy as np
 import torch
 
 from _report import cpu_name
+from rankwise._dispatch import DispatchCounter
 
 SECTION_START = "<!-- losses:start -->"
 SECTION_END = "<!-- losses:end -->"
@@ -155,10 +159,21 @@ def cases_to(cases: list[Case], device: torch.device) -> None:
 
 
 def time_cases(
-    cases: list[Case], embeddings: torch.Tensor, labels: torch.Tensor, repeats: int, warmup: int
+    cases: list[Case],
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    repeats: int,
+    warmup: int,
+    cpu_times: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
-    """Seconds per forward + backward for every runnable case, calls interleaved across cases."""
+    """Seconds per forward + backward for every runnable case, calls interleaved across cases.
+
+    ``cpu_times``, when given, receives the process CPU seconds of each timed call: on a machine
+    shared with other jobs the wall clock also counts the time the process waited for a core.
+    """
     times: dict[str, list[float]] = {c.name: [] for c in cases if c.run is not None}
+    if cpu_times is not None:
+        cpu_times.update({name: [] for name in times})
     leaf = embeddings.detach().clone().requires_grad_(True)
     for round_index in range(warmup + repeats):
         for case in cases:
@@ -167,18 +182,44 @@ def time_cases(
             leaf.grad = None
             try:
                 _synchronize(leaf.device)
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 case.run(leaf, labels).backward()
                 _synchronize(leaf.device)
                 elapsed = time.perf_counter() - start
+                elapsed_cpu = time.process_time() - start_cpu
             except Exception as exc:  # reported in the table and in the exit status
                 case.error = f"call failed: {type(exc).__name__}: {exc}"
                 case.run = None
                 times.pop(case.name, None)
+                if cpu_times is not None:
+                    cpu_times.pop(case.name, None)
                 continue
             if round_index >= warmup:
                 times[case.name].append(elapsed)
+                if cpu_times is not None:
+                    cpu_times[case.name].append(elapsed_cpu)
     return times
+
+
+def count_cases(
+    cases: list[Case], embeddings: torch.Tensor, labels: torch.Tensor
+) -> dict[str, DispatchCounter]:
+    """One more forward + backward of every runnable case under a :class:`DispatchCounter`.
+
+    The embeddings and the case's buffers (SOPRC's v, XBM's memory) count as device data, the
+    labels as host data: the counter's device syncs are what would stall an accelerator.
+    """
+    counts: dict[str, DispatchCounter] = {}
+    for case in cases:
+        if case.run is None:
+            continue
+        leaf = embeddings.detach().clone().requires_grad_(True)
+        buffers = list(case.run.buffers()) if isinstance(case.run, torch.nn.Module) else []
+        with DispatchCounter() as counter:
+            counter.mark_device(leaf, *buffers)
+            case.run(leaf, labels).backward()
+        counts[case.name] = counter
+    return counts
 
 
 # -- peak memory, one fresh subprocess per (implementation, batch size) -------------------------
@@ -340,12 +381,17 @@ def render_section(
     n_train_classes: int,
     surrogate_memory: dict[tuple[str, int], dict[str, float] | str] | None = None,
     largest: dict[str, Any] | None = None,
+    counts: dict[str, DispatchCounter] | None = None,
+    load: tuple[float, float] | None = None,
+    cpu_times: dict[str, list[float]] | None = None,
 ) -> tuple[str, list[str]]:
     """The markdown of the "## Losses" section, and the target check lines."""
     import pytorch_metric_learning
 
     medians = {name: statistics.median(v) for name, v in times.items() if v}
     reference = medians.get(TARGET_REFERENCE)
+    cpu = {name: statistics.median(v) for name, v in (cpu_times or {}).items() if v}
+    cpu_reference = cpu.get(TARGET_REFERENCE)
     # The heading stays outside the markers: the retrieval benchmark replaces its own section up
     # to the next "## " heading, which must not swallow the start marker.
     heading, start, end = section_markers(args.device)
@@ -355,10 +401,16 @@ def render_section(
         "",
         start,
         f"Generated by `python benchmarks/bench_losses.py{' --quick' if args.quick else ''}"
-        f"{device_flag}` on "
+        f"{device_flag}{_flags(args)}` on "
         f"{time.strftime('%Y-%m-%d')}: torch {torch.__version__}, pytorch-metric-learning "
         f"{pytorch_metric_learning.__version__}, {cpu_name()}, "
-        f"`torch.set_num_threads({torch.get_num_threads()})`.",
+        f"`torch.set_num_threads({torch.get_num_threads()})`"
+        + (
+            f", load average {load[0]:.1f} at the start and {load[1]:.1f} at the end "
+            f"({os.cpu_count()} cores)."
+            if load
+            else "."
+        ),
         "",
         f"### Forward + backward time, batch {args.classes * args.m} "
         f"({args.classes} classes x {args.m}), dimension {args.dim}, float32, "
@@ -369,32 +421,58 @@ def render_section(
         "(inside (-1, 1), valid for the hashing losses too). rankwise losses come from "
         "`rankwise.losses.build_loss(name, train_labels=..., embedding_dim="
         f"{args.dim})` (SOPRC's per-class state sized by a {n_train_classes}-class "
-        "training set shaped like Stanford Online Products); PML losses are called directly.",
+        "training set shaped like Stanford Online Products); PML losses are called directly. "
+        "Labels are on the host, as the data loader gives them (PML moves them to the device). "
+        "The last two columns count one more step (forward + backward, training mode) with "
+        "`rankwise._dispatch.DispatchCounter`: aten operations on the embeddings' side that are "
+        "not views (kernel launches on an accelerator), and device syncs (`.item()`, `nonzero`, "
+        "boolean-mask indexing, ... on data derived from the embeddings or the loss's buffers; "
+        "on the labels they are host work, not counted). CPU ms is the process CPU time of "
+        "the same calls (`time.process_time`), which leaves out the time spent waiting for a "
+        "core on a shared machine.",
         "",
-        "| loss | source | median ms | min ms | ratio to PML FastAP |",
-        "|---|---|---:|---:|---:|",
+        "| loss | source | median ms | min ms | ratio to PML FastAP | median CPU ms | CPU ratio "
+        "| device kernels | device syncs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    counts = counts or {}
     for case in cases:
         if case.name in medians:
             ratio = f"{medians[case.name] / reference:.2f}" if reference else "n/a"
+            cpu_ms = _fmt_ms(cpu[case.name]) if case.name in cpu else "n/a"
+            cpu_ratio = (
+                f"{cpu[case.name] / cpu_reference:.2f}"
+                if case.name in cpu and cpu_reference
+                else "n/a"
+            )
+            counter = counts.get(case.name)
+            ops = f"{counter.n_kernels} | {counter.n_syncs}" if counter else "n/a | n/a"
             lines.append(
                 f"| {case.name} | {case.source} | {_fmt_ms(medians[case.name])} | "
-                f"{_fmt_ms(min(times[case.name]))} | {ratio} |"
+                f"{_fmt_ms(min(times[case.name]))} | {ratio} | {cpu_ms} | {cpu_ratio} | {ops} |"
             )
         else:
-            lines.append(f"| {case.name} | {case.source} | {case.error} | | |")
+            lines.append(f"| {case.name} | {case.source} | {case.error} | | | | | | |")
 
     checks = []
     for name in TARGET_LOSSES:
         if name in medians and reference:
             ratio = medians[name] / reference
             verdict = "met" if ratio <= 1.0 else "NOT met"
+            cpu_note = (
+                f"; CPU time ratio {cpu[name] / cpu_reference:.2f}"
+                if name in cpu and cpu_reference
+                else ""
+            )
             checks.append(
                 f"target: {name} no slower than {TARGET_REFERENCE}: time ratio {ratio:.2f} "
-                f"({_fmt_ms(medians[name])} ms vs {_fmt_ms(reference)} ms) -- {verdict}"
+                f"({_fmt_ms(medians[name])} ms vs {_fmt_ms(reference)} ms{cpu_note}) -- {verdict}"
             )
         else:
             checks.append(f"target: {name} no slower than {TARGET_REFERENCE}: not measured")
+    for name in (*TARGET_LOSSES, TARGET_REFERENCE):
+        if name in counts:
+            checks.append(f"counts: {name}: {counts[name].summary()}")
     lines += ["", "Target: SOPRC, AP and AUC losses no slower than PML FastAP.", ""]
     lines += [f"- {c}" for c in checks]
     if args.memory_batch_sizes:
@@ -523,6 +601,14 @@ def _largest_batch_line(args: argparse.Namespace, largest: dict[str, Any]) -> st
         f"is **{largest['largest']}** ({fit_text}); {largest['too_large']} takes {over_text}. "
         f"Probes (doubling from 1024, then bisection): {probes}."
     )
+
+
+def _flags(args: argparse.Namespace) -> str:
+    """The options of this run that change its numbers (threads, repeats), as typed."""
+    flags = "" if args.threads is None else f" --threads {args.threads}"
+    if args.repeats != (3 if args.quick else 30):
+        flags += f" --repeats {args.repeats}"
+    return flags
 
 
 def _device_name(device: str) -> str:
@@ -665,11 +751,15 @@ def main(argv: list[str] | None = None) -> int:
     # hashing losses included (they take relaxed codes, tanh outputs, and refuse the rest)
     gaussian = torch.randn(args.classes * args.m, args.dim, generator=generator)
     embeddings = (0.95 * torch.tanh(gaussian)).to(device)
-    labels = pk_labels(args.classes, args.m).to(device)
+    labels = pk_labels(args.classes, args.m)  # on the host, as a data loader gives them
 
     cases = rankwise_cases(train_labels, args.dim) + pml_cases()
     cases_to(cases, device)
-    times = time_cases(cases, embeddings, labels, args.repeats, args.warmup)
+    load_start = os.getloadavg()[0]
+    cpu_times: dict[str, list[float]] = {}
+    times = time_cases(cases, embeddings, labels, args.repeats, args.warmup, cpu_times)
+    load = (load_start, os.getloadavg()[0])
+    counts = count_cases(cases, embeddings, labels)
     threads = torch.get_num_threads()
     memory = measure_memory(args.memory_batch_sizes, args.m, args.dim, threads)
     surrogate_memory = measure_memory(
@@ -681,7 +771,16 @@ def main(argv: list[str] | None = None) -> int:
         else None
     )
     section, checks = render_section(
-        args, cases, times, memory, n_train_classes, surrogate_memory, largest
+        args,
+        cases,
+        times,
+        memory,
+        n_train_classes,
+        surrogate_memory,
+        largest,
+        counts=counts,
+        load=load,
+        cpu_times=cpu_times,
     )
 
     print(section)

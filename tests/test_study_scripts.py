@@ -131,7 +131,7 @@ def test_pretrained_table_refuses_missing_folders(args, capsys):
 # A stand-in for the rankwise CLI: records each call's arguments and finishes the run at once.
 FAKE_RANKWISE = """#!/usr/bin/env bash
 echo "$*" >> "$CALLS"
-while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+while [ $# -gt 0 ]; do case $1 in -o | --resume) out=$2 ;; esac; shift; done
 mkdir -p "$out"
 touch "$out/pretrained.pt"
 echo '{"status": "completed"}' > "$out/report.json"
@@ -288,3 +288,57 @@ def test_pretrained_bench_runs_the_surrogate_sweeps_and_resumes_a_started_one(tm
     assert "--losses xbm loss.params.start_iteration=400" in xbm
     assert "--losses triplet,multi_similarity,dir,blackbox_ap,auc" in others
     assert resumed == [f"bench --resume {out}/roadmap", f"bench --resume {out}/recall_at_k"]
+
+
+def test_sampling_rate_study_resumes_an_interrupted_pretraining(tmp_path):
+    subset = {"SEEDS": "0", "STARTS": "pretrained", "CELLS_RUN": "fb_k2", "LOSSES_RUN": "ap"}
+    # what an interrupted `rankwise pretrain` leaves: a checkpoint and no pretrained.pt
+    (tmp_path / "out" / "pretraining" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "out" / "pretraining" / "checkpoints" / "last.pt").touch()
+    result, calls = _study(tmp_path, **subset)
+    assert result.returncode == 0, result.stderr
+    resume, train = calls
+    assert resume.startswith("pretrain --resume ") and resume.endswith("out/pretraining")
+    assert train.startswith("train ")
+    assert (tmp_path / "out" / "pretraining" / "pretrained.pt").is_file()
+
+
+def test_positive_share_of_each_cell():
+    summary = _script("summarize_sampling_rate")
+    # 1 of 63 partners at K = 2 in a batch of 64; 7 of 127 at K = 8 in a batch of 128
+    assert summary.positive_share("fb_k2") == 1 / 63
+    assert summary.positive_share("fc_k8") == 7 / 127
+    text = summary.tables(Path("nowhere"), starts=("pretrained",))
+    assert "K = 2: 3.2 %, K = 4: 4.8 %, K = 8: 5.5 %" in text  # fixed 16 classes
+    assert "K = 2: 1.6 %, K = 4: 4.8 %, K = 8: 11.1 %" in text  # fixed batch of 64
+
+
+def test_pretraining_variance_over_study_folders(tmp_path, capsys):
+    summary = _script("summarize_sampling_rate")
+    outs = [tmp_path / f"pre{i}" for i in range(3)]
+    values = {  # (loss, pretraining) -> (K = 2, K = 8)
+        "soprc": ((0.80, 0.66), (0.82, 0.70), (0.81, 0.71)),
+        "ap": ((0.81, 0.70), (0.83, 0.72), (0.80, 0.69)),
+    }
+    for loss, by_pretraining in values.items():
+        for out, (k2, k8) in zip(outs, by_pretraining, strict=True):
+            _run(out / "pretrained" / "fb_k2" / loss / "seed0", k2)
+            _run(out / "pretrained" / "fb_k8" / loss / "seed0", k8)
+    # a fine-tuning seed other than the one asked for is not read
+    _run(outs[2] / "pretrained" / "fb_k2" / "smooth_ap" / "seed1", 0.9)
+    args = [str(outs[0]), "--pretrainings", *map(str, outs[1:]), "--losses", "soprc", "ap"]
+    assert summary.main([*args, "--markdown", str(tmp_path / "v.md")]) == 0
+    text = (tmp_path / "v.md").read_text()
+    lines = text.splitlines()
+    assert (
+        "| SOPRC (defaults) | K = 2, batch 64, 1.6 % | 80.00 | 82.00 | 81.00 | 81.00 ± 1.00 |"
+        in lines
+    )
+    # drops 14 / 12 / 10 (SOPRC) against 11 / 11 / 11 (AP): SOPRC drops most under two of three
+    assert "| SOPRC (defaults) | 14.00 | 12.00 | 10.00 | 12.00 ± 2.00 |" in lines
+    assert "| *largest drop* | SOPRC (defaults) | SOPRC (defaults) | AP loss (biased) | |" in lines
+    assert "Missing runs: 0 of 12." in text
+    # the default losses of this mode are the claim's three: Smooth-AP's six runs are missing
+    assert summary.main([str(outs[0]), "--pretrainings", *map(str, outs[1:])]) == 0
+    assert "Missing runs: 6 of 18." in capsys.readouterr().out
+    assert summary.main([str(outs[0]), "--pretrainings", str(tmp_path / "nowhere")]) == 2

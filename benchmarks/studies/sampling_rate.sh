@@ -49,7 +49,10 @@ mkdir -p "$OUT"
 # one copy pretrains, the others wait for it
 exec {PRE}> "$OUT/pretraining.lock"
 flock "$PRE"
-if [ ! -f "$OUT/pretraining/pretrained.pt" ]; then
+if [ ! -f "$OUT/pretraining/pretrained.pt" ] && [ -f "$OUT/pretraining/checkpoints/last.pt" ]; then
+    # an interrupted pretraining (Ctrl-C, SIGTERM) continues from its checkpoint, bit for bit
+    $RANKWISE pretrain --resume "$OUT/pretraining"
+elif [ ! -f "$OUT/pretraining/pretrained.pt" ]; then
     $RANKWISE pretrain -c $CONFIG -o "$OUT/pretraining" --steps 400 --batch-size 128 $DATA $PRETRAIN_SEED
 fi
 exec {PRE}>&-

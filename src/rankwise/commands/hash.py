@@ -124,6 +124,7 @@ def train_command(
     with cli_errors("training", {**FLAGS, "output": "--output"}) as err:
         from ..training import TrainingInterrupted
         from ..training.lock import lock_run_dir
+        from ..training.rundir import SweepPaths
         from ..workflows.hashing import load_hash_config, run_hash_experiment, write_report
 
         cfg, settings = load_hash_config(config, extra)
@@ -140,7 +141,7 @@ def train_command(
             )
 
         with lock_run_dir(output, "output_dir"):  # the sweep and its report: one writer
-            if not overwrite and (output / "hash_config.yaml").is_file():
+            if not overwrite and SweepPaths(output).hash_config.is_file():
                 # a re-run continues the sweep in --output: say so before anything is reused
                 err.print(
                     f"note: {output} holds a sweep: runs completed with this config are kept and "

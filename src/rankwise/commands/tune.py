@@ -120,6 +120,7 @@ def tune(
         from ..reporting import print_tune_table
         from ..training import TrainingInterrupted
         from ..training.lock import lock_run_dir
+        from ..training.rundir import SweepPaths
         from ..workflows.tune import tune as run_tune
 
         if resume is not None:
@@ -166,4 +167,4 @@ def tune(
                 "unchanged in tuned.yaml[/red]",
                 soft_wrap=True,
             )
-    print_outputs(console, results=[out / "tune.json", Path(summary["tuned_config"])])
+    print_outputs(console, results=[SweepPaths(out).tune_json, Path(summary["tuned_config"])])

@@ -34,8 +34,9 @@ def positive_pairs(pos_mask: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Te
         pos_mask: (B, M) bool, the positives of each anchor.
         rows: (B,) bool, the anchors whose pairs are wanted (the rankable ones).
 
-    The number of pairs sizes every block that follows, so it is read once on the host: the one
-    device-to-host transfer of the ROADMAP and Recall@k steps (``nonzero``'s output size).
+    ``nonzero``'s output size is read on the host: a device sync. The losses take the same pairs
+    from :meth:`~rankwise.losses.base.BatchLayout.positive_pairs` (computed on the host from the
+    labels) instead; this serves a caller that has only the device masks.
     """
     anchors, positives = (pos_mask & rows[:, None]).nonzero(as_tuple=True)
     return anchors, positives

@@ -17,11 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from .._validation import Interval, check_bool, check_scalar
 from ._pair_ranks import pair_sums, positive_pairs
-from .base import PairBatch, RankingLoss
+from .base import BatchLayout, PairBatch, RankingLoss
 
 __all__ = ["RecallAtKLoss", "simix_scores"]
 
@@ -71,6 +72,29 @@ def simix_scores(
     top = torch.cat([scores, cross], dim=1)
     bottom = alpha[:, None] * top[first] + (1 - alpha)[:, None] * top[second]
     return torch.cat([top, bottom]), torch.cat([labels, labels[first]])
+
+
+def _simix_layout(host: BatchLayout) -> tuple[torch.Tensor, ...]:
+    """SiMix's label-only structure, on the host (:meth:`BatchLayout.cached`).
+
+    The virtual pairs (``first``, ``second``: every unordered same-class pair of the batch), then
+    for the batch with the virtual samples appended: the positives mask, the anchors that can be
+    ranked (a positive and a negative) and their positive pairs, row-major.
+    """
+    if host.labels is None:  # pragma: no cover - a batch prepared by RankingLoss has labels
+        raise ValueError("SiMix needs the batch's class labels.")
+    first, second = np.nonzero(np.triu(host.pos_mask.numpy(), k=1))
+    labels = host.labels.numpy()
+    extended = np.concatenate([labels, labels[first]])
+    same = extended[:, None] == extended[None, :]
+    pos_mask = same.copy()
+    np.fill_diagonal(pos_mask, False)
+    rows = pos_mask.any(axis=1) & ~same.all(axis=1)
+    anchors, positives = np.nonzero(pos_mask & rows[:, None])
+    return tuple(
+        torch.from_numpy(np.ascontiguousarray(a))
+        for a in (first, second, pos_mask, rows, anchors, positives)
+    )
 
 
 class RecallAtKLoss(RankingLoss):
@@ -154,6 +178,7 @@ class RecallAtKLoss(RankingLoss):
         pos_mask: torch.Tensor,
         rank_mask: torch.Tensor | tuple[torch.Tensor, ...],
         rows: torch.Tensor,
+        pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """(B,) smooth recall of each anchor of ``rows``, averaged over K (0 for the others).
 
@@ -163,8 +188,12 @@ class RecallAtKLoss(RankingLoss):
             rank_mask: (B, M) bool references in each anchor's ranking set Ω_q, or a tuple of
                 masks whose union is Ω_q (formed block by block, not as a (B, M) tensor).
             rows: (B,) bool anchors to compute (those with a positive and a negative).
+            pairs: ``(anchors, positives)`` (P,) int64 on the scores' device, the positive pairs
+                of the ``rows`` in row-major order, as computed on the host from the labels
+                (:meth:`compute` passes them); None computes them here from the masks, one
+                device sync (``nonzero``).
         """
-        anchors, positives = positive_pairs(pos_mask, rows)
+        anchors, positives = positive_pairs(pos_mask, rows) if pairs is None else pairs
         rank = 1.0 + pair_sums(
             scores, anchors, positives, rank_mask, self._rank_sigmoid, self._rank_sigmoid_grad
         )
@@ -177,8 +206,14 @@ class RecallAtKLoss(RankingLoss):
 
     def _simix_batch(
         self, batch: PairBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor]:
-        """The batch plus its SiMix virtual samples: scores, positives, ranking sets, anchors.
+    ) -> tuple[
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor | tuple[torch.Tensor, ...],
+        torch.Tensor,
+        tuple[torch.Tensor, torch.Tensor],
+    ]:
+        """The batch plus its SiMix virtual samples: scores, positives, ranking sets, anchors, pairs.
 
         One virtual sample per unordered same-class pair of the batch, mixed with a fresh α.
         """
@@ -188,24 +223,26 @@ class RecallAtKLoss(RankingLoss):
                 "takes no `ref_embeddings` (build it with simix=False to rank against a "
                 "reference set)."
             )
-        # the pair count sizes the virtual block: SiMix's one extra host read
-        first, second = torch.triu(batch.pos_mask, diagonal=1).nonzero(as_tuple=True)
+        # everything that depends on the labels only is computed on the host and sent in one
+        # copy: the virtual pairs, the extended batch's positives, anchors and positive pairs
+        first, second, pos_mask, rows, anchors, positives = batch.send(
+            *batch.host.cached("simix", _simix_layout)
+        )
         alpha = torch.rand(first.shape[0], dtype=batch.scores.dtype, device=batch.scores.device)
-        scores, labels = simix_scores(batch.scores, batch.labels, first, second, alpha)
-        eye = torch.eye(labels.shape[0], dtype=torch.bool, device=labels.device)
-        same = labels[:, None] == labels[None, :]
-        pos_mask = same & ~eye
-        rows = pos_mask.any(dim=1) & ~same.all(dim=1)
-        return scores, pos_mask, ~eye, rows
+        scores, _ = simix_scores(batch.scores, batch.labels, first, second, alpha)
+        eye = torch.eye(pos_mask.shape[0], dtype=torch.bool, device=pos_mask.device)
+        return scores, pos_mask, ~eye, rows, (anchors, positives)
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
         """The loss of a validated batch (see the class docstring)."""
         if self.simix and self.training:
-            scores, pos_mask, rank_mask, rows = self._simix_batch(batch)
+            scores, pos_mask, rank_mask, rows, pairs = self._simix_batch(batch)
         else:
             scores, pos_mask, rows = batch.scores, batch.pos_mask, batch.valid
             rank_mask = (batch.pos_mask, batch.neg_mask)
-        recall = self.recall_per_anchor(scores, pos_mask, rank_mask, rows)
+            anchors, positives = batch.send(*batch.host.positive_pairs())
+            pairs = (anchors, positives)
+        recall = self.recall_per_anchor(scores, pos_mask, rank_mask, rows, pairs)
         weight = rows.to(recall.dtype)
         mean_recall = (recall * weight).sum() / weight.sum()
         stats: dict[str, Any] = self.last_stats  # detached tensors, read when logged

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .._validation import Interval, check_scalar
-from ._pair_ranks import pair_sums, positive_pairs
+from ._pair_ranks import pair_sums
 from .base import PairBatch, RankingLoss
 
 __all__ = ["ROADMAPLoss"]
@@ -138,7 +138,8 @@ class ROADMAPLoss(RankingLoss):
     def average_precision(self, batch: PairBatch) -> torch.Tensor:
         """(B,) SupAP_q of every anchor (0 for anchors that cannot be ranked)."""
         scores = batch.scores
-        anchors, positives = positive_pairs(batch.pos_mask, batch.valid)
+        # the pairs come from the labels, on the host: no device sync sizes the blocks
+        anchors, positives = batch.send(*batch.host.positive_pairs())
         rank_pos = 1.0 + pair_sums(scores, anchors, positives, batch.pos_mask, _heaviside)
         rank_neg = pair_sums(
             scores, anchors, positives, batch.neg_mask, self.upper_step, self._upper_step_grad
