@@ -126,27 +126,47 @@ def test_a_second_train_into_a_folder_being_trained_is_refused_naming_the_holder
 
 
 def test_the_refusal_of_a_fresh_run_names_the_option_given_not_resume(tmp_path, monkeypatch, base):
-    """Issue 19 item 9: results that appeared while the data loaded (the other writer of the
-    race) are refused under --output, the option the user gave; `--resume:` was not passed."""
-    from rankwise.training import factory as factory_module
+    """Issue 19 item 9: a folder holding results is refused under --output, the option the user
+    gave (`--resume:` was not passed). Issue 32: the run checks the folder once, before the data
+    loads, and holds its lock from then on, so no other writer can put results there while the
+    data loads (the race that a second check after loading used to catch)."""
+    import fcntl
+
+    from rankwise.training import assembly
+    from rankwise.training.lock import LOCK_FILE
 
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(base))
-    load = factory_module.load_splits
+    load = assembly.load_splits
+    loads = []
 
-    def load_while_another_run_writes(*args, **kwargs):
-        splits = load(*args, **kwargs)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
-        return splits
+    def load_while_another_writer_tries(*args, **kwargs):
+        # another open file description of the lock file: flock refuses it while the run holds it
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        loads.append(True)
+        return load(*args, **kwargs)
 
-    monkeypatch.setattr(factory_module, "load_splits", load_while_another_run_writes)
+    monkeypatch.setattr(assembly, "load_splits", load_while_another_writer_tries)
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
     result = runner.invoke(app, ["train", "-c", str(config), "--output", str(run_dir)])
     text = one_line(result.output)
     assert result.exit_code == 2, result.output
     assert text.startswith("config error: --output:") and "--resume:" not in text, text
     assert "output_dir" not in text, text  # every name in it is an option of the command
+    assert loads == []  # refused before the data loaded
+
+    (run_dir / "metrics.jsonl").unlink()
+    args = ["train", "-c", str(config), "--output", str(run_dir), "--max-steps", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert loads == [True]  # the data loaded with the folder locked
 
 
 def test_every_sweep_refuses_a_folder_in_use_before_writing_anything(tmp_path, hold_folder, base):
