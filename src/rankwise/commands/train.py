@@ -7,9 +7,9 @@ selected model). Ctrl-C / SIGTERM saves a checkpoint; exit codes as
 
 Under ``torchrun --nproc-per-node N -m rankwise train ...`` the run is data-parallel (the training
 factory chooses the strategy and joins the process group, :mod:`rankwise.training.launch`): rank 0
-writes the run directory and prints, also the one-line message of a failed or interrupted run (every rank writes it to
-torchrun's error file, which torchrun's summary shows); the other ranks print only unexpected
-errors. See docs/distributed.md.
+writes the run directory and prints, also the one-line message of a failed or interrupted run
+(every rank writes it to torchrun's error file, which torchrun's summary shows); the other ranks
+print only unexpected errors. See docs/distributed.md.
 """
 
 from __future__ import annotations

@@ -139,8 +139,9 @@ class DistributedTrainer(Trainer):
     """``Trainer(..., strategy=DataParallelStrategy(...))`` under its old name (a thin alias).
 
     The :class:`~rankwise.training.Trainer` on a torch.distributed process group (one per rank);
-    ``Trainer.from_config`` under torchrun chooses the same strategy by itself. Every rank builds the same objects (same seed) after :func:`init_distributed` and calls
-    :meth:`fit`; what changes from one process is said in
+    ``Trainer.from_config`` under torchrun chooses the same strategy by itself. Every rank
+    builds the same objects (same seed) after :func:`init_distributed` and calls :meth:`fit`;
+    what changes from one process is said in
     :class:`~rankwise.training.strategy.DataParallelStrategy` (the sampler's ``batch_size`` is
     the global batch, sharded by rank). Resuming needs the run directory on every node and the
     same world size; replicas are checked (:func:`check_replicas_in_sync`) at every checkpoint

@@ -8,8 +8,9 @@ of the **training sources only**, and writes ``pretrained.pt`` and ``report.json
 the validation views are classified once at the end (the held-out accuracy) and the test views are
 embedded before and after, for the report's diagnostics (mean negative-pair cosine and
 ``embedding_spread``). The steps run in :class:`~rankwise.training.Trainer`'s loop (progress,
-atomic checkpoints, Ctrl-C / SIGTERM, the folder's lock: one :class:`~rankwise.training.RunStore`),
-so an interrupted pretraining resumes bit for bit (:func:`resume_pretraining`). No ranking equation is implemented here.
+atomic checkpoints, Ctrl-C / SIGTERM, the folder's lock: one
+:class:`~rankwise.training.RunStore`), so an interrupted pretraining resumes bit for bit
+(:func:`resume_pretraining`). No ranking equation is implemented here.
 """
 
 from __future__ import annotations
