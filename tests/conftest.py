@@ -1,6 +1,7 @@
 """Shared pytest fixtures: CUDA-marked tests are skipped when no GPU is present; tests that read
 Fashion-MNIST skip without it (`fashion_mnist`); 2-process
-torch.distributed (gloo, CPU) runs of tests/distributed_worker.py."""
+torch.distributed (gloo, CPU) runs of tests/distributed_worker.py; the tiny training config of
+the training tests (`tiny_config`); an in-process fake of a two-rank strategy (`two_ranks`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,3 +150,108 @@ def distributed_results(tmp_path_factory):
 
     load.out_dir = out
     return load
+
+
+# -- the tiny training run ------------------------------------------------------------------------
+
+# digits, a small CNN, 8 steps of 5 classes x 4 (a few seconds): the config the training tests
+# start from, each changing what it is about
+TINY_CONFIG = {
+    "dataset": {"name": "digits"},
+    "model": {"backbone": "small_cnn", "embedding_dim": 8},
+    "loss": {"name": "auc", "params": {}},
+    "sampler": {"m": 4, "batch_size": 20},
+    "optimizer": {"name": "adam", "lr": 1e-3},
+    "budget": {"iterations": 8},
+    "eval_every": 2,
+    "eval_ks": [1],
+    "seed": 0,
+    "progress": False,
+    "threads": 1,
+}
+
+
+class TinyConfig:
+    """``tiny_config(output_dir, **overrides)`` -> a Config; ``tiny_config.data(**overrides)`` -> its dict.
+
+    Overrides are dotted keys (``**{"budget.iterations": 4}``) or whole sections / top-level
+    keys (``seed=1``, ``budget={"iterations": 2}``), as ``apply_overrides`` applies them.
+    """
+
+    def data(self, output_dir=None, **overrides):
+        from rankwise.training.config import apply_overrides
+
+        data = apply_overrides(TINY_CONFIG, overrides)
+        if output_dir is not None:
+            data["output_dir"] = str(output_dir)
+        return data
+
+    def __call__(self, output_dir=None, **overrides):
+        from rankwise.training import config_from_dict
+
+        return config_from_dict(self.data(output_dir, **overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """:class:`TinyConfig`: the shared tiny training config, with a test's changes."""
+    return TinyConfig()
+
+
+# -- a fake of two processes ------------------------------------------------------------------------
+
+
+def fake_two_ranks(rank=0, *, other_stop=False, other_code=0, main_value=None):
+    """Rank ``rank`` of a two-process run, in this process (no process group, no other process).
+
+    The other rank's part of every collective is given: ``other_stop`` (its stop request),
+    ``other_code`` (its outcome of a write), ``main_value`` (what rank 0 reads, for rank 1).
+    ``embed_split`` embeds both ranks' shards here and puts them together in rank order, as the
+    all-gather would. ``calls`` records the collectives.
+    """
+    from pathlib import Path
+
+    from torch.utils.data import Subset
+
+    from rankwise.training.lock import RunDirLock
+    from rankwise.training.strategy import SingleProcess
+
+    class FakeTwoRanks(SingleProcess):
+        world_size = 2
+
+        def __init__(self):
+            self.rank = rank
+            self.calls = []
+
+        def any_rank(self, flag):
+            self.calls.append(("any_rank", flag))
+            return bool(flag) or other_stop
+
+        def worst_code(self, code):
+            self.calls.append(("worst_code", code))
+            return max(code, other_code)
+
+        def from_main_process(self, read):
+            self.calls.append(("from_main_process",))
+            return read() if self.rank == 0 else main_value
+
+        def lock(self, take, run_dir):
+            self.calls.append(("lock",))
+            return take() if self.rank == 0 else RunDirLock(Path(run_dir), held=False)
+
+        def embed_split(self, data, embed):
+            self.calls.append(("embed_split", len(data)))
+            n = len(data)
+            shards = [embed(Subset(data, range(n * r // 2, n * (r + 1) // 2))) for r in range(2)]
+            return (
+                torch.cat([e for e, _ in shards]),
+                np.concatenate([labels for _, labels in shards]),
+            )
+
+    return FakeTwoRanks()
+
+
+@pytest.fixture(scope="session")
+def two_ranks():
+    """:func:`fake_two_ranks`: ``two_ranks(rank, other_stop=..., ...)`` -> a fake strategy."""
+    return fake_two_ranks

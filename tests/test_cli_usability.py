@@ -73,19 +73,12 @@ def test_nan_embeddings_are_named_by_file_and_row(files):
     assert "`query`" not in text
 
 
-def test_train_has_seed_and_data_dir_as_the_readme_says(tmp_path):
+def test_train_has_seed_and_data_dir_as_the_readme_says(tmp_path, tiny_config):
     import yaml
 
-    config = {
-        "dataset": {"name": "digits"},
-        "model": {"backbone": "small_cnn", "embedding_dim": 8},
-        "loss": {"name": "auc", "params": {}},
-        "sampler": {"m": 4, "batch_size": 20},
-        "budget": {"iterations": 2},
-        "eval_every": 2,
-        "eval_ks": [1],
-        "threads": 1,
-    }
+    # the shared tiny run, 2 steps, its progress left to the default (plain lines without a tty)
+    config = tiny_config.data(**{"budget.iterations": 2})
+    del config["progress"]
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     out = tmp_path / "run"

@@ -13,28 +13,23 @@ from rankwise.training import (
     CollapsedEmbeddingsError,
     NonFiniteLossError,
     Trainer,
-    config_from_dict,
     load_checkpoint,
 )
 from rankwise.training.callbacks import COLLAPSE_SPREAD, embedding_spread
-from rankwise.training.config import apply_overrides
+
+# the tiny run of tests/conftest.py with the AP loss on 16 dimensions and coupled weight decay
+CHANGES = {
+    "model.embedding_dim": 16,
+    "loss.name": "ap",
+    "optimizer.weight_decay": 4e-4,
+    "log_every": 1,
+    "eval_ks": [1, 10, 100],
+}
 
 
-def make_config(run_dir, **extra):
-    data = {
-        "dataset": {"name": "digits"},
-        "model": {"backbone": "small_cnn", "embedding_dim": 16},
-        "loss": {"name": "ap", "params": {}},
-        "sampler": {"m": 4, "batch_size": 20},
-        "optimizer": {"name": "adam", "lr": 1e-3, "weight_decay": 4e-4},
-        "budget": {"iterations": 8},
-        "eval_every": 2,
-        "log_every": 1,
-        "progress": False,
-        "threads": 1,
-        "output_dir": str(run_dir),
-    }
-    return config_from_dict(apply_overrides(data, extra))
+@pytest.fixture
+def make_config(tiny_config):
+    return lambda run_dir, **extra: tiny_config(run_dir, **{**CHANGES, **extra})
 
 
 def error_records(run_dir):
@@ -74,7 +69,9 @@ def collapse_at(trainer, monkeypatch, step, *, training):
     monkeypatch.setattr(trainer.model, "forward", forward)
 
 
-def test_a_collapsed_training_batch_stops_the_run_with_cause_and_fix(tmp_path, monkeypatch):
+def test_a_collapsed_training_batch_stops_the_run_with_cause_and_fix(
+    tmp_path, monkeypatch, make_config
+):
     trainer = Trainer.from_config(make_config(tmp_path / "run"))
     collapse_at(trainer, monkeypatch, 5, training=True)
     with pytest.raises(CollapsedEmbeddingsError) as info:
@@ -95,7 +92,7 @@ def test_a_collapsed_training_batch_stops_the_run_with_cause_and_fix(tmp_path, m
     assert kept["step"] == 4  # the step with the collapsed batch was not applied
 
 
-def test_a_collapsed_validation_split_stops_the_run(tmp_path, monkeypatch):
+def test_a_collapsed_validation_split_stops_the_run(tmp_path, monkeypatch, make_config):
     config = make_config(tmp_path / "run", **{"optimizer.name": "adamw"})
     trainer = Trainer.from_config(config)
     collapse_at(trainer, monkeypatch, 3, training=False)
@@ -110,7 +107,7 @@ def test_a_collapsed_validation_split_stops_the_run(tmp_path, monkeypatch):
     assert kept["step"] == 2
 
 
-def test_a_healthy_run_is_not_stopped(tmp_path):
+def test_a_healthy_run_is_not_stopped(tmp_path, make_config):
     result = Trainer.from_config(make_config(tmp_path / "run", **{"budget.iterations": 4})).fit()
     assert result.status == "completed"
     assert error_records(tmp_path / "run") == []

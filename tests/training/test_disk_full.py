@@ -20,25 +20,11 @@ from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.commands.common import EXIT_DISK_FULL, EXIT_FAILED, cli_errors
-from rankwise.training import Trainer, config_from_dict, load_checkpoint
+from rankwise.training import Trainer, load_checkpoint
 from rankwise.training.errors import DiskFullError
 
 runner = CliRunner()
 FREE = 1000  # bytes a full disk has left
-
-BASE = {
-    "dataset": {"name": "digits"},
-    "model": {"backbone": "small_cnn", "embedding_dim": 8},
-    "loss": {"name": "auc", "params": {}},
-    "sampler": {"m": 4, "batch_size": 20},
-    "optimizer": {"name": "adam", "lr": 1e-3},
-    "budget": {"iterations": 8},
-    "eval_every": 2,
-    "eval_ks": [1],
-    "seed": 0,
-    "progress": False,
-    "threads": 1,
-}
 
 
 class FillsUp:
@@ -91,10 +77,10 @@ def leftovers(run_dir):
 
 
 def test_a_full_disk_during_a_checkpoint_names_the_space_needed_and_keeps_the_others(
-    tmp_path, full_disk
+    tmp_path, full_disk, tiny_config
 ):
     run_dir = tmp_path / "run"
-    trainer = Trainer.from_config(config_from_dict({**BASE, "output_dir": str(run_dir)}))
+    trainer = Trainer.from_config(tiny_config(run_dir))
     trainer.fit(max_steps=4)  # last.pt at step 4, previous.pt at step 2, best.pt
     last = (run_dir / "checkpoints" / "last.pt").read_bytes()
     full_disk(0)
@@ -118,10 +104,10 @@ def test_a_full_disk_during_a_checkpoint_names_the_space_needed_and_keeps_the_ot
 
 
 def test_the_command_line_says_it_in_one_line_with_its_own_exit_code(
-    tmp_path, full_disk, monkeypatch
+    tmp_path, full_disk, monkeypatch, tiny_config
 ):
     config_path = tmp_path / "c.yaml"
-    config_path.write_text(yaml.safe_dump(BASE))
+    config_path.write_text(yaml.safe_dump(tiny_config.data()))
     run_dir = tmp_path / "run"
     full_disk(1)  # the checkpoint of step 2 is written; the disk fills up after it
     result = runner.invoke(app, ["train", "-c", str(config_path), "--output", str(run_dir)])

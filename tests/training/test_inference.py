@@ -11,27 +11,15 @@ from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.metrics import retrieval_metrics
-from rankwise.training import ConfigError, Trainer, config_from_dict, load_run
+from rankwise.training import ConfigError, Trainer, load_run
 from rankwise.training.build import load_splits
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, tiny_config):
     run_dir = tmp_path_factory.mktemp("runs") / "digits" / "auc-seed0"
-    config = config_from_dict(
-        {
-            "dataset": {"name": "digits"},
-            "model": {"backbone": "small_cnn", "embedding_dim": 8},
-            "loss": {"name": "auc", "params": {}},
-            "sampler": {"m": 4, "batch_size": 20},
-            "budget": {"iterations": 6},
-            "eval_every": 3,
-            "eval_ks": [1],
-            "progress": False,
-            "threads": 1,
-            "output_dir": str(run_dir),
-        }
-    )
+    # the tiny run of tests/conftest.py, 6 steps
+    config = tiny_config(run_dir, **{"budget.iterations": 6, "eval_every": 3})
     result = Trainer.from_config(config).fit()
     return run_dir, result, config
 

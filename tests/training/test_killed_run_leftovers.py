@@ -17,29 +17,17 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from rankwise.cli import app
-from rankwise.training import ConfigError, Trainer, config_from_dict
+from rankwise.training import ConfigError, Trainer
 
 runner = CliRunner()
 
-BASE = {
-    "dataset": {"name": "digits"},
-    "model": {"backbone": "small_cnn", "embedding_dim": 8},
-    "loss": {"name": "auc", "params": {}},
-    "sampler": {"m": 4, "batch_size": 20},
-    "optimizer": {"name": "adam", "lr": 1e-3},
-    "budget": {"iterations": 8},
-    "eval_every": 2,
-    "log_every": 1,
-    "eval_ks": [1],
-    "seed": 0,
-    "progress": False,
-    "threads": 1,
-}
 TORN = '{"kind": "train", "step": 7, "epoch": 0, "lo'  # the append of step 7, cut short
 
 
-def config(run_dir):
-    return config_from_dict({**BASE, "output_dir": str(run_dir)})
+@pytest.fixture
+def config(tiny_config):
+    """The tiny run of tests/conftest.py, logging every step."""
+    return lambda run_dir: tiny_config(run_dir, log_every=1)
 
 
 def records(run_dir):
@@ -47,9 +35,10 @@ def records(run_dir):
     return [{k: v for k, v in json.loads(line).items() if k != "samples_per_s"} for line in lines]
 
 
-def killed_at_step_7(tmp_path, name="run"):
+@pytest.fixture
+def killed_at_step_7(tmp_path, config):
     """A run with last.pt at step 6, killed while appending step 7's record and writing files."""
-    run_dir = tmp_path / name
+    run_dir = tmp_path / "run"
     Trainer.from_config(config(run_dir)).fit(max_steps=6)
     with open(run_dir / "metrics.jsonl", "a") as handle:
         handle.write(TORN)
@@ -67,10 +56,12 @@ def leftovers(run_dir):
     return sorted(p.name for p in run_dir.rglob("*.tmp"))
 
 
-def test_a_torn_last_record_is_dropped_once_and_the_run_ends_as_an_uninterrupted_one(tmp_path):
+def test_a_torn_last_record_is_dropped_once_and_the_run_ends_as_an_uninterrupted_one(
+    tmp_path, config, killed_at_step_7
+):
     reference = tmp_path / "reference"
     Trainer.from_config(config(reference)).fit()
-    run_dir = killed_at_step_7(tmp_path)
+    run_dir = killed_at_step_7
     messages = io.StringIO()
     trainer = Trainer.from_run_dir(run_dir, console=Console(file=messages, width=300))
     result = trainer.fit()
@@ -81,8 +72,8 @@ def test_a_torn_last_record_is_dropped_once_and_the_run_ends_as_an_uninterrupted
     assert leftovers(run_dir) == []
 
 
-def test_the_command_line_resumes_a_killed_run(tmp_path):
-    run_dir = killed_at_step_7(tmp_path)
+def test_the_command_line_resumes_a_killed_run(killed_at_step_7):
+    run_dir = killed_at_step_7
     result = runner.invoke(app, ["train", "--resume", str(run_dir)])
     assert result.exit_code == 0, result.output
     assert "JSONDecodeError" not in result.output and "Traceback" not in result.output
@@ -90,8 +81,8 @@ def test_the_command_line_resumes_a_killed_run(tmp_path):
     assert leftovers(run_dir) == []
 
 
-def test_a_broken_line_before_the_last_is_corruption_named_with_its_line(tmp_path):
-    run_dir = killed_at_step_7(tmp_path)
+def test_a_broken_line_before_the_last_is_corruption_named_with_its_line(killed_at_step_7):
+    run_dir = killed_at_step_7
     path = run_dir / "metrics.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     lines[2] = "garbage\n"
@@ -104,8 +95,8 @@ def test_a_broken_line_before_the_last_is_corruption_named_with_its_line(tmp_pat
     assert "metrics.jsonl line 3" in " ".join(result.output.split())
 
 
-def test_the_temporary_files_of_unfinished_writes_go_when_the_run_is_resumed(tmp_path):
-    run_dir = killed_at_step_7(tmp_path)
+def test_the_temporary_files_of_unfinished_writes_go_when_the_run_is_resumed(killed_at_step_7):
+    run_dir = killed_at_step_7
     path = run_dir / "metrics.jsonl"
     path.write_text(path.read_text().removesuffix(TORN))  # only the temporary files are left
     assert len(leftovers(run_dir)) == 4

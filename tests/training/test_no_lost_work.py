@@ -23,42 +23,23 @@ from rankwise.training import (
     PlotCurves,
     Trainer,
     TrainingInterrupted,
-    config_from_dict,
     load_checkpoint,
 )
 from rankwise.training.errors import CorruptCheckpointError
 
 runner = CliRunner()
 
-BASE = {
-    "dataset": {"name": "digits"},
-    "model": {"backbone": "small_cnn", "embedding_dim": 8},
-    "loss": {"name": "auc", "params": {}},
-    "sampler": {"m": 4, "batch_size": 20},
-    "optimizer": {"name": "adam", "lr": 1e-3},
-    "budget": {"iterations": 8},
-    "eval_every": 2,
-    "eval_ks": [1],
-    "seed": 0,
-    "progress": False,
-    "threads": 1,
-}
-
-
-def config(run_dir, **extra):
-    return config_from_dict({**BASE, **extra, "output_dir": str(run_dir)})
-
 
 @pytest.fixture
-def stopped_run(tmp_path):
+def stopped_run(tmp_path, tiny_config):
     """A run stopped at step 6: last.pt at step 6, previous.pt at step 4."""
     run_dir = tmp_path / "runs" / "digits" / "auc-seed0"
-    result = Trainer.from_config(config(run_dir)).fit(max_steps=6)
+    result = Trainer.from_config(tiny_config(run_dir)).fit(max_steps=6)
     assert result.status == "stopped"
     return run_dir
 
 
-def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_143(tmp_path):
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_143(tmp_path, tiny_config):
     run_dir = tmp_path / "run"
 
     def terminate(trainer):
@@ -66,7 +47,7 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_143(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)  # what timeout, SLURM and docker send
 
     with pytest.raises(TrainingInterrupted) as info:
-        Trainer.from_config(config(run_dir)).fit(callbacks=[terminate])
+        Trainer.from_config(tiny_config(run_dir)).fit(callbacks=[terminate])
     exc = info.value
     assert exc.signal_number == signal.SIGTERM and exc.exit_code == 143
     assert "SIGTERM" in str(exc) and exc.checkpoint_step == 3
@@ -83,7 +64,9 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_and_exit_143(tmp_path):
     ],
     ids=["sigterm", "ctrl-c"],
 )
-def test_the_stop_message_offers_the_signal_that_was_sent(tmp_path, signum, said, not_said):
+def test_the_stop_message_offers_the_signal_that_was_sent(
+    tmp_path, signum, said, not_said, tiny_config
+):
     """Issue 19 item 9: "Ctrl-C again aborts" is the hint of Ctrl-C, not of a scheduler's SIGTERM."""
     console = Console(file=io.StringIO(), width=300)
 
@@ -92,18 +75,20 @@ def test_the_stop_message_offers_the_signal_that_was_sent(tmp_path, signum, said
             os.kill(os.getpid(), signum)
 
     with pytest.raises(TrainingInterrupted):
-        Trainer.from_config(config(tmp_path / "run"), console=console).fit(callbacks=[stop])
+        Trainer.from_config(tiny_config(tmp_path / "run"), console=console).fit(callbacks=[stop])
     text = console.file.getvalue()
     assert "stopping after this step" in text and said in text, text
     assert not_said == "" or not_said not in text, text
 
 
-def test_sigterm_after_the_run_completed_keeps_its_results_and_exits_0(tmp_path, monkeypatch):
+def test_sigterm_after_the_run_completed_keeps_its_results_and_exits_0(
+    tmp_path, monkeypatch, tiny_config
+):
     """Issue 19 item 9: a SIGTERM that arrives once report.json says "completed" (while the plots
     are drawn, or the table printed) does not turn a finished run into an interrupted one."""
     run_dir = tmp_path / "run"
     config_path = tmp_path / "c.yaml"
-    config_path.write_text(yaml.safe_dump({**BASE, "budget": {"iterations": 2}}))
+    config_path.write_text(yaml.safe_dump(tiny_config.data(budget={"iterations": 2})))
     draw = PlotCurves.on_fit_end
 
     def sigterm_while_plotting(self, trainer, result):
@@ -188,15 +173,15 @@ def test_a_corrupt_best_checkpoint_of_a_finished_run_is_reported(stopped_run):
         Trainer.from_run_dir(stopped_run)
 
 
-def test_a_run_with_deleted_checkpoints_still_keeps_its_results(stopped_run):
+def test_a_run_with_deleted_checkpoints_still_keeps_its_results(stopped_run, tiny_config):
     Trainer.from_run_dir(stopped_run).fit()
     report = (stopped_run / "report.json").read_text()
     for path in (stopped_run / "checkpoints").iterdir():
         path.unlink()
     with pytest.raises(ConfigError, match=r"already holds a run \(report\.json, metrics\.jsonl"):
-        Trainer.from_config(config(stopped_run))
+        Trainer.from_config(tiny_config(stopped_run))
     config_path = stopped_run.parent / "c.yaml"
-    config_path.write_text(yaml.safe_dump(BASE))
+    config_path.write_text(yaml.safe_dump(tiny_config.data()))
     result = runner.invoke(
         app, ["train", "--config", str(config_path), "--output", str(stopped_run)]
     )
@@ -207,20 +192,20 @@ def test_a_run_with_deleted_checkpoints_still_keeps_its_results(stopped_run):
     assert result.exit_code == 2 and "pass one of them" in result.output
 
 
-def test_resume_accepts_a_folder_holding_one_run_and_lists_several(stopped_run):
+def test_resume_accepts_a_folder_holding_one_run_and_lists_several(stopped_run, tiny_config):
     parent = stopped_run.parent  # runs/digits, as in the README
     assert Trainer.from_run_dir(parent).run_dir == stopped_run
-    Trainer.from_config(config(parent / "auc-seed1", seed=1)).fit(max_steps=2)
+    Trainer.from_config(tiny_config(parent / "auc-seed1", seed=1)).fit(max_steps=2)
     with pytest.raises(ConfigError, match="holds 2 runs") as info:
         Trainer.from_run_dir(parent)
     assert str(stopped_run) in str(info.value) and str(parent / "auc-seed1") in str(info.value)
 
 
-def test_result_files_get_the_users_umask(tmp_path):
+def test_result_files_get_the_users_umask(tmp_path, tiny_config):
     old = os.umask(0o022)
     try:
         run_dir = tmp_path / "run"
-        Trainer.from_config(config(run_dir, **{"budget": {"iterations": 2}})).fit()
+        Trainer.from_config(tiny_config(run_dir, **{"budget": {"iterations": 2}})).fit()
     finally:
         os.umask(old)
     for name in ("config.yaml", "metrics.jsonl", "report.json", "checkpoints/last.pt"):

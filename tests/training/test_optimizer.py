@@ -6,32 +6,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rankwise.training import ConfigError, Trainer, config_from_dict
+from rankwise.training import ConfigError, Trainer
 from rankwise.training.build import build_optimizer
-from rankwise.training.config import OptimizerConfig, apply_overrides
+from rankwise.training.config import OptimizerConfig
+
+# the tiny run of tests/conftest.py with the AP loss on 16 dimensions, AdamW and 2 steps
+CHANGES = {
+    "model.embedding_dim": 16,
+    "loss.name": "ap",
+    "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.01},
+    "budget.iterations": 2,
+    "eval_ks": [1, 10, 100],
+}
 
 
-def base(tmp_path, **extra):
-    data = {
-        "dataset": {"name": "digits"},
-        "model": {"backbone": "small_cnn", "embedding_dim": 16},
-        "loss": {"name": "ap", "params": {}},
-        "sampler": {"m": 4, "batch_size": 20},
-        "optimizer": {"name": "adamw", "lr": 1e-3, "weight_decay": 0.01},
-        "budget": {"iterations": 2},
-        "eval_every": 2,
-        "progress": False,
-        "threads": 1,
-        "output_dir": str(tmp_path / "run"),
-    }
-    return config_from_dict(apply_overrides(data, extra))
+@pytest.fixture
+def base(tiny_config):
+    return lambda tmp_path, **extra: tiny_config(tmp_path / "run", **{**CHANGES, **extra})
 
 
 @pytest.mark.parametrize(
     ("name", "cls"),
     [("sgd", torch.optim.SGD), ("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)],
 )
-def test_the_trainer_builds_the_named_optimizer(tmp_path, name, cls):
+def test_the_trainer_builds_the_named_optimizer(tmp_path, name, cls, base):
     config = base(tmp_path, **{"optimizer.name": name.upper()})
     trainer = Trainer.from_config(config)
     assert type(trainer.optimizer) is cls
@@ -39,7 +37,7 @@ def test_the_trainer_builds_the_named_optimizer(tmp_path, name, cls):
     assert group["lr"] == 1e-3 and group["weight_decay"] == 0.01
 
 
-def test_unknown_optimizer_is_named(tmp_path):
+def test_unknown_optimizer_is_named(tmp_path, base):
     with pytest.raises(ConfigError, match="optimizer.name"):
         base(tmp_path, **{"optimizer.name": "lamb"})
 

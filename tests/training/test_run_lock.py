@@ -21,19 +21,11 @@ from rankwise.training.lock import RunDirInUseError
 
 runner = CliRunner()
 
-BASE = {
-    "dataset": {"name": "digits"},
-    "model": {"backbone": "small_cnn", "embedding_dim": 8},
-    "loss": {"name": "auc", "params": {}},
-    "sampler": {"m": 4, "batch_size": 20},
-    "optimizer": {"name": "adam", "lr": 1e-3},
-    "budget": {"iterations": 4},
-    "eval_every": 2,
-    "eval_ks": [1],
-    "seed": 0,
-    "progress": False,
-    "threads": 1,
-}
+
+@pytest.fixture(scope="module")
+def base(tiny_config):
+    """The tiny run of tests/conftest.py, 4 steps."""
+    return tiny_config.data(**{"budget.iterations": 4})
 
 
 def one_line(text: str) -> str:
@@ -91,11 +83,11 @@ def hold_folder():
         kill(proc)
 
 
-def test_a_second_train_into_a_folder_being_trained_is_refused_naming_the_holder(tmp_path):
+def test_a_second_train_into_a_folder_being_trained_is_refused_naming_the_holder(tmp_path, base):
     """Two real `rankwise train` processes racing for one folder; then the holder is killed."""
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({**BASE, "budget": {"iterations": 2000}, "eval_every": 1}))
+    config.write_text(yaml.safe_dump({**base, "budget": {"iterations": 2000}, "eval_every": 1}))
     holder = subprocess.Popen(
         [sys.executable, "-m", "rankwise", "train", "-c", str(config), "--output", str(run_dir)],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -133,31 +125,51 @@ def test_a_second_train_into_a_folder_being_trained_is_refused_naming_the_holder
     assert load_checkpoint(last)["step"] == step + 1
 
 
-def test_the_refusal_of_a_fresh_run_names_the_option_given_not_resume(tmp_path, monkeypatch):
-    """Issue 19 item 9: results that appeared while the data loaded (the other writer of the
-    race) are refused under --output, the option the user gave; `--resume:` was not passed."""
-    from rankwise.training import factory as factory_module
+def test_the_refusal_of_a_fresh_run_names_the_option_given_not_resume(tmp_path, monkeypatch, base):
+    """Issue 19 item 9: a folder holding results is refused under --output, the option the user
+    gave (`--resume:` was not passed). Issue 32: the run checks the folder once, before the data
+    loads, and holds its lock from then on, so no other writer can put results there while the
+    data loads (the race that a second check after loading used to catch)."""
+    import fcntl
+
+    from rankwise.training import assembly
+    from rankwise.training.lock import LOCK_FILE
 
     run_dir = tmp_path / "run"
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(BASE))
-    load = factory_module.load_splits
+    config.write_text(yaml.safe_dump(base))
+    load = assembly.load_splits
+    loads = []
 
-    def load_while_another_run_writes(*args, **kwargs):
-        splits = load(*args, **kwargs)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
-        return splits
+    def load_while_another_writer_tries(*args, **kwargs):
+        # another open file description of the lock file: flock refuses it while the run holds it
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        loads.append(True)
+        return load(*args, **kwargs)
 
-    monkeypatch.setattr(factory_module, "load_splits", load_while_another_run_writes)
+    monkeypatch.setattr(assembly, "load_splits", load_while_another_writer_tries)
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
     result = runner.invoke(app, ["train", "-c", str(config), "--output", str(run_dir)])
     text = one_line(result.output)
     assert result.exit_code == 2, result.output
     assert text.startswith("config error: --output:") and "--resume:" not in text, text
     assert "output_dir" not in text, text  # every name in it is an option of the command
+    assert loads == []  # refused before the data loaded
+
+    (run_dir / "metrics.jsonl").unlink()
+    args = ["train", "-c", str(config), "--output", str(run_dir), "--max-steps", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert loads == [True]  # the data loaded with the folder locked
 
 
-def test_every_sweep_refuses_a_folder_in_use_before_writing_anything(tmp_path, hold_folder):
+def test_every_sweep_refuses_a_folder_in_use_before_writing_anything(tmp_path, hold_folder, base):
     from rankwise.hashing.workflow import HashSettings, run_hash_experiment
     from rankwise.training.bench import run_bench
     from rankwise.training.tune import tune
@@ -166,17 +178,17 @@ def test_every_sweep_refuses_a_folder_in_use_before_writing_anything(tmp_path, h
     holder = hold_folder(out)
     message = rf"run folder .* is in use by pid {holder.pid} on host"
     with pytest.raises(RunDirInUseError, match=message) as info:
-        run_bench(BASE, losses=["auc"], seeds=[0], output=out)
+        run_bench(base, losses=["auc"], seeds=[0], output=out)
     assert info.value.holder["pid"] == holder.pid
     with pytest.raises(RunDirInUseError, match=message):
-        tune(BASE, losses=["auc"], grid={"optimizer.lr": [1e-3]}, output=out)
+        tune(base, losses=["auc"], grid={"optimizer.lr": [1e-3]}, output=out)
     with pytest.raises(RunDirInUseError, match=message):
-        run_hash_experiment(config_from_dict(BASE), HashSettings(bits=[8]), out)
+        run_hash_experiment(config_from_dict(base), HashSettings(bits=[8]), out)
     assert sorted(p.name for p in out.iterdir()) == [".rankwise.lock"]  # nothing written
 
     # the command line: exit 2 with the holder named, under the option the user gave
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(BASE))
+    config.write_text(yaml.safe_dump(base))
     for args, option in (
         (
             ["bench", "-c", str(config), "--losses", "auc", "--seeds", "1", "-o", str(out)],
@@ -192,14 +204,14 @@ def test_every_sweep_refuses_a_folder_in_use_before_writing_anything(tmp_path, h
         assert f"config error: {option}: run folder" in text and f"pid {holder.pid}" in text, text
 
 
-def test_a_lock_left_by_a_killed_process_is_no_result_and_no_obstacle(tmp_path, hold_folder):
+def test_a_lock_left_by_a_killed_process_is_no_result_and_no_obstacle(tmp_path, hold_folder, base):
     from rankwise.training.rundir import existing_results, find_run_dirs
 
     run_dir = tmp_path / "runs" / "auc-seed0"
     kill(hold_folder(run_dir))  # SIGKILL: its lock file stays behind
     assert [p.name for p in run_dir.iterdir()] == [".rankwise.lock"]
     assert existing_results(run_dir) == [] and find_run_dirs(tmp_path / "runs") == []
-    result = Trainer.from_config(config_from_dict({**BASE, "output_dir": str(run_dir)})).fit()
+    result = Trainer.from_config(config_from_dict({**base, "output_dir": str(run_dir)})).fit()
     assert result.status == "completed"
     # the run done, the folder is free again: another process takes it, and this one is refused
     holder = hold_folder(run_dir)
@@ -239,9 +251,9 @@ def test_a_forked_child_does_not_keep_the_lock_of_a_killed_parent(tmp_path):
         os.kill(child, signal.SIGKILL)
 
 
-def test_a_trainer_taking_its_folder_back_refuses_what_another_process_wrote(tmp_path):
+def test_a_trainer_taking_its_folder_back_refuses_what_another_process_wrote(tmp_path, base):
     run_dir = tmp_path / "run"
-    trainer = Trainer.from_config(config_from_dict({**BASE, "output_dir": str(run_dir)}))
+    trainer = Trainer.from_config(config_from_dict({**base, "output_dir": str(run_dir)}))
     assert trainer.fit(max_steps=2).status == "stopped"  # the folder is released here
     Trainer.from_run_dir(run_dir).fit(max_steps=3)  # as another process would have
     with pytest.raises(ConfigError, match="was written by another process"):

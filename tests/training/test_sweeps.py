@@ -18,18 +18,11 @@ from rankwise.training import ConfigError, Trainer, TrainingInterrupted, config_
 from rankwise.training.bench import run_bench
 from rankwise.training.tune import tune
 
-BASE = {
-    "dataset": {"name": "digits"},
-    "model": {"backbone": "small_cnn", "embedding_dim": 8},
-    "loss": {"name": "auc", "params": {}},
-    "sampler": {"m": 4, "batch_size": 20},
-    "optimizer": {"name": "adam", "lr": 1e-3},
-    "budget": {"iterations": 4},
-    "eval_every": 2,
-    "eval_ks": [1, 10],
-    "threads": 1,
-    "progress": False,
-}
+
+@pytest.fixture(scope="module")
+def base(tiny_config):
+    """The tiny run of tests/conftest.py, 4 steps, recall@1 and @10."""
+    return tiny_config.data(**{"budget.iterations": 4, "eval_ks": [1, 10]})
 
 
 def quiet():
@@ -54,13 +47,13 @@ def interrupt_run(monkeypatch, run_number, at_step):
 
 
 def test_bench_refuses_an_output_with_results_and_resumes_an_interrupted_sweep(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, base
 ):
     out = tmp_path / "bench"
     options = dict(losses=["auc", "triplet"], seeds=[0], output=out, console=quiet())
     interrupt_run(monkeypatch, 2, 2)
     with pytest.raises(TrainingInterrupted) as info:
-        run_bench(BASE, **options)
+        run_bench(base, **options)
     assert "1 of 2 runs finished" in str(info.value)
     partial = json.loads((out / "bench.json").read_text())  # the finished run is kept
     assert partial["complete"] is False and partial["runs_finished"] == 1
@@ -72,11 +65,11 @@ def test_bench_refuses_an_output_with_results_and_resumes_an_interrupted_sweep(
     # a fresh sweep into the same folder is refused: nothing is replaced silently
     monkeypatch.undo()
     with pytest.raises(ConfigError, match="already holds results.*`resume`.*`overwrite`"):
-        run_bench(BASE, **options)
+        run_bench(base, **options)
     assert json.loads((out / "bench.json").read_text()) == partial
 
     console = Console(file=io.StringIO(), width=200)
-    summary = run_bench(BASE, **{**options, "console": console}, resume=True)
+    summary = run_bench(base, **{**options, "console": console}, resume=True)
     assert summary["complete"] is True and summary["runs_finished"] == 2
     assert (out / "auc" / "seed0" / "report.json").read_text() == first_report  # kept
     log = console.file.getvalue()
@@ -85,16 +78,16 @@ def test_bench_refuses_an_output_with_results_and_resumes_an_interrupted_sweep(
     assert [json.loads(r)["step"] for r in metrics if json.loads(r)["kind"] == "val"] == [2, 4]
 
     # --overwrite starts afresh: the previous runs are gone before the new sweep writes
-    summary = run_bench(BASE, **{**options, "losses": ["auc"]}, overwrite=True)
+    summary = run_bench(base, **{**options, "losses": ["auc"]}, overwrite=True)
     assert [row["loss"] for row in summary["rows"]] == ["auc"]
     assert not (out / "triplet").exists()
 
 
-def test_bench_command_names_overwrite_and_resume(tmp_path):
+def test_bench_command_names_overwrite_and_resume(tmp_path, base):
     import yaml
 
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(BASE))
+    config.write_text(yaml.safe_dump(base))
     out = tmp_path / "b"
     args = ["bench", "--config", str(config), "--losses", "auc", "--seeds", "1", "-o", str(out)]
     assert runner_invoke(args).exit_code == 0
@@ -111,22 +104,22 @@ def runner_invoke(args):
     return CliRunner().invoke(app, args)
 
 
-def test_tune_refuses_an_output_with_results(tmp_path):
+def test_tune_refuses_an_output_with_results(tmp_path, base):
     out = tmp_path / "tune"
     options = dict(losses=["auc"], grid={"optimizer.lr": [1e-3]}, seeds=[0], output=out)
-    tune(BASE, **options, console=quiet())
+    tune(base, **options, console=quiet())
     before = (out / "tune.json").read_text()
     with pytest.raises(ConfigError, match="already holds results"):
-        tune(BASE, **options, console=quiet())
+        tune(base, **options, console=quiet())
     assert (out / "tune.json").read_text() == before
-    again = tune(BASE, **options, console=quiet(), resume=True)
+    again = tune(base, **options, console=quiet(), resume=True)
     assert again["complete"] is True and "tie_rule" in again
 
 
-def test_progress_prints_plain_lines_without_a_terminal(tmp_path):
+def test_progress_prints_plain_lines_without_a_terminal(tmp_path, base):
     buffer = io.StringIO()
     console = Console(file=buffer, width=200, force_terminal=False)
-    config = config_from_dict({**BASE, "progress": None, "output_dir": str(tmp_path / "r")})
+    config = config_from_dict({**base, "progress": None, "output_dir": str(tmp_path / "r")})
     Trainer.from_config(config, console=console).fit()
     lines = [line for line in buffer.getvalue().splitlines() if ": step " in line]
     assert any("step 2/4" in line and "val mAP" in line for line in lines), buffer.getvalue()
@@ -154,13 +147,13 @@ def test_one_seed_tables_print_no_spread():
     assert "±" not in text.split("|---")[1] and "one seed, so no spread is shown" in text
 
 
-def test_an_interrupted_bench_says_what_was_interrupted_once(tmp_path, monkeypatch):
+def test_an_interrupted_bench_says_what_was_interrupted_once(tmp_path, monkeypatch, base):
     """Issue 30: the message read `bench interrupted: bench interrupted in run ...: training
     interrupted (Ctrl-C) ...; 0 of 2 runs finished (their rows are in bench.json ...)`."""
     import yaml
 
     config = tmp_path / "base.yaml"
-    config.write_text(yaml.safe_dump(BASE))
+    config.write_text(yaml.safe_dump(base))
     interrupt_run(monkeypatch, 1, 2)
     args = ["bench", "--config", str(config), "--losses", "auc,triplet", "--seeds", "1"]
     result = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "out")])

@@ -14,33 +14,31 @@ from rankwise.training import (
     Trainer,
     TrainingInterrupted,
     atomic_save,
-    config_from_dict,
     load_checkpoint,
 )
-from rankwise.training.config import apply_overrides
 
 STEPS = 12
 
 
-def make_config(run_dir, **extra):
-    data = {
-        "dataset": {"name": "digits"},
-        "model": {"backbone": "small_cnn", "embedding_dim": 16},
-        # SOPRC: its per-class vector v is a loss buffer that must survive a resume
-        "loss": {"name": "soprc", "params": {}},
-        "sampler": {"m": 4, "batch_size": 20},
-        "optimizer": {"name": "adam", "lr": 2e-3, "weight_decay": 1e-4},
-        "schedule": {"name": "cosine"},
-        "budget": {"iterations": STEPS},
-        "eval_every": 4,
-        "eval_ks": [1, 10],
-        "log_every": 2,
-        "seed": 3,
-        "progress": False,
-        "threads": 1,
-        "output_dir": str(run_dir),
-    }
-    return config_from_dict(apply_overrides(data, extra))
+# the tiny run of tests/conftest.py with SOPRC (its per-class vector v is a loss buffer that must
+# survive a resume), a cosine schedule, weight decay and 12 steps
+CHANGES = {
+    "model.embedding_dim": 16,
+    "loss.name": "soprc",
+    "optimizer.lr": 2e-3,
+    "optimizer.weight_decay": 1e-4,
+    "schedule": {"name": "cosine"},
+    "budget.iterations": STEPS,
+    "eval_every": 4,
+    "eval_ks": [1, 10],
+    "log_every": 2,
+    "seed": 3,
+}
+
+
+@pytest.fixture(scope="module")
+def make_config(tiny_config):
+    return lambda run_dir, **extra: tiny_config(run_dir, **{**CHANGES, **extra})
 
 
 def final_state(run_dir):
@@ -62,7 +60,7 @@ def records(run_dir, kind):
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
+def reference_run(tmp_path_factory, make_config):
     run_dir = tmp_path_factory.mktemp("reference")
     result = Trainer.from_config(make_config(run_dir)).fit()
     return run_dir, result
@@ -102,7 +100,7 @@ def test_checkpoints_load_with_weights_only_and_no_tmp_files_remain(reference_ru
     assert leftovers == []
 
 
-def test_same_seed_gives_identical_metrics_and_weights(reference_run, tmp_path):
+def test_same_seed_gives_identical_metrics_and_weights(reference_run, tmp_path, make_config):
     run_dir, result = reference_run
     again = Trainer.from_config(make_config(tmp_path / "again")).fit()
     assert again.test.to_dict() == result.test.to_dict()
@@ -112,7 +110,7 @@ def test_same_seed_gives_identical_metrics_and_weights(reference_run, tmp_path):
     )
 
 
-def test_another_seed_gives_other_weights(reference_run, tmp_path):
+def test_another_seed_gives_other_weights(reference_run, tmp_path, make_config):
     run_dir, _ = reference_run
     Trainer.from_config(
         make_config(tmp_path / "other", seed=4, budget={"iterations": 2}, eval_every=2)
@@ -123,7 +121,9 @@ def test_another_seed_gives_other_weights(reference_run, tmp_path):
 
 
 @pytest.mark.parametrize("stop_at", [6, 8])
-def test_interrupted_and_resumed_run_matches_uninterrupted_run(reference_run, tmp_path, stop_at):
+def test_interrupted_and_resumed_run_matches_uninterrupted_run(
+    reference_run, tmp_path, stop_at, make_config
+):
     run_dir, result = reference_run
     interrupted = tmp_path / "interrupted"
 
@@ -151,7 +151,9 @@ def test_interrupted_and_resumed_run_matches_uninterrupted_run(reference_run, tm
     assert records(interrupted, "train") == records(run_dir, "train")
 
 
-def test_max_steps_stops_with_a_checkpoint_and_resume_finishes(reference_run, tmp_path):
+def test_max_steps_stops_with_a_checkpoint_and_resume_finishes(
+    reference_run, tmp_path, make_config
+):
     run_dir, result = reference_run
     stopped = Trainer.from_config(make_config(tmp_path / "r")).fit(max_steps=5)
     assert stopped.status == "stopped" and stopped.steps == 5 and stopped.test is None
@@ -160,7 +162,7 @@ def test_max_steps_stops_with_a_checkpoint_and_resume_finishes(reference_run, tm
     assert_same_tensors(final_state(run_dir)[0]["model"], final_state(tmp_path / "r")[0]["model"])
 
 
-def test_existing_run_directory_is_not_overwritten(reference_run):
+def test_existing_run_directory_is_not_overwritten(reference_run, make_config):
     run_dir, _ = reference_run
     from rankwise.training import ConfigError
 
@@ -169,7 +171,7 @@ def test_existing_run_directory_is_not_overwritten(reference_run):
 
 
 def test_nan_loss_stops_with_the_step_number_and_keeps_the_last_good_checkpoint(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, make_config
 ):
     trainer = Trainer.from_config(make_config(tmp_path / "nan"))
     real_forward = trainer.loss_fn.forward
@@ -199,7 +201,9 @@ def test_atomic_save_keeps_the_old_file_when_writing_fails(tmp_path):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkeypatch, num_workers):
+def test_an_epoch_streams_at_most_one_copy_of_the_training_data(
+    tmp_path, monkeypatch, num_workers, make_config
+):
     """The loop fetches samples item by item through the sampler's batches: over one epoch no
     more items than one copy of the training split (plus the sampler's within-class padding of
     each class's last chunk), exactly batch_size per step."""
@@ -236,7 +240,9 @@ def test_an_epoch_streams_at_most_one_copy_of_the_training_data(tmp_path, monkey
     assert trainer.step == trainer.steps_per_epoch
 
 
-def test_resume_between_two_train_log_records_logs_the_same_window_mean(reference_run, tmp_path):
+def test_resume_between_two_train_log_records_logs_the_same_window_mean(
+    reference_run, tmp_path, make_config
+):
     """log_every=2 and a stop at step 5: the record of step 6 averages the losses of steps 5 and
     6 in an uninterrupted run, so the resumed run must carry step 5's loss in its checkpoint."""
     run_dir, _ = reference_run
@@ -245,7 +251,7 @@ def test_resume_between_two_train_log_records_logs_the_same_window_mean(referenc
     assert records(tmp_path / "odd", "train") == records(run_dir, "train")
 
 
-def test_resuming_a_completed_run_keeps_a_single_test_record(reference_run, tmp_path):
+def test_resuming_a_completed_run_keeps_a_single_test_record(reference_run, tmp_path, make_config):
     Trainer.from_config(make_config(tmp_path / "done", **{"budget.iterations": 4})).fit()
     Trainer.from_run_dir(tmp_path / "done").fit()
     assert [r["step"] for r in records(tmp_path / "done", "test")] == [4]
@@ -272,7 +278,7 @@ def test_rng_state_restores_from_a_checkpoint_mapped_to_the_training_device(devi
     assert np.array_equal(np.random.random(4), expected)  # noqa: NPY002
 
 
-def test_overwrite_removes_the_previous_runs_checkpoints(tmp_path):
+def test_overwrite_removes_the_previous_runs_checkpoints(tmp_path, make_config):
     """A crash of an --overwrite run before its first checkpoint must not leave the old run's
     last.pt next to the new config.yaml, where --resume would pick it up."""
     run_dir = tmp_path / "run"

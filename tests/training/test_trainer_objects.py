@@ -346,3 +346,77 @@ def test_sigterm_stops_after_the_step_with_a_checkpoint_like_ctrl_c(tmp_path):
     assert info.value.step == 3 and info.value.checkpoint_step == 3
     assert "checkpoint saved at step 3" in str(info.value)
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# -- the Trainer's shape (issue 32): owned parts, grouped settings ----------------------------------
+
+
+def test_the_trainer_holds_its_parts_instead_of_inheriting_them():
+    from rankwise.training import Evaluator, RunStore, StopControl
+
+    assert Trainer.__bases__ == (object,)  # no mixin chain
+    trainer = make_trainer()
+    assert isinstance(trainer.store, RunStore) and trainer.store.root is None
+    assert isinstance(trainer.evaluator, Evaluator) and trainer.evaluator.ks == (1, 10)
+    assert isinstance(trainer.stop_control, StopControl)
+    assert trainer.evaluator.strategy is trainer.strategy is trainer.store.strategy
+
+
+def test_the_constructor_takes_at_most_15_parameters():
+    import inspect
+
+    parameters = inspect.signature(Trainer).parameters
+    assert len(parameters) <= 15, list(parameters)
+
+
+def test_settings_groups_run_as_their_keywords(tmp_path):
+    from rankwise.training import Logging, Runtime, Schedule
+
+    flat = make_trainer(tmp_path / "flat", seed=3).fit()
+    model = make_model()
+    grouped = Trainer(
+        model,
+        APLoss(),
+        TRAIN,
+        val_data=VAL,
+        test_data=TEST,
+        run_dir=tmp_path / "grouped",
+        schedule=Schedule(iterations=8, eval_every=4),
+        runtime=Runtime(seed=3),
+        logging=Logging(log_every=2, progress=False),
+        eval_ks=(1, 10),
+    ).fit()
+    assert grouped.test.to_dict() == flat.test.to_dict() and grouped.best_step == flat.best_step
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"schedule": "fast"}, TypeError, "`schedule` must be a Schedule"),
+        ({"iterations": 3, "schedule": None, "logging": None, "epochz": 2}, TypeError, "'epochz'"),
+    ],
+)
+def test_bad_groups_and_unknown_keywords_are_named(kwargs, error, fragment):
+    with pytest.raises(error, match=fragment):
+        Trainer(make_model(), APLoss(), TRAIN, **kwargs)
+
+
+def test_a_group_and_its_own_keywords_are_not_both_accepted():
+    from rankwise.training import Schedule
+
+    with pytest.raises(
+        TypeError, match=r"pass `schedule` or its fields \(eval_every, iterations\)"
+    ):
+        Trainer(make_model(), APLoss(), TRAIN, schedule=Schedule(), iterations=3, eval_every=1)
+
+
+def test_a_given_run_store_is_used_as_it_was_opened(tmp_path):
+    from rankwise.training import RunStore
+
+    store = RunStore(tmp_path / "r", key="output").open()
+    trainer = make_trainer(store, iterations=2)
+    assert trainer.store is store and trainer.run_dir == tmp_path / "r"
+    trainer.fit()
+    assert (tmp_path / "r" / "report.json").is_file() and not store.holds
+    with pytest.raises(ValueError, match="`resume`: the given RunStore was opened with its own"):
+        make_trainer(RunStore(tmp_path / "s").open(), resume=True)

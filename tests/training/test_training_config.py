@@ -10,50 +10,48 @@ import yaml
 from rankwise.training import ConfigError, Trainer, config_from_dict, learning_rate_at, load_config
 from rankwise.training.config import apply_overrides, parse_overrides
 
-
-def base(**extra):
-    data = {
-        "dataset": {"name": "digits"},
-        "model": {"backbone": "small_cnn", "embedding_dim": 16},
-        "loss": {"name": "soprc", "params": {}},
-        "sampler": {"m": 4, "batch_size": 20},
-        "optimizer": {"name": "adam", "lr": 1e-3},
-        "budget": {"iterations": 4},
-        "eval_every": 2,
-        "progress": False,
-        "threads": 1,
-    }
-    return apply_overrides(data, extra)
+# the tiny run of tests/conftest.py with SOPRC on 16 dimensions, 4 steps (a dict)
+CHANGES = {
+    "model.embedding_dim": 16,
+    "loss.name": "soprc",
+    "budget.iterations": 4,
+    "eval_ks": [1, 10, 100],
+}
 
 
-def test_unknown_top_level_key_is_named():
+@pytest.fixture
+def base(tiny_config):
+    return lambda **extra: tiny_config.data(**{**CHANGES, **extra})
+
+
+def test_unknown_top_level_key_is_named(base):
     with pytest.raises(ConfigError, match=r"learning_rate: unknown key"):
         config_from_dict({**base(), "learning_rate": 0.1})
 
 
-def test_unknown_nested_key_is_named_with_its_path():
+def test_unknown_nested_key_is_named_with_its_path(base):
     with pytest.raises(ConfigError, match=r"optimizer\.momentun: unknown key"):
         config_from_dict(base(**{"optimizer.momentun": 0.9}))
 
 
-def test_unknown_loss_is_named():
+def test_unknown_loss_is_named(base):
     with pytest.raises(ConfigError, match=r"loss\.name: unknown loss 'sopcr'"):
         config_from_dict(base(**{"loss.name": "sopcr"}))
 
 
-def test_unknown_dataset_is_named():
+def test_unknown_dataset_is_named(base):
     with pytest.raises(ConfigError, match=r"dataset\.name: unknown dataset 'digitz'"):
         config_from_dict(base(**{"dataset.name": "digitz"}))
 
 
-def test_dataset_alias_is_normalized():
+def test_dataset_alias_is_normalized(base):
     assert config_from_dict(base(**{"dataset.name": "fashion_mnist"})).dataset.name == (
         "fashion-mnist"
     )
 
 
 @pytest.mark.parametrize(("size", "suggested"), [(30, "20"), (32, "20"), (18, "16 or 20")])
-def test_batch_size_errors_suggest_a_size_that_then_works(tmp_path, size, suggested):
+def test_batch_size_errors_suggest_a_size_that_then_works(tmp_path, size, suggested, base):
     # digits (open-set) trains on 5 classes: the suggestion must respect m AND the class count
     # (the old message suggested 28 for 30, which holds 7 classes and then failed again)
     config = config_from_dict(base(**{"sampler.batch_size": size, "output_dir": str(tmp_path)}))
@@ -67,12 +65,12 @@ def test_batch_size_errors_suggest_a_size_that_then_works(tmp_path, size, sugges
         Trainer.from_config(config_from_dict(fixed))  # no error
 
 
-def test_a_batch_of_a_single_class_is_refused_without_data():
+def test_a_batch_of_a_single_class_is_refused_without_data(base):
     with pytest.raises(ConfigError, match=r"sampler\.batch_size: 6 holds fewer than 2 classes"):
         config_from_dict(base(**{"sampler.batch_size": 6}))
 
 
-def test_budget_needs_exactly_one_of_epochs_or_iterations():
+def test_budget_needs_exactly_one_of_epochs_or_iterations(base):
     with pytest.raises(ConfigError, match="budget"):
         config_from_dict(base(**{"budget.iterations": None}))
     # overriding one on a config that sets the other: the message says how to clear it
@@ -81,7 +79,7 @@ def test_budget_needs_exactly_one_of_epochs_or_iterations():
     assert "to train 2 epochs add budget.iterations=null" in str(info.value)
 
 
-def test_switching_the_loss_on_the_command_line_drops_the_old_loss_params(tmp_path):
+def test_switching_the_loss_on_the_command_line_drops_the_old_loss_params(tmp_path, base):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(base(**{"loss.params": {"beta": 0.5, "tau1": 0.2}})))
     notes: list[str] = []
@@ -93,21 +91,21 @@ def test_switching_the_loss_on_the_command_line_drops_the_old_loss_params(tmp_pa
     assert kept.loss.params == {"beta": 0.5, "tau1": 0.2}
 
 
-def test_unknown_loss_param_raises_before_training(tmp_path):
+def test_unknown_loss_param_raises_before_training(tmp_path, base):
     config = config_from_dict(base(**{"loss.params.betta": 0.1, "output_dir": str(tmp_path / "r")}))
     with pytest.raises(ConfigError, match=r"loss\.params.*'betta'"):
         Trainer.from_config(config)
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
-def test_more_classes_per_batch_than_the_training_split_has(tmp_path):
+def test_more_classes_per_batch_than_the_training_split_has(tmp_path, base):
     # digits (open-set) trains on 5 classes: 32 / 4 = 8 classes per batch cannot be drawn
     config = config_from_dict(base(**{"sampler.batch_size": 32, "output_dir": str(tmp_path)}))
     with pytest.raises(ConfigError, match=r"sampler\.batch_size: 32 / sampler\.m=4 = 8 classes"):
         Trainer.from_config(config)
 
 
-def test_milestones_past_the_budget(tmp_path):
+def test_milestones_past_the_budget(tmp_path, base):
     config = config_from_dict(
         base(
             **{
@@ -121,7 +119,7 @@ def test_milestones_past_the_budget(tmp_path):
         Trainer.from_config(config)
 
 
-def test_overrides_are_typed_by_yaml(tmp_path):
+def test_overrides_are_typed_by_yaml(tmp_path, base):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(base()))
     config = load_config(
@@ -140,7 +138,7 @@ def test_overrides_are_typed_by_yaml(tmp_path):
     assert config.budget.iterations == 7
 
 
-def test_malformed_override_and_value_into_a_scalar():
+def test_malformed_override_and_value_into_a_scalar(base):
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_overrides(["optimizer.lr"])
     with pytest.raises(ConfigError, match=r"eval_every\.x: eval_every is a value"):
@@ -153,7 +151,7 @@ def test_missing_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["multistep", "cosine", "none"])
-def test_learning_rate_schedule_matches_torch_schedulers(name):
+def test_learning_rate_schedule_matches_torch_schedulers(name, base):
     total = 40
     schedule = {"name": name}
     if name == "multistep":
@@ -179,7 +177,7 @@ def test_learning_rate_schedule_matches_torch_schedulers(name):
         ref.step()
 
 
-def test_ablation_plan_reproduces_table_2_rows(tmp_path):
+def test_ablation_plan_reproduces_table_2_rows(tmp_path, base):
     from rankwise.training.bench import plan_bench
     from rankwise.training.build import load_splits, preflight
 
@@ -214,7 +212,7 @@ def test_ablation_plan_reproduces_table_2_rows(tmp_path):
         assert preflight(run.config, splits) == 4
 
 
-def test_bench_plan_keeps_base_params_only_for_the_base_loss(tmp_path):
+def test_bench_plan_keeps_base_params_only_for_the_base_loss(tmp_path, base):
     from rankwise.training.bench import plan_bench
 
     data = base(
@@ -229,7 +227,7 @@ def test_bench_plan_keeps_base_params_only_for_the_base_loss(tmp_path):
     }
 
 
-def test_bench_plan_applies_run_overrides_to_every_loss_after_the_switch(tmp_path):
+def test_bench_plan_applies_run_overrides_to_every_loss_after_the_switch(tmp_path, base):
     from rankwise.training.bench import plan_bench
 
     runs = plan_bench(

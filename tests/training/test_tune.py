@@ -22,19 +22,24 @@ from rankwise.training.tune import parse_grid_values, tune
 
 runner = CliRunner()
 
-BASE = {
-    "dataset": {"name": "digits"},
-    "model": {"backbone": "small_cnn", "embedding_dim": 16},
-    "loss": {"name": "soprc", "params": {}},
-    "sampler": {"m": 4, "batch_size": 20},
-    "optimizer": {"name": "adam", "lr": 1e-3},
-    "budget": {"iterations": 10},
-    "eval_every": 5,
-    "eval_ks": [1, 10],
-    "threads": 1,
-    # an existing per-loss override that tuning must keep
-    "bench": {"overrides": {"triplet": {"optimizer.weight_decay": 1e-4}}},
-}
+
+@pytest.fixture(scope="module")
+def base(tiny_config):
+    """The tiny run of tests/conftest.py with SOPRC on 16 dimensions, 10 steps."""
+    return tiny_config.data(
+        **{
+            "model.embedding_dim": 16,
+            "loss.name": "soprc",
+            "budget.iterations": 10,
+            "eval_every": 5,
+            "eval_ks": [1, 10],
+            "progress": None,
+            # an existing per-loss override that tuning must keep
+            "bench": {"overrides": {"triplet": {"optimizer.weight_decay": 1e-4}}},
+        }
+    )
+
+
 GRID = {"optimizer.lr": [3e-4, 3e-3], "loss.params.margin": [0.1]}
 
 
@@ -53,11 +58,11 @@ def rank_without_test(self, split, *args, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def tuned_sweep(tmp_path_factory):
+def tuned_sweep(tmp_path_factory, base):
     out = tmp_path_factory.mktemp("tune") / "sweep"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Trainer, "_rank", rank_without_test)
-        summary = tune(BASE, losses=["triplet", "auc"], grid=GRID, seeds=(0, 1), output=out)
+        summary = tune(base, losses=["triplet", "auc"], grid=GRID, seeds=(0, 1), output=out)
     return out, summary
 
 
@@ -92,7 +97,7 @@ def test_winner_is_the_argmax_of_the_logged_validation_map(tuned_sweep):
         assert on_disk["winners"][loss]["params"] == best["params"]
 
 
-def test_overrides_reach_the_runs_and_unknown_params_are_skipped(tuned_sweep):
+def test_overrides_reach_the_runs_and_unknown_params_are_skipped(tuned_sweep, base):
     out, summary = tuned_sweep
     for trial in summary["trials"]:
         for run_dir in trial["run_dirs"]:
@@ -142,7 +147,7 @@ def test_tuned_yaml_validates_and_reproduces_the_winning_runs(tuned_sweep, tmp_p
         assert planned == used
 
 
-def test_selection_ignores_test_metrics_and_skips_diverged_points(tmp_path, monkeypatch):
+def test_selection_ignores_test_metrics_and_skips_diverged_points(tmp_path, monkeypatch, base):
     """Synthetic runs: validation mAP peaks at lr=1e-3, test mAP at lr=1e-4, lr=1e-2 diverges."""
     val = {1e-4: 0.2, 1e-3: 0.9, 1e-2: None}
 
@@ -155,7 +160,7 @@ def test_selection_ignores_test_metrics_and_skips_diverged_points(tmp_path, monk
 
     monkeypatch.setattr(Trainer, "fit", fake_fit)
     summary = tune(
-        BASE,
+        base,
         losses=["auc"],
         grid={"optimizer.lr": [1e-4, 1e-3, 1e-2]},
         seeds=(0, 1),
@@ -170,7 +175,7 @@ def test_selection_ignores_test_metrics_and_skips_diverged_points(tmp_path, monk
     # every point diverging leaves the loss without a winner and its overrides untouched
     val.update({1e-4: None, 1e-3: None})
     summary = tune(
-        BASE, losses=["triplet"], grid={"optimizer.lr": [1e-4, 1e-3]}, output=tmp_path / "t2"
+        base, losses=["triplet"], grid={"optimizer.lr": [1e-4, 1e-3]}, output=tmp_path / "t2"
     )
     assert summary["winners"] == {"triplet": None}
     tuned = yaml.safe_load((tmp_path / "t2" / "tuned.yaml").read_text())
@@ -197,10 +202,12 @@ def never_train(self, **kwargs):
         ({}, False, "grid is empty"),
     ],
 )
-def test_grid_errors_are_reported_before_any_training(tmp_path, monkeypatch, grid, quick, fragment):
+def test_grid_errors_are_reported_before_any_training(
+    tmp_path, monkeypatch, grid, quick, fragment, base
+):
     monkeypatch.setattr(Trainer, "fit", never_train)
     with pytest.raises(ConfigError, match=fragment.replace(".", r"\.")):
-        tune(BASE, losses=["triplet", "auc"], grid=grid, quick=quick, output=tmp_path / "t")
+        tune(base, losses=["triplet", "auc"], grid=grid, quick=quick, output=tmp_path / "t")
     assert not (tmp_path / "t").exists()
 
 
@@ -216,9 +223,9 @@ def test_parse_grid_values_reads_yaml_lists():
             parse_grid_values(bad)
 
 
-def test_cli_tune_writes_results_and_marks_the_winner(tmp_path):
+def test_cli_tune_writes_results_and_marks_the_winner(tmp_path, base):
     config = tmp_path / "base.yaml"
-    config.write_text(yaml.safe_dump(BASE))
+    config.write_text(yaml.safe_dump(base))
     out = tmp_path / "out"
     result = runner.invoke(
         app,
@@ -252,9 +259,9 @@ def test_cli_tune_writes_results_and_marks_the_winner(tmp_path):
     assert tuned["budget"] == {"iterations": 6}  # the command-line overrides are kept
 
 
-def test_cli_tune_config_errors_exit_2(tmp_path):
+def test_cli_tune_config_errors_exit_2(tmp_path, base):
     config = tmp_path / "base.yaml"
-    config.write_text(yaml.safe_dump(BASE))
+    config.write_text(yaml.safe_dump(base))
     cases = [
         (["--grid", "optimizer.lrr=0.1"], "optimizer.lrr"),
         (["--grid", "optimizer.lr"], "--grid"),
@@ -298,11 +305,11 @@ def test_ties_are_broken_by_the_documented_rule_and_reported():
     assert "worst seed" in TIE_RULE and "grid order" in TIE_RULE
 
 
-def test_cli_tune_losses_all_tunes_every_loss_of_the_config(tmp_path):
+def test_cli_tune_losses_all_tunes_every_loss_of_the_config(tmp_path, base):
     # `--losses all` means the config's bench.losses, as in `rankwise bench` (it was refused as an
     # unknown loss 'all' before the flag's parse was shared)
     config = tmp_path / "base.yaml"
-    config.write_text(yaml.safe_dump({**BASE, "bench": {**BASE["bench"], "losses": ["auc"]}}))
+    config.write_text(yaml.safe_dump({**base, "bench": {**base["bench"], "losses": ["auc"]}}))
     out = tmp_path / "out"
     args = ["tune", "--config", str(config), "--losses", "all", "--grid", "optimizer.lr=0.001"]
     args += ["--seeds", "1", "--output", str(out), "budget.iterations=2", "eval_every=2"]
@@ -312,12 +319,12 @@ def test_cli_tune_losses_all_tunes_every_loss_of_the_config(tmp_path):
     assert [t["loss"] for t in summary["trials"]] == ["auc"]
 
 
-def test_cli_tune_overrides_win_over_quick_as_in_bench(tmp_path):
+def test_cli_tune_overrides_win_over_quick_as_in_bench(tmp_path, base):
     """Issue 30: `tune --quick ... budget.iterations=N` trained the quick budget's steps without a
     word; the caller's KEY=VALUE wins, as `rankwise bench` applies it after the quick budget, and
     tuned.yaml keeps that under `bench --quick` too."""
     config = tmp_path / "base.yaml"
-    config.write_text(yaml.safe_dump(BASE))  # bench.quick: the default 100 iterations, eval 50
+    config.write_text(yaml.safe_dump(base))  # bench.quick: the default 100 iterations, eval 50
     out = tmp_path / "out"
     args = ["tune", "--config", str(config), "--losses", "auc", "--grid", "optimizer.lr=0.001"]
     args += ["--quick", "--output", str(out), "budget.iterations=4", "eval_every=2"]
@@ -332,13 +339,13 @@ def test_cli_tune_overrides_win_over_quick_as_in_bench(tmp_path):
     assert rerun.config.budget.iterations == 4 and rerun.config.eval_every == 2
 
 
-def test_cli_tune_writes_model_pretrained_absolute(tmp_path, monkeypatch):
+def test_cli_tune_writes_model_pretrained_absolute(tmp_path, monkeypatch, base):
     """tuned.yaml is read from anywhere: a relative model.pretrained (relative to where tune ran,
     where the trials load it) is written resolved."""
     from rankwise.commands.tune import _fresh_settings
 
     config = tmp_path / "base.yaml"
-    config.write_text(yaml.safe_dump(BASE))
+    config.write_text(yaml.safe_dump(base))
     monkeypatch.chdir(tmp_path)
     settings = _fresh_settings(
         ["model.pretrained=runs/pretrained"], None, config, "auc", ["optimizer.lr=0.001"], {}

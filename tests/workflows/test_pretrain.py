@@ -15,32 +15,30 @@ from rankwise.cli import build_app
 from rankwise.data import load_dataset
 from rankwise.data.instances import InstanceViews
 from rankwise.models import build_model
-from rankwise.training import ConfigError, Trainer, config_from_dict
+from rankwise.training import ConfigError, Trainer
 from rankwise.training.build import build_model_from_config, build_optimizer
 from rankwise.training.config import OptimizerConfig
 from rankwise.training.factory import build_trainer
 from rankwise.workflows.pretrain import pretrain, source_split_hash
 
 OPTIONS = {"train_classes": 60, "val_classes": 20, "test_classes": 40}
-BASE = {
-    "dataset": {"name": "digits-instances", "options": OPTIONS},
-    "model": {"backbone": "small_cnn", "embedding_dim": 8},
-    "loss": {"name": "ap", "params": {}},
-    "sampler": {"m": 4, "batch_size": 16},
-    "budget": {"iterations": 2},
-    "eval_every": 2,
+DATASET = {"name": "digits-instances", "options": OPTIONS}
+MODEL = {"backbone": "small_cnn", "embedding_dim": 8}
+# the tiny run of tests/conftest.py on the digits instances: AP, 4 x 4, 2 steps, on the CPU
+CHANGES = {
+    "dataset": DATASET,
+    "loss.name": "ap",
+    "sampler.batch_size": 16,
+    "budget.iterations": 2,
     "log_every": 1,
-    "eval_ks": [1],
-    "seed": 0,
-    "progress": False,
-    "threads": 1,
     "device": "cpu",
 }
 INPUT_SHAPE = (1, 8, 8)
 
 
-def _config(**sections):
-    return config_from_dict({**BASE, **sections})
+@pytest.fixture(scope="module")
+def make_config(tiny_config):
+    return lambda **sections: tiny_config(**{**CHANGES, **sections})
 
 
 @pytest.fixture(scope="module")
@@ -97,12 +95,12 @@ def test_pretrain_refuses_to_overwrite(pretrained):
         pretrain("digits-instances", output, steps=0, dataset_options=OPTIONS)
 
 
-def test_model_pretrained_starts_from_the_stored_weights(pretrained):
+def test_model_pretrained_starts_from_the_stored_weights(pretrained, make_config):
     output, _, _ = pretrained
     state = torch.load(output / "pretrained.pt", weights_only=True)["model"]
     for where in (output, output / "pretrained.pt"):
         model = build_model_from_config(
-            _config(model={**BASE["model"], "pretrained": str(where)}), INPUT_SHAPE
+            make_config(model={**MODEL, "pretrained": str(where)}), INPUT_SHAPE
         )
         for name, value in model.state_dict().items():
             assert torch.equal(value, state[name]), name
@@ -111,24 +109,26 @@ def test_model_pretrained_starts_from_the_stored_weights(pretrained):
 @pytest.mark.parametrize(
     ("model", "dataset", "named"),
     [
-        ({"backbone": "mlp", "embedding_dim": 8}, BASE["dataset"], "backbone"),
-        ({"backbone": "small_cnn", "embedding_dim": 16}, BASE["dataset"], "embedding_dim"),
+        ({"backbone": "mlp", "embedding_dim": 8}, DATASET, "backbone"),
+        ({"backbone": "small_cnn", "embedding_dim": 16}, DATASET, "embedding_dim"),
         # the same pool split otherwise: its validation sources could be pretraining sources
         (
             {"backbone": "small_cnn", "embedding_dim": 8},
-            {**BASE["dataset"], "split_seed": 1},
+            {**DATASET, "split_seed": 1},
             "dataset",
         ),
     ],
 )
-def test_mismatched_pretrained_is_refused_naming_the_key(pretrained, model, dataset, named):
-    config = _config(model={**model, "pretrained": str(pretrained[0])}, dataset=dataset)
+def test_mismatched_pretrained_is_refused_naming_the_key(
+    pretrained, model, dataset, named, make_config
+):
+    config = make_config(model={**model, "pretrained": str(pretrained[0])}, dataset=dataset)
     with pytest.raises(ConfigError, match=rf"model\.pretrained: .* {named}="):
         build_model_from_config(config, INPUT_SHAPE)
 
 
-def test_backbone_lr_mult_gives_a_backbone_group_the_trainer_keeps(tmp_path):
-    config = _config(optimizer={"name": "adam", "lr": 1e-3, "backbone_lr_mult": 0.1})
+def test_backbone_lr_mult_gives_a_backbone_group_the_trainer_keeps(tmp_path, make_config):
+    config = make_config(optimizer={"name": "adam", "lr": 1e-3, "backbone_lr_mult": 0.1})
     model = build_model_from_config(config, INPUT_SHAPE)
     optimizer = build_optimizer(config.optimizer, list(model.parameters()), model.backbone)
     head, backbone = optimizer.param_groups
@@ -142,14 +142,14 @@ def test_backbone_lr_mult_gives_a_backbone_group_the_trainer_keeps(tmp_path):
     assert rates == [1e-3, pytest.approx(1e-4)]
 
 
-def test_default_config_trains_as_before(tmp_path):
+def test_default_config_trains_as_before(tmp_path, make_config):
     """No pretrained start, backbone_lr_mult 1: one parameter group, and the run is step for step
     the one every config made before the two options existed: the model as build_model makes it,
     a single-group Adam. Both runs are made here, in this process (constants measured on one CPU
     fail on another: oneDNN's AVX-512 convolutions round differently from its AVX2 ones)."""
     optimizer = build_optimizer(OptimizerConfig(), [torch.nn.Parameter(torch.zeros(1))])
     assert len(optimizer.param_groups) == 1 and "lr_mult" not in optimizer.param_groups[0]
-    config = _config(output_dir=str(tmp_path / "run"))
+    config = make_config(output_dir=str(tmp_path / "run"))
     trainer = Trainer.from_config(config)
     trainer.fit(test=False)
 
@@ -188,22 +188,22 @@ def test_rankwise_pretrain_command(tmp_path):
     assert again.exit_code == 2 and "--overwrite" in again.output
 
 
-def test_a_pretraining_fits_runs_that_only_view_its_sources_differently(pretrained):
+def test_a_pretraining_fits_runs_that_only_view_its_sources_differently(pretrained, make_config):
     # issue 21's study fine-tunes one pretraining at K = 2, 4, 8 views per source: the views, the
     # evaluation views and the augmentation do not change which sources are held out, so they are
     # not compared (refused before: "was pretrained with dataset=..., views_per_class: 2")
     views = {"views_per_class": 2, "eval_views_per_class": 3, "rotation": 10.0, "noise": 0.0}
-    config = _config(
-        model={**BASE["model"], "pretrained": str(pretrained[0])},
-        dataset={**BASE["dataset"], "options": {**OPTIONS, **views}},
+    config = make_config(
+        model={**MODEL, "pretrained": str(pretrained[0])},
+        dataset={**DATASET, "options": {**OPTIONS, **views}},
     )
     model = build_model_from_config(config, INPUT_SHAPE)
     state = torch.load(pretrained[0] / "pretrained.pt", weights_only=True)["model"]
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     # a split option still is: other validation / test sources could be pretraining sources
-    config = _config(
-        model={**BASE["model"], "pretrained": str(pretrained[0])},
-        dataset={**BASE["dataset"], "options": {**OPTIONS, "val_classes": 10}},
+    config = make_config(
+        model={**MODEL, "pretrained": str(pretrained[0])},
+        dataset={**DATASET, "options": {**OPTIONS, "val_classes": 10}},
     )
     with pytest.raises(ConfigError, match=r"model\.pretrained: .* dataset="):
         build_model_from_config(config, INPUT_SHAPE)

@@ -195,7 +195,7 @@ def _exit_for(
                 if exc.run_dir is not None and exc.fallback is not None
                 else None
             )
-            return EXIT_CONFIG, f"[red]error:[/red] {escape(exc.describe(resume))}"
+            return EXIT_CONFIG, f"[red]error:[/red] {escape(to_flags(exc.describe(resume), flags))}"
         if isinstance(exc, config_error):
             return EXIT_CONFIG, f"[red]config error:[/red] {escape(text)}"
         if isinstance(exc, interrupted):

@@ -5,23 +5,21 @@ of Wen et al. (NeurIPS 2022), Sec. 5.1 (model selection on validation mAUPRC, te
 selected model). Ctrl-C / SIGTERM saves a checkpoint; exit codes as
 :func:`~rankwise.commands.common.cli_errors`.
 
-Under ``torchrun --nproc-per-node N -m rankwise train ...`` the run is data-parallel
-(:class:`~rankwise.training.distributed.DistributedTrainer`): rank 0 writes the run directory and
-prints, also the one-line message of a failed or interrupted run (every rank writes it to
-torchrun's error file, which torchrun's summary shows); the other ranks print only unexpected
-errors. See docs/distributed.md.
+Under ``torchrun --nproc-per-node N -m rankwise train ...`` the run is data-parallel (the training
+factory chooses the strategy and joins the process group, :mod:`rankwise.training.launch`): rank 0
+writes the run directory and prints, also the one-line message of a failed or interrupted run
+(every rank writes it to torchrun's error file, which torchrun's summary shows); the other ranks
+print only unexpected errors. See docs/distributed.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from .common import cli_errors, output_console, signal_name, train_resume_command
+from .common import cli_errors, output_console, train_resume_command
 
 __all__ = ["FLAGS", "train"]
 
@@ -39,19 +37,6 @@ FLAGS = {
     "data_dir": "--data-dir",
     "resume_from": "--from-checkpoint",
 }
-
-
-def _join_process_group(config: dict[str, Any], device: str | None) -> int:
-    """Under torchrun, join the process group (``config``'s backend and device); the rank."""
-    from ..training.distributed import init_distributed, launched_by_torchrun
-
-    if not launched_by_torchrun():
-        return 0
-    settings = config.get("distributed") or {}
-    context = init_distributed(
-        backend=settings.get("backend", "auto"), device=device or config.get("device", "auto")
-    )
-    return context.rank
 
 
 def _print_result(console: Any, result: Any) -> None:
@@ -196,10 +181,8 @@ def train(
     failure: BaseException | None = None
     try:
         with cli_errors("training", FLAGS) as err:
-            trainer, rank = _build_trainer(
-                list(overrides or []), config, resume, output, options, err
-            )
-            if rank != 0:
+            trainer = _build_trainer(list(overrides or []), config, resume, output, options, err)
+            if not trainer.is_main_process:
                 console = output_console(140, quiet=True)
             if resume is not None:
                 console.print(
@@ -209,67 +192,19 @@ def train(
             start = _start_line(trainer.config, resumed=resume is not None)
             if start is not None:  # the options that change the start say they took effect
                 console.print(start, soft_wrap=True, markup=False, highlight=False)
-            with _finish_when_saved(trainer) as saved:
+            # the run's one signal handler, also over the closing lines: once the outcome is
+            # saved a signal lets them finish (exit 0), a second aborts saying what is kept
+            with trainer.stop_control.handling():
                 result = trainer.fit(max_steps=max_steps)
-                saved.append(result.status)
                 _print_result(console, result)
     except BaseException as exc:
         failure = exc
         raise
     finally:
         trainer = None  # its DDP wrapper holds the process group, which must end now
-        from ..training.distributed import launched_by_torchrun, shutdown_distributed
+        from ..training.launch import leave_process_group
 
-        if launched_by_torchrun():  # leave the process group this command joined
-            shutdown_distributed(failure)
-
-
-@contextmanager
-def _finish_when_saved(trainer: Any) -> Iterator[list[str]]:
-    """Ctrl-C / SIGTERM once the run's outcome is saved: finish the command, exit 0.
-
-    Once the run completed or stopped at ``--max-steps`` with its checkpoint, the first signal is
-    noted and plots and table are finished; a second aborts (128 + its number), saying the results
-    are kept. The caller appends the status to the yielded list when ``fit`` returns.
-    """
-    import signal
-
-    from rich.markup import escape
-
-    from .._signals import handle_signals, signal_number_of
-
-    saved: list[str] = []
-    noted: list[int] = []
-
-    def outcome() -> str | None:
-        return "completed" if trainer.completed else (saved[0] if saved else None)
-
-    def on_signal(signum: int) -> bool:
-        if outcome() is None or noted:
-            return False  # the run is not saved yet, or a second signal: raise at once
-        noted.append(signum)
-        again = "Ctrl-C again" if signum == signal.SIGINT else f"another {signal_name(signum)}"
-        trainer.console.print(
-            f"[yellow]{signal_name(signum)} after the run {outcome()}: nothing is lost; finishing "
-            f"({again} aborts at once).[/yellow]",
-            soft_wrap=True,
-        )
-        return True
-
-    with handle_signals(on_signal):
-        try:
-            yield saved
-        except KeyboardInterrupt as exc:
-            if outcome() is None:
-                raise
-            signum = signal_number_of(exc)
-            where = escape(str(trainer.run_dir))
-            trainer.console.print(
-                f"[yellow]{signal_name(signum)}: aborted after the run {outcome()}; what it saved "
-                f"is kept in {where} (plots may be missing).[/yellow]",
-                soft_wrap=True,
-            )
-            raise typer.Exit(128 + signum) from None
+        leave_process_group(failure)  # the group the training factory joined under torchrun
 
 
 def _build_trainer(
@@ -279,13 +214,9 @@ def _build_trainer(
     output: Path | None,
     options: dict[str, Any],
     err: Any,
-) -> tuple[Any, int]:
-    """The trainer of the command (data-parallel under torchrun) and this process's rank."""
+) -> Any:
+    """The trainer of the command (data-parallel under torchrun: the factory's choice)."""
     from ..training import ConfigError, Trainer, load_config
-    from ..training.config import read_config_file
-    from ..training.distributed import DistributedTrainer, launched_by_torchrun
-    from ..training.rundir import resolve_run_dir
-    from ..training.state import RunPaths
 
     num_workers, device = options["num_workers"], options["device"]
     data_dir, seed = options["data_dir"], options["seed"]
@@ -301,22 +232,14 @@ def _build_trainer(
         if value is not None
     ]
     _check_resume_options(resume, options["from_checkpoint"], options["overwrite"], changed)
-    trainer_class: Any = DistributedTrainer if launched_by_torchrun() else Trainer
     if resume is not None:
-        run_dir = resolve_run_dir(resume)  # a folder holding one run is accepted
-        try:  # an unreadable config.yaml: the resume below reports it
-            saved = read_config_file(RunPaths(run_dir).config)
-        except ConfigError:
-            saved = {}
-        rank = _join_process_group(saved, device)
-        trainer = trainer_class.from_run_dir(
-            run_dir,
+        return Trainer.from_run_dir(
+            resume,  # a folder holding one run is accepted
             num_workers=num_workers,
             device=device,
             console=err,
             checkpoint=options["from_checkpoint"],
         )
-        return trainer, rank
     if config is None:
         raise ConfigError("--config: pass a YAML config (or --resume RUN_DIR).")
     shortcuts = {
@@ -331,6 +254,4 @@ def _build_trainer(
     run_config = load_config(config, overrides + extra, notes)
     for note in notes:
         err.print(f"note: {note}", soft_wrap=True, markup=False, highlight=False)
-    rank = _join_process_group(run_config.to_dict(), None)
-    trainer = trainer_class.from_config(run_config, overwrite=options["overwrite"], console=err)
-    return trainer, rank
+    return Trainer.from_config(run_config, overwrite=options["overwrite"], console=err)

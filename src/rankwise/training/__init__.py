@@ -2,8 +2,10 @@
 
 The protocol of Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D: P x K batches, model selection by
 validation mAUPRC, test report of the selected model (Table 1 / 2 comparisons:
-:mod:`rankwise.workflows.bench`). :class:`Trainer` takes your model, loss and data;
-:meth:`Trainer.from_config` builds them from a YAML config. Needs ``pip install 'rankwise[train]'``.
+:mod:`rankwise.workflows.bench`). :class:`Trainer` takes your model, loss and data (settings grouped in
+:class:`Schedule`, :class:`Runtime`, :class:`Logging`) and holds its :class:`RunStore`,
+:class:`Evaluator` and :class:`StopControl`; :meth:`Trainer.from_config` builds them from a YAML
+config. Needs ``pip install 'rankwise[train]'``.
 """
 
 from .._extras import require
@@ -27,7 +29,11 @@ from .errors import (  # noqa: E402
     NonFiniteLossError,
     TrainingInterrupted,
 )
+from .evaluation import Evaluator  # noqa: E402
 from .inference import LoadedRun, load_run  # noqa: E402
+from .settings import Logging, Runtime, Schedule  # noqa: E402
+from .stop import StopControl  # noqa: E402
+from .store import RunStore  # noqa: E402
 from .trainer import RunResult, Trainer, learning_rate_at, train  # noqa: E402
 
 __all__ = [
@@ -37,13 +43,19 @@ __all__ = [
     "CollapsedEmbeddingsError",
     "Config",
     "ConfigError",
+    "Evaluator",
     "LoadedRun",
+    "Logging",
     "MetricsLogger",
     "NonFiniteLossError",
     "PlotCurves",
     "ProgressBar",
     "RunResult",
+    "RunStore",
+    "Runtime",
+    "Schedule",
     "StepOutput",
+    "StopControl",
     "Trainer",
     "TrainingInterrupted",
     "atomic_save",

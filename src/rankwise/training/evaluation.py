@@ -1,8 +1,8 @@
-"""Evaluation and model selection: embed a dataset once, rank it, test the selected model.
+"""Evaluation: embed a dataset once and rank it with the run's metric (:class:`Evaluator`).
 
 The protocol of Wen et al. (NeurIPS 2022, Sec. 5.1 and App. D.1): validation ranked
-leave-one-out with the exact tie-aware metrics, the best validation mAP selected
-(:class:`~rankwise.training.callbacks.BestCheckpoint`), the selected model tested (open-set:
+leave-one-out with the exact tie-aware metrics (the model selection of
+:class:`~rankwise.training.callbacks.BestCheckpoint`), the selected model tested (open-set:
 leave-one-out; closed-set: against a gallery) with its mean PR curve. :func:`embed_batches` is
 the one embedding loop of the Trainer, of :class:`~rankwise.training.inference.LoadedRun` and of
 the hash codes.
@@ -10,7 +10,8 @@ the hash codes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -20,12 +21,13 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .._threads import preserve_torch_threads
-from ..metrics import PRCurve, RetrievalReport
-from .callbacks import BestCheckpoint
+from ..metrics import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
+from ..metrics._inputs import check_ks
+from .arguments import positive_int
 from .loader import worker_init
-from .state import RunState
+from .strategy import SingleProcess
 
-__all__ = ["Evaluation", "embed_batches", "embed_labelled"]
+__all__ = ["Evaluator", "Ranking", "embed_batches", "embed_labelled"]
 
 
 def embed_batches(
@@ -95,107 +97,138 @@ def embed_labelled(
     return embeddings, torch.cat(labels).numpy().astype(np.int64, copy=False)
 
 
-class Evaluation(RunState):
-    """The Trainer's evaluation and model selection (a mixin of Trainer)."""
+@dataclass(frozen=True)
+class Ranking:
+    """What :meth:`Evaluator.rank` found.
 
-    val_data: Dataset | None
-    test_data: Dataset | None
-    gallery_data: Dataset | None
-    metric_fn: Callable[..., Any]
-    curve_fn: Callable[..., Any]
-    eval_ks: tuple[int, ...]
-    eval_batch_size: int
-    num_workers: int
-    seed: int
+    Attributes:
+        report: the ``metric_fn`` report (a :class:`~rankwise.metrics.RetrievalReport`).
+        embeddings: the ``(N, d)`` embeddings of the queries (the collapse detector reads them).
+        curve: the ``curve_fn`` curve (``None`` unless asked for).
+    """
 
-    def embed(self, dataset: Dataset) -> tuple[torch.Tensor, np.ndarray]:
-        """Embeddings ``(N, d)`` (on the trainer's device) and ``(N,)`` int64 labels of a dataset.
+    report: Any
+    embeddings: torch.Tensor
+    curve: Any = None
 
-        Batches of ``eval_batch_size``, as in :func:`embed_batches`.
+
+class Evaluator:
+    """The evaluation of a run: embed the data, rank it with ``metric_fn``, draw ``curve_fn``.
+
+    Queries are ranked leave-one-out, or against a gallery (closed-set). Under data parallelism
+    (the ``strategy``) every process embeds a contiguous shard and the embeddings are gathered in
+    order, so ``metric_fn`` sees the whole split on every process and a custom one is honoured.
+
+    This is the one place evaluation happens: a ``metric_fn`` that ranks a block of query rows
+    against the gallery and returns a report that merges exactly lets each process rank its share
+    of the queries instead (``rank`` is where it goes).
+
+    Args:
+        metric_fn: called as ``metric_fn(query, query_labels, gallery, gallery_labels, ks=ks)``
+            (``gallery`` ``None`` for leave-one-out); default
+            :func:`rankwise.metrics.retrieval_metrics`. Its report needs ``map`` (what the
+            selection monitors) and ``to_dict()``.
+        curve_fn: the test curve, called like ``metric_fn`` without ``ks``; default
+            :func:`rankwise.metrics.pr_curve`.
+        ks: cut-offs of recall@k / precision@k in the reports.
+        batch_size: batch size when embedding.
+        strategy: the processes of the run (default: one process).
+        num_workers: DataLoader worker processes.
+        seed: seeds the loaders' generator.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> labels = torch.arange(3).repeat_interleave(4)
+        >>> data = TensorDataset(torch.eye(3)[labels] + 0.01 * torch.randn(12, 3), labels)
+        >>> ranking = Evaluator(ks=(1,)).rank(torch.nn.Identity(), torch.device("cpu"), data)
+        >>> float(ranking.report.map)
+        1.0
+    """
+
+    def __init__(
+        self,
+        metric_fn: Callable[..., RetrievalReport] | None = None,
+        curve_fn: Callable[..., PRCurve] | None = None,
+        *,
+        ks: Sequence[int] = (1, 10, 100),
+        batch_size: int = 256,
+        strategy: SingleProcess | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        for fn, fn_name in ((metric_fn, "metric_fn"), (curve_fn, "curve_fn")):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"`{fn_name}` must be a function, got {type(fn).__name__}.")
+        self.metric_fn: Callable[..., Any] = (
+            metric_fn if metric_fn is not None else retrieval_metrics
+        )
+        self.curve_fn: Callable[..., Any] = curve_fn if curve_fn is not None else pr_curve
+        self.ks = tuple(sorted(check_ks(ks, "ks")))
+        self.batch_size = positive_int(batch_size, "batch_size")
+        self.strategy = strategy if strategy is not None else SingleProcess()
+        self.num_workers = positive_int(num_workers, "num_workers", 0)
+        self.seed = positive_int(seed, "seed", 0)
+
+    def embed(
+        self, model: nn.Module, dataset: Dataset, device: torch.device
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """Embeddings ``(N, d)`` (on ``device``) and ``(N,)`` int64 labels of ``dataset``.
+
+        This process's pass over the whole of ``dataset``, in batches of ``batch_size``, as in
+        :func:`embed_batches`.
 
         Args:
+            model: the embedding model.
             dataset: a map-style dataset of ``(x, label)`` items.
+            device: where the model is.
 
         Returns:
             ``(embeddings, labels)``.
         """
         loader = DataLoader(
             dataset,
-            batch_size=self.eval_batch_size,
+            batch_size=self.batch_size,
             shuffle=False,
             num_workers=self.num_workers,
             worker_init_fn=worker_init,
             generator=torch.Generator().manual_seed(self.seed),
-            pin_memory=self.device.type == "cuda",
+            pin_memory=device.type == "cuda",
         )
-        return embed_labelled(self.model, loader, self.device)
+        return embed_labelled(model, loader, device)
 
-    def _data(self, split: str) -> Dataset:
-        data = {"val": self.val_data, "test": self.test_data}.get(split)
-        if split not in ("val", "test"):
-            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
-        if data is None:
-            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
-        return data
+    def embed_split(
+        self, model: nn.Module, dataset: Dataset, device: torch.device
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """The embeddings and labels of the whole of ``dataset``, in order, on every process."""
+        return self.strategy.embed_split(dataset, partial(self.embed, model, device=device))
 
-    def _rank(
-        self, split: str, with_curve: bool = False
-    ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
-        query, query_labels = self.strategy.embed_split(self._data(split), self.embed)
-        gallery: tuple[torch.Tensor, np.ndarray] | tuple[None, None] = (None, None)
-        if split == "test" and self.gallery_data is not None:
-            gallery = self.strategy.embed_split(self.gallery_data, self.embed)
-        report = self.metric_fn(query, query_labels, *gallery, ks=self.eval_ks)
-        curve = self.curve_fn(query, query_labels, *gallery) if with_curve else None
-        return report, query, curve
-
-    def evaluate(self, split: str = "val") -> RetrievalReport:
-        """The exact retrieval report of the current model on the ``"val"`` or ``"test"`` data.
-
-        Leave-one-out, or test queries against ``gallery_data`` when there is one.
+    def rank(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        queries: Dataset,
+        gallery: Dataset | None = None,
+        *,
+        with_curve: bool = False,
+    ) -> Ranking:
+        """Rank ``queries`` leave-one-out, or against ``gallery``, with ``metric_fn``.
 
         Args:
-            split: ``"val"`` or ``"test"``.
+            model: the embedding model.
+            device: where it is.
+            queries: the query data.
+            gallery: the gallery of a closed-set evaluation (``None``: leave-one-out).
+            with_curve: draw ``curve_fn`` too.
 
         Returns:
-            A :class:`~rankwise.metrics.RetrievalReport`.
+            The :class:`Ranking`.
         """
         with preserve_torch_threads():
-            return self._rank(split)[0]
-
-    def test(self) -> tuple[RetrievalReport, PRCurve]:
-        """``(report, curve)``: the current model's test report and mean PR curve (one pass)."""
-        with preserve_torch_threads():
-            report, _, curve = self._rank("test", with_curve=True)
-        assert curve is not None
-        return report, curve
-
-    def _validate_and_checkpoint(self) -> None:
-        if self.val_data is not None:
-            with preserve_torch_threads():
-                report, embeddings, _ = self._rank("val")
-            with self._naming_what_is_kept():  # best.pt
-                self._emit("on_validation_end", report, embeddings)
-        if self.run_dir is not None:
-            self.save_checkpoint()
-
-    def _selected_weights(self) -> dict[str, torch.Tensor] | None:
-        """The weights of the model selected on validation (``None``: the final model)."""
-        best = self._callback(BestCheckpoint)
-        if best is None:
-            return None
-        if self.run_dir is None:  # every process kept the same selected weights in memory
-            return best.best_model_state(self)
-        return self.strategy.from_main_process(partial(best.best_model_state, self))
-
-    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
-        weights = self._selected_weights()
-        final = None
-        if weights is not None:
-            final = {k: v.clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(weights)
-        try:
-            return self.test()
-        finally:
-            if final is not None:
-                self.model.load_state_dict(final)
+            query, query_labels = self.embed_split(model, queries, device)
+            others: tuple[torch.Tensor, np.ndarray] | tuple[None, None] = (None, None)
+            if gallery is not None:
+                others = self.embed_split(model, gallery, device)
+            report = self.metric_fn(query, query_labels, *others, ks=self.ks)
+            curve = self.curve_fn(query, query_labels, *others) if with_curve else None
+        return Ranking(report, query, curve)

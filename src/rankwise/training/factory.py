@@ -1,41 +1,25 @@
 """Config -> Trainer: the one place that reads a run's configuration.
 
 Builds what a :class:`~rankwise.training.config.Config` describes (the protocol of Wen et al.,
-NeurIPS 2022, Sec. 5.1 and App. D.1) and hands it, as plain values, to a
-:class:`~rankwise.training.Trainer` or a subclass; ``Trainer.from_config`` / ``from_run_dir``
-delegate here.
+NeurIPS 2022, Sec. 5.1 and App. D.1) and hands it, as plain objects, settings groups and an opaque
+record of the config, to a :class:`~rankwise.training.Trainer` or a subclass; the strategy is
+chosen from the environment (data-parallel under torchrun, joining its process group). The reading
+itself is :mod:`rankwise.training.assembly` (below the Trainer, which ``Trainer.from_config`` /
+``from_run_dir`` call with their own class); this module gives it the Trainer as default class.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
-from .build import (
-    build_loss_from_config,
-    build_model_from_config,
-    build_optimizer,
-    build_sampler_from_config,
-    check_batch_classes,
-    learning_rate_at,
-    load_splits,
-    resolve_device,
-    seed_everything,
-    total_steps,
-)
+from .assembly import ModelLike, build_from_config, resume_from_run_dir, strategy_of
 from .callbacks import PlotCurves
-from .config import Config, config_from_dict, read_config_file
-from .errors import CorruptCheckpointError
-from .rundir import resolve_run_dir
-from .state import RunPaths, fallback_checkpoint, refuse_results
+from .callbacks.host import CallbackLike
+from .config import Config
 from .strategy import SingleProcess
-from .trainer import CallbackLike, Trainer
+from .trainer import Trainer
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,19 +27,25 @@ if TYPE_CHECKING:
     from ..data import RetrievalSplits
     from ..metrics import PRCurve, RetrievalReport
 
-__all__ = ["build_trainer", "strategy_from_config", "trainer_from_run_dir"]
-
-ModelLike = nn.Module | Callable[[tuple[int, ...]], nn.Module]
+__all__ = ["ModelLike", "build_trainer", "strategy_from_config", "trainer_from_run_dir"]
 
 
-def strategy_from_config(config: Config, trainer_cls: type[Trainer]) -> SingleProcess:
-    """``trainer_cls.strategy_class`` with the ``distributed`` settings of ``config``."""
-    if trainer_cls.strategy_class is SingleProcess:
-        return SingleProcess()
-    return trainer_cls.strategy_class(
-        check_every=config.distributed.check_every,  # type: ignore[call-arg]
-        sync_batchnorm=config.distributed.sync_batchnorm,
-    )
+def strategy_from_config(config: Config, trainer_cls: type[Trainer] | None = None) -> SingleProcess:
+    """The strategy of a run of ``config`` in this environment.
+
+    Under torchrun (or in a process group of several processes, or for ``trainer_cls`` =
+    ``DistributedTrainer``) this process joins the process group with the ``distributed``
+    settings of ``config`` and gets a ``DataParallelStrategy``; otherwise ``SingleProcess()``.
+
+    Args:
+        config: the run's config.
+        trainer_cls: the trainer class (its ``strategy_class`` may ask for data parallelism).
+
+    Returns:
+        The strategy.
+    """
+    cls = Trainer if trainer_cls is None else trainer_cls
+    return strategy_of(config, cls.strategy_class is not SingleProcess)[0]
 
 
 def build_trainer(
@@ -76,9 +66,11 @@ def build_trainer(
 ) -> Trainer:
     """Build the data, model, loss, sampler, optimizer and schedule of ``config``; a trainer.
 
-    Data-dependent config errors are raised as in :mod:`rankwise.training.build`, before any
-    step; the output directory is locked, and a run in it refused (unless ``resume`` /
-    ``overwrite``), before the data is loaded.
+    The strategy is chosen from the environment (data-parallel under torchrun: this process
+    joins the process group); the output directory is locked, and a run in it refused (unless
+    ``resume`` / ``overwrite``), before the data is loaded (one lock, one check per run);
+    data-dependent config errors are raised as in :mod:`rankwise.training.build`, before any
+    step.
 
     Args:
         config: the validated run configuration.
@@ -103,72 +95,21 @@ def build_trainer(
     Raises:
         RunDirInUseError: another process is writing the output directory.
     """
-    cls = Trainer if trainer_cls is None else trainer_cls
-    run_dir = config.resolved_output_dir()
-    strategy = strategy_from_config(config, cls)
-    refuse = None if resume or overwrite else partial(refuse_results, run_dir, "output_dir")
-    key = "run_dir" if resume else "output_dir"
-    with cls._lock_run_dir(run_dir, key, resume=resume, check=refuse, strategy=strategy):
-        device = resolve_device(config.device)
-        if device.type == "cuda" and config.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
-        # data, then every data-dependent check before anything is built
-        splits = splits if splits is not None else load_splits(config)
-        train_labels, n_classes = check_batch_classes(config, splits)
-        # model, loss, sampler, optimizer (seeded: the same seed gives the same init)
-        seed_everything(config.seed)
-        if model is None:
-            model = build_model_from_config(config, splits.train.input_shape)
-        elif not isinstance(model, nn.Module):
-            model = model(splits.train.input_shape)
-        loss_fn = build_loss_from_config(config, train_labels, n_classes)
-        sampler = build_sampler_from_config(config, train_labels)
-        steps = total_steps(config, len(sampler))
-        params = [p for p in model.parameters() if p.requires_grad]
-        params += [p for p in loss_fn.parameters() if p.requires_grad]
-        name = name or f"{config.loss.name} on {config.dataset.name}"
-        if plots is None:
-            plots = PlotCurves(
-                title=name,
-                pr_title=f"test mean PR curve ({config.dataset.name})",
-                label=config.loss.name,
-            )
-        evaluation: dict[str, Any] = {"metric_fn": metric_fn, "curve_fn": curve_fn}
-        return cls(
-            model,
-            loss_fn,
-            splits.train,
-            optimizer=build_optimizer(config.optimizer, params, getattr(model, "backbone", None)),
-            sampler=sampler,
-            val_data=splits.val,
-            test_data=splits.test,
-            gallery_data=splits.gallery,
-            run_dir=run_dir,
-            callbacks=[plots, *callbacks],
-            iterations=steps,
-            lr_schedule=partial(learning_rate_at, config, total_steps=steps),
-            eval_every=config.eval_every,
-            log_every=config.log_every,
-            eval_ks=config.eval_ks,
-            eval_batch_size=config.eval_batch_size,
-            device=device,
-            seed=config.seed,
-            num_workers=config.num_workers,
-            deterministic=config.deterministic,
-            progress=config.progress,
-            resume=resume,
-            overwrite=overwrite,
-            console=console,
-            name=name,
-            config=config,
-            loss_name=config.loss.name,
-            run_dir_key=key,
-            resume_from=resume_from,
-            strategy=strategy,
-            **{k: v for k, v in evaluation.items() if v is not None},  # else the class default
-        )
+    return build_from_config(
+        Trainer if trainer_cls is None else trainer_cls,
+        config,
+        model=model,
+        metric_fn=metric_fn,
+        curve_fn=curve_fn,
+        splits=splits,
+        resume=resume,
+        overwrite=overwrite,
+        console=console,
+        callbacks=callbacks,
+        resume_from=resume_from,
+        name=name,
+        plots=plots,
+    )
 
 
 def trainer_from_run_dir(
@@ -182,6 +123,9 @@ def trainer_from_run_dir(
 ) -> Trainer:
     """The trainer that resumes the config run in ``run_dir`` (see :meth:`Trainer.from_run_dir`).
 
+    The folder is locked before its ``config.yaml`` is read (under torchrun the process group is
+    joined first, with the saved ``distributed`` settings).
+
     Args:
         run_dir: a run directory, or a folder holding exactly one.
         trainer_cls: the trainer class (default :class:`~rankwise.training.Trainer`).
@@ -193,24 +137,11 @@ def trainer_from_run_dir(
     Returns:
         The trainer, at the step of the checkpoint.
     """
-    cls = Trainer if trainer_cls is None else trainer_cls
-    paths = RunPaths(resolve_run_dir(run_dir))
-    # locked before config.yaml is read
-    with cls._lock_run_dir(paths.root, "run_dir", resume=True, strategy=cls.strategy_class()):
-        data = read_config_file(paths.config)
-        data["output_dir"] = str(paths.root)
-        if num_workers is not None:
-            data["num_workers"] = num_workers
-        if device is not None:
-            data["device"] = device
-        if checkpoint is None and not paths.last.is_file():
-            raise CorruptCheckpointError(paths.last, "it is missing").with_context(
-                run_dir=paths.root, **fallback_checkpoint(paths.root)
-            )
-        return build_trainer(
-            config_from_dict(data),
-            trainer_cls=cls,
-            resume=True,
-            console=console,
-            resume_from=checkpoint,
-        )
+    return resume_from_run_dir(
+        Trainer if trainer_cls is None else trainer_cls,
+        run_dir,
+        num_workers=num_workers,
+        device=device,
+        console=console,
+        checkpoint=checkpoint,
+    )

@@ -23,7 +23,7 @@ from .._distributed import (
     rank_and_world_size,
 )
 from .._validation import Interval, check_choice, check_scalar
-from .callbacks import Callback
+from .callbacks.base import Callback, TrainerView
 from .errors import ReplicaDivergenceError
 
 __all__ = [
@@ -267,10 +267,11 @@ def check_replicas_in_sync(
 
 
 class ReplicaSync(Callback):
-    """Keeps the ranks of a :class:`~rankwise.training.distributed.DistributedTrainer` in step with each other.
+    """Checks the replicas of a data-parallel run every ``check_every`` steps.
 
-    After every step the ranks agree on stopping (a Ctrl-C on one rank stops all after the same
-    step); every ``check_every`` steps they run :func:`check_replicas_in_sync`.
+    :func:`check_replicas_in_sync` (a collective) after the steps that are no checkpoint's (a
+    checkpoint checks them itself). The ranks agree on stopping through the trainer's
+    :class:`~rankwise.training.stop.StopControl`.
 
     Args:
         check_every: steps between replica checks (``None``: only at checkpoints).
@@ -283,13 +284,10 @@ class ReplicaSync(Callback):
             else check_scalar(check_every, "check_every", Interval("integer", 1, None))
         )
 
-    def on_step_end(self, trainer: Any) -> None:
-        """Agree on stopping; check the replicas every ``check_every`` steps."""
-        strategy = trainer.strategy
-        if strategy.world_size == 1:
+    def on_step_end(self, trainer: TrainerView) -> None:
+        """Check the replicas every ``check_every`` steps."""
+        if trainer.strategy.world_size == 1:
             return
-        if strategy.any_rank(trainer.stop_requested):
-            trainer.request_stop()
         due = self.check_every is not None and trainer.step % self.check_every == 0
         if due and trainer.last_checkpoint_step != trainer.step:
             trainer.check_replicas()

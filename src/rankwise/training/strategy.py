@@ -72,8 +72,18 @@ class SingleProcess:
         """This process's part of every batch of ``sampler`` (all of it here)."""
         return sampler
 
-    def join(self, trainer: Any, resume: bool) -> list[Callback]:
-        """Agree with the other processes on a new trainer; the callbacks it adds (none here)."""
+    def join(self, *, steps_per_epoch: int, total_steps: int, seed: int, resume: bool) -> None:
+        """Agree with the other processes on a new run (nothing to agree on here).
+
+        Args:
+            steps_per_epoch: this process's batches per epoch.
+            total_steps: the run's budget.
+            seed: the run's seed.
+            resume: the run resumes a checkpoint (every process read the same one).
+        """
+
+    def callbacks(self) -> list[Callback]:
+        """The callbacks the run needs for its processes (none here)."""
         return []
 
     def console(self, console: Console | None, progress: bool | None) -> tuple[Any, bool | None]:
@@ -237,17 +247,16 @@ class DataParallelStrategy(SingleProcess):
                 f"that is a multiple of m x {self.world_size}."
             ) from None
 
-    def join(self, trainer: Any, resume: bool) -> list[Callback]:
+    def join(self, *, steps_per_epoch: int, total_steps: int, seed: int, resume: bool) -> None:
         """Check the ranks run the same schedule; start every rank from one state.
 
         Args:
-            trainer: the new trainer.
-            resume: it resumes a checkpoint (every rank read the same one).
-
-        Returns:
-            ``[ReplicaSync]``: the ranks agree on stopping after every step.
+            steps_per_epoch: this rank's batches per epoch.
+            total_steps: the run's budget.
+            seed: the run's seed (of the random layers of the ranks after 0).
+            resume: the run resumes a checkpoint (every rank read the same one).
         """
-        rows = all_gather_small([trainer.steps_per_epoch, trainer.total_steps], self.group)
+        rows = all_gather_small([steps_per_epoch, total_steps], self.group)
         if len({tuple(r) for r in rows}) > 1:
             raise ValueError(
                 "the ranks disagree on the batches per epoch / total steps "
@@ -257,7 +266,10 @@ class DataParallelStrategy(SingleProcess):
         if not resume and self.rank > 0:
             # every rank starts from rank 0's weights (DDP broadcasts them); random layers
             # (dropout) get a stream of their own per rank
-            seed_everything(mix_seed(trainer.seed, self.rank) % 2**63)
+            seed_everything(mix_seed(seed, self.rank) % 2**63)
+
+    def callbacks(self) -> list[Callback]:
+        """``[ReplicaSync]``: the replicas are checked every ``check_every`` steps."""
         return [ReplicaSync(self.check_every)]
 
     def console(self, console: Console | None, progress: bool | None) -> tuple[Any, bool | None]:

@@ -4,6 +4,12 @@ The loop of Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P 
 selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit: a
 checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
 batches depend neither on interruptions nor on ``num_workers`` (:mod:`rankwise.training.loader`).
+
+The :class:`Trainer` keeps the loop and its counters; it holds the parts it asks for the rest:
+its run store (:class:`~rankwise.training.store.RunStore`: the folder's lock, checkpoints, resume,
+result), its evaluator (:class:`~rankwise.training.evaluation.Evaluator`), its stop control
+(:class:`~rankwise.training.stop.StopControl`: signals and the processes' agreement) and its
+strategy (:mod:`rankwise.training.strategy`: how many processes train).
 """
 
 from __future__ import annotations
@@ -11,49 +17,57 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from rich.console import Console
 from torch import nn
 from torch.utils.data import Dataset
 
-from .._signals import signal_number_of
+from .._signals import signal_label, signal_number_of
 from .._validation import check_bool
-from ..metrics import pr_curve, retrieval_metrics
 from ..metrics._inputs import check_ks
 from .arguments import (
     LRSchedule,
     check_dataset,
     check_modules,
     check_run_options,
-    check_schedule,
     determinism,
     device_of,
     positive_int,
 )
+from .assembly import build_from_config, resume_from_run_dir
 from .build import build_optimizer, learning_rate_at, load_splits, preflight
-from .callbacks import Callback, StepOutput
-from .callbacks.host import CallbackLike
-from .config import Config
-from .errors import NonFiniteLossError
-from .evaluation import Evaluation
-from .failures import Failures, graceful_stop
+from .callbacks import BestCheckpoint, Callback, MetricsLogger, StepOutput
+from .callbacks.base import TrainerView
+from .callbacks.host import CallbackLike, add_callback, as_callback, default_callbacks, emit, find
+from .checkpoint import capture_rng_state
+from .config import Config, config_from_dict
+from .errors import NonFiniteLossError, ReplicaDivergenceError, TrainingInterrupted
+from .evaluation import Evaluator
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
-from .lock import RunDirLock
-from .state import RunPaths, RunResult
+from .result import RunResult
+from .settings import Logging, Runtime, Schedule, group_options
+from .stop import StopControl
+from .store import RunStore
 from .strategy import SingleProcess
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from ..data import RetrievalSplits
     from ..metrics import PRCurve, RetrievalReport
 
 __all__ = [
     "LRSchedule",
+    "Logging",
     "RunResult",
+    "Runtime",
+    "Schedule",
     "Trainer",
+    "TrainerOptions",
     "build_optimizer",
     "learning_rate_at",
     "load_splits",
@@ -61,8 +75,51 @@ __all__ = [
     "train",
 ]
 
+_EVALUATION = ("metric_fn", "curve_fn", "eval_ks", "eval_batch_size")
+_RUN_FOLDER = ("resume", "resume_from", "overwrite", "run_dir_key", "record", "config")
 
-class Trainer(Evaluation, Failures):
+
+class TrainerOptions(TypedDict, total=False):
+    """The keywords of :class:`Trainer` besides its named parameters.
+
+    The evaluation (``metric_fn``, ``curve_fn``, ``eval_ks``, ``eval_batch_size``); how a
+    ``run_dir`` path is opened (``resume``, ``resume_from``, ``overwrite``, ``run_dir_key``,
+    ``record``; ``config``: a Config's ``to_dict()`` as the record); and, as in earlier versions,
+    each field of the :class:`Schedule`, :class:`Runtime` and :class:`Logging` groups on its own.
+    """
+
+    metric_fn: Callable[..., RetrievalReport] | None
+    curve_fn: Callable[..., PRCurve] | None
+    eval_ks: Sequence[int]
+    eval_batch_size: int
+    resume: bool
+    resume_from: str | Path | None
+    overwrite: bool
+    run_dir_key: str
+    record: Mapping[str, Any] | None
+    config: Config | None
+    iterations: int | None
+    epochs: int | None
+    lr_schedule: LRSchedule | None
+    eval_every: int | None
+    device: str | torch.device | None
+    seed: int
+    num_workers: int
+    deterministic: bool
+    detect_collapse: bool
+    log_every: int
+    progress: bool | None
+    console: Console | None
+    name: str | None
+    loss_name: str | None
+
+
+def _split_options(options: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """The entries of ``names`` in ``options`` (removed from it)."""
+    return {name: options.pop(name) for name in names if name in options}
+
+
+class Trainer:
     """Train an embedding model with a ranking loss; select it on validation, test it.
 
     The loop of :meth:`fit`: P x K batches from ``sampler``; per step ``model(x)`` ->
@@ -74,68 +131,65 @@ class Trainer(Evaluation, Failures):
     Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id (what the
     default sampler reads: :func:`~rankwise.training.loader.dataset_labels`, docs/training.md).
 
+    Settings come in three frozen groups, each also accepted field by field as a keyword (the
+    keywords of earlier versions: ``Trainer(..., iterations=300, eval_every=75, progress=False)``
+    is ``Trainer(..., schedule=Schedule(iterations=300, eval_every=75),
+    logging=Logging(progress=False))``).
+
     Args:
-        model: the embedding network, ``(B, ...) -> (B, d)``; moved to ``device``.
+        model: the embedding network, ``(B, ...) -> (B, d)``; moved to the device.
         loss_fn: the loss, an ``nn.Module`` called as ``loss_fn(embeddings, labels)`` (every
-            :mod:`rankwise.losses` loss); its buffers are checkpointed. Moved to ``device``.
+            :mod:`rankwise.losses` loss); its buffers are checkpointed. Moved to the device.
         train_data: the training data.
-        optimizer: default ``torch.optim.Adam(lr=1e-3)`` over the trainable parameters of
-            ``model`` and ``loss_fn``.
-        sampler: a batch sampler (an iterable of index lists with a length; ``set_epoch`` makes
-            resumption exact). Default: :func:`~rankwise.training.loader.default_sampler`.
         val_data: validation data, ranked leave-one-out; it selects the model (``None``: the
             final model is tested).
         test_data: test queries; ranked leave-one-out (open-set), or against ``gallery_data``
             (closed-set). ``None``: no test report.
         gallery_data: the gallery (database) of a closed-set test.
-        run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go (``None``:
-            no file; everything stays in memory, no resume). Locked against other processes
-            (:mod:`rankwise.training.lock`) from construction to the end of :meth:`fit`; a
-            second :meth:`fit` refuses it if another process wrote a checkpoint there meanwhile.
+        optimizer: default ``torch.optim.Adam(lr=1e-3)`` over the trainable parameters of
+            ``model`` and ``loss_fn``.
+        sampler: a batch sampler (an iterable of index lists with a length; ``set_epoch`` makes
+            resumption exact). Default: :func:`~rankwise.training.loader.default_sampler`.
         callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
             ``fn(trainer)`` (called after every complete step); one of the type of a default
             callback replaces that default (the defaults: docs/training.md).
-        iterations: the budget in optimizer steps; or
-        epochs: the budget in passes of the sampler (default 1 when neither is given).
-        lr_schedule: a function ``step -> learning rate`` (0-based) or a torch ``LRScheduler``
-            (checkpointed), as in docs/training.md ("Defaults"); ``None`` keeps the optimizer's.
-        eval_every: steps between evaluations and checkpoints (default: once per epoch).
-        log_every: steps between training records in the history.
-        eval_ks: cut-offs of recall@k / precision@k in the reports.
-        eval_batch_size: batch size when embedding evaluation data.
-        metric_fn: the evaluation, called as ``metric_fn(query, query_labels, gallery,
-            gallery_labels, ks=eval_ks)`` (``gallery`` ``None`` for leave-one-out); default
-            :func:`rankwise.metrics.retrieval_metrics`. Its report needs ``map`` (what the
-            selection monitors) and ``to_dict()`` (docs/training.md).
-        curve_fn: the test curve, called like ``metric_fn`` without ``ks``; default
-            :func:`rankwise.metrics.pr_curve`.
-        device: ``"cpu"``, ``"cuda"``, ``"auto"`` or a ``torch.device``; default: where the
-            model's parameters are.
-        seed: seeds the default sampler, the per-item transform seeds and the data loaders,
-            not the model's initialisation (``torch.manual_seed`` before building it).
-        num_workers: DataLoader worker processes (batches do not depend on it).
-        deterministic: deterministic algorithms (warn-only) and cuDNN during training.
-        progress: show a progress bar (``None``: only when stdout is a terminal).
-        detect_collapse: stop when every score ties (:class:`CollapseDetector`).
-        resume: continue from ``run_dir/checkpoints/last.pt``; build the same objects first.
-        resume_from: with ``resume``, the checkpoint file to continue from instead of
-            ``last.pt`` (e.g. ``checkpoints/previous.pt`` when ``last.pt`` is corrupt).
-        overwrite: start afresh in a ``run_dir`` that already holds a run (its results are
-            deleted when :meth:`fit` starts).
-        console: a rich console for messages and the progress bar (default: stderr).
-        name: the run's name on the progress bar and plots (default: the loss's).
-        config: the :class:`Config` the objects were built from (set by :meth:`from_config`):
-            written to ``run_dir/config.yaml`` and into checkpoints, and used in messages.
+        run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go (``None``:
+            no file; everything stays in memory, no resume), or an open
+            :class:`~rankwise.training.store.RunStore` (the factory's). A path is opened here
+            (``resume`` / ``overwrite`` / ``resume_from`` below) and locked against other
+            processes (:mod:`rankwise.training.lock`) from construction to the end of
+            :meth:`fit`; a second :meth:`fit` refuses it if another process wrote a checkpoint
+            there meanwhile.
         strategy: how many processes train: :class:`~rankwise.training.strategy.SingleProcess`
             (default) or a ``DataParallelStrategy`` (docs/distributed.md).
-        loss_name: the loss's name in messages (default: its class name; a config's name).
-        run_dir_key: the argument or config key that named ``run_dir``, for messages.
+        schedule: the budget, learning-rate schedule and evaluation cadence
+            (:class:`~rankwise.training.settings.Schedule`: ``iterations``, ``epochs``,
+            ``lr_schedule``, ``eval_every``).
+        runtime: where and how reproducibly it trains
+            (:class:`~rankwise.training.settings.Runtime`: ``device``, ``seed``,
+            ``num_workers``, ``deterministic``, ``detect_collapse``).
+        logging: what it records and shows (:class:`~rankwise.training.settings.Logging`:
+            ``log_every``, ``progress``, ``console``, ``name``, ``loss_name``).
+        **options: (:class:`TrainerOptions`) the evaluation: ``metric_fn`` (called as
+            ``metric_fn(query, query_labels, gallery, gallery_labels, ks=eval_ks)``, ``gallery``
+            ``None`` for leave-one-out; default :func:`rankwise.metrics.retrieval_metrics`; its
+            report needs ``map`` and ``to_dict()``), ``curve_fn`` (the test curve, called like
+            ``metric_fn`` without ``ks``; default :func:`rankwise.metrics.pr_curve`),
+            ``eval_ks`` (default ``(1, 10, 100)``), ``eval_batch_size`` (default 256); a
+            ``run_dir`` path's ``resume`` (continue from ``checkpoints/last.pt``; build the same
+            objects first), ``resume_from`` (with ``resume``: that checkpoint instead, e.g.
+            ``checkpoints/previous.pt``), ``overwrite`` (start afresh in a folder holding a
+            run: its results are deleted when :meth:`fit` starts), ``run_dir_key`` (the name
+            messages give ``run_dir``) and ``record`` (what ``config.yaml`` and the
+            checkpoints hold as the run's config; ``config``: a Config's); and each field of
+            ``schedule`` / ``runtime`` / ``logging`` on its own.
 
     Raises:
         ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
             already holds a run, or a checkpoint that cannot be resumed; a
             :class:`~rankwise.training.lock.RunDirInUseError` for one another process is
             writing).
+        TypeError: an unknown keyword, or a group passed with some of its fields.
 
     Example:
         Four clustered classes, a linear embedding and the AP loss; six steps, then the test
@@ -155,7 +209,9 @@ class Trainer(Evaluation, Failures):
         ('completed', 6, True)
     """
 
-    strategy_class: type[SingleProcess] = SingleProcess  # how many processes train (from_config)
+    strategy_class: type[SingleProcess] = SingleProcess  # DistributedTrainer: data-parallel
+    CHECKPOINT_FORMAT = RunStore.FORMAT
+    activity = "training"  # what the messages call the run (a subclass: e.g. "pretraining")
 
     def __init__(
         self,
@@ -163,37 +219,18 @@ class Trainer(Evaluation, Failures):
         loss_fn: nn.Module,
         train_data: Dataset,
         *,
-        optimizer: torch.optim.Optimizer | None = None,
-        sampler: BatchSampler | None = None,
         val_data: Dataset | None = None,
         test_data: Dataset | None = None,
         gallery_data: Dataset | None = None,
-        run_dir: str | Path | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        sampler: BatchSampler | None = None,
         callbacks: Sequence[CallbackLike] = (),
-        iterations: int | None = None,
-        epochs: int | None = None,
-        lr_schedule: LRSchedule | None = None,
-        eval_every: int | None = None,
-        log_every: int = 10,
-        eval_ks: Sequence[int] = (1, 10, 100),
-        eval_batch_size: int = 256,
-        metric_fn: Callable[..., RetrievalReport] | None = None,
-        curve_fn: Callable[..., PRCurve] | None = None,
-        device: str | torch.device | None = None,
-        seed: int = 0,
-        num_workers: int = 0,
-        deterministic: bool = True,
-        progress: bool | None = None,
-        detect_collapse: bool = True,
-        resume: bool = False,
-        overwrite: bool = False,
-        console: Console | None = None,
-        name: str | None = None,
-        config: Config | None = None,
-        resume_from: str | Path | None = None,
+        run_dir: str | Path | RunStore | None = None,
         strategy: SingleProcess | None = None,
-        loss_name: str | None = None,
-        run_dir_key: str = "run_dir",
+        schedule: Schedule | None = None,
+        runtime: Runtime | None = None,
+        logging: Logging | None = None,
+        **options: Unpack[TrainerOptions],
     ) -> None:
         if isinstance(model, Config):
             raise TypeError(
@@ -201,104 +238,148 @@ class Trainer(Evaluation, Failures):
                 "the loss and the training data."
             )
         check_modules(model, loss_fn)
+        rest: dict[str, Any] = dict(options)
+        self.schedule = group_options(schedule, Schedule, rest, "schedule")
+        self.runtime = group_options(runtime, Runtime, rest, "runtime")
+        self.logging = group_options(logging, Logging, rest, "logging")
+        evaluation = _split_options(rest, _EVALUATION)
+        folder = _split_options(rest, _RUN_FOLDER)
+        if rest:
+            raise TypeError(f"Trainer() got an unexpected keyword argument {next(iter(rest))!r}.")
         self.strategy = strategy if strategy is not None else SingleProcess()
-        console, progress = self.strategy.console(console, progress)
-        device = self.strategy.device(device)
-        model = self.strategy.prepare_model(model, device)  # type: ignore[arg-type]
+        console, progress = self.strategy.console(self.logging.console, self.logging.progress)
+        device = self.runtime.device
+        given = (  # resolved by the factory: the one resolution of the run
+            device
+            if isinstance(device, torch.device)
+            and (device.type != "cuda" or device.index is not None)
+            else None
+        )
+        wanted = given if given is not None else self.strategy.device(device)
+        model = self.strategy.prepare_model(model, wanted)  # type: ignore[arg-type]
         check_dataset(train_data, "train_data", required=True)
         for data, data_name in ((val_data, "val_data"), (test_data, "test_data")):
             check_dataset(data, data_name)
         check_dataset(gallery_data, "gallery_data")
         if gallery_data is not None and test_data is None:
             raise ValueError("`gallery_data` is the gallery of a test: pass `test_data` too.")
-        self.config = config
         self.model = model
         self.loss_fn = loss_fn
         self.train_data = train_data
         self.val_data = val_data
         self.test_data = test_data
         self.gallery_data = gallery_data
-        self.seed = positive_int(seed, "seed", 0)
-        self.num_workers = positive_int(num_workers, "num_workers", 0)
-        self.eval_batch_size = positive_int(eval_batch_size, "eval_batch_size")
-        self.eval_ks = tuple(sorted(check_ks(eval_ks, "eval_ks")))
-        self.deterministic = check_bool(deterministic, "deterministic")
-
-        for fn, fn_name in ((metric_fn, "metric_fn"), (curve_fn, "curve_fn")):
-            if fn is not None and not callable(fn):
-                raise ValueError(f"`{fn_name}` must be a function, got {type(fn).__name__}.")
-        self.metric_fn = metric_fn if metric_fn is not None else retrieval_metrics
-        self.curve_fn = curve_fn if curve_fn is not None else pr_curve
-        self.run_dir = None if run_dir is None else Path(run_dir)
-        self.paths = RunPaths(self.run_dir if self.run_dir is not None else Path())
-        self.checkpoint_dir = self.paths.checkpoints
-        resume, overwrite = check_bool(resume, "resume"), check_bool(overwrite, "overwrite")
-        check_run_options(self.run_dir, resume, overwrite, resume_from)
+        self.eval_batch_size = positive_int(
+            evaluation.get("eval_batch_size", 256), "eval_batch_size"
+        )
+        self.eval_ks = tuple(sorted(check_ks(evaluation.get("eval_ks", (1, 10, 100)), "eval_ks")))
+        self.evaluator = Evaluator(
+            evaluation.get("metric_fn"),
+            evaluation.get("curve_fn"),
+            ks=self.eval_ks,
+            batch_size=self.eval_batch_size,
+            strategy=self.strategy,
+            num_workers=self.runtime.num_workers,
+            seed=self.runtime.seed,
+        )
+        self.store, opening = self._store(run_dir, folder)
         self.console = console if console is not None else Console(stderr=True)
+        self.stop_control = StopControl(
+            self.strategy, self.console, saving=self.store.root is not None
+        )
 
-        self.device = device_of(model, device)
-        if self.device.type == "cuda" and self.deterministic:
+        self.device: torch.device = given if given is not None else device_of(model, wanted)
+        if self.device.type == "cuda" and self.runtime.deterministic:
             # cuBLAS reads this once, at its first use: it must be set before any CUDA matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.model.to(self.device)
         self.loss_fn.to(self.device)
         self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
-        from_config = config is not None and sampler is not None  # a config's error names its keys
+        # a config's error names its keys
+        from_config = self.store.record is not None and sampler is not None
         if sampler is None:
             sampler = default_sampler(dataset_labels(train_data, "train_data"), self.seed)
         self.sampler = self.strategy.shard_sampler(sampler, from_config=from_config)
         self.steps_per_epoch = len(self.sampler)
         if self.steps_per_epoch <= 0:
             raise ValueError("`sampler` yields no batch per epoch.")
-        self.total_steps = self._budget(iterations, epochs)
-        self.eval_every = (
-            self.steps_per_epoch if eval_every is None else positive_int(eval_every, "eval_every")
-        )
-        self.lr_schedule = lr_schedule
-        self._lr_function = check_schedule(lr_schedule)
-        self.loss_name = loss_name or type(loss_fn).__name__
-        self.name = name or self.loss_name
+        self.total_steps = self.schedule.total_steps(self.steps_per_epoch)
+        self.eval_every = self.schedule.eval_every or self.steps_per_epoch
+        self._lr_function = self.schedule.lr_function
+        self.loss_name = self.logging.loss_name or type(loss_fn).__name__
+        self.name = self.logging.name or self.loss_name
 
         # -- progress state (checkpointed) ---------------------------------------------------
         self.step = 0
         self.next_epoch = 0
         self.next_position = 0
         self.seconds = 0.0
-        self.last_checkpoint_step: int | None = None
-        self._stop_requested = False
-        self._stop_signal: int | None = None
         self._in_step = False
-        # whether checkpoints/last.pt is known good (written or loaded by this trainer): only
-        # then is it kept as previous.pt when the next checkpoint replaces it
-        self._last_is_good = False
+        self._completed = False
         self._tick = time.perf_counter()
-        self.callbacks = self._default_callbacks(
-            positive_int(log_every, "log_every"),
-            None if progress is None else check_bool(progress, "progress"),
-            check_bool(detect_collapse, "detect_collapse"),
+        self.callbacks = default_callbacks(
+            self.logging.log_every, progress, self.runtime.detect_collapse
         )
         for callback in callbacks:
-            self._add_callback(self._as_callback(callback))
+            add_callback(self.callbacks, as_callback(callback))
         self._active: list[Callback] = list(self.callbacks)
-        self._run_dir_key = run_dir_key
-        self._run_lock: RunDirLock | None = None
-        self._holds_run_dir = False
-        self._left_checkpoint: tuple[int, int, int] | None = None
-        self._completed = False
-        self._open_run_dir(resume, overwrite, None if resume_from is None else Path(resume_from))
         try:
-            self._join_processes(resume)
+            if opening is not None:
+                self.store.open(**opening)
+            if self.store.resuming:
+                self._restore(self.store.read_resume_state(self.device))
+            self._join_processes(self.store.resuming)
         except BaseException:
-            self._release_run_dir()  # the main process took the run directory's lock
+            self.store.release()  # the main process took the run directory's lock
             raise
 
     # -- construction -----------------------------------------------------------------------
 
+    def _store(
+        self, run_dir: str | Path | RunStore | None, folder: dict[str, Any]
+    ) -> tuple[RunStore, dict[str, Any] | None]:
+        """The run's store, and how to open it (``None``: opened by whoever made it)."""
+        if isinstance(run_dir, RunStore):
+            if folder:
+                raise ValueError(
+                    f"{', '.join(f'`{k}`' for k in folder)}: the given RunStore was opened "
+                    "with its own; pass them to RunStore(...) / RunStore.open(...) instead."
+                )
+            if run_dir.strategy.world_size != self.strategy.world_size:
+                raise ValueError(
+                    "`run_dir`: the RunStore was made for "
+                    f"{run_dir.strategy.world_size} process(es) and the trainer's `strategy` "
+                    f"has {self.strategy.world_size}; give both the same strategy."
+                )
+            if not run_dir.is_open:
+                run_dir.open()
+            return run_dir, None
+        record = folder.get("record")
+        config = folder.get("config")
+        if config is not None and record is None:
+            record = config.to_dict()
+        resume = check_bool(folder.get("resume", False), "resume")
+        overwrite = check_bool(folder.get("overwrite", False), "overwrite")
+        resume_from = folder.get("resume_from")
+        root = None if run_dir is None else Path(run_dir)
+        check_run_options(root, resume, overwrite, resume_from)
+        opening = {"resume": resume, "overwrite": overwrite, "resume_from": resume_from}
+        store = RunStore(
+            root, strategy=self.strategy, key=folder.get("run_dir_key", "run_dir"), record=record
+        )
+        return store, opening
+
     def _join_processes(self, resume: bool) -> None:
         """The training module (DDP on many processes); agree with the other processes."""
         self._training_module = self.strategy.training_module(self.model, self.device)
-        for callback in self.strategy.join(self, resume):
-            self._add_callback(callback)
+        self.strategy.join(
+            steps_per_epoch=self.steps_per_epoch,
+            total_steps=self.total_steps,
+            seed=self.seed,
+            resume=resume,
+        )
+        for callback in self.strategy.callbacks():
+            add_callback(self.callbacks, callback)
         self._active = list(self.callbacks)
         self.check_replicas()
 
@@ -308,13 +389,6 @@ class Trainer(Evaluation, Failures):
         if not params:
             raise ValueError("`model` has no trainable parameter (requires_grad) to optimize.")
         return torch.optim.Adam(params, lr=1e-3)
-
-    def _budget(self, iterations: int | None, epochs: int | None) -> int:
-        if iterations is not None and epochs is not None:
-            raise ValueError("pass `iterations` or `epochs`, not both.")
-        if iterations is not None:
-            return positive_int(iterations, "iterations")
-        return positive_int(1 if epochs is None else epochs, "epochs") * self.steps_per_epoch
 
     @classmethod
     def from_config(
@@ -331,17 +405,15 @@ class Trainer(Evaluation, Failures):
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
         :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments,
-        configuration errors and the output directory's lock as there; see also
-        :meth:`from_run_dir`).
+        configuration errors, the output directory's lock and the strategy chosen from the
+        environment as there; see also :meth:`from_run_dir`).
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
         """
-        from .factory import build_trainer  # noqa: PLC0415 - factory imports this module
-
-        return build_trainer(
+        return build_from_config(
+            cls,
             config,
-            trainer_cls=cls,
             splits=splits,
             resume=resume,
             overwrite=overwrite,
@@ -367,27 +439,117 @@ class Trainer(Evaluation, Failures):
         Returns:
             The trainer, at the step of the checkpoint.
         """
-        from .factory import trainer_from_run_dir  # noqa: PLC0415 - factory imports this module
-
-        return trainer_from_run_dir(
+        return resume_from_run_dir(
+            cls,
             run_dir,
-            trainer_cls=cls,
             num_workers=num_workers,
             device=device,
             console=console,
             checkpoint=checkpoint,
         )
 
-    # -- names and messages -----------------------------------------------------------------
+    # -- what the parts hold ----------------------------------------------------------------
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder (``None``: no file)."""
+        return self.store.root
+
+    @property
+    def paths(self) -> Any:
+        """The file names of the run folder (:class:`~rankwise.training.rundir.RunPaths`)."""
+        return self.store.paths
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """``run_dir/checkpoints``."""
+        return self.store.paths.checkpoints
+
+    @property
+    def record(self) -> dict[str, Any] | None:
+        """The run's config as ``config.yaml`` holds it (``None``: built from objects)."""
+        return self.store.record
+
+    @property
+    def config(self) -> Config | None:
+        """The config the run was built from (``None``: built from objects): :attr:`record` read.
+
+        The trainer itself never reads it; :meth:`from_config` gives it the record only.
+        """
+        return None if self.store.record is None else config_from_dict(self.store.record)
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        """The step of ``checkpoints/last.pt`` (``None``: none written or read yet)."""
+        return self.store.last_step
+
+    @property
+    def last_good_checkpoint(self) -> Path | None:
+        """``checkpoints/last.pt`` once a checkpoint was written in this run, else ``None``."""
+        return self.store.last_good_checkpoint
+
+    def kept_checkpoint_message(self) -> str:
+        """A clause for error messages: ``"the last good checkpoint (...) is kept"`` or why not."""
+        return self.store.kept_message()
+
+    @property
+    def metric_fn(self) -> Callable[..., Any]:
+        """The evaluation's metric (see :class:`~rankwise.training.evaluation.Evaluator`)."""
+        return self.evaluator.metric_fn
+
+    @property
+    def curve_fn(self) -> Callable[..., Any]:
+        """The test curve (see :class:`~rankwise.training.evaluation.Evaluator`)."""
+        return self.evaluator.curve_fn
+
+    @property
+    def seed(self) -> int:
+        """The run's seed (``runtime.seed``)."""
+        return self.runtime.seed
+
+    @property
+    def num_workers(self) -> int:
+        """DataLoader worker processes (``runtime.num_workers``)."""
+        return self.runtime.num_workers
+
+    @property
+    def deterministic(self) -> bool:
+        """Deterministic algorithms during training (``runtime.deterministic``)."""
+        return self.runtime.deterministic
+
+    @property
+    def lr_schedule(self) -> LRSchedule | None:
+        """The learning-rate schedule (``schedule.lr_schedule``)."""
+        return self.schedule.lr_schedule
+
+    @property
+    def training_module(self) -> nn.Module:
+        """What the training forward pass calls (the model, or its DDP wrapper)."""
+        return self._training_module
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
+        return self.strategy.is_main_process
+
+    @property
+    def world_size(self) -> int:
+        """The number of data-parallel processes training the model."""
+        return self.strategy.world_size
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 for one process)."""
+        return self.strategy.rank
 
     @property
     def stop_requested(self) -> bool:
         """Whether the run stops after the current step (a signal, or another rank's)."""
-        return self._stop_requested
+        return self.stop_control.requested
 
     def request_stop(self) -> None:
         """Stop after the current step, with a checkpoint (as Ctrl-C does)."""
-        self._stop_requested = True
+        self.stop_control.request()
 
     @property
     def completed(self) -> bool:
@@ -396,6 +558,186 @@ class Trainer(Evaluation, Failures):
         From then on an interruption loses nothing: ``report.json`` says ``"completed"``.
         """
         return self._completed
+
+    # -- callbacks --------------------------------------------------------------------------
+
+    def _emit(self, hook: str, *args: Any) -> None:
+        trainer: TrainerView = self  # what the callbacks may read of the trainer
+        emit(self._active, hook, trainer, *args)
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The records of the run so far (train, val, test, error), as in ``metrics.jsonl``."""
+        logger = find(self._active, MetricsLogger)
+        return logger.records if logger is not None else []
+
+    @property
+    def best_step(self) -> int | None:
+        """Step of the best validation score so far."""
+        best = find(self._active, BestCheckpoint)
+        return None if best is None else best.best_step
+
+    @property
+    def best_val(self) -> dict[str, Any] | None:
+        """Validation report summary of the best step so far."""
+        best = find(self._active, BestCheckpoint)
+        return None if best is None else best.best_val
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def _account_time(self) -> None:
+        now = time.perf_counter()
+        self.seconds += now - self._tick
+        self._tick = now
+
+    def state_dict(self) -> dict[str, Any]:
+        """The complete state after ``self.step`` (what ``checkpoints/last.pt`` holds)."""
+        scheduler = self.lr_schedule
+        return {
+            "format": self.store.FORMAT,
+            "config": self.store.record,
+            "world_size": self.world_size,
+            "step": self.step,
+            "next_epoch": self.next_epoch,
+            "next_position": self.next_position,
+            "seconds": self.seconds,
+            "model": self.model.state_dict(),
+            "loss": self.loss_fn.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": scheduler.state_dict()
+            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
+            else None,
+            "sampler": {"epoch": self.next_epoch, "position": self.next_position},
+            "rng": capture_rng_state(),
+            "callbacks": {
+                c.state_key: c.state_dict() for c in self._active if c.state_key is not None
+            },
+            **self.strategy.rng_state(),
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/last.pt`` atomically with the complete state after ``self.step``.
+
+        Returns:
+            The checkpoint's path.
+
+        Raises:
+            DiskFullError: no space left for it; the earlier checkpoints are intact.
+        """
+        if self.store.root is None:
+            raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
+        self.check_replicas()
+        self.strategy.gather_rng()
+        self._account_time()
+        return self.store.save_last(self.state_dict())
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        """Continue from the checkpoint ``state`` (:meth:`RunStore.read_resume_state`)."""
+        self.model.load_state_dict(state["model"])
+        self.loss_fn.load_state_dict(state["loss"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("lr_scheduler") is not None:
+            if not isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
+                raise ValueError(
+                    "the checkpoint holds a learning-rate scheduler: pass the same `lr_schedule`."
+                )
+            self.lr_schedule.load_state_dict(state["lr_scheduler"])
+        self.step = int(state["step"])
+        self.next_epoch = int(state["next_epoch"])
+        self.next_position = int(state["next_position"])
+        self.seconds = float(state["seconds"])
+        self.strategy.restore_rng(state)
+        states = state.get("callbacks", {})
+        for callback in self.callbacks:
+            if callback.state_key is not None and callback.state_key in states:
+                callback.load_state_dict(states[callback.state_key])
+        self.store.check_best(self.best_step)
+
+    def check_replicas(self) -> None:
+        """Raise :class:`ReplicaDivergenceError` unless every process holds the same state.
+
+        A collective (:func:`~rankwise.training.replicas.check_replicas_in_sync`); a no-op for one.
+        """
+        try:
+            self.strategy.check_replicas(self.model, self.loss_fn, self.optimizer, self.step)
+        except ReplicaDivergenceError as exc:
+            exc.last_good_checkpoint = self.last_good_checkpoint
+            exc.args = (f"{exc.args[0]} Training stopped and {self.kept_checkpoint_message()}.",)
+            raise
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def embed(self, dataset: Dataset) -> tuple[torch.Tensor, Any]:
+        """Embeddings ``(N, d)`` (on the trainer's device) and ``(N,)`` int64 labels of a dataset.
+
+        Batches of ``eval_batch_size``, as in :func:`~rankwise.training.evaluation.embed_batches`.
+
+        Args:
+            dataset: a map-style dataset of ``(x, label)`` items.
+
+        Returns:
+            ``(embeddings, labels)``.
+        """
+        return self.evaluator.embed(self.model, dataset, self.device)
+
+    def _data(self, split: str) -> Dataset:
+        data = {"val": self.val_data, "test": self.test_data}.get(split)
+        if split not in ("val", "test"):
+            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
+        if data is None:
+            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
+        return data
+
+    def _rank(
+        self, split: str, with_curve: bool = False
+    ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
+        gallery = self.gallery_data if split == "test" else None
+        ranking = self.evaluator.rank(
+            self.model, self.device, self._data(split), gallery, with_curve=with_curve
+        )
+        return ranking.report, ranking.embeddings, ranking.curve
+
+    def evaluate(self, split: str = "val") -> RetrievalReport:
+        """The exact retrieval report of the current model on the ``"val"`` or ``"test"`` data.
+
+        Leave-one-out, or test queries against ``gallery_data`` when there is one.
+
+        Args:
+            split: ``"val"`` or ``"test"``.
+
+        Returns:
+            A :class:`~rankwise.metrics.RetrievalReport`.
+        """
+        return self._rank(split)[0]
+
+    def test(self) -> tuple[RetrievalReport, PRCurve]:
+        """``(report, curve)``: the current model's test report and mean PR curve (one pass)."""
+        report, _, curve = self._rank("test", with_curve=True)
+        assert curve is not None
+        return report, curve
+
+    def _validate_and_checkpoint(self) -> None:
+        if self.val_data is not None:
+            report, embeddings, _ = self._rank("val")
+            self._emit("on_validation_end", report, embeddings)
+        if self.store.root is not None:
+            self.save_checkpoint()
+
+    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
+        weights = (
+            None
+            if find(self._active, BestCheckpoint) is None
+            else self.store.selected_weights(self.device)
+        )
+        final = None
+        if weights is not None:
+            final = {k: v.clone() for k, v in self.model.state_dict().items()}
+            self.model.load_state_dict(weights)
+        try:
+            return self.test()
+        finally:
+            if final is not None:
+                self.model.load_state_dict(final)
 
     # -- training ---------------------------------------------------------------------------
 
@@ -465,7 +807,7 @@ class Trainer(Evaluation, Failures):
         # the step, its records and its evaluation are complete: a safe stop point
         self._in_step = False
         self._emit("on_step_end")
-        if self._stop_requested:
+        if self.stop_control.agree():  # every process stops after the same step
             raise KeyboardInterrupt
 
     def _training_batches(self) -> Iterator[Any]:
@@ -497,6 +839,10 @@ class Trainer(Evaluation, Failures):
     ) -> RunResult:
         """Train to the budget (or to ``max_steps``), then test the selected model.
 
+        Ctrl-C / SIGTERM stop after the current step with a checkpoint (a second aborts at
+        once); once the outcome is saved a signal lets the plots finish
+        (:class:`~rankwise.training.stop.StopControl`).
+
         Args:
             max_steps: stop after this many total steps (with a checkpoint when there is a
                 ``run_dir``; ``status="stopped"``); resuming later continues exactly there.
@@ -516,23 +862,21 @@ class Trainer(Evaluation, Failures):
         """
         if max_steps is not None:
             max_steps = positive_int(max_steps, "max_steps", 0)
-        self._active = self.callbacks + [self._as_callback(c) for c in callbacks]
-        if self.run_dir is not None and not self._holds_run_dir:
-            # a second fit: the folder was released at the end of the first one
-            self._take_run_dir(resume=True, check=self._check_unchanged)
+        self._active = self.callbacks + [as_callback(c) for c in callbacks]
+        self.store.reopen()  # a second fit: the folder was released at the end of the first
         try:
-            return self._fit(max_steps, test)
+            with self.stop_control.handling():
+                return self._fit(max_steps, test)
         finally:
-            self._release_run_dir()
+            self.store.release()
 
     def _fit(self, max_steps: int | None, test: bool) -> RunResult:
         self._completed = False
-        self._prepare_run_dir()
-        self._stop_requested = False
-        self._stop_signal = None
+        self.store.prepare(self.step)
+        self.stop_control.start()
         self._tick = time.perf_counter()
         self._emit("on_fit_start")
-        with determinism(self.deterministic), graceful_stop(self):
+        with determinism(self.deterministic), self.stop_control.during_steps():
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = self._training_batches()
@@ -540,7 +884,7 @@ class Trainer(Evaluation, Failures):
                 while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
                     self._run_step(batches)
             except KeyboardInterrupt as exc:
-                signum = signal_number_of(exc, self._stop_signal or signal.SIGINT)
+                signum = signal_number_of(exc, self.stop_control.signal or signal.SIGINT)
                 raise self._interrupted(signum) from None
             except NonFiniteLossError as exc:
                 self._emit("on_failure", exc)
@@ -551,9 +895,11 @@ class Trainer(Evaluation, Failures):
                 self._emit("on_train_end")
 
         if self.step < self.total_steps:  # max_steps reached
-            if self.run_dir is not None and self.last_checkpoint_step != self.step:
+            if self.store.root is not None and self.last_checkpoint_step != self.step:
                 self.save_checkpoint()
             result = self._result("stopped")
+            if self.store.root is not None:
+                self.stop_control.saved("stopped", self.store.root, self.step)
         else:
             with determinism(self.deterministic):
                 result = self._finish(test)
@@ -572,8 +918,14 @@ class Trainer(Evaluation, Failures):
             best_val=self.best_val,
             test=test,
             pr_curve=curve,
-            config={} if self.config is None else self.config.to_dict(),
+            config={} if self.store.record is None else dict(self.store.record),
         )
+
+    def _mark_completed(self) -> None:
+        """The run is complete (its outcome saved or being saved): a signal now loses nothing."""
+        self._completed = True
+        if self.store.root is not None:
+            self.stop_control.saved("completed", self.store.root, self.step)
 
     def _finish(self, test: bool) -> RunResult:
         start = time.perf_counter()
@@ -583,10 +935,62 @@ class Trainer(Evaluation, Failures):
             self._emit("on_test_end", report, curve)
         self.seconds += time.perf_counter() - start
         result = self._result("completed", report, curve)
-        self._completed = True
-        if self.run_dir is not None and self.is_main_process:
-            result.save(self.run_dir)
+        self._mark_completed()
+        self.store.save_result(result)
         return result
+
+    # -- failures ---------------------------------------------------------------------------
+
+    def _resume_hint(self) -> str:
+        """How to resume in Python (the interruption's ``resume_hint``)."""
+        if self.store.record is not None:
+            return f"Trainer.from_run_dir({str(self.run_dir)!r})"
+        return "Trainer(<the same objects>, run_dir=..., resume=True)"
+
+    def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:
+        if self.run_dir is None:
+            detail = "nothing was saved (the trainer has no run_dir)"
+        elif not self._in_step:
+            if self.last_checkpoint_step != self.step:
+                self.save_checkpoint()
+            detail = f"checkpoint saved at step {self.step}"
+        elif self.last_checkpoint_step is not None:
+            detail = (
+                f"step {self.step + 1} was cut short, so the checkpoint of step "
+                f"{self.last_checkpoint_step} is kept"
+            )
+        else:
+            detail = "no checkpoint had been written yet; start the run again"
+        by = signal_label(signal_number)
+        where = f"at step {self.step}/{self.total_steps}: {detail}"
+        return TrainingInterrupted(
+            f"{self.activity} interrupted ({by}) {where}",
+            self.step,
+            self.run_dir,
+            self.last_checkpoint_step,
+            self._resume_hint(),
+            signal_number=signal_number,
+            detail=where,
+        )
+
+    def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
+        what = (
+            f"the loss is {float(loss.detach())}"
+            if loss is not None
+            else "the model's embeddings contain NaN/inf"
+        )
+        fix = "optimizer.lr" if self.store.record is not None else "the learning rate"
+        message = (
+            f"{what} at step {self.step + 1} (epoch {self.next_epoch}, loss {self.loss_name}); "
+            f"training stopped without applying that step and {self.kept_checkpoint_message()}. "
+            f"Lower {fix} or check the loss parameters."
+        )
+        record = {
+            "kind": "error",
+            "step": self.step + 1,
+            "error": "non-finite loss" if loss is not None else "non-finite embeddings",
+        }
+        raise NonFiniteLossError(message, self.step + 1, self.last_good_checkpoint, record)
 
 
 def train(

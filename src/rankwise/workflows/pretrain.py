@@ -8,8 +8,9 @@ of the **training sources only**, and writes ``pretrained.pt`` and ``report.json
 the validation views are classified once at the end (the held-out accuracy) and the test views are
 embedded before and after, for the report's diagnostics (mean negative-pair cosine and
 ``embedding_spread``). The steps run in :class:`~rankwise.training.Trainer`'s loop (progress,
-atomic checkpoints, Ctrl-C / SIGTERM, the folder's lock), so an interrupted pretraining resumes
-bit for bit (:func:`resume_pretraining`). No ranking equation is implemented here.
+atomic checkpoints, Ctrl-C / SIGTERM, the folder's lock: one
+:class:`~rankwise.training.RunStore`), so an interrupted pretraining resumes bit for bit
+(:func:`resume_pretraining`). No ranking equation is implemented here.
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from ..data.registry import read_images
 from ..models import build_model
 from ..models.build import backbone_width
 from ..training.callbacks import Callback, StepOutput, embedding_spread
+from ..training.callbacks.base import TrainerView
 from ..training.checkpoint import atomic_save, atomic_write_text
 from ..training.config import ConfigError
 from ..training.errors import TrainingInterrupted
-from ..training.lock import lock_run_dir
-from ..training.state import RunResult
+from ..training.result import RunResult
+from ..training.settings import Logging, Runtime, Schedule
+from ..training.store import RunStore
 from ..training.trainer import Trainer
 from .sweep import write_json
 
@@ -152,7 +155,7 @@ class SourceBatches(Callback):
         views, sources = self.train.batch(self.draw_items(), self.generator)
         return views, self.categories[sources]
 
-    def on_train_step_end(self, trainer: Trainer, output: StepOutput) -> None:
+    def on_train_step_end(self, trainer: TrainerView, output: StepOutput) -> None:
         """Keep the step's loss (the report's ``final_loss``)."""
         self.last_loss = output.loss
 
@@ -190,11 +193,6 @@ class _Pretraining(Trainer):
             yield views, targets, torch.tensor([[epoch, position]])
             step += 1
 
-    def _prepare_run_dir(self) -> None:
-        super()._prepare_run_dir()
-        if self.step == 0 and self.run_dir is not None:  # a fresh start: no stale weights
-            (self.run_dir / PRETRAINED_FILE).unlink(missing_ok=True)
-
     def _finish(self, test: bool) -> RunResult:
         start = time.perf_counter()
         try:
@@ -202,7 +200,7 @@ class _Pretraining(Trainer):
         except KeyboardInterrupt as exc:  # Ctrl-C between the last step and the files
             raise self._not_written(exc) from None
         self.seconds += time.perf_counter() - start
-        self._completed = True
+        self._mark_completed()
         return self._result("completed")
 
     def _not_written(self, exc: KeyboardInterrupt) -> TrainingInterrupted:
@@ -368,14 +366,20 @@ def pretrain(
         (options, split_seed, data_dir),
         threads,
     )
-    key = "resume" if resume else "output"
-    with lock_run_dir(output, key, then="resume it" if resume else None):
+
+    def check() -> None:
         if resume:
             _check_resumable(output, settings)
         elif (output / PRETRAINED_FILE).exists() and not overwrite:
             raise ConfigError(
                 f"output: {output / PRETRAINED_FILE} exists; pass `overwrite` to replace it."
             )
+
+    # the folder's one store: locked and checked before anything is loaded; a fresh start
+    # deletes stale weights with the other outputs of an earlier run
+    store = RunStore(output, key="resume" if resume else "output", stale=[output / PRETRAINED_FILE])
+    store.open(resume=resume, overwrite=overwrite, check=check)
+    try:
         categories = _categories(dataset, data_dir)
         splits = load_dataset(
             dataset, protocol="open-set", data_dir=data_dir, seed=split_seed, **options
@@ -428,22 +432,20 @@ def pretrain(
             write_json(report | {"metadata": metadata}, output / "report.json")
             return report
 
-        trainer = _build(
-            net, batches, finish, output, settings, resume, overwrite, progress, console, callbacks
-        )
+        trainer = _build(net, batches, finish, store, settings, progress, console, callbacks)
         trainer.fit(test=False)
         assert trainer.report is not None
         return trainer.report
+    finally:
+        store.release()
 
 
 def _build(
     net: nn.Module,
     batches: SourceBatches,
     finish: Finish,
-    output: Path,
+    store: RunStore,
     settings: dict[str, Any],
-    resume: bool,
-    overwrite: bool,
     progress: bool | None,
     console: Console | None,
     callbacks: Sequence[CallbackLike],
@@ -455,24 +457,25 @@ def _build(
         batches,
         finish,
         optimizer=torch.optim.Adam(net.parameters(), lr=settings["lr"]),
-        run_dir=output,
+        run_dir=store,
         callbacks=[batches, *callbacks],
-        iterations=settings["steps"],
-        eval_every=CHECKPOINT_EVERY,
-        seed=settings["seed"],
-        deterministic=False,  # as the loop it replaces (the weights stay bit-identical)
-        progress=progress,
-        detect_collapse=False,  # logits, not embeddings
-        resume=resume,
-        overwrite=overwrite,
-        console=console,
-        name=f"pretraining on {settings['dataset']}",
-        loss_name="cross-entropy",
-        run_dir_key="resume" if resume else "output",
+        schedule=Schedule(iterations=settings["steps"], eval_every=CHECKPOINT_EVERY),
+        runtime=Runtime(
+            seed=settings["seed"],
+            deterministic=False,  # as the loop it replaces (the weights stay bit-identical)
+            detect_collapse=False,  # logits, not embeddings
+        ),
+        logging=Logging(
+            progress=progress,
+            console=console,
+            name=f"pretraining on {settings['dataset']}",
+            loss_name="cross-entropy",
+        ),
     )
-    if not resume:
+    if not store.resuming:
         torch.set_rng_state(rng)
-        atomic_write_text(json.dumps(settings, indent=2) + "\n", output / SETTINGS_FILE)
+        assert store.root is not None
+        atomic_write_text(json.dumps(settings, indent=2) + "\n", store.root / SETTINGS_FILE)
     return trainer
 
 

@@ -1,21 +1,142 @@
-"""The callback protocol of the training loop: :class:`Callback`, its step record and a plain function as a callback."""
+"""The callback protocol of the training loop: :class:`Callback`, its step record and a plain function as a callback.
+
+:class:`TrainerView` is the part of :class:`rankwise.training.Trainer` the built-in callbacks
+read (a protocol: the callbacks sit below the trainer and never import it).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from torch import nn
 
 from ..errors import NonFiniteLossError
 
 if TYPE_CHECKING:
-    from ...metrics import PRCurve, RetrievalReport
-    from ..state import RunResult
-    from ..trainer import Trainer
+    from rich.console import Console
 
-__all__ = ["Callback", "StepCallback", "StepOutput", "report_summary"]
+    from ...metrics import PRCurve, RetrievalReport
+    from ..result import RunResult
+    from ..rundir import RunPaths
+
+__all__ = ["Callback", "StepCallback", "StepOutput", "TrainerView", "report_summary"]
+
+
+class ModelStore(Protocol):
+    """What a callback asks of the run's store (:class:`~rankwise.training.store.RunStore`)."""
+
+    def save_best(
+        self,
+        step: int,
+        val: Mapping[str, Any],
+        model_state: Mapping[str, torch.Tensor],
+        loss_state: Mapping[str, Any],
+    ) -> None:
+        """Keep the model selected on validation."""
+
+    def best_weights(self, device: str | torch.device) -> dict[str, torch.Tensor] | None:
+        """This process's copy of the selected weights."""
+
+
+class TrainerView(Protocol):
+    """What the built-in callbacks read of :class:`rankwise.training.Trainer` (and may call)."""
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed."""
+
+    @property
+    def total_steps(self) -> int:
+        """The budget."""
+
+    @property
+    def next_epoch(self) -> int:
+        """The sampler epoch of the next batch."""
+
+    @property
+    def name(self) -> str:
+        """The run's name."""
+
+    @property
+    def loss_name(self) -> str:
+        """The loss's name in messages."""
+
+    @property
+    def console(self) -> Console:
+        """The run's console."""
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder (``None``: no file)."""
+
+    @property
+    def paths(self) -> RunPaths:
+        """Its file names."""
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this process writes and prints."""
+
+    @property
+    def model(self) -> nn.Module:
+        """The model."""
+
+    @property
+    def loss_fn(self) -> nn.Module:
+        """The loss."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model is."""
+
+    @property
+    def store(self) -> ModelStore:
+        """The run's store."""
+
+    @property
+    def strategy(self) -> Any:
+        """The processes of the run."""
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The records of the run so far."""
+
+    @property
+    def best_step(self) -> int | None:
+        """Step of the best validation score so far."""
+
+    @property
+    def best_val(self) -> dict[str, Any] | None:
+        """Validation report summary of the best step so far."""
+
+    @property
+    def last_checkpoint_step(self) -> int | None:
+        """The step of the last checkpoint."""
+
+    @property
+    def last_good_checkpoint(self) -> Path | None:
+        """``checkpoints/last.pt`` once written."""
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the run stops after the current step."""
+
+    def request_stop(self) -> None:
+        """Stop after the current step."""
+
+    def kept_checkpoint_message(self) -> str:
+        """A clause naming the checkpoint that is kept."""
+
+    def check_replicas(self) -> None:
+        """Raise unless every process holds the same state."""
 
 
 @dataclass(frozen=True)
@@ -55,35 +176,35 @@ class Callback:
 
     state_key: str | None = None
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         """Before the first step of a ``fit`` call (also after a resume)."""
 
     def on_train_batch(
-        self, trainer: Trainer, embeddings: torch.Tensor, labels: torch.Tensor
+        self, trainer: TrainerView, embeddings: torch.Tensor, labels: torch.Tensor
     ) -> None:
         """After a training batch's forward pass, before its loss (raising: nothing is applied)."""
 
-    def on_train_step_end(self, trainer: Trainer, output: StepOutput) -> None:
+    def on_train_step_end(self, trainer: TrainerView, output: StepOutput) -> None:
         """After an optimizer step."""
 
     def on_validation_end(
-        self, trainer: Trainer, report: RetrievalReport, embeddings: torch.Tensor
+        self, trainer: TrainerView, report: RetrievalReport, embeddings: torch.Tensor
     ) -> None:
         """After an evaluation of the validation data (before the checkpoint)."""
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, trainer: TrainerView) -> None:
         """After a complete step (records, evaluation, checkpoint): the safe point to stop."""
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         """When the training loop is left, normally or by an exception."""
 
-    def on_test_end(self, trainer: Trainer, report: RetrievalReport, curve: PRCurve) -> None:
+    def on_test_end(self, trainer: TrainerView, report: RetrievalReport, curve: PRCurve) -> None:
         """After the selected model was evaluated on the test data."""
 
-    def on_fit_end(self, trainer: Trainer, result: RunResult) -> None:
+    def on_fit_end(self, trainer: TrainerView, result: RunResult) -> None:
         """When ``fit`` returns its result."""
 
-    def on_failure(self, trainer: Trainer, error: NonFiniteLossError) -> None:
+    def on_failure(self, trainer: TrainerView, error: NonFiniteLossError) -> None:
         """When the run stops on a non-finite or collapsed model."""
 
     def state_dict(self) -> dict[str, Any]:
@@ -101,9 +222,9 @@ class StepCallback(Callback):
         fn: the function; raising ``KeyboardInterrupt`` from it stops the run like Ctrl-C.
     """
 
-    def __init__(self, fn: Callable[[Trainer], None]) -> None:
+    def __init__(self, fn: Callable[[TrainerView], None]) -> None:
         self.fn = fn
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, trainer: TrainerView) -> None:
         """Call the function."""
         self.fn(trainer)

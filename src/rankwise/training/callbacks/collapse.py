@@ -10,12 +10,11 @@ import torch
 
 from ..._validation import Interval, check_scalar
 from ..errors import CollapsedEmbeddingsError
-from .base import Callback
+from .base import Callback, TrainerView
 
 if TYPE_CHECKING:
     from ...metrics import RetrievalReport
     from ..config import Config
-    from ..trainer import Trainer
 
 __all__ = [
     "COLLAPSE_SPREAD",
@@ -101,26 +100,25 @@ class CollapseDetector(Callback):
 
     Args:
         threshold: the :func:`embedding_spread` at or below which the run counts as collapsed.
-        advice: the cause-and-fix sentence for the trainer (default: from ``trainer.config``, or
-            from the optimizer of a trainer built from objects).
+        advice: the cause-and-fix sentence for the trainer (default: from its optimizer,
+            :func:`optimizer_collapse_advice`; the factory gives a run built from a config
+            :func:`config_collapse_advice`, in config keys).
     """
 
     def __init__(
         self,
         threshold: float = COLLAPSE_SPREAD,
-        advice: Callable[[Trainer], str] | None = None,
+        advice: Callable[[TrainerView], str] | None = None,
     ) -> None:
         self.threshold = check_scalar(threshold, "threshold", Interval("real", 0, None))
         self.advice = advice
 
-    def _advice(self, trainer: Trainer) -> str:
+    def _advice(self, trainer: TrainerView) -> str:
         if self.advice is not None:
             return self.advice(trainer)
-        if trainer.config is not None:
-            return config_collapse_advice(trainer.config)
         return optimizer_collapse_advice(trainer.optimizer)
 
-    def check(self, trainer: Trainer, embeddings: torch.Tensor, where: str, step: int) -> None:
+    def check(self, trainer: TrainerView, embeddings: torch.Tensor, where: str, step: int) -> None:
         """Raise when every score of ``embeddings`` ties.
 
         Args:
@@ -151,13 +149,13 @@ class CollapseDetector(Callback):
         )
 
     def on_train_batch(
-        self, trainer: Trainer, embeddings: torch.Tensor, labels: torch.Tensor
+        self, trainer: TrainerView, embeddings: torch.Tensor, labels: torch.Tensor
     ) -> None:
         """Check the training batch before its loss."""
         self.check(trainer, embeddings, "training batch", trainer.step + 1)
 
     def on_validation_end(
-        self, trainer: Trainer, report: RetrievalReport, embeddings: torch.Tensor
+        self, trainer: TrainerView, report: RetrievalReport, embeddings: torch.Tensor
     ) -> None:
         """Check the validation split (the step is applied but not checkpointed)."""
         self.check(trainer, embeddings, "validation split", trainer.step)

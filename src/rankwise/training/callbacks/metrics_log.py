@@ -14,11 +14,10 @@ import torch
 from ..._validation import Interval, check_scalar
 from ..checkpoint import atomic_write_text
 from ..errors import ConfigError, NonFiniteLossError
-from .base import Callback, StepOutput, report_summary
+from .base import Callback, StepOutput, TrainerView, report_summary
 
 if TYPE_CHECKING:
     from ...metrics import PRCurve, RetrievalReport
-    from ..trainer import Trainer
 
 __all__ = ["MetricsLogger"]
 
@@ -89,7 +88,7 @@ class MetricsLogger(Callback):
             with open(self._path, "a") as handle:
                 handle.write(json.dumps(record) + "\n")
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         """Start (or, after a resume, cut back) the history."""
         writes = trainer.run_dir is not None and trainer.is_main_process
         self._path = trainer.paths.metrics if writes else None
@@ -116,7 +115,7 @@ class MetricsLogger(Callback):
         self._window_steps = len(self._window_losses)
         self._window_start = time.perf_counter()
 
-    def on_train_step_end(self, trainer: Trainer, output: StepOutput) -> None:
+    def on_train_step_end(self, trainer: TrainerView, output: StepOutput) -> None:
         """Add the step's loss to the window; write a training record every ``log_every``."""
         self._window_steps += 1
         self._window_losses.append(output.loss)
@@ -143,16 +142,16 @@ class MetricsLogger(Callback):
         self._window_start, self._window_steps, self._window_losses = now, 0, []
 
     def on_validation_end(
-        self, trainer: Trainer, report: RetrievalReport, embeddings: torch.Tensor
+        self, trainer: TrainerView, report: RetrievalReport, embeddings: torch.Tensor
     ) -> None:
         """Write the validation record."""
         self.log({"kind": "val", "step": trainer.step, **report_summary(report)})
 
-    def on_test_end(self, trainer: Trainer, report: RetrievalReport, curve: PRCurve) -> None:
+    def on_test_end(self, trainer: TrainerView, report: RetrievalReport, curve: PRCurve) -> None:
         """Write the test record."""
         self.log({"kind": "test", "step": trainer.step, **report_summary(report)})
 
-    def on_failure(self, trainer: Trainer, error: NonFiniteLossError) -> None:
+    def on_failure(self, trainer: TrainerView, error: NonFiniteLossError) -> None:
         """Write the error record of a failed run."""
         self.log(dict(error.record))
 

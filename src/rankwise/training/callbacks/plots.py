@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import Callback
+from .base import Callback, TrainerView
 
 if TYPE_CHECKING:
-    from ..state import RunResult
-    from ..trainer import Trainer
+    from ..result import RunResult
 
 __all__ = ["PlotCurves"]
 
@@ -29,7 +28,7 @@ class PlotCurves(Callback):
         self.pr_title = pr_title
         self.label = label
 
-    def on_fit_end(self, trainer: Trainer, result: RunResult) -> None:
+    def on_fit_end(self, trainer: TrainerView, result: RunResult) -> None:
         """Draw both figures."""
         if trainer.run_dir is None or not trainer.is_main_process or result.status != "completed":
             return

@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .base import Callback, StepOutput
+from .base import Callback, StepOutput, TrainerView
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from ...metrics import RetrievalReport
-    from ..trainer import Trainer
 
 __all__ = ["ProgressBar"]
 
@@ -55,14 +54,14 @@ class ProgressBar(Callback):
         self._val: float | None = None
         self._evaluated_step: int | None = None
 
-    def _mode(self, trainer: Trainer) -> str:
+    def _mode(self, trainer: TrainerView) -> str:
         if self.enabled is not None:
             return "bar" if self.enabled else "off"
         if bool(trainer.console.is_terminal) and sys.stdout.isatty():
             return "bar"
         return "lines"
 
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         """Start the bar (or the plain lines) at the trainer's current step."""
         from rich.progress import (
             BarColumn,
@@ -107,7 +106,7 @@ class ProgressBar(Callback):
     def _val_text(self) -> str:
         return "—" if self._val is None else f"{self._val:.4f}"
 
-    def line(self, trainer: Trainer, step: int) -> str:
+    def line(self, trainer: TrainerView, step: int) -> str:
         """The plain progress line (no newline) of ``trainer`` after ``step`` steps."""
         total = trainer.total_steps
         elapsed = time.perf_counter() - self._fit_start
@@ -124,14 +123,14 @@ class ProgressBar(Callback):
             text += f", ~{elapsed / done * (total - step):.1f} s left"
         return text
 
-    def _print_line(self, trainer: Trainer, step: int) -> None:
+    def _print_line(self, trainer: TrainerView, step: int) -> None:
         # one log line per print, never wrapped at the console width (logs are grepped)
         trainer.console.print(
             self.line(trainer, step), markup=False, highlight=False, soft_wrap=True
         )
         self._last_line = time.perf_counter()
 
-    def on_train_step_end(self, trainer: Trainer, output: StepOutput) -> None:
+    def on_train_step_end(self, trainer: TrainerView, output: StepOutput) -> None:
         """Advance the bar; refresh loss and rate every ``log_every`` steps."""
         if self._progress is None or self._task is None:
             return
@@ -148,7 +147,7 @@ class ProgressBar(Callback):
             self._print_line(trainer, output.step)
 
     def on_validation_end(
-        self, trainer: Trainer, report: RetrievalReport, embeddings: torch.Tensor
+        self, trainer: TrainerView, report: RetrievalReport, embeddings: torch.Tensor
     ) -> None:
         """Show the new validation mAP (a plain line without a terminal)."""
         self._val = float(report.map)
@@ -156,12 +155,12 @@ class ProgressBar(Callback):
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, val=self._val_text())
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, trainer: TrainerView) -> None:
         """A plain line after each evaluation (the best-so-far is then up to date)."""
         if self._lines and self._evaluated_step == trainer.step:
             self._print_line(trainer, trainer.step)
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: TrainerView) -> None:
         """Stop the bar."""
         if self._progress is not None:
             self._progress.stop()

@@ -8,13 +8,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..._validation import check_choice
-from ..checkpoint import atomic_save, load_checkpoint
-from .base import Callback, report_summary
+from .base import Callback, TrainerView, report_summary
 
 if TYPE_CHECKING:
     from ...metrics import RetrievalReport
-    from ..state import RunState
-    from ..trainer import Trainer
 
 __all__ = ["BestCheckpoint"]
 
@@ -22,7 +19,8 @@ __all__ = ["BestCheckpoint"]
 class BestCheckpoint(Callback):
     """Keep the model with the best validation score; the final test evaluates it.
 
-    Written atomically to ``checkpoints/best.pt`` (``{"format", "step", "val", "config", "model",
+    The run's store keeps it (:meth:`~rankwise.training.store.RunStore.save_best`): written
+    atomically to ``checkpoints/best.pt`` (``{"format", "step", "val", "config", "model",
     "loss"}``), or kept in memory without a run directory; without validation data, none.
 
     Args:
@@ -43,10 +41,9 @@ class BestCheckpoint(Callback):
         self.best_value: float | None = None
         self.best_step: int | None = None
         self.best_val: dict[str, Any] | None = None
-        self._in_memory: dict[str, torch.Tensor] | None = None
 
     def on_validation_end(
-        self, trainer: Trainer, report: RetrievalReport, embeddings: torch.Tensor
+        self, trainer: TrainerView, report: RetrievalReport, embeddings: torch.Tensor
     ) -> None:
         """Save the model when its score beats the best so far."""
         value = float(getattr(report, self.monitor))
@@ -54,31 +51,16 @@ class BestCheckpoint(Callback):
             return
         metrics = report_summary(report)
         self.best_value, self.best_step, self.best_val = value, trainer.step, metrics
-        if trainer.run_dir is None:
-            self._in_memory = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
-            return
-        if not trainer.is_main_process:  # rank 0 writes best.pt (and hands it over for the test)
-            return
-        atomic_save(
-            {
-                "format": trainer.CHECKPOINT_FORMAT,
-                "step": trainer.step,
-                "val": metrics,
-                "config": None if trainer.config is None else trainer.config.to_dict(),
-                "model": trainer.model.state_dict(),
-                "loss": trainer.loss_fn.state_dict(),
-            },
-            trainer.paths.best,
+        trainer.store.save_best(
+            trainer.step, metrics, trainer.model.state_dict(), trainer.loss_fn.state_dict()
         )
 
-    def best_model_state(self, trainer: RunState) -> dict[str, torch.Tensor] | None:
-        """The selected model's ``state_dict`` on ``trainer``'s device (``None``: none selected)."""
-        if trainer.run_dir is not None:
-            path = trainer.paths.best
-            if path.is_file():
-                return load_checkpoint(path, trainer.device)["model"]
-            return None
-        return self._in_memory
+    def best_model_state(self, trainer: TrainerView) -> dict[str, torch.Tensor] | None:
+        """The selected model's ``state_dict`` on ``trainer``'s device (``None``: none selected).
+
+        This process's copy, from the run's store.
+        """
+        return trainer.store.best_weights(trainer.device)
 
     def state_dict(self) -> dict[str, Any]:
         """The best score, its step and its validation report."""

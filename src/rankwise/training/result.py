@@ -1,0 +1,133 @@
+"""The outcome of a run: :class:`RunResult`, written to and read from ``report.json`` / ``pr_curve.json``.
+
+The test report (tie-aware metrics, Wen et al., NeurIPS 2022, Sec. 5.1) and mean PR curve of the
+model selected on validation; file names from :class:`~rankwise.training.rundir.RunPaths`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..metrics import PRCurve, RetrievalReport
+from .checkpoint import atomic_write_text
+from .config import read_config_file
+from .rundir import RunPaths
+
+__all__ = ["RunResult"]
+
+
+def _report_from_dict(data: dict[str, Any]) -> RetrievalReport:
+    """A :class:`~rankwise.metrics.RetrievalReport` from its ``to_dict()`` (``report.json``)."""
+    values = dict(data)
+    values["recall_at"] = {int(k): float(v) for k, v in values["recall_at"].items()}
+    values["precision_at"] = {int(k): float(v) for k, v in values["precision_at"].items()}
+    values["clamped_ks"] = {int(k): int(v) for k, v in (values.get("clamped_ks") or {}).items()}
+    values["ks"] = tuple(int(k) for k in values["ks"])
+    values["per_query_ap"] = torch.tensor(
+        [np.nan if v is None else float(v) for v in values["per_query_ap"]], dtype=torch.float64
+    )
+    names = {f.name for f in fields(RetrievalReport)}
+    return RetrievalReport(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclass
+class RunResult:
+    """Outcome of :meth:`Trainer.fit <rankwise.training.Trainer.fit>`.
+
+    Attributes:
+        run_dir: the run directory (``None`` for a trainer without one).
+        status: ``"completed"`` (budget reached, test report made) or ``"stopped"``
+            (``max_steps`` reached; resume to finish).
+        steps: optimizer steps taken.
+        seconds: wall-clock seconds spent in this run, summed over resumptions.
+        best_step: step of the best validation score (``None`` before the first evaluation).
+        best_val: the best validation ``RetrievalReport`` summary (a dict).
+        test: the test report of the selected model (completed runs with test data only).
+        pr_curve: the test mean precision-recall curve of the selected model (idem).
+        config: the run's config as a dict (empty for a trainer built from objects).
+    """
+
+    run_dir: Path | None
+    status: str
+    steps: int
+    seconds: float
+    best_step: int | None
+    best_val: dict[str, Any] | None
+    test: RetrievalReport | None = None
+    pr_curve: PRCurve | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the content of ``report.json``)."""
+        return {
+            "status": self.status,
+            "steps": self.steps,
+            "seconds": self.seconds,
+            "best_step": self.best_step,
+            "best_val": self.best_val,
+            "test": None if self.test is None else self.test.to_dict(),
+            "run_dir": None if self.run_dir is None else str(self.run_dir),
+        }
+
+    def save(self, run_dir: str | Path) -> None:
+        """Write ``report.json`` (and ``pr_curve.json``, if any) in ``run_dir``, atomically."""
+        paths = RunPaths(Path(run_dir))
+        atomic_write_text(json.dumps(self.to_dict(), indent=2) + "\n", paths.report)
+        if self.pr_curve is not None:
+            data = {
+                "recall": [float(v) for v in self.pr_curve.recall],
+                "precision": [float(v) for v in self.pr_curve.precision],
+                "n_queries": int(self.pr_curve.n_queries),
+            }
+            atomic_write_text(json.dumps(data) + "\n", paths.pr_curve)
+
+    @classmethod
+    def load(cls, run_dir: str | Path, with_test: bool = True) -> RunResult | None:
+        """The result :meth:`save` wrote in ``run_dir`` (``None``: no completed run there).
+
+        Args:
+            run_dir: the run directory.
+            with_test: the test report and curve are needed (``None`` without them).
+
+        Returns:
+            The :class:`RunResult` of the completed run (its ``config`` read from
+            ``config.yaml`` when there is one), or ``None``.
+        """
+        paths = RunPaths(Path(run_dir))
+        try:
+            report = json.loads(paths.report.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if report.get("status") != "completed":
+            return None
+        test, curve = None, None
+        if with_test:
+            try:
+                data = json.loads(paths.pr_curve.read_text())
+            except (FileNotFoundError, ValueError):
+                return None
+            if report.get("test") is None:
+                return None
+            test = _report_from_dict(report["test"])
+            curve = PRCurve(
+                recall=np.asarray(data["recall"], dtype=np.float64),
+                precision=np.asarray(data["precision"], dtype=np.float64),
+                n_queries=int(data["n_queries"]),
+            )
+        return cls(
+            run_dir=paths.root,
+            status="completed",
+            steps=int(report["steps"]),
+            seconds=float(report["seconds"]),
+            best_step=report.get("best_step"),
+            best_val=report.get("best_val"),
+            test=test,
+            pr_curve=curve,
+            config=read_config_file(paths.config) if paths.config.is_file() else {},
+        )
