@@ -361,22 +361,32 @@ class ExactOperands:
 def _lowest_bit_exponent(x: torch.Tensor) -> int | None:
     """Smallest e such that every entry of the float64 tensor is a multiple of 2^e (None: all 0).
 
-    On the CPU the numba kernel; elsewhere the same on the device (frexp, lowest set bit of the
-    53-bit significand), so the embeddings are not copied to the host. One scalar read back.
+    On the CPU the numba kernel; elsewhere :func:`_lowest_bit_exponent_torch` on the device, so
+    the embeddings are not copied to the host. One scalar is read back.
     """
     if x.device.type == "cpu":
         from ._similarity_kernels import lowest_bit_exponent
 
         found = int(lowest_bit_exponent(x.detach().contiguous().numpy()))
-        return None if found == 1 << 30 else found
+    else:
+        found = int(_lowest_bit_exponent_torch(x))
+    return None if found == 1 << 30 else found
+
+
+def _lowest_bit_exponent_torch(x: torch.Tensor) -> torch.Tensor:
+    """0-d int64 tensor: the lowest-bit exponent of a finite float64 tensor (2^30 when all 0).
+
+    ``frexp`` gives each entry as ``m 2^e`` with ``|m|`` in [0.5, 1); ``|m| 2^53`` is its 53-bit
+    integer significand, whose lowest set bit ``s & -s`` is a power of two ``2^t``: the entry is
+    a multiple of ``2^(e - 53 + t)``.
+    """
     flat = x.detach().reshape(-1)
-    mantissa, exponent = torch.frexp(flat)  # flat = mantissa 2^exponent, |mantissa| in [0.5, 1)
+    mantissa, exponent = torch.frexp(flat)
     significand = torch.ldexp(mantissa.abs(), torch.tensor(53, device=x.device)).to(torch.int64)
-    lowest = (significand & -significand).to(torch.float64)  # its lowest set bit, a power of 2
+    lowest = (significand & -significand).to(torch.float64)
     shift = torch.frexp(lowest)[1] - 1
     bits = torch.where(flat != 0, exponent.to(torch.int64) - 53 + shift, 1 << 30)
-    found = int(bits.min()) if bits.numel() else 1 << 30
-    return None if found == 1 << 30 else found
+    return bits.min() if bits.numel() else torch.tensor(1 << 30)
 
 
 def _check_no_overflow(

@@ -155,7 +155,7 @@ class DeviceProblem:
         offset: (n_q, 1) int32, 1 where the excluded item is relevant (it sorts first).
         n_relevant_column: (n_q, 1) int32 relevant items of each query (the excluded one not).
         relevant_total: (n_q, 1) int64 relevant items of the sorted row, the excluded one included.
-        cut: (C, 1, n_q) int64 cut-offs of :func:`rankwise.metrics.ranking.group_terms`.
+        cut: (C, 1, n_q) float64 cut-offs of :func:`rankwise.metrics.ranking.group_terms`.
         n_relevant: (n_q,) int64 on the host: relevant items of each query (excluded one not).
         columns: (n_q,) int64 columns of the per-call buffer these rows fill, or None (row i
             fills column i).
@@ -215,14 +215,14 @@ class _Consts:
     ar1: torch.Tensor  # (1, W) int32 1, 2, ..., W
     slot_plus_one: torch.Tensor  # (W, 1) float64 1, 2, ..., W
     slot: torch.Tensor  # (W, 1) int64 0, 1, ..., W - 1
-    default: torch.Tensor  # (4, 1, 1) int64 raw counts of an empty slot
+    default: torch.Tensor  # (4, 1, 1) float64 raw counts of an empty slot
     table: torch.Tensor  # (N + 1, 2) float64 harmonic numbers
 
     @staticmethod
     def build(widest: int, table: torch.Tensor) -> _Consts:
         device = table.device
         ar = torch.arange(widest, device=device)
-        default = torch.tensor([0, 1, 0, 0], dtype=torch.int64, device=device)
+        default = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64, device=device)
         return _Consts(
             (ar + 1).to(torch.int32)[None],
             (ar + 1).to(torch.float64)[:, None],
@@ -347,11 +347,11 @@ def _raw_counts(
 
 
 def _group_table(prob: DeviceProblem, c: _Consts, raw: torch.Tensor, lo: int, hi: int):
-    """Step 4: (g, n, r) (W, B) int64 of each group at slot N^+_{d-1}, and the raw table."""
+    """Step 4: (g, n, r) (W, B) float64 of each group at slot N^+_{d-1}, and the raw table."""
     width = raw.shape[2]
     slot = prob.relevant_total[lo:hi] - raw[3]  # relevant items above the group
     table = c.default.expand(4, width, hi - lo).clone()
-    table.scatter_(1, slot.T.expand(4, width, hi - lo), raw.transpose(1, 2))
+    table.scatter_(1, slot.T.expand(4, width, hi - lo), raw.transpose(1, 2).to(torch.float64))
     start, end, e_start, e_end = table
     return prob.n_gallery - end, end - start, e_end - e_start, table
 
@@ -379,8 +379,8 @@ def _metric_chunk(
     items = _items(prob, c, lo, hi, width)
     raw, pairs = _raw_counts(prob, c, items, lo, width, n_pairs)
     g, n, r, table = _group_table(prob, c, raw, lo, hi)
-    pw, er = group_terms(g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table)
-    sums = torch.cat([pw, er]).cumsum(1)[:, -1]  # in slot order: decreasing score
+    terms = group_terms(g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table)
+    sums = terms.cumsum(1)[:, -1]  # in slot order: decreasing score
     _write(prob, out, 0, lo, sums)
     _write(prob, out, sums.shape[0], lo, table[:, 0])
     if pairs is not None:
@@ -405,17 +405,16 @@ def pr_terms(
     ``need`` (0-based) of that level (SOPRC paper, Fig. 2).
 
     Args:
-        g: (W, B) int64 items above each group, at the group's first slot (empty slots: r = 0).
-        n: (W, B) int64 group sizes.
-        r: (W, B) int64 relevant items of each group.
+        g: (W, B) float64 items above each group, at the group's first slot (empty: r = 0).
+        n: (W, B) float64 group sizes.
+        r: (W, B) float64 relevant items of each group.
         slot: (W, 1) int64 0, 1, ..., W - 1.
         n_relevant: (1, B) int64 relevant items of each query (slots past it are unused).
         need: (L, B) int64 slot whose suffix maximum is each level's precision.
         ties: the tie handling.
     """
     first = torch.where(r > 0, slot, 0).cummax(0).values  # the group of every slot
-    grouped = torch.stack([g, n, r]).gather(1, first.expand(3, *first.shape)).to(torch.float64)
-    gf, nf, rf = grouped
+    gf, nf, rf = torch.stack([g, n, r]).gather(1, first.expand(3, *first.shape))
     j = (slot - first + 1).to(torch.float64)
     if ties == "expected":
         position = gf + j * (nf + 1) / (rf + 1)
@@ -543,7 +542,7 @@ def _run(
         chunk_size,
     )
     assert sub.columns is not None
-    chunks = 0
+    chunks = rounds = 0
     while pair_plan:
         for lo, hi, width, n_pairs in pair_plan:
             with torch.profiler.record_function(PAIRS_RECORD):
@@ -552,8 +551,11 @@ def _run(
         with torch.profiler.record_function(READBACK_RECORD):
             host[:, flagged] = out.index_select(1, sub.columns).cpu().numpy()
         needed = host[n_out, flagged]  # the pairs each query had: rerun the short chunks
+        # what the chunk reported: enough when it runs again (the same blocks, the same values);
+        # more margin at every further round, should a device's matmul not repeat itself
+        rounds += 1
         pair_plan = [
-            (lo, hi, width, int(needed[lo:hi].sum() * PAIR_SLACK) + PAIR_PAD)
+            (lo, hi, width, int(needed[lo:hi].sum() * (1 + (rounds - 1) * PAIR_SLACK)))
             for lo, hi, width, n_pairs in pair_plan
             if needed[lo:hi].sum() > n_pairs
         ]

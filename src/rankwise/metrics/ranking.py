@@ -116,13 +116,13 @@ def table_difference(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) ->
 
     Args:
         table: (M, 2) float64 :func:`harmonic_table` on the tensors' device.
-        lo: (*S) int64.
-        hi: (C, *S) int64, ``lo <= hi[c] < M``.
+        lo: (*S) integer-valued (any dtype).
+        hi: (C, *S) integer-valued, ``lo <= hi[c] < M``.
 
     Returns:
         (C, *S) float64, in the operations of :func:`harmonic_difference` (so the same bits).
     """
-    rows = table[torch.cat([hi, lo.expand_as(hi[:1])])]
+    rows = table[torch.cat([hi, lo.expand_as(hi[:1])]).long()]
     diff = rows[:-1] - rows[-1:]
     return diff[..., 0] + diff[..., 1]
 
@@ -139,7 +139,7 @@ def group_terms(
     ties: str,
     table: torch.Tensor,
     n_pw: int = 2,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """Per tie group: expected precision-weighted sums and relevant counts up to cut-offs.
 
     The one implementation of the closed forms (He et al. 2018, Prop. 1 with docs/errata.md; the
@@ -148,11 +148,11 @@ def group_terms(
     all correctly rounded, so the values do not depend on the device, the layout or the chunk.
 
     Args:
-        g: (*S) int64 items strictly above the group (``N_{d-1}``).
-        n: (*S) int64 items tied in the group (``n_d``); empty slots: 1.
-        r: (*S) int64 relevant items in the group (``n_d^+``); empty slots: 0 (term 0).
+        g: (*S) float64 items strictly above the group (``N_{d-1}``), integer-valued.
+        n: (*S) float64 items tied in the group (``n_d``); empty slots: 1.
+        r: (*S) float64 relevant items in the group (``n_d^+``); empty slots: 0 (term 0).
         a: float64 broadcastable to S: relevant items strictly above the group, plus one.
-        cut: (C, ...) int64 broadcastable to (C, *S), C >= 2: position cut-offs; ``cut[0]`` at
+        cut: (C, ...) float64 broadcastable to (C, *S), C >= 2: position cut-offs; ``cut[0]`` at
             least ``g + n`` (no cut-off: AP), ``cut[1]`` the query's R (MAP@R, R-precision), then
             the P@k cut-offs ``min(k, list length)``.
         ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
@@ -160,29 +160,33 @@ def group_terms(
         n_pw: number of leading cut-offs that need the precision-weighted sum.
 
     Returns:
-        ``(pw, er)``: pw (n_pw, *S) float64, ``E[sum over the group's positions t <= cut of
-        rel(t) precision(t)]`` (summed over a query's groups and divided by R: AP_T, MAP@R, AP@k);
-        er (C - 1, *S) float64, ``E[# relevant items of the group at positions <= cut]`` for
+        (n_pw + C - 1, *S) float64. Rows ``:n_pw``: ``E[sum over the group's positions
+        t <= cut of rel(t) precision(t)]`` (summed over a query's groups and divided by R: AP_T,
+        MAP@R, AP@k); then ``E[# relevant items of the group at positions <= cut]`` for
         ``cut[1:]`` (R-precision times R, P@k times k).
     """
+    shape = torch.broadcast_shapes(g.shape, n.shape, r.shape)
+    out = torch.empty((n_pw + cut.shape[0] - 1, *shape), dtype=torch.float64, device=g.device)
     if ties == "expected":
         gn = g + n
         up = torch.clamp(cut, min=g, max=gn)
-        cnt = (up - g).to(torch.float64)
+        cnt = up - g  # expected positions of the group within the cut-off, times n / n
         hd = table_difference(table, g, up[:n_pw])
-        gf, nf, rf = torch.stack([g, n, r]).to(torch.float64)
         # b = (n^+ - 1) / (n - 1), 0 for a group of one (then n^+ = 1, and the formula gives 0)
-        beta = (rf - 1) / (nf - 1).clamp_min(1)
-        inner = (a - beta * (gf + 1)) * hd + beta * cnt[:n_pw]
-        rn = rf / nf
-        return rn * inner, rn * cnt[1:]
+        beta = (r - 1) / (n - 1).clamp_min(1)
+        inner = (a - beta * (g + 1)) * hd + beta * cnt[:n_pw]
+        rn = r / n
+        torch.mul(rn, inner, out=out[:n_pw])
+        torch.mul(rn, cnt[1:], out=out[n_pw:])
+        return out
     # optimistic: relevant items at positions g+1 .. g+r; pessimistic: g+n-r+1 .. g+n;
     # sum_i (p + i) / (base + i) = c + (p - base) (H(base + c) - H(base))
     base = g if ties == "optimistic" else g + n - r
     c = torch.clamp(cut - base, min=torch.zeros((), dtype=base.dtype, device=base.device), max=r)
     hd = table_difference(table, base, base + c[:n_pw])
-    cf = c.to(torch.float64)
-    return cf[:n_pw] + (a - 1 - base.to(torch.float64)) * hd, cf[1:]
+    torch.add(c[:n_pw], (a - 1 - base) * hd, out=out[:n_pw])
+    out[n_pw:] = c[1:]
+    return out
 
 
 def _counts_terms(
@@ -197,17 +201,17 @@ def _counts_terms(
     table = harmonic_table_tensor(max(last, 1))
     if above is None:
         above = relevant_above(counts)
-    pw, er = group_terms(
-        torch.from_numpy(np.ascontiguousarray(counts.greater, dtype=np.int64)),
-        torch.from_numpy(np.ascontiguousarray(counts.size, dtype=np.int64)),
-        torch.from_numpy(np.ascontiguousarray(counts.relevant, dtype=np.int64)),
+    terms = group_terms(
+        torch.from_numpy(counts.greater.astype(np.float64)),
+        torch.from_numpy(counts.size.astype(np.float64)),
+        torch.from_numpy(counts.relevant.astype(np.float64)),
         torch.from_numpy(np.asarray(above, dtype=np.float64) + 1.0),
-        torch.from_numpy(np.stack([np.asarray(c, dtype=np.int64) for c in cuts])),
+        torch.from_numpy(np.stack([np.asarray(c, dtype=np.float64) for c in cuts])),
         ties,
         table,
         n_pw,
-    )
-    return pw.numpy(), er.numpy()
+    ).numpy()
+    return terms[:n_pw], terms[n_pw:]
 
 
 def _row_sums(rows: np.ndarray, terms: np.ndarray, n_rows: int) -> np.ndarray:

@@ -10,8 +10,9 @@ al. (NeurIPS 2022, SOPRC, Fig. 2): the mean over queries of interpolated precisi
 
 Queries are processed in chunks (never an N x N matrix): the exact keys of
 :mod:`rankwise.similarity` for a block (:mod:`rankwise.metrics._scores`), reduced to
-per-relevant-group counts (:mod:`rankwise.metrics._kernels`, :mod:`rankwise.metrics._sorted`),
-then to the metrics in closed form.
+per-relevant-group counts (the numba kernels of :mod:`rankwise.metrics._kernels`, or the device
+loop of :mod:`rankwise.metrics._device`), then to the metrics in closed form
+(:func:`rankwise.metrics.ranking.group_terms`, shared by both).
 """
 
 from __future__ import annotations
@@ -395,7 +396,7 @@ def _device_problem(p: _Prepared, ks: tuple[int, ...]) -> _device.DeviceProblem:
         offset=on_device(self_rel[:, None], torch.int32),
         n_relevant_column=on_device(n_rel[:, None], torch.int32),
         relevant_total=on_device((n_rel + self_rel)[:, None], torch.int64),
-        cut=on_device(cut[:, None, :], torch.int64),
+        cut=on_device(cut[:, None, :], torch.float64),
         n_relevant=n_rel.astype(np.int64),
     )
 
@@ -494,7 +495,8 @@ def retrieval_metrics(
             ``"pessimistic"``.
         exclude_self: None (= True iff ``gallery`` is None), a bool (True: query i is gallery row
             i), or a (n_q,) integer array with the gallery row of each query (-1 for none).
-        chunk_size: queries per chunk; default keeps a chunk's score block near 256 MB.
+        chunk_size: queries per chunk; default: near 256 MB of scores per chunk (numba), or
+            planned from the device's free memory (torch; docs/metrics.md).
         device: where the scores are computed; default the query's device.
         backend: ``"auto"`` (numba on the CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
 
@@ -569,10 +571,10 @@ def _numba_pr_curves(p: _Prepared, ties: str, num_points: int) -> tuple[np.ndarr
         chunk_rel = np.bincount(rows, weights=counts.relevant, minlength=hi - lo).astype(np.int64)
         n_rel[lo:hi] = chunk_rel
         width = max(int(chunk_rel.max(initial=0)), 1)
-        table = torch.zeros(3, width, hi - lo, dtype=torch.int64)
+        table = torch.zeros(3, width, hi - lo, dtype=torch.float64)
         table[1] = 1  # an empty slot: one item, no relevant one (never read)
         slot = torch.from_numpy(relevant_above(counts))
-        values = np.stack([counts.greater, counts.size, counts.relevant]).astype(np.int64)
+        values = np.stack([counts.greater, counts.size, counts.relevant]).astype(np.float64)
         table[:, slot, torch.from_numpy(np.array(rows))] = torch.from_numpy(values)
         curves[:, lo:hi] = _device.pr_terms(
             table[0],
