@@ -217,6 +217,7 @@ class _Consts:
     slot: torch.Tensor  # (W, 1) int64 0, 1, ..., W - 1
     default: torch.Tensor  # (4, 1, 1) float64 raw counts of an empty slot
     table: torch.Tensor  # (N + 1, 2) float64 harmonic numbers
+    signs: torch.Tensor  # (4, 1, 1) int64: how the pair stage moves start, end, E(start), E(end)
 
     @staticmethod
     def build(widest: int, table: torch.Tensor) -> _Consts:
@@ -229,6 +230,7 @@ class _Consts:
             ar[:, None],
             default[:, None, None],
             table,
+            torch.tensor([1, -1, 1, -1], device=device)[:, None, None],
         )
 
 
@@ -276,11 +278,12 @@ def _items(prob: DeviceProblem, c: _Consts, lo: int, hi: int, width: int) -> _It
 
 def _pair_corrections(
     prob: DeviceProblem, c: _Consts, items: _Items, lo: int, width: int, n_pairs: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(4, B, W) int64 to add to the raw counts, and the (B,) pairs each query had.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(4, B, W) int64 to add to the raw counts, the (B,) pairs each query had, the real slots.
 
     The additions shrink each window to the item's exact tie group; more than ``n_pairs`` pairs in
-    all means the buffer was short (the caller runs the chunk again).
+    all means the buffer was short (the caller runs the chunk again). Slots past a query's last
+    relevant item (a repeat of it) get no additions: they are not real (``valid`` False).
 
     Every (relevant item, item of its window) pair gets a slot of an ``n_pairs`` buffer (sized on
     the host from the counts of the main loop): the window widths' cumulative sum and a
@@ -307,20 +310,16 @@ def _pair_corrections(
     flat = row * n_items + member
     assert prob.pair_keys is not None
     code, q_t, g_t = prob.pair_keys
-    keys = transposed_pair_keys(code, q_t, g_t, row + lo, items.order.view(-1)[flat])
+    keys = transposed_pair_keys(code, q_t[:, lo:], g_t, row, items.order.view(-1)[flat])
     own_key = keys.index_select(0, own)
     above, below = keys > own_key, keys < own_key
     relevant = items.relevant.view(-1)[flat]
-    moves = torch.stack([below, above, below & relevant, above & relevant], dim=1)
-    target = torch.where(slots < cum[-1], item_c, n_slots)  # unused slots: a spare row
-    counts = torch.zeros(n_slots + 1, 4, dtype=torch.int64, device=device)
-    counts.index_add_(0, target, moves.to(torch.int64))
-    signs = torch.tensor([1, -1, 1, -1], dtype=torch.int64, device=device)
-    moved = (counts[:n_slots] * signs).T.reshape(4, *items.pos.shape)
-    # slots past a query's last relevant item repeat that item: they take its corrections too,
-    # so that they write the same values to the same table slot
-    last = torch.minimum(c.ar1[:, :width], n_relevant).clamp_min(1) - 1
-    return moved.gather(2, last.expand(4, *last.shape)), widths.view(items.pos.shape).sum(1)
+    moves = torch.stack([below, above, below & relevant, above & relevant]).to(torch.int64)
+    # slots past the last pair have item n_slots: a spare column
+    counts = torch.zeros(4, n_slots + 1, dtype=torch.int64, device=device)
+    counts.index_add_(1, item, moves)
+    moved = counts[:, :n_slots].view(4, *items.pos.shape) * c.signs
+    return moved, widths.view(items.pos.shape).sum(1), valid
 
 
 def _pair_counts(items: _Items) -> torch.Tensor:
@@ -335,24 +334,38 @@ def _pair_counts(items: _Items) -> torch.Tensor:
 
 def _raw_counts(
     prob: DeviceProblem, c: _Consts, items: _Items, lo: int, width: int, n_pairs: int
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The raw counts (after the pair stage when ``n_pairs``) and the pairs of each query.
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The raw counts (after the pair stage when ``n_pairs``), the pairs of each query, the slots.
 
-    The pairs are None for exact values, which need none.
+    The pairs are None for exact values, which need none. The slots (a (B, W) bool, or None when
+    every slot may be written: repeats write what the item they repeat writes) are those whose
+    counts go to the group table.
     """
     if n_pairs:
-        moved, pairs = _pair_corrections(prob, c, items, lo, width, n_pairs)
-        return items.raw + moved, pairs
-    return items.raw, None if prob.operands.exact else _pair_counts(items)
+        moved, pairs, valid = _pair_corrections(prob, c, items, lo, width, n_pairs)
+        return items.raw + moved, pairs, valid
+    return items.raw, None if prob.operands.exact else _pair_counts(items), None
 
 
-def _group_table(prob: DeviceProblem, c: _Consts, raw: torch.Tensor, lo: int, hi: int):
-    """Step 4: (g, n, r) (W, B) float64 of each group at slot N^+_{d-1}, and the raw table."""
+def _group_table(
+    prob: DeviceProblem,
+    c: _Consts,
+    raw: torch.Tensor,
+    lo: int,
+    hi: int,
+    valid: torch.Tensor | None = None,
+):
+    """Step 4: (g, n, r) (W, B) float64 of each group at slot N^+_{d-1}, and the raw table.
+
+    The table has a spare slot W, where slots not ``valid`` are sent.
+    """
     width = raw.shape[2]
     slot = prob.relevant_total[lo:hi] - raw[3]  # relevant items above the group
-    table = c.default.expand(4, width, hi - lo).clone()
+    if valid is not None:
+        slot = torch.where(valid, slot, width)
+    table = c.default.expand(4, width + 1, hi - lo).clone()
     table.scatter_(1, slot.T.expand(4, width, hi - lo), raw.transpose(1, 2).to(torch.float64))
-    start, end, e_start, e_end = table
+    start, end, e_start, e_end = table[:, :width]
     return prob.n_gallery - end, end - start, e_end - e_start, table
 
 
@@ -377,8 +390,8 @@ def _metric_chunk(
 ) -> None:
     """One chunk of :func:`run_metrics` (``n_pairs > 0``: with the pair stage)."""
     items = _items(prob, c, lo, hi, width)
-    raw, pairs = _raw_counts(prob, c, items, lo, width, n_pairs)
-    g, n, r, table = _group_table(prob, c, raw, lo, hi)
+    raw, pairs, valid = _raw_counts(prob, c, items, lo, width, n_pairs)
+    g, n, r, table = _group_table(prob, c, raw, lo, hi, valid)
     terms = group_terms(g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table)
     sums = terms.cumsum(1)[:, -1]  # in slot order: decreasing score
     _write(prob, out, 0, lo, sums)
@@ -439,8 +452,8 @@ def _pr_chunk(
 ) -> None:
     """One chunk of :func:`run_pr_curve`."""
     items = _items(prob, c, lo, hi, width)
-    raw, pairs = _raw_counts(prob, c, items, lo, width, n_pairs)
-    g, n, r, _ = _group_table(prob, c, raw, lo, hi)
+    raw, pairs, valid = _raw_counts(prob, c, items, lo, width, n_pairs)
+    g, n, r, _ = _group_table(prob, c, raw, lo, hi, valid)
     n_rel = prob.n_relevant_column[lo:hi].T
     assert prob.need is not None
     curve = pr_terms(g, n, r, c.slot[:width], n_rel, prob.need[:, lo:hi], ties)
