@@ -501,3 +501,22 @@ def test_cuda_tensors_take_the_torch_path_and_match_the_cpu():
         retrieval_metrics(xf.cuda(), labels[:400].cuda()).to_dict()
         == retrieval_metrics(xf, labels[:400]).to_dict()
     )
+
+
+def test_reduced_float32_matmul_precision_never_scores_exact_blocks_in_it():
+    # integer codes are scored by an exact matmul; TF32 / bf16 passes (a GPU's "medium") would
+    # round a float32 one, so the exact block is then float64 (this CPU ignores the setting)
+    from rankwise.metrics._scores import BlockScorer
+
+    gen = torch.Generator().manual_seed(13)
+    codes = torch.randint(-300, 300, (150, 40), generator=gen).to(torch.float32)
+    y = torch.randint(0, 5, (150,), generator=gen)
+    want = retrieval_metrics(codes, y, similarity="dot", backend="torch").to_dict()
+    assert BlockScorer(codes, codes, "dot").loop_operands().dtype == torch.float32
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert BlockScorer(codes, codes, "dot").loop_operands().dtype == torch.float64
+        assert retrieval_metrics(codes, y, similarity="dot", backend="torch").to_dict() == want
+    finally:
+        torch.set_float32_matmul_precision(before)

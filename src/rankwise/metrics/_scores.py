@@ -125,6 +125,8 @@ def _exact_matmul_precision(ops: ExactOperands) -> torch.dtype | None:
         (torch.float32, 24, -126, 127),
         (torch.float64, 53, -1022, 1023),
     ):
+        if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+            continue  # a TF32 / bf16 float32 matmul rounds its inputs: not exact
         if (
             math.log2(magnitude) <= bits + grid
             and grid >= smallest
