@@ -253,6 +253,22 @@ def test_a_short_pair_buffer_is_detected_and_the_chunk_run_again(monkeypatch):
     assert len(counter.named(READBACK)) == 3  # main loop, near-tie pass, the reruns
 
 
+def test_pairs_beyond_the_memory_budget_take_several_passes(monkeypatch):
+    # a zero query row under cosine: every item ties with every relevant one (R x N pairs)
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(60, 5, generator=gen, dtype=torch.float64)
+    x[[3, 17]] = 0
+    y = torch.randint(0, 4, (60,), generator=gen)
+    want = retrieval_metrics(x, y, ks=(1, 5), backend="numba")
+    budget = _device.memory_budget(torch.device("cpu"))
+    monkeypatch.setattr(_device, "BYTES_PER_PAIR", budget // 100)  # about 50 pairs per pass
+    with DispatchCounter("rankwise.retrieval.") as counter:
+        got = retrieval_metrics(x, y, ks=(1, 5), backend="torch")
+    assert got.to_dict() == want.to_dict()
+    # one searchsorted per pass, after the three of every chunk: the zero rows took several
+    assert max(r.ops["aten.searchsorted"] for r in counter.named(NEAR_TIE)) > 3 + 1
+
+
 # ------------------------------------------------------------------ kernels and syncs per chunk
 
 

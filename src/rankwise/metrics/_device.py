@@ -75,9 +75,9 @@ BYTES_PER_SCORE = 64
 # cut-off the float64 closed-form temporaries.
 BYTES_PER_SLOT = 256
 BYTES_PER_SLOT_AND_CUTOFF = 64
-# Bytes per near-tied pair, per embedding dimension: the gathered float64 rows, their products and
-# partial sums; plus the pair's own indices.
-BYTES_PER_PAIR_DIM = 40
+# Bytes per near-tied pair, per embedding dimension: the two keys' gathered float64 rows, their
+# products and partial sums; plus the pair's own indices.
+BYTES_PER_PAIR_DIM = 80
 BYTES_PER_PAIR = 256
 # The near-tie pass sizes its pair buffers from the main loop's counts with this margin.
 PAIR_SLACK = 1.25
@@ -218,9 +218,10 @@ class _Consts:
     default: torch.Tensor  # (4, 1, 1) float64 raw counts of an empty slot
     table: torch.Tensor  # (N + 1, 2) float64 harmonic numbers
     signs: torch.Tensor  # (4, 1, 1) int64: how the pair stage moves start, end, E(start), E(end)
+    pairs_per_pass: int = 1 << 62  # near-tied pairs given keys at once (see _pair_corrections)
 
     @staticmethod
-    def build(widest: int, table: torch.Tensor) -> _Consts:
+    def build(widest: int, table: torch.Tensor, pairs_per_pass: int = 1 << 62) -> _Consts:
         device = table.device
         ar = torch.arange(widest, device=device)
         default = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64, device=device)
@@ -231,6 +232,7 @@ class _Consts:
             default[:, None, None],
             table,
             torch.tensor([1, -1, 1, -1], device=device)[:, None, None],
+            pairs_per_pass,
         )
 
 
@@ -289,9 +291,11 @@ def _pair_corrections(
     the host from the counts of the main loop): the window widths' cumulative sum and a
     ``searchsorted`` of the slots give each slot its item and position, no compaction sync.
     Items whose exact key is strictly above the relevant item's own leave the window's top,
-    those strictly below its bottom; relevant ones move ``E`` alike.
+    those strictly below its bottom; relevant ones move ``E`` alike. The slots are taken in
+    passes of at most ``c.pairs_per_pass`` (the counts add up), so that the memory of the keys
+    stays within the budget however many pairs a chunk has; one pass unless it is pathological
+    (say, a zero query row under cosine: every item tied with every relevant one).
     """
-    n_items = items.order.shape[1]
     n_slots = items.pos.numel()
     device = items.pos.device
     start, end = items.raw[0], items.raw[1]
@@ -300,26 +304,43 @@ def _pair_corrections(
     valid = c.ar1[:, :width] <= n_relevant
     widths = (window * (valid & (window > 1))).view(-1)
     cum = torch.cumsum(widths, 0)
-    slots = torch.arange(n_pairs, device=device)
-    item = torch.searchsorted(cum, slots, right=True)  # n_slots past the last pair
-    item_c = item.clamp(max=n_slots - 1)
     base = start.view(-1) - (cum - widths)  # position of a pair = its slot + base of its item
-    member = (slots + base.index_select(0, item_c)).clamp(0, n_items - 1)
-    own = (items.pos.view(-1) - base).index_select(0, item_c).clamp(0, n_pairs - 1)
-    row = torch.div(item_c, width, rounding_mode="floor")
-    flat = row * n_items + member
-    assert prob.pair_keys is not None
-    code, q_t, g_t = prob.pair_keys
-    keys = transposed_pair_keys(code, q_t[:, lo:], g_t, row, items.order.view(-1)[flat])
-    own_key = keys.index_select(0, own)
-    above, below = keys > own_key, keys < own_key
-    relevant = items.relevant.view(-1)[flat]
-    moves = torch.stack([below, above, below & relevant, above & relevant]).to(torch.int64)
-    # slots past the last pair have item n_slots: a spare column
     counts = torch.zeros(4, n_slots + 1, dtype=torch.int64, device=device)
-    counts.index_add_(1, item, moves)
+    for first in range(0, n_pairs, c.pairs_per_pass):
+        slots = torch.arange(first, min(first + c.pairs_per_pass, n_pairs), device=device)
+        _count_pairs(prob, items, lo, width, slots, cum, base, counts)
     moved = counts[:, :n_slots].view(4, *items.pos.shape) * c.signs
     return moved, widths.view(items.pos.shape).sum(1), valid
+
+
+def _count_pairs(
+    prob: DeviceProblem,
+    items: _Items,
+    lo: int,
+    width: int,
+    slots: torch.Tensor,
+    cum: torch.Tensor,
+    base: torch.Tensor,
+    counts: torch.Tensor,
+) -> None:
+    """Add the moves of the pairs ``slots`` to ``counts`` (4, n_slots + 1)."""
+    n_items = items.order.shape[1]
+    n_slots = items.pos.numel()
+    item = torch.searchsorted(cum, slots, right=True)  # n_slots past the last pair: spare
+    item_c = item.clamp(max=n_slots - 1)
+    member = (slots + base.index_select(0, item_c)).clamp(0, n_items - 1)
+    row = torch.div(item_c, width, rounding_mode="floor")
+    row_start = row * n_items
+    # each pair's two keys: the window item's and the relevant item's own
+    flat = torch.cat([row_start + member, row_start + items.pos.view(-1).index_select(0, item_c)])
+    assert prob.pair_keys is not None
+    code, q_t, g_t = prob.pair_keys
+    keys = transposed_pair_keys(code, q_t[:, lo:], g_t, row.repeat(2), items.order.view(-1)[flat])
+    other, own = keys.view(2, -1)
+    above, below = other > own, other < own
+    relevant = items.relevant.view(-1)[flat[: slots.shape[0]]]
+    moves = torch.stack([below, above, below & relevant, above & relevant]).to(torch.int64)
+    counts.index_add_(1, item, moves)
 
 
 def _pair_counts(items: _Items) -> torch.Tensor:
@@ -473,7 +494,8 @@ def _pair_plan(
     """(lo, hi, W, n_pairs) chunks of the near-tie pass: rows and pairs within ``budget``.
 
     A chunk takes rows while their score blocks and pair buffers fit ``budget`` (at least one
-    row, however many pairs it has) and, when given, at most ``max_rows`` rows.
+    row, however many pairs it has: its pairs then take several passes) and, when given, at most
+    ``max_rows`` rows.
     """
     per_pair = BYTES_PER_PAIR + BYTES_PER_PAIR_DIM * (dim + 1)
     cost = n_gallery * BYTES_PER_SCORE + pairs.astype(np.int64) * per_pair
@@ -487,9 +509,7 @@ def _pair_plan(
             used += int(cost[hi])
             hi += 1
         width = max(int(n_relevant[lo:hi].max()), 1)
-        out.append(
-            (lo, hi, width, max(int(pairs[lo:hi].sum()), 2))
-        )  # >= 2: see transposed_pair_keys
+        out.append((lo, hi, width, int(pairs[lo:hi].sum())))
         lo = hi
     return out
 
@@ -540,6 +560,8 @@ def _run(
         return LoopResult(host[:n_out], n_main)
     sub = prob.rows(flagged)
     code, q_t, g_t = pair_keys()
+    per_pair = BYTES_PER_PAIR + BYTES_PER_PAIR_DIM * q_t.shape[0]
+    consts = replace(consts, pairs_per_pass=max(2, budget // 2 // per_pair))
     sub = replace(sub, pair_keys=(code, q_t.index_select(1, sub.columns), g_t))
     # The pass scores these rows in other blocks than the main loop did, and a matmul of another
     # shape may round differently: its windows, hence its pairs, can differ slightly. Each chunk
