@@ -7,14 +7,20 @@ loss + batch-hard miner (Hermans et al., 2017, Eq. 5), called directly, on one P
 (56 classes x 4 samples = 224, dimension 512, float32, CPU) in the same process with the calls
 interleaved, so machine load affects every loss alike. It checks the target that the SOPRC
 estimator (Wen et al., NeurIPS 2022, Alg. 1), the AP loss and the AUC loss (Gajić et al., Eq. 9)
-are no slower than PML FastAP, and measures the peak memory of Smooth-AP (Brown et al., ECCV 2020,
-Eq. 5; ours vs PML's ``SmoothAPLoss``) against the batch size in fresh subprocesses.
+are no slower than PML FastAP, counts the operations and host syncs of one step of each loss
+(``rankwise._dispatch.DispatchCounter``: embeddings and buffers on the device, labels on the host,
+as the data loader gives them), and measures in fresh subprocesses the peak memory against the
+batch size of Smooth-AP (Brown et al., ECCV 2020, Eq. 5; ours vs PML's ``SmoothAPLoss``) and of
+ROADMAP (Ramzi et al., NeurIPS 2021) and the Recall@k surrogate (Patel et al., CVPR 2022) beside
+PML FastAP, and the largest batch whose Recall@k surrogate call stays within a memory budget
+(2 GiB), the large-batch regime of that paper.
 
 Usage::
 
     python benchmarks/bench_losses.py            # full run, rewrites the "## Losses" section of
                                                  # docs/benchmarks.md
     python benchmarks/bench_losses.py --quick    # smoke run, prints the section only
+    python benchmarks/bench_losses.py --budget-mib 0   # full run without the largest-batch search
     python benchmarks/bench_losses.py --device cuda   # the same timings on a GPU, written to
                                                       # the "## Losses on cuda" section (no
                                                       # memory sweep: it measures CPU RSS)
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import resource
 import statistics
@@ -33,11 +40,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from _report import cpu_name
+from rankwise._dispatch import DispatchCounter
 
 SECTION_START = "<!-- losses:start -->"
 SECTION_END = "<!-- losses:end -->"
@@ -61,6 +70,17 @@ DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.m
 TARGET_LOSSES = ("soprc", "ap", "auc")
 TARGET_REFERENCE = "PML FastAPLoss"
 SMOOTH_AP_IMPLEMENTATIONS = ("rankwise", "pml")
+# the rank surrogates of issue 33 beside the PML loss the timing target compares against
+SURROGATE_IMPLEMENTATIONS = ("roadmap", "recall_at_k", "pml_fastap")
+MEMORY_LABELS = {
+    "rankwise": "rankwise SmoothAPLoss",
+    "pml": "PML SmoothAPLoss",
+    "roadmap": "rankwise ROADMAPLoss",
+    "recall_at_k": "rankwise RecallAtKLoss",
+    "pml_fastap": "PML FastAPLoss",
+}
+# the loss whose largest batch within --budget-mib is searched
+LARGE_BATCH_LOSS = "recall_at_k"
 
 
 @dataclass
@@ -139,10 +159,21 @@ def cases_to(cases: list[Case], device: torch.device) -> None:
 
 
 def time_cases(
-    cases: list[Case], embeddings: torch.Tensor, labels: torch.Tensor, repeats: int, warmup: int
+    cases: list[Case],
+    embeddings: torch.Tensor,
+    labels: torch.Tensor,
+    repeats: int,
+    warmup: int,
+    cpu_times: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
-    """Seconds per forward + backward for every runnable case, calls interleaved across cases."""
+    """Seconds per forward + backward for every runnable case, calls interleaved across cases.
+
+    ``cpu_times``, when given, receives the process CPU seconds of each timed call: on a machine
+    shared with other jobs the wall clock also counts the time the process waited for a core.
+    """
     times: dict[str, list[float]] = {c.name: [] for c in cases if c.run is not None}
+    if cpu_times is not None:
+        cpu_times.update({name: [] for name in times})
     leaf = embeddings.detach().clone().requires_grad_(True)
     for round_index in range(warmup + repeats):
         for case in cases:
@@ -151,18 +182,44 @@ def time_cases(
             leaf.grad = None
             try:
                 _synchronize(leaf.device)
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 case.run(leaf, labels).backward()
                 _synchronize(leaf.device)
                 elapsed = time.perf_counter() - start
+                elapsed_cpu = time.process_time() - start_cpu
             except Exception as exc:  # reported in the table and in the exit status
                 case.error = f"call failed: {type(exc).__name__}: {exc}"
                 case.run = None
                 times.pop(case.name, None)
+                if cpu_times is not None:
+                    cpu_times.pop(case.name, None)
                 continue
             if round_index >= warmup:
                 times[case.name].append(elapsed)
+                if cpu_times is not None:
+                    cpu_times[case.name].append(elapsed_cpu)
     return times
+
+
+def count_cases(
+    cases: list[Case], embeddings: torch.Tensor, labels: torch.Tensor
+) -> dict[str, DispatchCounter]:
+    """One more forward + backward of every runnable case under a :class:`DispatchCounter`.
+
+    The embeddings and the case's buffers (SOPRC's v, XBM's memory) count as device data, the
+    labels as host data: the counter's device syncs are what would stall an accelerator.
+    """
+    counts: dict[str, DispatchCounter] = {}
+    for case in cases:
+        if case.run is None:
+            continue
+        leaf = embeddings.detach().clone().requires_grad_(True)
+        buffers = list(case.run.buffers()) if isinstance(case.run, torch.nn.Module) else []
+        with DispatchCounter() as counter:
+            counter.mark_device(leaf, *buffers)
+            case.run(leaf, labels).backward()
+        counts[case.name] = counter
+    return counts
 
 
 # -- peak memory, one fresh subprocess per (implementation, batch size) -------------------------
@@ -193,8 +250,19 @@ def _ru_maxrss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
 
 
+def _memory_loss(implementation: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The loss of a memory probe (a key of ``MEMORY_LABELS``), with its default settings."""
+    if implementation in ("pml", "pml_fastap"):
+        from pytorch_metric_learning import losses
+
+        return losses.SmoothAPLoss() if implementation == "pml" else losses.FastAPLoss()
+    from rankwise.losses import build_loss
+
+    return build_loss("smooth_ap" if implementation == "rankwise" else implementation)
+
+
 def memory_probe(implementation: str, batch_size: int, m: int, dim: int) -> dict[str, float]:
-    """Run in a fresh process: peak resident-memory growth of one Smooth-AP forward + backward.
+    """Run in a fresh process: peak resident-memory growth of one forward + backward of a loss.
 
     Imports, the loss, the inputs and a warm-up call on a batch of 2 classes (which loads the
     kernels) come first; then the resident high-water mark is reset to the current resident size,
@@ -202,14 +270,7 @@ def memory_probe(implementation: str, batch_size: int, m: int, dim: int) -> dict
     tensors. Where the mark cannot be reset, ``ru_maxrss`` is used and the number is an upper
     bound when the call stayed below the process's earlier peak.
     """
-    if implementation == "rankwise":
-        from rankwise.losses import build_loss
-
-        loss = build_loss("smooth_ap")
-    else:
-        from pytorch_metric_learning.losses import SmoothAPLoss
-
-        loss = SmoothAPLoss()
+    loss = _memory_loss(implementation)
     generator = torch.Generator().manual_seed(0)
     warm = torch.randn(2 * m, dim, generator=generator, requires_grad=True)
     loss(warm, pk_labels(2, m)).backward()
@@ -232,36 +293,79 @@ def memory_probe(implementation: str, batch_size: int, m: int, dim: int) -> dict
     }
 
 
+def run_probe(
+    implementation: str, batch_size: int, m: int, dim: int, threads: int
+) -> dict[str, float] | str:
+    """:func:`memory_probe` in a fresh subprocess: its result, or the error's last line."""
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--memory-probe",
+        implementation,
+        "--probe-batch",
+        str(batch_size),
+        "--m",
+        str(m),
+        "--dim",
+        str(dim),
+        "--threads",
+        str(threads),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"probe failed: {tail}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def measure_memory(
-    batch_sizes: list[int], m: int, dim: int, threads: int
+    batch_sizes: list[int],
+    m: int,
+    dim: int,
+    threads: int,
+    implementations: tuple[str, ...] = SMOOTH_AP_IMPLEMENTATIONS,
 ) -> dict[tuple[str, int], dict[str, float] | str]:
-    """Smooth-AP peak memory per (implementation, batch size), one fresh subprocess each."""
+    """Peak memory per (implementation, batch size), one fresh subprocess each."""
     results: dict[tuple[str, int], dict[str, float] | str] = {}
     for batch_size in batch_sizes:
-        for implementation in SMOOTH_AP_IMPLEMENTATIONS:
-            command = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--memory-probe",
-                implementation,
-                "--probe-batch",
-                str(batch_size),
-                "--m",
-                str(m),
-                "--dim",
-                str(dim),
-                "--threads",
-                str(threads),
-            ]
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                results[(implementation, batch_size)] = f"probe failed: {tail}"
-            else:
-                results[(implementation, batch_size)] = json.loads(
-                    done.stdout.strip().splitlines()[-1]
-                )
+        for implementation in implementations:
+            results[(implementation, batch_size)] = run_probe(
+                implementation, batch_size, m, dim, threads
+            )
     return results
+
+
+def largest_batch_within(
+    budget_mib: float, m: int, dim: int, threads: int, resolution: int = 256, start: int = 1024
+) -> dict[str, Any]:
+    """The largest batch within ``budget_mib`` MiB for ``LARGE_BATCH_LOSS`` (doubling, bisection).
+
+    The batch is a multiple of ``resolution`` whose forward + backward grows the peak resident
+    memory by at most ``budget_mib``; the search doubles from ``start``, then bisects.
+    Returns the largest batch that fits and its probe, the smallest that does not and its probe,
+    and every probe made (batch -> MiB or the error).
+    """
+    probes: dict[int, dict[str, float] | str] = {}
+
+    def fits(batch: int) -> bool:
+        probes[batch] = run_probe(LARGE_BATCH_LOSS, batch, m, dim, threads)
+        result = probes[batch]
+        return isinstance(result, dict) and result["peak_growth_mib"] <= budget_mib
+
+    low, high = 0, start
+    while high <= 2**17 and fits(high):  # 2**17: a (B, B) float32 block of 64 GiB
+        low, high = high, 2 * high
+    while high - low > resolution:
+        middle = (low + high) // 2 // resolution * resolution
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return {
+        "budget_mib": budget_mib,
+        "largest": low,
+        "largest_probe": probes.get(low),
+        "too_large": high,
+        "too_large_probe": probes[high],
+        "probes": dict(sorted(probes.items())),
+    }
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -275,12 +379,19 @@ def render_section(
     times: dict[str, list[float]],
     memory: dict[tuple[str, int], dict[str, float] | str],
     n_train_classes: int,
+    surrogate_memory: dict[tuple[str, int], dict[str, float] | str] | None = None,
+    largest: dict[str, Any] | None = None,
+    counts: dict[str, DispatchCounter] | None = None,
+    load: tuple[float, float] | None = None,
+    cpu_times: dict[str, list[float]] | None = None,
 ) -> tuple[str, list[str]]:
     """The markdown of the "## Losses" section, and the target check lines."""
     import pytorch_metric_learning
 
     medians = {name: statistics.median(v) for name, v in times.items() if v}
     reference = medians.get(TARGET_REFERENCE)
+    cpu = {name: statistics.median(v) for name, v in (cpu_times or {}).items() if v}
+    cpu_reference = cpu.get(TARGET_REFERENCE)
     # The heading stays outside the markers: the retrieval benchmark replaces its own section up
     # to the next "## " heading, which must not swallow the start marker.
     heading, start, end = section_markers(args.device)
@@ -290,10 +401,16 @@ def render_section(
         "",
         start,
         f"Generated by `python benchmarks/bench_losses.py{' --quick' if args.quick else ''}"
-        f"{device_flag}` on "
+        f"{device_flag}{_flags(args)}` on "
         f"{time.strftime('%Y-%m-%d')}: torch {torch.__version__}, pytorch-metric-learning "
         f"{pytorch_metric_learning.__version__}, {cpu_name()}, "
-        f"`torch.set_num_threads({torch.get_num_threads()})`.",
+        f"`torch.set_num_threads({torch.get_num_threads()})`"
+        + (
+            f", load average {load[0]:.1f} at the start and {load[1]:.1f} at the end "
+            f"({os.cpu_count()} cores)."
+            if load
+            else "."
+        ),
         "",
         f"### Forward + backward time, batch {args.classes * args.m} "
         f"({args.classes} classes x {args.m}), dimension {args.dim}, float32, "
@@ -304,65 +421,83 @@ def render_section(
         "(inside (-1, 1), valid for the hashing losses too). rankwise losses come from "
         "`rankwise.losses.build_loss(name, train_labels=..., embedding_dim="
         f"{args.dim})` (SOPRC's per-class state sized by a {n_train_classes}-class "
-        "training set shaped like Stanford Online Products); PML losses are called directly.",
+        "training set shaped like Stanford Online Products); PML losses are called directly. "
+        "Labels are on the host, as the data loader gives them (PML moves them to the device). "
+        "The last two columns count one more step (forward + backward, training mode) with "
+        "`rankwise._dispatch.DispatchCounter`: aten operations on the embeddings' side that are "
+        "not views (kernel launches on an accelerator), and device syncs (`.item()`, `nonzero`, "
+        "boolean-mask indexing, ... on data derived from the embeddings or the loss's buffers; "
+        "on the labels they are host work, not counted). CPU ms is the process CPU time of "
+        "the same calls (`time.process_time`), which leaves out the time spent waiting for a "
+        "core on a shared machine.",
         "",
-        "| loss | source | median ms | min ms | ratio to PML FastAP |",
-        "|---|---|---:|---:|---:|",
+        "| loss | source | median ms | min ms | ratio to PML FastAP | median CPU ms | CPU ratio "
+        "| device kernels | device syncs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    counts = counts or {}
     for case in cases:
         if case.name in medians:
             ratio = f"{medians[case.name] / reference:.2f}" if reference else "n/a"
+            cpu_ms = _fmt_ms(cpu[case.name]) if case.name in cpu else "n/a"
+            cpu_ratio = (
+                f"{cpu[case.name] / cpu_reference:.2f}"
+                if case.name in cpu and cpu_reference
+                else "n/a"
+            )
+            counter = counts.get(case.name)
+            ops = f"{counter.n_kernels} | {counter.n_syncs}" if counter else "n/a | n/a"
             lines.append(
                 f"| {case.name} | {case.source} | {_fmt_ms(medians[case.name])} | "
-                f"{_fmt_ms(min(times[case.name]))} | {ratio} |"
+                f"{_fmt_ms(min(times[case.name]))} | {ratio} | {cpu_ms} | {cpu_ratio} | {ops} |"
             )
         else:
-            lines.append(f"| {case.name} | {case.source} | {case.error} | | |")
+            lines.append(f"| {case.name} | {case.source} | {case.error} | | | | | | |")
 
     checks = []
     for name in TARGET_LOSSES:
         if name in medians and reference:
             ratio = medians[name] / reference
             verdict = "met" if ratio <= 1.0 else "NOT met"
+            cpu_note = (
+                f"; CPU time ratio {cpu[name] / cpu_reference:.2f}"
+                if name in cpu and cpu_reference
+                else ""
+            )
             checks.append(
                 f"target: {name} no slower than {TARGET_REFERENCE}: time ratio {ratio:.2f} "
-                f"({_fmt_ms(medians[name])} ms vs {_fmt_ms(reference)} ms) -- {verdict}"
+                f"({_fmt_ms(medians[name])} ms vs {_fmt_ms(reference)} ms{cpu_note}) -- {verdict}"
             )
         else:
             checks.append(f"target: {name} no slower than {TARGET_REFERENCE}: not measured")
+    for name in (*TARGET_LOSSES, TARGET_REFERENCE):
+        if name in counts:
+            checks.append(f"counts: {name}: {counts[name].summary()}")
     lines += ["", "Target: SOPRC, AP and AUC losses no slower than PML FastAP.", ""]
     lines += [f"- {c}" for c in checks]
     if args.memory_batch_sizes:
         lines += _memory_lines(args, memory)
+    if args.surrogate_batch_sizes:
+        lines += _surrogate_lines(args, surrogate_memory or {}, largest)
     lines.append(end)
     return "\n".join(lines) + "\n", checks
 
 
-def _memory_lines(
-    args: argparse.Namespace, memory: dict[tuple[str, int], dict[str, float] | str]
+def _memory_table(
+    implementations: tuple[str, ...],
+    batch_sizes: list[int],
+    memory: dict[tuple[str, int], dict[str, float] | str],
 ) -> list[str]:
-    """The Smooth-AP peak-memory table (CPU resident memory)."""
+    """Rows of MiB and one-call ms per batch size, then the growth exponent of each column."""
+    names = [MEMORY_LABELS[i] for i in implementations]
     lines = [
-        "",
-        f"### Smooth-AP peak memory vs batch size (m = {args.m}, dimension {args.dim})",
-        "",
-        "Each cell is one forward + backward in a fresh subprocess, after imports, input "
-        "creation and a warm-up call on 2 classes: the growth of the peak resident set size "
-        "during the call (`VmHWM` reset to the current size through `/proc/self/clear_refs` "
-        "just before it; `ru_maxrss` where that is unavailable, `<=` marking an upper bound). "
-        "This counts every byte the call really touches at its peak (intermediates and "
-        "autograd's saved tensors), which `torch.profiler`'s per-operator allocation counts do "
-        "not add up to. "
-        "PML's Smooth-AP materialises (B, B, B) tensors; ours works on (anchor, positive, "
-        "reference) triples, B x (m - 1) x B for a fixed m.",
-        "",
-        "| batch | rankwise SmoothAPLoss MiB | PML SmoothAPLoss MiB | rankwise ms (1 call) "
-        "| PML ms (1 call) |",
-        "|---:|---:|---:|---:|---:|",
-    ]
-    for batch_size in args.memory_batch_sizes:
+        "| batch | " + " | ".join(f"{n} MiB" for n in names) + " | "
+        + " | ".join(f"{n} ms (1 call)" for n in names) + " |",
+        "|---:|" + "---:|" * (2 * len(names)),
+    ]  # fmt: skip
+    for batch_size in batch_sizes:
         cells_mem, cells_time = [], []
-        for implementation in SMOOTH_AP_IMPLEMENTATIONS:
+        for implementation in implementations:
             result = memory.get((implementation, batch_size))
             if isinstance(result, dict):
                 prefix = "<= " if result["upper_bound"] else ""
@@ -373,30 +508,107 @@ def _memory_lines(
                 cells_time.append("")
         lines.append(f"| {batch_size} | {' | '.join(cells_mem)} | {' | '.join(cells_time)} |")
     exponents = []
-    sizes = args.memory_batch_sizes
-    for implementation in SMOOTH_AP_IMPLEMENTATIONS:
+    for implementation in implementations:
         first, last = (
-            memory.get((implementation, sizes[0])),
-            memory.get((implementation, sizes[-1])),
+            memory.get((implementation, batch_sizes[0])),
+            memory.get((implementation, batch_sizes[-1])),
         )
         if (
-            len(sizes) > 1
+            len(batch_sizes) > 1
             and isinstance(first, dict)
             and isinstance(last, dict)
             and min(first["peak_growth_mib"], last["peak_growth_mib"]) > 0
         ):
             slope = np.log(last["peak_growth_mib"] / first["peak_growth_mib"]) / np.log(
-                sizes[-1] / sizes[0]
+                batch_sizes[-1] / batch_sizes[0]
             )
-            exponents.append(f"{implementation} ~ B^{slope:.2f}")
+            exponents.append(f"{MEMORY_LABELS[implementation]} ~ B^{slope:.2f}")
     if exponents:
         lines += [
             "",
-            f"Growth from batch {sizes[0]} to {sizes[-1]}: {', '.join(exponents)} "
-            "(memory ~ B^k; with m fixed, B x (m - 1) x B is k = 2, (B, B, B) tensors k = 3; "
-            "small batches are dominated by fixed overheads, so k is an underestimate).",
+            f"Growth from batch {batch_sizes[0]} to {batch_sizes[-1]}: {', '.join(exponents)} "
+            "(memory ~ B^k; small batches are dominated by fixed overheads, so k is an "
+            "underestimate).",
         ]
     return lines
+
+
+_PROBE_METHOD = (
+    "Each cell is one forward + backward in a fresh subprocess, after imports, input "
+    "creation and a warm-up call on 2 classes: the growth of the peak resident set size "
+    "during the call (`VmHWM` reset to the current size through `/proc/self/clear_refs` "
+    "just before it; `ru_maxrss` where that is unavailable, `<=` marking an upper bound). "
+    "This counts every byte the call really touches at its peak (intermediates and "
+    "autograd's saved tensors), which `torch.profiler`'s per-operator allocation counts do "
+    "not add up to."
+)
+
+
+def _memory_lines(
+    args: argparse.Namespace, memory: dict[tuple[str, int], dict[str, float] | str]
+) -> list[str]:
+    """The Smooth-AP peak-memory table (CPU resident memory)."""
+    lines = [
+        "",
+        f"### Smooth-AP peak memory vs batch size (m = {args.m}, dimension {args.dim})",
+        "",
+        _PROBE_METHOD + " PML's Smooth-AP materialises (B, B, B) tensors; ours works on (anchor, "
+        "positive, reference) triples, B x (m - 1) x B for a fixed m.",
+        "",
+    ]
+    return lines + _memory_table(SMOOTH_AP_IMPLEMENTATIONS, args.memory_batch_sizes, memory)
+
+
+def _surrogate_lines(
+    args: argparse.Namespace,
+    memory: dict[tuple[str, int], dict[str, float] | str],
+    largest: dict[str, Any] | None,
+) -> list[str]:
+    """The ROADMAP / Recall@k / PML FastAP memory table and the largest Recall@k batch."""
+    lines = [
+        "",
+        f"### ROADMAP and Recall@k surrogate peak memory vs batch size, beside PML FastAP "
+        f"(m = {args.m}, dimension {args.dim})",
+        "",
+        _PROBE_METHOD + " ROADMAP and Recall@k hold the (B, B) scores and masks and build their "
+        "(anchor-positive pair, reference) differences in blocks of at most 2^22 entries, "
+        "recomputed in the backward pass; PML FastAP builds (bins + 1, B, B) histogram tensors.",
+        "",
+    ]
+    lines += _memory_table(SURROGATE_IMPLEMENTATIONS, args.surrogate_batch_sizes, memory)
+    if largest is not None:
+        lines += ["", _largest_batch_line(args, largest)]
+    return lines
+
+
+def _largest_batch_line(args: argparse.Namespace, largest: dict[str, Any]) -> str:
+    """The sentence stating the largest Recall@k batch within the budget, with its probes."""
+    fit, over = largest["largest_probe"], largest["too_large_probe"]
+    probes = ", ".join(
+        f"{b}: {r['peak_growth_mib']:.0f} MiB" if isinstance(r, dict) else f"{b}: {r}"
+        for b, r in largest["probes"].items()
+    )
+    fit_text = (
+        f"{fit['peak_growth_mib']:.0f} MiB, {fit['seconds']:.1f} s for the call"
+        if isinstance(fit, dict)
+        else str(fit)
+    )
+    over_text = f"{over['peak_growth_mib']:.0f} MiB" if isinstance(over, dict) else str(over)
+    return (
+        f"**Recall@k surrogate, large batches:** the largest batch (a multiple of 256, "
+        f"{args.m} samples per class, dimension {args.dim}, float32, CPU) whose forward + "
+        f"backward grows the peak resident memory by at most {largest['budget_mib']:.0f} MiB "
+        f"is **{largest['largest']}** ({fit_text}); {largest['too_large']} takes {over_text}. "
+        f"Probes (doubling from 1024, then bisection): {probes}."
+    )
+
+
+def _flags(args: argparse.Namespace) -> str:
+    """The options of this run that change its numbers (threads, repeats), as typed."""
+    flags = "" if args.threads is None else f" --threads {args.threads}"
+    if args.repeats != (3 if args.quick else 30):
+        flags += f" --repeats {args.repeats}"
+    return flags
 
 
 def _device_name(device: str) -> str:
@@ -451,6 +663,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="batch sizes of the Smooth-AP memory sweep (multiples of --m)",
     )
     parser.add_argument(
+        "--surrogate-batch-sizes",
+        type=int,
+        nargs="*",
+        default=None,
+        help="batch sizes of the ROADMAP / Recall@k / PML FastAP memory sweep (multiples of --m)",
+    )
+    parser.add_argument(
+        "--budget-mib",
+        type=float,
+        default=None,
+        help="search the largest Recall@k batch within this peak-memory growth (default 2048; "
+        "--quick and 0: no search)",
+    )
+    parser.add_argument(
         "--output",
         type=Path,
         default=None,
@@ -460,33 +686,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--device",
         default="cpu",
-        help="device of the timed calls (cpu, cuda, ...); off the CPU the Smooth-AP memory sweep "
-        "(CPU resident memory) is skipped and the section is '## Losses on <device type>'",
+        help="device of the timed calls (cpu, cuda, ...); off the CPU the memory sweeps and the "
+        "largest-batch search (CPU resident memory) are skipped and the section is "
+        "'## Losses on <device type>'",
     )
     parser.add_argument(
-        "--memory-probe", choices=SMOOTH_AP_IMPLEMENTATIONS, default=None, help=argparse.SUPPRESS
+        "--memory-probe", choices=tuple(MEMORY_LABELS), default=None, help=argparse.SUPPRESS
     )
     parser.add_argument("--probe-batch", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    _fill_defaults(args)
+    _check(parser, args)
+    return args
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """The defaults that depend on --quick and --device."""
     if args.repeats is None:
         args.repeats = 3 if args.quick else 30
     if args.warmup is None:
         args.warmup = 1 if args.quick else 5
     if args.memory_batch_sizes is None:
         args.memory_batch_sizes = [64, 128] if args.quick else [64, 128, 224, 448]
+    if args.surrogate_batch_sizes is None:
+        args.surrogate_batch_sizes = [64, 128] if args.quick else [224, 448, 896, 1792]
+    if args.budget_mib is None:
+        args.budget_mib = 0.0 if args.quick else 2048.0
     if torch.device(args.device).type != "cpu":
-        args.memory_batch_sizes = []
+        args.memory_batch_sizes, args.surrogate_batch_sizes, args.budget_mib = [], [], 0.0
     if args.output is None and not args.quick:
         args.output = DEFAULT_OUTPUT
+
+
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse values the measurements cannot use (parser.error exits)."""
     for name in ("repeats", "classes", "m", "dim"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
     if args.classes < 2:
         parser.error("--classes must be >= 2 (ranking needs negatives)")
-    bad = [b for b in args.memory_batch_sizes if b < 2 * args.m or b % args.m]
-    if bad:
-        parser.error(f"--memory-batch-sizes {bad}: each must be a multiple of --m and >= 2 * m")
-    return args
+    for option in ("memory_batch_sizes", "surrogate_batch_sizes"):
+        bad = [b for b in getattr(args, option) if b < 2 * args.m or b % args.m]
+        if bad:
+            flag = "--" + option.replace("_", "-")
+            parser.error(f"{flag} {bad}: each must be a multiple of --m and >= 2 * m")
+    if args.budget_mib < 0 or (args.budget_mib and 256 % args.m):
+        parser.error("--budget-mib must be >= 0 (0: no search), with --m dividing 256")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,18 +751,44 @@ def main(argv: list[str] | None = None) -> int:
     # hashing losses included (they take relaxed codes, tanh outputs, and refuse the rest)
     gaussian = torch.randn(args.classes * args.m, args.dim, generator=generator)
     embeddings = (0.95 * torch.tanh(gaussian)).to(device)
-    labels = pk_labels(args.classes, args.m).to(device)
+    labels = pk_labels(args.classes, args.m)  # on the host, as a data loader gives them
 
     cases = rankwise_cases(train_labels, args.dim) + pml_cases()
     cases_to(cases, device)
-    times = time_cases(cases, embeddings, labels, args.repeats, args.warmup)
-    memory = measure_memory(args.memory_batch_sizes, args.m, args.dim, torch.get_num_threads())
-    section, checks = render_section(args, cases, times, memory, n_train_classes)
+    load_start = os.getloadavg()[0]
+    cpu_times: dict[str, list[float]] = {}
+    times = time_cases(cases, embeddings, labels, args.repeats, args.warmup, cpu_times)
+    load = (load_start, os.getloadavg()[0])
+    counts = count_cases(cases, embeddings, labels)
+    threads = torch.get_num_threads()
+    memory = measure_memory(args.memory_batch_sizes, args.m, args.dim, threads)
+    surrogate_memory = measure_memory(
+        args.surrogate_batch_sizes, args.m, args.dim, threads, SURROGATE_IMPLEMENTATIONS
+    )
+    largest = (
+        largest_batch_within(args.budget_mib, args.m, args.dim, threads)
+        if args.budget_mib
+        else None
+    )
+    section, checks = render_section(
+        args,
+        cases,
+        times,
+        memory,
+        n_train_classes,
+        surrogate_memory,
+        largest,
+        counts=counts,
+        load=load,
+        cpu_times=cpu_times,
+    )
 
     print(section)
     for line in checks:
         print(line)
-    failures = [c for c in cases if c.error] + [v for v in memory.values() if isinstance(v, str)]
+    failures = [c for c in cases if c.error] + [
+        v for v in (*memory.values(), *surrogate_memory.values()) if isinstance(v, str)
+    ]
     if failures:
         print(
             f"{len(failures)} measurement(s) failed (see the table); "

@@ -66,17 +66,22 @@ def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
     }
 
 
-def wait_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> list[tuple[int, str]]:
+def wait_ranks(
+    args: list[str], world_size: int = 2, timeout: float = 240, extra_env=None
+) -> list[tuple[int, str]]:
     """Run ``python *args`` as ``world_size`` ranks; each rank's exit code and output.
 
     A rank still running after ``timeout`` seconds (waiting in a collective another rank never
-    joined) is killed: the test fails with a timeout.
+    joined) is killed: the test fails with a timeout. ``extra_env(rank)`` adds variables.
     """
     port = free_port()
     procs = [
         subprocess.Popen(
             [sys.executable, *args],
-            env=rank_environment(rank, world_size, port),
+            env={
+                **rank_environment(rank, world_size, port),
+                **(extra_env(rank) if extra_env is not None else {}),
+            },
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

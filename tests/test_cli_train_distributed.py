@@ -84,9 +84,52 @@ def test_every_rank_is_refused_when_the_run_folder_is_in_use(launch_ranks_unchec
             ["-m", "rankwise", "train", "-c", str(config), "--output", str(run_dir)]
         )
     assert [code for code, _ in ranks] == [2, 2], ranks
-    for _, output in ranks:
-        assert f"is in use by pid {os.getpid()}" in " ".join(output.split()), output
+    # rank 0 alone says it (issue 30: every rank printed the same line)
+    assert f"is in use by pid {os.getpid()}" in " ".join(ranks[0][1].split()), ranks
+    assert "in use" not in ranks[1][1], ranks
     assert not run_dir.exists()  # nothing was written
+
+
+def test_a_message_every_rank_would_print_is_printed_once_and_recorded_for_torchrun(
+    launch_ranks_unchecked, tmp_path
+):
+    """Issue 30 item 4: a config error (every rank raises it) is printed by rank 0 alone; each
+    rank writes it to its torchrun error file, which torchrun's failure summary shows."""
+    config = tmp_path / "digits.yaml"
+    config.write_text(DIGITS)
+    ranks = launch_ranks_unchecked(
+        ["-m", "rankwise", "train", "-c", str(config), "sampler.batch_size=oops"],
+        extra_env=lambda rank: {"TORCHELASTIC_ERROR_FILE": str(tmp_path / f"error{rank}.json")},
+    )
+    assert [code for code, _ in ranks] == [2, 2], ranks
+    assert ranks[0][1].count("config error: invalid config:") == 1, ranks
+    assert "config error" not in ranks[1][1], ranks
+    for rank in (0, 1):
+        recorded = json.loads((tmp_path / f"error{rank}.json").read_text())["message"]
+        assert recorded["message"].startswith("config error: invalid config:")
+        assert "sampler.batch_size" in recorded["message"]
+        assert int(recorded["extraInfo"]["timestamp"]) > 0
+
+
+def test_a_failed_torchrun_job_shows_the_message_once_and_in_its_summary(tmp_path):
+    """What docs/distributed.md shows: torchrun's own summary names the failed rank and, as its
+    `traceback :` line, rankwise's one-line message; above it the message is printed once."""
+    config = tmp_path / "digits.yaml"
+    config.write_text(DIGITS)
+    proc = torchrun(["-c", str(config), "--output", str(tmp_path / "x"), "sampler.m=oops"])
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 1, output  # torchrun's own code for a failed job
+    above, summary = output.split("Root Cause (first observed failure):")
+    said = [" ".join(line.split()) for line in above.splitlines()]
+    # printed by rank 0 alone (once; not at all if torchrun stopped rank 0 first when rank 1
+    # failed before it: the summary says it then)
+    assert said.count("config error: invalid config:") in (0, 1), output
+    assert "config error: invalid config:" in said or "rank : 1" in " ".join(summary.split())
+    # the root cause's `traceback :` line is the message
+    root = [" ".join(line.split()) for line in summary.splitlines()]
+    assert "traceback : config error: invalid config:" in root, output
+    assert any(line.startswith("sampler.m: Input should be a valid integer") for line in root)
+    assert "new message format" not in output  # the error file is written as torch's @record does
 
 
 DIGITS = """\
@@ -134,7 +177,7 @@ def test_torchrun_interrupted_with_ctrl_c_and_resumed_matches_uninterrupted(
     stopped_at = load_checkpoint(run_dir / "checkpoints" / "last.pt")["step"]
     assert 4 <= stopped_at < 40, output
     said = " ".join(output.split())
-    assert f"training interrupted (Ctrl-C) at step {stopped_at}/40" in said
+    assert said.count(f"training interrupted (Ctrl-C) at step {stopped_at}/40") == 1, output
     assert f"torchrun --nproc-per-node 2 -m rankwise train --resume {run_dir}" in said
     resumed = torchrun(["--resume", str(run_dir)])
     assert resumed.wait(timeout=600) == 0, resumed.communicate()[0]

@@ -146,9 +146,13 @@ def test_long_readme_commands_carry_their_duration():
 
 def test_readme_make_test_time_names_the_machine_and_the_command():
     paragraphs = [squeeze(p) for p in README.read_text().split("\n\n")]
-    claims = [p for p in paragraphs if re.search(r"`make test` runs about [\d,]+ tests", p)]
+    claims = [p for p in paragraphs if re.search(r"`make test` runs every test not marked slow", p)]
     assert len(claims) == 1, "README should say once how long `make test` takes"
     claim = claims[0]
+    # no count of tests: it goes stale at the next commit that adds one (issue 30); only the size
+    # of the suite when the time was measured
+    measured = claim.split("when the suite counted")[0]
+    assert not re.search(r"\d[\d,]* (?:tests|passed)", measured), claim
     assert "`time make test`" in claim, claim
     assert re.search(r"\b\d+-core\b", claim) and "AMD EPYC" in claim, claim
     assert re.search(r"\bload", claim), claim  # and that a loaded machine takes longer

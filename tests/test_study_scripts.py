@@ -131,7 +131,7 @@ def test_pretrained_table_refuses_missing_folders(args, capsys):
 # A stand-in for the rankwise CLI: records each call's arguments and finishes the run at once.
 FAKE_RANKWISE = """#!/usr/bin/env bash
 echo "$*" >> "$CALLS"
-while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+while [ $# -gt 0 ]; do case $1 in -o | --resume) out=$2 ;; esac; shift; done
 mkdir -p "$out"
 touch "$out/pretrained.pt"
 echo '{"status": "completed"}' > "$out/report.json"
@@ -198,3 +198,147 @@ def test_sampling_rate_study_pretrains_with_the_given_seed_only(tmp_path):
     (tmp_path / "plain").mkdir()
     plain, calls = _study(tmp_path / "plain", **subset)
     assert plain.returncode == 0 and "seed=" not in calls[0]
+
+
+def test_sampling_rate_summary_adds_roadmap_and_recall_at_k_only_when_asked(tmp_path):
+    """Issue 33's losses have labels in the study but are not in its default list: the default
+    summary is the 210-run study's, `--losses` adds their rows."""
+    summary = _script("summarize_sampling_rate")
+    out = tmp_path / "study"
+    for loss, value in {"roadmap": 0.61, "recall_at_k": 0.58, "soprc": 0.60}.items():
+        for seed in range(3):
+            _run(out / "pretrained" / "fb_k2" / loss / f"seed{seed}", value)
+    assert summary.main([str(out), "--markdown", str(tmp_path / "default.md")]) == 0
+    default = (tmp_path / "default.md").read_text()
+    assert "ROADMAP" not in default and "Recall@k" not in default
+    assert "Unfinished runs: 207 of 210." in default
+    args = ["--starts", "pretrained", "--cells", "fb_k2", "fb_k8"]
+    args += ["--losses", "soprc", "roadmap", "recall_at_k", "--markdown", str(tmp_path / "t.md")]
+    assert summary.main([str(out), *args]) == 0
+    text = (tmp_path / "t.md").read_text()
+    rows = {line.split(" | ")[0]: line for line in text.split("fixed 16 classes")[0].splitlines()}
+    assert rows["| ROADMAP"].startswith("| ROADMAP | 61.00 ± 0.00 | not run | — |")
+    assert rows["| Recall@k surrogate"].startswith("| Recall@k surrogate | 58.00 ± 0.00 |")
+    # 2 cells x 3 losses x 3 seeds
+    assert "Unfinished runs: 9 of 18." in text
+
+
+def test_pretrained_table_has_rows_for_roadmap_and_recall_at_k(tmp_path):
+    table = _script("pretrained_table")
+    bench = tmp_path / "surrogates"
+    for seed in range(3):
+        _run(bench / "roadmap" / f"seed{seed}", 0.7)
+        _run(bench / "recall_at_k" / f"seed{seed}", 0.65)
+    text, missing = table.table(None, [bench])
+    rows = {line.split(" | ")[0]: line for line in text.splitlines()}
+    assert rows["| ROADMAP"].startswith("| ROADMAP | 70.00 ± 0.00")
+    assert rows["| Recall@k surrogate"].startswith("| Recall@k surrogate | 65.00 ± 0.00")
+    assert not any(m.startswith(("roadmap", "recall_at_k")) for m in missing)
+
+
+def test_study_driver_runs_roadmap_and_recall_at_k_when_listed(tmp_path):
+    subset = {"SEEDS": "0", "STARTS": "pretrained", "CELLS_RUN": "fb_k8"}
+    result, calls = _study(tmp_path, LOSSES_RUN="roadmap recall_at_k", **subset)
+    assert result.returncode == 0, result.stderr
+    _, roadmap, recall = calls
+    assert "loss.name=roadmap" in roadmap and "loss.name=recall_at_k" in recall
+    assert "sampler.m=8 sampler.batch_size=64" in recall and "model.pretrained=" in recall
+
+
+# A stand-in for `rankwise bench`: records the call; a sweep it starts gets its sweep.json.
+FAKE_BENCH = """#!/usr/bin/env bash
+echo "$*" >> "$CALLS"
+while [ $# -gt 0 ]; do [ "$1" = -o ] && mkdir -p "$2" && touch "$2/sweep.json"; shift; done
+"""
+
+
+def test_pretrained_bench_runs_the_surrogate_sweeps_and_resumes_a_started_one(tmp_path):
+    fake = tmp_path / "rankwise"
+    fake.write_text(FAKE_BENCH)
+    fake.chmod(0o755)
+    study, out, calls = tmp_path / "study", tmp_path / "bench", tmp_path / "calls.txt"
+    (study / "pretraining").mkdir(parents=True)
+    (study / "pretraining" / "pretrained.pt").touch()
+    inherited = {k: v for k, v in os.environ.items() if k not in ("SWEEPS", "BACKBONE_LR_MULT")}
+
+    def run(**env: str) -> list[str]:
+        calls.write_text("")
+        full = {**inherited, "RANKWISE": str(fake), "CALLS": str(calls), **env}
+        script = STUDIES / "pretrained_bench.sh"
+        done = subprocess.run(
+            ["bash", str(script), str(study), str(out)],
+            cwd=STUDIES.parents[1],
+            env=full,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return calls.read_text().splitlines()
+
+    roadmap, recall = run(SWEEPS="roadmap recall_at_k")
+    assert roadmap.startswith(f"bench -d fashion-mnist-instances --seeds 3 -o {out}/roadmap ")
+    assert "--losses roadmap " in roadmap and "k_temperature" not in roadmap
+    # the paper's tau1 from the pretrained start, over the config's from-scratch override
+    assert "--losses recall_at_k loss.params.k_temperature=1.0 " in recall
+    for call in (roadmap, recall):
+        assert f"model.pretrained={study}/pretraining" in call and "budget.iterations=800" in call
+    # all four sweeps: the started ones are resumed, the two others start
+    xbm, others, *resumed = run()
+    assert "--losses xbm loss.params.start_iteration=400" in xbm
+    assert "--losses triplet,multi_similarity,dir,blackbox_ap,auc" in others
+    assert resumed == [f"bench --resume {out}/roadmap", f"bench --resume {out}/recall_at_k"]
+
+
+def test_sampling_rate_study_resumes_an_interrupted_pretraining(tmp_path):
+    subset = {"SEEDS": "0", "STARTS": "pretrained", "CELLS_RUN": "fb_k2", "LOSSES_RUN": "ap"}
+    # what an interrupted `rankwise pretrain` leaves: a checkpoint and no pretrained.pt
+    (tmp_path / "out" / "pretraining" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "out" / "pretraining" / "checkpoints" / "last.pt").touch()
+    result, calls = _study(tmp_path, **subset)
+    assert result.returncode == 0, result.stderr
+    resume, train = calls
+    assert resume.startswith("pretrain --resume ") and resume.endswith("out/pretraining")
+    assert train.startswith("train ")
+    assert (tmp_path / "out" / "pretraining" / "pretrained.pt").is_file()
+
+
+def test_positive_share_of_each_cell():
+    summary = _script("summarize_sampling_rate")
+    # 1 of 63 partners at K = 2 in a batch of 64; 7 of 127 at K = 8 in a batch of 128
+    assert summary.positive_share("fb_k2") == 1 / 63
+    assert summary.positive_share("fc_k8") == 7 / 127
+    text = summary.tables(Path("nowhere"), starts=("pretrained",))
+    assert "K = 2: 3.2 %, K = 4: 4.8 %, K = 8: 5.5 %" in text  # fixed 16 classes
+    assert "K = 2: 1.6 %, K = 4: 4.8 %, K = 8: 11.1 %" in text  # fixed batch of 64
+
+
+def test_pretraining_variance_over_study_folders(tmp_path, capsys):
+    summary = _script("summarize_sampling_rate")
+    outs = [tmp_path / f"pre{i}" for i in range(3)]
+    values = {  # (loss, pretraining) -> (K = 2, K = 8)
+        "soprc": ((0.80, 0.66), (0.82, 0.70), (0.81, 0.71)),
+        "ap": ((0.81, 0.70), (0.83, 0.72), (0.80, 0.69)),
+    }
+    for loss, by_pretraining in values.items():
+        for out, (k2, k8) in zip(outs, by_pretraining, strict=True):
+            _run(out / "pretrained" / "fb_k2" / loss / "seed0", k2)
+            _run(out / "pretrained" / "fb_k8" / loss / "seed0", k8)
+    # a fine-tuning seed other than the one asked for is not read
+    _run(outs[2] / "pretrained" / "fb_k2" / "smooth_ap" / "seed1", 0.9)
+    args = [str(outs[0]), "--pretrainings", *map(str, outs[1:]), "--losses", "soprc", "ap"]
+    assert summary.main([*args, "--markdown", str(tmp_path / "v.md")]) == 0
+    text = (tmp_path / "v.md").read_text()
+    lines = text.splitlines()
+    assert (
+        "| SOPRC (defaults) | K = 2, batch 64, 1.6 % | 80.00 | 82.00 | 81.00 | 81.00 ± 1.00 |"
+        in lines
+    )
+    # drops 14 / 12 / 10 (SOPRC) against 11 / 11 / 11 (AP): SOPRC drops most under two of three
+    assert "| SOPRC (defaults) | 14.00 | 12.00 | 10.00 | 12.00 ± 2.00 |" in lines
+    assert "| *largest drop* | SOPRC (defaults) | SOPRC (defaults) | AP loss (biased) | |" in lines
+    assert "Missing runs: 0 of 12." in text
+    # the default losses of this mode are the claim's three: Smooth-AP's six runs are missing
+    assert summary.main([str(outs[0]), "--pretrainings", *map(str, outs[1:])]) == 0
+    assert "Missing runs: 6 of 18." in capsys.readouterr().out
+    assert summary.main([str(outs[0]), "--pretrainings", str(tmp_path / "nowhere")]) == 2

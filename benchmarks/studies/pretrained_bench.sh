@@ -9,9 +9,14 @@
 # config (300 of 600).
 #   bash benchmarks/studies/pretrained_bench.sh [STUDY_OUT] [OUT]
 #       (defaults: runs/study21 and runs/bench21_pre)
-#   python benchmarks/studies/pretrained_table.py --study STUDY_OUT --bench OUT/xbm OUT/others
-# 18 runs of 2-4 min on one core of the 2-core development machine. `rankwise bench --resume DIR`
-# continues an interrupted sweep.
+#   python benchmarks/studies/pretrained_table.py --study STUDY_OUT \
+#       --bench OUT/xbm OUT/others OUT/roadmap OUT/recall_at_k
+# Four sweeps: xbm, others (triplet, multi-similarity, DIR, BlackBox-AP, AUC), roadmap and
+# recall_at_k (issue 33; the Recall@k surrogate with the paper's tau1 = 1, which the config widens
+# to 16 for its from-scratch start); 24 runs of 2-4 min on one core of the 2-core development
+# machine. SWEEPS (space-separated names, default all four) restricts them; a sweep already
+# started (its OUT/<name>/sweep.json) is resumed (`rankwise bench --resume`), so running the
+# script again finishes an interrupted sweep or adds a new one without touching the others.
 set -euo pipefail
 STUDY=${1:-runs/study21}
 OUT=${2:-runs/bench21_pre}
@@ -26,9 +31,21 @@ if [ ! -f "$STUDY/pretraining/pretrained.pt" ]; then
     exit 2
 fi
 mkdir -p "$OUT"
-# shellcheck disable=SC2086
-$RANKWISE bench -d fashion-mnist-instances --seeds 3 -o "$OUT/xbm" --losses xbm $P \
-    loss.params.start_iteration=400
-# shellcheck disable=SC2086
-$RANKWISE bench -d fashion-mnist-instances --seeds 3 -o "$OUT/others" $P \
-    --losses triplet,multi_similarity,dir,blackbox_ap,auc
+sweep() {
+    local name=$1
+    shift
+    case " ${SWEEPS:-xbm others roadmap recall_at_k} " in
+        *" $name "*) ;;
+        *) return 0 ;;
+    esac
+    if [ -f "$OUT/$name/sweep.json" ]; then
+        $RANKWISE bench --resume "$OUT/$name"
+    else
+        # shellcheck disable=SC2086
+        $RANKWISE bench -d fashion-mnist-instances --seeds 3 -o "$OUT/$name" "$@" $P
+    fi
+}
+sweep xbm --losses xbm loss.params.start_iteration=400
+sweep others --losses triplet,multi_similarity,dir,blackbox_ap,auc
+sweep roadmap --losses roadmap
+sweep recall_at_k --losses recall_at_k loss.params.k_temperature=1.0

@@ -30,6 +30,8 @@ ROWS = [
     ("xbm", "XBM, released form (warm-up 400 steps)"),
     ("fastap", "FastAP (PML)"),
     ("smooth_ap", "Smooth-AP"),
+    ("roadmap", "ROADMAP"),
+    ("recall_at_k", "Recall@k surrogate"),
     ("dir", "DIR"),
     ("blackbox_ap", "BlackBox-AP (λ = 4)"),
     ("auc", "AUC loss (batch-all)"),

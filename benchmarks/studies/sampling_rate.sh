@@ -8,6 +8,11 @@
 # normalisation), AP, Smooth-AP, FastAP, contrastive, and SOPRC with detach_tpr=true (the released
 # gradient; added last to each cell's list). 210 runs of BUDGET steps (default 800, validation every
 # 80): 2-3 min each on one core of the 2-core development machine (4-6 when shared), 8-10 CPU-hours.
+# Two more losses are known but not in the default list (issue 33): roadmap (ROADMAP) and
+# recall_at_k (the Recall@k surrogate, the paper's settings: a fine-tuning loss, no gradient from
+# scratch, docs/losses.md), e.g. the converged cells beside SOPRC, AP and Smooth-AP:
+#   LOSSES_RUN="roadmap recall_at_k" STARTS=pretrained CELLS_RUN="fb_k2 fb_k8" BUDGET=2400 \
+#   EVAL_EVERY=120 SCHEDULE=step bash benchmarks/studies/sampling_rate.sh runs/study21_conv
 #   bash benchmarks/studies/sampling_rate.sh [OUT]        (default OUT: runs/study21)
 #   python benchmarks/studies/summarize_sampling_rate.py OUT
 # Resumable: a finished run (report.json) is skipped, an interrupted one resumes from its
@@ -44,7 +49,10 @@ mkdir -p "$OUT"
 # one copy pretrains, the others wait for it
 exec {PRE}> "$OUT/pretraining.lock"
 flock "$PRE"
-if [ ! -f "$OUT/pretraining/pretrained.pt" ]; then
+if [ ! -f "$OUT/pretraining/pretrained.pt" ] && [ -f "$OUT/pretraining/checkpoints/last.pt" ]; then
+    # an interrupted pretraining (Ctrl-C, SIGTERM) continues from its checkpoint, bit for bit
+    $RANKWISE pretrain --resume "$OUT/pretraining"
+elif [ ! -f "$OUT/pretraining/pretrained.pt" ]; then
     $RANKWISE pretrain -c $CONFIG -o "$OUT/pretraining" --steps 400 --batch-size 128 $DATA $PRETRAIN_SEED
 fi
 exec {PRE}>&-
@@ -54,7 +62,8 @@ declare -A CELLS=([fb_k4]="4 64" [fb_k2]="2 64" [fb_k8]="8 64" [fc_k2]="2 32" [f
 declare -A LOSSES=([soprc]="loss.name=soprc" [soprc_numv]="loss.name=soprc loss.params.tpr_count=num_v"
     [ap]="loss.name=ap" [smooth_ap]="loss.name=smooth_ap" [fastap]="loss.name=fastap"
     [contrastive]="loss.name=contrastive"
-    [soprc_detach]="loss.name=soprc loss.params.detach_tpr=true")
+    [soprc_detach]="loss.name=soprc loss.params.detach_tpr=true"
+    [roadmap]="loss.name=roadmap" [recall_at_k]="loss.name=recall_at_k")
 for seed in ${SEEDS:-0 1 2}; do
     for start in ${STARTS:-pretrained scratch}; do
         START=""

@@ -11,6 +11,7 @@ function is a collective: all ranks of the group must call it, in the same order
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,10 +24,28 @@ __all__ = [
     "all_gather_small",
     "comm_device",
     "is_distributed",
+    "launch_rank",
     "padded_all_gather",
     "rank_and_world_size",
     "require_process_group",
 ]
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def launch_rank() -> int | None:
+    """This process's global rank as ``torchrun`` set it (``RANK``); ``None`` outside torchrun.
+
+    Read from the environment, so it is known before (and without) a process group: a message
+    every rank would print is printed by rank 0 alone.
+    """
+    if not all(key in os.environ for key in TORCHRUN_VARIABLES):
+        return None
+    try:
+        return int(os.environ["RANK"])
+    except ValueError:
+        return None
+
 
 # dtypes that may cross ranks, by a small integer code (the metadata of a gather is an int64 vector)
 DTYPE_CODES: tuple[torch.dtype, ...] = (

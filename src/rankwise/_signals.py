@@ -16,7 +16,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["HANDLED_SIGNALS", "SignalInterrupt", "handle_signals", "signal_number_of"]
+__all__ = [
+    "HANDLED_SIGNALS",
+    "SignalInterrupt",
+    "handle_signals",
+    "signal_label",
+    "signal_number_of",
+]
 
 HANDLED_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)
 
@@ -36,6 +42,11 @@ class SignalInterrupt(KeyboardInterrupt):
 def signal_number_of(exc: BaseException, default: int = signal.SIGINT) -> int:
     """The signal number behind the interruption ``exc`` (``default`` when it carries none)."""
     return int(getattr(exc, "signal_number", default))
+
+
+def signal_label(number: int) -> str:
+    """How messages name a signal: ``Ctrl-C`` for SIGINT, else its name (``SIGTERM``)."""
+    return "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
 
 
 @contextlib.contextmanager

@@ -64,9 +64,19 @@ def check_finite(t: torch.Tensor, name: str) -> None:
 
 
 def check_embeddings(
-    x: Any, name: str = "embeddings", device: torch.device | str | None = None, allow_empty=False
+    x: Any,
+    name: str = "embeddings",
+    device: torch.device | str | None = None,
+    allow_empty=False,
+    *,
+    finite: bool = True,
 ) -> torch.Tensor:
-    """Validate a 2-D floating (n, d) embedding matrix; integer / bool codes are cast to float32."""
+    """Validate a 2-D floating (n, d) embedding matrix; integer / bool codes are cast to float32.
+
+    ``finite=False`` checks the shape and dtype only and reads no value, so it never waits for
+    the device (the losses check the values on the device and raise later, see
+    ``rankwise.losses.base``).
+    """
     t = as_tensor(x, name, device)
     if t.ndim == 1:
         raise ValueError(
@@ -86,7 +96,8 @@ def check_embeddings(
         if t.is_complex():
             raise ValueError(f"`{name}` must be real-valued, got {t.dtype}.")
         t = t.to(torch.float32)
-    check_finite(t, name)
+    if finite:
+        check_finite(t, name)
     return t
 
 

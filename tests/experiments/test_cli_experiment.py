@@ -30,6 +30,34 @@ def test_help_lists_the_options():
         assert flag in result.output
 
 
+def test_help_says_what_an_interruption_keeps_before_it_starts():
+    for name in REGISTRY:
+        said = " ".join(_run(name, "--help").output.split())
+        assert "Ctrl-C / SIGTERM (exit 130 / 143) keep nothing" in said, name
+        assert "a line at least every 30 s" in said, name
+
+
+def test_long_experiments_report_their_parts_as_lines(tmp_path, monkeypatch):
+    """Without a terminal, a line each time a part finishes 30 s after the previous line; here
+    every part (interval 0), through the command line's display of hash-euclidean-ndcg."""
+    from rankwise.commands import experiment as command
+
+    original = command.ProgressDisplay.__init__
+
+    def every_part(self, name, console, every=30.0):
+        original(self, name, console, every=0.0)
+
+    monkeypatch.setattr(command.ProgressDisplay, "__init__", every_part)
+    result = _run("hash-euclidean-ndcg", "--quick", "--dataset", "digits", "-o", tmp_path)
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "parts done" in line]
+    # one code length x 6 methods; the last part is followed by the verdict, not a line
+    assert [line.split(" parts done")[0] for line in lines] == [
+        f"hash-euclidean-ndcg: {k}/6" for k in range(1, 6)
+    ]
+    assert "last dpsh 16 bits;" in lines[2]
+
+
 def test_run_writes_json_and_png_and_prints_one_verdict_line(tmp_path):
     out = tmp_path / "res.json"
     result = _run("auc-slope", "--quick", "--delta-s", "0.1,0.2", "--output", out)
@@ -43,9 +71,9 @@ def test_run_writes_json_and_png_and_prints_one_verdict_line(tmp_path):
 
     again = _run("auc-slope", "--quick", "--delta-s", "0.2", "--output", out)
     assert again.exit_code == 2
+    # the command line names its flags (the Python names were shown beside them: issue 30)
     assert again.output.strip() == (
-        f"error: {out} exists; pass --overwrite (overwrite=True) to replace it, or choose another "
-        "--output."
+        f"error: {out} exists; pass --overwrite to replace it, or choose another --output."
     )
     assert json.loads(out.read_text()) == payload  # untouched
     replaced = _run("auc-slope", "--quick", "--delta-s", "0.2", "--output", out, "--overwrite")

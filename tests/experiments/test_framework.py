@@ -96,7 +96,7 @@ def test_decorator_adds_output_and_writes_json(tmp_path):
     result = run(output=tmp_path / "out", seed=3)
     assert result.json_path == tmp_path / "out" / "toy.json"
     assert json.loads(result.json_path.read_text())["seed"] == 3
-    with pytest.raises(FileExistsError, match="--overwrite"):
+    with pytest.raises(FileExistsError, match="pass `overwrite`"):
         run(output=tmp_path / "out", seed=4)
     run(output=tmp_path / "out", seed=4, overwrite=True)
     assert json.loads(result.json_path.read_text())["seed"] == 4

@@ -19,6 +19,8 @@ RANKWISE_CLASSES = {
     "auc": ("rankwise.losses.auc", "AUCLoss"),
     "wilcoxon": ("rankwise.losses.auc", "WilcoxonLoss"),
     "smooth_ap": ("rankwise.losses.smooth_ap", "SmoothAPLoss"),
+    "roadmap": ("rankwise.losses.roadmap", "ROADMAPLoss"),
+    "recall_at_k": ("rankwise.losses.recall_at_k", "RecallAtKLoss"),
     "dir": ("rankwise.losses.dir", "DIRLoss"),
     "blackbox_ap": ("rankwise.losses.blackbox_ap", "BlackBoxAPLoss"),
     "tie_aware_ap": ("rankwise.losses.tie_aware", "TieAwareAPLoss"),

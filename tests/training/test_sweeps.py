@@ -152,3 +152,22 @@ def test_one_seed_tables_print_no_spread():
     }
     text = bench_table_markdown(summary)
     assert "±" not in text.split("|---")[1] and "one seed, so no spread is shown" in text
+
+
+def test_an_interrupted_bench_says_what_was_interrupted_once(tmp_path, monkeypatch):
+    """Issue 30: the message read `bench interrupted: bench interrupted in run ...: training
+    interrupted (Ctrl-C) ...; 0 of 2 runs finished (their rows are in bench.json ...)`."""
+    import yaml
+
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump(BASE))
+    interrupt_run(monkeypatch, 1, 2)
+    args = ["bench", "--config", str(config), "--losses", "auc,triplet", "--seeds", "1"]
+    result = CliRunner().invoke(app, [*args, "--output", str(tmp_path / "out")])
+    assert result.exit_code == 130, result.output
+    said = " ".join(result.output.split())
+    assert (
+        "bench interrupted (Ctrl-C) in run auc seed 0 at step 2/4: checkpoint saved at step 2; "
+        "no run had finished. Resume with: rankwise bench --resume"
+    ) in said, said
+    assert said.count(" interrupted") == 1 and "interrupted:" not in said, said

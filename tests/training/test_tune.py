@@ -7,6 +7,7 @@ grid error is reported before any training."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -309,3 +310,37 @@ def test_cli_tune_losses_all_tunes_every_loss_of_the_config(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "tune.json").read_text())
     assert [t["loss"] for t in summary["trials"]] == ["auc"]
+
+
+def test_cli_tune_overrides_win_over_quick_as_in_bench(tmp_path):
+    """Issue 30: `tune --quick ... budget.iterations=N` trained the quick budget's steps without a
+    word; the caller's KEY=VALUE wins, as `rankwise bench` applies it after the quick budget, and
+    tuned.yaml keeps that under `bench --quick` too."""
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump(BASE))  # bench.quick: the default 100 iterations, eval 50
+    out = tmp_path / "out"
+    args = ["tune", "--config", str(config), "--losses", "auc", "--grid", "optimizer.lr=0.001"]
+    args += ["--quick", "--output", str(out), "budget.iterations=4", "eval_every=2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "1 trial (1 run) on digits" in " ".join(result.output.split())  # was "1 trials (1 runs)"
+    run_dir = json.loads((out / "tune.json").read_text())["trials"][0]["run_dirs"][0]
+    assert json.loads((Path(run_dir) / "report.json").read_text())["steps"] == 4
+    tuned = yaml.safe_load((out / "tuned.yaml").read_text())
+    assert tuned["bench"]["quick"]["overrides"] == {"budget.epochs": None}
+    (rerun,) = plan_bench(tuned, losses=["auc"], seeds=[0], quick=True, output=tmp_path / "b")
+    assert rerun.config.budget.iterations == 4 and rerun.config.eval_every == 2
+
+
+def test_cli_tune_writes_model_pretrained_absolute(tmp_path, monkeypatch):
+    """tuned.yaml is read from anywhere: a relative model.pretrained (relative to where tune ran,
+    where the trials load it) is written resolved."""
+    from rankwise.commands.tune import _fresh_settings
+
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump(BASE))
+    monkeypatch.chdir(tmp_path)
+    settings = _fresh_settings(
+        ["model.pretrained=runs/pretrained"], None, config, "auc", ["optimizer.lr=0.001"], {}
+    )
+    assert settings["base"]["model"]["pretrained"] == str(tmp_path / "runs" / "pretrained")

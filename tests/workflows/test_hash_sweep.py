@@ -52,7 +52,9 @@ def test_a_changed_learning_rate_is_refused_naming_the_run_and_the_fix(done):
     with pytest.raises(ConfigError) as caught:
         sweep(done, "optimizer.lr=0.01")
     message = str(caught.value)
-    assert str(done / "talr" / "8bits") in message or str(done / "untrained" / "8bits") in message
+    # every changed run named, and why (it named the untrained baseline alone, issue 30)
+    assert f"2 runs in {str(done)!r} (untrained/8bits, talr/8bits)" in message
+    assert "(optimizer.lr: 0.001 stored, 0.01 planned)" in message
     assert "`overwrite`" in message and "another output" in message
     # nothing was kept, resumed or rewritten
     assert (done / "talr" / "8bits" / "hash_result.json").read_text() == before
@@ -69,6 +71,18 @@ def test_the_command_refuses_it_with_exit_code_2_naming_its_flags(done):
     assert result.exit_code == 2, result.output
     assert "--overwrite" in result.output and "--output" in result.output
     assert stored_lr(done / "talr" / "8bits") == 0.001
+
+
+def test_a_rerun_of_the_command_says_it_continues_the_sweep(done):
+    from typer.testing import CliRunner
+
+    from rankwise.cli import build_app
+
+    result = CliRunner().invoke(build_app(), ["hash", "train", *TINY, "--output", str(done)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"note: {done} holds a sweep: runs completed with this config are kept" in said
+    assert said.count("kept from an earlier run") == 2  # untrained and talr
 
 
 def test_an_unchanged_sweep_reuses_its_runs(done):

@@ -32,8 +32,9 @@ def test_a_run_with_another_value_or_an_unreadable_config_is_refused(tmp_path):
     changed = config.to_dict()
     changed["optimizer"]["lr"] = 0.5
     _store(tmp_path / "changed", changed)
-    with pytest.raises(ConfigError, match="trained with another config"):
+    # (the message says why: the keys that differ, issue 30)
+    with pytest.raises(ConfigError, match=r"made with another config .*optimizer\.lr: 0\.5 stored"):
         check_stored_config(config, tmp_path / "changed")
     _store(tmp_path / "unknown", {**config.to_dict(), "no_such_key": 1})
-    with pytest.raises(ConfigError, match="trained with another config"):
+    with pytest.raises(ConfigError, match="made with another config .*not a valid config today"):
         check_stored_config(config, tmp_path / "unknown")

@@ -178,6 +178,7 @@ def bench(
         from ..training import TrainingInterrupted
         from ..training.config import apply_overrides, parse_overrides
         from ..training.lock import lock_run_dir
+        from ..training.rundir import SweepPaths
         from ..workflows.bench import run_bench
 
         if resume is not None:
@@ -232,11 +233,12 @@ def bench(
         except TrainingInterrupted as exc:
             exc.resume_command = f"rankwise bench --resume {out}"
             raise
+    paths = SweepPaths(out)
     print_bench_table(summary, console, plan["ablation"])
     print_outputs(
         console,
-        results=[out / "bench.json", out / "bench.md"],
-        plots=f"{out / 'pr_curves.png'} (per run: <run>/pr_curve.png, <run>/training_curves.png)",
+        results=[paths.bench_json, paths.bench_table],
+        plots=f"{paths.pr_curves_plot} (per run: <run>/pr_curve.png, <run>/training_curves.png)",
     )
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._disk import DiskFullError, disk_full_cause
 from .._extras import MissingDependencyError
-from .._signals import signal_number_of
+from .._signals import signal_label, signal_number_of
 
 if TYPE_CHECKING:  # typer and rich are imported where used: the exit codes need neither
     from rich.console import Console
@@ -122,11 +122,15 @@ def output_console(width: int = 140, quiet: bool = False) -> Console:
     return console if console.is_terminal else Console(width=width, quiet=quiet)
 
 
-def error_console() -> Console:
-    """The rich console on stderr that every command writes its errors to."""
+def error_console(quiet: bool = False) -> Console:
+    """The rich console on stderr that every command writes its errors to.
+
+    Args:
+        quiet: print nothing (the ranks other than 0 of a ``torchrun`` job).
+    """
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, quiet=quiet)
 
 
 def _training_errors() -> _TrainingErrors | None:
@@ -141,9 +145,7 @@ def _training_errors() -> _TrainingErrors | None:
 
 def signal_name(number: int) -> str:
     """How messages name a signal: ``Ctrl-C`` for SIGINT, else its name (``SIGTERM``)."""
-    import signal
-
-    return "Ctrl-C" if number == signal.SIGINT else signal.Signals(number).name
+    return signal_label(number)
 
 
 def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
@@ -153,7 +155,9 @@ def _interrupted_text(exc: Any, flags: Mapping[str, str], what: str) -> str:
     if command is None and exc.run_dir is not None and exc.checkpoint_step is not None:
         command = train_resume_command(exc.run_dir)
     text += f". Resume with: {command}" if command is not None else "."
-    return (f"{what} interrupted: " if what != "training" else "") + text
+    if what == "training" or text.startswith(f"{what} interrupted"):
+        return text  # the message names what was interrupted already (once)
+    return f"{what} interrupted: {text}"
 
 
 def _no_space_text(exc: BaseException, what: str) -> str | None:
@@ -171,19 +175,17 @@ def _no_space_text(exc: BaseException, what: str) -> str | None:
 
 
 def _exit_for(
-    exc: BaseException, err: Console, flags: Mapping[str, str], what: str, note: str = ""
-) -> int | None:
-    """Print the message of a known error and return its exit code (``None``: not ours)."""
+    exc: BaseException, flags: Mapping[str, str], what: str, note: str = ""
+) -> tuple[int, str] | None:
+    """The exit code and message (rich markup) of a known error (``None``: not ours)."""
     from rich.markup import escape
 
     text = to_flags(str(exc), flags)
     if isinstance(exc, MissingDependencyError):
-        err.print(f"[red]missing dependency:[/red] {escape(text)}", soft_wrap=True)
-        return EXIT_MISSING_DEPENDENCY
+        return EXIT_MISSING_DEPENDENCY, f"[red]missing dependency:[/red] {escape(text)}"
     no_space = _no_space_text(exc, what)
     if no_space is not None:
-        err.print(f"[red]error:[/red] {escape(no_space)}", soft_wrap=True)
-        return EXIT_DISK_FULL
+        return EXIT_DISK_FULL, f"[red]error:[/red] {escape(no_space)}"
     known = _training_errors()
     if known is not None:
         config_error, failed, interrupted, corrupt = known
@@ -193,24 +195,41 @@ def _exit_for(
                 if exc.run_dir is not None and exc.fallback is not None
                 else None
             )
-            err.print(f"[red]error:[/red] {escape(exc.describe(resume))}", soft_wrap=True)
-            return EXIT_CONFIG
+            return EXIT_CONFIG, f"[red]error:[/red] {escape(exc.describe(resume))}"
         if isinstance(exc, config_error):
-            err.print(f"[red]config error:[/red] {escape(text)}", soft_wrap=True)
-            return EXIT_CONFIG
+            return EXIT_CONFIG, f"[red]config error:[/red] {escape(text)}"
         if isinstance(exc, interrupted):
-            text = _interrupted_text(exc, flags, what)
-            err.print(f"[yellow]{escape(text)}[/yellow]", soft_wrap=True)
-            return exc.exit_code
+            return exc.exit_code, f"[yellow]{escape(_interrupted_text(exc, flags, what))}[/yellow]"
         if isinstance(exc, failed):
-            err.print(f"[red]{what} failed:[/red] {escape(text)}", soft_wrap=True)
-            return EXIT_FAILED
+            return EXIT_FAILED, f"[red]{what} failed:[/red] {escape(text)}"
     if isinstance(exc, KeyboardInterrupt):  # before anything was trained or saved
         number = signal_number_of(exc)
         text = f"{what} interrupted ({signal_name(number)}){'; ' + note if note else ''}."
-        err.print(f"[yellow]{escape(text)}[/yellow]", soft_wrap=True)
-        return 128 + number
+        return 128 + number, f"[yellow]{escape(text)}[/yellow]"
     return None
+
+
+def _record_for_torchrun(message: str) -> None:
+    """Under ``torchrun``, write ``message`` to this worker's error file.
+
+    torchrun's failure summary then shows it as the failed rank's ``traceback :`` line (the root
+    cause's included), whichever rank printed it.
+    """
+    import json
+    import os
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w") as handle:
+            # the format torch's own @record writes (a plain string draws a warning from
+            # torchrun); without a py_callstack the summary shows the message
+            record = {"message": message, "extraInfo": {"timestamp": str(int(time.time()))}}
+            json.dump({"message": record}, handle)
+    except OSError:
+        pass  # the message was printed (by rank 0); the summary then says less
 
 
 @contextmanager
@@ -234,6 +253,10 @@ def cli_errors(
     torch's ``RuntimeError``) -> ``error: no space left on device ...``, exit 4; a ``bad_input``
     exception -> ``error: <first line>``, exit 2. Anything else propagates (a bug).
 
+    Under ``torchrun`` every rank runs the command and would print the same message: rank 0 alone
+    prints (the console yielded to the other ranks is quiet), and every rank writes its message to
+    torchrun's error file (``TORCHELASTIC_ERROR_FILE``), which torchrun's failure summary shows.
+
     Args:
         what: the activity, for the messages (``"training"``, ``"bench"``, ``"tune"``).
         flags: argument / config key -> flag, applied to every message with :func:`to_flags`.
@@ -246,20 +269,28 @@ def cli_errors(
     """
     import typer
     from rich.markup import escape
+    from rich.text import Text
 
+    from .._distributed import launch_rank
     from .._signals import handle_signals
 
+    rank = launch_rank()
+    if rank:  # under torchrun every rank runs the command: rank 0 alone prints its messages
+        err = error_console(quiet=True)
     err = err if err is not None else error_console()
     flags = dict(flags or {})
     try:
         with handle_signals():
             yield err
     except (Exception, KeyboardInterrupt) as exc:
-        code = _exit_for(exc, err, flags, what, interrupted_note)
-        if code is None and bad_input and isinstance(exc, bad_input):
+        found = _exit_for(exc, flags, what, interrupted_note)
+        if found is None and bad_input and isinstance(exc, bad_input):
             text = escape((to_flags(str(exc), flags).splitlines() or [""])[0])
-            err.print(f"[bold red]error:[/bold red] [red]{text}[/red]", soft_wrap=True)
-            code = EXIT_BAD_INPUT
-        if code is None:
+            found = EXIT_BAD_INPUT, f"[bold red]error:[/bold red] [red]{text}[/red]"
+        if found is None:
             raise
+        code, message = found
+        err.print(message, soft_wrap=True)
+        if rank is not None:
+            _record_for_torchrun(Text.from_markup(message).plain)
         raise typer.Exit(code) from None

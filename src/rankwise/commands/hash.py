@@ -124,18 +124,33 @@ def train_command(
     with cli_errors("training", {**FLAGS, "output": "--output"}) as err:
         from ..training import TrainingInterrupted
         from ..training.lock import lock_run_dir
+        from ..training.rundir import SweepPaths
         from ..workflows.hashing import load_hash_config, run_hash_experiment, write_report
 
         cfg, settings = load_hash_config(config, extra)
 
-        def announce(result) -> None:
+        def announce(result, how: str) -> None:
+            said = {
+                "kept": "; kept from an earlier run",
+                "resumed": "; resumed from its checkpoint",
+            }
             console.print(
                 f"{result.method:>14} {result.bits:>3} bits: tie-aware mAP {result.map:.4f} "
-                f"(ties [{result.map_range[0]:.4f}, {result.map_range[1]:.4f}])",
+                f"(ties [{result.map_range[0]:.4f}, {result.map_range[1]:.4f}]{said.get(how, '')})",
                 soft_wrap=True,
             )
 
         with lock_run_dir(output, "output_dir"):  # the sweep and its report: one writer
+            if not overwrite and SweepPaths(output).hash_config.is_file():
+                # a re-run continues the sweep in --output: say so before anything is reused
+                err.print(
+                    f"note: {output} holds a sweep: runs completed with this config are kept and "
+                    "interrupted ones resume from their checkpoints (a run trained with another "
+                    "config is refused; --overwrite retrains every run).",
+                    soft_wrap=True,
+                    markup=False,
+                    highlight=False,
+                )
             try:
                 results = run_hash_experiment(
                     cfg,

@@ -7,7 +7,9 @@ selected model). Ctrl-C / SIGTERM saves a checkpoint; exit codes as
 
 Under ``torchrun --nproc-per-node N -m rankwise train ...`` the run is data-parallel
 (:class:`~rankwise.training.distributed.DistributedTrainer`): rank 0 writes the run directory and
-prints, the other ranks print only errors. See docs/distributed.md.
+prints, also the one-line message of a failed or interrupted run (every rank writes it to
+torchrun's error file, which torchrun's summary shows); the other ranks print only unexpected
+errors. See docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -81,6 +83,25 @@ def _print_result(console: Any, result: Any) -> None:
     console.print(
         f"plots: {run_dir / 'training_curves.png'}, {run_dir / 'pr_curve.png'}", soft_wrap=True
     )
+
+
+def _start_line(config: Any, resumed: bool) -> str | None:
+    """The line saying that ``model.pretrained`` / ``optimizer.backbone_lr_mult`` took effect."""
+    if config is None:
+        return None
+    said = []
+    if config.model.pretrained is not None:
+        path = Path(config.model.pretrained)
+        path = path / "pretrained.pt" if path.is_dir() else path
+        when = "the run started" if resumed else "the model starts"
+        said.append(f"{when} from the pretrained weights {path} (model.pretrained)")
+    mult, lr = config.optimizer.backbone_lr_mult, config.optimizer.lr
+    if mult != 1:
+        said.append(
+            f"the backbone trains at {mult:g} x the scheduled learning rate "
+            f"(optimizer.backbone_lr_mult; {mult * lr:g} at optimizer.lr={lr:g})"
+        )
+    return "; ".join(said) if said else None
 
 
 def _check_resume_options(
@@ -185,6 +206,9 @@ def train(
                     f"resuming {trainer.run_dir} at step {trainer.step}/{trainer.total_steps}",
                     soft_wrap=True,
                 )
+            start = _start_line(trainer.config, resumed=resume is not None)
+            if start is not None:  # the options that change the start say they took effect
+                console.print(start, soft_wrap=True, markup=False, highlight=False)
             with _finish_when_saved(trainer) as saved:
                 result = trainer.fit(max_steps=max_steps)
                 saved.append(result.status)

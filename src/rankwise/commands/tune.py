@@ -27,10 +27,15 @@ def _fresh_settings(
     grid: list[str],
     options: dict,
 ) -> dict:
-    """The tuning settings from the command line (base config, losses, grid)."""
+    """The tuning settings from the command line (base config, losses, grid).
+
+    The ``KEY=VALUE`` overrides win over ``--quick``'s budget, as in ``rankwise bench``
+    (:func:`~rankwise.workflows.tune.overrides_over_quick`); ``model.pretrained`` is made
+    absolute, so ``tuned.yaml`` loads from any directory.
+    """
     from ..training import ConfigError
     from ..training.config import apply_overrides, parse_overrides
-    from ..workflows.tune import parse_grid_values
+    from ..workflows.tune import overrides_over_quick, parse_grid_values
 
     base = read_base_config(dataset, config)
     extra = parse_overrides(overrides)
@@ -41,7 +46,11 @@ def _fresh_settings(
                 f"parameter as --grid {key}=VALUE."
             )
     extra.update(options)
-    base = apply_overrides(base, extra)
+    base = overrides_over_quick(apply_overrides(base, extra), extra)
+    pretrained = (base.get("model") or {}).get("pretrained")
+    if isinstance(pretrained, str) and not Path(pretrained).is_absolute():
+        # relative to this directory, where the trials load it; tuned.yaml is read from anywhere
+        base = apply_overrides(base, {"model.pretrained": str(Path(pretrained).resolve())})
     parsed_grid: dict[str, list] = {}
     for item in grid:
         key, values = parse_grid_values(item)
@@ -111,6 +120,7 @@ def tune(
         from ..reporting import print_tune_table
         from ..training import TrainingInterrupted
         from ..training.lock import lock_run_dir
+        from ..training.rundir import SweepPaths
         from ..workflows.tune import tune as run_tune
 
         if resume is not None:
@@ -157,4 +167,4 @@ def tune(
                 "unchanged in tuned.yaml[/red]",
                 soft_wrap=True,
             )
-    print_outputs(console, results=[out / "tune.json", Path(summary["tuned_config"])])
+    print_outputs(console, results=[SweepPaths(out).tune_json, Path(summary["tuned_config"])])

@@ -30,7 +30,10 @@ Adding an experiment takes one module and one registry entry:
    are required; ``output`` and ``overwrite`` are added by the decorator. Validate options with the
    helpers of :mod:`rankwise._validation` (a ``ValueError`` becomes a one-line ``error:`` and exit
    code 2 on the command line). Keep module-level imports light (numpy): the command line imports
-   every registered module to build its options.
+   every registered module to build its options. An experiment that runs for more than a minute
+   at its defaults reports its parts: ``parts = progress(total)`` (from ``.base``), then
+   ``parts.advance("what finished")`` after each (or ``for x in parts.track(items, label)``); the
+   command line shows them (silent from Python).
 2. Add ``"my-study": "rankwise.experiments.my_study"`` to :data:`REGISTRY` below.
 
 Tests (``tests/experiments/``) run every registered experiment with ``quick=True`` and check that

@@ -8,15 +8,17 @@ function may take is said in :mod:`rankwise.experiments`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import numpy as np
 
@@ -26,11 +28,15 @@ __all__ = [
     "DEFAULT_OUTPUT_DIR",
     "ExperimentResult",
     "ExperimentSpec",
+    "Progress",
+    "ProgressSink",
     "experiment",
     "new_figure",
     "option_help",
     "parse_sequence",
+    "progress",
     "resolve_output",
+    "showing_progress",
 ]
 
 #: Where the command line writes when ``--output`` is not given.
@@ -141,8 +147,7 @@ def resolve_output(name: str, output: str | Path, overwrite: bool = False) -> tu
         for path in (json_path, png_path):
             if path.exists():
                 raise FileExistsError(
-                    f"{path} exists; pass --overwrite (overwrite=True) to replace it, or choose "
-                    "another --output."
+                    f"{path} exists; pass `overwrite` to replace it, or choose another `output`."
                 )
     return json_path, png_path
 
@@ -178,6 +183,63 @@ def new_figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (6.4,
     figure = Figure(figsize=size, layout="constrained")
     axes = figure.subplots(nrows, ncols, squeeze=False)
     return figure, axes
+
+
+# -- progress ------------------------------------------------------------------------------------
+#: Told ``(done, total, what)``: ``done`` of ``total`` parts of the running experiment are done,
+#: ``what`` the part that just finished (``(0, total, "")`` when the work starts).
+ProgressSink = Callable[[int, int, str], None]
+_SINK: contextvars.ContextVar[ProgressSink | None] = contextvars.ContextVar(
+    "rankwise_experiment_progress", default=None
+)
+_T = TypeVar("_T")
+
+
+@contextlib.contextmanager
+def showing_progress(sink: ProgressSink) -> Iterator[None]:
+    """Tell ``sink`` the progress of the experiments run inside the block (the command line's)."""
+    token = _SINK.set(sink)
+    try:
+        yield
+    finally:
+        _SINK.reset(token)
+
+
+class Progress:
+    """The parts of an experiment's work done so far (silent unless :func:`showing_progress`).
+
+    Args:
+        total: how many parts the work has.
+        sink: who is told (``None``: nobody).
+    """
+
+    def __init__(self, total: int, sink: ProgressSink | None) -> None:
+        self.total = int(total)
+        self.done = 0
+        self.sink = sink
+        if sink is not None:
+            sink(0, self.total, "")
+
+    def advance(self, what: str) -> None:
+        """One more part is done; ``what`` names it (e.g. ``"talr_ndcg 32 bits"``)."""
+        self.done += 1
+        if self.sink is not None:
+            self.sink(self.done, self.total, what)
+
+    def track(self, items: Iterable[_T], label: Callable[[_T], str] = str) -> Iterator[_T]:
+        """Yield ``items``, advancing (named by ``label(item)``) once each one's work is done."""
+        for item in items:
+            yield item
+            self.advance(label(item))
+
+
+def progress(total: int) -> Progress:
+    """A :class:`Progress` of ``total`` parts for the running experiment.
+
+    An experiment that runs for more than a minute reports its parts with it; the command line
+    shows them (a bar in a terminal, a line every 30 s otherwise); from Python nothing is shown.
+    """
+    return Progress(total, _SINK.get())
 
 
 # -- options -------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import numpy as np
 
 from .._validation import Interval, check_scalar
 from ._scores import DISTRIBUTIONS, ScoreModel, draw_population, score_model
-from .base import ExperimentResult, experiment, new_figure, parse_sequence
+from .base import ExperimentResult, experiment, new_figure, parse_sequence, progress
 
 __all__ = [
     "LOSSES",
@@ -465,9 +465,12 @@ def run(
         positives.size if num_v is None else num_v,
         losses,
     )
+    parts = progress(len(rates))  # one sampling rate after the other (13-26 s each)
     per_rate = [
         _simulate_rate(rate, positives, negatives, settings, np.random.default_rng(stream))
-        for rate, stream in zip(rates, streams[1:], strict=True)
+        for rate, stream in parts.track(
+            zip(rates, streams[1:], strict=True), lambda item: f"π₀ = {item[0]:g}"
+        )
     ]
     values = {
         loss.name: {e: [r[loss.name][e] for r in per_rate] for e in ESTIMATORS} for loss in losses

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._validation import Interval, check_scalar
-from .base import ExperimentResult, experiment, new_figure, parse_sequence
+from .base import ExperimentResult, experiment, new_figure, parse_sequence, progress
 
 __all__ = ["NoiseProblem", "empirical_threshold", "run", "sample"]
 
@@ -294,9 +294,12 @@ def run(
     repeats = (1000 if full else 100 if quick else 200) if repeats is None else repeats
     problems, sizes = _check_options(a_values, alpha, m, sizes, repeats, quantile, bootstrap)
     *streams, figure_stream = np.random.SeedSequence(seed).spawn(len(problems) + 1)
+    parts = progress(len(problems))  # one noise exponent a after the other
     studies = [
         _study(problem, sizes, repeats, quantile, bootstrap, np.random.default_rng(stream))
-        for problem, stream in zip(problems, streams, strict=True)
+        for problem, stream in parts.track(
+            zip(problems, streams, strict=True), lambda item: f"a = {item[0].a:g}"
+        )
     ]
     data = {
         "alpha": alpha,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import Interval, check_choice, check_scalar
-from .base import ExperimentResult, experiment, new_figure, parse_sequence
+from .base import ExperimentResult, experiment, new_figure, parse_sequence, progress
 
 __all__ = ["METHODS", "run"]
 
@@ -219,6 +219,7 @@ def run(
     affinity = EuclideanThresholdAffinity.from_quantiles(db_x[train_rows], _QUANTILES, _LEVELS)
     options = {"seed": seed, "iterations": iterations, "batch_size": batch_size, "lr": lr}
     rows: list[dict[str, Any]] = []
+    parts = progress(len(bits) * len(METHODS))  # a trained method takes 20-40 s at the defaults
     for b in bits:
         for method in METHODS:
             q_codes, db_codes = _method_codes(
@@ -238,6 +239,7 @@ def run(
                     "queries_without_neighbour": report.n_queries_without_relevant,
                 }
             )
+            parts.advance(f"{method} {b} bits")
     return _result(rows, bits, affinity, sizes, dims, dataset, options)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._validation import Interval, check_scalar
 from ._scores import DISTRIBUTIONS, ScoreModel, draw_population, score_model
-from .base import ExperimentResult, experiment, new_figure, parse_sequence
+from .base import ExperimentResult, experiment, new_figure, parse_sequence, progress
 
 __all__ = ["interpolation_bound", "prop3_error", "run"]
 
@@ -284,9 +284,12 @@ def run(
     if figure_size not in sizes:
         raise ValueError(f"`figure_size` {figure_size} must be one of `sizes` {list(sizes)}.")
     streams = np.random.SeedSequence(seed).spawn(len(models))
+    parts = progress(len(models))  # one score model after the other (about 35 s each)
     studies = [
         _study(model, sizes, repeats, num_points, prior, np.random.default_rng(stream))
-        for model, stream in zip(models, streams, strict=True)
+        for model, stream in parts.track(
+            zip(models, streams, strict=True), lambda item: item[0].name
+        )
     ]
     figure = _figure(studies, models, figure_size)
     for study in studies:

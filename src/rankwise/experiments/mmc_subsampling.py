@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import Interval, check_choice, check_scalar
-from .base import ExperimentResult, experiment, new_figure, parse_sequence
+from .base import ExperimentResult, experiment, new_figure, parse_sequence, progress
 
 __all__ = ["METRIC_LEARN_ENV", "find_metric_learn", "load_pca_features", "run"]
 
@@ -422,9 +422,11 @@ def run(
     if metric_learn:
         ml_python, ml_reason = find_metric_learn(metric_learn_python)
     runs = []
+    parts = progress(len(options["sizes"]) * options["repeats"])
     for n in options["sizes"]:
         for repeat in range(options["repeats"]):
             runs.extend(_size_runs(n, repeat, (X, y), test, options, ml_python))
+            parts.advance(f"n = {n}" + (f", repeat {repeat}" if options["repeats"] > 1 else ""))
     if quick:  # wall times differ run to run; the quick mode's output must be reproducible
         for run_ in runs:
             run_["seconds"] = None

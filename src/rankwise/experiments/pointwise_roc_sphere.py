@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import Interval, check_scalar
-from .base import ExperimentResult, experiment, new_figure, parse_sequence
+from .base import ExperimentResult, Progress, experiment, new_figure, parse_sequence, progress
 
 __all__ = ["CENTROIDS", "CAP_ANGLE", "run", "sample_caps"]
 
@@ -78,7 +78,12 @@ def _curve_summary(scores: np.ndarray, same: np.ndarray, grid: np.ndarray) -> di
 
 
 def _mean_risk_family(
-    X: np.ndarray, y: np.ndarray, pairs: tuple, alphas: tuple[float, ...] | None, count: int
+    X: np.ndarray,
+    y: np.ndarray,
+    pairs: tuple,
+    alphas: tuple[float, ...] | None,
+    count: int,
+    parts: Progress,
 ) -> dict[str, Any]:
     """Closed-form solutions of problem (6), their PGA check and their test ROC summaries."""
     # optional extra (scikit-learn)
@@ -116,11 +121,17 @@ def _mean_risk_family(
                 "scores": model.pair_score(pairs[0], pairs[1]),
             }
         )
+        parts.advance(f"mean-risk α = {alpha:.3f}")
     return {"floor": floor, "ceiling": ceiling, "rows": rows}
 
 
 def _fpr_target_family(
-    X: np.ndarray, y: np.ndarray, pairs: tuple, targets: tuple[float, ...], max_iter: int
+    X: np.ndarray,
+    y: np.ndarray,
+    pairs: tuple,
+    targets: tuple[float, ...],
+    max_iter: int,
+    parts: Progress,
 ) -> list[dict[str, Any]]:
     from ..similarity_learning import BilinearSimilarity  # noqa: PLC0415 - optional extra (scikit-learn)
 
@@ -142,6 +153,7 @@ def _fpr_target_family(
                 "scores": scores,
             }
         )
+        parts.advance(f"FPR target {alpha:g}")
     return rows
 
 
@@ -211,14 +223,15 @@ def run(
     pairs = _test_pairs(X_test, y_test)
     grid = np.geomspace(1e-3, 0.95, 60)
 
-    mean_family = _mean_risk_family(X, y, pairs, alphas, n_alphas)
+    parts = progress((n_alphas if alphas is None else len(alphas)) + len(targets))
+    mean_family = _mean_risk_family(X, y, pairs, alphas, n_alphas, parts)
     for row in mean_family["rows"]:
         row.update(_curve_summary(row.pop("scores"), pairs[2], grid))
     mean_regions = _best_regions(np.stack([r["tpr_on_grid"] for r in mean_family["rows"]]), grid)
     for row, region in zip(mean_family["rows"], mean_regions, strict=True):
         row["best_fpr_region"] = region
 
-    target_rows = _fpr_target_family(X, y, pairs, targets, max_iter)
+    target_rows = _fpr_target_family(X, y, pairs, targets, max_iter, parts)
     _score_targets(target_rows, pairs)
     for row in target_rows:
         row.update(_curve_summary(row.pop("scores"), pairs[2], grid))

@@ -1,8 +1,8 @@
 """Ranking-metric losses and pytorch-metric-learning baselines.
 
 SOPRC (unbiased stochastic AUPRC), the biased AP baseline, the AUC loss, the Wilcoxon loss,
-Smooth-AP, DIR (histogram AP), BlackBox-AP, the pointwise ROC loss (TPR at FPR ≤ α), the
-semi-variance regularizer, the binary-code losses (tie-aware AP / NDCG of TALR, He et al., CVPR
+Smooth-AP, ROADMAP, the Recall@k surrogate, DIR (histogram AP), BlackBox-AP, the pointwise ROC
+loss (TPR at FPR ≤ α), the semi-variance regularizer, the binary-code losses (tie-aware AP / NDCG of TALR, He et al., CVPR
 2018; the DPSH baseline), and pytorch-metric-learning baselines through :func:`baseline`.
 
 Every loss is an ``nn.Module`` called as ``loss(embeddings, labels, ref_embeddings=None,
@@ -16,7 +16,9 @@ from .blackbox_ap import BlackBoxAPLoss
 from .dir import DIRLoss
 from .pairwise_hashing import DPSHLoss
 from .pointwise_roc import PointwiseROCLoss
+from .recall_at_k import RecallAtKLoss
 from .registry import LOSSES, build_loss
+from .roadmap import ROADMAPLoss
 from .smooth_ap import SmoothAPLoss
 from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
 from .tie_aware import TieAwareAPLoss, TieAwareNDCGLoss
@@ -31,7 +33,9 @@ __all__ = [
     "LOSSES",
     "PairBatch",
     "PointwiseROCLoss",
+    "ROADMAPLoss",
     "RankingLoss",
+    "RecallAtKLoss",
     "SOPRCLoss",
     "SemiVarianceRegularizer",
     "SmoothAPLoss",

@@ -25,7 +25,7 @@ from scipy.special import expit
 from torch.autograd.function import once_differentiable
 
 from .._validation import Interval, check_choice, check_range_pair, check_scalar
-from .base import PairBatch, RankingLoss
+from .base import BatchLayout, PairBatch, RankingLoss
 
 __all__ = ["AUCLoss", "WilcoxonLoss", "auc_slope", "auc_thresholds", "STRATEGIES"]
 
@@ -149,15 +149,25 @@ def _all_pair_scores(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
     Without a reference set each unordered pair is kept once (upper triangle): both halves would
     count a pair with a skipped anchor (e.g. a singleton class) once and the others twice.
     """
-    valid_rows = batch.valid[:, None]
-    if batch.self_reference:
-        n = batch.scores.shape[0]
-        in_valid_row = valid_rows | batch.valid[None, :]
-        upper = torch.ones(n, n, dtype=torch.bool, device=batch.scores.device).triu_(1)
-        keep = in_valid_row & upper
+    pos_index, neg_index = batch.host.pattern_cached("all_pair_index", _all_pair_index)
+    flat = batch.scores.reshape(-1)
+    pos_index, neg_index = batch.send(pos_index, neg_index)
+    return flat.index_select(0, pos_index), flat.index_select(0, neg_index)
+
+
+def _all_pair_index(host: BatchLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major flat positions of :func:`_all_pair_scores`' pairs, from the labels (host)."""
+    valid_rows = host.valid[:, None]
+    if host.self_reference:
+        n = host.pos_mask.shape[0]
+        in_valid_row = valid_rows | host.valid[None, :]
+        keep = in_valid_row & torch.ones(n, n, dtype=torch.bool).triu_(1)
     else:
-        keep = valid_rows.expand_as(batch.pos_mask)
-    return batch.scores[batch.pos_mask & keep], batch.scores[batch.neg_mask & keep]
+        keep = valid_rows.expand_as(host.pos_mask)
+    return (
+        (host.pos_mask & keep).reshape(-1).nonzero().squeeze(1),
+        (host.neg_mask & keep).reshape(-1).nonzero().squeeze(1),
+    )
 
 
 # Elements of one (scores, thresholds) sigmoid block: above this the block is built in chunks.
@@ -276,7 +286,7 @@ class AUCLoss(RankingLoss):
         area = self.relaxed_auc(pos_scores, neg_scores)
         self.last_stats["n_positive_scores"] = int(pos_scores.numel())
         self.last_stats["n_negative_scores"] = int(neg_scores.numel())
-        self.last_stats["relaxed_auc"] = float(area.detach())
+        self.last_stats["relaxed_auc"] = area.detach()
         return 1.0 - area
 
     def extra_repr(self) -> str:
@@ -316,7 +326,7 @@ class WilcoxonLoss(RankingLoss):
         hardest_pos, hardest_neg = _hardest_scores(batch)
         statistic = torch.sigmoid(self.slope * (hardest_pos[:, None] - hardest_neg[None, :]))
         wmw = statistic.mean()
-        self.last_stats["relaxed_wmw"] = float(wmw.detach())
+        self.last_stats["relaxed_wmw"] = wmw.detach()
         return 1.0 - wmw
 
     def extra_repr(self) -> str:

@@ -6,24 +6,40 @@ ref_labels=None)``: each row of ``embeddings`` is a query (anchor) ranked agains
 :mod:`rankwise.similarity` (cosine unless configured). Anchors without a positive or a negative are
 skipped and counted in ``loss.last_stats``; a batch where none can be ranked raises ``ValueError``.
 Half-precision embeddings are scored and the loss computed in float32 (docs/losses.md, "The common
-contract" and "Half precision"); non-finite scores raise a ``ValueError`` naming ``embeddings``.
+contract" and "Half precision").
+
+A step waits for the device nowhere (issue 31): everything that depends on the labels only (masks,
+counts, the batch's positive pairs, which anchors are skipped) is computed on the host from the
+labels, once per batch (:class:`BatchLayout`), and sent to the device in one copy; the values of
+the embeddings are checked on the device (non-finite scores, a loss's own range checks) as one
+flag. On the CPU, where reading it waits for nothing, a failed check raises the ``ValueError``
+naming ``embeddings`` at the call; on an accelerator it is raised when ``loss.last_stats`` is read
+(a :class:`~rankwise.losses._deferred.LossStats`), while the call returns NaN and changes no state.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from .._affinity import affinity_labels, affinity_levels
-from .._validation import check_embeddings
+from .._dispatch import simulating_device, to_device
+from .._validation import check_embeddings, check_finite
 from ..similarity import SIMILARITIES, check_similarity, similarity_matrix
+from ._deferred import DeferredCheck, LossStats
 
 __all__ = [
     "SIMILARITIES",
+    "BatchLayout",
+    "DeferredCheck",
+    "LossStats",
     "PairBatch",
     "RankingLoss",
     "anchor_statistics",
@@ -43,16 +59,22 @@ def validate_pair_inputs(
     *,
     affinity: Any = None,
     check_rows: Callable[[Any, str], torch.Tensor] = check_embeddings,
+    labels_on_host: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Checked ``(embeddings (B, d), labels (B,) int64, ref (M, d) | None, ref_labels | None)``.
 
     The reference set is cast to the embeddings' device and dtype. Every problem is a
     ``ValueError`` naming the argument (NaN/inf, shapes, label dtype, a lone ``ref_*``).
     ``affinity`` (:mod:`rankwise._affinity`; None: class ids) says what labels are accepted,
-    ``check_rows(x, name)`` checks each embedding matrix (default: finite 2-D floats).
+    ``check_rows(x, name)`` checks each embedding matrix (default: finite 2-D floats). The labels
+    go to the embeddings' device, or with ``labels_on_host`` to the CPU (checked where they are
+    given; a copy, the one host read of a step, only when that is not the CPU).
     """
     emb = check_rows(embeddings, "embeddings")
-    lab = affinity_labels(affinity, labels, emb.shape[0], "labels", emb.device)
+    labels_device = None if labels_on_host else emb.device
+    lab = affinity_labels(affinity, labels, emb.shape[0], "labels", labels_device)
+    if labels_on_host:
+        lab = _host(lab)
     if (ref_embeddings is None) != (ref_labels is None):
         raise ValueError("pass both `ref_embeddings` and `ref_labels`, or neither.")
     if ref_embeddings is None:
@@ -64,8 +86,13 @@ def validate_pair_inputs(
             f"{emb.shape[1]}; they must live in the same space."
         )
     ref = ref.to(device=emb.device, dtype=emb.dtype)
-    ref_lab = affinity_labels(affinity, ref_labels, ref.shape[0], "ref_labels", emb.device)
-    return emb, lab, ref, ref_lab
+    ref_lab = affinity_labels(affinity, ref_labels, ref.shape[0], "ref_labels", labels_device)
+    return emb, lab, ref, _host(ref_lab) if labels_on_host else ref_lab
+
+
+def _host(labels: torch.Tensor) -> torch.Tensor:
+    """``labels`` on the CPU (no copy when they are there already)."""
+    return labels if labels.device.type == "cpu" else labels.cpu()
 
 
 def score_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -79,26 +106,38 @@ def loss_scores(
     """The (B, M) differentiable score matrix of a loss, in :func:`score_dtype`, checked finite.
 
     Half-precision rows are upcast (the gradient flows back in their own dtype) and autocast is
-    switched off for the product, which it would otherwise run in half precision again.
+    switched off for the product, which it would otherwise run in half precision again. The check
+    reads a value (a host sync); :class:`RankingLoss` defers it instead.
 
     Raises:
         ValueError: a score is not finite (only possible for ``"dot"`` / ``"euclidean"``, whose
             scores grow with the norms), naming ``embeddings`` and the fix.
     """
+    scores = _score_matrix(emb, ref, similarity, self_reference)
+    if similarity != "cosine" and not bool(torch.isfinite(scores).all()):
+        _raise_non_finite_scores(emb, similarity, scores.dtype)
+    return scores
+
+
+def _score_matrix(
+    emb: torch.Tensor, ref: torch.Tensor, similarity: str, self_reference: bool
+) -> torch.Tensor:
+    """:func:`loss_scores` without the check."""
     dtype = score_dtype(emb.dtype)
     with torch.autocast(emb.device.type, enabled=False):
         emb_c = emb.to(dtype)
         # `refs is queries` lets cosine normalise the batch once
         ref_c = emb_c if self_reference else ref.to(dtype)
-        scores = similarity_matrix(emb_c, ref_c, similarity)
-    if similarity != "cosine" and not bool(torch.isfinite(scores).all()):
-        norm = float(emb.detach().to(torch.float64).norm(dim=1).max())
-        raise ValueError(
-            f"`embeddings` give non-finite {similarity} similarities in {dtype} (largest row norm "
-            f"{norm:.3g}); scale the embeddings down, L2-normalise them, or use "
-            "similarity='cosine'."
-        )
-    return scores
+        return similarity_matrix(emb_c, ref_c, similarity)
+
+
+def _raise_non_finite_scores(emb: torch.Tensor, similarity: str, dtype: torch.dtype) -> None:
+    norm = float(emb.detach().to(torch.float64).norm(dim=1).max())
+    raise ValueError(
+        f"`embeddings` give non-finite {similarity} similarities in {dtype} (largest row norm "
+        f"{norm:.3g}); scale the embeddings down, L2-normalise them, or use "
+        "similarity='cosine'."
+    )
 
 
 def anchor_statistics(
@@ -151,6 +190,201 @@ def raise_if_nothing_to_rank(owner: str, n_valid: int, labels: torch.Tensor) -> 
         )
 
 
+class BatchLayout:
+    """The label-only structure of one batch, on the host: CPU tensors and Python ints.
+
+    Built from the labels (the data loader gives them on the host, so nothing here waits for the
+    device): the positive / negative masks, the per-anchor counts, which anchors can be ranked,
+    the anchor counts of ``last_stats``, and, computed on demand and cached, the index tensors a
+    loss needs (:meth:`valid_index`, :meth:`positive_pairs`, or a loss's own through
+    :meth:`cached` / :meth:`pattern_cached`). A loss sends what it needs to the device with
+    :meth:`PairBatch.send`.
+
+    Batches of class ids whose labels have the same *pattern* (equal where the labels are equal:
+    a P x K sampler gives the same pattern at every step) share one structure
+    (:meth:`from_labels` keeps the last few): only the label values, used by a few lookups per
+    step, change. :attr:`classes` numbers the classes of such a batch by first appearance.
+
+    Args:
+        pos_mask: (B, M) bool, each anchor's positives (itself excluded).
+        neg_mask: (B, M) bool, each anchor's negatives.
+        self_reference: the references are the batch itself.
+        labels: (B,) host labels (None when unknown: a batch built from masks).
+        ref_labels: (M,) host reference labels (or None).
+        valid: (B,) bool anchors that can be ranked (default: a positive and a negative).
+
+    Attributes:
+        pos_mask, neg_mask, valid, labels, ref_labels, self_reference: as given.
+        positives_per_anchor, negatives_per_anchor: (B,) int64.
+        n_anchors, n_valid: ints.
+        stats: ``n_anchors, n_anchors_used, n_skipped_no_positive, n_skipped_no_negative,
+            n_positive_pairs, n_negative_pairs`` (pairs of the valid anchors), ints.
+        classes: (B,) int64 class index of every anchor, by first appearance (None unless built
+            by :meth:`from_labels` from class ids against the batch itself).
+    """
+
+    def __init__(
+        self,
+        pos_mask: torch.Tensor,
+        neg_mask: torch.Tensor,
+        self_reference: bool,
+        labels: torch.Tensor | None = None,
+        ref_labels: torch.Tensor | None = None,
+        valid: torch.Tensor | None = None,
+    ) -> None:
+        self.pos_mask, self.neg_mask = pos_mask, neg_mask
+        self.self_reference = self_reference
+        self.labels, self.ref_labels = labels, ref_labels
+        self.classes: torch.Tensor | None = None
+        # numpy on the host tensors' memory: a few microseconds per step instead of torch's
+        # dispatch per operation
+        positives, negatives = pos_mask.numpy().sum(1), neg_mask.numpy().sum(1)
+        has_pos, has_neg = positives > 0, negatives > 0
+        valid_rows = has_pos & has_neg if valid is None else valid.numpy()
+        self.positives_per_anchor = torch.from_numpy(positives)
+        self.negatives_per_anchor = torch.from_numpy(negatives)
+        self.valid = torch.from_numpy(valid_rows) if valid is None else valid
+        self.n_anchors = int(pos_mask.shape[0])
+        self.n_valid = int(np.count_nonzero(valid_rows))
+        self.stats: dict[str, Any] = {
+            "n_anchors": self.n_anchors,
+            "n_anchors_used": self.n_valid,
+            "n_skipped_no_positive": int(np.count_nonzero(~has_pos)),
+            "n_skipped_no_negative": int(np.count_nonzero(has_pos & ~has_neg)),
+            "n_positive_pairs": int(positives[valid_rows].sum()),
+            "n_negative_pairs": int(negatives[valid_rows].sum()),
+        }
+        self._cache: dict[str, Any] = {}
+        self._pattern_cache: dict[Any, Any] = {}
+
+    @classmethod
+    def from_labels(
+        cls,
+        labels: torch.Tensor,
+        ref_labels: torch.Tensor,
+        self_reference: bool,
+        levels: torch.Tensor | None = None,
+    ) -> BatchLayout:
+        """The layout of class ids (same id: positive) or of affinity ``levels`` (> 0: positive)."""
+        pattern = None
+        if levels is None and self_reference and labels.ndim == 1:
+            pattern, classes = _label_pattern(labels.numpy())
+            shared = _LAYOUTS.get(pattern)
+            if shared is not None:
+                return shared._with_labels(labels, ref_labels, classes)
+        if levels is None:
+            same = labels.numpy()[:, None] == ref_labels.numpy()[None, :]
+        else:
+            same = levels.numpy() > 0
+        negative = ~same
+        if self_reference:
+            np.fill_diagonal(same, False)
+            np.fill_diagonal(negative, False)  # (already False for class ids)
+        layout = cls(
+            torch.from_numpy(same), torch.from_numpy(negative), self_reference, labels, ref_labels
+        )
+        if pattern is None:
+            return layout
+        if labels.numel() ** 2 <= _LAYOUT_CACHE_ENTRIES:
+            _LAYOUTS[pattern] = layout
+            while len(_LAYOUTS) > _LAYOUT_CACHE_SIZE:
+                del _LAYOUTS[next(iter(_LAYOUTS))]
+        return layout._with_labels(labels, ref_labels, classes)
+
+    def _with_labels(
+        self, labels: torch.Tensor, ref_labels: torch.Tensor, classes: np.ndarray
+    ) -> BatchLayout:
+        """This structure for a batch of the same pattern.
+
+        It gets its own labels, per-batch cache and copies of the masks (a loss may write into
+        the batch's masks); the pattern's cache is shared.
+        """
+        out = copy.copy(self)
+        out.labels, out.ref_labels, out.classes = labels, ref_labels, torch.from_numpy(classes)
+        out.pos_mask, out.neg_mask = self.pos_mask.clone(), self.neg_mask.clone()
+        out.valid = self.valid.clone()
+        out._cache = {}
+        return out
+
+    @property
+    def all_valid(self) -> bool:
+        """Every anchor can be ranked."""
+        return self.n_valid == self.n_anchors
+
+    def cached(self, key: str, build: Callable[[BatchLayout], Any]) -> Any:
+        """``build(self)``, computed once per batch (host structure a loss derives from labels)."""
+        if key not in self._cache:
+            self._cache[key] = build(self)
+        return self._cache[key]
+
+    def pattern_cached(self, key: Any, build: Callable[[BatchLayout], Any]) -> Any:
+        """``build(self)``, shared by the batches of this label pattern.
+
+        ``build`` may read the masks, counts, ``valid`` and :attr:`classes`, never the label
+        values (another batch of the pattern has other classes); ``key`` names everything else
+        it depends on (e.g. a dtype).
+        """
+        if key not in self._pattern_cache:
+            self._pattern_cache[key] = build(self)
+        return self._pattern_cache[key]
+
+    def valid_index(self) -> torch.Tensor:
+        """(N,) int64 rows of the valid anchors, increasing."""
+        return self.pattern_cached(
+            "valid_index", lambda s: torch.from_numpy(np.flatnonzero(s.valid.numpy()))
+        )
+
+    def positive_pairs(self, valid_only: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(anchor, reference) int64 (P,) each: the positive pairs, row-major (by anchor).
+
+        ``valid_only`` keeps the pairs of valid anchors (what the losses average over); False
+        gives every positive pair (anchors without a negative too).
+        """
+        if not valid_only or self.all_valid:
+            return self.pattern_cached("positive_pairs", lambda s: _nonzero(s.pos_mask.numpy()))
+        return self.pattern_cached(
+            "valid_positive_pairs",
+            lambda s: _nonzero(s.pos_mask.numpy() & s.valid.numpy()[:, None]),
+        )
+
+    def restricted(self) -> BatchLayout:
+        """The layout of the valid anchors only (rows :meth:`valid_index`)."""
+        if self.all_valid:
+            return self
+
+        def build(s: BatchLayout) -> BatchLayout:
+            rows = s.valid_index()
+            labels = None if s.labels is None else s.labels[rows]
+            return BatchLayout(
+                s.pos_mask[rows], s.neg_mask[rows], s.self_reference, labels, s.ref_labels
+            )
+
+        return self.cached("restricted", build)
+
+
+# Layouts of recent label patterns (self-reference class ids, at most this many mask entries
+# each: 2 bytes per entry), oldest first
+_LAYOUTS: dict[bytes, BatchLayout] = {}
+_LAYOUT_CACHE_SIZE = 8
+_LAYOUT_CACHE_ENTRIES = 2**18
+
+
+def _label_pattern(labels: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """(key, classes): the labels renumbered by first appearance, and the bytes of that."""
+    _, first, inverse = np.unique(labels, return_index=True, return_inverse=True)
+    rank = np.empty_like(first)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    classes = rank[inverse.reshape(-1)].astype(np.int64, copy=False)
+    return classes.tobytes(), classes
+
+
+def _nonzero(mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column (int64 tensors) of the True entries of a 2-D host mask, row-major."""
+    rows, cols = np.nonzero(mask)
+    as_int64 = (torch.from_numpy(a.astype(np.int64, copy=False)) for a in (rows, cols))
+    return tuple(as_int64)  # type: ignore[return-value]
+
+
 @dataclass
 class PairBatch:
     """Everything a ranking loss needs about one batch.
@@ -167,6 +401,15 @@ class PairBatch:
         levels: (B, M) float64 multi-level affinities (None: binary, from the class ids).
         embeddings: the checked (B, d) embeddings the scores come from, in the scores' dtype.
         ref_embeddings: the same of the (M, d) references (``embeddings`` if self).
+        layout: the same structure on the host (:class:`BatchLayout`; see :attr:`host`).
+        inputs_ok: 0-dim bool tensor on the device, False when the values of the embeddings
+            failed the loss's checks (the call then returns NaN, and raises when ``last_stats``
+            is read); a loss with state updates it only where this is True (``torch.where``),
+            so a refused call changes nothing. None: unchecked (a batch built by hand).
+
+    Everything above is on the scores' device. Shapes that depend on the labels (how many pairs,
+    which anchors) come from :attr:`host` without a device sync; tensors derived there go to the
+    device with :meth:`send`.
     """
 
     scores: torch.Tensor
@@ -179,22 +422,60 @@ class PairBatch:
     levels: torch.Tensor | None = None
     embeddings: torch.Tensor | None = None
     ref_embeddings: torch.Tensor | None = None
+    layout: BatchLayout | None = field(default=None, repr=False)
+    inputs_ok: torch.Tensor | None = None
+    _derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def host(self) -> BatchLayout:
+        """The batch's :class:`BatchLayout` (built from the masks for a batch made by hand)."""
+        if self.layout is None:
+            self.layout = BatchLayout(
+                self.pos_mask.cpu(),
+                self.neg_mask.cpu(),
+                self.self_reference,
+                self.labels.cpu(),
+                self.ref_labels.cpu(),
+                self.valid.cpu(),
+            )
+        return self.layout
+
+    def cached(self, key: str, build: Callable[[PairBatch], Any]) -> Any:
+        """``build(self)`` once per batch: a device tensor several parts of a loss use."""
+        if key not in self._derived:
+            self._derived[key] = build(self)
+        return self._derived[key]
+
+    def negative_weights(self) -> torch.Tensor:
+        """``neg_mask`` as 0/1 in the scores' dtype (a bool factor would be cast at every use)."""
+        return self.cached("negative_weights", lambda b: b.neg_mask.to(b.scores.dtype))
+
+    def send(self, *tensors: torch.Tensor) -> list[torch.Tensor]:
+        """Host tensors on the scores' device, in one copy (the same tensors on the CPU)."""
+        return to_device(list(tensors), self.scores.device)
 
     def restrict_to_valid(self) -> PairBatch:
         """The same batch with only the valid anchors kept (rows of scores, masks, levels)."""
-        v = self.valid
-        rows = [None if t is None else t[v] for t in (self.levels, self.embeddings)]
+        host = self.host
+        if host.all_valid:
+            return self
+        (rows,) = self.send(host.valid_index())
+        levels, embeddings = (
+            None if t is None else t.index_select(0, rows) for t in (self.levels, self.embeddings)
+        )
         return PairBatch(
-            self.scores[v],
-            self.pos_mask[v],
-            self.neg_mask[v],
-            self.labels[v],
+            self.scores.index_select(0, rows),
+            self.pos_mask.index_select(0, rows),
+            self.neg_mask.index_select(0, rows),
+            self.labels.index_select(0, rows),
             self.ref_labels,
-            torch.ones(int(v.sum()), dtype=torch.bool, device=v.device),
+            torch.ones(host.n_valid, dtype=torch.bool, device=self.scores.device),
             self.self_reference,
-            rows[0],
-            rows[1],
+            levels,
+            embeddings,
             self.ref_embeddings,
+            host.restricted(),
+            self.inputs_ok,
         )
 
 
@@ -208,7 +489,13 @@ class RankingLoss(nn.Module):
     A subclass whose labels are more than class ids sets ``self.affinity`` (see
     :mod:`rankwise._affinity`): positives are then the references of positive affinity, and the
     batch carries the affinity levels. It may refine :meth:`check_rows` (what embeddings it
-    takes) and :meth:`check_batch` (when a batch has nothing to learn from).
+    takes), :meth:`value_flag` / :meth:`check_values` (checks of their values, on the device) and
+    :meth:`check_batch` (when a batch has nothing to learn from).
+
+    Without host syncs: take label-dependent shapes and indices from ``batch.host`` (a
+    :class:`BatchLayout`) and send them with ``batch.send``; record ``last_stats`` values as
+    detached tensors (``self.last_stats["x"] = t.detach()``), read when somebody reads them;
+    guard state updates with ``batch.inputs_ok``.
 
     Example:
         >>> import torch
@@ -228,7 +515,7 @@ class RankingLoss(nn.Module):
     def __init__(self, similarity: str = "cosine") -> None:
         super().__init__()
         self.similarity = check_similarity(similarity)  # "neg_euclidean" -> "euclidean"
-        self.last_stats: dict[str, float] = {}
+        self.last_stats: dict[str, Any] = LossStats()
 
     # -- subclasses override -------------------------------------------------------------------
     def compute(self, batch: PairBatch) -> torch.Tensor:  # pragma: no cover - abstract
@@ -236,14 +523,30 @@ class RankingLoss(nn.Module):
         raise NotImplementedError
 
     def check_rows(self, x: Any, name: str) -> torch.Tensor:
-        """Check one embedding matrix (``embeddings`` / ``ref_embeddings``): finite, 2-D."""
-        return check_embeddings(x, name)
+        """Check one embedding matrix (``embeddings`` / ``ref_embeddings``): 2-D floats.
+
+        Only the shape and dtype: the values are checked on the device (:meth:`value_flag`,
+        finite scores) without a host read.
+        """
+        return check_embeddings(x, name, finite=False)
+
+    def value_flag(self, x: torch.Tensor) -> torch.Tensor | None:
+        """0-dim bool tensor, False when the values of ``x`` break a rule of this loss, or None.
+
+        Finite values need no flag: every loss checks that its scores are finite. Computed on
+        the device; read only when ``last_stats`` is.
+        """
+        return None
+
+    def check_values(self, x: torch.Tensor, name: str) -> None:
+        """Raise the ``ValueError`` naming ``name`` for values this loss refuses (error path)."""
+        check_finite(x, name)
 
     def check_batch(self, batch: PairBatch) -> None:
         """Refuse a batch with nothing to learn from: no anchor with a positive and a negative."""
-        raise_if_nothing_to_rank(
-            type(self).__name__, int(self.last_stats["n_anchors_used"]), batch.labels
-        )
+        host = batch.host
+        labels = batch.labels if host.labels is None else host.labels
+        raise_if_nothing_to_rank(type(self).__name__, host.n_valid, labels)
 
     # -- shared path -----------------------------------------------------------------------------
     def prepare(
@@ -253,7 +556,12 @@ class RankingLoss(nn.Module):
         ref_embeddings: torch.Tensor | None = None,
         ref_labels: torch.Tensor | None = None,
     ) -> PairBatch:
-        """Validate inputs, build the score matrix and masks, count skipped anchors."""
+        """Validate inputs, build the score matrix and masks, count skipped anchors.
+
+        Labels are read on the host (a copy of them when they are on an accelerator); the
+        embeddings' values are checked on the device, and a failure raises here for CPU
+        embeddings, when ``last_stats`` is read on an accelerator (see the module docstring).
+        """
         emb, lab, ref, ref_lab = validate_pair_inputs(
             embeddings,
             labels,
@@ -261,27 +569,76 @@ class RankingLoss(nn.Module):
             ref_labels,
             affinity=self.affinity,
             check_rows=self.check_rows,
+            labels_on_host=True,
         )
         self_reference = ref is None
         if ref is None or ref_lab is None:  # validate_pair_inputs gives both or neither
             ref, ref_lab = emb, lab
-        # one upcast of half-precision rows, whose gradient gathers every use in float32
-        emb = emb.to(score_dtype(emb.dtype))
-        ref = emb if self_reference else ref.to(emb.dtype)
-        scores = loss_scores(emb, ref, self.similarity, self_reference)
         levels = None if self.affinity is None else affinity_levels(self.affinity, lab, ref_lab)
-        same = lab[:, None] == ref_lab[None, :] if levels is None else levels > 0
-        pos_mask = same.clone()
-        neg_mask = ~same
-        if self_reference:
-            pos_mask.fill_diagonal_(False)
-            neg_mask.fill_diagonal_(False)  # (already False for class ids)
-        valid, self.last_stats = anchor_statistics(pos_mask, neg_mask)
+        layout = BatchLayout.from_labels(lab, ref_lab, self_reference, levels)
+        ok = self._values_flag(emb, None if self_reference else ref)
+        # one upcast of half-precision rows, whose gradient gathers every use in float32
+        rows = emb.to(score_dtype(emb.dtype))
+        ref_rows = rows if self_reference else ref.to(rows.dtype)
+        scores = _score_matrix(rows, ref_rows, self.similarity, self_reference)
+        # s − s is 0 exactly when s is finite (NaN and ±inf give NaN): cheaper than isfinite
+        finite = (scores - scores).eq(0).all()
+        ok = finite if ok is None else finite & ok
+        check = DeferredCheck(ok, self._explain(emb, ref, self_reference))
+        if emb.device.type == "cpu" and not simulating_device():
+            # reading a CPU value waits for nothing: refuse at the call, before any state changes
+            check.raise_if_failed()
+        self.last_stats = LossStats(layout.stats, check=check)
+        sent = to_device(
+            [layout.pos_mask, layout.neg_mask, lab, ref_lab, layout.valid]
+            + ([] if levels is None else [levels]),
+            emb.device,
+        )
+        pos_mask, neg_mask, lab, ref_lab, valid = sent[:5]
         batch = PairBatch(
-            scores, pos_mask, neg_mask, lab, ref_lab, valid, self_reference, levels, emb, ref
+            scores,
+            pos_mask,
+            neg_mask,
+            lab,
+            ref_lab,
+            valid,
+            self_reference,
+            sent[5] if levels is not None else None,
+            rows,
+            ref_rows,
+            layout,
+            ok,
         )
         self.check_batch(batch)
         return batch
+
+    def _values_flag(self, emb: torch.Tensor, ref: torch.Tensor | None) -> torch.Tensor | None:
+        flags = (self.value_flag(emb), None if ref is None else self.value_flag(ref))
+        present = [f for f in flags if f is not None]
+        if not present:
+            return None
+        return present[0] if len(present) == 1 else present[0] & present[1]
+
+    def _explain(
+        self, emb: torch.Tensor, ref: torch.Tensor, self_reference: bool
+    ) -> Callable[[], None]:
+        """The error path of the deferred check: the eager checks, on the call's inputs."""
+        emb, ref = emb.detach(), ref.detach()
+
+        def explain() -> None:
+            self.check_values(emb, "embeddings")
+            if not self_reference:
+                self.check_values(ref, "ref_embeddings")
+            _raise_non_finite_scores(emb, self.similarity, score_dtype(emb.dtype))
+
+        return explain
+
+    @staticmethod
+    def finish(value: torch.Tensor, batch: PairBatch) -> torch.Tensor:
+        """``value``, or NaN when the batch's values failed their check (no host read)."""
+        if batch.inputs_ok is None:
+            return value
+        return torch.where(batch.inputs_ok, value, math.nan)
 
     def forward(
         self,
@@ -300,9 +657,11 @@ class RankingLoss(nn.Module):
 
         Returns:
             A scalar tensor (float32 for float16 / bfloat16 embeddings, see the module docstring).
+            Refused values of the embeddings raise a ``ValueError`` naming them (on an
+            accelerator: NaN is returned and the error raised when ``last_stats`` is read).
         """
         batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
-        return self.compute(batch)
+        return self.finish(self.compute(batch), batch)
 
     def extra_repr(self) -> str:
         """The similarity, shown in the module's repr."""

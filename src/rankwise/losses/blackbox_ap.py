@@ -185,7 +185,7 @@ class BlackBoxAPLoss(RankingLoss):
         # gradient.
         shifted = shifted.masked_fill(~ranked, float("-inf"))
         ap = BlackBoxAP.apply(shifted, b.pos_mask, self.lambda_val)
-        self.last_stats["mean_ap"] = float(ap.detach().mean())
+        self.last_stats["mean_ap"] = ap.detach().mean()
         return 1 - ap.mean()
 
     def extra_repr(self) -> str:

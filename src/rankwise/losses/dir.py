@@ -197,7 +197,7 @@ class DIRLoss(RankingLoss):
         ap = quantized_average_precision(
             b.scores, b.pos_mask, b.neg_mask, self.num_bins, self.score_range
         )
-        self.last_stats["mean_ap_q"] = float(ap.detach().mean())
+        self.last_stats["mean_ap_q"] = ap.detach().mean()
         return 1 - ap.mean()
 
     def extra_repr(self) -> str:

@@ -19,9 +19,17 @@ import torch.nn.functional as F
 
 from .._affinity import check_affinity
 from .._validation import Interval, check_scalar
+from ._deferred import LossStats
 from .base import PairBatch, RankingLoss
 
 __all__ = ["DPSHLoss"]
+
+
+def _pair_counts(batch: PairBatch) -> tuple[int, int]:
+    """(similar pairs, pairs of distinct items) of a batch, counted on the host from its labels."""
+    host = batch.host
+    n_similar = int(host.positives_per_anchor.sum())
+    return n_similar, n_similar + int(host.negatives_per_anchor.sum())
 
 
 class DPSHLoss(RankingLoss):
@@ -51,8 +59,7 @@ class DPSHLoss(RankingLoss):
 
     def check_batch(self, batch: PairBatch) -> None:
         """Refuse a batch without a pair of distinct items, or with one kind of pair only."""
-        n_similar = int(batch.pos_mask.sum())
-        n_pairs = n_similar + int(batch.neg_mask.sum())
+        n_similar, n_pairs = _pair_counts(batch)
         if n_pairs == 0:
             raise ValueError("DPSHLoss: the batch has no pair of distinct items; pass >= 2 items.")
         if n_similar in (0, n_pairs):
@@ -67,7 +74,7 @@ class DPSHLoss(RankingLoss):
     def compute(self, batch: PairBatch) -> torch.Tensor:
         """Loss of a prepared batch: every pair of distinct items, no anchor skipped."""
         pairs = batch.pos_mask | batch.neg_mask
-        n_pairs = int(pairs.sum())
+        n_similar, n_pairs = _pair_counts(batch)
         # prepare() sets the embeddings; the affinity (always set here) gives the levels
         assert batch.levels is not None and batch.embeddings is not None
         similar = batch.levels > 0
@@ -79,12 +86,16 @@ class DPSHLoss(RankingLoss):
             nll = F.softplus(theta) - similar.to(dtype) * theta
             likelihood = (nll * pairs).sum() / n_pairs
             quantization = (torch.where(u_c >= 0, 1.0, -1.0).to(dtype) - u_c).pow(2).mean()
-        self.last_stats = {
-            "n_pairs": n_pairs,
-            "n_similar_pairs": int(batch.pos_mask.sum()),
-            "likelihood": float(likelihood.detach()),
-            "quantization": float(quantization.detach()),
-        }
+        # these keys only, the deferred check of the call's codes kept
+        self.last_stats = LossStats(
+            {
+                "n_pairs": n_pairs,
+                "n_similar_pairs": n_similar,
+                "likelihood": likelihood.detach(),
+                "quantization": quantization.detach(),
+            },
+            check=getattr(self.last_stats, "check", None),
+        )
         return likelihood + self.eta * quantization
 
     def extra_repr(self) -> str:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .._validation import Interval, as_tensor, check_choice, check_scalar
-from .base import PairBatch, RankingLoss
+from .base import BatchLayout, PairBatch, RankingLoss
 
 __all__ = [
     "DUAL_UPDATES",
@@ -126,11 +126,18 @@ def pair_score_sets(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
     Without a reference set every unordered pair {i, j} of the batch counts once (i < j, the
     U-statistics of the paper); with one, every (anchor, reference) pair counts once.
     """
-    if batch.self_reference:
-        n = batch.scores.shape[0]
-        upper = torch.ones(n, n, dtype=torch.bool, device=batch.scores.device).triu_(1)
-        return batch.scores[batch.pos_mask & upper], batch.scores[batch.neg_mask & upper]
-    return batch.scores[batch.pos_mask], batch.scores[batch.neg_mask]
+    pos_index, neg_index = batch.send(*batch.host.pattern_cached("pair_set_index", _pair_set_index))
+    flat = batch.scores.reshape(-1)
+    return flat.index_select(0, pos_index), flat.index_select(0, neg_index)
+
+
+def _pair_set_index(host: BatchLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major flat positions of :func:`pair_score_sets`' pairs, from the labels (host)."""
+    pos, neg = host.pos_mask, host.neg_mask
+    if host.self_reference:
+        upper = torch.ones(pos.shape, dtype=torch.bool).triu_(1)
+        pos, neg = pos & upper, neg & upper
+    return pos.reshape(-1).nonzero().squeeze(1), neg.reshape(-1).nonzero().squeeze(1)
 
 
 class PointwiseROCLoss(RankingLoss):
@@ -244,38 +251,47 @@ class PointwiseROCLoss(RankingLoss):
         pos_scores, neg_scores = pair_score_sets(batch)
         if pos_scores.numel() == 0 or neg_scores.numel() == 0:  # pragma: no cover - prepare checks
             raise ValueError("PointwiseROCLoss: the batch has no positive or no negative pair.")
+        used = self.multiplier.detach().clone()  # λ of this call: the buffer is stepped below
         loss, positive, negative = pointwise_roc_lagrangian(
             pos_scores,
             neg_scores,
-            self.multiplier,
+            used,
             self.alpha,
             self.threshold,
             self.temperature,
             self.surrogate,
         )
         with torch.no_grad():
-            tpr = float((pos_scores >= self.threshold).double().mean())
-            fpr = float((neg_scores >= self.threshold).double().mean())
-        used = float(self.multiplier)
+            tpr = (pos_scores >= self.threshold).double().mean()
+            fpr = (neg_scores >= self.threshold).double().mean()
         self.last_stats.update(
             tpr=tpr,
             fpr=fpr,
-            positive_risk=float(positive.detach()),
-            negative_risk=float(negative.detach()),
+            positive_risk=positive.detach(),
+            negative_risk=negative.detach(),
             multiplier=used,
             n_positive_pairs=int(pos_scores.numel()),
             n_negative_pairs=int(neg_scores.numel()),
         )
         if self.training and self.dual_lr > 0:
-            # every check is behind us: the buffers change only for a call that succeeds
-            violation = (fpr if self.dual_update == "indicator" else float(negative)) - self.alpha
-            if not math.isfinite(violation):
-                raise ValueError(
-                    "PointwiseROCLoss: the negative risk is not finite; the multiplier is kept."
-                )
-            self.multiplier.add_(self.dual_lr * violation).clamp_(min=0.0)
-            self.n_dual_steps.add_(1)
+            self._dual_step(fpr if self.dual_update == "indicator" else negative.detach(), batch)
         return loss
+
+    @torch.no_grad()
+    def _dual_step(self, risk: torch.Tensor, batch: PairBatch) -> None:
+        """One dual step λ ← max(0, λ + η (risk − α)), on the device.
+
+        A refused call (``batch.inputs_ok`` False: non-finite scores, so a non-finite risk) keeps
+        λ and the step count.
+        """
+        # the violation as a float, the step rounded to λ's dtype, as Python numbers would be
+        violation = risk.to(torch.float64) - self.alpha
+        stepped = (self.multiplier + (self.dual_lr * violation).to(self.multiplier.dtype)).clamp(
+            min=0.0
+        )
+        ok = batch.inputs_ok if batch.inputs_ok is not None else torch.isfinite(violation)
+        self.multiplier.copy_(torch.where(ok, stepped, self.multiplier))
+        self.n_dual_steps.add_(ok.to(self.n_dual_steps.dtype))
 
     def extra_repr(self) -> str:
         """The hyper-parameters and the current multiplier, for ``repr``."""

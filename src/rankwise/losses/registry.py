@@ -2,7 +2,8 @@
 
 The rankwise ranking losses (SOPRC with its semi-variance regularizer, Wen et al., NeurIPS 2022,
 Alg. 1 and Eq. 9; the biased AP baseline, Eq. 5; the AUC loss of Gajić et al., Eq. 9; the Wilcoxon
-loss, Eq. 11; Smooth-AP; DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020; the
+loss, Eq. 11; Smooth-AP; ROADMAP, Ramzi et al., NeurIPS 2021; the Recall@k surrogate, Patel et al.,
+CVPR 2022; DIR, Revaud et al., ICCV 2019; BlackBox-AP, Rolínek et al., CVPR 2020; the
 pointwise ROC loss, Vogel et al., ICML 2018, problem (1)) and the pytorch-metric-learning baselines
 of :mod:`rankwise.losses.baselines`. Parameters are checked
 against the constructor signature, so a misspelt key fails with a ``ValueError`` naming the loss,
@@ -25,6 +26,8 @@ from .blackbox_ap import BlackBoxAPLoss
 from .dir import DIRLoss
 from .pairwise_hashing import DPSHLoss
 from .pointwise_roc import PointwiseROCLoss
+from .recall_at_k import RecallAtKLoss
+from .roadmap import ROADMAPLoss
 from .smooth_ap import SmoothAPLoss
 from .soprc import APLoss, SemiVarianceRegularizer, SOPRCLoss
 from .tie_aware import TieAwareAPLoss, TieAwareNDCGLoss
@@ -40,6 +43,8 @@ _LOSS_CLASSES: Registry[Callable[..., nn.Module]] = Registry(
         "auc": AUCLoss,
         "wilcoxon": WilcoxonLoss,
         "smooth_ap": SmoothAPLoss,
+        "roadmap": ROADMAPLoss,
+        "recall_at_k": RecallAtKLoss,
         "dir": DIRLoss,
         "blackbox_ap": BlackBoxAPLoss,
         "pointwise_roc": PointwiseROCLoss,

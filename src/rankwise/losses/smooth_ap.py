@@ -59,18 +59,21 @@ class SmoothAPLoss(RankingLoss):
         """(N,) relaxed AP of each valid anchor, in the order of ``batch.valid``'s True entries."""
         valid = batch.restrict_to_valid()
         scores, pos_mask, neg_mask = valid.scores, valid.pos_mask, valid.neg_mask
-        # One row per (anchor q, positive i) pair.
-        anchor_idx, pos_idx = pos_mask.nonzero(as_tuple=True)
+        # One row per (anchor q, positive i) pair, from the labels (host).
+        anchor_idx, pos_idx = valid.send(*valid.host.positive_pairs())
         n_pairs = anchor_idx.numel()
         pair_score = scores[anchor_idx, pos_idx]
         # above[p, j] ≈ 1 when reference j scores above positive i for anchor q (pair p = (q, i)).
-        above = torch.sigmoid((scores[anchor_idx] - pair_score[:, None]) / self.temperature)
-        other_pos = pos_mask[anchor_idx]
+        rows = scores.index_select(0, anchor_idx)
+        above = torch.sigmoid((rows - pair_score[:, None]) / self.temperature)
+        other_pos = pos_mask.index_select(0, anchor_idx)
         # The positive itself is not ranked above itself (sigmoid(0) = ½ would be added otherwise).
         other_pos[torch.arange(n_pairs, device=scores.device), pos_idx] = False
         zero = above.new_zeros(())
         rank_pos = 1.0 + torch.where(other_pos, above, zero).sum(dim=1)
-        rank_all = rank_pos + torch.where(neg_mask[anchor_idx], above, zero).sum(dim=1)
+        rank_all = rank_pos + torch.where(neg_mask.index_select(0, anchor_idx), above, zero).sum(
+            dim=1
+        )
         precision = rank_pos / rank_all
         ap_sum = scores.new_zeros(scores.shape[0]).index_add(0, anchor_idx, precision)
         return ap_sum / pos_mask.sum(dim=1).to(scores.dtype)
@@ -79,7 +82,7 @@ class SmoothAPLoss(RankingLoss):
         """The loss of a validated batch (see the class docstring)."""
         ap = self.smooth_average_precision(batch)
         mean_ap = ap.mean()
-        self.last_stats["mean_smooth_ap"] = float(mean_ap.detach())
+        self.last_stats["mean_smooth_ap"] = mean_ap.detach()
         return 1.0 - mean_ap
 
     def extra_repr(self) -> str:

@@ -14,13 +14,16 @@ TPR term counts the n_c − 1 positives a class row stands for (the released cod
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from .._dispatch import to_device
 from .._validation import (
     Interval,
     as_tensor,
@@ -29,7 +32,7 @@ from .._validation import (
     check_range_pair,
     check_scalar,
 )
-from .base import PairBatch, RankingLoss, score_dtype
+from .base import BatchLayout, PairBatch, RankingLoss, score_dtype
 
 __all__ = [
     "APLoss",
@@ -43,6 +46,8 @@ __all__ = [
 V_INITS = ("grid", "uniform")
 SEMI_VARIANCE_NORMS = ("pairs", "tail")
 TPR_COUNTS = ("class", "num_v")
+# buffers the step reads on the host (fixed after construction), see SOPRCLoss._host_buffer
+_HOST_BUFFERS = ("prior", "positives")
 # prior of the largest class in SOPRCLoss.from_labels (the released code's default prior_mul): the
 # raw class share of a many-class dataset (~1e-4) leaves the loss almost no gradient (docs/losses.md)
 DEFAULT_PRIOR_SCALE = 0.1
@@ -81,6 +86,79 @@ def sigmoid_surrogate(x: torch.Tensor, tau2: float) -> torch.Tensor:
 
 
 # -- score interpolation φ of Alg. 2 -------------------------------------------------------------
+class _GroupLayout:
+    """Where φ reads and writes, for values in groups: a function of the group ids only (host).
+
+    The values of group g fill row g of a (G, W + 1) block (W the largest group), in input order,
+    the rest +inf; a stable row sort puts each group's values in ascending order (ties in input
+    order, as a global stable sort would) at columns 0..n_g − 1. Prepending u_0 gives the curve
+    u_0, u_1..u_n, u_{n+1} of Alg. 2 with u_{n+1} written over the first +inf.
+    """
+
+    def __init__(self, groups: torch.Tensor, num_points: int) -> None:
+        # numpy on the host labels: a few microseconds per operation instead of torch's dispatch
+        present, first, inverse, counts = np.unique(
+            groups.numpy(), return_index=True, return_inverse=True, return_counts=True
+        )
+        inverse, counts = inverse.astype(np.int64), counts.astype(np.int64)
+        self.present, self.num_points = torch.from_numpy(present), num_points
+        self.first = torch.from_numpy(first.astype(np.int64))  # each group's first value
+        self.n_groups, width = int(present.size), int(counts.max())
+        # each value's position within its group, in input order
+        order = np.argsort(inverse, kind="stable")
+        starts = np.cumsum(counts) - counts
+        slot = np.empty_like(inverse)
+        slot[order] = np.arange(inverse.size) - starts[inverse[order]]
+        self.width = width + 1
+        self.cell = torch.from_numpy(inverse * self.width + slot)
+        # columns of the sorted block: u_1, u_n, u_2 (u_1 for a single value), u_{n−1} (or u_1)
+        ends = [np.zeros_like(counts), counts - 1, np.minimum(counts, 2) - 1]
+        self.ends = torch.from_numpy(np.stack([*ends, np.maximum(counts - 2, 0)], axis=1))
+        # u_{n+1}: column n + 1 of the curve
+        self.high_column = torch.from_numpy((counts + 1)[:, None])
+        # position j/(K+1) on the index scale of a group of n values is j(n+1)/(K+1); integer
+        # arithmetic keeps positions that coincide with a data point exact
+        j = np.arange(1, num_points + 1, dtype=np.int64)
+        numerator = j[None, :] * (counts[:, None] + 1)
+        left = numerator // (num_points + 1)
+        self.remainder = torch.from_numpy(numerator - left * (num_points + 1))
+        right = np.minimum(left + 1, (counts + 1)[:, None])
+        self.knots = torch.from_numpy(np.concatenate([left, right], axis=1))
+
+    def device_tensors(self) -> list[torch.Tensor]:
+        """What :func:`_phi` needs on the device (send them, then pass them in this order)."""
+        return [self.cell, self.ends, self.high_column, self.knots, self.remainder]
+
+
+def _phi(
+    values: torch.Tensor,
+    layout: _GroupLayout,
+    sent: list[torch.Tensor],
+    score_range: tuple[float, float] | None,
+) -> torch.Tensor:
+    """φ of every group of ``layout``: (G, num_points); ends never pass u_1 / u_n."""
+    cell, ends, high_column, knots, remainder = sent
+    block = values.new_full((layout.n_groups * layout.width,), math.inf)
+    block = block.index_put_((cell,), values).view(layout.n_groups, layout.width)
+    ascending = block.sort(dim=1, stable=True).values
+    u = ascending.gather(1, ends)  # u_1, u_n, u_2, u_{n−1}
+    # u_0 = 2u_1 − u_2, u_{n+1} = 2u_n − u_{n−1}, each contiguous: maximum / minimum of
+    # (+0, −0) depend on the kernel, which depends on the layout
+    low, high = 2 * u[:, 0] - u[:, 2], 2 * u[:, 1] - u[:, 3]
+    if score_range is not None:
+        low = torch.maximum(low, u[:, 0].clamp(max=score_range[0]))
+        high = torch.minimum(high, u[:, 1].clamp(min=score_range[1]))
+    curve = torch.cat([low[:, None], ascending], dim=1).scatter_(1, high_column, high[:, None])
+    k = layout.num_points
+    # two gathers, not two halves of one: a strided `minimum` takes another kernel, whose
+    # minimum(+0, -0) differs from the contiguous one's
+    lower, upper = curve.gather(1, knots[:, :k]), curve.gather(1, knots[:, k:])
+    frac = remainder.to(values.dtype) / (k + 1)
+    # lower + frac·(upper − lower) is exact where lower == upper; the minimum keeps rounding from
+    # stepping past the next knot, so φ is non-decreasing in floating point too
+    return torch.minimum(lower + frac * (upper - lower), upper)
+
+
 def _grouped_score_interpolation(
     values: torch.Tensor,
     groups: torch.Tensor,
@@ -88,43 +166,9 @@ def _grouped_score_interpolation(
     score_range: tuple[float, float] | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """φ of every group: (distinct group ids (G,), rows (G, num_points)); ends never pass u_1 / u_n."""
-    present, inverse, counts = torch.unique(groups, return_inverse=True, return_counts=True)
-    n_groups = present.numel()
-    # sort by value, then stably by group: values end up sorted within each group
-    order = torch.argsort(values, stable=True)
-    order = order[torch.argsort(inverse[order], stable=True)]
-    sorted_values = values[order]
-    sorted_groups = inverse[order]
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(values.numel(), device=values.device) - starts[sorted_groups]
-
-    rows = torch.arange(n_groups, device=values.device)
-    curve = values.new_zeros(n_groups, int(counts.max()) + 2)
-    curve[sorted_groups, rank + 1] = sorted_values
-    first = curve[:, 1]
-    second = curve[rows, counts.clamp(max=2)]  # = first when the group has a single value
-    last = curve[rows, counts]
-    before_last = curve[rows, (counts - 1).clamp(min=1)]
-    low = 2 * first - second
-    high = 2 * last - before_last
-    if score_range is not None:
-        low = torch.maximum(low, first.clamp(max=score_range[0]))
-        high = torch.minimum(high, last.clamp(min=score_range[1]))
-    curve[:, 0] = low
-    curve[rows, counts + 1] = high
-
-    # position j/(K+1) on the index scale of a group of n values is j(n+1)/(K+1); integer
-    # arithmetic keeps positions that coincide with a data point exact
-    j = torch.arange(1, num_points + 1, device=values.device)
-    numerator = j[None, :] * (counts[:, None] + 1)
-    left = torch.div(numerator, num_points + 1, rounding_mode="floor")
-    frac = (numerator - left * (num_points + 1)).to(values.dtype) / (num_points + 1)
-    right = torch.minimum(left + 1, (counts + 1)[:, None])
-    lower, upper = curve.gather(1, left), curve.gather(1, right)
-    # lower + frac·(upper − lower) is exact where lower == upper; the minimum keeps rounding from
-    # stepping past the next knot, so φ is non-decreasing in floating point too
-    phi = torch.minimum(lower + frac * (upper - lower), upper)
-    return present, phi
+    layout = _GroupLayout(groups.cpu(), num_points)
+    sent = to_device(layout.device_tensors(), values.device)
+    return layout.present.to(values.device), _phi(values, layout, sent, score_range)
 
 
 def score_interpolation(
@@ -155,6 +199,18 @@ def score_interpolation(
     rng = _check_score_range(score_range)
     groups = torch.zeros(s.numel(), dtype=torch.long, device=s.device)
     return _grouped_score_interpolation(s, groups, num_points, rng)[1][0]
+
+
+def _moving_average_weights(beta: float, dtype: torch.dtype) -> tuple[float, float]:
+    """(1 − β, β) as the values a (1 − β) / β tensor of ``dtype`` holds (cached per dtype)."""
+    key = (beta, dtype)
+    if key not in _WEIGHTS:
+        take = torch.tensor(beta, dtype=dtype)
+        _WEIGHTS[key] = (float(1 - take), float(take))
+    return _WEIGHTS[key]
+
+
+_WEIGHTS: dict[tuple[float, torch.dtype], tuple[float, float]] = {}
 
 
 # -- argument checks --------------------------------------------------------------------------------
@@ -188,19 +244,12 @@ def _check_semi_variance(reg: Any) -> SemiVarianceRegularizer | None:
 
 
 # -- shared pieces of Eq. (5) and Eq. (8) -----------------------------------------------------------
-def _positive_pairs(batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(anchor, reference, score) of every positive pair of a valid anchor, (P,) each, by anchor."""
-    pos_mask = batch.pos_mask & batch.valid[:, None]
-    anchor, ref = pos_mask.nonzero(as_tuple=True)
-    return anchor, ref, batch.scores[anchor, ref]
-
-
 def _negative_huber_sum(
     batch: PairBatch, anchor: torch.Tensor, s_pos: torch.Tensor, tau1: float
 ) -> torch.Tensor:
     """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,)."""
-    margin = (batch.scores / tau1)[anchor] - (s_pos / tau1 - 1)[:, None]
-    is_negative = batch.neg_mask.to(batch.scores.dtype)[anchor]
+    margin = (batch.scores / tau1).index_select(0, anchor) - (s_pos / tau1 - 1)[:, None]
+    is_negative = batch.negative_weights().index_select(0, anchor)
     return _MaskedHuberSum.apply(margin, is_negative)
 
 
@@ -243,13 +292,37 @@ def _other_pairs_of_same_anchor(anchor: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def _other_positive_sigmoid_sum(
-    scores: torch.Tensor, anchor: torch.Tensor, ref: torch.Tensor, s_pos: torch.Tensor, tau2: float
+    scores: torch.Tensor,
+    anchor: torch.Tensor,
+    ref: torch.Tensor,
+    s_pos: torch.Tensor,
+    tau2: float,
+    others: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
-    """Σ_{x ∈ z⁺(anchor), x ≠ x⁺} ℓ2(s⁺ − s(x)) for every positive pair, from a (P, W) block: (P,)."""
-    others, is_real = _other_pairs_of_same_anchor(anchor)
-    other_scores = scores[anchor, ref][others]
+    """Σ_{x ∈ z⁺(anchor), x ≠ x⁺} ℓ2(s⁺ − s(x)) for every positive pair, from a (P, W) block: (P,).
+
+    ``others`` is :func:`_other_pairs_of_same_anchor` of ``anchor`` (computed on the host).
+    """
+    index, is_real = others
+    other_scores = scores[anchor, ref][index]
     terms = sigmoid_surrogate(s_pos[:, None] - other_scores, tau2)
     return torch.where(is_real, terms, 0).sum(1)
+
+
+def _unordered_pairs(
+    anchor: torch.Tensor, ref: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each pair of a symmetric pair list once, and where every listed pair finds it (host).
+
+    Returns (first, second, position): the pairs {a, b} with a < b, row-major, and for every
+    listed pair (a, b) the position of {a, b} among them.
+    """
+    a, b = anchor.numpy(), ref.numpy()
+    lower = a < b
+    first, second = a[lower], b[lower]
+    key = np.minimum(a, b) * n + np.maximum(a, b)
+    position = np.searchsorted(first * n + second, key)
+    return torch.from_numpy(first), torch.from_numpy(second), torch.from_numpy(position)
 
 
 class _PairScores:
@@ -262,13 +335,19 @@ class _PairScores:
     def __init__(self, emb: torch.Tensor, ref: torch.Tensor, similarity: str) -> None:
         # in the dtype of the loss's scores: float16 dot products overflow past 65504
         dtype = score_dtype(emb.dtype)
-        emb, ref = emb.detach().to(dtype), ref.detach().to(dtype)
+        same = ref is emb
+        emb = emb.detach().to(dtype)
         if similarity == "cosine":
-            emb, ref = F.normalize(emb, dim=1), F.normalize(ref, dim=1)
+            emb = F.normalize(emb, dim=1)
+        if same:  # a batch ranked against itself: one normalisation
+            ref = emb
+        else:
+            ref = ref.detach().to(dtype)
+            ref = F.normalize(ref, dim=1) if similarity == "cosine" else ref
         self.emb, self.ref, self.similarity = emb, ref, similarity
 
     def __call__(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        a, b = self.emb[rows], self.ref[cols]
+        a, b = self.emb.index_select(0, rows), self.ref.index_select(0, cols)
         if self.similarity == "euclidean":  # the canonical name (rankwise.similarity)
             return -(a - b).norm(dim=1)
         return (a * b).sum(1)
@@ -345,17 +424,23 @@ class SemiVarianceRegularizer(RankingLoss):
         scores = batch.scores
         zero = scores.new_zeros(())
         tail = self.normalization == "tail"
-        pos = scores[batch.pos_mask]
-        if pos.numel():
+        host = batch.host
+        positives = host.pattern_cached(
+            "flat_positives", lambda h: h.pos_mask.reshape(-1).nonzero().squeeze(1)
+        )
+        n_pos = int(positives.numel())
+        if n_pos:
+            (positives,) = batch.send(positives)
+            pos = scores.reshape(-1).index_select(0, positives)  # scores[pos_mask], row-major
             below = (pos - pos.mean()).clamp(max=0)
-            count = (below < 0).sum().clamp(min=1) if tail else pos.numel()
+            count = (below < 0).sum().clamp(min=1) if tail else n_pos
             pos_term = (below**2).sum() / count
         else:
             pos_term = zero
         # negatives are nearly every entry: a dense 0/1 mask is cheaper than gathering them
-        is_negative = batch.neg_mask.to(scores.dtype)
-        n_neg = int(batch.neg_mask.sum())
+        n_neg = int(host.negatives_per_anchor.sum())
         if n_neg:
+            is_negative = batch.negative_weights()
             neg_mean = (scores * is_negative).sum() / n_neg
             above = (scores - neg_mean).clamp(min=0) * is_negative
             count = (above > 0).sum().clamp(min=1) if tail else n_neg
@@ -363,9 +448,9 @@ class SemiVarianceRegularizer(RankingLoss):
         else:
             neg_term = zero
         self.last_stats.update(
-            semi_variance_pos=float(pos_term.detach()),
-            semi_variance_neg=float(neg_term.detach()),
-            semi_variance_positive_pairs=int(pos.numel()),
+            semi_variance_pos=pos_term.detach(),
+            semi_variance_neg=neg_term.detach(),
+            semi_variance_positive_pairs=n_pos,
             semi_variance_negative_pairs=n_neg,
         )
         return self.lambda_pos * pos_term + self.lambda_neg * neg_term
@@ -389,7 +474,7 @@ def _plus_semi_variance(
     if owner.semi_variance is None:
         return loss
     reg = owner.semi_variance.from_batch(batch)
-    owner.last_stats["semi_variance"] = float(reg.detach())
+    owner.last_stats["semi_variance"] = reg.detach()
     return loss + reg
 
 
@@ -437,18 +522,26 @@ class APLoss(RankingLoss):
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
         """Loss of a prepared batch (see the class docstring)."""
-        anchor, ref, s_pos = _positive_pairs(batch)
+        host = batch.host
+        anchor, ref = host.positive_pairs()
+        dtype = batch.scores.dtype
+        n_pos = host.positives_per_anchor[anchor].to(dtype)
+        anchor, ref, others, is_real, n_pos = batch.send(
+            anchor, ref, *_other_pairs_of_same_anchor(anchor), n_pos
+        )
+        s_pos = batch.scores[anchor, ref]
         numerator = _negative_huber_sum(batch, anchor, s_pos, self.tau1)
-        denominator = 1 + _other_positive_sigmoid_sum(batch.scores, anchor, ref, s_pos, self.tau2)
+        denominator = 1 + _other_positive_sigmoid_sum(
+            batch.scores, anchor, ref, s_pos, self.tau2, (others, is_real)
+        )
         # σ(Σℓ1 / (1 + Σℓ2)) = Σℓ1 / (Σℓ1 + 1 + Σℓ2): no overflow, no cancellation
         dtype = torch.promote_types(numerator.dtype, torch.float32)
         ap_term = _one_minus_precision(numerator.to(dtype), denominator.to(dtype), torch.ones(()))
         ap_term = ap_term.mean().to(s_pos.dtype)
-        n_pos = batch.pos_mask.sum(1)[anchor].to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
-            loss_ap=float(ap_term.detach()),
-            tpr_mean=float((denominator / n_pos).detach().mean()),
+            loss_ap=ap_term.detach(),
+            tpr_mean=(denominator / n_pos).detach().mean(),
         )
         return _plus_semi_variance(self, ap_term, batch)
 
@@ -669,9 +762,41 @@ class SOPRCLoss(RankingLoss):
         positives = (counts - 1).clamp(min=1) if tpr_count == "class" else None
         return cls(num_classes, prior=prior, positives=positives, **kwargs)
 
+    # -- host copies of the fixed buffers ------------------------------------------------------------
+    def _host_buffer(self, name: str) -> torch.Tensor:
+        """A CPU copy of the buffer ``prior`` or ``positives``, read once after it changes.
+
+        The step derives its per-pair priors and positive counts from the labels on the host, so
+        it never reads these buffers on the device. The copy is refreshed when the buffer's
+        version (in-place writes, ``load_state_dict``) or storage changes; device and dtype moves
+        carry it over (:meth:`_apply`).
+        """
+        buffer = getattr(self, name)
+        key = (buffer._version, buffer.data_ptr(), buffer.dtype)
+        mirrors = self.__dict__.setdefault("_mirrors", {})
+        cached = mirrors.get(name)
+        if cached is None or cached[0] != key:
+            cached = (key, buffer.detach().to("cpu", copy=True))
+            mirrors[name] = cached
+        return cached[1]
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> SOPRCLoss:
+        # a move keeps the values (a dtype change rounds them the same on the host): carry the
+        # host copies over instead of reading the moved buffers back
+        copies = {name: self._host_buffer(name) for name in _HOST_BUFFERS}
+        out = super()._apply(fn, *args, **kwargs)
+        for name, copy in copies.items():
+            buffer = getattr(self, name)
+            key = (buffer._version, buffer.data_ptr(), buffer.dtype)
+            self.__dict__["_mirrors"][name] = (key, copy.to(buffer.dtype))
+        return out
+
     # -- forward ---------------------------------------------------------------------------------
     def _check_batch(self, batch: PairBatch) -> None:
-        for name, lab in (("labels", batch.labels), ("ref_labels", batch.ref_labels)):
+        """Class ids in range and the buffers on the embeddings' device (host labels only)."""
+        host = batch.host
+        for name, lab in (("labels", host.labels), ("ref_labels", host.ref_labels)):
+            assert lab is not None  # a prepared batch carries its host labels
             bad = (lab < 0) | (lab >= self.num_classes)
             if bool(bad.any()):
                 raise ValueError(
@@ -686,20 +811,46 @@ class SOPRCLoss(RankingLoss):
             )
 
     @torch.no_grad()
-    def _update_v(self, batch: PairBatch, pair_scores: _PairScores | None) -> int:
-        """Moving average of Eq. (10) on the rows of the classes present among the anchors."""
-        anchor, ref = batch.pos_mask.nonzero(as_tuple=True)
-        scores = batch.scores[anchor, ref] if pair_scores is None else pair_scores(anchor, ref)
+    def _update_v(
+        self,
+        batch: PairBatch,
+        pair_scores: _PairScores | None,
+        pairs: list[torch.Tensor],
+        groups: _GroupLayout,
+        sent: list[torch.Tensor],
+    ) -> int:
+        """Moving average of Eq. (10) on the rows of the classes present among the anchors.
+
+        ``pairs``: (anchor, ref) of the positive pairs, or with a third tensor each unordered pair
+        once and the positions that spread their scores over the pairs. Where
+        ``batch.inputs_ok`` is False (refused embeddings) every row keeps its value.
+        """
+        classes, *phi_sent = sent
+        if pair_scores is None:
+            scores = batch.scores[pairs[0], pairs[1]]
+        elif len(pairs) == 3:  # each unordered pair once, then in the order of the pairs
+            scores = pair_scores(pairs[0], pairs[1]).index_select(0, pairs[2])
+        else:
+            scores = pair_scores(pairs[0], pairs[1])
         scores = scores.detach().to(self.v.dtype)
-        classes, phi = _grouped_score_interpolation(
-            scores, batch.labels[anchor], self.num_v, self.score_range
-        )
-        beta = torch.full((classes.numel(), 1), self.beta, dtype=self.v.dtype, device=self.v.device)
+        phi = _phi(scores, groups, phi_sent, self.score_range)
+        old = self.v.index_select(0, classes)
         if self.warm_start:
-            beta[self.v_updates[classes] == 0] = 1.0
-        self.v[classes] = (1 - beta) * self.v[classes] + beta * phi
-        self.v_updates[classes] += 1
-        return int(classes.numel())
+            first = self.v_updates.index_select(0, classes)[:, None] == 0
+            beta = torch.where(first, 1.0, torch.full_like(first, self.beta, dtype=self.v.dtype))
+            new = (1 - beta) * old + beta * phi
+        else:
+            # the constants of (1 − β) v + β φ, rounded to v's dtype as a (1 − β) tensor would be
+            keep, take = _moving_average_weights(self.beta, self.v.dtype)
+            new = keep * old + take * phi
+        if batch.inputs_ok is None:
+            updates = torch.ones_like(classes)
+        else:
+            new = torch.where(batch.inputs_ok, new, old)
+            updates = batch.inputs_ok.to(classes.dtype).expand(classes.shape)
+        self.v.index_copy_(0, classes, new)
+        self.v_updates.index_add_(0, classes, updates)
+        return groups.n_groups
 
     def forward(
         self,
@@ -715,53 +866,123 @@ class SOPRCLoss(RankingLoss):
         batch = self.prepare(embeddings, labels, ref_embeddings, ref_labels)
         assert batch.embeddings is not None and batch.ref_embeddings is not None
         pair_scores = _PairScores(batch.embeddings, batch.ref_embeddings, self.similarity)
-        return self._compute(batch, pair_scores)
+        return self.finish(self._compute(batch, pair_scores), batch)
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
         """Loss of a prepared batch; ``v`` is fed with the pair scores of ``batch.scores``."""
         return self._compute(batch, None)
 
-    def _compute(self, batch: PairBatch, pair_scores: _PairScores | None) -> torch.Tensor:
-        self._check_batch(batch)
-        anchor, ref, s_pos = _positive_pairs(batch)
-        anchor_labels = batch.labels[anchor]
-        n_pos = batch.pos_mask.sum(1)[anchor].to(s_pos.dtype)
-        n_neg = batch.neg_mask.sum(1)[anchor].to(s_pos.dtype)
+    def _pair_plan(
+        self, batch: PairBatch, symmetric: bool
+    ) -> tuple[list[torch.Tensor], int, _GroupLayout | None]:
+        """The step's label-only tensors, computed on the host and sent in one copy.
+
+        Returns the device tensors ``anchor, ref, anchor class, n⁻, rate, flat position, (n_class
+        | others, is_real, n⁺)``, then, when v is updated, the pairs that feed it (``anchor, ref`` of
+        every positive pair, or with ``symmetric`` each unordered pair once and where each
+        ordered pair finds its score), the classes and φ's layout; how many tensors the pairs
+        are; and φ's layout (None without an update).
+        """
+        host = batch.host
+        assert host.labels is not None
+        dtype = batch.scores.dtype
+        anchor, ref = host.positive_pairs()
+        anchor_labels = host.labels[anchor]
+        # what depends on the label pattern only is computed once per pattern
+        n_neg = host.pattern_cached(
+            ("pair_negatives", dtype), lambda h: h.negatives_per_anchor[anchor].to(dtype)
+        )
+        n_pos = host.pattern_cached(
+            ("pair_positives", dtype), lambda h: h.positives_per_anchor[anchor].to(dtype)
+        )
         if self.unbiased:
             # checked before v is updated: a call that raises leaves the state as it was
             prior = self._anchor_priors(anchor_labels)
             rate = prior / (1 - prior)  # π/(1 − π), the prior odds of a positive
         else:
-            rate = n_pos / n_neg  # π0/(1 − π0) with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
-        rows_updated = self._update_v(batch, pair_scores) if self.training and self.use_v else 0
+            # π0/(1 − π0) with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
+            rate = host.pattern_cached(("batch_rate", dtype), lambda h: n_pos / n_neg)
+        flat = host.pattern_cached("flat_pairs", lambda h: anchor * h.pos_mask.shape[1] + ref)
+        tensors = [anchor, ref, anchor_labels, n_neg, rate, flat]
+        if self.use_v:
+            tensors.append(self._host_buffer("positives")[anchor_labels].to(dtype))
+        else:
+            others = host.pattern_cached(
+                "other_pairs", lambda h: _other_pairs_of_same_anchor(anchor)
+            )
+            tensors += [*others, n_pos]
+        groups, n_pair_tensors = None, 0
+        if self.training and self.use_v:
+            groups, pairs, group_rows = self._update_plan(host, symmetric)
+            n_pair_tensors = len(pairs)
+            tensors += [*pairs, host.labels[group_rows], *groups.device_tensors()]
+        return batch.send(*tensors), n_pair_tensors, groups
+
+    def _update_plan(
+        self, host: BatchLayout, symmetric: bool
+    ) -> tuple[_GroupLayout, tuple[torch.Tensor, ...], torch.Tensor]:
+        """φ's layout over the classes of every positive pair and the pairs that feed it.
+
+        Also returns an anchor of each group, whose label is the group's class.
+        """
+
+        def build(h: BatchLayout) -> tuple[_GroupLayout, tuple[torch.Tensor, ...], torch.Tensor]:
+            anchor, ref = h.positive_pairs(valid_only=False)
+            # the pattern's class numbers when the layout is shared by a pattern, else the labels
+            classes = h.classes if h.classes is not None else h.labels
+            assert classes is not None
+            groups = _GroupLayout(classes[anchor], self.num_v)
+            pairs = _unordered_pairs(anchor, ref, h.n_anchors) if symmetric else (anchor, ref)
+            return groups, pairs, anchor[groups.first]
+
+        key = ("soprc_update", self.num_v, symmetric)
+        if host.classes is None:
+            return host.cached(str(key), build)
+        return host.pattern_cached(key, build)
+
+    def _compute(self, batch: PairBatch, pair_scores: _PairScores | None) -> torch.Tensor:
+        self._check_batch(batch)
+        # s(a, b) == s(b, a) bit for bit: a batch against itself scores each pair once
+        symmetric = pair_scores is not None and batch.self_reference
+        sent, n_pairs, groups = self._pair_plan(batch, symmetric)
+        anchor, ref, anchor_labels, n_neg, rate, flat = sent[:6]
+        s_pos = batch.scores.reshape(-1).index_select(0, flat)  # scores[anchor, ref]
+        rows_updated = 0
+        if groups is not None:
+            start = len(sent) - 6 - n_pairs
+            pairs, rest = sent[start : start + n_pairs], sent[start + n_pairs :]
+            rows_updated = self._update_v(batch, pair_scores, pairs, groups, rest)
 
         fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
         s_tpr = s_pos.detach() if self.detach_tpr else s_pos
         if self.use_v:
             # the positive itself (ℓ_{0,1}(0) = 1) plus the share of the class's other
             # N⁺ − 1 positives that v places above s⁺, out of N⁺
-            v_rows = self.v[anchor_labels].to(s_pos.dtype)
+            v_rows = self.v.index_select(0, anchor_labels).to(s_pos.dtype)
             above = sigmoid_surrogate(s_tpr[:, None] - v_rows, self.tau2).mean(1)
-            n_class = self.positives[anchor_labels].to(s_pos.dtype)
+            n_class = sent[6]
             tpr = (1 + (n_class - 1) * above) / n_class
         else:
             scores = batch.scores.detach() if self.detach_tpr else batch.scores
-            others = _other_positive_sigmoid_sum(scores, anchor, ref, s_tpr, self.tau2)
-            tpr = (1 + others) / n_pos
+            others, is_real, n_pos = sent[6:9]
+            positives = _other_positive_sigmoid_sum(
+                scores, anchor, ref, s_tpr, self.tau2, (others, is_real)
+            )
+            tpr = (1 + positives) / n_pos
 
         auprc_term = _one_minus_precision(fpr, tpr, rate).mean().to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
-            loss_auprc=float(auprc_term.detach()),
-            tpr_mean=float(tpr.detach().mean()),
-            fpr_mean=float(fpr.detach().mean()),
+            loss_auprc=auprc_term.detach(),
+            tpr_mean=tpr.detach().mean(),
+            fpr_mean=fpr.detach().mean(),
             n_v_rows_updated=rows_updated,
         )
         return _plus_semi_variance(self, auprc_term, batch)
 
     def _anchor_priors(self, anchor_labels: torch.Tensor) -> torch.Tensor:
-        """π of every pair's anchor class; raises when one of them is 0."""
-        prior = self.prior[anchor_labels]
+        """π of every pair's anchor class (host); raises when one of them is 0."""
+        prior = self._host_buffer("prior")[anchor_labels]
         if bool((prior <= 0).any()):
             zero = torch.unique(anchor_labels[prior <= 0]).tolist()
             raise ValueError(

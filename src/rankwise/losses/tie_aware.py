@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from .._affinity import affinity_levels, check_affinity
-from .._validation import Interval, check_choice, check_embeddings, check_scalar
+from .._validation import Interval, check_choice, check_embeddings, check_finite, check_scalar
 from .base import PairBatch, RankingLoss
 
 __all__ = [
@@ -54,7 +54,10 @@ FORMS = ("exact", "midpoint")
 _EULER_GAMMA = 0.57721566490153286061
 _LN2 = math.log(2.0)
 _SHIFT = 32  # M: positions summed exactly before the Euler-Maclaurin tail takes over
-_TAYLOR_RADIUS = 1e-4  # |n - 1| / (g + 2) below which F(g, n) uses its Taylor series
+_TAYLOR_RADIUS = 1e-4
+_CODE_BOUND = (
+    1.0 + 1e-6
+)  # relaxed codes beyond [-1, 1] by more than rounding are refused  # |n - 1| / (g + 2) below which F(g, n) uses its Taylor series
 
 
 # -- special functions (autograd-friendly, float64) ------------------------------------------------
@@ -84,14 +87,18 @@ def trigamma(x: torch.Tensor) -> torch.Tensor:
     return head + series
 
 
-def logarithmic_integral(x: torch.Tensor) -> torch.Tensor:
+def logarithmic_integral(x: torch.Tensor, x_max: float | None = None) -> torch.Tensor:
     """``Li(x) = Ei(ln x)`` for ``x > 1`` by its convergent series (all terms positive).
 
     ``Ei(u) = γ_E + ln u + Σ_{k≥1} u^k / (k · k!)``; the number of terms is chosen from the
-    largest argument so that the tail is below float64 resolution.
+    largest argument so that the tail is below float64 resolution: ``x_max`` when given (a bound
+    known on the host: no read of ``x``), else ``x.max()`` (a host read).
     """
     u = torch.log(x.to(torch.float64))
-    u_max = max(float(u.detach().max()) if u.numel() else 1.0, 1.0)
+    if x_max is not None:
+        u_max = max(math.log(x_max), 1.0)
+    else:
+        u_max = max(float(u.detach().max()) if u.numel() else 1.0, 1.0)
     n_terms = _series_terms(math.ceil(u_max))
     k = torch.arange(1, n_terms + 1, dtype=u.dtype, device=u.device)
     log_coef = -torch.log(k) - torch.lgamma(k + 1.0)  # 1 / (k · k!)
@@ -109,7 +116,7 @@ def _series_terms(u_max: int) -> int:
     return k + 1
 
 
-def _discount_tail(y: torch.Tensor) -> torch.Tensor:
+def _discount_tail(y: torch.Tensor, y_max: float | None = None) -> torch.Tensor:
     """``S_∞(y)`` without its constant: Li integral plus Euler-Maclaurin terms (y large)."""
     u = y + 1.0
     lg = torch.log(u)
@@ -117,7 +124,8 @@ def _discount_tail(y: torch.Tensor) -> torch.Tensor:
     d1 = -_LN2 / (lg**2 * u)
     d3 = -2 * _LN2 * (lg**2 + 3 * lg + 3) / (lg**4 * u**3)
     d5 = -2 * _LN2 * (12 * lg**4 + 50 * lg**3 + 105 * lg**2 + 120 * lg + 60) / (lg**6 * u**5)
-    return _LN2 * logarithmic_integral(u) + d0 / 2 + d1 / 12 - d3 / 720 + d5 / 30240
+    u_max = None if y_max is None else y_max + 1.0
+    return _LN2 * logarithmic_integral(u, u_max) + d0 / 2 + d1 / 12 - d3 / 720 + d5 / 30240
 
 
 @lru_cache(maxsize=1)
@@ -127,17 +135,19 @@ def _discount_constant() -> float:
     return exact - float(tail[0])
 
 
-def relaxed_cumulative_discount(x: torch.Tensor) -> torch.Tensor:
+def relaxed_cumulative_discount(x: torch.Tensor, x_max: float | None = None) -> torch.Tensor:
     """``S(x)``: ``Σ_{t=1}^{x} 1 / log2(t + 1)`` continued smoothly to real ``x > -1``.
 
     ``S(x) = S_∞(x + 32) - Σ_{t=1}^{32} D(x + t)`` with
     ``S_∞(y) = ln 2 Li(y + 1) + D(y)/2 + D'(y)/12 - D'''(y)/720 + D^(5)(y)/30240 + const``;
-    exact (to float64 rounding) at every integer.
+    exact (to float64 rounding) at every integer. ``x_max``: the largest ``x`` if known on the
+    host (it sizes the series of :func:`logarithmic_integral` without reading ``x``).
     """
     x = x.to(torch.float64)
     shifts = torch.arange(1, _SHIFT + 1, dtype=torch.float64, device=x.device)
     head = (_LN2 / torch.log1p(x.unsqueeze(-1) + shifts)).sum(-1)
-    return _discount_constant() + _discount_tail(x + _SHIFT) - head
+    y_max = None if x_max is None else x_max + _SHIFT
+    return _discount_constant() + _discount_tail(x + _SHIFT, y_max) - head
 
 
 # -- soft histograms -------------------------------------------------------------------------------
@@ -165,7 +175,8 @@ def soft_histograms(
         # Δ = spacing: the kernel splits z linearly between its two neighbouring centres, so
         # two scatter-adds replace the (B, M, K + 1) kernel matrix
         position = (distances / spacing).clamp(0.0, float(num_bins))
-        lower = position.detach().floor().clamp_max(num_bins - 1).long()
+        # NaN distances (codes refused on the device, the error raised later) index bin 0
+        lower = position.detach().nan_to_num(0.0).floor().clamp_max(num_bins - 1).long()
         frac = (position - lower).unsqueeze(-1)
         hist = distances.new_zeros(distances.shape[0], num_bins + 1, weights.shape[-1])
         index = lower.unsqueeze(-1).expand_as(weights)
@@ -242,7 +253,10 @@ def tie_aware_ap_relaxation(
 
 
 def tie_aware_dcg_relaxation(
-    gain_hist: torch.Tensor, all_hist: torch.Tensor, form: str = "exact"
+    gain_hist: torch.Tensor,
+    all_hist: torch.Tensor,
+    form: str = "exact",
+    max_count: float | None = None,
 ) -> torch.Tensor:
     """Relaxed DCG_T of every query from its soft histograms (TALR Eq. 12 / 19).
 
@@ -250,6 +264,8 @@ def tie_aware_dcg_relaxation(
         gain_hist: ``(B, K + 1)`` soft sums of gains ``Ĝ_d = Σ_v G(v) c_{d,v}`` per bin.
         all_hist: ``(B, K + 1)`` soft counts of all ranked items per bin.
         form: ``"exact"`` or ``"midpoint"``.
+        max_count: the most items a query ranks, if known on the host (the soft counts sum to
+            it): sizes a series without reading the histograms.
 
     Returns:
         ``(B,)`` float64 (not normalised).
@@ -262,7 +278,7 @@ def tie_aware_dcg_relaxation(
         return (g / torch.log2(prev + (c + 1.0) / 2 + 1.0)).sum(1)
     occupied = c > 0
     c_safe = torch.where(occupied, c, torch.ones_like(c))
-    at_cum = relaxed_cumulative_discount(cum)
+    at_cum = relaxed_cumulative_discount(cum, max_count)
     span = at_cum - _previous(at_cum)  # S(C_{d-1}) is the previous bin's S(C_d); S(0) = 0
     return torch.where(occupied, g / c_safe * span, torch.zeros_like(c)).sum(1)
 
@@ -310,33 +326,45 @@ class _TieAwareLoss(RankingLoss):
         self.affinity = check_affinity(affinity)
 
     def check_rows(self, x: Any, name: str) -> torch.Tensor:
-        """Relaxed codes: ``(n, bits)``, values in ``[-1, 1]``."""
-        codes = check_embeddings(x, name)
+        """Relaxed codes: ``(n, bits)`` (their range is checked by :meth:`value_flag`)."""
+        codes = check_embeddings(x, name, finite=False)
         if codes.shape[1] != self.bits:
             raise ValueError(
                 f"`{name}` has {codes.shape[1]} columns but the loss was built for "
                 f"bits={self.bits}; pass the relaxed codes of a {self.bits}-bit HashingHead."
             )
-        worst = float(codes.detach().abs().max())
-        if worst > 1.0 + 1e-6:
+        return codes
+
+    def value_flag(self, x: torch.Tensor) -> torch.Tensor:
+        """Codes in ``[-1, 1]`` (NaN fails), on the device."""
+        return x.detach().abs().amax() <= _CODE_BOUND
+
+    def check_values(self, x: torch.Tensor, name: str) -> None:
+        """Finite codes in ``[-1, 1]``, or the ``ValueError`` naming ``name``."""
+        check_finite(x, name)
+        worst = float(x.detach().abs().max())
+        if worst > _CODE_BOUND:
             raise ValueError(
                 f"`{name}` must be relaxed codes in [-1, 1] (tanh outputs, e.g. of "
                 f"rankwise.hashing.HashingHead), got a value of magnitude {worst:.4g}."
             )
-        return codes
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
         """Loss ``1 - mean relaxed metric`` of a prepared batch (its valid anchors)."""
-        distances = (self.bits - batch.scores) / 2
-        ranked = batch.pos_mask | batch.neg_mask  # every reference but the anchor itself
-        valid = batch.valid
-        assert batch.levels is not None  # the affinity of a tie-aware loss gives the levels
-        values = self._relaxed_metric(distances[valid], batch.levels[valid], ranked[valid])
+        b = batch.restrict_to_valid()
+        distances = (self.bits - b.scores) / 2
+        ranked = b.pos_mask | b.neg_mask  # every reference but the anchor itself
+        assert b.levels is not None  # the affinity of a tie-aware loss gives the levels
+        host = b.host
+        max_ranked = int((host.positives_per_anchor + host.negatives_per_anchor).max())
+        values = self._relaxed_metric(distances, b.levels, ranked, max_ranked)
         mean = values.mean()
-        self.last_stats[f"mean_{self._objective}"] = float(mean.detach())
+        self.last_stats[f"mean_{self._objective}"] = mean.detach()
         return (1.0 - mean).to(distances.dtype)
 
-    def _relaxed_metric(self, distances, levels, ranked) -> torch.Tensor:  # pragma: no cover
+    def _relaxed_metric(
+        self, distances, levels, ranked, max_ranked
+    ) -> torch.Tensor:  # pragma: no cover
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -376,7 +404,7 @@ class TieAwareAPLoss(_TieAwareLoss):
 
     _objective = "ap_r"
 
-    def _relaxed_metric(self, distances, levels, ranked) -> torch.Tensor:
+    def _relaxed_metric(self, distances, levels, ranked, max_ranked) -> torch.Tensor:
         positive = ((levels > 0) & ranked).to(distances.dtype)
         weights = torch.stack([positive, ranked.to(distances.dtype)], dim=-1)
         hist = soft_histograms(distances, weights, self.bits, self.num_bins, self.delta)
@@ -413,9 +441,9 @@ class TieAwareNDCGLoss(_TieAwareLoss):
     ) -> None:
         super().__init__(bits, num_bins, delta, form, affinity)
 
-    def _relaxed_metric(self, distances, levels, ranked) -> torch.Tensor:
+    def _relaxed_metric(self, distances, levels, ranked, max_ranked) -> torch.Tensor:
         gains = torch.where(ranked, torch.exp2(levels) - 1.0, torch.zeros_like(levels))
         weights = torch.stack([gains.to(distances.dtype), ranked.to(distances.dtype)], dim=-1)
         hist = soft_histograms(distances, weights, self.bits, self.num_bins, self.delta)
-        dcg = tie_aware_dcg_relaxation(hist[..., 0], hist[..., 1], self.form)
+        dcg = tie_aware_dcg_relaxation(hist[..., 0], hist[..., 1], self.form, float(max_ranked))
         return dcg / ideal_dcg(gains, ranked)

@@ -23,7 +23,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Dataset
 
-from .._distributed import is_distributed, rank_and_world_size, require_process_group
+from .._distributed import (
+    is_distributed,
+    launch_rank,
+    rank_and_world_size,
+    require_process_group,
+)
 from .._validation import check_choice
 from .build import resolve_device as config_device
 from .errors import ConfigError
@@ -74,7 +79,7 @@ class DistributedContext:
 
 def launched_by_torchrun() -> bool:
     """Whether this process was started by ``torchrun`` (its ``RANK`` / ``WORLD_SIZE`` are set)."""
-    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    return launch_rank() is not None
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:

@@ -184,6 +184,9 @@ class TrainingInterrupted(KeyboardInterrupt):
             ``signal.SIGTERM``.
         resume_command: the shell command that resumes (set by the command line, e.g. for a
             sweep: ``rankwise bench --resume DIR``); ``None``: the command line derives it.
+        detail: the message without its ``"<activity> interrupted (<signal>) "`` head, e.g.
+            ``"at step 5/400: checkpoint saved at step 5"`` (``None``: not known), for a message
+            that names the interruption in its own words (a sweep names the run too).
     """
 
     def __init__(
@@ -196,9 +199,11 @@ class TrainingInterrupted(KeyboardInterrupt):
         *,
         signal_number: int = signal.SIGINT,
         resume_command: str | None = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
+        self.detail = detail
         self.step = step
         self.run_dir = run_dir
         self.checkpoint_step = checkpoint_step

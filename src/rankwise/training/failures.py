@@ -55,11 +55,23 @@ def graceful_stop(trainer: Trainer) -> Iterator[None]:
 
 
 class Failures(RunState):
-    """The Trainer's errors for an interrupted or diverged run (a mixin of Trainer)."""
+    """The Trainer's errors for an interrupted or diverged run (a mixin of Trainer).
 
+    Attributes:
+        activity: what the messages call the run (``"training"``; a subclass training something
+            else names it, e.g. ``"pretraining"``).
+    """
+
+    activity = "training"
     total_steps: int
     loss_name: str
     _in_step: bool
+
+    def _resume_hint(self) -> str:
+        """How to resume in Python (the interruption's ``resume_hint``)."""
+        if self.config is not None:
+            return f"Trainer.from_run_dir({str(self.run_dir)!r})"
+        return "Trainer(<the same objects>, run_dir=..., resume=True)"
 
     def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:
         if self.run_dir is None:
@@ -76,19 +88,15 @@ class Failures(RunState):
         else:
             detail = "no checkpoint had been written yet; start the run again"
         by = _SIGNAL_NAMES.get(signal_number, signal.Signals(signal_number).name)
-        message = f"training interrupted ({by}) at step {self.step}/{self.total_steps}: {detail}"
-        hint = (
-            f"Trainer.from_run_dir({str(self.run_dir)!r})"
-            if self.config is not None
-            else "Trainer(<the same objects>, run_dir=..., resume=True)"
-        )
+        where = f"at step {self.step}/{self.total_steps}: {detail}"
         return TrainingInterrupted(
-            message,
+            f"{self.activity} interrupted ({by}) {where}",
             self.step,
             self.run_dir,
             self.last_checkpoint_step,
-            hint,
+            self._resume_hint(),
             signal_number=signal_number,
+            detail=where,
         )
 
     def _raise_non_finite(self, loss: torch.Tensor | None) -> None:

@@ -1,8 +1,9 @@
 """Run directories: file names (:class:`RunPaths`), results, finding runs, picking a checkpoint.
 
-One rule protects finished work for ``train``, ``bench`` and ``tune``: a directory holding
-results (checkpoints, ``report.json``, a non-empty ``metrics.jsonl``, the PR curve; not a
-``config.yaml`` alone) is written into only when the caller resumes or overwrites it.
+Sweep folders: file names (:class:`SweepPaths`), ``sweep.json``. One rule protects finished work
+for ``train``, ``bench`` and ``tune``: a directory holding results (checkpoints, ``report.json``, a
+non-empty ``metrics.jsonl``, the PR curve; not a ``config.yaml`` alone) is written into only when
+the caller resumes or overwrites it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from .checkpoint import atomic_write_text, load_checkpoint
 from .errors import ConfigError, CorruptCheckpointError
@@ -20,11 +22,15 @@ __all__ = [
     "RunPaths",
     "RUN_RESULT_FILES",
     "SWEEP_FILE",
+    "HashReportPaths",
+    "SweepPaths",
+    "check_sweep_dir",
     "existing_results",
     "find_run_dirs",
     "prepare_sweep_dir",
     "read_sweep",
     "readable_checkpoint_step",
+    "record_sweep",
     "remove_stale_temporaries",
     "resolve_run_dir",
 ]
@@ -89,6 +95,11 @@ class RunPaths:
     def pr_curve_plot(self) -> Path:
         """``pr_curve.png``."""
         return self.root / "pr_curve.png"
+
+    @property
+    def hash_result(self) -> Path:
+        """``hash_result.json``: a hash sweep run's test result, beside its ``report.json``."""
+        return self.root / "hash_result.json"
 
     def stale_outputs(self) -> tuple[Path, ...]:
         """What a fresh run deletes first: the checkpoints and outputs of an earlier run."""
@@ -224,9 +235,100 @@ def remove_stale_temporaries(run_dir: str | Path) -> list[Path]:
     return removed
 
 
-# -- sweeps (bench, tune) --------------------------------------------------------------------------
+# -- sweeps (bench, tune, the hash sweep) -----------------------------------------------------------
 
 SWEEP_FILE = "sweep.json"
+
+
+class HashReportPaths(NamedTuple):
+    """The report files of a hash sweep under one prefix (``results``, ``evaluation``)."""
+
+    json: Path
+    table: Path
+    tie_ranges: Path
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    """The files and run folders of a sweep folder (``bench``, ``tune``, the hash sweep), named once.
+
+    Attributes:
+        root: the sweep folder.
+    """
+
+    root: Path
+
+    @property
+    def record(self) -> Path:
+        """``sweep.json``: kind, settings and run folders of a ``bench`` / ``tune`` sweep."""
+        return self.root / SWEEP_FILE
+
+    # bench
+    @property
+    def bench_json(self) -> Path:
+        """``bench.json``: the rows of ``rankwise bench``."""
+        return self.root / "bench.json"
+
+    @property
+    def bench_table(self) -> Path:
+        """``bench.md``: the bench table in Markdown."""
+        return self.root / "bench.md"
+
+    @property
+    def pr_curves_plot(self) -> Path:
+        """``pr_curves.png``: every bench row's mean test PR curve."""
+        return self.root / "pr_curves.png"
+
+    def run(self, label: str, seed: int) -> Path:
+        """``<label>/seed<seed>``: a bench run (a loss or an ablation row, one seed)."""
+        return self.root / label / f"seed{seed}"
+
+    def untrained(self, seed: int) -> Path:
+        """``untrained/seed<seed>``: the untrained-network reference of a bench sweep."""
+        return self.run("untrained", seed)
+
+    # tune
+    @property
+    def tune_json(self) -> Path:
+        """``tune.json``: the trials and winners of ``rankwise tune``."""
+        return self.root / "tune.json"
+
+    @property
+    def tuned_config(self) -> Path:
+        """``tuned.yaml``: the base config with the winners as ``bench.overrides``."""
+        return self.root / "tuned.yaml"
+
+    @property
+    def trials(self) -> Path:
+        """``trials/``: the folder of a tuning sweep's trials."""
+        return self.root / "trials"
+
+    def trial(self, index: int) -> Path:
+        """``trials/trial<index>``: one grid point (its runs as a bench sweep below it)."""
+        return self.trials / f"trial{index:03d}"
+
+    # the hash sweep
+    @property
+    def hash_config(self) -> Path:
+        """``hash_config.yaml``: the config and hash settings of a hash sweep."""
+        return self.root / "hash_config.yaml"
+
+    def hash_run(self, method: str, bits: int) -> Path:
+        """``<method>/<bits>bits``: one (method, code length) run of a hash sweep."""
+        return self.root / method / f"{bits}bits"
+
+    def hash_report(self, prefix: str = "results") -> HashReportPaths:
+        """``<prefix>.json``, ``<prefix>_table.md``, ``<prefix>_tie_ranges.png`` of a hash sweep."""
+        return HashReportPaths(
+            self.root / f"{prefix}.json",
+            self.root / f"{prefix}_table.md",
+            self.root / f"{prefix}_tie_ranges.png",
+        )
+
+    @property
+    def hash_results(self) -> Path:
+        """``results.json``: the test results of a hash sweep, rewritten after every run."""
+        return self.hash_report().json
 
 
 def _sweep_results(output: Path, files: Sequence[str]) -> list[str]:
@@ -241,7 +343,7 @@ def _sweep_results(output: Path, files: Sequence[str]) -> list[str]:
 
 def _remove_previous_sweep(output: Path, files: Sequence[str]) -> None:
     """Delete what the previous sweep in ``output`` wrote: its files and the runs it listed."""
-    manifest = output / SWEEP_FILE
+    manifest = SweepPaths(output).record
     runs: list[str] = []
     if manifest.is_file():
         try:
@@ -262,35 +364,32 @@ def _remove_previous_sweep(output: Path, files: Sequence[str]) -> None:
         (output / name).unlink(missing_ok=True)
 
 
-def prepare_sweep_dir(
+def check_sweep_dir(
     output: str | Path,
     kind: str,
-    settings: dict,
-    runs: Sequence[str | Path],
+    settings: dict[str, Any],
     files: Sequence[str],
     *,
     resume: bool,
     overwrite: bool,
 ) -> None:
-    """Apply the results rule to a sweep's output directory and record the sweep in it.
+    """The results rule of a sweep's output directory, checked without writing anything.
 
-    Results here are ``files``, a ``sweep.json`` or run directories with results below;
-    ``overwrite`` deletes the previous sweep's files and the runs its ``sweep.json`` lists;
-    ``resume`` needs a sweep of the same ``kind`` and ``settings``. ``sweep.json`` records
-    ``kind``, ``settings`` and ``runs``.
+    Results here are ``files``, a ``sweep.json`` or run directories with results below. Without
+    ``resume`` / ``overwrite`` a directory with results is refused; ``resume`` needs a sweep of
+    the same ``kind`` and ``settings`` there.
 
     Args:
         output: the sweep directory.
         kind: ``"bench"`` or ``"tune"``.
         settings: the plain-JSON settings that define the sweep.
-        runs: the planned run directories.
         files: the sweep's own result files (e.g. ``bench.json``).
         resume: continue the sweep in ``output``.
-        overwrite: delete the previous sweep's results first.
+        overwrite: the previous sweep's results are to be deleted.
 
     Raises:
         ConfigError: a directory with results without ``resume`` / ``overwrite``; both given; a
-            ``resume`` of a directory without this sweep.
+            ``resume`` of a directory without this sweep, or of one with other settings.
     """
     output = Path(output)
     if resume and overwrite:
@@ -302,12 +401,10 @@ def prepare_sweep_dir(
         if saved["settings"] != settings:
             raise ConfigError(
                 f"output: the {kind} sweep in {str(output)!r} was started with other settings; "
-                "resume it with its own (rankwise "
-                f"{kind} --resume {output}) or start afresh with `overwrite`."
+                f"resume it with its own (those in its {SWEEP_FILE}) or start afresh with "
+                "`overwrite`."
             )
-    elif overwrite:
-        _remove_previous_sweep(output, files)
-    else:
+    elif not overwrite:
         found = _sweep_results(output, files)
         if found:
             raise ConfigError(
@@ -315,12 +412,53 @@ def prepare_sweep_dir(
                 f"the {kind} sweep with `resume` or start afresh with `overwrite`, which deletes "
                 "them (or choose another output)."
             )
+
+
+def record_sweep(
+    output: str | Path,
+    kind: str,
+    settings: dict[str, Any],
+    runs: Sequence[str | Path],
+    files: Sequence[str],
+    *,
+    overwrite: bool,
+) -> None:
+    """Record the sweep in ``output``'s ``sweep.json`` (``kind``, ``settings``, ``runs``).
+
+    Call after :func:`check_sweep_dir`. ``overwrite`` first deletes the previous sweep's
+    ``files`` and the runs its ``sweep.json`` lists.
+    """
+    output = Path(output)
+    if overwrite:
+        _remove_previous_sweep(output, files)
     output.mkdir(parents=True, exist_ok=True)
     record = {"kind": kind, "settings": settings, "runs": [str(r) for r in runs]}
-    atomic_write_text(json.dumps(record, indent=2) + "\n", output / SWEEP_FILE)
+    atomic_write_text(json.dumps(record, indent=2) + "\n", SweepPaths(output).record)
 
 
-def read_sweep(output: str | Path, kind: str) -> dict:
+def prepare_sweep_dir(
+    output: str | Path,
+    kind: str,
+    settings: dict[str, Any],
+    runs: Sequence[str | Path],
+    files: Sequence[str],
+    *,
+    resume: bool,
+    overwrite: bool,
+) -> None:
+    """Apply the results rule to a sweep's output directory and record the sweep in it.
+
+    :func:`check_sweep_dir`, then :func:`record_sweep` (arguments as there); the sweep engine
+    (:func:`rankwise.workflows.sweep.run_sweep`) checks the stored run configs in between.
+
+    Raises:
+        ConfigError: as :func:`check_sweep_dir`.
+    """
+    check_sweep_dir(output, kind, settings, files, resume=resume, overwrite=overwrite)
+    record_sweep(output, kind, settings, runs, files, overwrite=overwrite)
+
+
+def read_sweep(output: str | Path, kind: str) -> dict[str, Any]:
     """The ``sweep.json`` of a ``kind`` sweep in ``output`` (what ``--resume`` reads).
 
     Args:
@@ -333,7 +471,7 @@ def read_sweep(output: str | Path, kind: str) -> dict:
     Raises:
         ConfigError: no such sweep there.
     """
-    path = Path(output) / SWEEP_FILE
+    path = SweepPaths(Path(output)).record
     try:
         record = json.loads(path.read_text())
     except FileNotFoundError:

@@ -468,6 +468,26 @@ class Trainer(Evaluation, Failures):
         if self._stop_requested:
             raise KeyboardInterrupt
 
+    def _training_batches(self) -> Iterator[Any]:
+        """The ``(x, y, meta)`` batches of :meth:`fit` from the trainer's position on.
+
+        ``meta[0]`` holds the batch's ``(epoch, position)``. Here the loader of ``sampler``
+        (:func:`~rankwise.training.loader.training_loader`); a subclass that draws its batches
+        otherwise keeps what its position depends on in a callback's checkpointed state, so a
+        resumed run draws the batches of an uninterrupted one.
+        """
+        return iter(
+            training_loader(
+                self.train_data,
+                self.sampler,
+                seed=self.seed,
+                epoch=self.next_epoch,
+                position=self.next_position,
+                num_workers=self.num_workers,
+                pin_memory=self.device.type == "cuda",
+            )
+        )
+
     def fit(
         self,
         *,
@@ -515,17 +535,7 @@ class Trainer(Evaluation, Failures):
         with determinism(self.deterministic), graceful_stop(self):
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
-            batches = iter(
-                training_loader(
-                    self.train_data,
-                    self.sampler,
-                    seed=self.seed,
-                    epoch=self.next_epoch,
-                    position=self.next_position,
-                    num_workers=self.num_workers,
-                    pin_memory=self.device.type == "cuda",
-                )
-            )
+            batches = self._training_batches()
             try:
                 while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
                     self._run_step(batches)

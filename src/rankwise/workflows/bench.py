@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +27,20 @@ from ..metrics import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
 from ..plots import plot_pr_curves
 from ..reporting import bench_table_markdown
 from ..training.build import load_splits, preflight
-from ..training.checkpoint import atomic_write_text
 from ..training.config import Config, ConfigError, apply_overrides, config_from_dict
-from ..training.lock import lock_run_dir
-from ..training.rundir import prepare_sweep_dir
+from ..training.rundir import SweepPaths
 from ..training.trainer import RunResult, Trainer
 from . import sweep
-from .sweep import check_stored_config, sweep_interrupted, sweep_settings, write_json
+from .sweep import (
+    FinishedRun,
+    SweepPlan,
+    SweepRun,
+    SweepSummary,
+    check_stored_config,
+    json_text,
+    run_sweep,
+    sweep_settings,
+)
 
 if TYPE_CHECKING:
     from ..data import RetrievalSplits
@@ -48,12 +56,14 @@ __all__ = [
     "reference_rows",
     "run_bench",
     "run_or_resume",
+    "run_trainer",
     "stored_result",
     "warm_up_metrics",
 ]
 
+_NAMES = SweepPaths(Path())
 # the sweep's own result files (the run directories are below them)
-BENCH_FILES = ("bench.json", "bench.md", "pr_curves.png")
+BENCH_FILES = tuple(p.name for p in (_NAMES.bench_json, _NAMES.bench_table, _NAMES.pr_curves_plot))
 
 # Table 2 of the paper: (No., unbiased estimator, with v, with L_var, optimizer).
 ABLATION_ROWS: tuple[tuple[int, bool, bool, bool, str], ...] = (
@@ -197,7 +207,7 @@ def plan_bench(
                 {
                     **common,
                     "seed": int(seed),
-                    "output_dir": str(Path(output) / label / f"seed{seed}"),
+                    "output_dir": str(SweepPaths(Path(output)).run(label, int(seed))),
                 },
             )
             # last, so that the caller's values win over the quick budget too
@@ -301,7 +311,7 @@ def reference_rows(
     reports, untrained_curves = [], []
     for seed in seeds:
         config = runs[0].config.model_copy(
-            update={"seed": int(seed), "output_dir": str(output / "untrained" / f"seed{seed}")}
+            update={"seed": int(seed), "output_dir": str(SweepPaths(output).untrained(int(seed)))}
         )
         trainer = Trainer.from_config(config, splits=splits, overwrite=True)
         if curves is None:
@@ -362,6 +372,25 @@ def stored_result(run: BenchRun, with_test: bool = True) -> RunResult | None:
     return replace(result, config=run.config.to_dict())
 
 
+def run_trainer(
+    run: BenchRun,
+    splits: RetrievalSplits,
+    *,
+    resume: bool,
+    console: Console | None,
+    name: str,
+) -> Trainer:
+    """The trainer of a planned run on the sweep's splits: continued (``resume``) or afresh.
+
+    ``console`` shows the run's progress, under ``name``.
+    """
+    trainer = Trainer.from_config(
+        run.config, splits=splits, console=console, resume=resume, overwrite=not resume
+    )
+    trainer.name = name
+    return trainer
+
+
 def run_or_resume(
     run: BenchRun,
     splits: RetrievalSplits,
@@ -378,11 +407,7 @@ def run_or_resume(
     """
 
     def build(resume: bool = False, overwrite: bool = False) -> Trainer:
-        trainer = Trainer.from_config(
-            run.config, splits=splits, console=console, resume=resume, overwrite=overwrite
-        )
-        trainer.name = name
-        return trainer
+        return run_trainer(run, splits, resume=resume, console=console, name=name)
 
     return sweep.run_or_resume(
         run.config, build, resume=resume, kept=lambda: stored_result(run, test), test=test
@@ -396,33 +421,123 @@ def tested(result: RunResult) -> tuple[RetrievalReport, PRCurve]:
     return result.test, result.pr_curve
 
 
-def _write_summary(
-    output: Path,
-    ablation: bool,
-    runs: Sequence[BenchRun],
-    results: Sequence[RunResult],
-    splits: RetrievalSplits,
-    seeds: Sequence[int],
-    references: list[dict[str, Any]],
-    complete: bool,
-    warm_up: float,
-) -> dict[str, Any]:
-    """Rewrite ``bench.json`` and ``bench.md`` with the finished runs; returns the summary."""
-    rows = aggregate_rows(runs[: len(results)], results)
-    summary = {
-        "dataset": runs[0].config.dataset.name,
-        "protocol": str(splits.protocol),
-        "seeds": [int(s) for s in seeds],
-        "complete": complete,
-        "runs_finished": len(results),
-        "runs_planned": len(runs),
-        "warm_up_seconds": warm_up,
-        "rows": [row.to_dict() for row in rows],
-        "reference_rows": references,
-    }
-    write_json(summary, output / "bench.json")
-    atomic_write_text(bench_table_markdown(summary, ablation), output / "bench.md")
-    return summary
+class _BenchSweep:
+    """The plan and the summariser of one bench sweep: its runs, data, references and tables."""
+
+    def __init__(
+        self,
+        runs: Sequence[BenchRun],
+        seeds: Sequence[int],
+        ablation: bool,
+        output: Path,
+        console: Console,
+    ) -> None:
+        self.runs, self.seeds, self.ablation = list(runs), [int(s) for s in seeds], ablation
+        self.paths, self.console = SweepPaths(output), console
+        self.splits: RetrievalSplits | None = None  # loaded by prepare
+        self.warm_up = 0.0
+        self.references: list[dict[str, Any]] = []
+        self.curves: dict[str, PRCurve] = {}  # the references' mean test PR curves
+
+    def plan(self, settings: dict[str, Any]) -> SweepPlan[RunResult]:
+        """The sweep's plan for :func:`~rankwise.workflows.sweep.run_sweep`."""
+        return SweepPlan(
+            kind="bench",
+            output=self.paths.root,
+            runs=[self._sweep_run(i, run) for i, run in enumerate(self.runs, 1)],
+            kept_in="their rows are in bench.json and bench.md",
+            settings=settings,
+            files=BENCH_FILES,
+            prepare=self.prepare,
+            start=self.start,
+            report=self.report,
+        )
+
+    def _sweep_run(self, number: int, run: BenchRun) -> SweepRun[RunResult]:
+        name = f"[{number}/{len(self.runs)}] {run.label} seed {run.seed}"
+
+        def train(resume: bool) -> RunResult:
+            trainer = run_trainer(run, self._splits, resume=resume, console=self.console, name=name)
+            return trainer.fit(test=True)
+
+        kept = partial(stored_result, run, True)
+        return SweepRun(f"{run.label} seed {run.seed}", run.config, train, kept)
+
+    @property
+    def _splits(self) -> RetrievalSplits:
+        if self.splits is None:
+            raise RuntimeError("the bench sweep's data is loaded by its plan's prepare()")
+        return self.splits
+
+    def prepare(self) -> None:
+        """One data load, and every data-dependent check, before anything is written."""
+        self.splits = prepare_splits(
+            self.runs, lambda run: f"bench run {run.label} (seed {run.seed})"
+        )
+
+    def start(self) -> None:
+        """Announce the sweep, compile the metric kernels, evaluate the reference rows."""
+        self.console.print(
+            f"[bold]rankwise bench[/bold]: {len(self.runs)} runs on "
+            f"{self.runs[0].config.dataset.name} ({self._splits.protocol}) -> {self.paths.root}",
+            soft_wrap=True,
+        )
+        self.warm_up = warm_up_metrics()
+        self.references = reference_rows(
+            self.runs, self._splits, self.seeds, self.paths.root, self.curves
+        )
+
+    def report(self, finished: Sequence[FinishedRun[RunResult]]) -> None:
+        """One progress line per run: its test mAP and R@1, time and selected step."""
+        last = finished[-1]
+        run, result, number = self.runs[last.index], last.result, last.index + 1
+        test = tested(result)[0]
+        self.console.print(
+            f"  [{number}/{len(self.runs)}] {run.label:<20} seed {run.seed}: test mAP "
+            f"{100 * test.map:.2f}  R@1 {100 * test.recall_at[1]:.2f}  "
+            f"({result.seconds:.1f} s, best val step {result.best_step}"
+            f"{'' if last.how == 'trained' else ', ' + last.how})",
+            soft_wrap=True,
+            highlight=False,
+        )
+
+    def summarise(
+        self, finished: Sequence[FinishedRun[RunResult]], complete: bool
+    ) -> SweepSummary[dict[str, Any]]:
+        """``bench.json`` and ``bench.md`` of the finished runs (and, complete, the PR curves)."""
+        runs = [self.runs[f.index] for f in finished]
+        results = [f.result for f in finished]
+        rows = aggregate_rows(runs, results)
+        dataset = self.runs[0].config.dataset.name
+        summary: dict[str, Any] = {
+            "dataset": dataset,
+            "protocol": str(self._splits.protocol),
+            "seeds": self.seeds,
+            "complete": complete,
+            "runs_finished": len(results),
+            "runs_planned": len(self.runs),
+            "warm_up_seconds": self.warm_up,
+            "rows": [row.to_dict() for row in rows],
+            "reference_rows": self.references,
+        }
+        files = {
+            self.paths.bench_json: json_text(summary),
+            self.paths.bench_table: bench_table_markdown(summary, self.ablation),
+        }
+        finish = partial(self._plot, rows, dataset) if complete else None
+        return SweepSummary(summary, files, finish)
+
+    def _plot(self, rows: Sequence[BenchRow], dataset: str) -> None:
+        """``pr_curves.png``: every row's mean test PR curve, and the references'."""
+        trained = {row.label: _average_curves([tested(r)[1] for r in row.results]) for row in rows}
+        plot_pr_curves(
+            {**trained, **self.curves},  # curves: the no-learning references
+            self.paths.pr_curves_plot,
+            title=f"mean test PR curves on {dataset} "
+            f"({'SOPRC ablation' if self.ablation else 'all losses'})",
+            labels=_legend_labels(rows, self.references, self.ablation),
+            references=list(self.curves),
+        )
 
 
 def run_bench(
@@ -442,9 +557,10 @@ def run_bench(
 
     Arguments as :func:`plan_bench`; ``console`` gets one progress line per run (the table is
     :func:`rankwise.reporting.print_bench_table` of the summary). Every configuration error,
-    data-dependent ones included, is raised before the first run. The ``resume`` / ``overwrite``
-    rules of :mod:`rankwise.workflows.sweep` apply; ``bench.json`` / ``bench.md`` are rewritten
-    after every run (``"complete": false`` until the end).
+    data-dependent ones included, is raised before the first run. The runs go through
+    :func:`rankwise.workflows.sweep.run_sweep`, whose ``resume`` / ``overwrite`` rules apply;
+    ``bench.json`` / ``bench.md`` are rewritten after every run (``"complete": false`` until
+    the end).
 
     Returns:
         The ``bench.json`` content (schema: docs/training.md, "rankwise bench"): one row per
@@ -455,74 +571,27 @@ def run_bench(
             interrupted one has its checkpoint: ``resume=True`` continues.
         RunDirInUseError: another process is writing ``output`` (nothing is read or written).
     """
-    console = console if console is not None else Console()
     output = Path(output)
-    with lock_run_dir(output, "output", then="resume it" if resume else None):
-        runs = plan_bench(
-            base,
-            losses=losses,
-            seeds=seeds,
-            quick=quick,
-            ablation=ablation,
-            output=output,
-            run_overrides=run_overrides,
-        )
-        settings = sweep_settings(
-            base,
-            losses=None if losses is None else list(losses),
-            seeds=[int(s) for s in seeds],
-            quick=bool(quick),
-            ablation=bool(ablation),
-            run_overrides=dict(run_overrides or {}),
-        )
-        run_dirs = [run.config.resolved_output_dir() for run in runs]
-        # every configuration error before anything is written
-        splits = prepare_splits(runs, lambda run: f"bench run {run.label} (seed {run.seed})")
-        prepare_sweep_dir(
-            output, "bench", settings, run_dirs, BENCH_FILES, resume=resume, overwrite=overwrite
-        )
-
-        console.print(
-            f"[bold]rankwise bench[/bold]: {len(runs)} runs on {runs[0].config.dataset.name} "
-            f"({splits.protocol}) -> {output}",
-            soft_wrap=True,
-        )
-        results: list[RunResult] = []
-        sweep = (output, ablation, runs, results, splits, seeds)  # results: filled run by run
-        try:
-            warm_up = warm_up_metrics()
-            curves: dict[str, PRCurve] = {}
-            references = reference_rows(runs, splits, seeds, output, curves)
-            for i, run in enumerate(runs, 1):
-                name = f"[{i}/{len(runs)}] {run.label} seed {run.seed}"
-                result, how = run_or_resume(run, splits, resume=resume, console=console, name=name)
-                results.append(result)
-                test = tested(result)[0]
-                console.print(
-                    f"  [{i}/{len(runs)}] {run.label:<20} seed {run.seed}: test mAP "
-                    f"{100 * test.map:.2f}  R@1 {100 * test.recall_at[1]:.2f}  "
-                    f"({result.seconds:.1f} s, best val step {result.best_step}"
-                    f"{'' if how == 'trained' else ', ' + how})",
-                    soft_wrap=True,
-                    highlight=False,
-                )
-                _write_summary(*sweep, references, False, warm_up)
-        except KeyboardInterrupt as exc:
-            names = [f"{run.label} seed {run.seed}" for run in runs]
-            raise sweep_interrupted("bench", exc, names, len(results), output) from None
-
-        summary = _write_summary(*sweep, references, True, warm_up)
-        rows = aggregate_rows(runs, results)
-        trained = {row.label: _average_curves([tested(r)[1] for r in row.results]) for row in rows}
-        plot_pr_curves(
-            {**trained, **curves},  # curves: the no-learning references
-            output / "pr_curves.png",
-            title=f"mean test PR curves on {summary['dataset']} "
-            f"({'SOPRC ablation' if ablation else 'all losses'})",
-            labels=_legend_labels(rows, references, ablation),
-            references=list(curves),
-        )
-        return summary
+    runs = plan_bench(
+        base,
+        losses=losses,
+        seeds=seeds,
+        quick=quick,
+        ablation=ablation,
+        output=output,
+        run_overrides=run_overrides,
+    )
+    settings = sweep_settings(
+        base,
+        losses=None if losses is None else list(losses),
+        seeds=[int(s) for s in seeds],
+        quick=bool(quick),
+        ablation=bool(ablation),
+        run_overrides=dict(run_overrides or {}),
+    )
+    console = console if console is not None else Console()
+    bench = _BenchSweep(runs, seeds, ablation, output, console)
+    return run_sweep(bench.plan(settings), bench.summarise, resume=resume, overwrite=overwrite)
 
 
 def _legend_labels(

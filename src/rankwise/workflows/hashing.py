@@ -19,17 +19,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from .._registry import Registry
 from ..hashing.head import HashingHead, HashingModel, binarize, build_hashing_model
-from ..metrics import hamming_retrieval_metrics, pr_curve
+from ..metrics import HammingRetrievalReport, PRCurve, hamming_retrieval_metrics, pr_curve
 from ..models import build_model
 from ..plots import plot_tie_ranges
 from ..training import NonFiniteLossError, RunResult, Trainer
@@ -37,6 +38,7 @@ from ..training.build import load_splits, resolve_device, seed_everything
 from ..training.callbacks import PlotCurves
 from ..training.checkpoint import atomic_write_text, load_checkpoint
 from ..training.config import (
+    Config,
     ConfigError,
     apply_overrides,
     config_from_dict,
@@ -45,8 +47,13 @@ from ..training.config import (
 )
 from ..training.evaluation import embed_labelled
 from ..training.factory import build_trainer
-from ..training.lock import lock_run_dir
-from .sweep import check_planned_configs, run_or_resume, sweep_interrupted, write_json
+from ..training.rundir import RunPaths, SweepPaths
+from .sweep import FinishedRun, SweepPlan, SweepRun, SweepSummary, json_text, run_sweep, write_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..data import RetrievalSplits
 
 __all__ = [
     "DEFAULT_HASH_CONFIG",
@@ -173,7 +180,14 @@ class HashSettings(BaseModel):
         return list(dict.fromkeys(value))
 
 
-def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *, ks=(100,)):
+def hamming_metric_fn(
+    query: torch.Tensor,
+    query_labels: Any,
+    gallery: torch.Tensor | None = None,
+    gallery_labels: Any = None,
+    *,
+    ks: Sequence[int] | None = (100,),
+) -> HammingRetrievalReport:
     """Evaluation of a :class:`~rankwise.training.Trainer` by Hamming ranking of ``sign`` codes.
 
     The ``metric_fn`` of :class:`HashingTrainer`. Cut-offs beyond the number of ranked items are
@@ -198,7 +212,12 @@ def hamming_metric_fn(query, query_labels, gallery=None, gallery_labels=None, *,
     )
 
 
-def hamming_curve_fn(query, query_labels, gallery=None, gallery_labels=None):
+def hamming_curve_fn(
+    query: torch.Tensor,
+    query_labels: Any,
+    gallery: torch.Tensor | None = None,
+    gallery_labels: Any = None,
+) -> PRCurve:
     """Mean precision-recall curve of the ``sign`` codes (the ``curve_fn`` of HashingTrainer).
 
     Arguments as :func:`hamming_metric_fn`; ranked by the integer inner products of the ±1 codes
@@ -228,7 +247,9 @@ class HashingTrainer(Trainer):
         super().__init__(*args, **kwargs)
 
 
-def load_hash_config(path: str | Path | None = None, overrides: Sequence[str] = ()):
+def load_hash_config(
+    path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> tuple[Config, HashSettings]:
     """Read a hashing config: a training config plus a ``hash:`` section.
 
     Args:
@@ -261,7 +282,9 @@ def load_hash_config(path: str | Path | None = None, overrides: Sequence[str] = 
     return config_from_dict(data), settings
 
 
-def method_config(config, settings: HashSettings, method: str, bits: int, output: Path | None):
+def method_config(
+    config: Config, settings: HashSettings, method: str, bits: int, output: Path | None
+) -> Config:
     """The training config of one (method, code length) run."""
     data = config.to_dict()
     loss, params = _METHODS[method]
@@ -274,10 +297,12 @@ def method_config(config, settings: HashSettings, method: str, bits: int, output
     return config_from_dict(data)
 
 
-def _build_model(config, method: str, settings: HashSettings, input_shape) -> nn.Module:
+def _build_model(
+    config: Config, method: str, settings: HashSettings, input_shape: Sequence[int]
+) -> nn.Module:
     """The hashing model (or, for smooth_ap / triplet, the embedding model) of a run."""
     mc = config.model
-    common = {"weights_path": mc.weights_path, "frozen_bn": mc.frozen_bn}
+    common: dict[str, Any] = {"weights_path": mc.weights_path, "frozen_bn": mc.frozen_bn}
     try:
         if method in ("smooth_ap", "triplet"):
             return build_model(
@@ -303,16 +328,16 @@ def _build_model(config, method: str, settings: HashSettings, input_shape) -> nn
 
 
 def build_hash_trainer(
-    config,
+    config: Config,
     settings: HashSettings,
     method: str,
     bits: int,
     *,
-    splits=None,
+    splits: RetrievalSplits | None = None,
     overwrite: bool = False,
     resume: bool = False,
-    console=None,
-):
+    console: Console | None = None,
+) -> Trainer:
     """A :class:`HashingTrainer` for one (method, code length) run of ``config``.
 
     Built as :meth:`rankwise.training.Trainer.from_config` builds (data, sampler, optimizer,
@@ -342,14 +367,24 @@ def build_hash_trainer(
     )
 
 
-def encode_dataset(model: nn.Module, dataset, batch_size: int = 512, device=None):
+def encode_dataset(
+    model: nn.Module,
+    dataset: Dataset[Any],
+    batch_size: int = 512,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, np.ndarray]:
     """``({-1, +1}`` int8 codes ``(N, bits)``, ``(N,)`` labels``)`` of a dataset, eval mode."""
     device = device or next(model.parameters()).device
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False)
     return embed_labelled(model, loader, device, finish=lambda out: binarize(out).cpu())
 
 
-def evaluate_codes(model: nn.Module, splits, ks: Sequence[int] = (100, 1000), batch_size=512):
+def evaluate_codes(
+    model: nn.Module,
+    splits: RetrievalSplits,
+    ks: Sequence[int] = (100, 1000),
+    batch_size: int = 512,
+) -> HammingRetrievalReport:
     """Test report of a model's codes: test queries against the gallery, or leave-one-out."""
     query, query_labels = encode_dataset(model, splits.test, batch_size)
     gallery, gallery_labels = (None, None)
@@ -396,7 +431,14 @@ class MethodResult:
         return cls(**{**data, "map_range": tuple(data["map_range"])})
 
 
-def _result(method: str, bits: int, report, run_dir=None, best_step=None, seconds=0.0):
+def _result(
+    method: str,
+    bits: int,
+    report: HammingRetrievalReport,
+    run_dir: Path | None = None,
+    best_step: int | None = None,
+    seconds: float = 0.0,
+) -> MethodResult:
     summary = report.to_dict()
     summary.pop("per_query_ap", None)
     return MethodResult(
@@ -412,22 +454,125 @@ def _result(method: str, bits: int, report, run_dir=None, best_step=None, second
     )
 
 
-RESULT_FILE = "hash_result.json"  # a run's MethodResult, beside its report.json
+RESULT_FILE = RunPaths(Path()).hash_result.name  # a run's MethodResult, beside its report.json
+
+
+class _HashSweep:
+    """The plan and the summariser of one hash sweep: (method, code length) runs on one data load."""
+
+    def __init__(
+        self,
+        config: Config,
+        settings: HashSettings,
+        output: Path,
+        console: Console | None,
+        progress_callback: Callable[[MethodResult, str], Any] | None,
+    ) -> None:
+        self.config, self.settings, self.paths = config, settings, SweepPaths(output)
+        self.console, self.progress_callback = console, progress_callback
+        self.splits: RetrievalSplits | None = None  # loaded by prepare
+
+    def plan(self) -> SweepPlan[MethodResult]:
+        """The sweep's plan for :func:`~rankwise.workflows.sweep.run_sweep`."""
+        runs = [
+            self._sweep_run(method, bits)
+            for bits in self.settings.bits
+            for method in self.settings.methods
+        ]
+        record = {**self.config.to_dict(), "hash": self.settings.model_dump()}
+        return SweepPlan(
+            kind="hash train",
+            output=self.paths.root,
+            runs=runs,
+            kept_in="their results are in results.json",
+            records={self.paths.hash_config: yaml.safe_dump(record, sort_keys=False)},
+            run_files=(RESULT_FILE,),
+            argument="output_dir",
+            prepare=self.prepare,
+            report=self.report,
+        )
+
+    def _sweep_run(self, method: str, bits: int) -> SweepRun[MethodResult]:
+        cfg = method_config(self.config, self.settings, method, bits, self.paths.root)
+        run_dir = cfg.resolved_output_dir()
+
+        def failed(error: NonFiniteLossError, seconds: float) -> MethodResult:
+            # a diverged / collapsed run: reported, the sweep goes on
+            return _failed(method, bits, run_dir, str(error))
+
+        return SweepRun(
+            f"{method} {bits} bits",
+            cfg,
+            partial(self._train, cfg, method, bits),
+            partial(_stored, run_dir),
+            None if method == "untrained" else failed,
+        )
+
+    def _train(self, cfg: Config, method: str, bits: int, resume: bool) -> MethodResult:
+        """Train one run afresh or continue it; its result also goes to ``hash_result.json``."""
+        if method == "untrained":
+            return _run_untrained(cfg, self.settings, bits, self._splits)
+        trainer = build_hash_trainer(
+            cfg,
+            self.settings,
+            method,
+            bits,
+            splits=self._splits,
+            console=self.console,
+            resume=resume,
+            overwrite=not resume,
+        )
+        run = trainer.fit()
+        run_dir = cfg.resolved_output_dir()
+        result = _result(method, bits, _tested(run), run_dir, run.best_step, run.seconds)
+        write_json(result.to_dict(), RunPaths(run_dir).hash_result)
+        return result
+
+    @property
+    def _splits(self) -> RetrievalSplits:
+        if self.splits is None:
+            raise RuntimeError("the hash sweep's data is loaded by its plan's prepare()")
+        return self.splits
+
+    def prepare(self) -> None:
+        """One data load for every run."""
+        self.splits = load_splits(self.config)
+
+    def report(self, finished: Sequence[FinishedRun[MethodResult]]) -> None:
+        """``progress_callback(result, how)`` of the run that finished."""
+        if self.progress_callback is not None:
+            self.progress_callback(finished[-1].result, finished[-1].how)
+
+    def summarise(
+        self, finished: Sequence[FinishedRun[MethodResult]], complete: bool
+    ) -> SweepSummary[list[MethodResult]]:
+        """``results.json``: the test results of the finished runs (complete or not)."""
+        results = [f.result for f in finished]
+        text = json_text([r.to_dict() for r in results])
+        return SweepSummary(results, {self.paths.hash_results: text})
+
+
+def _tested(run: RunResult) -> HammingRetrievalReport:
+    """The test report of a completed hash run (by :func:`hamming_metric_fn`)."""
+    if run.test is None:
+        raise RuntimeError(f"the run in {run.run_dir} has no test report; run it with test data")
+    return cast(HammingRetrievalReport, run.test)
 
 
 def run_hash_experiment(
-    config,
+    config: Config,
     settings: HashSettings,
     output: str | Path,
     *,
     overwrite: bool = False,
-    console=None,
-    progress_callback: Callable[[MethodResult], Any] | None = None,
+    console: Console | None = None,
+    progress_callback: Callable[[MethodResult, str], Any] | None = None,
 ) -> list[MethodResult]:
     """Train every method of ``settings`` at every code length; test each by Hamming ranking.
 
     Runs are normal run directories ``<output>/<method>/<bits>bits``; ``<output>/results.json``
-    collects the test results. The rules of :mod:`rankwise.workflows.sweep` apply.
+    collects the test results. The runs go through :func:`rankwise.workflows.sweep.run_sweep`:
+    running the sweep again continues it (no ``sweep.json``; ``hash_config.yaml`` records it).
 
     Args:
         config: the base training config.
@@ -435,7 +580,9 @@ def run_hash_experiment(
         output: the sweep directory.
         overwrite: retrain runs that exist.
         console: rich console for messages.
-        progress_callback: called as ``fn(result)`` after each run.
+        progress_callback: called as ``fn(result, how)`` after each run, ``how`` being
+            ``"trained"``, ``"resumed"`` (from the checkpoint an interruption left) or
+            ``"kept"`` (completed by an earlier call with this config).
 
     Returns:
         One :class:`MethodResult` per (method, bits).
@@ -446,38 +593,14 @@ def run_hash_experiment(
         TrainingInterrupted: Ctrl-C or SIGTERM; the same call again continues.
         RunDirInUseError: another process is writing ``output`` (see :mod:`rankwise.training.lock`).
     """
-    output = Path(output)
-    plan = [
-        (method, bits, method_config(config, settings, method, bits, output))
-        for bits in settings.bits
-        for method in settings.methods
-    ]
-    with lock_run_dir(output, "output_dir"):
-        if not overwrite:
-            check_planned_configs([cfg for *_, cfg in plan], (RESULT_FILE,))
-        sweep_file = yaml.safe_dump(
-            {**config.to_dict(), "hash": settings.model_dump()}, sort_keys=False
-        )
-        atomic_write_text(sweep_file, output / "hash_config.yaml")
-        splits = load_splits(config)
-        results: list[MethodResult] = []
-        try:
-            for method, bits, cfg in plan:
-                result = _run_one(cfg, settings, method, bits, splits, overwrite, console)
-                results.append(result)
-                write_json([r.to_dict() for r in results], output / "results.json")
-                if progress_callback is not None:
-                    progress_callback(result)
-        except KeyboardInterrupt as exc:
-            names = [f"{method} {bits} bits" for method, bits, _ in plan]
-            kept, again = "their results are in results.json", "the same call again"
-            error = sweep_interrupted("hash train", exc, names, len(results), output, kept, again)
-            raise error from None
-        return results
+    sweep = _HashSweep(config, settings, Path(output), console, progress_callback)
+    return run_sweep(sweep.plan(), sweep.summarise, overwrite=overwrite)
 
 
 @torch.no_grad()
-def calibrate_batch_norm(model: nn.Module, dataset, batch_size: int = 512) -> nn.Module:
+def calibrate_batch_norm(
+    model: nn.Module, dataset: Dataset[Any], batch_size: int = 512
+) -> nn.Module:
     """Set the running statistics of every batch-norm layer to the data's, without training.
 
     Without it an untrained centred head keeps its initial mean 0 / variance 1 (centring nothing).
@@ -508,66 +631,45 @@ def calibrate_batch_norm(model: nn.Module, dataset, batch_size: int = 512) -> nn
     return model
 
 
-def _untrained(cfg, settings, splits) -> nn.Module:
+def _untrained(cfg: Config, settings: HashSettings, splits: RetrievalSplits) -> nn.Module:
     """The hashing network at its initialisation (the seed of the runs), statistics calibrated."""
     seed_everything(cfg.seed)
     model = _build_model(cfg, "talr", settings, splits.train.input_shape)
     return calibrate_batch_norm(model, splits.train, cfg.eval_batch_size)
 
 
-def _run_untrained(cfg, settings, bits, splits) -> MethodResult:
+def _run_untrained(
+    cfg: Config, settings: HashSettings, bits: int, splits: RetrievalSplits
+) -> MethodResult:
     """The untrained baseline in a run directory like every other run: config, report, result."""
-    run_dir = cfg.resolved_output_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), run_dir / "config.yaml")
+    paths = RunPaths(cfg.resolved_output_dir())
+    paths.root.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), paths.config)
     start = time.perf_counter()
     model = _untrained(cfg, settings, splits)
     report = evaluate_codes(model, splits, batch_size=cfg.eval_batch_size)
     seconds = time.perf_counter() - start
-    run = RunResult(run_dir, "completed", 0, seconds, None, None, report, config=cfg.to_dict())
-    write_json(run.to_dict(), run_dir / "report.json")
-    result = _result("untrained", bits, report, run_dir, seconds=seconds)
-    write_json(result.to_dict(), run_dir / RESULT_FILE)
+    run = RunResult(paths.root, "completed", 0, seconds, None, None, report, config=cfg.to_dict())
+    run.save(paths.root)  # report.json
+    result = _result("untrained", bits, report, paths.root, seconds=seconds)
+    write_json(result.to_dict(), paths.hash_result)
     return result
 
 
 def _stored(run_dir: Path) -> MethodResult | None:
     """The result of a run that completed (its ``hash_result.json``), else None."""
-    path = run_dir / RESULT_FILE
+    path = RunPaths(run_dir).hash_result
     return MethodResult.from_dict(json.loads(path.read_text())) if path.is_file() else None
 
 
-def _run_one(cfg, settings, method, bits, splits, overwrite, console) -> MethodResult:
-    """Keep, resume or train one run (:func:`rankwise.workflows.sweep.run_or_resume`)."""
-    run_dir = cfg.resolved_output_dir()
-    if method == "untrained":
-        kept = None if overwrite else _stored(run_dir)
-        return kept if kept is not None else _run_untrained(cfg, settings, bits, splits)
-
-    def build(**how: bool) -> Trainer:
-        return build_hash_trainer(
-            cfg, settings, method, bits, splits=splits, console=console, **how
-        )
-
-    try:
-        run, how = run_or_resume(cfg, build, resume=not overwrite, kept=partial(_stored, run_dir))
-    except NonFiniteLossError as exc:  # a diverged / collapsed run: reported, the sweep goes on
-        return _failed(method, bits, run_dir, str(exc))
-    if isinstance(run, MethodResult):  # kept: the stored result of this config
-        return run
-    result = _result(method, bits, run.test, run_dir, run.best_step, run.seconds)
-    write_json(result.to_dict(), run_dir / RESULT_FILE)
-    return result
-
-
-def _failed(method: str, bits: int, run_dir, error: str) -> MethodResult:
+def _failed(method: str, bits: int, run_dir: Path, error: str) -> MethodResult:
     nan = float("nan")
     return MethodResult(method, bits, nan, (nan, nan), nan, {}, str(run_dir), error=error)
 
 
 def load_results(output: str | Path) -> list[MethodResult]:
     """The :class:`MethodResult` list of a sweep directory (its ``results.json``)."""
-    path = Path(output) / "results.json"
+    path = SweepPaths(Path(output)).hash_results
     if not path.is_file():
         raise FileNotFoundError(
             f"{str(path)!r} does not exist; run `rankwise hash train --output {output}` first."
@@ -612,12 +714,13 @@ def evaluate_sweep(output: str | Path, device: str | None = None) -> list[Method
         FileNotFoundError: not a sweep directory (a run without a checkpoint is reported failed).
     """
     output = Path(output)
-    if not (output / "hash_config.yaml").is_file():
+    sweep_config = SweepPaths(output).hash_config
+    if not sweep_config.is_file():
         raise FileNotFoundError(
             f"{str(output)!r} is not a sweep directory (no hash_config.yaml); run "
             f"`rankwise hash train --output {output}` first."
         )
-    config, settings = load_hash_config(output / "hash_config.yaml")
+    config, settings = load_hash_config(sweep_config)
     splits = load_splits(config)
     results = []
     for bits in settings.bits:
@@ -630,7 +733,7 @@ def evaluate_sweep(output: str | Path, device: str | None = None) -> list[Method
             else:
                 seed_everything(cfg.seed)
                 model = _build_model(cfg, method, settings, splits.train.input_shape).to(dev)
-                path = run_dir / "checkpoints" / "best.pt"
+                path = RunPaths(run_dir).best
                 if not path.is_file():
                     results.append(_failed(method, bits, run_dir, f"no checkpoint {path}"))
                     continue
@@ -656,10 +759,8 @@ def write_report(
     Returns:
         The written paths.
     """
-    output = Path(output)
-    json_path = output / f"{prefix}.json"
+    json_path, table_path, plot_path = SweepPaths(Path(output)).hash_report(prefix)
     write_json([r.to_dict() for r in results], json_path)
-    table_path = output / f"{prefix}_table.md"
     ranges = "\n".join(
         f"| {r.method} | {r.bits} | {r.map:.4f} | {r.map_range[0]:.4f} | {r.map_range[1]:.4f} |"
         for r in results
@@ -675,5 +776,4 @@ def write_report(
         + "\n",
         table_path,
     )
-    plot_path = plot_tie_ranges(results, output / f"{prefix}_tie_ranges.png", title)
-    return [json_path, table_path, plot_path]
+    return [json_path, table_path, plot_tie_ranges(results, plot_path, title)]

@@ -13,9 +13,9 @@ import copy
 import itertools
 import json
 import math
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,14 +24,27 @@ import yaml
 from rich.console import Console
 
 from ..losses.registry import loss_parameters
-from ..training.checkpoint import atomic_write_text
-from ..training.config import ConfigError, config_from_dict
+from ..training.config import Config, ConfigError, apply_overrides, config_from_dict
 from ..training.errors import NonFiniteLossError
-from ..training.lock import lock_run_dir
-from ..training.rundir import prepare_sweep_dir
+from ..training.rundir import SweepPaths
 from ..training.trainer import RunResult
-from .bench import BenchRun, plan_bench, prepare_splits, run_or_resume, warm_up_metrics
-from .sweep import sweep_interrupted, sweep_settings, write_json
+from .bench import (
+    BenchRun,
+    plan_bench,
+    prepare_splits,
+    run_trainer,
+    stored_result,
+    warm_up_metrics,
+)
+from .sweep import (
+    FinishedRun,
+    SweepPlan,
+    SweepRun,
+    SweepSummary,
+    json_text,
+    run_sweep,
+    sweep_settings,
+)
 
 if TYPE_CHECKING:
     from ..data import RetrievalSplits
@@ -41,6 +54,7 @@ __all__ = [
     "TUNE_FILES",
     "SeedOutcome",
     "TuneTrial",
+    "overrides_over_quick",
     "parse_grid_values",
     "plan_tune",
     "tune",
@@ -61,7 +75,8 @@ _RESERVED_KEYS = (
     "bench",
 )
 _LOSS_PARAM_PREFIX = "loss.params."
-TUNE_FILES = ("tune.json", "tuned.yaml")
+_NAMES = SweepPaths(Path())
+TUNE_FILES = (_NAMES.tune_json.name, _NAMES.tuned_config.name)
 # equal scores are common when a grid key has no effect (docs/training.md, "rankwise tune")
 TIE_RULE = (
     "equal mean validation mAP: the trial with the higher worst seed wins (the steadier "
@@ -185,6 +200,28 @@ def _overlap(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
+def overrides_over_quick(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` (the overrides applied) whose ``--quick`` budget leaves the overridden keys alone.
+
+    ``rankwise bench`` applies its ``KEY=VALUE`` overrides after ``bench.quick.overrides``;
+    ``rankwise tune`` applies them to the base config, which the quick budget would override. The
+    ``bench.quick.overrides`` keys that overlap an override are dropped from the base, so the
+    caller's value wins under ``quick`` too (and ``bench --quick`` on ``tuned.yaml`` keeps it).
+
+    Args:
+        base: the base config as a mapping, ``overrides`` already applied.
+        overrides: the caller's dotted overrides.
+
+    Returns:
+        ``base`` with those ``bench.quick.overrides`` keys removed (a copy).
+    """
+    quick = config_from_dict(base).bench.quick.overrides
+    kept = {k: v for k, v in quick.items() if not any(_overlap(k, key) for key in overrides)}
+    if len(kept) == len(quick):
+        return dict(base)
+    return apply_overrides(base, {"bench.quick.overrides": kept})
+
+
 def _check_grid_key(key: Any, checked: Sequence[str], quick_keys: Sequence[str]) -> None:
     """A grid key must be a dotted key the protocol does not set, overlapping no other key."""
     if not isinstance(key, str) or not key or any(not p for p in key.split(".")):
@@ -270,7 +307,6 @@ def plan_tune(
     plan_bench(base, losses=loss_list, seeds=seeds[:1], quick=quick, output=output)
     quick_keys = list(base_config.bench.quick.overrides) if quick else []
     checked = _check_grid(grid, loss_list, quick_keys)
-    output = Path(output)
     trials: list[TuneTrial] = []
     for loss in loss_list:
         accepted = set(loss_parameters(loss))
@@ -290,7 +326,7 @@ def plan_tune(
                     losses=[loss],
                     seeds=seeds,
                     quick=quick,
-                    output=output / "trials" / f"trial{index:03d}",
+                    output=SweepPaths(Path(output)).trial(index),
                     run_overrides=params,
                 )
             except ConfigError as exc:
@@ -312,40 +348,6 @@ def _without_run_prefix(exc: ConfigError) -> str:
     if text.startswith("bench run "):
         return text.split("): ", 1)[-1]
     return text
-
-
-def _run_trial(
-    trial: TuneTrial,
-    splits: RetrievalSplits,
-    console: Console | None,
-    resume: bool = False,
-    name: str = "",
-) -> None:
-    """Train every seed of ``trial``; keep only validation scores (a RunResult goes no further)."""
-    trial.outcomes = []
-    for run in trial.runs:
-        start = time.perf_counter()
-        try:
-            # tuning selects on validation data only: the test data is never evaluated
-            result, _ = run_or_resume(
-                run,
-                splits,
-                resume=resume,
-                console=console,
-                name=f"{name} {run.label} seed {run.seed}".strip(),
-                test=False,
-            )
-        except NonFiniteLossError as exc:
-            # a diverging point is a legitimate tuning outcome: record it, never select it
-            seconds, run_dir = time.perf_counter() - start, str(run.config.resolved_output_dir())
-            outcome = SeedOutcome(run.seed, None, None, exc.step, seconds, run_dir, str(exc))
-            trial.outcomes.append(outcome)
-            return
-        score, run_dir = validation_map(result), str(result.run_dir)
-        outcome = SeedOutcome(
-            run.seed, score, result.best_step, result.steps, result.seconds, run_dir
-        )
-        trial.outcomes.append(outcome)
 
 
 def _selection_key(trial: TuneTrial) -> tuple[float, float, int]:
@@ -405,7 +407,7 @@ def tuned_config(
     return data
 
 
-def _comparable(config: Any) -> dict[str, Any]:
+def _comparable(config: Config) -> dict[str, Any]:
     # the run directory differs by construction and the bench section does not affect a run
     return {**config.to_dict(), "output_dir": None, "bench": None}
 
@@ -446,7 +448,7 @@ def _summary(
         "quick": bool(quick),
         "grid": {k: list(v) for k, v in grid.items()},
         "complete": complete,
-        "trials": [t.to_dict() for t in trials if t.outcomes],
+        "trials": [t.to_dict() for t in trials if _trial_done(t)],
     }
     if winners is not None:
         out["winners"] = {
@@ -465,7 +467,9 @@ def _summary(
     return out
 
 
-def _announce(trials: Sequence[TuneTrial], splits: RetrievalSplits, output: Path, console) -> None:
+def _announce(
+    trials: Sequence[TuneTrial], splits: RetrievalSplits, output: Path, console: Console
+) -> None:
     for loss in dict.fromkeys(t.loss for t in trials):
         skipped = trials[[t.loss for t in trials].index(loss)].skipped
         if skipped:
@@ -475,8 +479,9 @@ def _announce(trials: Sequence[TuneTrial], splits: RetrievalSplits, output: Path
                 soft_wrap=True,
             )
     n_runs = sum(len(t.runs) for t in trials)
+    counted = f"{len(trials)} trial{'s' * (len(trials) != 1)} ({n_runs} run{'s' * (n_runs != 1)})"
     console.print(
-        f"[bold]rankwise tune[/bold]: {len(trials)} trials ({n_runs} runs) on "
+        f"[bold]rankwise tune[/bold]: {counted} on "
         f"{trials[0].runs[0].config.dataset.name} ({splits.protocol}) -> {output}",
         soft_wrap=True,
     )
@@ -495,6 +500,154 @@ def _report_ties(
         )
 
 
+def _outcome(run: BenchRun, result: RunResult) -> SeedOutcome:
+    """What tuning keeps of a finished run: its validation score (a RunResult goes no further)."""
+    return SeedOutcome(
+        run.seed,
+        validation_map(result),
+        result.best_step,
+        result.steps,
+        result.seconds,
+        str(result.run_dir),
+    )
+
+
+def _diverged(run: BenchRun, error: NonFiniteLossError, seconds: float) -> SeedOutcome:
+    """A diverging point is a legitimate tuning outcome: recorded, never selected."""
+    run_dir = str(run.config.resolved_output_dir())
+    return SeedOutcome(run.seed, None, None, error.step, seconds, run_dir, str(error))
+
+
+def _trial_done(trial: TuneTrial) -> bool:
+    """Whether every seed of ``trial`` ran, or one diverged (the others are then not run)."""
+    return len(trial.outcomes) == len(trial.runs) or any(o.val_map is None for o in trial.outcomes)
+
+
+class _TuneSweep:
+    """The plan and the summariser of one tuning sweep: its trials, data and selection."""
+
+    def __init__(
+        self,
+        base: Mapping[str, Any],
+        trials: Sequence[TuneTrial],
+        settings: dict[str, Any],
+        output: Path,
+        console: Console,
+    ) -> None:
+        self.base, self.trials, self.settings = base, list(trials), settings
+        self.paths, self.console = SweepPaths(output), console
+        self.runs = [run for trial in trials for run in trial.runs]
+        self.trial_of = [trial for trial in trials for _ in trial.runs]  # by position in runs
+        self.splits: RetrievalSplits | None = None  # loaded by prepare
+        self.ties: dict[str, list[int]] = {}
+
+    def plan(self) -> SweepPlan[SeedOutcome]:
+        """The sweep's plan for :func:`~rankwise.workflows.sweep.run_sweep`."""
+        return SweepPlan(
+            kind="tune",
+            output=self.paths.root,
+            runs=[self._sweep_run(trial, run) for trial in self.trials for run in trial.runs],
+            kept_in="their scores are in tune.json",
+            settings=self.settings,
+            files=TUNE_FILES,
+            prepare=self.prepare,
+            start=self.start,
+            report=self.report,
+        )
+
+    def _sweep_run(self, trial: TuneTrial, run: BenchRun) -> SweepRun[SeedOutcome]:
+        name = f"[{trial.index + 1}/{len(self.trials)}] {run.label} seed {run.seed}"
+
+        def train(resume: bool) -> SeedOutcome:
+            trainer = run_trainer(run, self._splits, resume=resume, console=self.console, name=name)
+            # tuning selects on validation data only: the test data is never evaluated
+            return _outcome(run, trainer.fit(test=False))
+
+        def kept() -> SeedOutcome | None:
+            result = stored_result(run, with_test=False)
+            return None if result is None else _outcome(run, result)
+
+        return SweepRun(
+            f"{run.label} seed {run.seed}",
+            run.config,
+            train,
+            kept,
+            failed=partial(_diverged, run),
+            group=trial.index,
+        )
+
+    @property
+    def _splits(self) -> RetrievalSplits:
+        if self.splits is None:
+            raise RuntimeError("the tuning sweep's data is loaded by its plan's prepare()")
+        return self.splits
+
+    def prepare(self) -> None:
+        """One data load, and every data-dependent check, before anything is written."""
+        described = {
+            id(run): f"tune trial {_describe(t.loss, t.params)}"
+            for t in self.trials
+            for run in t.runs
+        }
+        self.splits = prepare_splits(self.runs, lambda run: described[id(run)])
+
+    def start(self) -> None:
+        """Announce the sweep and compile the metric kernels."""
+        _announce(self.trials, self._splits, self.paths.root, self.console)
+        warm_up_metrics()
+
+    def _collect(self, finished: Sequence[FinishedRun[SeedOutcome]]) -> None:
+        """Each trial's outcomes, in seed order, from the finished runs."""
+        for trial in self.trials:
+            trial.outcomes = [f.result for f in finished if self.trial_of[f.index] is trial]
+
+    def report(self, finished: Sequence[FinishedRun[SeedOutcome]]) -> None:
+        """One progress line per trial, once its last seed finished (or one diverged)."""
+        self._collect(finished)
+        trial = self.trial_of[finished[-1].index]
+        if not _trial_done(trial):
+            return
+        mean = trial.val_map_mean
+        score = "diverged" if mean is None else f"val mAP {100 * mean:.2f}"
+        self.console.print(
+            f"  [{trial.index + 1}/{len(self.trials)}] {trial.loss:<18} "
+            f"{json.dumps(trial.params)}: {score}",
+            soft_wrap=True,
+            highlight=False,
+        )
+
+    def summarise(
+        self, finished: Sequence[FinishedRun[SeedOutcome]], complete: bool
+    ) -> SweepSummary[dict[str, Any]]:
+        """``tune.json`` of the finished trials; complete, the winners and ``tuned.yaml``."""
+        self._collect(finished)
+        trials, splits = self.trials, self._splits
+        grid, seeds, quick = self.settings["grid"], self.settings["seeds"], self.settings["quick"]
+        if not complete:
+            # progress on disk: an interrupted sweep still shows what it measured
+            summary = _summary(trials, splits, grid, seeds, quick, False)
+            return SweepSummary(summary, {self.paths.tune_json: json_text(summary)})
+        winners, self.ties = _winners(self.trials)
+        chosen = {loss: t for loss, t in winners.items() if t is not None}
+        tuned = tuned_config(self.base, {loss: t.params for loss, t in chosen.items()})
+        tuned["bench"]["losses"] = list(winners)
+        _check_reproduces(tuned, chosen, quick, self.paths.trials)
+        tuned_path = self.paths.tuned_config
+        header = (
+            "# written by `rankwise tune`: the base config with bench.overrides[<loss>] set to the\n"
+            "# hyper-parameters selected on validation mAP (see tune.json); reproduce the test table\n"
+            f"# with `rankwise bench --config {tuned_path} --seeds 3`"
+            f"{' (tuned with --quick budgets)' if quick else ''}.\n"
+        )
+        summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path, self.ties)
+        files = {
+            tuned_path: header + yaml.safe_dump(tuned, sort_keys=False),
+            self.paths.tune_json: json_text(summary),
+        }
+        report_ties = partial(_report_ties, self.ties, self.trials, self.console)
+        return SweepSummary(summary, files, report_ties)
+
+
 def tune(
     base: Mapping[str, Any],
     *,
@@ -510,7 +663,8 @@ def tune(
     """Select each loss's hyper-parameters on validation data; write ``tune.json``, ``tuned.yaml``.
 
     Arguments as :func:`plan_tune`, and ``console``, ``resume``, ``overwrite`` as
-    :func:`~rankwise.workflows.bench.run_bench` (``tune.json`` is rewritten after every trial).
+    :func:`~rankwise.workflows.bench.run_bench` (``tune.json`` is rewritten after every run,
+    with the trials finished so far).
     Every configuration error, data-dependent ones included, is raised before the first run. A
     trial whose loss becomes non-finite is recorded as diverged and never selected; ties are
     broken by :data:`TIE_RULE` and reported.
@@ -524,65 +678,15 @@ def tune(
         TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
         RunDirInUseError: another process is writing ``output`` (see :mod:`rankwise.training.lock`).
     """
-    console = console if console is not None else Console()
     output = Path(output)
-    with lock_run_dir(output, "output", then="resume it" if resume else None):
-        trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
-        settings = sweep_settings(
-            base,
-            losses=None if losses is None else list(losses),
-            grid={k: [_plain(v, k) for v in values] for k, values in grid.items()},
-            seeds=[int(s) for s in seeds],
-            quick=bool(quick),
-        )
-        runs = [run for trial in trials for run in trial.runs]
-        run_dirs = [run.config.resolved_output_dir() for run in runs]
-        described = {
-            id(run): f"tune trial {_describe(t.loss, t.params)}" for t in trials for run in t.runs
-        }
-        # every configuration error first, nothing written yet
-        splits = prepare_splits(runs, lambda run: described[id(run)])
-        prepare_sweep_dir(
-            output, "tune", settings, run_dirs, TUNE_FILES, resume=resume, overwrite=overwrite
-        )
-        grid, seeds = settings["grid"], settings["seeds"]
-        _announce(trials, splits, output, console)
-        tune_path = output / "tune.json"
-        try:
-            warm_up_metrics()
-            for trial in trials:
-                name = f"[{trial.index + 1}/{len(trials)}]"
-                _run_trial(trial, splits, console, resume=resume, name=name)
-                mean = trial.val_map_mean
-                score = "diverged" if mean is None else f"val mAP {100 * mean:.2f}"
-                console.print(
-                    f"  {name} {trial.loss:<18} {json.dumps(trial.params)}: {score}",
-                    soft_wrap=True,
-                    highlight=False,
-                )
-                # progress on disk: an interrupted sweep still shows what it measured
-                write_json(_summary(trials, splits, grid, seeds, quick, False), tune_path)
-        except KeyboardInterrupt as exc:
-            finished = sum(len(t.outcomes) for t in trials)
-            names = [f"{run.label} seed {run.seed}" for run in runs]
-            raise sweep_interrupted(
-                "tune", exc, names, finished, output, "their scores are in tune.json"
-            ) from None
-
-        winners, ties = _winners(trials)
-        _report_ties(ties, trials, console)
-        chosen = {loss: t for loss, t in winners.items() if t is not None}
-        tuned = tuned_config(base, {loss: t.params for loss, t in chosen.items()})
-        tuned["bench"]["losses"] = list(winners)
-        _check_reproduces(tuned, chosen, quick, output / "trials")
-        tuned_path = output / "tuned.yaml"
-        header = (
-            "# written by `rankwise tune`: the base config with bench.overrides[<loss>] set to the\n"
-            "# hyper-parameters selected on validation mAP (see tune.json); reproduce the test table\n"
-            f"# with `rankwise bench --config {tuned_path} --seeds 3`"
-            f"{' (tuned with --quick budgets)' if quick else ''}.\n"
-        )
-        atomic_write_text(header + yaml.safe_dump(tuned, sort_keys=False), tuned_path)
-        summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path, ties)
-        write_json(summary, tune_path)
-        return summary
+    trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
+    settings = sweep_settings(
+        base,
+        losses=None if losses is None else list(losses),
+        grid={k: [_plain(v, k) for v in values] for k, values in grid.items()},
+        seeds=[int(s) for s in seeds],
+        quick=bool(quick),
+    )
+    console = console if console is not None else Console()
+    sweep = _TuneSweep(base, trials, settings, output, console)
+    return run_sweep(sweep.plan(), sweep.summarise, resume=resume, overwrite=overwrite)

@@ -1,0 +1,96 @@
+"""rankwise._dispatch: the counter of operations and host syncs, and the one-copy transfer.
+
+Each kind of sync the issue-31 losses must avoid is seen on device data and counted as a host read
+on host data; views launch no kernel; backward is counted; moves follow the documented rules.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rankwise._dispatch import DispatchCounter, count_dispatch, to_device
+
+
+def syncs_of(fn, on_device=True):
+    x = torch.tensor([[0.5, -1.0, 2.0], [0.0, 3.0, 1.0]], requires_grad=True)
+    labels = torch.tensor([0, 1, 1])
+    counter = count_dispatch(lambda: fn(x, labels), [x] if on_device else [])
+    return counter
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [
+        ("_local_scalar_dense", lambda x, y: float(x.detach().sum())),
+        ("_local_scalar_dense", lambda x, y: bool((x > 0).any())),
+        ("_local_scalar_dense", lambda x, y: x.max().item()),
+        ("nonzero", lambda x, y: (x > 0).nonzero()),
+        ("_unique2", lambda x, y: torch.unique(x.detach(), return_counts=True)),
+        ("index", lambda x, y: x[x > 0]),
+        ("index_put_", lambda x, y: x.detach().clone().__setitem__(x > 0, 0.0)),
+        ("masked_select", lambda x, y: x.masked_select(x > 0)),
+        ("repeat_interleave", lambda x, y: torch.repeat_interleave(x.detach().long().abs()[0])),
+        ("bincount", lambda x, y: torch.bincount(x.detach().long().flatten().abs())),
+        ("tolist", lambda x, y: x.tolist()),
+        ("copy_to_host", lambda x, y: x.cpu()),
+        ("copy_to_host", lambda x, y: x.to("cpu")),
+    ],
+)
+def test_each_kind_of_sync_is_seen_on_device_data_and_is_a_host_read_elsewhere(name, fn):
+    on_device = syncs_of(fn)
+    assert on_device.syncs[name] >= 1, on_device.summary()
+    if name != "copy_to_host":
+        on_host = syncs_of(fn, on_device=False)
+        assert on_host.n_syncs == 0 and on_host.host_reads[name] >= 1, on_host.summary()
+
+
+def test_sync_free_operations_are_not_syncs():
+    def work(x, y):
+        rows = x.index_select(0, torch.tensor([1, 0, 1]))  # host indices, sent implicitly
+        masked = x.masked_fill(x > 0, 0.0)  # a boolean mask without a size read
+        sized = torch.tensor([1, 2]).repeat_interleave(torch.tensor([2, 1]), output_size=3)
+        (rows.sum() + masked.sum()).backward()
+        return sized
+
+    counter = syncs_of(work)
+    assert counter.n_syncs == 0, counter.summary()
+    assert counter.n_kernels > 0 and counter.device_ops["index_select"] == 1
+    assert counter.host_reads == {}  # output_size given: nothing read
+
+
+def test_labels_moved_to_the_device_are_device_data():
+    x, labels = torch.randn(3, 2), torch.tensor([0, 1, 1])
+    with DispatchCounter() as counter:
+        counter.mark_device(x)
+        (labels == 1).nonzero()  # host: a host read
+        (labels.to(x.device) == 1).nonzero()  # moved: a device sync (on an accelerator it is)
+        (torch.arange(3, device=x.device) > 0).nonzero()  # created on the device
+    assert counter.host_reads["nonzero"] == 1 and counter.syncs["nonzero"] == 2
+
+
+def test_views_are_not_kernels_and_backward_is_counted():
+    x = torch.randn(4, 3, requires_grad=True)
+    with DispatchCounter() as counter:
+        counter.mark_device(x)
+        y = x.view(-1).unsqueeze(0).t()  # views only
+        forward = counter.n_kernels
+        (y * 2).sum().backward()
+    assert forward == 0 and counter.n_device_ops > 0
+    assert counter.n_kernels >= 3  # mul, sum, and their backward
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_to_device_sends_every_tensor_unchanged(pack):
+    tensors = [
+        torch.tensor([[True, False, True]]),
+        torch.arange(5),
+        torch.randn(2, 3, dtype=torch.float64),
+        torch.zeros(0, dtype=torch.long),
+        torch.tensor([1.5], dtype=torch.float16),
+    ]
+    tensors.append(tensors[1])  # twice: sent once
+    out = to_device(tensors, torch.device("cpu"), pack=pack)
+    for sent, original in zip(out, tensors, strict=True):
+        assert sent.dtype == original.dtype and sent.shape == original.shape
+        assert torch.equal(sent, original)
