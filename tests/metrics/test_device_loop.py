@@ -22,7 +22,10 @@ from rankwise.metrics.ranking import harmonic_table, harmonic_table_tensor
 from rankwise.similarity import ExactOperands, sequential_column_sums, transposed_pair_keys
 
 CHUNK = _device.CHUNK_RECORD
-NEAR_TIE = _device.PAIRS_RECORD
+WINDOWS = _device.WINDOW_RECORD
+PAIRS = _device.PAIRS_RECORD
+GROUPS = _device.GROUP_RECORD
+NEAR_TIE_LOOPS = (WINDOWS, PAIRS, GROUPS)
 READBACK = _device.READBACK_RECORD
 KERNEL_LIMIT = 64
 
@@ -240,7 +243,7 @@ def test_a_short_pair_buffer_is_detected_and_the_chunk_run_again(monkeypatch):
     x, labels = _near_duplicates()
     want = retrieval_metrics(x, labels, ks=(1, 5), similarity="euclidean", backend="numba")
     runs = _spy_runs(monkeypatch)
-    # buffers a tenth of what the main loop counted: every near-tie chunk overflows once
+    # buffers a tenth of what the main loop counted: every near-tie row chunk overflows once
     monkeypatch.setattr(_device, "PAIR_SLACK", 0.1)
     monkeypatch.setattr(_device, "PAIR_PAD", 0)
     with DispatchCounter("rankwise.retrieval.") as counter:
@@ -248,12 +251,15 @@ def test_a_short_pair_buffer_is_detected_and_the_chunk_run_again(monkeypatch):
             x, labels, ks=(1, 5), similarity="euclidean", chunk_size=50, backend="torch"
         )
     assert got.to_dict() == want.to_dict()
-    first_pass = math.ceil(runs[-1].near_tie_queries / 50)
-    assert runs[-1].near_tie_chunks == 2 * first_pass  # each ran again with a large enough buffer
+    near = runs[-1].near_ties
+    first_pass = math.ceil(near.queries / 50)
+    # each row chunk sorted and evaluated again with a large enough buffer
+    assert near.window_chunks == near.group_chunks == 2 * first_pass
+    assert len(counter.named(WINDOWS)) == len(counter.named(GROUPS)) == 2 * first_pass
     assert len(counter.named(READBACK)) == 3  # main loop, near-tie pass, the reruns
 
 
-def test_pairs_beyond_the_memory_budget_take_several_passes(monkeypatch):
+def test_pairs_beyond_the_memory_budget_take_several_chunks(monkeypatch):
     # a zero query row under cosine: every item ties with every relevant one (R x N pairs)
     gen = torch.Generator().manual_seed(14)
     x = torch.randn(60, 5, generator=gen, dtype=torch.float64)
@@ -261,12 +267,19 @@ def test_pairs_beyond_the_memory_budget_take_several_passes(monkeypatch):
     y = torch.randint(0, 4, (60,), generator=gen)
     want = retrieval_metrics(x, y, ks=(1, 5), backend="numba")
     budget = _device.memory_budget(torch.device("cpu"))
-    monkeypatch.setattr(_device, "BYTES_PER_PAIR", budget // 100)  # about 50 pairs per pass
+    runs = _spy_runs(monkeypatch)
+    monkeypatch.setattr(_device, "BYTES_PER_STORED_PAIR", budget // 4 // 120)  # 120 per buffer
+    monkeypatch.setattr(_device, "BYTES_PER_PAIR", budget // 4 // 50)  # about 50 per key chunk
     with DispatchCounter("rankwise.retrieval.") as counter:
         got = retrieval_metrics(x, y, ks=(1, 5), backend="torch")
     assert got.to_dict() == want.to_dict()
-    # one searchsorted per pass, after the three of every chunk: the zero rows took several
-    assert max(r.ops["aten.searchsorted"] for r in counter.named(NEAR_TIE)) > 3 + 1
+    near = runs[-1].near_ties
+    assert near.pairs > 2 * 120  # the zero rows alone have R x N pairs
+    # one row chunk, its pairs enumerated by several window chunks, each keyed in several chunks
+    assert near.group_chunks == 1 and near.window_chunks > 2
+    assert near.pair_chunks > near.window_chunks
+    for name in (CHUNK, *NEAR_TIE_LOOPS):
+        assert len({r.kernels for r in counter.named(name)}) == 1, name
 
 
 # ------------------------------------------------------------------ kernels and syncs per chunk
@@ -319,6 +332,41 @@ def test_chunks_run_a_fixed_number_of_kernels_whatever_the_data(similarity):
     assert max(approximate) <= KERNEL_LIMIT and counts(ints, many) <= KERNEL_LIMIT
 
 
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
+def test_near_tie_loops_run_a_fixed_number_of_kernels_whatever_the_data(similarity):
+    # exact duplicates send queries through the near-tie pass; each of its three loops runs
+    # the same kernels per chunk for another dimension, other relevant sets, more ties
+    gen = torch.Generator().manual_seed(15)
+    n = 240
+
+    def counts(x, y):
+        with DispatchCounter("rankwise.retrieval.", watch_host=True) as counter:
+            retrieval_metrics(x, y, ks=(1, 10), similarity=similarity, backend="torch")
+        per_loop = []
+        for name in NEAR_TIE_LOOPS:
+            ranges = counter.named(name)
+            assert ranges, name
+            assert all(r.syncs == [] and r.host_calls == [] for r in ranges)
+            per_chunk = {r.kernels for r in ranges}
+            assert len(per_chunk) == 1 and max(per_chunk) <= KERNEL_LIMIT, (name, per_chunk)
+            per_loop.append(per_chunk.pop())
+        return tuple(per_loop)
+
+    def twice(d, copies=2):
+        x = torch.randn(n // copies, d, generator=gen)
+        return torch.cat([x] * copies)
+
+    many = torch.randint(0, 60, (n,), generator=gen)
+    few = torch.randint(0, 2, (n,), generator=gen)
+    seen = {
+        counts(twice(8), many),
+        counts(twice(96), many),
+        counts(twice(8), few),
+        counts(twice(8, copies=6), few),  # every item six times: wider windows, more pairs
+    }
+    assert len(seen) == 1
+
+
 def test_no_sync_and_no_numpy_or_numba_inside_the_loop():
     x, labels = _near_duplicates(torch.float32)  # also runs the near-tie pass
     hot = (torch.rand(200, 4, generator=torch.Generator().manual_seed(1)) < 0.4).long()
@@ -326,17 +374,19 @@ def test_no_sync_and_no_numpy_or_numba_inside_the_loop():
         for call in (retrieval_metrics, pr_curve):
             with DispatchCounter("rankwise.retrieval.", watch_host=True) as counter:
                 call(x, y, chunk_size=64, backend="torch", similarity="euclidean")
-            loops = counter.named(CHUNK) + counter.named(NEAR_TIE)
-            assert counter.named(CHUNK) and counter.named(NEAR_TIE)
-            assert all(r.syncs == [] and r.host_calls == [] for r in loops)
-            assert max(r.kernels for r in counter.named(CHUNK)) <= KERNEL_LIMIT
+            for name in (CHUNK, *NEAR_TIE_LOOPS):
+                loop = counter.named(name)
+                assert loop, name
+                assert all(r.syncs == [] and r.host_calls == [] for r in loop)
+                assert max(r.kernels for r in loop) <= KERNEL_LIMIT, name
 
 
 def test_results_are_read_back_once_per_call():
     gen = torch.Generator().manual_seed(2)
     x, y = torch.randn(300, 12, generator=gen), torch.randint(0, 7, (300,), generator=gen)
     counter = _count(x, y, chunk_size=40)
-    assert len(counter.named(CHUNK)) == 8 and not counter.named(NEAR_TIE)
+    assert len(counter.named(CHUNK)) == 8
+    assert not any(counter.named(name) for name in NEAR_TIE_LOOPS)
     (readback,) = counter.named(READBACK)
     assert readback.host_calls == ["Tensor.numpy"]  # the one copy of the per-query buffer
 

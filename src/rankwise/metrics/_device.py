@@ -41,7 +41,8 @@ exact duplicates do.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -64,7 +65,9 @@ __all__ = [
 # Names of the profiler ranges around each chunk and around the read-back (torch.profiler, and
 # rankwise._dispatch_count, which counts the operations of each chunk).
 CHUNK_RECORD = "rankwise.retrieval.chunk"
-PAIRS_RECORD = "rankwise.retrieval.near_tie_chunk"
+WINDOW_RECORD = "rankwise.retrieval.near_tie_window"
+PAIRS_RECORD = "rankwise.retrieval.near_tie_pairs"
+GROUP_RECORD = "rankwise.retrieval.near_tie_groups"
 READBACK_RECORD = "rankwise.retrieval.readback"
 
 # Memory plan. Bytes per score of a chunk's block while it is processed: the float64 block (8),
@@ -79,9 +82,16 @@ BYTES_PER_SLOT_AND_CUTOFF = 64
 # products and partial sums; plus the pair's own indices.
 BYTES_PER_PAIR_DIM = 80
 BYTES_PER_PAIR = 256
-# The near-tie pass sizes its pair buffers from the main loop's counts with this margin.
+# The near-tie pass sizes its pair buffers from the main loop's counts with this margin (and
+# this many more per query).
 PAIR_SLACK = 1.25
 PAIR_PAD = 64
+# Near-tie pass: bytes per stored relevant slot (its window, moves, own column and query: 4 + 4
+# + 1 + 1 int64, with slack) and per pair of the buffer (slot, column and relevance, plus the
+# window chunk's int64 temporaries of each pair it enumerates). Row chunks of that pass get half
+# the budget, the slot store and the pair buffer a quarter each.
+BYTES_PER_STORED_SLOT = 96
+BYTES_PER_STORED_PAIR = 80
 # The budget: on CUDA a fraction of the free memory, capped; elsewhere a fraction of the available
 # RAM, capped (larger CPU chunks were not faster: the sort and the gathers run out of cache).
 CUDA_MEMORY_FRACTION = 0.5
@@ -217,11 +227,10 @@ class _Consts:
     slot: torch.Tensor  # (W, 1) int64 0, 1, ..., W - 1
     default: torch.Tensor  # (4, 1, 1) float64 raw counts of an empty slot
     table: torch.Tensor  # (N + 1, 2) float64 harmonic numbers
-    signs: torch.Tensor  # (4, 1, 1) int64: how the pair stage moves start, end, E(start), E(end)
-    pairs_per_pass: int = 1 << 62  # near-tied pairs given keys at once (see _pair_corrections)
+    signs: torch.Tensor  # (4, 1, 1) int64: how the pair moves shift start, end, E(start), E(end)
 
     @staticmethod
-    def build(widest: int, table: torch.Tensor, pairs_per_pass: int = 1 << 62) -> _Consts:
+    def build(widest: int, table: torch.Tensor) -> _Consts:
         device = table.device
         ar = torch.arange(widest, device=device)
         default = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64, device=device)
@@ -232,7 +241,6 @@ class _Consts:
             default[:, None, None],
             table,
             torch.tensor([1, -1, 1, -1], device=device)[:, None, None],
-            pairs_per_pass,
         )
 
 
@@ -278,94 +286,16 @@ def _items(prob: DeviceProblem, c: _Consts, lo: int, hi: int, width: int) -> _It
     return _Items(pos, raw, order, relevant)
 
 
-def _pair_corrections(
-    prob: DeviceProblem, c: _Consts, items: _Items, lo: int, width: int, n_pairs: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(4, B, W) int64 to add to the raw counts, the (B,) pairs each query had, the real slots.
-
-    The additions shrink each window to the item's exact tie group; more than ``n_pairs`` pairs in
-    all means the buffer was short (the caller runs the chunk again). Slots past a query's last
-    relevant item (a repeat of it) get no additions: they are not real (``valid`` False).
-
-    Every (relevant item, item of its window) pair gets a slot of an ``n_pairs`` buffer (sized on
-    the host from the counts of the main loop): the window widths' cumulative sum and a
-    ``searchsorted`` of the slots give each slot its item and position, no compaction sync.
-    Items whose exact key is strictly above the relevant item's own leave the window's top,
-    those strictly below its bottom; relevant ones move ``E`` alike. The slots are taken in
-    passes of at most ``c.pairs_per_pass`` (the counts add up), so that the memory of the keys
-    stays within the budget however many pairs a chunk has; one pass unless it is pathological
-    (say, a zero query row under cosine: every item tied with every relevant one).
-    """
-    n_slots = items.pos.numel()
-    device = items.pos.device
-    start, end = items.raw[0], items.raw[1]
-    window = end - start
-    n_relevant = prob.n_relevant_column[lo : lo + items.pos.shape[0]]
-    valid = c.ar1[:, :width] <= n_relevant
-    widths = (window * (valid & (window > 1))).view(-1)
-    cum = torch.cumsum(widths, 0)
-    base = start.view(-1) - (cum - widths)  # position of a pair = its slot + base of its item
-    counts = torch.zeros(4, n_slots + 1, dtype=torch.int64, device=device)
-    for first in range(0, n_pairs, c.pairs_per_pass):
-        slots = torch.arange(first, min(first + c.pairs_per_pass, n_pairs), device=device)
-        _count_pairs(prob, items, lo, width, slots, cum, base, counts)
-    moved = counts[:, :n_slots].view(4, *items.pos.shape) * c.signs
-    return moved, widths.view(items.pos.shape).sum(1), valid
-
-
-def _count_pairs(
-    prob: DeviceProblem,
-    items: _Items,
-    lo: int,
-    width: int,
-    slots: torch.Tensor,
-    cum: torch.Tensor,
-    base: torch.Tensor,
-    counts: torch.Tensor,
-) -> None:
-    """Add the moves of the pairs ``slots`` to ``counts`` (4, n_slots + 1)."""
-    n_items = items.order.shape[1]
-    n_slots = items.pos.numel()
-    item = torch.searchsorted(cum, slots, right=True)  # n_slots past the last pair: spare
-    item_c = item.clamp(max=n_slots - 1)
-    member = (slots + base.index_select(0, item_c)).clamp(0, n_items - 1)
-    row = torch.div(item_c, width, rounding_mode="floor")
-    row_start = row * n_items
-    # each pair's two keys: the window item's and the relevant item's own
-    flat = torch.cat([row_start + member, row_start + items.pos.view(-1).index_select(0, item_c)])
-    assert prob.pair_keys is not None
-    code, q_t, g_t = prob.pair_keys
-    keys = transposed_pair_keys(code, q_t[:, lo:], g_t, row.repeat(2), items.order.view(-1)[flat])
-    other, own = keys.view(2, -1)
-    above, below = other > own, other < own
-    relevant = items.relevant.view(-1)[flat[: slots.shape[0]]]
-    moves = torch.stack([below, above, below & relevant, above & relevant]).to(torch.int64)
-    counts.index_add_(1, item, moves)
-
-
-def _pair_counts(items: _Items) -> torch.Tensor:
+def _pair_counts(prob: DeviceProblem, c: _Consts, items: _Items, lo: int) -> torch.Tensor:
     """(B,) near-tied (relevant item, window item) pairs of each query.
 
-    Windows wider than the item itself. Slots past a query's last relevant item repeat it and are
-    counted too (an overestimate: the near-tie pass enumerates only the real ones).
+    Windows wider than the item itself, of the query's real slots only (not the repeats of its
+    last relevant item): the near-tie pass sizes its pair buffers from these counts.
     """
     window = items.raw[1] - items.raw[0]
-    return (window * (window > 1)).sum(1)
-
-
-def _raw_counts(
-    prob: DeviceProblem, c: _Consts, items: _Items, lo: int, width: int, n_pairs: int
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """The raw counts (after the pair stage when ``n_pairs``), the pairs of each query, the slots.
-
-    The pairs are None for exact values, which need none. The slots (a (B, W) bool, or None when
-    every slot may be written: repeats write what the item they repeat writes) are those whose
-    counts go to the group table.
-    """
-    if n_pairs:
-        moved, pairs, valid = _pair_corrections(prob, c, items, lo, width, n_pairs)
-        return items.raw + moved, pairs, valid
-    return items.raw, None if prob.operands.exact else _pair_counts(items), None
+    width = window.shape[1]
+    real = c.ar1[:, :width] <= prob.n_relevant_column[lo : lo + window.shape[0]]
+    return (window * ((window > 1) & real)).sum(1)
 
 
 def _group_table(
@@ -399,26 +329,50 @@ def _write(prob: DeviceProblem, out: torch.Tensor, first: int, lo: int, values: 
         rows.index_copy_(1, prob.columns[lo : lo + values.shape[1]], values.to(out.dtype))
 
 
-def _metric_chunk(
-    prob: DeviceProblem,
-    c: _Consts,
-    out: torch.Tensor,
-    lo: int,
-    hi: int,
-    width: int,
-    ties: str,
-    n_pairs: int,
+# What a loop does with a chunk's raw counts: evaluate its closed forms and write them to the
+# per-call buffer. Arguments: problem, constants, buffer, lo, hi, raw (4, B, W), valid (B, W) or
+# None (every slot may be written).
+Finish = Callable[
+    [DeviceProblem, _Consts, torch.Tensor, int, int, torch.Tensor, "torch.Tensor | None"], None
+]
+
+
+def _metric_finish(ties: str) -> Finish:
+    """Step 4 and 5 of the metrics: closed forms, sums in slot order, the best group's counts."""
+
+    def finish(prob, c, out, lo, hi, raw, valid) -> None:
+        width = raw.shape[2]
+        g, n, r, table = _group_table(prob, c, raw, lo, hi, valid)
+        terms = group_terms(g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table)
+        sums = terms.cumsum(1)[:, -1]  # in slot order: decreasing score
+        _write(prob, out, 0, lo, sums)
+        _write(prob, out, sums.shape[0], lo, table[:, 0])
+
+    return finish
+
+
+def _pr_finish(ties: str) -> Finish:
+    """Step 4 and 5 of the PR curves: every query's interpolated precision at each level."""
+
+    def finish(prob, c, out, lo, hi, raw, valid) -> None:
+        width = raw.shape[2]
+        g, n, r, _ = _group_table(prob, c, raw, lo, hi, valid)
+        n_rel = prob.n_relevant_column[lo:hi].T
+        assert prob.need is not None
+        curve = pr_terms(g, n, r, c.slot[:width], n_rel, prob.need[:, lo:hi], ties)
+        _write(prob, out, 0, lo, curve)
+
+    return finish
+
+
+def _main_chunk(
+    prob: DeviceProblem, c: _Consts, out: torch.Tensor, lo: int, hi: int, width: int, finish
 ) -> None:
-    """One chunk of :func:`run_metrics` (``n_pairs > 0``: with the pair stage)."""
+    """One chunk of the main loop: steps 1-5; with approximate values, the near-tied pairs too."""
     items = _items(prob, c, lo, hi, width)
-    raw, pairs, valid = _raw_counts(prob, c, items, lo, width, n_pairs)
-    g, n, r, table = _group_table(prob, c, raw, lo, hi, valid)
-    terms = group_terms(g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table)
-    sums = terms.cumsum(1)[:, -1]  # in slot order: decreasing score
-    _write(prob, out, 0, lo, sums)
-    _write(prob, out, sums.shape[0], lo, table[:, 0])
-    if pairs is not None:
-        _write(prob, out, sums.shape[0] + 4, lo, pairs[None])
+    finish(prob, c, out, lo, hi, items.raw, None)
+    if not prob.operands.exact:
+        _write(prob, out, out.shape[0] - 1, lo, _pair_counts(prob, c, items, lo)[None])
 
 
 def pr_terms(
@@ -461,57 +415,294 @@ def pr_terms(
     return torch.where(n_relevant > 0, best_after.gather(0, need), 0.0)
 
 
-def _pr_chunk(
+# ---------------------------------------------------------------------------------------------
+# The near-tie pass: three loops over the queries the main loop flagged
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _SlotStore:
+    """The relevant slots of a batch of near-tied queries, and a pair buffer, on the device.
+
+    Slot ``start[i] + j`` holds the j-th relevant item of the batch's i-th query (the excluded
+    item not counted); slot S (the last) is a spare where padding and repeats are sent. Every
+    size is known on the host before the loops: S from the relevant counts, the pair buffer from
+    the main loop's pair counts.
+    """
+
+    start: torch.Tensor  # (rows of the batch, 1) int64 first slot of each query
+    raw: torch.Tensor  # (4, S + 1) int64 window start, end, E at both (from the sorted rows)
+    moves: torch.Tensor  # (4, S + 1) int64 pairs whose key moves the item out of its window
+    own: torch.Tensor  # (S + 1,) int64 gallery column of the slot's relevant item
+    query: torch.Tensor  # (S + 1,) int64 column of the exact-key operands of its query
+    pair_slot: torch.Tensor  # (P,) int64 the slot of each near-tied pair (S: padding)
+    pair_other: torch.Tensor  # (P,) int64 gallery column of the pair's window item
+    pair_relevant: torch.Tensor  # (P,) bool whether that item is relevant
+    first_row: int  # the batch's first query row (of the flagged ones)
+
+    @property
+    def spare(self) -> int:
+        """The spare slot S."""
+        return int(self.own.shape[0]) - 1
+
+
+def _slot_ids(
+    prob: DeviceProblem, c: _Consts, store: _SlotStore, lo: int, hi: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, W) store slot of every relevant slot of rows lo..hi, and (B, W) bool of the real ones.
+
+    Slots past a query's last relevant item (repeats of it) get the spare slot. 3 kernels.
+    """
+    invalid = c.ar1[:, :width] > prob.n_relevant_column[lo:hi]
+    first = store.start[lo - store.first_row : hi - store.first_row]
+    ids = (first + c.slot[:width].T).masked_fill_(invalid, store.spare)
+    return ids, ~invalid
+
+
+def _window_chunk(
+    prob: DeviceProblem,
+    c: _Consts,
+    store: _SlotStore,
+    seen: torch.Tensor,
+    chunk: tuple[int, int, int, int, int, int],
+) -> None:
+    """Window loop: sort rows lo..hi again, store their windows, enumerate pairs p0..p1.
+
+    ``chunk`` is (lo, hi, W, p0, p1, k). The (relevant item, window item) pairs of the rows are
+    numbered by the cumulative sum of their window widths; pair p's item is a ``searchsorted`` of
+    p in that sum, its window member ``p - (sum before the item) + window start``: no compaction,
+    no sync. Pairs p0..p1 - 1 go to the pair buffer's first p1 - p0 entries (those past the
+    rows' last pair to the spare slot); the rows' number of pairs to ``seen[k]`` (the host
+    checks it against the buffer after the loops).
+    """
+    lo, hi, width, p0, p1, k = chunk
+    items = _items(prob, c, lo, hi, width)
+    ids, valid = _slot_ids(prob, c, store, lo, hi, width)
+    flat_ids = ids.view(-1)
+    store.raw.index_copy_(1, flat_ids, items.raw.view(4, -1))
+    store.own.index_copy_(0, flat_ids, items.order.gather(1, items.pos).view(-1))
+    n_items = items.order.shape[1]
+    n_slots = flat_ids.shape[0]
+    start, end = items.raw[0], items.raw[1]
+    window = end - start
+    widths = (window * (valid & (window > 1))).view(-1)
+    cum = torch.cumsum(widths, 0)
+    seen[k : k + 1].copy_(cum[-1:])
+    base = start.view(-1) - (cum - widths)  # position of pair p = p + base of its item
+    pairs = torch.arange(p0, p1, device=cum.device)
+    item = torch.searchsorted(cum, pairs, right=True)  # n_slots past the rows' last pair
+    item_c = item.clamp_(max=n_slots - 1)
+    member = (pairs + base.index_select(0, item_c)).clamp_(0, n_items - 1)
+    flat = torch.div(item_c, width, rounding_mode="floor") * n_items + member
+    m = p1 - p0
+    slot = flat_ids.index_select(0, item_c).masked_fill_(pairs >= cum[-1], store.spare)
+    store.pair_slot[:m].copy_(slot)
+    store.pair_other[:m].copy_(items.order.view(-1).index_select(0, flat))
+    store.pair_relevant[:m].copy_(items.relevant.view(-1).index_select(0, flat))
+
+
+def _pair_chunk(
+    store: _SlotStore, keys: tuple[int, torch.Tensor, torch.Tensor], a: int, b: int
+) -> None:
+    """Pair loop: exact keys of the buffer's pairs a..b - 1, and the moves they make.
+
+    Each pair's two keys (the window item's and the relevant item's own) by
+    :func:`rankwise.similarity.transposed_pair_keys` in a constant number of kernels; an item
+    whose key is strictly below the relevant item's leaves the window's bottom (start + 1), one
+    strictly above its top (end - 1), relevant ones move ``E`` alike. Integer ``index_add_``:
+    the sums do not depend on the order of the additions.
+    """
+    code, q_t, g_t = keys
+    slot = store.pair_slot[a:b]
+    rows = store.query.index_select(0, slot)
+    cols = torch.cat([store.pair_other[a:b], store.own.index_select(0, slot)])
+    other, own = transposed_pair_keys(code, q_t, g_t, rows.repeat(2), cols).view(2, -1)
+    above, below = other > own, other < own
+    relevant = store.pair_relevant[a:b]
+    moves = torch.stack([below, above, below & relevant, above & relevant])
+    store.moves.index_add_(1, slot, moves.to(torch.int64))
+
+
+def _group_chunk(
+    prob: DeviceProblem,
+    c: _Consts,
+    store: _SlotStore,
+    out: torch.Tensor,
+    chunk: tuple[int, int, int],
+    finish,
+) -> None:
+    """Group loop: the stored windows moved by their pairs, then the closed forms (no sort)."""
+    lo, hi, width = chunk
+    ids, valid = _slot_ids(prob, c, store, lo, hi, width)
+    flat_ids = ids.view(-1)
+    moved = store.moves.index_select(1, flat_ids) * c.signs[:, :, 0]
+    raw = (store.raw.index_select(1, flat_ids) + moved).view(4, hi - lo, width)
+    finish(prob, c, out, lo, hi, raw, valid)
+
+
+@dataclass
+class _NearTiePlan:
+    """The near-tie pass planned on the host from the main loop's counts.
+
+    Attributes:
+        rows: (lo, hi, W) row chunks of the flagged queries (window and group loops).
+        totals: pairs each row chunk's buffer holds (at least the rows' pairs; else rerun).
+        batches: row chunks whose slots share one store (within the memory budget).
+        pair_cap: most pairs one window chunk enumerates (the pair buffer's size).
+        pairs_per_chunk: pairs one chunk of the pair loop gives keys.
+    """
+
+    rows: list[tuple[int, int, int]]
+    totals: list[int]
+    batches: list[list[int]]
+    pair_cap: int
+    pairs_per_chunk: int
+
+
+def _plan_near_ties(
+    sub: DeviceProblem, needed: np.ndarray, dim: int, chunk_size: int | None, budget: int
+) -> _NearTiePlan:
+    """Row chunks within half the budget, stores and pair buffers within a quarter each."""
+    rows = plan_chunks(sub.n_relevant, sub.n_gallery, sub.cut.shape[0], chunk_size, budget // 2)
+    padded = np.ceil(needed * PAIR_SLACK).astype(np.int64) + PAIR_PAD
+    totals = [int(padded[lo:hi].sum()) for lo, hi, _ in rows]
+    per_pair = BYTES_PER_PAIR + BYTES_PER_PAIR_DIM * (dim + 1)
+    slots = [int(sub.n_relevant[lo:hi].sum()) for lo, hi, _ in rows]
+    batches: list[list[int]] = []
+    used = 0
+    for r, n in enumerate(slots):
+        if not batches or used + n * BYTES_PER_STORED_SLOT > budget // 4:
+            batches.append([])
+            used = 0
+        batches[-1].append(r)
+        used += n * BYTES_PER_STORED_SLOT
+    return _NearTiePlan(
+        rows,
+        totals,
+        batches,
+        max(1, budget // 4 // BYTES_PER_STORED_PAIR),
+        max(1, budget // 4 // per_pair),
+    )
+
+
+def _new_store(
+    sub: DeviceProblem, flagged: np.ndarray, plan: _NearTiePlan, batch: list[int]
+) -> _SlotStore:
+    """The store of one batch: sizes from the host counts, slots' queries sent in one copy."""
+    first, last = plan.rows[batch[0]][0], plan.rows[batch[-1]][1]
+    n_rel = sub.n_relevant[first:last]
+    starts = np.concatenate([[0], np.cumsum(n_rel)])
+    n_slots = int(starts[-1])
+    device = sub.cut.device
+    query = np.concatenate([np.repeat(flagged[first:last], n_rel), [0]])
+    n_pairs = max(min(plan.totals[r], plan.pair_cap) for r in batch)
+
+    def zeros(*shape: int, dtype=torch.int64) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    return _SlotStore(
+        torch.from_numpy(starts[:-1, None].astype(np.int64)).to(device),
+        zeros(4, n_slots + 1),
+        zeros(4, n_slots + 1),
+        zeros(n_slots + 1),
+        torch.from_numpy(query.astype(np.int64)).to(device),
+        zeros(n_pairs),
+        zeros(n_pairs),
+        zeros(n_pairs, dtype=torch.bool),
+        first,
+    )
+
+
+@dataclass
+class NearTieCounts:
+    """Chunks of the three loops of the near-tie pass, and what it resolved."""
+
+    window_chunks: int = 0
+    pair_chunks: int = 0
+    group_chunks: int = 0
+    queries: int = 0
+    pairs: int = 0
+
+
+def _near_tie_batch(
+    sub: DeviceProblem,
+    c: _Consts,
+    out: torch.Tensor,
+    store: _SlotStore,
+    plan: _NearTiePlan,
+    batch: list[int],
+    seen: torch.Tensor,
+    keys: tuple[int, torch.Tensor, torch.Tensor],
+    finish,
+    counts: NearTieCounts,
+) -> None:
+    """The window loop (each chunk followed by the pair loop over its pairs), then the group loop.
+
+    Every chunk of every loop is its own profiler range with a fixed sequence of kernels; the
+    number of chunks is decided on the host from the plan.
+    """
+    for r in batch:
+        lo, hi, width = plan.rows[r]
+        for p0 in range(0, plan.totals[r], plan.pair_cap):
+            p1 = min(plan.totals[r], p0 + plan.pair_cap)
+            with torch.profiler.record_function(WINDOW_RECORD):
+                _window_chunk(sub, c, store, seen, (lo, hi, width, p0, p1, r))
+            counts.window_chunks += 1
+            for a in range(0, p1 - p0, plan.pairs_per_chunk):
+                with torch.profiler.record_function(PAIRS_RECORD):
+                    _pair_chunk(store, keys, a, min(p1 - p0, a + plan.pairs_per_chunk))
+                counts.pair_chunks += 1
+    for r in batch:
+        with torch.profiler.record_function(GROUP_RECORD):
+            _group_chunk(sub, c, store, out, plan.rows[r], finish)
+        counts.group_chunks += 1
+
+
+def _near_ties(
     prob: DeviceProblem,
     c: _Consts,
     out: torch.Tensor,
-    lo: int,
-    hi: int,
-    width: int,
-    ties: str,
-    n_pairs: int,
-) -> None:
-    """One chunk of :func:`run_pr_curve`."""
-    items = _items(prob, c, lo, hi, width)
-    raw, pairs, valid = _raw_counts(prob, c, items, lo, width, n_pairs)
-    g, n, r, _ = _group_table(prob, c, raw, lo, hi, valid)
-    n_rel = prob.n_relevant_column[lo:hi].T
-    assert prob.need is not None
-    curve = pr_terms(g, n, r, c.slot[:width], n_rel, prob.need[:, lo:hi], ties)
-    _write(prob, out, 0, lo, curve)
-    if pairs is not None:
-        _write(prob, out, curve.shape[0], lo, pairs[None])
-
-
-def _pair_plan(
-    pairs: np.ndarray,
-    n_relevant: np.ndarray,
-    n_gallery: int,
-    dim: int,
+    host: np.ndarray,
+    flagged: np.ndarray,
+    chunk_size: int | None,
     budget: int,
-    max_rows: int | None,
-) -> list[tuple[int, int, int, int]]:
-    """(lo, hi, W, n_pairs) chunks of the near-tie pass: rows and pairs within ``budget``.
+    pair_keys,
+    finish,
+) -> NearTieCounts:
+    """Evaluate the ``flagged`` queries again with exact keys for their near-tied pairs.
 
-    A chunk takes rows while their score blocks and pair buffers fit ``budget`` (at least one
-    row, however many pairs it has: its pairs then take several passes) and, when given, at most
-    ``max_rows`` rows.
+    Their rows of ``host`` are replaced by what the pass writes to ``out``. The pass scores these
+    rows in other blocks than the main loop did, and a matmul of another shape may round
+    differently: its windows, hence its pairs, can differ slightly from the main loop's count.
+    The window loop writes each row chunk's pairs to a device buffer read back with the results;
+    a batch with a row chunk whose buffer was short runs again with that count (the same blocks,
+    the same values), so the answer is never approximate.
     """
-    per_pair = BYTES_PER_PAIR + BYTES_PER_PAIR_DIM * (dim + 1)
-    cost = n_gallery * BYTES_PER_SCORE + pairs.astype(np.int64) * per_pair
-    out = []
-    lo = 0
-    while lo < pairs.shape[0]:
-        hi, used = lo + 1, int(cost[lo])
-        while hi < pairs.shape[0] and used + int(cost[hi]) <= budget:
-            if max_rows is not None and hi - lo >= max_rows:
-                break
-            used += int(cost[hi])
-            hi += 1
-        width = max(int(n_relevant[lo:hi].max()), 1)
-        out.append((lo, hi, width, int(pairs[lo:hi].sum())))
-        lo = hi
-    return out
+    assert prob.columns is None
+    sub = prob.rows(flagged)
+    keys = pair_keys()
+    plan = _plan_near_ties(sub, host[-1, flagged], keys[1].shape[0] - 1, chunk_size, budget)
+    seen = torch.zeros(len(plan.rows), dtype=torch.float64, device=out.device)
+    counts = NearTieCounts(queries=int(flagged.size))
+    todo, rounds = plan.batches, 0
+    while todo:
+        for batch in todo:
+            store = _new_store(sub, flagged, plan, batch)
+            _near_tie_batch(sub, c, out, store, plan, batch, seen, keys, finish, counts)
+            del store
+        with torch.profiler.record_function(READBACK_RECORD):
+            cols = sub.columns
+            assert cols is not None
+            back = torch.cat([out.index_select(1, cols).view(-1), seen]).cpu().numpy()
+        host[:, flagged] = back[: out.shape[0] * flagged.size].reshape(out.shape[0], -1)
+        had = back[out.shape[0] * flagged.size :].astype(np.int64)
+        rounds += 1
+        short = {r for r, n in enumerate(had) if n > plan.totals[r]}
+        for r in short:  # more margin at every further round, should a matmul not repeat itself
+            plan.totals[r] = int(had[r] * (1 + (rounds - 1) * PAIR_SLACK))
+        todo = [batch for batch in plan.batches if short.intersection(batch)]
+    counts.pairs = int(had.sum())
+    return counts
 
 
 @dataclass
@@ -521,16 +712,22 @@ class LoopResult:
     Attributes:
         values: (rows, n_q) float64 per-query buffer.
         chunks: chunks of the main loop.
-        near_tie_chunks: chunks of the near-tie pass.
-        near_tie_queries: queries evaluated again with exact keys.
-        near_tie_pairs: (relevant item, window item) pairs given exact keys.
+        near_ties: chunks of the near-tie pass's three loops, the queries and pairs it resolved.
     """
 
     values: np.ndarray
     chunks: int
-    near_tie_chunks: int = 0
-    near_tie_queries: int = 0
-    near_tie_pairs: int = 0
+    near_ties: NearTieCounts = field(default_factory=NearTieCounts)
+
+    @property
+    def near_tie_queries(self) -> int:
+        """Queries evaluated again with exact keys."""
+        return self.near_ties.queries
+
+    @property
+    def near_tie_pairs(self) -> int:
+        """(relevant item, window item) pairs given exact keys."""
+        return self.near_ties.pairs
 
 
 def _run(
@@ -539,10 +736,10 @@ def _run(
     n_out: int,
     chunk_size: int | None,
     budget: int,
-    run_chunk,
+    finish,
     pair_keys,
 ) -> LoopResult:
-    """The loop, the one read-back, and the near-tie pass over the queries that need it."""
+    """The main loop, the one read-back, and the near-tie pass over the queries that need it."""
     widest = max(int(prob.n_relevant.max()) if prob.n_relevant.size else 1, 1)
     consts = _Consts.build(widest, table)
     approximate = not prob.operands.exact
@@ -551,50 +748,14 @@ def _run(
     plan = plan_chunks(prob.n_relevant, prob.n_gallery, prob.cut.shape[0], chunk_size, budget)
     for lo, hi, width in plan:
         with torch.profiler.record_function(CHUNK_RECORD):
-            run_chunk(prob, consts, out, lo, hi, width, 0)
-    n_main = len(plan)
+            _main_chunk(prob, consts, out, lo, hi, width, finish)
     with torch.profiler.record_function(READBACK_RECORD):
         host = out.cpu().numpy()
     flagged = np.flatnonzero(host[n_out] > 0) if approximate else np.zeros(0, dtype=np.int64)
     if not flagged.size:
-        return LoopResult(host[:n_out], n_main)
-    sub = prob.rows(flagged)
-    code, q_t, g_t = pair_keys()
-    per_pair = BYTES_PER_PAIR + BYTES_PER_PAIR_DIM * q_t.shape[0]
-    consts = replace(consts, pairs_per_pass=max(2, budget // 2 // per_pair))
-    sub = replace(sub, pair_keys=(code, q_t.index_select(1, sub.columns), g_t))
-    # The pass scores these rows in other blocks than the main loop did, and a matmul of another
-    # shape may round differently: its windows, hence its pairs, can differ slightly. Each chunk
-    # writes the pairs it needed; a chunk whose buffer was short is run again with their count
-    # (checked after each read-back; the counts of a chunk are the same when it runs again).
-    needed = host[n_out, flagged]
-    pair_plan = _pair_plan(
-        needed * PAIR_SLACK + PAIR_PAD,
-        sub.n_relevant,
-        prob.n_gallery,
-        q_t.shape[0] - 1,
-        budget,
-        chunk_size,
-    )
-    assert sub.columns is not None
-    chunks = rounds = 0
-    while pair_plan:
-        for lo, hi, width, n_pairs in pair_plan:
-            with torch.profiler.record_function(PAIRS_RECORD):
-                run_chunk(sub, consts, out, lo, hi, width, n_pairs)
-        chunks += len(pair_plan)
-        with torch.profiler.record_function(READBACK_RECORD):
-            host[:, flagged] = out.index_select(1, sub.columns).cpu().numpy()
-        needed = host[n_out, flagged]  # the pairs each query had: rerun the short chunks
-        # what the chunk reported: enough when it runs again (the same blocks, the same values);
-        # more margin at every further round, should a device's matmul not repeat itself
-        rounds += 1
-        pair_plan = [
-            (lo, hi, width, int(needed[lo:hi].sum() * (1 + (rounds - 1) * PAIR_SLACK)))
-            for lo, hi, width, n_pairs in pair_plan
-            if needed[lo:hi].sum() > n_pairs
-        ]
-    return LoopResult(host[:n_out], n_main, chunks, int(flagged.size), int(needed.sum()))
+        return LoopResult(host[:n_out], len(plan))
+    near = _near_ties(prob, consts, out, host, flagged, chunk_size, budget, pair_keys, finish)
+    return LoopResult(host[:n_out], len(plan), near)
 
 
 def run_metrics(
@@ -619,11 +780,8 @@ def run_metrics(
         pair_keys: callable returning ``(code, query (d + 1, n_q), gallery (d + 1, N))``
             operands of the exact keys; called only when some query has near-tied pairs.
     """
-
-    def chunk(p, c, out, lo, hi, width, n_pairs):
-        _metric_chunk(p, c, out, lo, hi, width, ties, n_pairs)
-
-    return _run(prob, table, prob.cut.shape[0] + 1 + 4, chunk_size, budget, chunk, pair_keys)
+    n_out = prob.cut.shape[0] + 1 + 4
+    return _run(prob, table, n_out, chunk_size, budget, _metric_finish(ties), pair_keys)
 
 
 def run_pr_curve(
@@ -640,8 +798,5 @@ def run_pr_curve(
     :func:`run_metrics`.
     """
     assert prob.need is not None
-
-    def chunk(p, c, out, lo, hi, width, n_pairs):
-        _pr_chunk(p, c, out, lo, hi, width, ties, n_pairs)
-
-    return _run(prob, table, prob.need.shape[0], chunk_size, budget, chunk, pair_keys)
+    n_out = prob.need.shape[0]
+    return _run(prob, table, n_out, chunk_size, budget, _pr_finish(ties), pair_keys)
