@@ -484,6 +484,29 @@ def test_leave_one_out_prepares_the_float64_operands_once(monkeypatch):
     assert calls == {"norms": 2, "bits": 2}  # a copy is another tensor: both sides
 
 
+def test_leave_one_out_scales_the_euclidean_approximation_once(monkeypatch):
+    from rankwise.metrics import _scores
+
+    calls = []
+    original = _scores.safe_row_norms
+
+    def spy(x):
+        calls.append(x.shape[0])
+        return original(x)
+
+    monkeypatch.setattr(_scores, "safe_row_norms", spy)
+    gen = torch.Generator().manual_seed(16)
+    x, y = torch.randn(90, 6, generator=gen), torch.randint(0, 5, (90,), generator=gen)
+    kwargs = dict(similarity="euclidean", ks=(1, 5), backend="torch")
+    two_sides = retrieval_metrics(x, y, x.clone(), y, exclude_self=True, **kwargs)
+    n_two_sides = len(calls)
+    calls.clear()
+    shared = retrieval_metrics(x, y, **kwargs)
+    # the centred and the scaled rows' norms once, not once per side
+    assert len(calls) == n_two_sides - 2
+    assert shared.to_dict() == two_sides.to_dict()
+
+
 # ------------------------------------------------------------------ the pieces
 
 

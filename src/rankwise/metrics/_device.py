@@ -29,13 +29,22 @@ boolean-mask indexing, numpy or numba):
 
 Near ties. With approximate values, a relevant item whose window holds other items cannot be
 placed without exact keys. The main loop only counts those (relevant item, window item) pairs per
-query; after the read-back, the queries that have any are evaluated again by the same loop with
-a **pair stage**: the pairs are enumerated into a buffer sized on the host from those counts
-(cumulative sum of the window widths and ``searchsorted`` of the pair slots), their exact keys
-computed by :func:`rankwise.similarity.transposed_pair_keys` in a constant number of kernels, and
-each window shrunk by the items whose key is strictly above or below the item's own. With the
-float64 approximation (bound about 1e-13) random float embeddings essentially never need it;
-exact duplicates do.
+query; after the read-back, the queries that have any go through three more loops, each its own
+fixed sequence of kernels per chunk (sizes planned on the host from those counts):
+
+* the **window loop** sorts their rows again (steps 1-3), stores every relevant slot's window
+  counts in a per-batch slot store and enumerates one range of the rows' pairs into a pair
+  buffer (cumulative sum of the window widths and ``searchsorted`` of the pair numbers: no
+  compaction sync), and writes the rows' number of pairs for the host's overflow check;
+* after each window chunk, the **pair loop** gives every chunk of that buffer its exact keys
+  (:func:`rankwise.similarity.transposed_pair_keys`, a constant number of kernels whatever the
+  dimension) and adds, per slot, the items whose key is strictly above or below the item's own
+  (``index_add_`` of integers);
+* the **group loop** reads the stored windows shrunk by those moves and runs steps 4-5.
+
+A row chunk whose pair buffer was short reruns its batch (checked once, after the loops, with the
+results). With the float64 approximation (bound about 1e-13) random float embeddings essentially
+never need the pass; exact duplicates do.
 """
 
 from __future__ import annotations

@@ -275,7 +275,7 @@ class BlockScorer:
         if ops.similarity == "euclidean":
             # -(|q - g|^2) = 2 q.g - |q|^2 - |g|^2 as one exact matmul of augmented rows
             qn = (ops.query * ops.query).sum(1, keepdim=True).to(dtype)
-            gn = (ops.gallery * ops.gallery).sum(1, keepdim=True).to(dtype)
+            gn = qn if ops.shared else (ops.gallery * ops.gallery).sum(1, keepdim=True).to(dtype)
             q = torch.cat([2 * q, -qn, -torch.ones_like(qn)], dim=1)
             g = torch.cat([g, torch.ones_like(gn), gn], dim=1)
         elif ops.similarity == "cosine":
@@ -339,17 +339,21 @@ class BlockScorer:
             return
         # euclidean: centre on the gallery mean and scale by a power of two, then
         # -|q - g|^2 = 2 q.g - |q|^2 - |g|^2 as one matmul of augmented rows
+        # leave-one-out (one set of operands): each step once, the gallery side is the query's
+        shared = ops.shared
         center = ops.gallery.mean(0, keepdim=True).to(dtype).to(torch.float64)
-        q_c, g_c = ops.query - center, ops.gallery - center
-        largest = max(float(safe_row_norms(q_c).max()), float(safe_row_norms(g_c).max()))
+        q_c = ops.query - center
+        g_c = q_c if shared else ops.gallery - center
+        q_c_norm = float(safe_row_norms(q_c).max())
+        largest = q_c_norm if shared else max(q_c_norm, float(safe_row_norms(g_c).max()))
         exponent = math.frexp(largest)[1] if largest > 0 else 0
-        power = torch.tensor(-exponent, dtype=torch.float64)
+        power = torch.tensor(-exponent, dtype=torch.float64, device=q_c.device)
         q_s = torch.ldexp(q_c, power).to(dtype)
-        g_s = torch.ldexp(g_c, power).to(dtype)
+        g_s = q_s if shared else torch.ldexp(g_c, power).to(dtype)
         q_norm = safe_row_norms(q_s) * 1.001
-        g_norm = float(safe_row_norms(g_s).max()) * 1.001
+        g_norm = float(q_norm.max()) if shared else float(safe_row_norms(g_s).max()) * 1.001
         qn = (q_s.double() ** 2).sum(1, keepdim=True).to(dtype)
-        gn = (g_s.double() ** 2).sum(1, keepdim=True).to(dtype)
+        gn = qn if shared else (g_s.double() ** 2).sum(1, keepdim=True).to(dtype)
         self._approx_q = torch.cat([2 * q_s, -qn, -torch.ones_like(qn)], dim=1)
         self._approx_g = torch.cat([g_s, torch.ones_like(gn), gn], dim=1)
         spread = (q_norm + g_norm) ** 2
