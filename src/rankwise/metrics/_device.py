@@ -178,8 +178,6 @@ class DeviceProblem:
         n_relevant: (n_q,) int64 on the host: relevant items of each query (excluded one not).
         columns: (n_q,) int64 columns of the per-call buffer these rows fill, or None (row i
             fills column i).
-        pair_keys: (code, query (d + 1, n_q), gallery (d + 1, N)) operands of the exact keys,
-            needed by the pair stage only.
         need: (L, n_q) int64 for PR curves: the slot of each recall level (:func:`pr_terms`).
     """
 
@@ -195,7 +193,6 @@ class DeviceProblem:
     cut: torch.Tensor
     n_relevant: np.ndarray
     columns: torch.Tensor | None = None
-    pair_keys: tuple[int, torch.Tensor, torch.Tensor] | None = None
     need: torch.Tensor | None = None
 
     @property
@@ -206,10 +203,6 @@ class DeviceProblem:
     def rows(self, index: np.ndarray) -> DeviceProblem:
         """The same problem for the query rows ``index`` (host int64), writing their columns."""
         idx = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64)).to(self.cut.device)
-        pair_keys = None
-        if self.pair_keys is not None:
-            code, q_t, g_t = self.pair_keys
-            pair_keys = (code, q_t.index_select(1, idx), g_t)
         return replace(
             self,
             operands=self.operands.rows(idx),
@@ -222,7 +215,6 @@ class DeviceProblem:
             cut=self.cut[:, :, idx],
             n_relevant=self.n_relevant[index],
             columns=idx if self.columns is None else self.columns[idx],
-            pair_keys=pair_keys,
             need=None if self.need is None else self.need[:, idx],
         )
 
