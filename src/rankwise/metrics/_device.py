@@ -91,8 +91,8 @@ BYTES_PER_SLOT_AND_CUTOFF = 64
 # products and partial sums; plus the pair's own indices.
 BYTES_PER_PAIR_DIM = 80
 BYTES_PER_PAIR = 256
-# The near-tie pass sizes its pair buffers from the main loop's counts with this margin (and
-# this many more per query).
+# The near-tie pass sizes each row chunk's pair buffer from the main loop's counts with this
+# margin, plus this many pairs.
 PAIR_SLACK = 1.25
 PAIR_PAD = 64
 # Near-tie pass: bytes per stored relevant slot (its window, moves, own column and query: 4 + 4
@@ -565,8 +565,7 @@ def _plan_near_ties(
 ) -> _NearTiePlan:
     """Row chunks within half the budget, stores and pair buffers within a quarter each."""
     rows = plan_chunks(sub.n_relevant, sub.n_gallery, sub.cut.shape[0], chunk_size, budget // 2)
-    padded = np.ceil(needed * PAIR_SLACK).astype(np.int64) + PAIR_PAD
-    totals = [int(padded[lo:hi].sum()) for lo, hi, _ in rows]
+    totals = [int(np.ceil(needed[lo:hi].sum() * PAIR_SLACK)) + PAIR_PAD for lo, hi, _ in rows]
     per_pair = BYTES_PER_PAIR + BYTES_PER_PAIR_DIM * (dim + 1)
     slots = [int(sub.n_relevant[lo:hi].sum()) for lo, hi, _ in rows]
     batches: list[list[int]] = []
