@@ -22,9 +22,11 @@ that file are kept). pytorch-metric-learning's ``AccuracyCalculator`` rows need 
 
 ``--device`` instead compares, on that device and in one process, rankwise's torch backend
 (``retrieval_metrics(..., backend="torch")``: exact, tie-aware) with a chunked torch argsort + AP
-(not tie-aware) on the same queries, in the many-class (SOP-like) and few-class regimes (and an
-iNaturalist-sized case with ``--sizes full``), and writes the "## Retrieval evaluation: torch
-backend on <device>" section.
+(not tie-aware) on the same queries, in issue 31's three regimes (SOP-like many classes, an
+iNaturalist-like case, few classes; the issue's sizes with ``--sizes full``), prints the kernels,
+host syncs and numpy / numba calls per chunk of both and their number of chunks (counted by
+``rankwise._dispatch_count``), and writes the "## Retrieval evaluation: torch backend on
+<device>" section.
 """
 
 from __future__ import annotations
@@ -70,19 +72,15 @@ SIZES: dict[str, dict[str, Any]] = {
         "pml_full_k": [2_500, 5_000],
         "few": {"n": 20_000, "classes": 10, "dim": 128, "noise": 3.0},
         "tm": {"n": 2_000, "classes": 100, "dim": 64, "noise": 1.5, "code_bits": 16},
-        # --device only: iNaturalist-2018 test size (issue 15)
-        "inat": {
-            "n": 136_000,
-            "classes": 5_690,
-            "dim": 128,
-            "noise": 1.5,
-            "baseline_queries": 3_000,
-        },
     },
 }
 # --device: many-class cases with fewer classes than SOP (the regime the issue names, ~1,600+)
 DEVICE_MANY = {"quick": (6_000, 1_100), "mid": (10_000, 1_833), "full": (60_000, 11_000)}
+# --device: the iNaturalist-sized case (issue 31) scaled alike (classes of ~24)
+DEVICE_INAT = {"quick": (13_600, 569), "mid": (34_000, 1_423), "full": (136_000, 5_690)}
 KS = (1, 10, 100)
+# profiler range of one chunk of the argsort baseline (its operations are counted like ours)
+BASELINE_CHUNK = "bench.argsort.chunk"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -132,24 +130,34 @@ def argsort_retrieval(
     ap, map_at_r = [], []
     hits = {k: [] for k in ks}
     for start in range(0, query_rows.shape[0], chunk):
-        rows = query_rows[start : start + chunk]
-        scores = x[rows] @ x.T
-        scores[torch.arange(rows.shape[0], device=x.device), rows] = -torch.inf  # query goes last
-        order = torch.argsort(scores, dim=1, descending=True)[:, : n - 1]
-        relevant = labels[order] == labels[rows][:, None]
-        n_relevant = relevant.sum(1)
-        keep = n_relevant > 0
-        relevant, n_relevant = relevant[keep], n_relevant[keep].to(torch.float64)
-        precision = relevant.cumsum(1, dtype=torch.float64) / positions
-        hit_precision = precision * relevant
-        ap.append(hit_precision.sum(1) / n_relevant)
-        within_r = positions[None, :] <= n_relevant[:, None]
-        map_at_r.append((hit_precision * within_r).sum(1) / n_relevant)
-        for k in ks:
-            hits[k].append(relevant[:, : min(k, n - 1)].any(1).to(torch.float64))
+        with torch.profiler.record_function(BASELINE_CHUNK):
+            _argsort_chunk(
+                x, labels, query_rows[start : start + chunk], ks, positions, ap, map_at_r, hits
+            )
     out = {"map": float(torch.cat(ap).mean()), "map_at_r": float(torch.cat(map_at_r).mean())}
     out.update({f"r@{k}": float(torch.cat(hits[k]).mean()) for k in ks})
     return out
+
+
+def _argsort_chunk(x, labels, rows, ks, positions, ap, map_at_r, hits) -> None:
+    """One chunk of :func:`argsort_retrieval` (its per-query values appended to the lists)."""
+    import torch
+
+    n = x.shape[0]
+    scores = x[rows] @ x.T
+    scores[torch.arange(rows.shape[0], device=x.device), rows] = -torch.inf  # query goes last
+    order = torch.argsort(scores, dim=1, descending=True)[:, : n - 1]
+    relevant = labels[order] == labels[rows][:, None]
+    n_relevant = relevant.sum(1)
+    keep = n_relevant > 0
+    relevant, n_relevant = relevant[keep], n_relevant[keep].to(torch.float64)
+    precision = relevant.cumsum(1, dtype=torch.float64) / positions
+    hit_precision = precision * relevant
+    ap.append(hit_precision.sum(1) / n_relevant)
+    within_r = positions[None, :] <= n_relevant[:, None]
+    map_at_r.append((hit_precision * within_r).sum(1) / n_relevant)
+    for k in ks:
+        hits[k].append(relevant[:, : min(k, n - 1)].any(1).to(torch.float64))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -173,9 +181,11 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
             2 * params["n"], params["classes"], params["dim"], params["noise"]
         )
     else:
+        copies = params.get("copies", 1)  # every embedding that many times: exact duplicates
         x, labels = clustered_embeddings(
-            params["n"], params["classes"], params["dim"], params["noise"]
+            params["n"] // copies, params["classes"], params["dim"], params["noise"]
         )
+        x, labels = np.concatenate([x] * copies), np.concatenate([labels] * copies)
     x_t, labels_t = torch.from_numpy(x), torch.from_numpy(labels)
 
     if method == "data":
@@ -236,15 +246,32 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _loop_counts(counter, name: str) -> dict[str, Any]:
+    """Chunks, kernels / syncs / host calls per chunk of the ranges ``name`` of a counter."""
+    ranges = counter.named(name)
+    return {
+        "chunks": len(ranges),
+        "kernels": sorted({r.kernels for r in ranges}),
+        "syncs": sorted({len(r.syncs) for r in ranges}),
+        "sync_ops": sorted({op for r in ranges for op in r.syncs}),
+        "host_calls": sorted({len(r.host_calls) for r in ranges}),
+    }
+
+
 def device_compare(params: dict[str, Any], x, labels) -> dict[str, Any]:
     """The torch backend of rankwise vs the chunked argsort + AP on one device, on the same queries.
 
     Leave-one-out over ``params["queries"]`` query rows (all rows when None) against the whole
-    set. Both methods get a warm-up call, then ``params["repeats"]`` interleaved timed calls
-    (CUDA synchronised); the minimum of each is reported.
+    set. Both methods get a warm-up call, counted by rankwise._dispatch_count (kernels, host
+    syncs and host calls per chunk, chunks), then ``params["repeats"]`` interleaved timed calls
+    (CUDA synchronised); the median and the minimum of each are reported, with the load average.
     """
+    import os
+
     import torch
 
+    from rankwise._dispatch_count import DispatchCounter
+    from rankwise.metrics import _device
     from rankwise.metrics.retrieval import retrieval_metrics
 
     device = torch.device(params["device"])
@@ -269,7 +296,12 @@ def device_compare(params: dict[str, Any], x, labels) -> dict[str, Any]:
     def base():
         return argsort_retrieval(x, labels, rows)
 
-    ours(), base()  # warm-up (CUDA context, kernels, allocator)
+    # warm-up (CUDA context, kernels, allocator), the operations of each chunk counted
+    with DispatchCounter("rankwise.retrieval.", watch_host=True) as counter:
+        ours()
+    with DispatchCounter("bench.", watch_host=True) as base_counter:
+        base()
+    load = [os.getloadavg()[0]]
     times: dict[str, list[float]] = {"ours": [], "argsort": []}
     for _ in range(params["repeats"]):
         for name, fn in (("ours", ours), ("argsort", base)):
@@ -282,13 +314,28 @@ def device_compare(params: dict[str, Any], x, labels) -> dict[str, Any]:
                 ours_values = _report_values(out)
             else:
                 base_values = out
+    load.append(os.getloadavg()[0])
     return {
-        "ours_s": min(times["ours"]),
-        "argsort_s": min(times["argsort"]),
+        "ours_s": float(np.median(times["ours"])),
+        "argsort_s": float(np.median(times["argsort"])),
+        "ours_min_s": min(times["ours"]),
+        "argsort_min_s": min(times["argsort"]),
         "all_s": times,
+        "load": load,
         "ours_values": ours_values,
         "argsort_values": base_values,
         "n_queries": int(rows.shape[0]),
+        "loop": _loop_counts(counter, _device.CHUNK_RECORD),
+        "near_tie": {
+            name: _loop_counts(counter, record)
+            for name, record in (
+                ("window", _device.WINDOW_RECORD),
+                ("pairs", _device.PAIRS_RECORD),
+                ("groups", _device.GROUP_RECORD),
+            )
+        },
+        "readbacks": len(counter.named(_device.READBACK_RECORD)),
+        "baseline_loop": _loop_counts(base_counter, BASELINE_CHUNK),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
 
@@ -582,25 +629,48 @@ def run(sizes: str) -> str:
 
 
 def device_cases(sizes: str) -> list[tuple[str, dict[str, Any]]]:
-    """(title, params) of the --device comparison at the given sizes."""
+    """(title, params) of the --device comparison: issue 31's three cases, at ``sizes``."""
     cfg = SIZES[sizes]
     n_many, c_many = DEVICE_MANY[sizes]
-    cases = [
+    n_inat, c_inat = DEVICE_INAT[sizes]
+    many = dict(cfg["sop"], n=n_many, classes=c_many)
+    return [
+        (f"many classes (SOP-like): N = {n_many:,}, {c_many:,} classes", many),
         (
-            f"many classes (SOP-like): N = {n_many:,}, {c_many:,} classes",
-            dict(cfg["sop"], n=n_many, classes=c_many),
+            f"iNaturalist-like: N = {n_inat:,}, {c_inat:,} classes",
+            dict(many, n=n_inat, classes=c_inat),
         ),
         (
             f"few classes: N = {cfg['few']['n']:,}, {cfg['few']['classes']} classes",
             dict(cfg["few"]),
         ),
+        (
+            f"near ties (every embedding twice): N = {n_many:,}, {c_many // 2:,} classes",
+            dict(many, classes=c_many // 2, copies=2),
+        ),
     ]
-    if "inat" in cfg:
-        inat = cfg["inat"]
-        cases.append(
-            (f"iNaturalist size: N = {inat['n']:,}, {inat['classes']:,} classes", dict(inat))
-        )
-    return cases
+
+
+def _per_chunk(loop: dict[str, Any], host_calls: bool = True) -> str:
+    """'4 × 57 / 0 / 0': chunks × (kernels / host syncs / numpy-numba calls) per chunk.
+
+    Ranges when they vary; without ``host_calls`` the last figure is left out.
+    """
+    if not loop["chunks"]:
+        return "—"
+
+    def one(values: list[int]) -> str:
+        return str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}"
+
+    out = f"{loop['chunks']} × {one(loop['kernels'])} / {one(loop['syncs'])}"
+    return out + (f" / {one(loop['host_calls'])}" if host_calls else "")
+
+
+def _near_tie_cell(near: dict[str, dict[str, Any]]) -> str:
+    """The three near-tie loops' chunks and per-chunk counts, or — when no query needed them."""
+    if not any(loop["chunks"] for loop in near.values()):
+        return "—"
+    return "; ".join(f"{name} {_per_chunk(loop)}" for name, loop in near.items())
 
 
 def run_device(sizes: str, device: str, repeats: int) -> tuple[str, str]:
@@ -618,28 +688,42 @@ def run_device(sizes: str, device: str, repeats: int) -> tuple[str, str]:
     device_name = rows[0][1]["device_name"] if rows else device
     section = f"## Retrieval evaluation: torch backend on {device.split(':')[0]}"
     total = time.perf_counter() - started
+    loads = [v for _, r in rows for v in r["load"]]
     lines = [
         section,
         "",
         f"Command: `python benchmarks/bench_retrieval.py --device {device} --sizes {sizes} "
         f"--repeats {repeats}` ({total:.0f} s in all). Device: {device_name}. "
         + ", ".join(f"{k}: {v}" for k, v in info.items())
-        + ".",
+        + f". Load average {min(loads):.1f}–{max(loads):.1f} during the timed calls.",
         "",
         'rankwise `retrieval_metrics(..., backend="torch")` (exact keys, tie-aware, the path '
         "chosen automatically for CUDA tensors) against a chunked torch argsort + AP (not "
         "tie-aware), leave-one-out, d = 128, cosine, in one process on the same queries; "
-        f"minimum of {repeats} interleaved timed calls after a warm-up call.",
+        f"median of {repeats} interleaved timed calls after a warm-up call (minimum in "
+        "brackets). Loops: chunks × (aten kernels per chunk, views and bare allocations not "
+        "counted / operations that make the host wait for the device / numpy or numba calls), "
+        "counted by `rankwise._dispatch_count` during the warm-up call; the near-tie pass's "
+        "three loops (window, pairs, groups) run only for queries with near-tied items; the "
+        "argsort baseline counted alike.",
         "",
-        "| case | queries | rankwise torch (s) | argsort + AP (s) | argsort / rankwise | "
-        "mAP rankwise | mAP argsort |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| case | queries | rankwise torch (s) | argsort + AP (s) | rankwise / argsort | "
+        "main loop | near-tie loops | argsort loop | mAP rankwise | mAP argsort |",
+        "|---|---:|---:|---:|---:|---|---|---|---:|---:|",
     ]
     for title, r in rows:
         lines.append(
-            f"| {title} | {r['n_queries']:,} | {r['ours_s']:.3f} | {r['argsort_s']:.3f} | "
-            f"{r['argsort_s'] / r['ours_s']:.2f}× | {_fmt(r['ours_values']['map'], 6)} | "
-            f"{_fmt(r['argsort_values']['map'], 6)} |"
+            f"| {title} | {r['n_queries']:,} | {r['ours_s']:.3f} ({r['ours_min_s']:.3f}) | "
+            f"{r['argsort_s']:.3f} ({r['argsort_min_s']:.3f}) | "
+            f"{r['ours_s'] / r['argsort_s']:.2f}× | {_per_chunk(r['loop'])} | "
+            f"{_near_tie_cell(r['near_tie'])} | {_per_chunk(r['baseline_loop'], False)} | "
+            f"{_fmt(r['ours_values']['map'], 6)} | {_fmt(r['argsort_values']['map'], 6)} |"
+        )
+    for title, r in rows:
+        print(
+            f"{title}: rankwise {r['all_s']['ours']}, argsort {r['all_s']['argsort']}, "
+            f"baseline syncs {r['baseline_loop']['sync_ops']}",
+            flush=True,
         )
     return section, "\n".join(lines) + "\n"
 

@@ -114,16 +114,56 @@ def safe_row_norms(x: torch.Tensor) -> torch.Tensor:
     return largest * torch.linalg.vector_norm(x / scale[:, None], dim=1)
 
 
+def sequential_column_sums(terms: torch.Tensor) -> torch.Tensor:
+    """(m,) float64 ``sum_k terms[k, j]`` added in the order k = 0, 1, ..., one rounding per step.
+
+    One ``cumsum`` over the leading dimension of a (d, m) tensor, on any device: the CPU kernel
+    scans each column in order, and so does CUDA's along a dimension that is not the innermost
+    (a 1-D scan would take CUB's tree-shaped one, so a lone column gets a zero companion). The
+    result is the definition's sequential sum bit for bit, in a constant number of kernels.
+    """
+    if terms.shape[1] == 1:
+        return sequential_column_sums(torch.cat([terms, torch.zeros_like(terms)], dim=1))[:1]
+    return torch.cumsum(terms, dim=0)[-1]
+
+
 def _sequential_norms2(x: torch.Tensor) -> torch.Tensor:
     """(n,) sum_k x[:, k] * x[:, k] in the order k = 0, 1, ... (the definition's own norms)."""
     if x.device.type == "cpu":
         from ._similarity_kernels import squared_norms
 
         return torch.from_numpy(squared_norms(x.numpy()))
-    acc = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
-    for k in range(x.shape[1]):
-        acc = acc + x[:, k] * x[:, k]
-    return acc
+    xt = x.T
+    return sequential_column_sums(xt * xt)
+
+
+def transposed_pair_keys(
+    code: int, q_t: torch.Tensor, g_t: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+) -> torch.Tensor:
+    """(m,) float64 keys of the pairs (query ``rows[i]``, gallery ``cols[i]``), m >= 2.
+
+    Args:
+        code: kernel code of the similarity (:attr:`ExactOperands.code`).
+        q_t: (d + 1, n_q) float64: the query operands transposed, then (cosine) their squared
+            norms with 0 replaced by 1 (a zero row has inner products 0, so its keys stay 0).
+        g_t: (d + 1, n_g) float64, the same for the gallery.
+        rows: (m,) int64 query rows.
+        cols: (m,) int64 gallery rows.
+
+    A constant number of kernels whatever ``d``: the (d, m) products, then
+    :func:`sequential_column_sums`; the same operations as the definition, so the same bits.
+    """
+    d = q_t.shape[0] - 1
+    q = q_t.index_select(1, rows)
+    g = g_t.index_select(1, cols)
+    if code == _CODES["euclidean"]:
+        t = q[:d] - g[:d]
+        return -torch.cumsum(t * t, dim=0)[-1]
+    prod = q * g
+    acc = torch.cumsum(prod[:d], dim=0)[-1]
+    if code == _CODES["dot"]:
+        return acc
+    return (acc * acc.abs()) / prod[d]  # prod[d]: the product of the two squared norms
 
 
 def _torch_keys(
@@ -134,12 +174,26 @@ def _torch_keys(
     g_norm2: torch.Tensor,
     pairs: bool = False,
 ) -> torch.Tensor:
-    """(B, N) keys, or with ``pairs`` the (B,) keys of (q[i], g[i]), by one torch op per step.
+    """(B, N) keys, or with ``pairs`` the (B,) keys of (q[i], g[i]).
 
-    One elementwise operation per step: no fused multiply-add.
+    Pairs: the (d, B) products summed by :func:`sequential_column_sums` (a constant number of
+    kernels). Blocks: one elementwise operation per step of the sum (a (d, B, N) tensor would
+    not fit). No fused multiply-add either way.
     """
-    if not pairs:
-        q, g, q_norm2, g_norm2 = q[:, None], g[None], q_norm2[:, None], g_norm2[None]
+    if pairs:
+        qt, gt = q.T, g.T
+        if code == _CODES["euclidean"]:
+            diff = qt - gt
+            acc = sequential_column_sums(diff * diff)
+        else:
+            acc = sequential_column_sums(qt * gt)
+        if code == _CODES["dot"]:
+            return acc
+        if code == _CODES["euclidean"]:
+            return -acc
+        den = q_norm2 * g_norm2
+        return torch.where(den == 0, torch.zeros_like(acc), (acc * acc.abs()) / den)
+    q, g, q_norm2, g_norm2 = q[:, None], g[None], q_norm2[:, None], g_norm2[None]
     shape = torch.broadcast_shapes(q.shape[:-1], g.shape[:-1])
     acc = torch.zeros(shape, dtype=torch.float64, device=q.device)
     for k in range(q.shape[-1]):
@@ -228,6 +282,52 @@ class ExactOperands:
             return out
         return _torch_keys(self.code, q, self.gallery[col_lo:], qn, gn)
 
+    def _cached(self, name: str, compute: Any) -> Any:
+        """``compute()`` once per operands (the dataclass is frozen; the cache is not a field)."""
+        if name not in self.__dict__:
+            object.__setattr__(self, name, compute())
+        return self.__dict__[name]
+
+    @property
+    def shared(self) -> bool:
+        """True when the gallery is the query set itself (leave-one-out): one set of operands."""
+        return self.gallery is self.query
+
+    def lowest_bit_exponents(self) -> tuple[int | None, int | None]:
+        """(query, gallery): smallest e with every entry a multiple of 2^e (None: all zero).
+
+        Scanned once per side (once in all for leave-one-out), on the operands' device: no copy
+        of the embeddings to the host.
+        """
+
+        def scan() -> tuple[int | None, int | None]:
+            lq = _lowest_bit_exponent(self.query)
+            return lq, lq if self.shared else _lowest_bit_exponent(self.gallery)
+
+        return self._cached("_lsb", scan)
+
+    def max_row_norms(self) -> tuple[float, float]:
+        """(query, gallery) largest Euclidean row norm (float64, overflow-safe), computed once."""
+
+        def norms() -> tuple[float, float]:
+            nq = float(safe_row_norms(self.query).max())
+            return nq, nq if self.shared else float(safe_row_norms(self.gallery).max())
+
+        return self._cached("_max_norms", norms)
+
+    def transposed_operands(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(d + 1, n_q) and (d + 1, n_g) float64 for :func:`transposed_pair_keys` (built once)."""
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            def side(x: torch.Tensor, norm2: torch.Tensor) -> torch.Tensor:
+                safe = torch.where(norm2 == 0, torch.ones_like(norm2), norm2)
+                return torch.cat([x.T, safe[None]]).contiguous()
+
+            qt = side(self.query, self.query_norm2)
+            return qt, qt if self.shared else side(self.gallery, self.gallery_norm2)
+
+        return self._cached("_transposed", build)
+
     @property
     def gallery_transposed(self) -> torch.Tensor:
         """(d, n_g) contiguous copy of the gallery (built once; the CPU block kernel reads it)."""
@@ -256,6 +356,37 @@ class ExactOperands:
             return out
         qn, gn = self.query_norm2[rows], self.gallery_norm2[cols]
         return _torch_keys(self.code, self.query[rows], self.gallery[cols], qn, gn, pairs=True)
+
+
+def _lowest_bit_exponent(x: torch.Tensor) -> int | None:
+    """Smallest e such that every entry of the float64 tensor is a multiple of 2^e (None: all 0).
+
+    On the CPU the numba kernel; elsewhere :func:`_lowest_bit_exponent_torch` on the device, so
+    the embeddings are not copied to the host. One scalar is read back.
+    """
+    if x.device.type == "cpu":
+        from ._similarity_kernels import lowest_bit_exponent
+
+        found = int(lowest_bit_exponent(x.detach().contiguous().numpy()))
+    else:
+        found = int(_lowest_bit_exponent_torch(x))
+    return None if found == 1 << 30 else found
+
+
+def _lowest_bit_exponent_torch(x: torch.Tensor) -> torch.Tensor:
+    """0-d int64 tensor: the lowest-bit exponent of a finite float64 tensor (2^30 when all 0).
+
+    ``frexp`` gives each entry as ``m 2^e`` with ``|m|`` in [0.5, 1); ``|m| 2^53`` is its 53-bit
+    integer significand, whose lowest set bit ``s & -s`` is a power of two ``2^t``: the entry is
+    a multiple of ``2^(e - 53 + t)``.
+    """
+    flat = x.detach().reshape(-1)
+    mantissa, exponent = torch.frexp(flat)
+    significand = torch.ldexp(mantissa.abs(), torch.tensor(53, device=x.device)).to(torch.int64)
+    lowest = (significand & -significand).to(torch.float64)
+    shift = torch.frexp(lowest)[1] - 1
+    bits = torch.where(flat != 0, exponent.to(torch.int64) - 53 + shift, 1 << 30)
+    return bits.min() if bits.numel() else torch.tensor(1 << 30)
 
 
 def _check_no_overflow(

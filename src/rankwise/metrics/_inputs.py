@@ -109,13 +109,15 @@ def check_query_gallery(
     """
     similarity = check_similarity(similarity)
     dev = check_device(device, query)
-    q = check_embeddings(query, "query", dev)
+    # detached once: leave-one-out keeps `gallery is query` through the checks, so the exact
+    # operands, norms and bit scans downstream are computed once for both sides
+    q = check_embeddings(query, "query", dev).detach()
     ql = check_label_array(query_labels, q.shape[0], "query_labels", dev)
     check_gallery_pair(gallery, gallery_labels)
     if gallery is None:
         g, gl = q, ql
     else:
-        g = check_embeddings(gallery, "gallery", dev)
+        g = q if gallery is query else check_embeddings(gallery, "gallery", dev).detach()
         gl = check_label_array(gallery_labels, g.shape[0], "gallery_labels", dev)
         if g.shape[1] != q.shape[1]:
             raise ValueError(
@@ -132,7 +134,7 @@ def check_query_gallery(
                 f"multi-hot `query_labels` has {ql.shape[1]} columns but `gallery_labels` has "
                 f"{gl.shape[1]}; use the same label vocabulary."
             )
-    return QueryGallery(q.detach(), ql, g.detach(), gl, gallery is None, similarity, dev)
+    return QueryGallery(q, ql, g, gl, gallery is None, similarity, dev)
 
 
 # the largest cut-off: cut-offs become int64 on their way to the kernels; a cut-off past a ranked

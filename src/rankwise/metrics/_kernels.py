@@ -34,6 +34,7 @@ __all__ = [
     "relevant_lists_from_classes",
     "relevant_lists_from_mask",
     "tie_group_bounds",
+    "harmonic_table_kernel",
     "BUCKETS_PER_VALUE",
 ]
 
@@ -85,6 +86,53 @@ class RelevantGroupCounts:
             out.flags.writeable = False
             self._offsets = out
         return self._offsets
+
+
+@njit(cache=True, inline="always")
+def _two_sum(a, b):  # pragma: no cover - numba
+    """``a + b`` rounded and its exact rounding error (Knuth's TwoSum)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@njit(cache=True, inline="always")
+def _split(a):  # pragma: no cover - numba
+    """Dekker's split of a float64 into two halves of at most 26 significant bits."""
+    c = 134217729.0 * a  # 2^27 + 1
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+@njit(cache=True)
+def harmonic_table_kernel(n):  # pragma: no cover - numba
+    """(n + 1, 2) float64: ``H(t) = sum_{i <= t} 1/i`` as the unevaluated sum ``[t, 0] + [t, 1]``.
+
+    Double-double accumulation (TwoSum; ``1/i`` itself as a double-double through Dekker's exact
+    product, no fused multiply-add): each entry carries about 100 correct bits, so
+    ``(H[b, 0] - H[a, 0]) + (H[b, 1] - H[a, 1])`` is ``H(b) - H(a)`` to a few float64 ulps of the
+    result however close ``a`` and ``b`` are. The loop is sequential, so a longer table starts
+    with the same bits as a shorter one.
+    """
+    out = np.zeros((n + 1, 2))
+    hi = 0.0
+    lo = 0.0
+    for t in range(1, n + 1):
+        x = np.float64(t)
+        r = 1.0 / x
+        # 1 - r x exactly (r x = p + e), then the correction of r
+        p = r * x
+        rh, rl = _split(r)
+        xh, xl = _split(x)
+        e = ((rh * xh - p) + rh * xl + rl * xh) + rl * xl
+        r_lo = ((1.0 - p) - e) / x
+        s, err = _two_sum(hi, r)
+        err = err + (lo + r_lo)
+        hi = s + err
+        lo = err - (hi - s)
+        out[t, 0] = hi
+        out[t, 1] = lo
+    return out
 
 
 @njit(cache=True, inline="always")

@@ -24,7 +24,7 @@ import torch
 
 from ..similarity import ExactOperands, safe_row_norms
 
-__all__ = ["BlockScorer", "ScoreBlock"]
+__all__ = ["BlockScorer", "LoopOperands", "ScoreBlock"]
 
 _U32 = 2.0**-24
 _U64 = 2.0**-53
@@ -32,6 +32,58 @@ _U64 = 2.0**-53
 _SAFETY = 1.03
 # Beyond this inner-product length a float32 approximation is too coarse to be worth verifying.
 _MAX_FLOAT32_DIM = 16_384
+
+
+# relative slack on the window half-width (the float64 arithmetic of the window's own ends)
+_WINDOW_SLACK = 1.0 + 2.0**-40
+
+
+@dataclass
+class LoopOperands:
+    """A score block is ``query[lo:hi] @ gallery.T`` (then cosine keys when ``query_norm2``).
+
+    Attributes:
+        query: (n_q, d') operand rows.
+        gallery: (n_g, d') operand rows.
+        half_window: (n_q,) tensor in the block's dtype: items whose value lies within it of a
+            relevant item's value may rank either way or tie with it; 0 when the values are exact.
+        exact: the values rank and tie exactly like the keys (no window needed).
+        query_norm2, gallery_norm2: float64 squared norms (0 made 1) when the block must be turned
+            into cosine keys ``v |v| / (|q|^2 |g|^2)``, else None.
+    """
+
+    query: torch.Tensor
+    gallery: torch.Tensor
+    half_window: torch.Tensor
+    exact: bool
+    query_norm2: torch.Tensor | None = None
+    gallery_norm2: torch.Tensor | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the blocks."""
+        return self.query.dtype if self.query_norm2 is None else torch.float64
+
+    def block(self, lo: int, hi: int) -> torch.Tensor:
+        """(hi - lo, n_g) values of query rows lo..hi-1: one matmul (+4 ops for cosine keys)."""
+        values = self.query[lo:hi] @ self.gallery.T
+        if self.query_norm2 is None:
+            return values
+        assert self.gallery_norm2 is not None
+        d = values.to(torch.float64)
+        return (d * d.abs()) / (self.query_norm2[lo:hi, None] * self.gallery_norm2[None])
+
+    def rows(self, index: torch.Tensor) -> LoopOperands:
+        """The operands of the query rows ``index`` (the gallery shared)."""
+        qn = None if self.query_norm2 is None else self.query_norm2[index]
+        return LoopOperands(
+            self.query[index],
+            self.gallery,
+            self.half_window[index],
+            self.exact,
+            qn,
+            self.gallery_norm2,
+        )
 
 
 @dataclass
@@ -52,14 +104,6 @@ class ScoreBlock:
     lo: int
 
 
-def _lsb_exponent(x: torch.Tensor) -> int | None:
-    """Smallest exponent e such that every entry of the float64 tensor is a multiple of 2^e."""
-    from .._similarity_kernels import lowest_bit_exponent
-
-    exponent = int(lowest_bit_exponent(x.detach().cpu().contiguous().numpy()))
-    return None if exponent == 1 << 30 else exponent
-
-
 def _exact_matmul_precision(ops: ExactOperands) -> torch.dtype | None:
     """float32 / float64 when a matmul of the operands (augmented for euclidean) is exact, else None.
 
@@ -69,13 +113,10 @@ def _exact_matmul_precision(ops: ExactOperands) -> torch.dtype | None:
     summation order. For euclidean the terms ``2 q_k g_k``, ``|q|^2`` and ``|g|^2`` are multiples
     of ``2^(2 min(lq, lg))`` bounded by ``(|q| + |g|)^2``.
     """
-    same = ops.gallery is ops.query
-    lq = _lsb_exponent(ops.query)
-    lg = lq if same else _lsb_exponent(ops.gallery)
+    lq, lg = ops.lowest_bit_exponents()
     if lq is None or lg is None:
         return torch.float32  # an all-zero side: every score is exactly 0
-    nq = float(safe_row_norms(ops.query).max()) * (1 + 1e-9)
-    ng = nq if same else float(safe_row_norms(ops.gallery).max()) * (1 + 1e-9)
+    nq, ng = (norm * (1 + 1e-9) for norm in ops.max_row_norms())
     if ops.similarity == "euclidean":
         grid, magnitude = 2 * min(lq, lg), (nq + ng) ** 2
     else:
@@ -84,6 +125,8 @@ def _exact_matmul_precision(ops: ExactOperands) -> torch.dtype | None:
         (torch.float32, 24, -126, 127),
         (torch.float64, 53, -1022, 1023),
     ):
+        if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+            continue  # a TF32 / bf16 float32 matmul rounds its inputs: not exact
         if (
             math.log2(magnitude) <= bits + grid
             and grid >= smallest
@@ -188,16 +231,51 @@ class BlockScorer:
         keys = self.exact.pair_keys(torch.from_numpy(rows), torch.from_numpy(cols))
         return keys.cpu().numpy()
 
+    def loop_operands(self) -> LoopOperands:
+        """What the device chunk loop needs to score a block (:mod:`rankwise.metrics._device`)."""
+        if self.mode == "exact_matmul":
+            ops = self.exact
+            q, g = self._matmul_q, self._matmul_g
+            if self.similarity == "cosine" and self._cosine_keys:
+                # zero norms made 1: a zero row's inner products are 0, so its keys stay 0
+                qn, gn = (
+                    torch.where(x == 0, torch.ones_like(x), x)
+                    for x in (ops.query_norm2, ops.gallery_norm2)
+                )
+                return LoopOperands(
+                    q,
+                    g,
+                    torch.zeros(q.shape[0], dtype=torch.float64, device=q.device),
+                    True,
+                    qn,
+                    gn,
+                )
+            zero = torch.zeros(q.shape[0], dtype=self._matmul_dtype, device=q.device)
+            return LoopOperands(q, g, zero, True)
+        if self.mode != "approximate":
+            raise ValueError(
+                "the device loop scores blocks by one matmul: build with approximate=True"
+            )
+        q, g = self._approx_q, self._approx_g
+        # |fl(v -+ h) - (v -+ h)| <= 2^-53 (|v| + h) for float64 values |v| <= limit, so the
+        # window ends computed on the device enclose +-2 bound (slack included) exactly
+        limit = float(safe_row_norms(q).max()) * float(safe_row_norms(g).max()) * 1.001
+        if q.dtype != torch.float64:
+            raise ValueError("the device loop needs the float64 approximation")
+        half = (2.0 * _WINDOW_SLACK * self._bound + 2.0**-52 * limit) * (1 + 2.0**-50)
+        return LoopOperands(q, g, torch.from_numpy(half).to(q.device), False)
+
     # -- exact matmul ----------------------------------------------------------------------------
     def _prepare_exact_matmul(self, dtype: torch.dtype) -> None:
         ops = self.exact
         self._matmul_dtype = dtype
-        q, g = ops.query.to(dtype), ops.gallery.to(dtype)  # exact: the grid fits the precision
+        q = ops.query.to(dtype)  # exact: the grid fits the precision
+        g = q if ops.shared else ops.gallery.to(dtype)
         self._cosine_keys = False
         if ops.similarity == "euclidean":
             # -(|q - g|^2) = 2 q.g - |q|^2 - |g|^2 as one exact matmul of augmented rows
             qn = (ops.query * ops.query).sum(1, keepdim=True).to(dtype)
-            gn = (ops.gallery * ops.gallery).sum(1, keepdim=True).to(dtype)
+            gn = qn if ops.shared else (ops.gallery * ops.gallery).sum(1, keepdim=True).to(dtype)
             q = torch.cat([2 * q, -qn, -torch.ones_like(qn)], dim=1)
             g = torch.cat([g, torch.ones_like(gn), gn], dim=1)
         elif ops.similarity == "cosine":
@@ -207,8 +285,9 @@ class BlockScorer:
             equal_norms = bool((ops.gallery_norm2 == ops.gallery_norm2[0]).all()) and bool(
                 ops.gallery_norm2[0] > 0
             )
-            lq, lg = _lsb_exponent(ops.query), _lsb_exponent(ops.gallery)
-            bound = float(safe_row_norms(ops.query).max() * safe_row_norms(ops.gallery).max())
+            lq, lg = ops.lowest_bit_exponents()
+            nq, ng = ops.max_row_norms()
+            bound = nq * ng
             small = lq is not None and lg is not None and bound**2 < 2.0 ** (52 + 2 * (lq + lg))
             self._cosine_keys = not (equal_norms and small)
         self._matmul_q, self._matmul_g = q, g
@@ -260,17 +339,21 @@ class BlockScorer:
             return
         # euclidean: centre on the gallery mean and scale by a power of two, then
         # -|q - g|^2 = 2 q.g - |q|^2 - |g|^2 as one matmul of augmented rows
+        # leave-one-out (one set of operands): each step once, the gallery side is the query's
+        shared = ops.shared
         center = ops.gallery.mean(0, keepdim=True).to(dtype).to(torch.float64)
-        q_c, g_c = ops.query - center, ops.gallery - center
-        largest = max(float(safe_row_norms(q_c).max()), float(safe_row_norms(g_c).max()))
+        q_c = ops.query - center
+        g_c = q_c if shared else ops.gallery - center
+        q_c_norm = float(safe_row_norms(q_c).max())
+        largest = q_c_norm if shared else max(q_c_norm, float(safe_row_norms(g_c).max()))
         exponent = math.frexp(largest)[1] if largest > 0 else 0
-        power = torch.tensor(-exponent, dtype=torch.float64)
+        power = torch.tensor(-exponent, dtype=torch.float64, device=q_c.device)
         q_s = torch.ldexp(q_c, power).to(dtype)
-        g_s = torch.ldexp(g_c, power).to(dtype)
+        g_s = q_s if shared else torch.ldexp(g_c, power).to(dtype)
         q_norm = safe_row_norms(q_s) * 1.001
-        g_norm = float(safe_row_norms(g_s).max()) * 1.001
+        g_norm = float(q_norm.max()) if shared else float(safe_row_norms(g_s).max()) * 1.001
         qn = (q_s.double() ** 2).sum(1, keepdim=True).to(dtype)
-        gn = (g_s.double() ** 2).sum(1, keepdim=True).to(dtype)
+        gn = qn if shared else (g_s.double() ** 2).sum(1, keepdim=True).to(dtype)
         self._approx_q = torch.cat([2 * q_s, -qn, -torch.ones_like(qn)], dim=1)
         self._approx_g = torch.cat([g_s, torch.ones_like(gn), gn], dim=1)
         spread = (q_norm + g_norm) ** 2

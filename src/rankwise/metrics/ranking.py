@@ -23,10 +23,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.special import digamma, gammaln
+from scipy.special import gammaln
 
 from .._validation import as_tensor, check_finite
-from ._kernels import RelevantGroupCounts, relevant_group_counts, tie_group_bounds
+from ._kernels import (
+    RelevantGroupCounts,
+    harmonic_table_kernel,
+    relevant_group_counts,
+    tie_group_bounds,
+)
 
 __all__ = [
     "TIES",
@@ -36,6 +41,10 @@ __all__ = [
     "batched_ndcg",
     "check_ties",
     "harmonic_difference",
+    "harmonic_table",
+    "harmonic_table_tensor",
+    "group_terms",
+    "metrics_from_sums",
     "precision_weighted_sum",
     "expected_relevant_in_top",
     "hit_probability_at",
@@ -45,10 +54,6 @@ __all__ = [
 
 TIES = ("expected", "optimistic", "pessimistic")
 
-# Below this many terms H(hi) - H(lo) is summed directly (exact to rounding); above it the
-# digamma difference is used, whose absolute error (~1e-15) is then small relative to the result.
-_DIRECT_HARMONIC_TERMS = 16
-
 
 def check_ties(ties: str) -> str:
     """``ties`` if it is one of :data:`TIES`, else a ValueError naming the argument."""
@@ -57,30 +62,165 @@ def check_ties(ties: str) -> str:
     return ties
 
 
+# -- harmonic numbers ------------------------------------------------------------------------------
+
+# The harmonic table built so far (double-double, rankwise.metrics._kernels.harmonic_table_kernel),
+# and the same memory as a tensor: every call reads a prefix, so it is built once per process for
+# the longest list seen.
+_HARMONIC = np.zeros((1, 2))
+_HARMONIC_TENSOR = torch.from_numpy(_HARMONIC)
+# a position cut-off past every list: clamped to the end of each group
+NO_CUTOFF = 2**62
+
+
+def _grow_harmonic(n: int) -> None:
+    global _HARMONIC, _HARMONIC_TENSOR
+    if _HARMONIC.shape[0] <= n:
+        _HARMONIC = harmonic_table_kernel(max(n, 2 * _HARMONIC.shape[0]))
+        _HARMONIC_TENSOR = torch.from_numpy(_HARMONIC)
+
+
+def harmonic_table(n: int) -> np.ndarray:
+    """(n + 1, 2) read-only float64 table of ``H(0), ..., H(n)`` as double-doubles ``[hi, lo]``.
+
+    ``H(b) - H(a)`` is ``(T[b, 0] - T[a, 0]) + (T[b, 1] - T[a, 1])`` (:func:`harmonic_difference`),
+    within a few ulps of the exact value for any ``0 <= a <= b <= n``, with only subtractions and
+    an addition: every device and numpy compute it to the same bits.
+    """
+    _grow_harmonic(n)
+    view = _HARMONIC[: n + 1]
+    view.flags.writeable = False
+    return view
+
+
+def harmonic_table_tensor(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """:func:`harmonic_table` as a float64 tensor on ``device`` (a shared CPU view when CPU)."""
+    _grow_harmonic(n)
+    table = _HARMONIC_TENSOR[: n + 1]
+    return table if device is None else table.to(device)
+
+
 def harmonic_difference(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """H(hi) - H(lo) = sum_{t=lo+1}^{hi} 1/t elementwise, for int arrays with 0 <= lo <= hi."""
     lo, hi = np.broadcast_arrays(np.asarray(lo, dtype=np.int64), np.asarray(hi, dtype=np.int64))
-    span = hi - lo
-    out = np.empty(span.shape, dtype=np.float64)
-    short = span <= _DIRECT_HARMONIC_TERMS
-    long_spans = ~short
-    if long_spans.any():
-        # digamma only where the span is long: it dominates the cost of few-class evaluations
-        out[long_spans] = digamma(hi[long_spans] + 1.0) - digamma(lo[long_spans] + 1.0)
-    if short.any():
-        # short spans summed directly, in the same order as always (adding 0.0 never changed a
-        # value, so skipping finished entries keeps the result bit-identical)
-        lo_s = lo[short].astype(np.float64)
-        span_s = span[short]
-        acc = np.zeros(lo_s.shape, dtype=np.float64)
-        active = np.flatnonzero(span_s >= 1)
-        term = 1
-        while active.size:
-            acc[active] += 1.0 / (lo_s[active] + term)
-            term += 1
-            active = active[span_s[active] >= term]
-        out[short] = acc
+    if lo.size == 0:
+        return np.zeros(lo.shape, dtype=np.float64)
+    if bool((lo < 0).any()) or bool((hi < lo).any()):
+        raise ValueError("`harmonic_difference` needs 0 <= lo <= hi elementwise.")
+    table = harmonic_table(int(hi.max()))
+    return (table[hi, 0] - table[lo, 0]) + (table[hi, 1] - table[lo, 1])
+
+
+def table_difference(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """:func:`harmonic_difference` on tensors: ``H(hi[c]) - H(lo)`` for each leading index ``c``.
+
+    Args:
+        table: (M, 2) float64 :func:`harmonic_table` on the tensors' device.
+        lo: (*S) integer-valued (any dtype).
+        hi: (C, *S) integer-valued, ``lo <= hi[c] < M``.
+
+    Returns:
+        (C, *S) float64, in the operations of :func:`harmonic_difference` (so the same bits).
+    """
+    rows = table[torch.cat([hi, lo.expand_as(hi[:1])]).long()]
+    diff = rows[:-1] - rows[-1:]
+    return diff[..., 0] + diff[..., 1]
+
+
+# -- the closed forms of every metric, per tie group -----------------------------------------------
+
+
+def group_terms(
+    g: torch.Tensor,
+    n: torch.Tensor,
+    r: torch.Tensor,
+    a: torch.Tensor,
+    cut: torch.Tensor,
+    ties: str,
+    table: torch.Tensor,
+    n_pw: int = 2,
+) -> torch.Tensor:
+    """Per tie group: expected precision-weighted sums and relevant counts up to cut-offs.
+
+    The one implementation of the closed forms (He et al. 2018, Prop. 1 with docs/errata.md; the
+    hypergeometric expectations of MAP@R, R-precision and P@k), shared by every backend so that
+    they agree to the last bit. Elementwise torch operations (``+ - * /``, clamps, table reads),
+    all correctly rounded, so the values do not depend on the device, the layout or the chunk.
+
+    Args:
+        g: (*S) float64 items strictly above the group (``N_{d-1}``), integer-valued.
+        n: (*S) float64 items tied in the group (``n_d``); empty slots: 1.
+        r: (*S) float64 relevant items in the group (``n_d^+``); empty slots: 0 (term 0).
+        a: float64 broadcastable to S: relevant items strictly above the group, plus one.
+        cut: (C, ...) float64 broadcastable to (C, *S), C >= 2: position cut-offs; ``cut[0]`` at
+            least ``g + n`` (no cut-off: AP), ``cut[1]`` the query's R (MAP@R, R-precision), then
+            the P@k cut-offs ``min(k, list length)``.
+        ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
+        table: :func:`harmonic_table` as a tensor on the device, covering every position.
+        n_pw: number of leading cut-offs that need the precision-weighted sum.
+
+    Returns:
+        (n_pw + C - 1, *S) float64. Rows ``:n_pw``: ``E[sum over the group's positions
+        t <= cut of rel(t) precision(t)]`` (summed over a query's groups and divided by R: AP_T,
+        MAP@R, AP@k); then ``E[# relevant items of the group at positions <= cut]`` for
+        ``cut[1:]`` (R-precision times R, P@k times k).
+    """
+    shape = torch.broadcast_shapes(g.shape, n.shape, r.shape)
+    out = torch.empty((n_pw + cut.shape[0] - 1, *shape), dtype=torch.float64, device=g.device)
+    if ties == "expected":
+        gn = g + n
+        up = torch.clamp(cut, min=g, max=gn)
+        cnt = up - g  # expected positions of the group within the cut-off, times n / n
+        hd = table_difference(table, g, up[:n_pw])
+        # b = (n^+ - 1) / (n - 1), 0 for a group of one (then n^+ = 1, and the formula gives 0)
+        beta = (r - 1) / (n - 1).clamp_min(1)
+        inner = (a - beta * (g + 1)) * hd + beta * cnt[:n_pw]
+        rn = r / n
+        torch.mul(rn, inner, out=out[:n_pw])
+        torch.mul(rn, cnt[1:], out=out[n_pw:])
+        return out
+    # optimistic: relevant items at positions g+1 .. g+r; pessimistic: g+n-r+1 .. g+n;
+    # sum_i (p + i) / (base + i) = c + (p - base) (H(base + c) - H(base))
+    base = g if ties == "optimistic" else g + n - r
+    c = torch.clamp(cut - base, min=torch.zeros((), dtype=base.dtype, device=base.device), max=r)
+    hd = table_difference(table, base, base + c[:n_pw])
+    torch.add(c[:n_pw], (a - 1 - base) * hd, out=out[:n_pw])
+    out[n_pw:] = c[1:]
     return out
+
+
+def _counts_terms(
+    counts: RelevantGroupCounts,
+    ties: str,
+    cuts: list[np.ndarray],
+    n_pw: int,
+    above: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`group_terms` of a chunk's counts (CPU tensors), cut-offs given per group entry."""
+    last = int((counts.greater + counts.size).max()) if counts.size.size else 0
+    table = harmonic_table_tensor(max(last, 1))
+    if above is None:
+        above = relevant_above(counts)
+    terms = group_terms(
+        torch.from_numpy(counts.greater.astype(np.float64)),
+        torch.from_numpy(counts.size.astype(np.float64)),
+        torch.from_numpy(counts.relevant.astype(np.float64)),
+        torch.from_numpy(np.asarray(above, dtype=np.float64) + 1.0),
+        torch.from_numpy(np.stack([np.asarray(c, dtype=np.float64) for c in cuts])),
+        ties,
+        table,
+        n_pw,
+    ).numpy()
+    return terms[:n_pw], terms[n_pw:]
+
+
+def _row_sums(rows: np.ndarray, terms: np.ndarray, n_rows: int) -> np.ndarray:
+    """(T, n_rows): each row of ``terms`` summed per query, in entry order (sequentially).
+
+    ``np.bincount`` adds the weights one by one in the order given, so a query's groups are summed
+    from the highest score down, as the device loop sums its slots (its cumulative sum).
+    """
+    return np.stack([np.bincount(rows, weights=t, minlength=n_rows) for t in terms])
 
 
 def precision_weighted_sum(
@@ -97,24 +237,10 @@ def precision_weighted_sum(
         ties: "expected", "optimistic" or "pessimistic".
         above: (S,) int64 relevant items strictly above each group (``N^+_{d-1}``).
     """
-    g = counts.greater
-    n = counts.size
-    r = counts.relevant
-    p = above
-    if ties == "expected":
-        upper = g + n if limit is None else np.clip(limit, g, g + n)
-        beta = np.where(n > 1, (r - 1) / np.maximum(n - 1, 1), 0.0)
-        a = p + 1.0
-        inner = (a - beta * (g + 1.0)) * harmonic_difference(g, upper) + beta * (upper - g)
-        return r / n * inner
-    if ties == "optimistic":
-        # relevant items at positions g+1 .. g+r: sum (p+i)/(g+i) = c + (p-g)(H(g+c) - H(g))
-        c = r if limit is None else np.clip(limit - g, 0, r)
-        return c + (p - g) * harmonic_difference(g, g + c)
-    # pessimistic: relevant items at positions g+n-r+1 .. g+n
-    first = g + n - r
-    c = r if limit is None else np.clip(limit - first, 0, r)
-    return c + (p - first) * harmonic_difference(first, first + c)
+    s = counts.relevant.shape[0]
+    cut = np.full(s, NO_CUTOFF, dtype=np.int64) if limit is None else np.broadcast_to(limit, (s,))
+    pw, _ = _counts_terms(counts, ties, [cut, np.zeros(s, dtype=np.int64)], 1, above)
+    return pw[0]
 
 
 def expected_relevant_in_top(counts: RelevantGroupCounts, k: np.ndarray, ties: str) -> np.ndarray:
@@ -128,14 +254,10 @@ def expected_relevant_in_top(counts: RelevantGroupCounts, k: np.ndarray, ties: s
         k: (S,) int64 cutoff of every entry (a scalar broadcasts).
         ties: "expected", "optimistic" or "pessimistic".
     """
-    g = counts.greater
-    n = counts.size
-    r = counts.relevant
-    if ties == "expected":
-        return r * np.clip(k - g, 0, n) / n
-    if ties == "optimistic":
-        return np.clip(k - g, 0, r).astype(np.float64)
-    return np.clip(k - g - (n - r), 0, r).astype(np.float64)
+    s = counts.relevant.shape[0]
+    k = np.broadcast_to(np.asarray(k, dtype=np.int64), (s,))
+    _, er = _counts_terms(counts, ties, [np.full(s, NO_CUTOFF, dtype=np.int64), k], 1)
+    return er[0]
 
 
 def hit_probability_at(
@@ -196,10 +318,57 @@ def average_precision_from_counts(counts: RelevantGroupCounts, ties: str) -> np.
     rows = counts.row_ids()
     n_rows = counts.n_rows
     n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows)
-    terms = precision_weighted_sum(counts, None, ties, relevant_above(counts))
-    total = np.bincount(rows, weights=terms, minlength=n_rows)
+    s = rows.shape[0]
+    pw, _ = _counts_terms(
+        counts, ties, [np.full(s, NO_CUTOFF, dtype=np.int64), np.zeros(s, dtype=np.int64)], 1
+    )
+    total = _row_sums(rows, pw, n_rows)[0]
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(n_rel > 0, total / np.where(n_rel > 0, n_rel, 1), np.nan)
+
+
+def metrics_from_sums(
+    pw: np.ndarray,
+    er: np.ndarray,
+    n_rel: np.ndarray,
+    top: np.ndarray,
+    ks: Iterable[int],
+    list_length: np.ndarray,
+    ties: str,
+    ap_at_k: bool = False,
+) -> dict[str, np.ndarray]:
+    """Per-query metrics from the per-query sums of :func:`group_terms` (host, numpy).
+
+    Args:
+        pw: (2 [+ K], B) summed precision-weighted terms: no cut-off, R [, each k].
+        er: (1 + K, B) summed relevant counts: up to R, then up to each k.
+        n_rel: (B,) relevant items of each query (0: the query's metrics are NaN).
+        top: (3, B) int64 ``g, n, r`` of each query's best relevant group (for recall@k).
+        ks: the cut-offs.
+        list_length: (B,) int64 length of each query's ranked list.
+        ties: the tie handling.
+        ap_at_k: ``pw`` holds the AP@k sums too.
+
+    Returns:
+        As :func:`query_metrics_from_counts`.
+    """
+    has_rel = n_rel > 0
+    safe_r = np.where(has_rel, n_rel, 1).astype(np.float64)
+    out = {
+        "ap": np.where(has_rel, pw[0] / safe_r, np.nan),
+        "map_at_r": np.where(has_rel, pw[1] / safe_r, np.nan),
+        "r_prec": np.where(has_rel, er[0] / safe_r, np.nan),
+    }
+    g0, n0, r0 = (np.asarray(x, dtype=np.int64)[has_rel] for x in top)
+    for i, k in enumerate(ks):
+        k_of_row = np.minimum(k, list_length)  # a cutoff past a list is its length
+        if ap_at_k:
+            out[f"ap@{k}"] = np.where(has_rel, pw[2 + i] / safe_r, np.nan)
+        hits = np.full(n_rel.shape[0], np.nan)
+        hits[has_rel] = hit_probability_at(g0, n0, r0, k_of_row[has_rel], ties)
+        out[f"recall@{k}"] = hits
+        out[f"precision@{k}"] = np.where(has_rel, er[1 + i] / k_of_row, np.nan)
+    return out
 
 
 def query_metrics_from_counts(
@@ -223,44 +392,29 @@ def query_metrics_from_counts(
         (B,) float64 arrays, NaN for queries without a relevant item: ``"ap"``, ``"map_at_r"``,
         ``"r_prec"``, ``"recall@k"`` and ``"precision@k"`` per cutoff (and ``"ap@k"``).
     """
+    ks = tuple(ks)
     n_rows = counts.n_rows
     rows = counts.row_ids()
-    n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows)
+    n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows).astype(np.int64)
+    list_length = np.asarray(list_length, dtype=np.int64)
+    cuts = [list_length[rows], n_rel[rows]]
+    cuts += [np.minimum(k, list_length)[rows] for k in ks]
+    pw, er = _counts_terms(counts, ties, cuts, 2 + (len(ks) if ap_at_k else 0))
+    first = counts.offsets()[:-1]
+    top = np.zeros((3, n_rows), dtype=np.int64)
     has_rel = n_rel > 0
-    safe_r = np.where(has_rel, n_rel, 1)
-    above = relevant_above(counts)
-    r_of_entry = n_rel[rows].astype(np.int64)
-    at_r = np.bincount(
-        rows, precision_weighted_sum(counts, r_of_entry, ties, above), minlength=n_rows
+    for row, values in enumerate((counts.greater, counts.size, counts.relevant)):
+        top[row, has_rel] = values[first[has_rel]]
+    return metrics_from_sums(
+        _row_sums(rows, pw, n_rows),
+        _row_sums(rows, er, n_rows),
+        n_rel,
+        top,
+        ks,
+        list_length,
+        ties,
+        ap_at_k,
     )
-    top_r = np.bincount(rows, expected_relevant_in_top(counts, r_of_entry, ties), minlength=n_rows)
-    out = {
-        "ap": average_precision_from_counts(counts, ties),
-        "map_at_r": np.where(has_rel, at_r / safe_r, np.nan),
-        "r_prec": np.where(has_rel, top_r / safe_r, np.nan),
-    }
-    first = counts.offsets()[:-1][has_rel]
-    for k in ks:
-        k_of_row = np.minimum(k, list_length)  # a cutoff past a list is its length
-        if ap_at_k:
-            at_k = np.bincount(
-                rows, precision_weighted_sum(counts, k_of_row[rows], ties, above), minlength=n_rows
-            )
-            out[f"ap@{k}"] = np.where(has_rel, at_k / safe_r, np.nan)
-        hits = np.full(n_rows, np.nan)
-        hits[has_rel] = hit_probability_at(
-            counts.greater[first],
-            counts.size[first],
-            counts.relevant[first],
-            k_of_row[has_rel],
-            ties,
-        )
-        out[f"recall@{k}"] = hits
-        in_top = np.bincount(
-            rows, expected_relevant_in_top(counts, k_of_row[rows], ties), minlength=n_rows
-        )
-        out[f"precision@{k}"] = np.where(has_rel, in_top / k_of_row, np.nan)
-    return out
 
 
 def _scores_2d(scores: Any, name: str) -> torch.Tensor:

@@ -10,15 +10,16 @@ al. (NeurIPS 2022, SOPRC, Fig. 2): the mean over queries of interpolated precisi
 
 Queries are processed in chunks (never an N x N matrix): the exact keys of
 :mod:`rankwise.similarity` for a block (:mod:`rankwise.metrics._scores`), reduced to
-per-relevant-group counts (:mod:`rankwise.metrics._kernels`, :mod:`rankwise.metrics._sorted`),
-then to the metrics in closed form.
+per-relevant-group counts (the numba kernels of :mod:`rankwise.metrics._kernels`, or the device
+loop of :mod:`rankwise.metrics._device`), then to the metrics in closed form
+(:func:`rankwise.metrics.ranking.group_terms`, shared by both).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ import torch
 from .._threads import keeps_torch_threads
 from .._validation import as_tensor, check_choice
 from ..similarity import SIMILARITIES
+from . import _device
 from ._inputs import QueryGallery, block_relevance, check_chunk_size, check_ks, check_query_gallery
 from ._kernels import (
     RelevantGroupCounts,
@@ -35,17 +37,21 @@ from ._kernels import (
     relevant_lists_from_mask,
 )
 from ._scores import BlockScorer
-from ._sorted import RelevantLists, class_relevant_lists, mask_relevant_lists, sorted_row_counts
-from .ranking import check_ties, query_metrics_from_counts, relevant_above
+from .ranking import (
+    check_ties,
+    harmonic_table_tensor,
+    metrics_from_sums,
+    query_metrics_from_counts,
+    relevant_above,
+)
 
 __all__ = ["RetrievalReport", "PRCurve", "retrieval_metrics", "pr_curve", "SIMILARITIES"]
 
-# Memory budget of one chunk's score block. The torch path also holds a float32 copy of the block,
-# its sorted values and the int64 sort order (16 bytes per score), so it takes fewer rows; the
-# CPU's flat int64-key sort adds about 40 MB whatever the block (_sorted.FLAT_SORT_PART).
+# Memory budget of one chunk's score block on the numba path (the torch path plans its chunks
+# from the device's memory: rankwise.metrics._device.memory_budget).
 _CHUNK_BYTES = 256 * 2**20
-_TORCH_SORT_BYTES = 16
-# Above this mean number of relevant items per query the scores are approximated in float64.
+# Above this mean number of relevant items per query the numba path approximates the scores in
+# float64 (the torch path always does: its near-tied pairs then almost never occur).
 _FLOAT64_APPROXIMATION_RELEVANT = 256
 # errors when no query has a relevant item (also raised by rankwise.metrics.distributed)
 NO_RELEVANT_MESSAGE = (
@@ -170,18 +176,34 @@ class PRCurve:
 
 @dataclass
 class _Prepared:
-    query_labels: torch.Tensor
-    gallery_labels: torch.Tensor
+    qg: QueryGallery
     self_index: torch.Tensor | None
-    similarity: str
     backend: str
-    chunk_size: int
+    chunk_size: int | None  # None: planned per backend
     n_query: int
     n_gallery: int
     n_ranked: int  # items in each ranked list (gallery minus the excluded row, if any)
     scorer: BlockScorer
     classes: _ClassIndex | None = None  # class id labels
-    device_classes: tuple[torch.Tensor, ...] | None = None  # the same on the torch path's device
+
+    @property
+    def similarity(self) -> str:
+        return self.qg.similarity
+
+    @property
+    def query_labels(self) -> torch.Tensor:
+        return self.qg.query_labels
+
+    @property
+    def gallery_labels(self) -> torch.Tensor:
+        return self.qg.gallery_labels
+
+    def list_length(self) -> np.ndarray:
+        """(n_q,) int64 items ranked for each query (an excluded row is not ranked)."""
+        out = np.full(self.n_query, self.n_gallery, dtype=np.int64)
+        if self.self_index is not None:
+            out -= (self.self_index >= 0).cpu().numpy()
+        return out
 
 
 @dataclass
@@ -191,6 +213,7 @@ class _ClassIndex:
     query_class: np.ndarray  # (n_q,) int64 compact class of each query, -1 if not in the gallery
     class_ptr: np.ndarray  # (C + 1,) int64, class c's rows are members[class_ptr[c]:class_ptr[c+1]]
     members: np.ndarray  # (n_g,) int64 gallery rows sorted by class (increasing within a class)
+    gallery_class: np.ndarray  # (n_g,) int64 compact class of each gallery row
 
     @staticmethod
     def build(query_labels: torch.Tensor, gallery_labels: torch.Tensor) -> _ClassIndex:
@@ -203,7 +226,19 @@ class _ClassIndex:
         np.cumsum(np.bincount(g_class, minlength=classes.shape[0]), out=class_ptr[1:])
         pos = np.minimum(np.searchsorted(classes, ql), classes.shape[0] - 1)
         query_class = np.where(classes[pos] == ql, pos, -1).astype(np.int64)
-        return _ClassIndex(query_class, class_ptr, members)
+        return _ClassIndex(query_class, class_ptr, members, g_class.astype(np.int64))
+
+    def relevant_counts(self, self_index: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """(n_q,) relevant gallery items of each query, and whether its excluded row is one."""
+        sizes = np.diff(self.class_ptr)
+        present = self.query_class >= 0
+        counts = np.where(present, sizes[np.maximum(self.query_class, 0)], 0)
+        self_relevant = np.zeros(counts.shape[0], dtype=bool)
+        if self_index is not None:
+            has = self_index >= 0
+            own = self.gallery_class[np.maximum(self_index, 0)]
+            self_relevant = has & present & (own == self.query_class)
+        return counts - self_relevant, self_relevant
 
     def mean_relevant(self) -> float:
         """Mean number of gallery items of each query's class."""
@@ -292,47 +327,119 @@ def _prepare(
     if not qg.multi_hot:
         classes = _ClassIndex.build(qg.query_labels, qg.gallery_labels)
     # with many relevant items per query a float64 approximation leaves far fewer pairs to
-    # recompute by exact key than a float32 one
+    # recompute by exact key than a float32 one; the torch path always takes it (its near-tied
+    # pairs need a second pass)
     scorer = BlockScorer(
         qg.query,
         qg.gallery,
         qg.similarity,
         approximate=True,
-        float64_approximation=classes is not None
-        and classes.mean_relevant() > _FLOAT64_APPROXIMATION_RELEVANT,
+        float64_approximation=backend == "torch"
+        or (classes is not None and classes.mean_relevant() > _FLOAT64_APPROXIMATION_RELEVANT),
     )
     n_q, n_g = qg.query.shape[0], qg.gallery.shape[0]
-    if chunk_size is None:
-        per_score = scorer.bytes_per_score + (_TORCH_SORT_BYTES if backend == "torch" else 0)
-        chunk_size = max(1, min(n_q, _CHUNK_BYTES // max(n_g * per_score, 1)))
-    device_classes = None
-    if backend == "torch" and classes is not None:
-        device_classes = tuple(
-            torch.from_numpy(a).to(qg.device)
-            for a in (classes.query_class, classes.class_ptr, classes.members)
-        )
-    return _Prepared(
-        qg.query_labels,
-        qg.gallery_labels,
-        self_index,
-        qg.similarity,
-        backend,
-        chunk_size,
-        n_q,
-        n_g,
-        n_ranked,
-        scorer,
-        classes,
-        device_classes,
+    if chunk_size is None and backend == "numba":
+        chunk_size = max(1, min(n_q, _CHUNK_BYTES // max(n_g * scorer.bytes_per_score, 1)))
+    return _Prepared(qg, self_index, backend, chunk_size, n_q, n_g, n_ranked, scorer, classes)
+
+
+def _multi_hot_relevant_counts(
+    p: _Prepared, self_index: torch.Tensor | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Relevant counts of multi-hot queries (device pass, one read-back) and self relevance."""
+    ql = p.query_labels.to(torch.float32)
+    gl_t = p.gallery_labels.to(torch.float32).T.contiguous()
+    counts = torch.empty(p.n_query, dtype=torch.int64, device=ql.device)
+    rows = max(1, _CHUNK_BYTES // max(p.n_gallery * 8, 1))
+    for lo in range(0, p.n_query, rows):
+        counts[lo : lo + rows] = ((ql[lo : lo + rows] @ gl_t) > 0).sum(1)
+    own = torch.zeros(p.n_query, dtype=torch.bool, device=ql.device)
+    if self_index is not None:
+        shared = (ql * gl_t.T[self_index.clamp_min(0)]).sum(1) > 0
+        own = (self_index >= 0) & shared
+    both = torch.stack([counts, own.to(torch.int64)]).cpu().numpy()
+    return both[0] - both[1], both[1].astype(bool)
+
+
+def _device_problem(p: _Prepared, ks: tuple[int, ...]) -> _device.DeviceProblem:
+    """The per-call device tensors of the chunk loop (one read-back at most, before the loop)."""
+    ops = p.scorer.loop_operands()
+    device = ops.query.device
+    si = p.self_index
+    if p.classes is not None:
+        si_host = None if si is None else si.cpu().numpy()
+        n_rel, self_rel = p.classes.relevant_counts(si_host)
+        query_labels = torch.from_numpy(p.classes.query_class.astype(np.int32))[:, None]
+        gallery_labels = torch.from_numpy(p.classes.gallery_class.astype(np.int32))
+    else:
+        n_rel, self_rel = _multi_hot_relevant_counts(p, si)
+        query_labels = p.query_labels.to(torch.float32)
+        gallery_labels = p.gallery_labels.to(torch.float32).T.contiguous()
+    list_length = p.list_length()
+    cut = np.stack([list_length, n_rel] + [np.minimum(k, list_length) for k in ks])
+    self_column = self_fill = None
+    if si is not None:
+        self_column = si.clamp_min(0)[:, None]
+        inf = torch.tensor(float("inf"), dtype=ops.dtype, device=device)
+        self_fill = torch.where(si >= 0, -inf, inf)[:, None]
+
+    def on_device(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
+
+    return _device.DeviceProblem(
+        operands=ops,
+        n_gallery=p.n_gallery,
+        gallery_labels=gallery_labels.to(device),
+        query_labels=query_labels.to(device),
+        self_column=self_column,
+        self_fill=self_fill,
+        offset=on_device(self_rel[:, None], torch.int32),
+        n_relevant_column=on_device(n_rel[:, None], torch.int32),
+        relevant_total=on_device((n_rel + self_rel)[:, None], torch.int64),
+        cut=on_device(cut[:, None, :], torch.float64),
+        n_relevant=n_rel.astype(np.int64),
     )
+
+
+def _pair_keys(p: _Prepared):
+    """Callable giving the exact-key operands of the near-tie pass (built on first use)."""
+    ops = p.scorer.exact
+    return lambda: (ops.code, *ops.transposed_operands())
+
+
+def _device_table(p: _Prepared) -> torch.Tensor:
+    return harmonic_table_tensor(p.n_gallery, p.qg.device)
+
+
+def _torch_per_query(p: _Prepared, ks: tuple[int, ...], ties: str):
+    """Per-query metrics of the device loop (see rankwise.metrics._device)."""
+    prob = _device_problem(p, ks)
+    budget = _device.memory_budget(p.qg.device)
+    result = _device.run_metrics(prob, ties, _device_table(p), p.chunk_size, budget, _pair_keys(p))
+    values = result.values
+    n_sums = len(ks) + 3
+    start, end, e_start, e_end = values[n_sums : n_sums + 4].astype(np.int64)
+    top = np.stack([p.n_gallery - end, end - start, e_end - e_start])
+    return metrics_from_sums(
+        values[:2], values[2:n_sums], prob.n_relevant, top, ks, p.list_length(), ties
+    )
+
+
+def _numba_per_query(p: _Prepared, ks: tuple[int, ...], ties: str):
+    """Per-query metrics chunk by chunk from the numba counts (closed forms on the host)."""
+    names = ["ap", "map_at_r", "r_prec"] + [f"{m}@{k}" for m in ("recall", "precision") for k in ks]
+    per_query = {name: np.full(p.n_query, np.nan) for name in names}
+    list_length = p.list_length()
+    for lo, hi, counts in _iterate_counts(p):
+        for name, values in query_metrics_from_counts(counts, ties, ks, list_length[lo:hi]).items():
+            per_query[name][lo:hi] = values
+    return per_query
 
 
 def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
-    """Tie-group counts of the exact keys of query rows lo..hi-1 ("counts from scores")."""
+    """Tie-group counts of the exact keys of query rows lo..hi-1 (numba kernel, host)."""
     block = p.scorer.block(lo, hi)
     self_index = None if p.self_index is None else p.self_index[lo:hi]
-    if p.backend == "torch":
-        return _sorted_block_counts(p, block, lo, hi, self_index)
     si = None if self_index is None else self_index.cpu().numpy()
     if p.classes is not None:
         rel_ptr, rel_cols = p.classes.relevant_lists(lo, hi, si)
@@ -350,32 +457,9 @@ def _block_counts(p: _Prepared, lo: int, hi: int) -> RelevantGroupCounts:
     )
 
 
-def _sorted_block_counts(
-    p: _Prepared, block, lo: int, hi: int, self_index: torch.Tensor | None
-) -> RelevantGroupCounts:
-    """Counts of a block by the sorted-row torch path (rankwise.metrics._sorted), on its device."""
-    lists: RelevantLists
-    if p.device_classes is not None:
-        query_class, class_ptr, members = p.device_classes
-        lists = class_relevant_lists(query_class[lo:hi], class_ptr, members, self_index)
-    else:
-        lists = mask_relevant_lists(
-            block_relevance(p.query_labels[lo:hi], p.gallery_labels), self_index
-        )
-    bound = None
-    if block.bound is not None:
-        bound = torch.from_numpy(block.bound).to(block.values.device)
-    return sorted_row_counts(
-        block.values,
-        lists,
-        self_index,
-        bound=bound,
-        exact_keys=lambda rows, cols: p.scorer.pair_keys_tensor(rows + lo, cols),
-    )
-
-
 def _iterate_counts(p: _Prepared) -> Iterator[tuple[int, int, RelevantGroupCounts]]:
-    """Yield (first row, last row + 1, group counts) for each chunk of queries."""
+    """Yield (first row, last row + 1, group counts) for each chunk of queries (numba path)."""
+    assert p.chunk_size is not None
     for lo in range(0, p.n_query, p.chunk_size):
         hi = min(p.n_query, lo + p.chunk_size)
         yield lo, hi, _block_counts(p, lo, hi)
@@ -411,7 +495,8 @@ def retrieval_metrics(
             ``"pessimistic"``.
         exclude_self: None (= True iff ``gallery`` is None), a bool (True: query i is gallery row
             i), or a (n_q,) integer array with the gallery row of each query (-1 for none).
-        chunk_size: queries per chunk; default keeps a chunk's score block near 256 MB.
+        chunk_size: queries per chunk; default: near 256 MB of scores per chunk (numba), or
+            planned from the device's free memory (torch; docs/metrics.md).
         device: where the scores are computed; default the query's device.
         backend: ``"auto"`` (numba on the CPU, torch elsewhere), ``"numba"`` or ``"torch"``.
 
@@ -439,17 +524,11 @@ def retrieval_metrics(
         device,
         backend,
     )
-    n_query = p.n_query
-    # each query's list length: an `exclude_self` index array may leave some queries' rows in
-    list_length = np.full(n_query, p.n_gallery, dtype=np.int64)
-    if p.self_index is not None:
-        list_length -= (p.self_index >= 0).cpu().numpy()
+    if p.backend == "torch":
+        per_query = _torch_per_query(p, ks, ties)
+    else:
+        per_query = _numba_per_query(p, ks, ties)
     clamped = {k: min(k, p.n_ranked) for k in ks if k > p.n_ranked}
-    names = ["ap", "map_at_r", "r_prec"] + [f"{m}@{k}" for m in ("recall", "precision") for k in ks]
-    per_query = {name: np.full(n_query, np.nan) for name in names}
-    for lo, hi, counts in _iterate_counts(p):
-        for name, values in query_metrics_from_counts(counts, ties, ks, list_length[lo:hi]).items():
-            per_query[name][lo:hi] = values
     ap = per_query["ap"]
     valid = ~np.isnan(ap)
     n_without = int((~valid).sum())
@@ -462,7 +541,7 @@ def retrieval_metrics(
         map_at_r=float(per_query["map_at_r"][valid].mean()),
         r_precision=float(per_query["r_prec"][valid].mean()),
         per_query_ap=torch.from_numpy(ap),
-        n_queries=n_query,
+        n_queries=p.n_query,
         n_queries_without_relevant=n_without,
         n_gallery=p.n_gallery,
         ties=ties,
@@ -472,14 +551,51 @@ def retrieval_metrics(
     )
 
 
-def _segment_suffix_max(values: np.ndarray, n_per_segment: np.ndarray) -> np.ndarray:
-    """Suffix maximum within consecutive segments of ``values`` (all values in [0, 1])."""
-    seg = np.repeat(np.arange(n_per_segment.shape[0]), n_per_segment)
-    # Reversed, later segments come first; raising segment s by 2 * (n_seg - s) lifts every segment
-    # above all those visited before it, so the running maximum restarts at each segment.
-    shift = 2.0 * (n_per_segment.shape[0] - seg)
-    rev = (values + shift)[::-1]
-    return np.maximum.accumulate(rev)[::-1] - shift
+def _recall_slots(n_rel: np.ndarray, num_points: int) -> np.ndarray:
+    """(L, n) int64: per recall level, the 0-based index of the first item whose recall reaches it.
+
+    ``max(ceil(level R / (L - 1)), 1) - 1`` (0 for queries with R = 0).
+    """
+    levels = np.arange(num_points, dtype=np.int64)[:, None]
+    intervals = num_points - 1
+    need = (levels * n_rel[None, :] + intervals - 1) // intervals
+    return np.maximum(need, 1) - 1
+
+
+def _numba_pr_curves(p: _Prepared, ties: str, num_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """(L, n_q) per-query curves and (n_q,) relevant counts from the numba counts."""
+    curves = np.zeros((num_points, p.n_query))
+    n_rel = np.zeros(p.n_query, dtype=np.int64)
+    for lo, hi, counts in _iterate_counts(p):
+        rows = counts.row_ids()
+        chunk_rel = np.bincount(rows, weights=counts.relevant, minlength=hi - lo).astype(np.int64)
+        n_rel[lo:hi] = chunk_rel
+        width = max(int(chunk_rel.max(initial=0)), 1)
+        table = torch.zeros(3, width, hi - lo, dtype=torch.float64)
+        table[1] = 1  # an empty slot: one item, no relevant one (never read)
+        slot = torch.from_numpy(relevant_above(counts))
+        values = np.stack([counts.greater, counts.size, counts.relevant]).astype(np.float64)
+        table[:, slot, torch.from_numpy(np.array(rows))] = torch.from_numpy(values)
+        curves[:, lo:hi] = _device.pr_terms(
+            table[0],
+            table[1],
+            table[2],
+            torch.arange(width)[:, None],
+            torch.from_numpy(chunk_rel)[None],
+            torch.from_numpy(_recall_slots(chunk_rel, num_points)),
+            ties,
+        ).numpy()
+    return curves, n_rel
+
+
+def _torch_pr_curves(p: _Prepared, ties: str, num_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """(L, n_q) per-query curves and (n_q,) relevant counts from the device loop."""
+    prob = _device_problem(p, ())
+    need = torch.from_numpy(_recall_slots(prob.n_relevant, num_points)).to(p.qg.device)
+    prob = replace(prob, need=need)
+    budget = _device.memory_budget(p.qg.device)
+    result = _device.run_pr_curve(prob, ties, _device_table(p), p.chunk_size, budget, _pair_keys(p))
+    return result.values, prob.n_relevant
 
 
 @keeps_torch_threads
@@ -536,41 +652,15 @@ def pr_curve(
         device,
         backend,
     )
-    levels = np.arange(num_points, dtype=np.int64)
-    intervals = num_points - 1
-    total = np.zeros(num_points, dtype=np.float64)
-    n_used = 0
-    n_without = 0
-    for lo, hi, counts in _iterate_counts(p):
-        n_rows = hi - lo
-        rows = counts.row_ids()
-        n_rel = np.bincount(rows, weights=counts.relevant, minlength=n_rows).astype(np.int64)
-        has_rel = n_rel > 0
-        n_without += int((~has_rel).sum())
-        if not has_rel.any():
-            continue
-        above = relevant_above(counts)
-        # expand every group into its relevant items: j = 1..r within the group
-        item_group = np.repeat(np.arange(counts.relevant.shape[0]), counts.relevant)
-        group_first_item = np.cumsum(counts.relevant) - counts.relevant
-        j = np.arange(item_group.shape[0]) - group_first_item[item_group] + 1
-        g = counts.greater[item_group].astype(np.float64)
-        n = counts.size[item_group].astype(np.float64)
-        r = counts.relevant[item_group].astype(np.float64)
-        if ties == "expected":
-            pos = g + j * (n + 1.0) / (r + 1.0)
-        elif ties == "optimistic":
-            pos = g + j
-        else:
-            pos = g + n - r + j
-        item_precision = (above[item_group] + j) / pos
-        best_after = _segment_suffix_max(item_precision, n_rel[has_rel])
-        first_item = np.cumsum(n_rel[has_rel]) - n_rel[has_rel]
-        # smallest i with i / R >= level / intervals, i.e. ceil(level * R / intervals), at least 1
-        r_valid = n_rel[has_rel]
-        need = np.maximum((levels[None, :] * r_valid[:, None] + intervals - 1) // intervals, 1)
-        total += best_after[first_item[:, None] + need - 1].sum(0)
-        n_used += int(has_rel.sum())
+    if p.backend == "torch":
+        curves, n_rel = _torch_pr_curves(p, ties, num_points)
+    else:
+        curves, n_rel = _numba_pr_curves(p, ties, num_points)
+    n_used = int((n_rel > 0).sum())
+    n_without = p.n_query - n_used
     if n_used == 0:
         raise ValueError(NO_RELEVANT_PR_MESSAGE)
+    # every query's curve (0 without a relevant item) summed in query order: the same bits for
+    # every backend and chunking
+    total = curves.sum(axis=1)
     return PRCurve(np.linspace(0.0, 1.0, num_points), total / n_used, n_used, n_without)
