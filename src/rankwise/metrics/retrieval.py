@@ -536,13 +536,19 @@ def retrieval_metrics(
 
 
 def _segment_suffix_max(values: np.ndarray, n_per_segment: np.ndarray) -> np.ndarray:
-    """Suffix maximum within consecutive segments of ``values`` (all values in [0, 1])."""
-    seg = np.repeat(np.arange(n_per_segment.shape[0]), n_per_segment)
-    # Reversed, later segments come first; raising segment s by 2 * (n_seg - s) lifts every segment
+    """Suffix maximum within consecutive segments of ``values``, exactly (values themselves).
+
+    Works on the values' ranks among the distinct values, so no value is rounded: a query's
+    result does not depend on which other queries share its chunk.
+    """
+    n_seg = n_per_segment.shape[0]
+    seg = np.repeat(np.arange(n_seg, dtype=np.int64), n_per_segment)
+    distinct, rank = np.unique(values, return_inverse=True)
+    # Reversed, later segments come first; raising segment s by (n_seg - s) * n_distinct lifts it
     # above all those visited before it, so the running maximum restarts at each segment.
-    shift = 2.0 * (n_per_segment.shape[0] - seg)
-    rev = (values + shift)[::-1]
-    return np.maximum.accumulate(rev)[::-1] - shift
+    shift = (n_seg - seg) * distinct.shape[0]
+    rev = (rank.reshape(-1).astype(np.int64) + shift)[::-1]
+    return distinct[np.maximum.accumulate(rev)[::-1] - shift]
 
 
 @query_blocks
