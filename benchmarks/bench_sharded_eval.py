@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 SECTION = "## Sharded evaluation"
 KS = (1, 10, 100)
 TARGET = 0.6
+LOADED = 1.8  # parallel capacity below which the wall-time ratio is the machine's load
 
 
 def make_embeddings(kind: str, dim: int, path: Path) -> None:
@@ -315,7 +316,18 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict]], capacity: list
         f"{curve.n_queries} curve queries. Parallel capacity of the machine during the run: "
         f"{capacity[0]:.2f} before, {capacity[1]:.2f} after (2.00 = two idle cores).",
         "",
-        f"Command: `python benchmarks/bench_sharded_eval.py --embeddings {args.embeddings}`; "
+        *(
+            [
+                "The machine lent less than two cores' worth to two processes during this run "
+                "(other jobs were running), so the wall-time ratio measures its load, not the "
+                "sharding; the CPU column and the work split are what the sharding does.",
+                "",
+            ]
+            if min(capacity) < LOADED
+            else []
+        ),
+        f"Command: `python benchmarks/bench_sharded_eval.py --embeddings {args.embeddings} "
+        f"--repeats {args.repeats}`; "
         f"{time.strftime('%Y-%m-%d')}, {info['cpu']} ({info['cores']} cores), torch "
         f"{info['torch']}.",
     ]
