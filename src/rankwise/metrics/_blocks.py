@@ -65,6 +65,14 @@ def supports_query_blocks(fn: Callable[..., Any]) -> bool:
 
     Returns:
         ``True`` when the block call may be used.
+
+    Example:
+        >>> import functools
+        >>> from rankwise.metrics import retrieval_metrics, supports_query_blocks
+        >>> supports_query_blocks(functools.partial(retrieval_metrics, similarity="dot"))
+        True
+        >>> supports_query_blocks(functools.partial(retrieval_metrics, exclude_self=False))
+        False
     """
     while isinstance(fn, functools.partial):
         if any(key in fn.keywords for key in BLOCK_KEYWORDS):
