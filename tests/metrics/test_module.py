@@ -110,8 +110,9 @@ def test_stored_copies_are_detached_copies_on_store_device(device):
     assert kept._gathered()[0].device == x.device
 
 
-def test_gathered_is_the_data_parallel_hook():
-    # a subclass that "gathers" a second shard: compute() must see both shards
+def test_gathered_still_works_as_the_deprecated_data_parallel_hook():
+    # a subclass that "gathers" a second shard: compute() must see both shards (sync() replaces
+    # this hook; an override now warns when the metric is built)
     x, labels = _data(n=80)
 
     class TwoShards(RetrievalMetric):
@@ -119,7 +120,8 @@ def test_gathered_is_the_data_parallel_hook():
             local_q, local_l, _, _ = super()._gathered()
             return torch.cat([local_q, x[40:]]), torch.cat([local_l, labels[40:]]), None, None
 
-    metric = TwoShards(ks=(1, 10))
+    with pytest.warns(DeprecationWarning, match="overrides RetrievalMetric._gathered"):
+        metric = TwoShards(ks=(1, 10))
     metric.update(x[:40], labels[:40])
     _assert_same_report(metric.compute(), retrieval_metrics(x, labels, ks=(1, 10)))
 
@@ -174,3 +176,43 @@ def test_retrieval_metric_rejects_non_integer_ks_and_accepts_a_single_k():
     with pytest.raises(ValueError, match="ks"):
         RetrievalMetric(ks=(1.7,))
     assert RetrievalMetric(ks=10).ks == (10,)
+
+
+def test_declared_states_and_sync_without_a_process_group():
+    x, labels = _data(n=30)
+    metric = RetrievalMetric(ks=(1,))
+    assert list(metric.metric_state) == [
+        "query_embeddings",
+        "query_labels",
+        "gallery_embeddings",
+        "gallery_labels",
+    ]
+    metric.update(x[:10], labels[:10])
+    metric.update(x[10:], labels[10:])
+    assert [t.shape[0] for t in metric.metric_state["query_embeddings"]] == [10, 20]
+    before = metric.compute()
+    metric.sync()  # no process group: nothing to gather, nothing changes
+    assert not metric.synced and metric.n_samples == 30
+    assert metric.compute().per_query_ap.equal(before.per_query_ap)
+    with pytest.raises(ValueError, match="must be 'cat'"):
+        metric.add_state("scores", default=[], dist_reduce_fx="sum")
+    with pytest.raises(ValueError, match="must be an empty list"):
+        metric.add_state("scores", default=torch.zeros(3))
+    with pytest.raises(ValueError, match="already declared"):
+        metric.add_state("query_labels", default=[])
+
+
+def test_sync_gathers_every_rank_and_compute_equals_the_union(sharded_results):
+    from sharded_worker import assert_identical
+
+    for rank, results in enumerate(sharded_results):
+        out = results["module"]
+        for case in ("self", "separate", "unsynced"):
+            assert_identical(out[case]["sharded"], out[case]["single"], f"rank {rank} {case}")
+        assert out["self_n_samples"] == 90
+        assert out["sync_twice"].startswith("RuntimeError: the metric is already synced")
+        assert out["update_synced"].startswith("RuntimeError: the metric holds every rank's rows")
+        # rank 0 gave 4-dimensional embeddings, rank 1 3-dimensional: the same error everywhere
+        assert out["mismatch"].startswith("ValueError: the query batches differ across ranks")
+        assert "rank 0: dimension 4" in out["mismatch"] and "rank 1: dimension 3" in out["mismatch"]
+    assert sharded_results[0]["module"]["mismatch"] == sharded_results[1]["module"]["mismatch"]

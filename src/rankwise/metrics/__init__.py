@@ -7,6 +7,7 @@ accumulating ``RetrievalMetric`` in :mod:`rankwise.metrics.module`; Hamming rank
 are evaluated by counting sort in :mod:`rankwise.metrics.hamming` (TALR, Sec. 3.2).
 """
 
+from ._blocks import query_blocks, supports_query_blocks
 from .curves import (
     OperatingPoint,
     RocCurve,
@@ -22,6 +23,9 @@ from .distributed import (
     distributed_retrieval_metrics,
     merge_pr_curves,
     merge_retrieval_reports,
+    query_share,
+    sharded_curve,
+    sharded_metric,
 )
 from .hamming import EuclideanThresholdAffinity, HammingRetrievalReport, hamming_retrieval_metrics
 from .module import RetrievalMetric
@@ -53,4 +57,9 @@ __all__ = [
     "merge_pr_curves",
     "distributed_retrieval_metrics",
     "distributed_pr_curve",
+    "sharded_metric",
+    "sharded_curve",
+    "query_share",
+    "query_blocks",
+    "supports_query_blocks",
 ]

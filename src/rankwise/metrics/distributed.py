@@ -4,16 +4,24 @@ The retrieval metrics of :mod:`rankwise.metrics.retrieval` (tie-aware AP of He e
 Prop. 1; MAP@R and R-precision of Musgrave et al., ECCV 2020; the mean PR curve of Wen et al.,
 NeurIPS 2022, Fig. 2) are means of per-query values that depend only on the query's scores against
 the whole gallery. So shards of queries ranked against the full gallery merge
-(:func:`merge_retrieval_reports`, :func:`merge_pr_curves`) into the single-process value: mAP bit
-for bit when the per-query APs are, the other means up to the rounding of a float64 mean.
-:func:`distributed_retrieval_metrics` / :func:`distributed_pr_curve` do this across the ranks of a
-``torch.distributed`` group, all-gathering the gallery (docs/distributed.md, "Evaluation").
+(:func:`merge_retrieval_reports`, :func:`merge_pr_curves`) into the single-process value: bit for
+bit when the shard reports carry their per-query values (``RetrievalReport.per_query``,
+``PRCurve.per_query_precision``, as :func:`~rankwise.metrics.retrieval_metrics` and
+``pr_curve(..., keep_per_query=True)`` give them), else up to the rounding of a float64 mean.
+
+Two torch.distributed forms: :func:`distributed_retrieval_metrics` / :func:`distributed_pr_curve`
+take each rank's own shard and all-gather the gallery; :func:`sharded_metric` /
+:func:`sharded_curve` take the whole (already gathered) split on every rank, as a data-parallel
+trainer holds it, and rank only this rank's share of the queries with any ``metric_fn`` marked by
+:func:`~rankwise.metrics.query_blocks` (the mergeable contract; docs/metrics.md, "Sharded
+evaluation").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,14 +33,25 @@ from .._distributed import all_gather_rows, is_distributed, rank_and_world_size
 from .._validation import as_tensor, check_embeddings
 from ..similarity import check_similarity
 from . import retrieval
+from ._blocks import supports_query_blocks
 from ._inputs import check_device, check_gallery_pair, check_label_array, check_query_gallery
-from .retrieval import PRCurve, RetrievalReport, check_self_index, pr_curve, retrieval_metrics
+from .retrieval import (
+    PRCurve,
+    RetrievalReport,
+    check_self_index,
+    mean_precision_rows,
+    pr_curve,
+    retrieval_metrics,
+)
 
 __all__ = [
     "distributed_pr_curve",
     "distributed_retrieval_metrics",
     "merge_pr_curves",
     "merge_retrieval_reports",
+    "query_share",
+    "sharded_curve",
+    "sharded_metric",
 ]
 
 
@@ -53,6 +72,13 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
     shard in which no query has a relevant item is passed as a report whose ``per_query_ap`` is all
     NaN and ``n_queries_without_relevant == n_queries`` (its means are ignored).
 
+    When every report carries its per-query values (``per_query``, as every rankwise metric
+    gives them) and all are of one class, the merged report is built from the concatenated
+    per-query values by the class's ``from_per_query``, exactly as the one call builds it: every
+    field is bit for bit the single-process value (a
+    :class:`~rankwise.metrics.HammingRetrievalReport` stays one). Otherwise the means are merged
+    as query-weighted means of the shard means (float64 rounding).
+
     Args:
         reports: one :class:`~rankwise.metrics.RetrievalReport` per shard, in the order of the
             shards' queries.
@@ -60,8 +86,8 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
     Returns:
         The merged report: ``per_query_ap`` concatenated; mAP the mean of the per-query APs with
         a relevant item (as :func:`~rankwise.metrics.retrieval_metrics` computes it); the other
-        means weighted by the shards' numbers of evaluated queries; counts summed; a clamped
-        cut-off at the smallest list length of any shard.
+        means from the per-query values, or weighted by the shards' numbers of evaluated
+        queries; counts summed; a clamped cut-off at the smallest list length of any shard.
 
     Raises:
         ValueError: no report, reports of different settings, or no query with a relevant item.
@@ -79,24 +105,22 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
     reports = list(reports)
     if not reports:
         raise ValueError("`reports` is empty; pass the report of at least one query shard.")
-    for attribute in ("ties", "similarity", "ks", "n_gallery"):
-        values = [getattr(r, attribute) for r in reports]
-        if any(v != values[0] for v in values[1:]):
-            raise ValueError(
-                f"`reports` must come from the same evaluation setting; their {attribute} differ "
-                f"({values}). Rank every shard against the same gallery with the same arguments."
-            )
+    _check_same_setting(reports)
+    ks = reports[0].ks
+    clamped: dict[int, int] = {}
+    for report in reports:
+        for k, k_used in report.clamped_ks.items():
+            clamped[k] = min(k_used, clamped.get(k, k_used))
+    clamped = {k: clamped[k] for k in ks if k in clamped}
+    exact = _exact_merge(reports, clamped)
+    if exact is not None:
+        return exact
     ap = torch.cat([r.per_query_ap.to(torch.float64).cpu() for r in reports]).numpy()
     valid = ~np.isnan(ap)
     if not valid.any():
         raise ValueError(retrieval.NO_RELEVANT_MESSAGE)
     used = [r for r in reports if _n_evaluated(r) > 0]
     weights = [_n_evaluated(r) for r in used]
-    ks = reports[0].ks
-    clamped: dict[int, int] = {}
-    for report in reports:
-        for k, k_used in report.clamped_ks.items():
-            clamped[k] = min(k_used, clamped.get(k, k_used))
     return RetrievalReport(
         map=float(ap[valid].mean()),
         recall_at={k: _weighted_mean([r.recall_at[k] for r in used], weights) for k in ks},
@@ -110,19 +134,46 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
         ties=reports[0].ties,
         similarity=reports[0].similarity,
         ks=ks,
-        clamped_ks={k: clamped[k] for k in ks if k in clamped},
+        clamped_ks=clamped,
     )
+
+
+def _check_same_setting(reports: list[RetrievalReport]) -> None:
+    """Raise when the reports do not come from one evaluation setting."""
+    for attribute in reports[0]._SETTINGS:
+        values = [getattr(r, attribute, None) for r in reports]
+        if any(v != values[0] for v in values[1:]):
+            raise ValueError(
+                f"`reports` must come from the same evaluation setting; their {attribute} differ "
+                f"({values}). Rank every shard against the same gallery with the same arguments."
+            )
+
+
+def _exact_merge(reports: list[RetrievalReport], clamped: dict[int, int]) -> RetrievalReport | None:
+    """The merge from the concatenated per-query values; None when a report lacks them."""
+    kind = type(reports[0])
+    arrays = [r.per_query_arrays() for r in reports]
+    if any(type(r) is not kind for r in reports) or any(a is None for a in arrays):
+        return None
+    names = list(arrays[0] or {})
+    if any(list(a or {}) != names for a in arrays):
+        return None
+    merged = {name: np.concatenate([(a or {})[name] for a in arrays]) for name in names}
+    return kind.from_per_query(merged, reports[0].settings(), clamped)
 
 
 def merge_pr_curves(curves: Sequence[PRCurve]) -> PRCurve:
     """The mean PR curve of all queries from the curves of disjoint query shards.
 
     Args:
-        curves: one :class:`~rankwise.metrics.PRCurve` per shard (same recall levels); a shard
-            without a query with a relevant item has ``n_queries == 0``.
+        curves: one :class:`~rankwise.metrics.PRCurve` per shard (same recall levels), in the
+            order of the shards' queries; a shard without a query with a relevant item has
+            ``n_queries == 0``.
 
     Returns:
-        The curve averaged over every shard's queries (weighted by ``n_queries``).
+        The curve averaged over every shard's queries: bit for bit the single-process curve when
+        every shard kept its per-query precision (``pr_curve(..., keep_per_query=True)``; the
+        result keeps the concatenated rows), else weighted by ``n_queries`` (float64 rounding).
 
     Raises:
         ValueError: no curve, different recall levels, or no query with a relevant item.
@@ -147,6 +198,18 @@ def merge_pr_curves(curves: Sequence[PRCurve]) -> PRCurve:
     used = [c for c in curves if c.n_queries > 0]
     if not used:
         raise ValueError(retrieval.NO_RELEVANT_PR_MESSAGE)
+    if all(
+        c.per_query_precision is not None and c.per_query_precision.shape[0] == c.n_queries
+        for c in curves
+    ):
+        rows = np.concatenate([np.asarray(c.per_query_precision) for c in curves])
+        return PRCurve(
+            recall,
+            mean_precision_rows(rows) / rows.shape[0],
+            int(rows.shape[0]),
+            sum(c.n_queries_without_relevant for c in curves),
+            rows,
+        )
     weights = [c.n_queries for c in used]
     stacked = np.stack([np.asarray(c.precision, dtype=np.float64) for c in used])
     precision = np.array(
@@ -430,23 +493,7 @@ def distributed_retrieval_metrics(
         group,
         kwargs,
     )
-    filled = [
-        r
-        if isinstance(r, RetrievalReport)
-        else dataclasses.replace(
-            like,
-            map=math.nan,
-            recall_at=dict.fromkeys(like.ks, math.nan),
-            precision_at=dict.fromkeys(like.ks, math.nan),
-            map_at_r=math.nan,
-            r_precision=math.nan,
-            per_query_ap=torch.full((r[1],), math.nan, dtype=torch.float64),
-            n_queries=r[1],
-            n_queries_without_relevant=r[1],
-            clamped_ks={},
-        )
-        for r in results
-    ]
+    filled = [r if isinstance(r, RetrievalReport) else _empty_report(like, r[1]) for r in results]
     return merge_retrieval_reports(filled)
 
 
@@ -481,6 +528,7 @@ def distributed_pr_curve(
         return pr_curve(
             query, query_labels, gallery, gallery_labels, exclude_self=exclude_self, **kwargs
         )
+    keep = bool(kwargs.get("keep_per_query", False))
     results, like = _sharded_results(
         pr_curve,
         PRCurve,
@@ -488,12 +536,280 @@ def distributed_pr_curve(
         gallery_sharded,
         exclude_self,
         group,
-        kwargs,
+        {**kwargs, "keep_per_query": True},  # the rows that make the merge exact
     )
-    filled = [
-        r
-        if isinstance(r, PRCurve)
-        else PRCurve(like.recall, np.zeros_like(like.precision), 0, r[1])
-        for r in results
-    ]
-    return merge_pr_curves(filled)
+    filled = [r if isinstance(r, PRCurve) else _empty_curve(like, r[1]) for r in results]
+    merged = merge_pr_curves(filled)
+    return merged if keep else dataclasses.replace(merged, per_query_precision=None)
+
+
+# -- the mergeable contract: every rank holds the whole split, ranks its share ---------------------
+
+
+def _empty_report(like: RetrievalReport, n: int) -> RetrievalReport:
+    """The report of ``n`` queries without a relevant item, shaped like ``like`` (for a merge)."""
+
+    def nan() -> torch.Tensor:
+        return torch.full((n,), math.nan, dtype=torch.float64)
+
+    return dataclasses.replace(
+        like,
+        map=math.nan,
+        recall_at=dict.fromkeys(like.ks, math.nan),
+        precision_at=dict.fromkeys(like.ks, math.nan),
+        map_at_r=math.nan,
+        r_precision=math.nan,
+        per_query_ap=nan(),
+        n_queries=n,
+        n_queries_without_relevant=n,
+        clamped_ks={},
+        per_query={name: nan() for name in like.per_query},
+    )
+
+
+def _empty_curve(like: PRCurve, n: int) -> PRCurve:
+    """The curve of ``n`` queries without a relevant item, shaped like ``like``."""
+    rows = None
+    if like.per_query_precision is not None:
+        rows = np.empty((0, like.recall.shape[0]), dtype=np.float64)
+    return PRCurve(like.recall, np.zeros_like(like.precision), 0, n, rows)
+
+
+def query_share(n_queries: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of the queries that ``rank`` ranks: contiguous, sizes within one.
+
+    Args:
+        n_queries: queries of the whole split.
+        rank: this process's rank.
+        world_size: number of ranks.
+
+    Returns:
+        ``(lo, hi)``; empty when there are fewer queries than ranks.
+
+    Example:
+        >>> from rankwise.metrics import query_share
+        >>> [query_share(10, r, 3) for r in range(3)]
+        [(0, 3), (3, 6), (6, 10)]
+    """
+    return n_queries * rank // world_size, n_queries * (rank + 1) // world_size
+
+
+def _block_rows(exclude_self: Any, leave_one_out: bool, lo: int, hi: int, n_q: int, n_g: int):
+    """``exclude_self`` of the block ``[lo, hi)``: gallery rows (int64 array) or ``False``."""
+    if exclude_self is None:
+        exclude_self = leave_one_out
+    if isinstance(exclude_self, (bool, np.bool_)):
+        if not exclude_self:
+            return False
+        if n_q != n_g:
+            raise ValueError(
+                f"`exclude_self=True` needs the query rows to be the gallery rows, but there are "
+                f"{n_q} queries and {n_g} gallery rows; pass an index array (gallery row of each "
+                "query, -1 for none) instead."
+            )
+        return np.arange(lo, hi, dtype=np.int64)
+    index = check_self_index(
+        exclude_self, n_q, n_g, torch.device("cpu"), "gallery row of each query"
+    )
+    return index[lo:hi].numpy()
+
+
+def _any_relevant(query_labels: Any, gallery_labels: Any, rows: Any) -> bool:
+    """Whether a query of the block has a relevant gallery item (its own row excluded).
+
+    Labels the check cannot read (e.g. the features of a Euclidean affinity) count as relevant:
+    the metric then decides (and raises if nothing is).
+    """
+    try:
+        ql, gl = (
+            torch.as_tensor(np.asarray(query_labels)),
+            torch.as_tensor(np.asarray(gallery_labels)),
+        )
+        if ql.is_floating_point() and ql.ndim == 1:
+            return True
+        if ql.ndim == 2:
+            ql, gl = ql != 0, gl != 0
+        index = None if rows is False else torch.as_tensor(rows)
+        return bool((_relevant_counts(ql, gl, index) > 0).any())
+    except (TypeError, ValueError, RuntimeError, IndexError):
+        return True
+
+
+def _block_result(
+    fn: Callable[..., Any],
+    data: tuple[Any, Any, Any, Any],
+    kwargs: dict[str, Any],
+    share: tuple[int, int],
+) -> Any:
+    """This rank's block call, ``("empty", n)`` for a block without a relevant item, or its error."""
+    query, query_labels, gallery, gallery_labels = data
+    lo, hi = share
+    try:
+        kwargs = dict(kwargs)
+        leave_one_out = gallery is None
+        if leave_one_out:
+            gallery, gallery_labels = query, query_labels
+        rows = _block_rows(
+            kwargs.pop("exclude_self", None), leave_one_out, lo, hi, len(query), len(gallery)
+        )
+        if hi == lo:
+            return ("empty", 0)
+        block_labels = query_labels[lo:hi]
+        if not _any_relevant(block_labels, gallery_labels, rows):
+            return ("empty", hi - lo)
+        return fn(query[lo:hi], block_labels, gallery, gallery_labels, exclude_self=rows, **kwargs)
+    except Exception as exc:  # every rank must hear of it, or the others wait in the gather
+        return exc
+
+
+_NOTED: set[str] = set()
+
+
+def _note_unsharded(fn: Callable[..., Any], group: Any) -> None:
+    """Say once per function (on rank 0) that an unmarked function ranks everything everywhere."""
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    if name in _NOTED or rank_and_world_size(group)[0] != 0:
+        return
+    _NOTED.add(name)
+    warnings.warn(
+        f"{name} is not marked with rankwise.metrics.query_blocks, so every rank ranks all the "
+        "queries (correct, no faster than one process). Mark a function that takes the block call "
+        "(docs/metrics.md, 'Sharded evaluation') to rank each rank's share only.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _sharded_call(
+    fn: Callable[..., Any],
+    data: tuple[Any, Any, Any, Any],
+    kwargs: dict[str, Any],
+    group: Any,
+    result_type: type,
+) -> tuple[list[Any], Any] | None:
+    """Every rank's block result (a collective) and a real one; None: call ``fn`` unsharded."""
+    if not is_distributed(group):
+        return None
+    if not supports_query_blocks(fn):
+        _note_unsharded(fn, group)
+        return None
+    rank, world = rank_and_world_size(group)
+    share = query_share(len(data[0]), rank, world)
+    results = _merged(_block_result(fn, data, kwargs, share), group)
+    present = [r for r in results if isinstance(r, result_type)]
+    if not present:
+        raise ValueError(retrieval.NO_RELEVANT_MESSAGE)
+    return results, present[0]
+
+
+def sharded_metric(
+    metric_fn: Callable[..., RetrievalReport],
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    group: Any = None,
+    **kwargs: Any,
+) -> RetrievalReport:
+    """``metric_fn(query, query_labels, gallery, gallery_labels, **kwargs)``, ranked in shares.
+
+    A collective for a data-parallel evaluation: every rank of ``group`` passes the same whole
+    split (the gathered embeddings a trainer's strategy gives) and gets the same report, equal
+    field for field to the one-process call. Rank ``r`` ranks only the queries
+    :func:`query_share` gives it, against the whole gallery, by the block call of
+    :func:`~rankwise.metrics.query_blocks`::
+
+        metric_fn(query[lo:hi], query_labels[lo:hi], gallery, gallery_labels,
+                  exclude_self=rows, **kwargs)
+
+    with ``gallery = query`` and ``rows = arange(lo, hi)`` for leave-one-out (``gallery=None``),
+    ``rows = False`` for a separate gallery (or the block of an ``exclude_self`` index array);
+    the reports are all-gathered and merged by :func:`merge_retrieval_reports`. A rank whose
+    queries have no relevant item sends a placeholder; an error on any rank is raised on every
+    rank. Without an initialized multi-rank group, or for a ``metric_fn`` not marked by
+    ``query_blocks`` (a function written to the old signature), it is the plain call on every
+    rank (the latter with a one-time ``UserWarning`` on rank 0).
+
+    Args:
+        metric_fn: e.g. :func:`~rankwise.metrics.retrieval_metrics`,
+            :func:`~rankwise.metrics.hamming_retrieval_metrics`, a ``functools.partial`` of one,
+            or any function marked by :func:`~rankwise.metrics.query_blocks`.
+        query: ``(n_q, d)`` embeddings of the whole split (numpy or torch), the same on every rank.
+        query_labels: their labels.
+        gallery: ``(n_g, d)`` gallery embeddings, or ``None`` for leave-one-out.
+        gallery_labels: the gallery's labels.
+        group: the process group (``None``: the default one).
+        **kwargs: passed to ``metric_fn`` (``ks``, ...); an ``exclude_self`` is taken as for
+            :func:`~rankwise.metrics.retrieval_metrics` and given to each rank in its block.
+
+    Returns:
+        The merged report (on every rank).
+
+    Raises:
+        ValueError: bad input on any rank (on every rank), or no query with a relevant item.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import retrieval_metrics, sharded_metric
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> sharded_metric(retrieval_metrics, emb, torch.tensor([0, 0, 1, 1]), ks=(1,)).map
+        0.875
+    """
+    data = (query, query_labels, gallery, gallery_labels)
+    sharded = _sharded_call(metric_fn, data, kwargs, group, RetrievalReport)
+    if sharded is None:
+        return metric_fn(*data, **kwargs)
+    results, like = sharded
+    filled = [r if isinstance(r, RetrievalReport) else _empty_report(like, r[1]) for r in results]
+    return merge_retrieval_reports(filled)
+
+
+def sharded_curve(
+    curve_fn: Callable[..., PRCurve],
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    group: Any = None,
+    **kwargs: Any,
+) -> PRCurve:
+    """``curve_fn(query, query_labels, gallery, gallery_labels, **kwargs)``, ranked in shares.
+
+    :func:`sharded_metric` for a mean PR curve: the block call adds ``keep_per_query=True``, and
+    the curves are merged by :func:`merge_pr_curves`, equal to the one-process curve bit for bit
+    (the per-query rows are dropped again unless ``keep_per_query=True`` was passed).
+
+    Args:
+        curve_fn: e.g. :func:`~rankwise.metrics.pr_curve` or a function marked by
+            :func:`~rankwise.metrics.query_blocks` that takes ``keep_per_query``.
+        query: as :func:`sharded_metric`.
+        query_labels: as :func:`sharded_metric`.
+        gallery: as :func:`sharded_metric`.
+        gallery_labels: as :func:`sharded_metric`.
+        group: as :func:`sharded_metric`.
+        **kwargs: passed to ``curve_fn``.
+
+    Returns:
+        The merged :class:`~rankwise.metrics.PRCurve` (on every rank).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import pr_curve, sharded_curve
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> labels = torch.tensor([0, 0, 1, 1])
+        >>> sharded_curve(pr_curve, emb, labels, num_points=3).precision.tolist()
+        [0.875, 0.875, 0.875]
+    """
+    data = (query, query_labels, gallery, gallery_labels)
+    keep = bool(kwargs.get("keep_per_query", False))
+    block_kwargs = {**kwargs, "keep_per_query": True}
+    sharded = _sharded_call(curve_fn, data, block_kwargs, group, PRCurve)
+    if sharded is None:
+        return curve_fn(*data, **kwargs)
+    results, like = sharded
+    merged = merge_pr_curves(
+        [r if isinstance(r, PRCurve) else _empty_curve(like, r[1]) for r in results]
+    )
+    return merged if keep else dataclasses.replace(merged, per_query_precision=None)

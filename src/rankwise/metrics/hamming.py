@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,9 +36,10 @@ from .._affinity import (
 from .._packing import PackedCodes, as_packed_codes, check_same_bits, code_distance, popcount
 from .._threads import keeps_torch_threads
 from .._validation import Interval, as_tensor, check_labels, check_scalar
+from ._blocks import query_blocks
 from ._kernels import RelevantGroupCounts
 from .ranking import average_precision_from_counts, check_ties, query_metrics_from_counts
-from .retrieval import RetrievalReport
+from .retrieval import RetrievalReport, check_self_index
 
 __all__ = [
     "AFFINITIES",
@@ -350,6 +351,8 @@ class HammingRetrievalReport(RetrievalReport):
         per_query_ndcg: ``(n_queries,)`` float64 NDCG (NaN without a relevant item).
     """
 
+    _SETTINGS: ClassVar[tuple[str, ...]] = (*RetrievalReport._SETTINGS, "bits", "affinity")
+
     bits: int = 0
     affinity: str = "labels"
     map_at: dict[int, float] = field(default_factory=dict)
@@ -359,6 +362,58 @@ class HammingRetrievalReport(RetrievalReport):
     ndcg_range: tuple[float, float] = (math.nan, math.nan)
     per_query_ap_range: torch.Tensor | None = None
     per_query_ndcg: torch.Tensor | None = None
+
+    @classmethod
+    def from_per_query(
+        cls, arrays: dict[str, np.ndarray], settings: dict[str, Any], clamped_ks: dict[int, int]
+    ) -> HammingRetrievalReport:
+        """The report of the per-query values ``arrays`` (as the base class; Hamming fields too).
+
+        Args:
+            arrays: every per-query array of the evaluation (``"ap"``, ``"ap_best"``,
+                ``"ndcg"``, ``"ndcg@k"``, ...), each ``(n_queries,)`` float64.
+            settings: the values of :meth:`settings`.
+            clamped_ks: always empty here (a cut-off beyond the database is an error).
+
+        Returns:
+            The :class:`HammingRetrievalReport`.
+
+        Raises:
+            ValueError: no query has a relevant item.
+        """
+        valid = ~np.isnan(arrays["ap"])
+        if not valid.any():
+            raise ValueError(
+                "no query has a relevant database item (affinity > 0); the metrics are undefined. "
+                "Check the labels / affinity, or pass a database that contains the query classes."
+            )
+
+        def mean(name: str) -> float:
+            return float(arrays[name][valid].mean())
+
+        ks = settings["ks"]
+        return cls(
+            map=mean("ap"),
+            recall_at={k: mean(f"recall@{k}") for k in ks},
+            precision_at={k: mean(f"precision@{k}") for k in ks},
+            map_at_r=mean("map_at_r"),
+            r_precision=mean("r_prec"),
+            per_query_ap=torch.from_numpy(arrays["ap"]),
+            n_queries=int(valid.shape[0]),
+            n_queries_without_relevant=int((~valid).sum()),
+            clamped_ks=clamped_ks,
+            per_query={k: torch.from_numpy(v) for k, v in arrays.items() if k != "ap"},
+            map_at={k: mean(f"ap@{k}") for k in ks},
+            ndcg=mean("ndcg"),
+            ndcg_at={k: mean(f"ndcg@{k}") for k in ks},
+            map_range=(mean("ap_worst"), mean("ap_best")),
+            ndcg_range=(mean("ndcg_worst"), mean("ndcg_best")),
+            per_query_ap_range=torch.from_numpy(
+                np.stack([arrays["ap_worst"], arrays["ap_best"]], 1)
+            ),
+            per_query_ndcg=torch.from_numpy(arrays["ndcg"]),
+            **settings,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict: per-query AP as a list (None for NaN), other per-query arrays left out."""
@@ -436,9 +491,6 @@ class _Accumulator:
     def put(self, name: str, lo: int, values: np.ndarray) -> None:
         self.arrays[name][lo : lo + values.shape[0]] = values
 
-    def mean(self, name: str, valid: np.ndarray) -> float:
-        return float(self.arrays[name][valid].mean())
-
 
 def _ap_metrics(acc: _Accumulator, lo: int, counts: RelevantGroupCounts, ties: str, n_ranked: int):
     """AP_T, its tie range, AP_T@k, MAP@R, R-precision, R@k and P@k of a chunk."""
@@ -474,10 +526,28 @@ def _chunks(
         yield lo, min(n_q, lo + chunk_size)
 
 
-def _self_index(exclude_self: bool, n_q: int) -> np.ndarray:
-    return np.arange(n_q, dtype=np.int64) if exclude_self else np.full(n_q, -1, dtype=np.int64)
+def _self_index(exclude_self: Any, leave_one_out: bool, n_q: int, n_db: int) -> np.ndarray:
+    """The database row of each query left out of its ranking (-1: none), every query alike."""
+    if exclude_self is None:
+        exclude_self = leave_one_out
+    if isinstance(exclude_self, (bool, np.bool_)):
+        if exclude_self and n_q != n_db:
+            raise ValueError(
+                f"`exclude_self=True` needs the query codes to be the database codes, but there "
+                f"are {n_q} queries and {n_db} database codes; pass an index array instead."
+            )
+        return np.arange(n_q, dtype=np.int64) if exclude_self else np.full(n_q, -1, dtype=np.int64)
+    rows = f"database row of each of the {n_q} queries"
+    index = check_self_index(exclude_self, n_q, n_db, torch.device("cpu"), rows).numpy()
+    if n_q and (index >= 0).any() and not (index >= 0).all():
+        raise ValueError(
+            "`exclude_self` must leave out a row of every query or of none (all indices >= 0 or "
+            "all -1): the Hamming metrics rank lists of one length."
+        )
+    return index
 
 
+@query_blocks
 @keeps_torch_threads
 def hamming_retrieval_metrics(
     query_codes: Any,
@@ -490,6 +560,7 @@ def hamming_retrieval_metrics(
     ties: str = "expected",
     bits: int | None = None,
     chunk_size: int | None = None,
+    exclude_self: Any = None,
 ) -> HammingRetrievalReport:
     """Exact tie-aware retrieval metrics of binary codes ranked by Hamming distance, by counting.
 
@@ -514,6 +585,10 @@ def hamming_retrieval_metrics(
             tie-breaking ranges are always reported.
         bits: code length of packed input (default every bit of the words).
         chunk_size: queries per chunk (default: about 64 MB of working memory per chunk).
+        exclude_self: ``None`` (leave-one-out iff ``database_codes`` is None), a bool (True:
+            query ``i`` is database row ``i``), or an ``(n_q,)`` integer array with the
+            database row of each query, every one ``>= 0`` or every one ``-1`` (the block call
+            of :func:`~rankwise.metrics.sharded_metric`).
 
     Returns:
         :class:`HammingRetrievalReport` (a :class:`~rankwise.metrics.RetrievalReport`).
@@ -552,7 +627,8 @@ def hamming_retrieval_metrics(
         if db.words.dtype != q.words.dtype:
             db = db.to(q.words.dtype)
     n_q, n_db = len(q), len(db)
-    n_ranked = n_db - 1 if leave_one_out else n_db
+    self_index = _self_index(exclude_self, leave_one_out, n_q, n_db)
+    n_ranked = n_db - 1 if bool((self_index >= 0).any()) else n_db
     if n_ranked < 1:  # leave-one-out over a single code
         raise ValueError(
             "`query_codes` holds a single code and no database was given: leave-one-out ranks "
@@ -562,7 +638,6 @@ def hamming_retrieval_metrics(
         ks = tuple(k for k in (1, 10, 100) if k <= n_ranked)
     ks = _check_ks(ks, n_ranked)
     aff = _resolve_affinity(affinity, query_labels, database_labels, n_q, n_db)
-    self_index = _self_index(leave_one_out, n_q)
     cd = cumulative_discount(n_ranked)
     acc = _Accumulator(n_q, ks)
     for lo, hi in _chunks(n_q, n_db, q.bits, aff, chunk_size):
@@ -576,37 +651,12 @@ def hamming_retrieval_metrics(
         counts = group_counts_from_histograms(hist.sum(2), hist[:, :, 1:].sum(2))
         _ap_metrics(acc, lo, counts, ties, n_ranked)
         _ndcg_metrics(acc, lo, hist, values, ties, cd)
-    return _report(acc, q.bits, aff.name, ties, ks, n_q, n_db)
-
-
-def _report(acc: _Accumulator, bits, affinity, ties, ks, n_q, n_db) -> HammingRetrievalReport:
-    a = acc.arrays
-    valid = ~np.isnan(a["ap"])
-    if not valid.any():
-        raise ValueError(
-            "no query has a relevant database item (affinity > 0); the metrics are undefined. "
-            "Check the labels / affinity, or pass a database that contains the query classes."
-        )
-    return HammingRetrievalReport(
-        map=acc.mean("ap", valid),
-        recall_at={k: acc.mean(f"recall@{k}", valid) for k in ks},
-        precision_at={k: acc.mean(f"precision@{k}", valid) for k in ks},
-        map_at_r=acc.mean("map_at_r", valid),
-        r_precision=acc.mean("r_prec", valid),
-        per_query_ap=torch.from_numpy(a["ap"]),
-        n_queries=n_q,
-        n_queries_without_relevant=int((~valid).sum()),
-        n_gallery=n_db,
-        ties=ties,
-        similarity="hamming",
-        ks=ks,
-        bits=bits,
-        affinity=affinity,
-        map_at={k: acc.mean(f"ap@{k}", valid) for k in ks},
-        ndcg=acc.mean("ndcg", valid),
-        ndcg_at={k: acc.mean(f"ndcg@{k}", valid) for k in ks},
-        map_range=(acc.mean("ap_worst", valid), acc.mean("ap_best", valid)),
-        ndcg_range=(acc.mean("ndcg_worst", valid), acc.mean("ndcg_best", valid)),
-        per_query_ap_range=torch.from_numpy(np.stack([a["ap_worst"], a["ap_best"]], 1)),
-        per_query_ndcg=torch.from_numpy(a["ndcg"]),
-    )
+    settings = {
+        "n_gallery": n_db,
+        "ties": ties,
+        "similarity": "hamming",
+        "ks": ks,
+        "bits": q.bits,
+        "affinity": aff.name,
+    }
+    return HammingRetrievalReport.from_per_query(acc.arrays, settings, {})

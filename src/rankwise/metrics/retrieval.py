@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -29,6 +29,7 @@ from .._threads import keeps_torch_threads
 from .._validation import as_tensor, check_choice
 from ..similarity import SIMILARITIES
 from . import _device
+from ._blocks import query_blocks
 from ._inputs import QueryGallery, block_relevance, check_chunk_size, check_ks, check_query_gallery
 from ._kernels import (
     RelevantGroupCounts,
@@ -88,7 +89,15 @@ class RetrievalReport:
             is evaluated at min(k, its own list length); with an ``exclude_self`` index array
             holding -1 for some queries, those queries' lists are one item longer than the
             length reported here.
+        per_query: the other per-query values behind the means, ``{name: (n_queries,)
+            float64}`` (``"map_at_r"``, ``"r_prec"``, ``"recall@k"``, ``"precision@k"``; a
+            subclass adds its own), so that
+            :func:`~rankwise.metrics.merge_retrieval_reports` of query blocks recomputes every
+            mean exactly as one call does. Not in :meth:`to_dict`, the repr or ``==``.
     """
+
+    # fields every report of one evaluation shares (merge_retrieval_reports checks them)
+    _SETTINGS: ClassVar[tuple[str, ...]] = ("n_gallery", "ties", "similarity", "ks")
 
     map: float
     recall_at: dict[int, float]
@@ -103,6 +112,63 @@ class RetrievalReport:
     similarity: str
     ks: tuple[int, ...]
     clamped_ks: dict[int, int] = field(default_factory=dict)
+    per_query: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+
+    def settings(self) -> dict[str, Any]:
+        """The fields every report of one evaluation shares (gallery size, ties, ks, ...)."""
+        return {name: getattr(self, name) for name in self._SETTINGS}
+
+    def per_query_arrays(self) -> dict[str, np.ndarray] | None:
+        """``{"ap": per_query_ap, **per_query}`` as float64 arrays; None without ``per_query``."""
+        if not self.per_query:
+            return None
+        arrays = {"ap": self.per_query_ap.to(torch.float64).cpu().numpy()}
+        arrays.update({k: v.to(torch.float64).cpu().numpy() for k, v in self.per_query.items()})
+        return arrays
+
+    @classmethod
+    def from_per_query(
+        cls, arrays: dict[str, np.ndarray], settings: dict[str, Any], clamped_ks: dict[int, int]
+    ) -> RetrievalReport:
+        """The report whose per-query values are ``arrays`` (the means of one evaluation).
+
+        :func:`retrieval_metrics` and :func:`~rankwise.metrics.merge_retrieval_reports` both
+        build their report here, so a merge of query blocks is the one-call report bit for bit.
+
+        Args:
+            arrays: ``{"ap": ..., **per_query}``, each ``(n_queries,)`` float64 (NaN for a
+                query without a relevant item).
+            settings: the values of :meth:`settings`.
+            clamped_ks: as the field.
+
+        Returns:
+            The report (of ``cls``).
+
+        Raises:
+            ValueError: no query has a relevant item.
+        """
+        ap = arrays["ap"]
+        valid = ~np.isnan(ap)
+        if not valid.any():
+            raise ValueError(NO_RELEVANT_MESSAGE)
+
+        def mean(name: str) -> float:
+            return float(arrays[name][valid].mean())
+
+        ks = settings["ks"]
+        return cls(
+            map=mean("ap"),
+            recall_at={k: mean(f"recall@{k}") for k in ks},
+            precision_at={k: mean(f"precision@{k}") for k in ks},
+            map_at_r=mean("map_at_r"),
+            r_precision=mean("r_prec"),
+            per_query_ap=torch.from_numpy(ap),
+            n_queries=int(ap.shape[0]),
+            n_queries_without_relevant=int((~valid).sum()),
+            clamped_ks=clamped_ks,
+            per_query={k: torch.from_numpy(v) for k, v in arrays.items() if k != "ap"},
+            **settings,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (per-query AP as a list with None for NaN)."""
@@ -166,12 +232,26 @@ class PRCurve:
         precision: (num_points,) float64, mean over queries of max precision at recall >= level.
         n_queries: queries averaged (those with at least one relevant item).
         n_queries_without_relevant: queries excluded for lack of a relevant item.
+        per_query_precision: ``(n_queries, num_points)`` float64 interpolated precision of each
+            averaged query, in query order, when asked for (``keep_per_query=True``): what
+            :func:`~rankwise.metrics.merge_pr_curves` needs to merge query blocks exactly.
     """
 
     recall: np.ndarray
     precision: np.ndarray
     n_queries: int
     n_queries_without_relevant: int = 0
+    per_query_precision: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+
+def mean_precision_rows(rows: np.ndarray, total: np.ndarray | None = None) -> np.ndarray:
+    """``total`` plus the rows of ``rows`` added one after the other, in order.
+
+    A running sum in query order, so the curve does not depend on where chunks or query blocks
+    split the queries (a cumulative sum is sequential by definition).
+    """
+    start = np.zeros((1, rows.shape[1])) if total is None else total[None, :]
+    return np.cumsum(np.concatenate([start, rows]), axis=0)[-1]
 
 
 @dataclass
@@ -465,6 +545,7 @@ def _iterate_counts(p: _Prepared) -> Iterator[tuple[int, int, RelevantGroupCount
         yield lo, hi, _block_counts(p, lo, hi)
 
 
+@query_blocks
 @keeps_torch_threads
 def retrieval_metrics(
     query: Any,
@@ -529,26 +610,8 @@ def retrieval_metrics(
     else:
         per_query = _numba_per_query(p, ks, ties)
     clamped = {k: min(k, p.n_ranked) for k in ks if k > p.n_ranked}
-    ap = per_query["ap"]
-    valid = ~np.isnan(ap)
-    n_without = int((~valid).sum())
-    if not valid.any():
-        raise ValueError(NO_RELEVANT_MESSAGE)
-    return RetrievalReport(
-        map=float(ap[valid].mean()),
-        recall_at={k: float(per_query[f"recall@{k}"][valid].mean()) for k in ks},
-        precision_at={k: float(per_query[f"precision@{k}"][valid].mean()) for k in ks},
-        map_at_r=float(per_query["map_at_r"][valid].mean()),
-        r_precision=float(per_query["r_prec"][valid].mean()),
-        per_query_ap=torch.from_numpy(ap),
-        n_queries=p.n_query,
-        n_queries_without_relevant=n_without,
-        n_gallery=p.n_gallery,
-        ties=ties,
-        similarity=p.similarity,
-        ks=ks,
-        clamped_ks=clamped,
-    )
+    settings = {"n_gallery": p.n_gallery, "ties": ties, "similarity": p.similarity, "ks": ks}
+    return RetrievalReport.from_per_query(per_query, settings, clamped)
 
 
 def _recall_slots(n_rel: np.ndarray, num_points: int) -> np.ndarray:
@@ -598,6 +661,7 @@ def _torch_pr_curves(p: _Prepared, ties: str, num_points: int) -> tuple[np.ndarr
     return result.values, prob.n_relevant
 
 
+@query_blocks
 @keeps_torch_threads
 def pr_curve(
     query: Any,
@@ -612,6 +676,7 @@ def pr_curve(
     chunk_size: int | None = None,
     device: Any = None,
     backend: str = "auto",
+    keep_per_query: bool = False,
 ) -> PRCurve:
     """Mean interpolated precision-recall curve over the queries (SOPRC paper, Fig. 2).
 
@@ -622,9 +687,11 @@ def pr_curve(
     under a random order of the tie (the mean of the j-th order statistic): precision is then taken
     at the expected position. The interpolated precision at recall level rho is the maximum
     precision over relevant items with recall >= rho; the curve is its mean over queries at
-    ``linspace(0, 1, num_points)``.
+    ``linspace(0, 1, num_points)``, summed in query order (whatever the chunks).
 
-    Args: as :func:`retrieval_metrics`; ``num_points`` >= 2 recall levels.
+    Args: as :func:`retrieval_metrics`; ``num_points`` >= 2 recall levels; ``keep_per_query``
+    also returns each query's interpolated precision (``num_points`` floats per query), for an
+    exact merge of query blocks (:func:`~rankwise.metrics.merge_pr_curves`).
 
     Example:
         >>> import torch
@@ -656,11 +723,15 @@ def pr_curve(
         curves, n_rel = _torch_pr_curves(p, ties, num_points)
     else:
         curves, n_rel = _numba_pr_curves(p, ties, num_points)
-    n_used = int((n_rel > 0).sum())
+    used = n_rel > 0
+    n_used = int(used.sum())
     n_without = p.n_query - n_used
     if n_used == 0:
         raise ValueError(NO_RELEVANT_PR_MESSAGE)
-    # every query's curve (0 without a relevant item) summed in query order: the same bits for
-    # every backend and chunking
-    total = curves.sum(axis=1)
-    return PRCurve(np.linspace(0.0, 1.0, num_points), total / n_used, n_used, n_without)
+    # the averaged queries' curves summed one after the other in query order: the same bits for
+    # every backend and chunking, and for a merge of query blocks (merge_pr_curves)
+    rows = np.ascontiguousarray(curves[:, used].T)
+    total = mean_precision_rows(rows)
+    per_query = rows if keep_per_query else None
+    recall = np.linspace(0.0, 1.0, num_points)
+    return PRCurve(recall, total / n_used, n_used, n_without, per_query)

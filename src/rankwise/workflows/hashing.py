@@ -30,7 +30,13 @@ from torch.utils.data import DataLoader, Dataset
 
 from .._registry import Registry
 from ..hashing.head import HashingHead, HashingModel, binarize, build_hashing_model
-from ..metrics import HammingRetrievalReport, PRCurve, hamming_retrieval_metrics, pr_curve
+from ..metrics import (
+    HammingRetrievalReport,
+    PRCurve,
+    hamming_retrieval_metrics,
+    pr_curve,
+    query_blocks,
+)
 from ..models import build_model
 from ..plots import plot_tie_ranges
 from ..training import NonFiniteLossError, RunResult, Trainer
@@ -180,6 +186,16 @@ class HashSettings(BaseModel):
         return list(dict.fromkeys(value))
 
 
+def _leaves_a_row_out(exclude_self: Any, leave_one_out: bool) -> bool:
+    """Whether ``exclude_self`` takes a row out of every query's list (see the metric)."""
+    if exclude_self is None:
+        return leave_one_out
+    if isinstance(exclude_self, (bool, np.bool_)):
+        return bool(exclude_self)
+    return bool((torch.as_tensor(np.asarray(exclude_self)) >= 0).any())
+
+
+@query_blocks
 def hamming_metric_fn(
     query: torch.Tensor,
     query_labels: Any,
@@ -187,11 +203,14 @@ def hamming_metric_fn(
     gallery_labels: Any = None,
     *,
     ks: Sequence[int] | None = (100,),
+    exclude_self: Any = None,
 ) -> HammingRetrievalReport:
     """Evaluation of a :class:`~rankwise.training.Trainer` by Hamming ranking of ``sign`` codes.
 
     The ``metric_fn`` of :class:`HashingTrainer`. Cut-offs beyond the number of ranked items are
-    dropped, as a validation split may hold fewer items than the test cut-offs.
+    dropped, as a validation split may hold fewer items than the test cut-offs. Takes the block
+    call of :func:`~rankwise.metrics.sharded_metric` (a data-parallel evaluation ranks each
+    rank's share of the queries).
 
     Args:
         query: ``(n, bits)`` outputs of the queries.
@@ -199,28 +218,35 @@ def hamming_metric_fn(
         gallery: ``(m, bits)`` outputs of the database, or None for leave-one-out.
         gallery_labels: ``(m,)`` labels.
         ks: cut-offs of recall@k / precision@k / AP_T@k / NDCG_T@k.
+        exclude_self: as :func:`~rankwise.metrics.hamming_retrieval_metrics`.
 
     Returns:
         A :class:`~rankwise.metrics.HammingRetrievalReport`.
     """
     query_codes = binarize(query)
     gallery_codes = None if gallery is None else binarize(gallery)
-    n_ranked = len(query_codes) - 1 if gallery_codes is None else len(gallery_codes)
+    n_listed = len(query_codes) if gallery_codes is None else len(gallery_codes)
+    n_ranked = n_listed - int(_leaves_a_row_out(exclude_self, gallery_codes is None))
     ks = tuple(k for k in (ks or ()) if k <= n_ranked) or None
     return hamming_retrieval_metrics(
-        query_codes, query_labels, gallery_codes, gallery_labels, ks=ks
+        query_codes, query_labels, gallery_codes, gallery_labels, ks=ks, exclude_self=exclude_self
     )
 
 
+@query_blocks
 def hamming_curve_fn(
     query: torch.Tensor,
     query_labels: Any,
     gallery: torch.Tensor | None = None,
     gallery_labels: Any = None,
+    *,
+    exclude_self: Any = None,
+    keep_per_query: bool = False,
 ) -> PRCurve:
     """Mean precision-recall curve of the ``sign`` codes (the ``curve_fn`` of HashingTrainer).
 
-    Arguments as :func:`hamming_metric_fn`; ranked by the integer inner products of the ±1 codes
+    Arguments as :func:`hamming_metric_fn` (and ``keep_per_query`` as
+    :func:`~rankwise.metrics.pr_curve`); ranked by the integer inner products of the ±1 codes
     (``similarity="dot"``), the same order as the Hamming distances.
     """
     return pr_curve(
@@ -229,6 +255,8 @@ def hamming_curve_fn(
         None if gallery is None else binarize(gallery).float(),
         gallery_labels,
         similarity="dot",
+        exclude_self=exclude_self,
+        keep_per_query=keep_per_query,
     )
 
 
