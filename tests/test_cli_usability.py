@@ -94,6 +94,37 @@ def test_train_has_seed_and_data_dir_as_the_readme_says(tmp_path, tiny_config):
 
 
 @pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["train", "--data-dir"], "--data-dir"),
+        (["bench", "--losses", "auc", "--seeds", "1", "--data-dir"], "--data-dir"),
+        (["hash", "train", "dataset.data_dir="], "dataset.data_dir=DIR"),
+    ],
+    ids=["train", "bench", "hash"],
+)
+def test_a_missing_dataset_names_the_commands_own_option(tmp_path, tiny_config, command, named):
+    """The library's message names the argument `data_dir`; each command words it as its own
+    option (hash train has no --data-dir: a KEY=VALUE override)."""
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config.data(**{"dataset.name": "fashion-mnist"})))
+    nowhere = str(tmp_path / "nowhere")
+    head = command[:2] if command[0] == "hash" else command[:1]
+    rest = command[len(head) :]
+    if rest[-1].endswith("="):
+        rest = [*rest[:-1], rest[-1] + nowhere]
+    else:
+        rest = [*rest, nowhere]
+    args = [*head, "-c", str(path), "-o", str(tmp_path / "out"), *rest]
+    result = runner.invoke(app, args)
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"Point rankwise at the folder with {named} or the $RANKWISE_DATA" in text, text
+    assert "`data_dir`" not in text
+
+
+@pytest.mark.parametrize(
     "command",
     [["train", "-c"], ["hash", "train", "--config"], ["bench", "--config"], ["tune", "--config"]],
     ids=["train", "hash", "bench", "tune"],

@@ -443,17 +443,6 @@ def test_no_module_of_src_imports_an_old_import_path():
 # -- command-line flags only in the interface layer -------------------------------------------------
 
 FLAG = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
-# flags other sessions are still moving out of their modules: (module, flag) pairs; the test fails
-# once one is gone, so the list cannot go stale
-FLAGS_PENDING = {
-    # load_dataset's message names the command-line option of every command (tests/data read it)
-    ("rankwise.data.locate", "--data-dir"),
-    # the hash sweep and tune (issue 32 item 3, the sweep engine's helper)
-    ("rankwise.workflows.hashing", "--output"),
-    ("rankwise.workflows.tune", "--config"),
-    ("rankwise.workflows.tune", "--seeds"),
-    ("rankwise.workflows.tune", "--quick"),
-}
 
 
 def cli_flags(tree: dict[str, tuple[str, bool]]) -> set[str]:
@@ -499,15 +488,11 @@ def test_no_command_line_flag_below_the_interface_layer():
     tree = source_tree()
     assert {"--resume", "--output", "--overwrite", "--config"} <= cli_flags(tree)
     found = flags_below_the_interface(tree)
-    new = sorted(
-        f"{m} line {line}: {flag}" for m, flag, line in found if (m, flag) not in FLAGS_PENDING
-    )
-    assert not new, (
+    below = sorted(f"{m} line {line}: {flag}" for m, flag, line in found)
+    assert not below, (
         "command-line flags below rankwise.commands / rankwise.cli (say the argument or config "
-        "key in backticks; commands.common.to_flags turns it into the flag):\n" + "\n".join(new)
+        "key in backticks; commands.common.to_flags turns it into the flag):\n" + "\n".join(below)
     )
-    gone = FLAGS_PENDING - {(m, flag) for m, flag, _ in found}
-    assert not gone, f"FLAGS_PENDING entries that are gone (remove them): {sorted(gone)}"
 
 
 def test_the_flag_scan_sees_f_strings_and_skips_docstrings():

@@ -97,7 +97,7 @@ def test_missing_fashion_mnist_says_how_to_get_it(tmp_path):
         load_dataset("fashion-mnist", data_dir=tmp_path / "nowhere")
     message = str(info.value)
     assert "apt-get install dataset-fashion-mnist" in message
-    assert "--data-dir" in message
+    assert "`data_dir`" in message and "--data-dir" not in message  # the Python argument
     assert "train-images-idx3-ubyte" in message
     assert isinstance(info.value, FileNotFoundError)
 

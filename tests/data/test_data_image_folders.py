@@ -266,5 +266,5 @@ def test_vehicleid_bad_test_size(tmp_path):
 def test_missing_dataset_shows_layout(tmp_path, name, fragment):
     with pytest.raises(DatasetNotFoundError) as info:
         load_dataset(name, data_dir=tmp_path)
-    assert fragment in str(info.value) and "--data-dir" in str(info.value)
+    assert fragment in str(info.value) and "`data_dir`" in str(info.value)  # the argument
     assert str(tmp_path) in str(info.value)

@@ -337,17 +337,58 @@ def test_cli_tune_overrides_win_over_quick_as_in_bench(tmp_path, base):
     assert tuned["bench"]["quick"]["overrides"] == {"budget.epochs": None}
     (rerun,) = plan_bench(tuned, losses=["auc"], seeds=[0], quick=True, output=tmp_path / "b")
     assert rerun.config.budget.iterations == 4 and rerun.config.eval_every == 2
+    # the header of tuned.yaml names the command line's bench command (the CLI words it)
+    header = (out / "tuned.yaml").read_text().split("\n# with ")[1].splitlines()[0]
+    expected = f"`rankwise bench --config {out / 'tuned.yaml'} --seeds 3` (tuned with --quick"
+    assert header.startswith(expected), header
+    # --resume: the sweep engine locks the folder, reads sweep.json, keeps the finished run
+    report = Path(run_dir) / "report.json"
+    written = report.stat().st_mtime_ns
+    resumed = runner.invoke(app, ["tune", "--resume", str(out), "--device", "cpu"])
+    assert resumed.exit_code == 0, resumed.output
+    assert report.stat().st_mtime_ns == written  # kept, not trained again
+    assert (out / "tuned.yaml").read_text().split("\n# with ")[1].startswith(expected)
 
 
-def test_cli_tune_writes_model_pretrained_absolute(tmp_path, monkeypatch, base):
-    """tuned.yaml is read from anywhere: a relative model.pretrained (relative to where tune ran,
-    where the trials load it) is written resolved."""
-    from rankwise.commands.tune import _fresh_settings
+def test_tuned_yaml_of_python_names_the_python_call(tuned_sweep):
+    """tune() from Python words tuned.yaml's header as a Python call, never a command-line flag."""
+    out, _ = tuned_sweep
+    header = [line for line in (out / "tuned.yaml").read_text().splitlines() if line[:1] == "#"]
+    assert (
+        f"# with `run_bench(read_config_file({str(out / 'tuned.yaml')!r}), output=...)`." in header
+    )
+    assert not any("--" in line for line in header), header
+
+
+def test_tune_records_and_writes_model_pretrained_absolute(tmp_path, monkeypatch, base):
+    """tuned.yaml and sweep.json are read from anywhere: a relative model.pretrained (relative to
+    where tune runs, where the trials load it) is recorded resolved, from Python and the CLI."""
+    import rankwise.workflows.tune as tune_module
+
+    class Planned(Exception):
+        """What tune would run (nothing is trained)."""
+
+    seen = []
+
+    def planned(plan, summarise, **_):
+        seen.append(plan)
+        raise Planned
+
+    monkeypatch.setattr(tune_module, "run_sweep", planned)
+    monkeypatch.chdir(tmp_path)
+    relative = {**base, "model": {**base.get("model", {}), "pretrained": "runs/pretrained"}}
+    with pytest.raises(Planned):
+        tune(relative, losses=["auc"], grid={"optimizer.lr": [0.001]}, output=tmp_path / "t")
+    absolute = str(tmp_path / "runs" / "pretrained")
+    (plan,) = seen
+    assert plan.settings["base"]["model"]["pretrained"] == absolute  # sweep.json
+    assert all(run.config.model.pretrained == absolute for run in plan.runs)  # config.yaml
+    # tuned.yaml is the base with the winners: the summariser's base
+    assert plan.prepare.__self__.base["model"]["pretrained"] == absolute
 
     config = tmp_path / "base.yaml"
     config.write_text(yaml.safe_dump(base))
-    monkeypatch.chdir(tmp_path)
-    settings = _fresh_settings(
-        ["model.pretrained=runs/pretrained"], None, config, "auc", ["optimizer.lr=0.001"], {}
-    )
-    assert settings["base"]["model"]["pretrained"] == str(tmp_path / "runs" / "pretrained")
+    args = ["tune", "-c", str(config), "--losses", "auc", "--grid", "optimizer.lr=0.001"]
+    result = CliRunner().invoke(app, [*args, "-o", "t2", "model.pretrained=runs/pretrained"])
+    assert isinstance(result.exception, Planned), result.output
+    assert seen[1].settings["base"]["model"]["pretrained"] == absolute

@@ -403,6 +403,32 @@ def test_rankwise_pretrain_messages(tmp_path):
     assert "start it afresh with --overwrite" in said and "rankwise train" not in said
 
 
+def test_a_relative_model_pretrained_is_stored_absolute_and_resumes_from_anywhere(
+    pretrained, tmp_path, monkeypatch
+):
+    """`rankwise train model.pretrained=<relative>` records the resolved path in config.yaml, so
+    `rankwise train --resume RUN` from another directory finds the weights."""
+    import yaml
+
+    folder = pretrained[0]
+    config = Path(__file__).resolve().parents[2] / "configs" / "digits_instances.yaml"
+    run = tmp_path / "run"
+    args = ["train", "-c", str(config), "-o", str(run), "budget.iterations=2", "eval_every=2"]
+    args += [f"dataset.options.{key}={value}" for key, value in OPTIONS.items()]
+    args += ["model.embedding_dim=8", "sampler.batch_size=16", f"model.pretrained={folder.name}"]
+    monkeypatch.chdir(folder.parent)
+    started = CliRunner().invoke(build_app(), [*args, "--max-steps", "1"])
+    assert started.exit_code == 0, started.output
+    stored = yaml.safe_load((run / "config.yaml").read_text())["model"]["pretrained"]
+    assert stored == str(folder.resolve())
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    resumed = CliRunner().invoke(build_app(), ["train", "--resume", str(run)])
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads((run / "report.json").read_text())["steps"] == 2
+
+
 def test_rankwise_train_says_the_pretrained_start_and_the_backbone_rate_took_effect(
     pretrained, tmp_path
 ):

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from rankwise.training import ConfigError, NonFiniteLossError, TrainingInterrupted
-from rankwise.training.config import config_from_dict
 from rankwise.training.lock import LOCK_FILE
 from rankwise.training.rundir import RunPaths, SweepPaths
 from rankwise.workflows.sweep import (
@@ -27,8 +26,6 @@ from rankwise.workflows.sweep import (
     json_text,
     run_sweep,
 )
-
-BASE = {"dataset": {"name": "digits"}, "loss": {"name": "ap"}, "budget": {"iterations": 10}}
 
 
 class FakeSweep:
@@ -49,10 +46,12 @@ class FakeSweep:
     def summary_path(self) -> Path:
         return self.output / "summary.json"
 
+    # the shared tiny config of tests/conftest.py (set for every test by shared_config below)
+    tiny_config: Any = None
+
     def config(self, name: str) -> Any:
-        lr = self.lr.get(name, 0.001)
-        data = {**BASE, "optimizer": {"lr": lr}, "output_dir": str(self.output / name)}
-        return config_from_dict(data)
+        """The planned config of run ``name``: the tiny config at its learning rate."""
+        return self.tiny_config(self.output / name, **{"optimizer.lr": self.lr.get(name, 0.001)})
 
     def train(self, name: str, resume: bool) -> str:
         self.calls.append((name, resume))
@@ -107,6 +106,12 @@ class FakeSweep:
 def recorded(output: Path, names: Sequence[str] = ("a", "b", "c")) -> FakeSweep:
     """A sweep recorded in sweep.json (as bench and tune: settings, its own result file)."""
     return FakeSweep(output, names, settings={"grid": [1, 2]}, files=("summary.json",))
+
+
+@pytest.fixture(autouse=True)
+def shared_config(tiny_config: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every fake run's config starts from the shared tiny config."""
+    monkeypatch.setattr(FakeSweep, "tiny_config", tiny_config)
 
 
 @pytest.fixture

@@ -6,10 +6,7 @@ import pytest
 import yaml
 
 from rankwise.training import ConfigError
-from rankwise.training.config import config_from_dict
 from rankwise.workflows.sweep import check_stored_config
-
-BASE = {"dataset": {"name": "digits"}, "loss": {"name": "ap"}, "budget": {"iterations": 10}}
 
 
 def _store(run_dir, data):
@@ -17,18 +14,20 @@ def _store(run_dir, data):
     (run_dir / "config.yaml").write_text(yaml.safe_dump(data))
 
 
-def test_a_run_stored_before_a_new_config_key_with_its_default_is_the_same_config(tmp_path):
+def test_a_run_stored_before_a_new_config_key_with_its_default_is_the_same_config(
+    tmp_path, tiny_config
+):
     # a config.yaml written before optimizer.backbone_lr_mult / model.pretrained existed: the keys'
     # defaults give the run it trained, so --resume of that sweep must not be refused
-    config = config_from_dict(BASE)
+    config = tiny_config()  # the shared tiny config of tests/conftest.py
     stored = config.to_dict()
     del stored["optimizer"]["backbone_lr_mult"], stored["model"]["pretrained"]
     _store(tmp_path / "run", stored)
     check_stored_config(config, tmp_path / "run")
 
 
-def test_a_run_with_another_value_or_an_unreadable_config_is_refused(tmp_path):
-    config = config_from_dict(BASE)
+def test_a_run_with_another_value_or_an_unreadable_config_is_refused(tmp_path, tiny_config):
+    config = tiny_config()  # the shared tiny config of tests/conftest.py
     changed = config.to_dict()
     changed["optimizer"]["lr"] = 0.5
     _store(tmp_path / "changed", changed)

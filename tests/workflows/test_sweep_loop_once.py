@@ -140,10 +140,11 @@ def test_each_protocol_trains_through_run_sweep(module):
 
 def test_the_engine_has_the_loop():
     tree = ast.parse((WORKFLOWS / ENGINE).read_text())
-    run_sweep = next(
-        n for n in ast.walk(tree) if isinstance(n, FUNCTIONS) and n.name == "run_sweep"
-    )
-    loops = [n for n in ast.walk(run_sweep) if isinstance(n, ast.For)]
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, FUNCTIONS)}
+    # run_sweep and resume_sweep each take the folder's lock once and run the one loop under it
+    for entry in ("run_sweep", "resume_sweep"):
+        assert "_run_locked" in _calls(functions[entry]), entry
+    loops = [n for n in ast.walk(functions["_run_locked"]) if isinstance(n, ast.For)]
     assert any("_run_one" in _calls(loop) for loop in loops)
     run_one = next(n for n in ast.walk(tree) if isinstance(n, FUNCTIONS) and n.name == "_run_one")
     assert "train" in _calls(run_one)

@@ -9,7 +9,7 @@ Table 1-style (mAUPRC = tie-aware mAP, R@1, R@10, MAP@R, mean ± std over seeds)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,7 @@ __all__ = [
     "option_overrides",
     "print_outputs",
     "read_base_config",
-    "resumed_settings",
+    "refuse_resume_options",
 ]
 
 # argument / config key of the library -> flag of bench and tune (see common.to_flags)
@@ -39,6 +39,7 @@ FLAGS = {
     "grid": "--grid",
     "overwrite": "--overwrite",
     "resume": "--resume",
+    "data_dir": "--data-dir",
 }
 
 
@@ -89,28 +90,17 @@ def option_overrides(
     return {key: value for key, value in zip(keys, values, strict=True) if value is not None}
 
 
-def resumed_settings(
-    kind: str,
-    resume: Path,
-    given: Mapping[str, object],
-    device: str | None,
-    num_workers: int | None,
-) -> dict:
-    """The saved settings of the ``kind`` sweep in ``resume`` (for ``--resume``).
+def refuse_resume_options(kind: str, given: Mapping[str, object]) -> None:
+    """Refuse ``--resume`` with an option that defines a sweep (its settings are the saved ones).
 
     Args:
         kind: ``"bench"`` or ``"tune"``.
-        resume: the sweep directory.
         given: flag -> value of the options that define a sweep (all must be unset).
-        device: ``--device`` (may change on resume).
-        num_workers: ``--num-workers`` (may change on resume).
 
-    Returns:
-        The settings, with the device / workers applied to the base config.
+    Raises:
+        ConfigError: one of them was given; the message names them.
     """
     from ..training import ConfigError
-    from ..training.config import apply_overrides
-    from ..training.rundir import read_sweep
 
     changed = [flag for flag, value in given.items() if value not in (None, False, [], ())]
     if changed:
@@ -118,11 +108,6 @@ def resumed_settings(
             f"--resume continues the {kind} sweep with its saved settings; drop "
             f"{', '.join(changed)} (only --device and --num-workers may change)."
         )
-    settings = dict(read_sweep(resume, kind)["settings"])
-    settings["base"] = apply_overrides(
-        settings["base"], option_overrides(None, None, device, num_workers)
-    )
-    return settings
 
 
 def bench(
@@ -173,17 +158,14 @@ def bench(
 ) -> None:
     """Compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset."""
     console = output_console(140)
-    with cli_errors("bench", FLAGS), ExitStack() as held:
+    with cli_errors("bench", FLAGS):
         from ..reporting import print_bench_table
         from ..training import TrainingInterrupted
         from ..training.config import apply_overrides, parse_overrides
-        from ..training.lock import lock_run_dir
-        from ..training.rundir import SweepPaths
-        from ..workflows.bench import run_bench
+        from ..training.rundir import SweepPaths, read_sweep
+        from ..workflows.bench import resume_bench, run_bench
 
         if resume is not None:
-            # the sweep is locked before its sweep.json is read
-            held.enter_context(lock_run_dir(resume, "resume", then="resume it"))
             given = {
                 "--dataset": dataset,
                 "--config": config,
@@ -196,8 +178,12 @@ def bench(
                 "--data-dir": data_dir,
                 "KEY=VALUE overrides": overrides,
             }
-            plan = resumed_settings("bench", resume, given, device, num_workers)
+            refuse_resume_options("bench", given)
             out = resume
+            # the sweep engine locks the folder, then reads its sweep.json
+            run = partial(
+                resume_bench, resume, device=device, num_workers=num_workers, argument="resume"
+            )
         else:
             base = read_base_config(dataset, config)
             extra = parse_overrides(list(overrides or []))
@@ -214,27 +200,26 @@ def bench(
                 if output is not None
                 else (Path("runs") / "bench" / f"{name}{'-ablation' if ablation else ''}")
             )
-            plan = {
-                "base": base,
-                "losses": loss_list(losses),
-                "seeds": list(range(n_seeds)),
-                "quick": quick,
-                "ablation": ablation,
-                "run_overrides": run_overrides,
-            }
-        try:
-            summary = run_bench(
-                **plan,
+            run = partial(
+                run_bench,
+                base,
+                losses=loss_list(losses),
+                seeds=list(range(n_seeds)),
+                quick=quick,
+                ablation=ablation,
+                run_overrides=run_overrides,
                 output=out,
-                console=console,
-                resume=resume is not None,
                 overwrite=overwrite,
             )
+        try:
+            summary = run(console=console)
         except TrainingInterrupted as exc:
             exc.resume_command = f"rankwise bench --resume {out}"
             raise
+        if resume is not None:
+            ablation = bool(read_sweep(out, "bench")["settings"]["ablation"])
     paths = SweepPaths(out)
-    print_bench_table(summary, console, plan["ablation"])
+    print_bench_table(summary, console, ablation)
     print_outputs(
         console,
         results=[paths.bench_json, paths.bench_table],

@@ -27,6 +27,7 @@ FLAGS = {
     "hash.objective": "--objective",
     "hash.methods": "--methods",
     "dataset.name": "--dataset",
+    "data_dir": "dataset.data_dir=DIR",  # no flag: a KEY=VALUE override
 }
 
 hash_app = typer.Typer(
@@ -186,7 +187,8 @@ def evaluate_command(
 
         # no sweep trains in the folder while it is evaluated
         with lock_run_dir(output, "output", then="evaluate it"):
-            results = evaluate_sweep(output, device=device)
+            made_by = f"`rankwise hash train --output {output}`"
+            results = evaluate_sweep(output, device=device, make_sweep=made_by)
             paths = write_report(results, output, prefix="evaluation")
     _print_tables(console, results, paths)
 

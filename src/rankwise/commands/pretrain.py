@@ -26,6 +26,7 @@ FLAGS = {
     "steps": "--steps",
     "output_dir": "--output",
     "run_dir": "--resume",
+    "data_dir": "dataset.data_dir=DIR",  # no flag: a KEY=VALUE override
 }
 
 

@@ -34,7 +34,7 @@ _FLAGS = {
         name: "--" + name.replace("_", "-")
         for name in (
             "alpha tolerance negatives n_negative_samples max_iter learning_rate dataset method "
-            "fpr pca center test_fraction n_train n_test output overwrite"
+            "fpr pca center test_fraction n_train n_test output overwrite data_dir"
         ).split()
     },
     "n_threads": "--threads",

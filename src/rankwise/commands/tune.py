@@ -8,15 +8,21 @@ the seeds (:mod:`rankwise.workflows.tune`); writes ``tune.json`` and ``tuned.yam
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 
 import typer
 
-from .bench import FLAGS, option_overrides, print_outputs, read_base_config, resumed_settings
+from .bench import (
+    FLAGS,
+    option_overrides,
+    print_outputs,
+    read_base_config,
+    refuse_resume_options,
+)
 from .common import cli_errors, loss_list, output_console
 
-__all__ = ["tune"]
+__all__ = ["bench_command", "tune"]
 
 
 def _fresh_settings(
@@ -30,7 +36,7 @@ def _fresh_settings(
     """The tuning settings from the command line (base config, losses, grid).
 
     The ``KEY=VALUE`` overrides win over ``--quick``'s budget, as in ``rankwise bench``
-    (:func:`~rankwise.workflows.tune.overrides_over_quick`); ``model.pretrained`` is made
+    (:func:`~rankwise.workflows.tune.overrides_over_quick`); the tuning makes ``model.pretrained``
     absolute, so ``tuned.yaml`` loads from any directory.
     """
     from ..training import ConfigError
@@ -47,10 +53,6 @@ def _fresh_settings(
             )
     extra.update(options)
     base = overrides_over_quick(apply_overrides(base, extra), extra)
-    pretrained = (base.get("model") or {}).get("pretrained")
-    if isinstance(pretrained, str) and not Path(pretrained).is_absolute():
-        # relative to this directory, where the trials load it; tuned.yaml is read from anywhere
-        base = apply_overrides(base, {"model.pretrained": str(Path(pretrained).resolve())})
     parsed_grid: dict[str, list] = {}
     for item in grid:
         key, values = parse_grid_values(item)
@@ -58,6 +60,16 @@ def _fresh_settings(
             raise ConfigError(f"--grid {key} is given twice; list all its values once.")
         parsed_grid[key] = values
     return {"base": base, "losses": loss_list(losses), "grid": parsed_grid}
+
+
+def bench_command(tuned_path: Path, quick: bool) -> str:
+    """How ``tuned.yaml``'s header says to reproduce the test table: the ``rankwise bench`` command.
+
+    >>> bench_command(Path("runs/tune/tuned.yaml"), True)
+    '`rankwise bench --config runs/tune/tuned.yaml --seeds 3` (tuned with --quick budgets)'
+    """
+    command = f"`rankwise bench --config {tuned_path} --seeds 3`"
+    return command + (" (tuned with --quick budgets)" if quick else "")
 
 
 def tune(
@@ -116,16 +128,14 @@ def tune(
 ) -> None:
     """Select each loss's hyper-parameters on validation mAP; write tune.json and tuned.yaml."""
     console = output_console(160)
-    with cli_errors("tune", FLAGS), ExitStack() as held:
+    with cli_errors("tune", FLAGS):
         from ..reporting import print_tune_table
         from ..training import TrainingInterrupted
-        from ..training.lock import lock_run_dir
         from ..training.rundir import SweepPaths
+        from ..workflows.tune import resume_tune
         from ..workflows.tune import tune as run_tune
 
         if resume is not None:
-            # the sweep is locked before its sweep.json is read
-            held.enter_context(lock_run_dir(resume, "resume", then="resume it"))
             given = {
                 "--dataset": dataset,
                 "--config": config,
@@ -138,8 +148,12 @@ def tune(
                 "--data-dir": data_dir,
                 "KEY=VALUE overrides": overrides,
             }
-            plan = resumed_settings("tune", resume, given, device, num_workers)
+            refuse_resume_options("tune", given)
             out = resume
+            # the sweep engine locks the folder, then reads its sweep.json
+            run = partial(
+                resume_tune, resume, device=device, num_workers=num_workers, argument="resume"
+            )
         else:
             options = option_overrides(dataset, data_dir, device, num_workers)
             plan = _fresh_settings(
@@ -148,14 +162,9 @@ def tune(
             plan.update(seeds=list(range(seeds or 1)), quick=quick)
             name = str((plan["base"].get("dataset") or {}).get("name", "tune")).replace("_", "-")
             out = output if output is not None else Path("runs") / "tune" / name
+            run = partial(run_tune, **plan, output=out, overwrite=overwrite)
         try:
-            summary = run_tune(
-                **plan,
-                output=out,
-                console=console,
-                resume=resume is not None,
-                overwrite=overwrite,
-            )
+            summary = run(console=console, reproduce=bench_command)
         except TrainingInterrupted as exc:
             exc.resume_command = f"rankwise tune --resume {out}"
             raise

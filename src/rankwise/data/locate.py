@@ -75,8 +75,9 @@ def find_dataset_root(
 
     Raises:
         DatasetNotFoundError: nothing matched; the message lists the directories searched, the
-            expected layout and how to point rankwise at the data (``--data-dir`` /
-            ``$RANKWISE_DATA``), never a download.
+            expected layout and how to point rankwise at the data (the `` `data_dir` ``
+            argument, which the command line words as its flag, or ``$RANKWISE_DATA``), never a
+            download.
     """
     candidates = candidate_dirs(data_dir, subfolders, system_dirs)
     for cand in candidates:
@@ -84,11 +85,11 @@ def find_dataset_root(
         if found:
             return cand
     searched = (
-        "\n  ".join(str(c) for c in candidates) or "(none: no --data-dir and no $RANKWISE_DATA)"
+        "\n  ".join(str(c) for c in candidates) or "(none: no `data_dir` and no $RANKWISE_DATA)"
     )
     raise DatasetNotFoundError(
         f"dataset {name!r} not found. rankwise never downloads data; searched:\n  {searched}\n"
         f"Expected layout:\n{layout}\n"
-        f"Point rankwise at the folder with --data-dir (data_dir=...) or the ${RANKWISE_DATA_ENV} "
+        f"Point rankwise at the folder with `data_dir` or the ${RANKWISE_DATA_ENV} "
         f"environment variable.{(' ' + hint) if hint else ''}"
     )

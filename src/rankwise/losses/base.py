@@ -511,6 +511,9 @@ class RankingLoss(nn.Module):
 
     #: None (labels are class ids) or an affinity of :mod:`rankwise._affinity`
     affinity: Any = None
+    #: the loss takes labels on the host beside device embeddings (the Trainer then leaves the
+    #: data loader's labels there: no copy to the device and back)
+    takes_host_labels: bool = True
 
     def __init__(self, similarity: str = "cosine") -> None:
         super().__init__()

@@ -29,6 +29,7 @@ __all__ = [
     "OptimizerConfig",
     "SamplerConfig",
     "ScheduleConfig",
+    "absolute_paths",
     "apply_overrides",
     "config_from_dict",
     "load_config",
@@ -58,13 +59,22 @@ class DatasetConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """Embedding network (see :func:`rankwise.models.build_model`)."""
+    """Embedding network (see :func:`rankwise.models.build_model`).
+
+    ``weights_path`` and ``pretrained`` are made absolute (against the working directory) when
+    the config is made, so a run's ``config.yaml`` loads them from any directory.
+    """
 
     backbone: str = "small_cnn"
     embedding_dim: int = Field(64, gt=0)
     weights_path: str | None = None
     frozen_bn: bool = True
     pretrained: str | None = None
+
+    @field_validator("weights_path", "pretrained")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        return None if value is None else str(Path(value).resolve())
 
 
 class LossConfig(_Strict):
@@ -320,6 +330,25 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{key}: cannot parse value {raw!r}: {exc}") from None
     return parsed
+
+
+#: the file paths of a config (dotted keys), absolute in every :class:`Config`
+PATH_KEYS = ("model.weights_path", "model.pretrained")
+
+
+def absolute_paths(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the plain config ``data`` with its relative :data:`PATH_KEYS` made absolute.
+
+    Against the working directory, as a :class:`Config` makes them: a sweep's recorded base
+    config (``sweep.json``, ``tuned.yaml``) then loads from any directory.
+    """
+    found = {}
+    for dotted in PATH_KEYS:
+        section, key = dotted.split(".")
+        value = (data.get(section) or {}).get(key) if isinstance(data, Mapping) else None
+        if isinstance(value, str) and not Path(value).is_absolute():
+            found[dotted] = str(Path(value).resolve())
+    return apply_overrides(data, found) if found else dict(data)
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

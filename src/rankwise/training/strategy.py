@@ -281,11 +281,15 @@ class DataParallelStrategy(SingleProcess):
     def gather_batch(
         self, embeddings: torch.Tensor, labels: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The global batch: every rank's rows in rank order, the gradient to the local slice."""
+        """The global batch: every rank's rows in rank order, the gradient to the local slice.
+
+        The labels are gathered on the embeddings' device and come back where they were given
+        (host labels: one copy to the host per step, the only wait for the device it adds).
+        """
         global_embeddings, global_labels, _ = all_gather_with_grad(
-            embeddings, labels, self.group, "mean"
+            embeddings, labels.to(embeddings.device, non_blocking=True), self.group, "mean"
         )
-        return global_embeddings, global_labels
+        return global_embeddings, global_labels.to(labels.device)
 
     def embed_split(self, data: Dataset, embed: Embedder) -> tuple[torch.Tensor, np.ndarray]:
         """Ranks embed contiguous shards (all, if fewer items than ranks), gathered in order."""

@@ -787,7 +787,11 @@ class Trainer:
     def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The embeddings and labels the loss sees (on many processes: the gathered batch)."""
         embeddings = self._training_module(x.to(self.device, non_blocking=True))
-        return self.strategy.gather_batch(embeddings, y.to(self.device, non_blocking=True))
+        if not getattr(self.loss_fn, "takes_host_labels", False):
+            y = y.to(self.device, non_blocking=True)
+        # else the labels stay on the host, where the data loader gives them: the loss takes the
+        # batch's label structure there without waiting for the device (docs/losses.md)
+        return self.strategy.gather_batch(embeddings, y)
 
     def _run_step(self, batches: Iterator[Any]) -> None:
         self._in_step = True

@@ -27,7 +27,13 @@ from ..metrics import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
 from ..plots import plot_pr_curves
 from ..reporting import bench_table_markdown
 from ..training.build import load_splits, preflight
-from ..training.config import Config, ConfigError, apply_overrides, config_from_dict
+from ..training.config import (
+    Config,
+    ConfigError,
+    absolute_paths,
+    apply_overrides,
+    config_from_dict,
+)
 from ..training.rundir import SweepPaths
 from ..training.trainer import RunResult, Trainer
 from . import sweep
@@ -38,6 +44,7 @@ from .sweep import (
     SweepSummary,
     check_stored_config,
     json_text,
+    resume_sweep,
     run_sweep,
     sweep_settings,
 )
@@ -54,6 +61,7 @@ __all__ = [
     "plan_bench",
     "prepare_splits",
     "reference_rows",
+    "resume_bench",
     "run_bench",
     "run_or_resume",
     "run_trainer",
@@ -571,7 +579,70 @@ def run_bench(
             interrupted one has its checkpoint: ``resume=True`` continues.
         RunDirInUseError: another process is writing ``output`` (nothing is read or written).
     """
-    output = Path(output)
+    plan, summarise = _bench_sweep(
+        base,
+        losses=losses,
+        seeds=seeds,
+        quick=quick,
+        ablation=ablation,
+        output=output,
+        console=console,
+        run_overrides=run_overrides,
+    )
+    return run_sweep(plan, summarise, resume=resume, overwrite=overwrite)
+
+
+def resume_bench(
+    output: str | Path,
+    *,
+    device: str | None = None,
+    num_workers: int | None = None,
+    console: Console | None = None,
+    argument: str = "output",
+) -> dict[str, Any]:
+    """Continue the interrupted bench sweep in ``output`` with the settings it recorded.
+
+    As :func:`run_bench` with ``resume=True`` and the settings of its ``sweep.json``, read under
+    the folder's lock (:func:`~rankwise.workflows.sweep.resume_sweep`); only ``device`` and
+    ``num_workers`` may change.
+
+    Args:
+        output: the sweep directory.
+        device: run on this device instead of the recorded one.
+        num_workers: data-loader workers instead of the recorded number.
+        console: as :func:`run_bench`.
+        argument: the argument that named ``output``, for messages.
+
+    Returns:
+        The ``bench.json`` content, as :func:`run_bench`.
+
+    Raises:
+        ConfigError: ``output`` holds no bench sweep.
+        TrainingInterrupted: Ctrl-C or SIGTERM; call again to continue.
+        RunDirInUseError: another process is writing ``output`` (nothing is read or written).
+    """
+
+    def build(settings: dict[str, Any]) -> tuple[SweepPlan[RunResult], Any]:
+        return _bench_sweep(**settings, output=output, console=console)
+
+    return resume_sweep(
+        output, "bench", build, argument=argument, device=device, num_workers=num_workers
+    )
+
+
+def _bench_sweep(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None,
+    seeds: Sequence[int],
+    quick: bool,
+    ablation: bool,
+    output: str | Path,
+    console: Console | None,
+    run_overrides: Mapping[str, Any] | None,
+) -> tuple[SweepPlan[RunResult], Any]:
+    """The plan and the summariser of :func:`run_bench` (arguments as there)."""
+    output, base = Path(output), absolute_paths(base)
     runs = plan_bench(
         base,
         losses=losses,
@@ -591,7 +662,7 @@ def run_bench(
     )
     console = console if console is not None else Console()
     bench = _BenchSweep(runs, seeds, ablation, output, console)
-    return run_sweep(bench.plan(settings), bench.summarise, resume=resume, overwrite=overwrite)
+    return bench.plan(settings), bench.summarise
 
 
 def _legend_labels(

@@ -699,9 +699,7 @@ def load_results(output: str | Path) -> list[MethodResult]:
     """The :class:`MethodResult` list of a sweep directory (its ``results.json``)."""
     path = SweepPaths(Path(output)).hash_results
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{str(path)!r} does not exist; run `rankwise hash train --output {output}` first."
-        )
+        raise FileNotFoundError(f"{str(path)!r} does not exist; run {_make_sweep(output)} first.")
     return [MethodResult.from_dict(r) for r in json.loads(path.read_text())]
 
 
@@ -728,7 +726,14 @@ def head_of(model: nn.Module) -> HashingHead | None:
     return next((m for m in model.modules() if isinstance(m, HashingHead)), None)
 
 
-def evaluate_sweep(output: str | Path, device: str | None = None) -> list[MethodResult]:
+def _make_sweep(output: str | Path) -> str:
+    """The call that makes the sweep in ``output``, for messages."""
+    return f"`run_hash_experiment(config, settings, {str(output)!r})`"
+
+
+def evaluate_sweep(
+    output: str | Path, device: str | None = None, *, make_sweep: str | None = None
+) -> list[MethodResult]:
     """Re-evaluate every run of a sweep from its selected checkpoint (``checkpoints/best.pt``).
 
     Models are rebuilt from ``hash_config.yaml`` and each run's ``config.yaml`` (``untrained``
@@ -737,6 +742,8 @@ def evaluate_sweep(output: str | Path, device: str | None = None) -> list[Method
     Args:
         output: the sweep directory of :func:`run_hash_experiment`.
         device: where to encode (default: the runs' device setting).
+        make_sweep: how a missing sweep's message says to make it (default: the
+            :func:`run_hash_experiment` call; the command line passes its own command).
 
     Raises:
         FileNotFoundError: not a sweep directory (a run without a checkpoint is reported failed).
@@ -746,7 +753,7 @@ def evaluate_sweep(output: str | Path, device: str | None = None) -> list[Method
     if not sweep_config.is_file():
         raise FileNotFoundError(
             f"{str(output)!r} is not a sweep directory (no hash_config.yaml); run "
-            f"`rankwise hash train --output {output}` first."
+            f"{make_sweep or _make_sweep(output)} first."
         )
     config, settings = load_hash_config(sweep_config)
     splits = load_splits(config)

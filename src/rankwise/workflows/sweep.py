@@ -25,10 +25,22 @@ import numpy as np
 from .._disk import atomic_write
 from .._signals import signal_label, signal_number_of
 from ..training.checkpoint import atomic_write_text
-from ..training.config import Config, ConfigError, config_from_dict, read_config_file
+from ..training.config import (
+    Config,
+    ConfigError,
+    apply_overrides,
+    config_from_dict,
+    read_config_file,
+)
 from ..training.errors import NonFiniteLossError, TrainingInterrupted
 from ..training.lock import lock_run_dir
-from ..training.rundir import RunPaths, check_sweep_dir, existing_results, record_sweep
+from ..training.rundir import (
+    RunPaths,
+    check_sweep_dir,
+    existing_results,
+    read_sweep,
+    record_sweep,
+)
 from ..training.trainer import RunResult, Trainer
 
 __all__ = [
@@ -40,6 +52,7 @@ __all__ = [
     "check_planned_configs",
     "check_stored_config",
     "json_text",
+    "resume_sweep",
     "run_or_resume",
     "run_sweep",
     "stored_config_differences",
@@ -379,9 +392,13 @@ class SweepPlan(Generic[R]):
     report: Callable[[Sequence[FinishedRun[R]]], None] = _nothing
 
 
+#: ``summarise(finished_runs, complete)`` of :func:`run_sweep`
+Summariser = Callable[[Sequence[FinishedRun[R]], bool], SweepSummary[S]]
+
+
 def run_sweep(
     plan: SweepPlan[R],
-    summarise: Callable[[Sequence[FinishedRun[R]], bool], SweepSummary[S]],
+    summarise: Summariser[R, S],
     *,
     resume: bool = False,
     overwrite: bool = False,
@@ -420,37 +437,92 @@ def run_sweep(
             interrupted one has its checkpoint; the message says how to resume.
         RunDirInUseError: another process is writing ``plan.output`` (nothing read or written).
     """
+    with lock_run_dir(plan.output, plan.argument, then="resume it" if resume else None):
+        return _run_locked(plan, summarise, resume, overwrite, resume_hint)
+
+
+def resume_sweep(
+    output: str | Path,
+    kind: str,
+    build: Callable[[dict[str, Any]], tuple[SweepPlan[R], Summariser[R, S]]],
+    *,
+    argument: str = "output",
+    device: str | None = None,
+    num_workers: int | None = None,
+    resume_hint: str | None = None,
+) -> S:
+    """Continue the ``kind`` sweep recorded in ``output`` with its saved settings.
+
+    Under the lock of ``output`` (taken once, before ``sweep.json`` is read) the settings are
+    read, ``device`` / ``num_workers`` applied to their ``base`` config (the only settings that
+    may change), and ``build(settings)`` gives the plan and the summariser that
+    :func:`run_sweep` would run with ``resume=True``.
+
+    Args:
+        output: the sweep folder.
+        kind: the sweep recorded there (``"bench"``, ``"tune"``).
+        build: ``settings -> (plan, summarise)``.
+        argument: the argument that named ``output``, for messages.
+        device: run on this device instead of the saved one.
+        num_workers: data-loader workers instead of the saved number.
+        resume_hint: as :func:`run_sweep` (default ``"the same call again"``).
+
+    Returns:
+        The complete summary's ``value``.
+
+    Raises:
+        ConfigError: no ``kind`` sweep in ``output``, or a refusal of :func:`run_sweep`.
+        RunDirInUseError: another process is writing ``output`` (nothing read or written).
+    """
+    with lock_run_dir(output, argument, then="resume it"):
+        settings = dict(read_sweep(output, kind)["settings"])
+        changes = {"device": device, "num_workers": num_workers}
+        settings["base"] = apply_overrides(
+            settings["base"], {key: value for key, value in changes.items() if value is not None}
+        )
+        plan, summarise = build(settings)
+        hint = "the same call again" if resume_hint is None else resume_hint
+        return _run_locked(plan, summarise, True, False, hint)
+
+
+def _run_locked(
+    plan: SweepPlan[R],
+    summarise: Summariser[R, S],
+    resume: bool,
+    overwrite: bool,
+    resume_hint: str | None,
+) -> S:
+    """The body of :func:`run_sweep`, its folder locked."""
     output = Path(plan.output)
     recorded = plan.settings is not None
     continuing = resume or (not recorded and not overwrite)
     if resume_hint is None:
         resume_hint = "the same call with resume=True" if recorded else "the same call again"
-    with lock_run_dir(output, plan.argument, then="resume it" if resume else None):
-        plan.prepare()
-        _check(plan, resume=resume, overwrite=overwrite, continuing=continuing)
-        _record(plan, overwrite=overwrite)
-        finished: list[FinishedRun[R]] = []
-        running: str | None = None  # the run in progress, if any
-        try:
-            plan.start()
-            for index, run in enumerate(plan.runs):
-                if _skipped(run, finished):
-                    continue
-                running = run.name
-                finished.append(_run_one(index, run, continuing))
-                running = None
-                _write(summarise(finished, False))
-                plan.report(finished)
-        except KeyboardInterrupt as exc:
-            counts = (len(finished), len(plan.runs))
-            raise _interruption(
-                plan.kind, exc, running, *counts, output, plan.kept_in, resume_hint
-            ) from None
-        summary = summarise(finished, True)
-        _write(summary)
-        if summary.finish is not None:
-            summary.finish()
-        return summary.value
+    plan.prepare()
+    _check(plan, resume=resume, overwrite=overwrite, continuing=continuing)
+    _record(plan, overwrite=overwrite)
+    finished: list[FinishedRun[R]] = []
+    running: str | None = None  # the run in progress, if any
+    try:
+        plan.start()
+        for index, run in enumerate(plan.runs):
+            if _skipped(run, finished):
+                continue
+            running = run.name
+            finished.append(_run_one(index, run, continuing))
+            running = None
+            _write(summarise(finished, False))
+            plan.report(finished)
+    except KeyboardInterrupt as exc:
+        counts = (len(finished), len(plan.runs))
+        raise _interruption(
+            plan.kind, exc, running, *counts, output, plan.kept_in, resume_hint
+        ) from None
+    summary = summarise(finished, True)
+    _write(summary)
+    if summary.finish is not None:
+        summary.finish()
+    return summary.value
 
 
 def _check(plan: SweepPlan[Any], *, resume: bool, overwrite: bool, continuing: bool) -> None:

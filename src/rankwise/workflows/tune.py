@@ -13,7 +13,7 @@ import copy
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,7 +24,13 @@ import yaml
 from rich.console import Console
 
 from ..losses.registry import loss_parameters
-from ..training.config import Config, ConfigError, apply_overrides, config_from_dict
+from ..training.config import (
+    Config,
+    ConfigError,
+    absolute_paths,
+    apply_overrides,
+    config_from_dict,
+)
 from ..training.errors import NonFiniteLossError
 from ..training.rundir import SweepPaths
 from ..training.trainer import RunResult
@@ -42,6 +48,7 @@ from .sweep import (
     SweepRun,
     SweepSummary,
     json_text,
+    resume_sweep,
     run_sweep,
     sweep_settings,
 )
@@ -52,11 +59,14 @@ if TYPE_CHECKING:
 __all__ = [
     "TIE_RULE",
     "TUNE_FILES",
+    "Reproduce",
     "SeedOutcome",
     "TuneTrial",
     "overrides_over_quick",
     "parse_grid_values",
     "plan_tune",
+    "python_reproduce",
+    "resume_tune",
     "tune",
     "tuned_config",
     "validation_map",
@@ -523,6 +533,20 @@ def _trial_done(trial: TuneTrial) -> bool:
     return len(trial.outcomes) == len(trial.runs) or any(o.val_map is None for o in trial.outcomes)
 
 
+#: ``reproduce(tuned_path, quick)``: how ``tuned.yaml``'s header says to reproduce the test table
+Reproduce = Callable[[Path, bool], str]
+
+
+def python_reproduce(tuned_path: Path, quick: bool) -> str:
+    """The Python call that reproduces the test table from ``tuned.yaml`` (its header's words).
+
+    >>> python_reproduce(Path("runs/tune/tuned.yaml"), True)
+    "`run_bench(read_config_file('runs/tune/tuned.yaml'), output=...)` (tuned with `quick` budgets)"
+    """
+    call = f"`run_bench(read_config_file({str(tuned_path)!r}), output=...)`"
+    return call + (" (tuned with `quick` budgets)" if quick else "")
+
+
 class _TuneSweep:
     """The plan and the summariser of one tuning sweep: its trials, data and selection."""
 
@@ -533,8 +557,10 @@ class _TuneSweep:
         settings: dict[str, Any],
         output: Path,
         console: Console,
+        reproduce: Reproduce,
     ) -> None:
         self.base, self.trials, self.settings = base, list(trials), settings
+        self.reproduce = reproduce
         self.paths, self.console = SweepPaths(output), console
         self.runs = [run for trial in trials for run in trial.runs]
         self.trial_of = [trial for trial in trials for _ in trial.runs]  # by position in runs
@@ -636,8 +662,7 @@ class _TuneSweep:
         header = (
             "# written by `rankwise tune`: the base config with bench.overrides[<loss>] set to the\n"
             "# hyper-parameters selected on validation mAP (see tune.json); reproduce the test table\n"
-            f"# with `rankwise bench --config {tuned_path} --seeds 3`"
-            f"{' (tuned with --quick budgets)' if quick else ''}.\n"
+            f"# with {self.reproduce(tuned_path, quick)}.\n"
         )
         summary = _summary(trials, splits, grid, seeds, quick, True, winners, tuned_path, self.ties)
         files = {
@@ -659,12 +684,16 @@ def tune(
     console: Console | None = None,
     resume: bool = False,
     overwrite: bool = False,
+    reproduce: Reproduce | None = None,
 ) -> dict[str, Any]:
     """Select each loss's hyper-parameters on validation data; write ``tune.json``, ``tuned.yaml``.
 
     Arguments as :func:`plan_tune`, and ``console``, ``resume``, ``overwrite`` as
     :func:`~rankwise.workflows.bench.run_bench` (``tune.json`` is rewritten after every run,
-    with the trials finished so far).
+    with the trials finished so far); ``reproduce(tuned_path, quick)`` words how the header of
+    ``tuned.yaml`` says to reproduce the test table (default :func:`python_reproduce`; the
+    command line passes its ``rankwise bench`` command). A relative ``model.pretrained`` of
+    ``base`` is made absolute (:func:`~rankwise.training.config.absolute_paths`).
     Every configuration error, data-dependent ones included, is raised before the first run. A
     trial whose loss becomes non-finite is recorded as diverged and never selected; ties are
     broken by :data:`TIE_RULE` and reported.
@@ -678,7 +707,60 @@ def tune(
         TrainingInterrupted: Ctrl-C or SIGTERM; ``resume=True`` continues.
         RunDirInUseError: another process is writing ``output`` (see :mod:`rankwise.training.lock`).
     """
-    output = Path(output)
+    plan, summarise = _tune_sweep(
+        base,
+        losses=losses,
+        grid=grid,
+        seeds=seeds,
+        quick=quick,
+        output=output,
+        console=console,
+        reproduce=reproduce,
+    )
+    return run_sweep(plan, summarise, resume=resume, overwrite=overwrite)
+
+
+def resume_tune(
+    output: str | Path,
+    *,
+    device: str | None = None,
+    num_workers: int | None = None,
+    console: Console | None = None,
+    argument: str = "output",
+    reproduce: Reproduce | None = None,
+) -> dict[str, Any]:
+    """Continue the interrupted tuning sweep in ``output`` with the settings it recorded.
+
+    As :func:`tune` with ``resume=True`` and the settings of its ``sweep.json``, read under the
+    folder's lock (:func:`~rankwise.workflows.sweep.resume_sweep`); only ``device`` and
+    ``num_workers`` may change. Arguments as :func:`~rankwise.workflows.bench.resume_bench`, and
+    ``reproduce`` as :func:`tune`.
+
+    Returns:
+        The ``tune.json`` content, as :func:`tune`.
+    """
+
+    def build(settings: dict[str, Any]) -> tuple[SweepPlan[SeedOutcome], Any]:
+        return _tune_sweep(**settings, output=output, console=console, reproduce=reproduce)
+
+    return resume_sweep(
+        output, "tune", build, argument=argument, device=device, num_workers=num_workers
+    )
+
+
+def _tune_sweep(
+    base: Mapping[str, Any],
+    *,
+    losses: Sequence[str] | None,
+    grid: Mapping[str, Sequence[Any]],
+    seeds: Sequence[int],
+    quick: bool,
+    output: str | Path,
+    console: Console | None,
+    reproduce: Reproduce | None,
+) -> tuple[SweepPlan[SeedOutcome], Any]:
+    """The plan and the summariser of :func:`tune` (arguments as there)."""
+    output, base = Path(output), absolute_paths(base)
     trials = plan_tune(base, losses=losses, grid=grid, seeds=seeds, quick=quick, output=output)
     settings = sweep_settings(
         base,
@@ -688,5 +770,5 @@ def tune(
         quick=bool(quick),
     )
     console = console if console is not None else Console()
-    sweep = _TuneSweep(base, trials, settings, output, console)
-    return run_sweep(sweep.plan(), sweep.summarise, resume=resume, overwrite=overwrite)
+    sweep = _TuneSweep(base, trials, settings, output, console, reproduce or python_reproduce)
+    return sweep.plan(), sweep.summarise
