@@ -43,7 +43,15 @@ def device(request):
 
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
-DISTRIBUTED_CASES = ("losses", "errors", "trainer", "metrics", "custom_metric", "digits")
+DISTRIBUTED_CASES = (
+    "losses",
+    "errors",
+    "trainer",
+    "metrics",
+    "custom_metric",
+    "sharded_evaluation",
+    "digits",  # last: `rankwise train` leaves the process group itself
+)
 
 
 def free_port() -> int:

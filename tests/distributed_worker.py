@@ -353,6 +353,59 @@ def case_custom_metric(rank: int, world: int, out_dir: Path) -> dict:
     return out
 
 
+def sharded_metric_run(trainer_class) -> dict:
+    """3 steps whose metric_fn / curve_fn take query blocks: the rows each call ranked, the report."""
+    from rankwise.metrics import pr_curve, query_blocks, retrieval_metrics
+    from rankwise.sampling import MPerClassBatchSampler
+
+    rows: dict[str, list[int]] = {"metric": [], "curve": []}
+
+    @query_blocks
+    def metric_fn(query, *args, **kwargs):
+        rows["metric"].append(int(query.shape[0]))
+        return retrieval_metrics(query, *args, similarity="dot", **kwargs)
+
+    @query_blocks
+    def curve_fn(query, *args, **kwargs):
+        rows["curve"].append(int(query.shape[0]))
+        return pr_curve(query, *args, similarity="dot", **kwargs)
+
+    train = clustered(8, 12, seed=1)
+    trainer = trainer_class(
+        make_model(),
+        build_loss("ap").double(),
+        train,
+        sampler=MPerClassBatchSampler(train.tensors[1], m=4, batch_size=16, seed=5),
+        val_data=clustered(5, 7, seed=2),
+        test_data=clustered(6, 7, seed=3),
+        iterations=3,
+        eval_every=3,
+        eval_ks=(1, 5),
+        seed=7,
+        progress=False,
+        metric_fn=metric_fn,
+        curve_fn=curve_fn,
+    )
+    result = trainer.fit()
+    return {
+        "rows": rows,
+        "best_val": result.best_val,
+        "test": result.test.to_dict(),
+        "curve": torch.from_numpy(result.pr_curve.precision),
+    }
+
+
+def case_sharded_evaluation(rank: int, world: int, out_dir: Path) -> dict:
+    """Issue 32 item 4: a DistributedTrainer ranks only its share of the queries, same numbers."""
+    from rankwise.training import Trainer
+    from rankwise.training.distributed import DistributedTrainer
+
+    out = {"distributed": sharded_metric_run(DistributedTrainer)}
+    if rank == 0:
+        out["single"] = sharded_metric_run(Trainer)
+    return out
+
+
 # -- sharded metrics -----------------------------------------------------------------------------
 
 
@@ -527,6 +580,7 @@ CASES = {
     "metrics": case_metrics,
     "digits": case_digits,
     "custom_metric": case_custom_metric,
+    "sharded_evaluation": case_sharded_evaluation,
 }
 
 
@@ -593,7 +647,7 @@ def main() -> None:
         for case in cases:
             started = time.perf_counter()
             run = CASES[case]
-            if case in ("trainer", "digits", "custom_metric"):
+            if case in ("trainer", "digits", "custom_metric", "sharded_evaluation"):
                 result = run(context.rank, context.world_size, out_dir)
             else:
                 result = run(context.rank, context.world_size)

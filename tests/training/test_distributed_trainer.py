@@ -102,6 +102,24 @@ def test_resume_with_another_world_size_is_refused(distributed_results, tmp_path
     assert "torchrun --nproc-per-node 2" in str(info.value)  # how to resume it
 
 
+def test_each_rank_ranks_its_share_of_the_queries_and_gets_the_single_process_report(
+    distributed_results,
+):
+    # issue 32 item 4: the ranking of a data-parallel evaluation is sharded, the numbers identical
+    single = distributed_results("sharded_evaluation", 0)["single"]
+    assert single["rows"] == {"metric": [35, 42], "curve": [42]}  # validation, then test
+    shares = []
+    for rank in (0, 1):
+        run = distributed_results("sharded_evaluation", rank)["distributed"]
+        shares.append(run["rows"])
+        assert run["test"] == single["test"]  # every field, exactly
+        assert run["best_val"] == single["best_val"]
+        assert torch.equal(run["curve"], single["curve"])
+    # validation 35 queries, test 42: each rank ranked its half, together all of them once
+    assert [share["metric"] for share in shares] == [[17, 21], [18, 21]]
+    assert [share["curve"] for share in shares] == [[21], [21]]
+
+
 def test_a_custom_metric_fn_and_curve_fn_evaluate_the_distributed_run(distributed_results):
     # issue 20: the data-parallel evaluation replaced metric_fn / curve_fn by the default metrics
     single = distributed_results("custom_metric", 0)["single"]

@@ -21,7 +21,14 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .._threads import preserve_torch_threads
-from ..metrics import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
+from ..metrics import (
+    PRCurve,
+    RetrievalReport,
+    pr_curve,
+    retrieval_metrics,
+    sharded_curve,
+    sharded_metric,
+)
 from ..metrics._inputs import check_ks
 from .arguments import positive_int
 from .loader import worker_init
@@ -119,9 +126,11 @@ class Evaluator:
     (the ``strategy``) every process embeds a contiguous shard and the embeddings are gathered in
     order, so ``metric_fn`` sees the whole split on every process and a custom one is honoured.
 
-    This is the one place evaluation happens: a ``metric_fn`` that ranks a block of query rows
-    against the gallery and returns a report that merges exactly lets each process rank its share
-    of the queries instead (``rank`` is where it goes).
+    This is the one place evaluation happens. Under data parallelism a ``metric_fn`` marked with
+    :func:`rankwise.metrics.query_blocks` (the default ones are) ranks only this process's share of
+    the queries against the gathered gallery and the reports are merged exactly
+    (:func:`rankwise.metrics.sharded_metric`), so every process gets the one-process report; an
+    unmarked custom one ranks the whole split on every process, with a one-time warning.
 
     Args:
         metric_fn: called as ``metric_fn(query, query_labels, gallery, gallery_labels, ks=ks)``
@@ -229,6 +238,35 @@ class Evaluator:
             others: tuple[torch.Tensor, np.ndarray] | tuple[None, None] = (None, None)
             if gallery is not None:
                 others = self.embed_split(model, gallery, device)
+            report, curve = self._ranked(query, query_labels, others, with_curve)
+        return Ranking(report, query, curve)
+
+    def _ranked(
+        self,
+        query: torch.Tensor,
+        query_labels: np.ndarray,
+        others: tuple[torch.Tensor, np.ndarray] | tuple[None, None],
+        with_curve: bool,
+    ) -> tuple[Any, Any]:
+        """The report (and curve) of the gathered split.
+
+        Under data parallelism each process ranks its share of the queries and the merged report
+        is the one-process report bit for bit.
+
+        A ``metric_fn`` / ``curve_fn`` not marked with :func:`rankwise.metrics.query_blocks` ranks
+        the whole split on every process, as before (``sharded_metric`` warns once on rank 0).
+        """
+        if self.strategy.world_size == 1:
             report = self.metric_fn(query, query_labels, *others, ks=self.ks)
             curve = self.curve_fn(query, query_labels, *others) if with_curve else None
-        return Ranking(report, query, curve)
+            return report, curve
+        group = self.strategy.group
+        report = sharded_metric(
+            self.metric_fn, query, query_labels, *others, ks=self.ks, group=group
+        )
+        curve = (
+            sharded_curve(self.curve_fn, query, query_labels, *others, group=group)
+            if with_curve
+            else None
+        )
+        return report, curve
