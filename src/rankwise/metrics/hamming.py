@@ -352,6 +352,10 @@ class HammingRetrievalReport(RetrievalReport):
     """
 
     _SETTINGS: ClassVar[tuple[str, ...]] = (*RetrievalReport._SETTINGS, "bits", "affinity")
+    _NO_RELEVANT: ClassVar[str] = (
+        "no query has a relevant database item (affinity > 0); the metrics are undefined. "
+        "Check the labels / affinity, or pass a database that contains the query classes."
+    )
 
     bits: int = 0
     affinity: str = "labels"
@@ -364,56 +368,25 @@ class HammingRetrievalReport(RetrievalReport):
     per_query_ndcg: torch.Tensor | None = None
 
     @classmethod
-    def from_per_query(
-        cls, arrays: dict[str, np.ndarray], settings: dict[str, Any], clamped_ks: dict[int, int]
-    ) -> HammingRetrievalReport:
-        """The report of the per-query values ``arrays`` (as the base class; Hamming fields too).
+    def _extra_from_per_query(
+        cls, arrays: dict[str, np.ndarray], mean: Callable[[str], float], ks: tuple[int, ...]
+    ) -> dict[str, Any]:
+        """The Hamming fields of :meth:`from_per_query`.
 
-        Args:
-            arrays: every per-query array of the evaluation (``"ap"``, ``"ap_best"``,
-                ``"ndcg"``, ``"ndcg@k"``, ...), each ``(n_queries,)`` float64.
-            settings: the values of :meth:`settings`.
-            clamped_ks: always empty here (a cut-off beyond the database is an error).
-
-        Returns:
-            The :class:`HammingRetrievalReport`.
-
-        Raises:
-            ValueError: no query has a relevant item.
+        ``arrays`` also hold ``"ap_best"``, ``"ndcg"``, ``"ndcg@k"``, ...; ``clamped_ks`` is
+        always empty here (a cut-off beyond the database is an error).
         """
-        valid = ~np.isnan(arrays["ap"])
-        if not valid.any():
-            raise ValueError(
-                "no query has a relevant database item (affinity > 0); the metrics are undefined. "
-                "Check the labels / affinity, or pass a database that contains the query classes."
-            )
-
-        def mean(name: str) -> float:
-            return float(arrays[name][valid].mean())
-
-        ks = settings["ks"]
-        return cls(
-            map=mean("ap"),
-            recall_at={k: mean(f"recall@{k}") for k in ks},
-            precision_at={k: mean(f"precision@{k}") for k in ks},
-            map_at_r=mean("map_at_r"),
-            r_precision=mean("r_prec"),
-            per_query_ap=torch.from_numpy(arrays["ap"]),
-            n_queries=int(valid.shape[0]),
-            n_queries_without_relevant=int((~valid).sum()),
-            clamped_ks=clamped_ks,
-            per_query={k: torch.from_numpy(v) for k, v in arrays.items() if k != "ap"},
-            map_at={k: mean(f"ap@{k}") for k in ks},
-            ndcg=mean("ndcg"),
-            ndcg_at={k: mean(f"ndcg@{k}") for k in ks},
-            map_range=(mean("ap_worst"), mean("ap_best")),
-            ndcg_range=(mean("ndcg_worst"), mean("ndcg_best")),
-            per_query_ap_range=torch.from_numpy(
+        return {
+            "map_at": {k: mean(f"ap@{k}") for k in ks},
+            "ndcg": mean("ndcg"),
+            "ndcg_at": {k: mean(f"ndcg@{k}") for k in ks},
+            "map_range": (mean("ap_worst"), mean("ap_best")),
+            "ndcg_range": (mean("ndcg_worst"), mean("ndcg_best")),
+            "per_query_ap_range": torch.from_numpy(
                 np.stack([arrays["ap_worst"], arrays["ap_best"]], 1)
             ),
-            per_query_ndcg=torch.from_numpy(arrays["ndcg"]),
-            **settings,
-        )
+            "per_query_ndcg": torch.from_numpy(arrays["ndcg"]),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict: per-query AP as a list (None for NaN), other per-query arrays left out."""

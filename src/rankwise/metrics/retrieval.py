@@ -18,9 +18,9 @@ loop of :mod:`rankwise.metrics._device`), then to the metrics in closed form
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -66,6 +66,9 @@ NO_RELEVANT_PR_MESSAGE = (
 )
 
 
+_Report = TypeVar("_Report", bound="RetrievalReport")
+
+
 @dataclass
 class RetrievalReport:
     """Retrieval metrics averaged over the queries that have at least one relevant item.
@@ -98,6 +101,7 @@ class RetrievalReport:
 
     # fields every report of one evaluation shares (merge_retrieval_reports checks them)
     _SETTINGS: ClassVar[tuple[str, ...]] = ("n_gallery", "ties", "similarity", "ks")
+    _NO_RELEVANT: ClassVar[str] = NO_RELEVANT_MESSAGE
 
     map: float
     recall_at: dict[int, float]
@@ -128,8 +132,11 @@ class RetrievalReport:
 
     @classmethod
     def from_per_query(
-        cls, arrays: dict[str, np.ndarray], settings: dict[str, Any], clamped_ks: dict[int, int]
-    ) -> RetrievalReport:
+        cls: type[_Report],
+        arrays: dict[str, np.ndarray],
+        settings: dict[str, Any],
+        clamped_ks: dict[int, int],
+    ) -> _Report:
         """The report whose per-query values are ``arrays`` (the means of one evaluation).
 
         :func:`retrieval_metrics` and :func:`~rankwise.metrics.merge_retrieval_reports` both
@@ -150,7 +157,7 @@ class RetrievalReport:
         ap = arrays["ap"]
         valid = ~np.isnan(ap)
         if not valid.any():
-            raise ValueError(NO_RELEVANT_MESSAGE)
+            raise ValueError(cls._NO_RELEVANT)
 
         def mean(name: str) -> float:
             return float(arrays[name][valid].mean())
@@ -167,8 +174,16 @@ class RetrievalReport:
             n_queries_without_relevant=int((~valid).sum()),
             clamped_ks=clamped_ks,
             per_query={k: torch.from_numpy(v) for k, v in arrays.items() if k != "ap"},
+            **cls._extra_from_per_query(arrays, mean, ks),
             **settings,
         )
+
+    @classmethod
+    def _extra_from_per_query(
+        cls, arrays: dict[str, np.ndarray], mean: Callable[[str], float], ks: tuple[int, ...]
+    ) -> dict[str, Any]:
+        """A subclass's own fields from the per-query ``arrays`` (``mean``: over valid queries)."""
+        return {}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (per-query AP as a list with None for NaN)."""
