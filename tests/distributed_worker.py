@@ -312,12 +312,11 @@ class CountingEvaluation:
         return pr_curve(*args, similarity="dot", **kwargs)
 
 
-def custom_metric_run(trainer_class) -> dict:
-    """3 steps with a custom metric_fn / curve_fn: what evaluated the run, and its test report."""
+def evaluated_run(trainer_class, metric_fn, curve_fn):
+    """The fitted result of 3 steps evaluated by ``metric_fn`` / ``curve_fn`` (validation, test)."""
     from rankwise.sampling import MPerClassBatchSampler
 
     train = clustered(8, 12, seed=1)
-    counting = CountingEvaluation()
     trainer = trainer_class(
         make_model(),
         build_loss("ap").double(),
@@ -330,10 +329,16 @@ def custom_metric_run(trainer_class) -> dict:
         eval_ks=(1, 5),
         seed=7,
         progress=False,
-        metric_fn=counting.metric_fn,
-        curve_fn=counting.curve_fn,
+        metric_fn=metric_fn,
+        curve_fn=curve_fn,
     )
-    result = trainer.fit()
+    return trainer.fit()
+
+
+def custom_metric_run(trainer_class) -> dict:
+    """3 steps with a custom metric_fn / curve_fn: what evaluated the run, and its test report."""
+    counting = CountingEvaluation()
+    result = evaluated_run(trainer_class, counting.metric_fn, counting.curve_fn)
     return {
         "metric_calls": counting.metric_calls,
         "curve_calls": counting.curve_calls,
@@ -356,7 +361,6 @@ def case_custom_metric(rank: int, world: int, out_dir: Path) -> dict:
 def sharded_metric_run(trainer_class) -> dict:
     """3 steps whose metric_fn / curve_fn take query blocks: the rows each call ranked, the report."""
     from rankwise.metrics import pr_curve, query_blocks, retrieval_metrics
-    from rankwise.sampling import MPerClassBatchSampler
 
     rows: dict[str, list[int]] = {"metric": [], "curve": []}
 
@@ -370,23 +374,7 @@ def sharded_metric_run(trainer_class) -> dict:
         rows["curve"].append(int(query.shape[0]))
         return pr_curve(query, *args, similarity="dot", **kwargs)
 
-    train = clustered(8, 12, seed=1)
-    trainer = trainer_class(
-        make_model(),
-        build_loss("ap").double(),
-        train,
-        sampler=MPerClassBatchSampler(train.tensors[1], m=4, batch_size=16, seed=5),
-        val_data=clustered(5, 7, seed=2),
-        test_data=clustered(6, 7, seed=3),
-        iterations=3,
-        eval_every=3,
-        eval_ks=(1, 5),
-        seed=7,
-        progress=False,
-        metric_fn=metric_fn,
-        curve_fn=curve_fn,
-    )
-    result = trainer.fit()
+    result = evaluated_run(trainer_class, metric_fn, curve_fn)
     return {
         "rows": rows,
         "best_val": result.best_val,
