@@ -38,6 +38,7 @@ LAYERS = {
     "data": 1,
     "models": 2,
     "hashing": 2,
+    "search": 2,
     "similarity_learning": 2,
     "training": 3,
     "plots": 3,

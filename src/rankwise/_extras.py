@@ -3,8 +3,10 @@
 ``pip install rankwise`` installs what the losses and metrics need (torch, numpy, scipy, numba).
 Everything else is an extra, named in ``pyproject.toml``: ``train`` (the trainer, configs and
 plots), ``cli`` (the ``rankwise`` command on top of ``train``), ``baselines``
-(pytorch-metric-learning), ``vision`` (torchvision + Pillow). A feature whose extra is missing
-fails at its first use with :class:`MissingDependencyError`, which names the extra to install,
+(pytorch-metric-learning), ``vision`` (torchvision + Pillow), ``faiss`` (faiss-cpu, the faiss
+backend of :class:`rankwise.search.EmbeddingIndex`), ``export`` (onnx, onnxruntime and
+onnxscript, for ``rankwise export --format onnx``). A feature whose extra is missing fails at its
+first use with :class:`MissingDependencyError`, which names the extra to install,
 instead of an ``ImportError`` from deep inside the package.
 """
 
@@ -22,6 +24,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "cli": ("typer", "rich", "pydantic", "yaml", "matplotlib", "sklearn"),
     "baselines": ("pytorch_metric_learning",),
     "vision": ("torchvision", "PIL"),
+    "faiss": ("faiss",),
+    "export": ("onnx", "onnxruntime", "onnxscript"),
 }
 # import name -> distribution name, where they differ
 _DISTRIBUTIONS = {
@@ -29,6 +33,7 @@ _DISTRIBUTIONS = {
     "sklearn": "scikit-learn",
     "PIL": "Pillow",
     "pytorch_metric_learning": "pytorch-metric-learning",
+    "faiss": "faiss-cpu",
 }
 
 
