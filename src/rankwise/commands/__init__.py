@@ -29,6 +29,8 @@ COMMANDS: dict[str, str] = {
     "tune": "tune:tune",
     "pretrain": "pretrain:pretrain",
     "embed": "embed:embed",
+    "search": "search:search",
+    "export": "export:export",
     "experiment": "experiment:experiment_app",
     "hash": "hash:hash_app",
     "roc": "roc:roc_app",
