@@ -348,9 +348,9 @@ def search(
         run = load_run(run_dir, checkpoint=checkpoint, device=device)
         run_meta = run_metadata(run)
         index = _gallery_index(run, gallery, options, run_meta)
-        if k > index.ntotal:
-            raise ValueError(f"--k {k} exceeds the {index.ntotal} gallery items.")
         query_items = read_items(run, queries, "QUERIES", arrays=arrays, batch_size=batch_size)
+        if k > index.ntotal:
+            raise ValueError(f"--k {k} exceeds the {index.ntotal} gallery items; pass a smaller --k.")
         result = index.search(query_items.embeddings, k, device=device)
         report = _report(result, index, query_items, run_meta, k)
         if save_index is not None:

@@ -169,13 +169,20 @@ def _quiet_exporter() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _quietly(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` without its warnings (TorchScript's deprecation notices)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return function(*args, **kwargs)
+
+
 def _writer(model: torch.nn.Module, example: torch.Tensor, fmt: str) -> Callable[[IO[bytes]], Any]:
     """The function that writes ``model`` in format ``fmt`` to an open binary file."""
     batch = torch.export.Dim("batch")
     if fmt == "torchscript":
         with _quiet_exporter():
             traced = torch.jit.trace(model, example)
-        return lambda handle: torch.jit.save(traced, handle)
+        return lambda handle: _quietly(torch.jit.save, traced, handle)
     if fmt == "pt2":
         with _quiet_exporter():
             program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
@@ -200,7 +207,7 @@ def _writer(model: torch.nn.Module, example: torch.Tensor, fmt: str) -> Callable
 def _loader(path: Path, fmt: str) -> Callable[[torch.Tensor], np.ndarray]:
     """The written model, loaded back from ``path``, as a function of a float32 batch."""
     if fmt == "torchscript":
-        scripted = torch.jit.load(str(path), map_location="cpu")
+        scripted = _quietly(torch.jit.load, str(path), map_location="cpu")
         return lambda x: scripted(x).detach().numpy()
     if fmt == "pt2":
         module = torch.export.load(str(path)).module()
