@@ -73,7 +73,13 @@ def test_search_arrays_of_raw_digits_equals_brute_force(digits_run, tmp_path):
     np.save(tmp_path / "q.npy", images[:6])
     np.save(tmp_path / "g.npy", images[100:400])
     out = tmp_path / "out.json"
-    args = ["search", str(digits_run), str(tmp_path / "q.npy"), "--gallery", str(tmp_path / "g.npy")]
+    args = [
+        "search",
+        str(digits_run),
+        str(tmp_path / "q.npy"),
+        "--gallery",
+        str(tmp_path / "g.npy"),
+    ]
     result = runner.invoke(app, [*args, "--k", "7", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
@@ -94,15 +100,35 @@ def test_search_embeddings_and_a_saved_index(digits_run, tmp_path):
     np.save(tmp_path / "g.npy", images[:200])
     first = runner.invoke(
         app,
-        ["search", str(digits_run), str(tmp_path / "qe.npy"), "--gallery", str(tmp_path / "g.npy"),
-         "--k", "3", "--save-index", str(tmp_path / "gallery"), "--json", str(tmp_path / "a.json")],
+        [
+            "search",
+            str(digits_run),
+            str(tmp_path / "qe.npy"),
+            "--gallery",
+            str(tmp_path / "g.npy"),
+            "--k",
+            "3",
+            "--save-index",
+            str(tmp_path / "gallery"),
+            "--json",
+            str(tmp_path / "a.json"),
+        ],
     )
     assert first.exit_code == 0, first.output
     assert (tmp_path / "gallery.json").is_file() and (tmp_path / "gallery.npz").is_file()
     again = runner.invoke(
         app,
-        ["search", str(digits_run), str(tmp_path / "qe.npy"), "--gallery", str(tmp_path / "gallery.json"),
-         "--k", "3", "--json", "-"],
+        [
+            "search",
+            str(digits_run),
+            str(tmp_path / "qe.npy"),
+            "--gallery",
+            str(tmp_path / "gallery.json"),
+            "--k",
+            "3",
+            "--json",
+            "-",
+        ],
     )
     assert again.exit_code == 0, again.output
     a = json.loads((tmp_path / "a.json").read_text())
@@ -119,7 +145,14 @@ def test_a_saved_index_of_another_model_is_refused(digits_run, tmp_path):
     index.save(tmp_path / "other")
     np.save(tmp_path / "q.npy", load_digits().images[:2])
     result = runner.invoke(
-        app, ["search", str(digits_run), str(tmp_path / "q.npy"), "--gallery", str(tmp_path / "other.json")]
+        app,
+        [
+            "search",
+            str(digits_run),
+            str(tmp_path / "q.npy"),
+            "--gallery",
+            str(tmp_path / "other.json"),
+        ],
     )
     assert result.exit_code == 2
     assert "built with model 0123456789abcdef" in result.output and "--save-index" in result.output
@@ -128,7 +161,10 @@ def test_a_saved_index_of_another_model_is_refused(digits_run, tmp_path):
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda p: np.save(p / "x.npy", np.zeros((3, 5))), "has shape (3, 5); this run takes inputs (N, 1, 8, 8) or embeddings (N, 8)"),
+        (
+            lambda p: np.save(p / "x.npy", np.zeros((3, 5))),
+            "has shape (3, 5); this run takes inputs (N, 1, 8, 8) or embeddings (N, 8)",
+        ),
         (lambda p: (p / "imgs").mkdir(), "holds images but the run was trained on digits arrays"),
         (lambda p: np.save(p / "x.npy", np.full((2, 8, 8), 99.0)), "digits pixels are 0-16"),
     ],
@@ -137,7 +173,9 @@ def test_search_bad_queries_are_one_line_and_exit_2(digits_run, tmp_path, make, 
     make(tmp_path)
     np.save(tmp_path / "g.npy", load_digits().images[:20])
     target = tmp_path / ("imgs" if (tmp_path / "imgs").exists() else "x.npy")
-    result = runner.invoke(app, ["search", str(digits_run), str(target), "--gallery", str(tmp_path / "g.npy")])
+    result = runner.invoke(
+        app, ["search", str(digits_run), str(target), "--gallery", str(tmp_path / "g.npy")]
+    )
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
 
@@ -146,10 +184,23 @@ def test_search_image_folder_against_a_csv_table(image_run, tmp_path):
     gallery = write_images(tmp_path / "gallery", 6, seed=0)
     queries = write_images(tmp_path / "queries", 2, seed=1)
     table = tmp_path / "gallery.csv"
-    table.write_text("path,label\n" + "".join(f"gallery/{p.name},{i % 2}\n" for i, p in enumerate(gallery)))
+    table.write_text(
+        "path,label\n" + "".join(f"gallery/{p.name},{i % 2}\n" for i, p in enumerate(gallery))
+    )
     out = tmp_path / "out.json"
     result = runner.invoke(
-        app, ["search", str(image_run), str(tmp_path / "queries"), "--gallery", str(table), "--k", "6", "--json", str(out)]
+        app,
+        [
+            "search",
+            str(image_run),
+            str(tmp_path / "queries"),
+            "--gallery",
+            str(table),
+            "--k",
+            "6",
+            "--json",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
@@ -172,11 +223,25 @@ def test_search_csv_errors_name_the_row_and_column(image_run, tmp_path):
         ("nocol.csv", "has no 'path' column (its columns: file)"),
     ):
         result = runner.invoke(
-            app, ["search", str(image_run), str(tmp_path / table), "--gallery", str(tmp_path / "gallery")]
+            app,
+            [
+                "search",
+                str(image_run),
+                str(tmp_path / table),
+                "--gallery",
+                str(tmp_path / "gallery"),
+            ],
         )
         assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
     result = runner.invoke(
-        app, ["search", str(image_run), str(tmp_path / "gallery"), "--gallery", str(tmp_path / "broken")]
+        app,
+        [
+            "search",
+            str(image_run),
+            str(tmp_path / "gallery"),
+            "--gallery",
+            str(tmp_path / "broken"),
+        ],
     )
     text = " ".join(result.output.split())
     assert result.exit_code == 2 and "--gallery: cannot read image" in text, result.output
@@ -225,11 +290,17 @@ def test_export_image_run_states_the_image_preprocessing(image_run, tmp_path):
 
 def test_export_onnx_without_the_extra_names_it(digits_run, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    result = runner.invoke(app, ["export", str(digits_run), "--format", "onnx", "-o", str(tmp_path / "m.onnx")])
+    result = runner.invoke(
+        app, ["export", str(digits_run), "--format", "onnx", "-o", str(tmp_path / "m.onnx")]
+    )
     assert result.exit_code == 3
     assert "rankwise[export]" in result.output and not (tmp_path / "m.onnx").exists()
 
 
 def test_export_refuses_an_unknown_format(digits_run, tmp_path):
-    result = runner.invoke(app, ["export", str(digits_run), "--format", "tflite", "-o", str(tmp_path / "m")])
-    assert result.exit_code == 2 and "--format must be one of onnx, torchscript, pt2" in result.output
+    result = runner.invoke(
+        app, ["export", str(digits_run), "--format", "tflite", "-o", str(tmp_path / "m")]
+    )
+    assert (
+        result.exit_code == 2 and "--format must be one of onnx, torchscript, pt2" in result.output
+    )

@@ -79,8 +79,12 @@ def test_search_equals_brute_force_on_near_ties_one_ulp_apart(similarity):
 )
 def test_search_equals_brute_force_hypothesis(data, similarity, n_g, n_q, d):
     values = st.integers(-2, 2).map(float)
-    gallery = np.array(data.draw(st.lists(st.lists(values, min_size=d, max_size=d), min_size=n_g, max_size=n_g)))
-    queries = np.array(data.draw(st.lists(st.lists(values, min_size=d, max_size=d), min_size=n_q, max_size=n_q)))
+    gallery = np.array(
+        data.draw(st.lists(st.lists(values, min_size=d, max_size=d), min_size=n_g, max_size=n_g))
+    )
+    queries = np.array(
+        data.draw(st.lists(st.lists(values, min_size=d, max_size=d), min_size=n_q, max_size=n_q))
+    )
     k = data.draw(st.integers(1, n_g))
     query_block = data.draw(st.integers(1, n_q))
     gallery_block = data.draw(st.integers(1, n_g))
@@ -103,7 +107,12 @@ def test_exact_top_k_checks_its_arguments():
 
 def test_ids_paths_and_labels_follow_the_items():
     index = EmbeddingIndex(2, "dot")
-    index.add(np.array([[1.0, 0.0], [3.0, 0.0]]), ids=[10, 11], paths=["a.png", "b.png"], labels=["x", "y"])
+    index.add(
+        np.array([[1.0, 0.0], [3.0, 0.0]]),
+        ids=[10, 11],
+        paths=["a.png", "b.png"],
+        labels=["x", "y"],
+    )
     index.add(np.array([[2.0, 0.0]]), ids=[12], paths=["c.png"], labels=["z"])
     result = index.search(np.array([[1.0, 0.0]]), k=3)
     assert result.ids.tolist() == [[11, 12, 10]]
@@ -138,7 +147,12 @@ def test_add_and_search_refuse_bad_input_naming_the_argument():
 def test_save_and_load_round_trip_with_metadata(tmp_path):
     rng = np.random.default_rng(0)
     index = EmbeddingIndex(4, "euclidean", metadata={"model_id": "abc", "step": 7})
-    index.add(rng.standard_normal((30, 4)), ids=np.arange(100, 130), paths=[f"p{i}" for i in range(30)], labels=np.arange(30) % 3)
+    index.add(
+        rng.standard_normal((30, 4)),
+        ids=np.arange(100, 130),
+        paths=[f"p{i}" for i in range(30)],
+        labels=np.arange(30) % 3,
+    )
     written = index.save(tmp_path / "gallery")
     assert written == tmp_path / "gallery.json" and (tmp_path / "gallery.npz").is_file()
     meta = json.loads(written.read_text())
@@ -214,5 +228,7 @@ def test_faiss_backend_finds_the_exact_neighbours_and_flags_ties():
 
 def test_faiss_backend_without_faiss_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss now fails
-    with pytest.raises(MissingDependencyError, match=r"faiss-cpu is not installed.*rankwise\[faiss\]"):
+    with pytest.raises(
+        MissingDependencyError, match=r"faiss-cpu is not installed.*rankwise\[faiss\]"
+    ):
         EmbeddingIndex(4, backend="faiss")

@@ -260,7 +260,9 @@ def _report(
 def _print_table(console: Console, report: dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{report['k']} nearest of {report['gallery_size']} ({report['similarity']})")
+    table = Table(
+        title=f"{report['k']} nearest of {report['gallery_size']} ({report['similarity']})"
+    )
     for column in ("query", "rank", "id", "score", "gallery item"):
         table.add_column(column, justify="right" if column in ("rank", "id", "score") else "left")
     notes = []
@@ -272,8 +274,11 @@ def _print_table(console: Console, report: dict[str, Any]) -> None:
                 shown = f"{shown} [{item['label']}]".strip()
             first = item["rank"] == 1
             table.add_row(
-                query if first else "", str(item["rank"]), str(item["id"]),
-                f"{item['score']:.6g}", shown,
+                query if first else "",
+                str(item["rank"]),
+                str(item["id"]),
+                f"{item['score']:.6g}",
+                shown,
             )
         if entry["cut_tied"]:
             count = entry["ties_at_cut"]
@@ -317,7 +322,10 @@ def search(
         "exact", "--backend", help="exact, or faiss (a flat faiss index; the 'faiss' extra)."
     ),
     save_index: Path | None = typer.Option(
-        None, "--save-index", metavar="FILE", help="Also save the gallery's index (FILE.npz + FILE.json)."
+        None,
+        "--save-index",
+        metavar="FILE",
+        help="Also save the gallery's index (FILE.npz + FILE.json).",
     ),
     checkpoint: str = typer.Option(
         "auto", "--checkpoint", help="auto (best.pt, else last.pt), best, last, or a file."
@@ -350,7 +358,9 @@ def search(
         index = _gallery_index(run, gallery, options, run_meta)
         query_items = read_items(run, queries, "QUERIES", arrays=arrays, batch_size=batch_size)
         if k > index.ntotal:
-            raise ValueError(f"--k {k} exceeds the {index.ntotal} gallery items; pass a smaller --k.")
+            raise ValueError(
+                f"--k {k} exceeds the {index.ntotal} gallery items; pass a smaller --k."
+            )
         result = index.search(query_items.embeddings, k, device=device)
         report = _report(result, index, query_items, run_meta, k)
         if save_index is not None:

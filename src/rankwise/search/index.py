@@ -489,9 +489,7 @@ class EmbeddingIndex:
     def _check_consistent(self, given: bool, held: bool | None, name: str) -> None:
         if held is not None and given != held:
             state = "holds" if held else "holds no"
-            raise ValueError(
-                f"the index {state} {name}; pass `{name}` to every add() or to none."
-            )
+            raise ValueError(f"the index {state} {name}; pass `{name}` to every add() or to none.")
 
     def _database(self) -> np.ndarray:
         if len(self._chunks) > 1:
@@ -564,9 +562,7 @@ class EmbeddingIndex:
             scores, positions, tied = self._search_faiss(q, k, query_block)
             return self._result(scores, positions, None, tied)
         gallery = torch.from_numpy(self._database()).to(dev)  # checked finite by add()
-        keys, rows, ties = _exact_top_k(
-            q, gallery, k, self.similarity, query_block, gallery_block
-        )
+        keys, rows, ties = _exact_top_k(q, gallery, k, self.similarity, query_block, gallery_block)
         scores = similarity_from_keys(keys.cpu(), self.similarity).numpy()
         ties_np = ties.cpu().numpy()
         return self._result(scores, rows.cpu().numpy(), ties_np, ties_np > 0)
@@ -609,7 +605,7 @@ class EmbeddingIndex:
     def _search_faiss(
         self, q: torch.Tensor, k: int, query_block: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """faiss flat search of ``k + 1`` results (when there are more items than ``k``).
+        """Faiss flat search of ``k + 1`` results (when there are more items than ``k``).
 
         The extra result says whether the cut falls inside a tie; the returned items are put
         in (score, insertion position) order, as the exact backend orders them.
@@ -657,7 +653,7 @@ class EmbeddingIndex:
             The ``.json`` file (the one :meth:`load` reads first).
         """
         arrays_path, meta_path = self._files(path)
-        arrays: dict[str, np.ndarray] = {"embeddings": self._database(), "ids": self.ids}
+        arrays: dict[str, Any] = {"embeddings": self._database(), "ids": self.ids}
         labels = self.labels
         if labels is not None:
             arrays["labels"] = labels

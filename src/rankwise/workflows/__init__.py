@@ -5,5 +5,6 @@ protocols on it are :mod:`~rankwise.workflows.bench` (Tables 1 and 2 of Wen et a
 2022), :mod:`~rankwise.workflows.tune` (validation-mAP selection, their App. D.1),
 :mod:`~rankwise.workflows.hashing` (TALR and its baselines, He et al., CVPR 2018) and
 :mod:`~rankwise.workflows.roc` (pointwise ROC optimization, Vogel et al., ICML 2018). Beside them,
-:mod:`~rankwise.workflows.pretrain` makes the pretrained start ``model.pretrained`` loads.
+:mod:`~rankwise.workflows.pretrain` makes the pretrained start ``model.pretrained`` loads and
+:mod:`~rankwise.workflows.export` exports a trained run for serving (``rankwise export``).
 """

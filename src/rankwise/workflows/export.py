@@ -272,9 +272,11 @@ def export_run(
     _check_args(format, output, overwrite, tolerance)
     if format == "onnx":  # before any work: the missing extra is the first thing said
         require(("onnx", "onnxruntime", "onnxscript"), "export", "exporting to ONNX")
-    run = load_run(run_dir, checkpoint=checkpoint, device="cpu")
+    run = load_run(Path(run_dir), checkpoint=checkpoint, device="cpu")
     model = run.model.eval()
-    example = torch.rand(_EXAMPLE_BATCH, *run.input_shape, generator=torch.Generator().manual_seed(seed))
+    example = torch.rand(
+        _EXAMPLE_BATCH, *run.input_shape, generator=torch.Generator().manual_seed(seed)
+    )
     with torch.no_grad():
         atomic_write(output, _writer(model, example, format))
     max_diff, checked = _parity(run, output, format, seed)
