@@ -131,6 +131,19 @@ def test_search_embeddings_and_a_saved_index(digits_run, tmp_path):
         ],
     )
     assert again.exit_code == 0, again.output
+    refused = runner.invoke(
+        app,
+        [
+            "search",
+            str(digits_run),
+            str(tmp_path / "qe.npy"),
+            "--gallery",
+            str(tmp_path / "g.npy"),
+            "--save-index",
+            str(tmp_path / "gallery"),
+        ],
+    )
+    assert refused.exit_code == 2 and "gallery.npz exists; pass --overwrite" in refused.output
     a = json.loads((tmp_path / "a.json").read_text())
     b = json.loads(again.stdout)
     assert [q["results"] for q in a["queries"]] == [q["results"] for q in b["queries"]]
@@ -304,3 +317,24 @@ def test_export_refuses_an_unknown_format(digits_run, tmp_path):
     assert (
         result.exit_code == 2 and "--format must be one of onnx, torchscript, pt2" in result.output
     )
+
+
+def test_search_reports_ties_at_the_cut(digits_run, tmp_path):
+    # four copies of one embedding: k = 2 keeps rows 0 and 1 and says 2 more tie
+    emb = load_run(digits_run).embed(load_digits().images[:1]).numpy()
+    np.save(tmp_path / "g.npy", np.repeat(emb, 4, axis=0))
+    np.save(tmp_path / "q.npy", emb)
+    args = [
+        "search",
+        str(digits_run),
+        str(tmp_path / "q.npy"),
+        "--gallery",
+        str(tmp_path / "g.npy"),
+    ]
+    result = runner.invoke(app, [*args, "--k", "2", "--arrays", "embeddings", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    query = json.loads(result.stdout)["queries"][0]
+    assert [r["id"] for r in query["results"]] == [0, 1]
+    assert query["ties_at_cut"] == 2 and query["cut_tied"] is True
+    table = runner.invoke(app, [*args, "--k", "2"])
+    assert "query 0: 2 more gallery item(s) score exactly the score at rank 2" in table.output

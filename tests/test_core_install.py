@@ -119,3 +119,26 @@ def test_importing_the_metrics_loads_no_network_code():
     network = ("hashing", "losses", "models", "training", "similarity_learning", "sampling")
     loaded = [m for m in out if m.split(".")[1] in network]
     assert loaded == [], f"`import rankwise.metrics` loaded {loaded}"
+
+
+def test_core_only_install_searches_exactly_and_names_the_faiss_extra():
+    # issue 39: the exact EmbeddingIndex needs no extra; its faiss backend names the `faiss` extra
+    out = run_python(
+        """
+        import numpy as np
+        from rankwise._extras import MissingDependencyError
+        from rankwise.search import EmbeddingIndex
+
+        index = EmbeddingIndex(2, "dot")
+        index.add(np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0]]))
+        found = index.search(np.array([[1.0, 0.0]]), k=2).ids.tolist()
+        try:
+            EmbeddingIndex(2, backend="faiss")
+        except MissingDependencyError as error:
+            message, extra = str(error), error.extra
+        print(json.dumps({"found": found, "message": message, "extra": extra}))
+        """,
+        core_only=True,
+    )
+    assert out["found"] == [[1, 0]]
+    assert out["extra"] == "faiss" and "pip install 'rankwise[faiss]'" in out["message"]

@@ -263,7 +263,9 @@ def _print_table(console: Console, report: dict[str, Any]) -> None:
     table = Table(
         title=f"{report['k']} nearest of {report['gallery_size']} ({report['similarity']})"
     )
-    for column in ("query", "rank", "id", "score", "gallery item"):
+    named = any("path" in r or "label" in r for q in report["queries"] for r in q["results"])
+    columns = ["query", "rank", "id", "score", *(["gallery item"] if named else [])]
+    for column in columns:
         table.add_column(column, justify="right" if column in ("rank", "id", "score") else "left")
     notes = []
     for entry in report["queries"]:
@@ -273,19 +275,14 @@ def _print_table(console: Console, report: dict[str, Any]) -> None:
             if "label" in item:
                 shown = f"{shown} [{item['label']}]".strip()
             first = item["rank"] == 1
-            table.add_row(
-                query if first else "",
-                str(item["rank"]),
-                str(item["id"]),
-                f"{item['score']:.6g}",
-                shown,
-            )
+            cells = [query if first else "", str(item["rank"]), str(item["id"])]
+            table.add_row(*cells, f"{item['score']:.6g}", *([shown] if named else []))
         if entry["cut_tied"]:
             count = entry["ties_at_cut"]
             more = f"{count} more gallery item(s)" if count is not None else "more gallery items"
             notes.append(
-                f"query {entry['query']}: {more} score exactly the {report['k']}th score; the "
-                "earliest added were kept"
+                f"query {entry['query']}: {more} score exactly the score at rank "
+                f"{report['k']}; the earliest added were kept"
             )
     console.print(table)
     for note in notes:
@@ -344,8 +341,13 @@ def search(
 
         if arrays not in ARRAY_ROLES:
             raise ValueError(f"--arrays must be one of {', '.join(ARRAY_ROLES)}, got {arrays!r}.")
-        for target in (json_path, save_index):
-            if target not in (None, "-") and Path(f"{target}").exists() and not overwrite:
+        from ..search import EmbeddingIndex
+
+        targets = [] if json_path in (None, "-") else [Path(f"{json_path}")]
+        if save_index is not None:
+            targets += EmbeddingIndex.files(save_index)
+        for target in targets:
+            if target.exists() and not overwrite:
                 raise ValueError(f"{target} exists; pass --overwrite to replace it.")
         options = {
             "similarity": None if similarity is None else check_similarity(similarity),

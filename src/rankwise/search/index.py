@@ -633,8 +633,8 @@ class EmbeddingIndex:
     # -- files ------------------------------------------------------------------------------------
 
     @staticmethod
-    def _files(path: str | os.PathLike) -> tuple[Path, Path]:
-        """``(arrays.npz, metadata.json)`` of ``path`` (given as either file or their stem)."""
+    def files(path: str | os.PathLike) -> tuple[Path, Path]:
+        """The two files of a saved index, ``(PATH.npz, PATH.json)``, from either or their stem."""
         path = Path(path)
         if path.suffix in (".npz", ".json"):
             path = path.with_suffix("")
@@ -652,7 +652,7 @@ class EmbeddingIndex:
         Returns:
             The ``.json`` file (the one :meth:`load` reads first).
         """
-        arrays_path, meta_path = self._files(path)
+        arrays_path, meta_path = self.files(path)
         arrays: dict[str, Any] = {"embeddings": self._database(), "ids": self.ids}
         labels = self.labels
         if labels is not None:
@@ -678,7 +678,7 @@ class EmbeddingIndex:
     @staticmethod
     def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         """The ``.json`` part of a saved index (similarity, dim, ntotal, paths, metadata, ...)."""
-        _, meta_path = EmbeddingIndex._files(path)
+        _, meta_path = EmbeddingIndex.files(path)
         if not meta_path.is_file():
             raise FileNotFoundError(f"no EmbeddingIndex at {str(meta_path)!r} (its .json file).")
         try:
@@ -707,7 +707,7 @@ class EmbeddingIndex:
             ValueError: not an index, or its ``.npz`` is not the one its ``.json`` describes.
         """
         meta = cls.read_metadata(path)
-        arrays_path = cls._files(path)[1].with_name(meta["arrays"])
+        arrays_path = cls.files(path)[1].with_name(meta["arrays"])
         if not arrays_path.is_file():
             raise FileNotFoundError(f"the index's arrays {str(arrays_path)!r} are missing.")
         if _sha256(arrays_path) != meta["arrays_sha256"]:
