@@ -338,3 +338,27 @@ def test_search_reports_ties_at_the_cut(digits_run, tmp_path):
     assert query["ties_at_cut"] == 2 and query["cut_tied"] is True
     table = runner.invoke(app, [*args, "--k", "2"])
     assert "query 0: 2 more gallery item(s) score exactly the score at rank 2" in table.output
+
+
+def test_search_with_the_faiss_backend(digits_run, tmp_path):
+    pytest.importorskip("faiss")
+    images = load_digits().images
+    np.save(tmp_path / "q.npy", images[:3])
+    np.save(tmp_path / "g.npy", images[:50])
+    args = [
+        "search",
+        str(digits_run),
+        str(tmp_path / "q.npy"),
+        "--gallery",
+        str(tmp_path / "g.npy"),
+    ]
+    result = runner.invoke(app, [*args, "--k", "4", "--backend", "faiss", "--json", "-"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["backend"] == "faiss"
+    for i, query in enumerate(report["queries"]):
+        assert query["ties_at_cut"] is None and query["results"][0]["id"] == i  # itself first
+        scores = [r["score"] for r in query["results"]]
+        assert scores == sorted(scores, reverse=True)
+    bad = runner.invoke(app, [*args, "--backend", "annoy"])
+    assert bad.exit_code == 2 and "--backend must be one of 'exact', 'faiss'" in bad.output
