@@ -51,16 +51,23 @@ def _print_result(console: Any, result: Any) -> None:
             soft_wrap=True,
         )
         return
+    from ..training.monitor import monitor_label, monitor_of, monitor_value
+
+    monitor = monitor_of(result.config)
+    label = monitor_label(monitor)
+    if result.status == "stopped_early":
+        console.print(f"stopped early at step {result.steps}: {result.stop_reason}", soft_wrap=True)
     if result.test is not None:
         selected = (
-            f"the model selected on validation mAP (step {result.best_step} of {result.steps})"
+            f"the model selected on validation {label} (step {result.best_step} of {result.steps})"
             if result.best_step is not None
             else f"the final model (step {result.steps}; no validation data)"
         )
         console.print(report_table(result.test, title=f"Test results of {selected}"))
     if result.best_step is not None:
         console.print(
-            f"best validation mAP {result.best_val['map']:.4f} at step {result.best_step} "
+            f"best validation {label} {monitor_value(result.best_val, monitor):.4f} at step "
+            f"{result.best_step} "
             f"of {result.steps}; {result.seconds:.1f} s"
         )
     console.print(f"run directory: {run_dir}", soft_wrap=True)
@@ -184,7 +191,13 @@ def train(
             trainer = _build_trainer(list(overrides or []), config, resume, output, options, err)
             if not trainer.is_main_process:
                 console = output_console(140, quiet=True)
-            if resume is not None:
+            if resume is not None and trainer.stopped_early is not None:
+                console.print(
+                    f"{trainer.run_dir} is finished: it stopped early at step {trainer.step} "
+                    f"({trainer.stopped_early}); testing its selected model again",
+                    soft_wrap=True,
+                )
+            elif resume is not None:
                 console.print(
                     f"resuming {trainer.run_dir} at step {trainer.step}/{trainer.total_steps}",
                     soft_wrap=True,

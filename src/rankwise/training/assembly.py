@@ -33,7 +33,14 @@ from .build import (
     seed_everything,
     total_steps,
 )
-from .callbacks import CollapseDetector, PlotCurves, config_collapse_advice
+from .callbacks import (
+    BestCheckpoint,
+    CollapseDetector,
+    EarlyStopping,
+    PlotCurves,
+    config_collapse_advice,
+)
+from .callbacks.base import Callback
 from .callbacks.host import CallbackLike
 from .config import Config, config_from_dict, read_config_file
 from .errors import ConfigError, CorruptCheckpointError
@@ -204,6 +211,17 @@ def _build(
     advice = config_collapse_advice(config)  # in config keys
     collapse = CollapseDetector(advice=lambda _trainer: advice)
     evaluation: dict[str, Any] = {"metric_fn": parts.metric_fn, "curve_fn": parts.curve_fn}
+    selection: list[Callback] = [BestCheckpoint(config.selection.monitor)]
+    stopping = config.early_stopping
+    if stopping is not None:
+        selection.append(
+            EarlyStopping(
+                stopping.monitor or config.selection.monitor,
+                stopping.patience,
+                stopping.min_delta,
+                stopping.mode,
+            )
+        )
     return trainer_cls(
         model,
         loss_fn,
@@ -213,7 +231,7 @@ def _build(
         gallery_data=splits.gallery,
         optimizer=build_optimizer(config.optimizer, params, getattr(model, "backbone", None)),
         sampler=sampler,
-        callbacks=[collapse, plots, *parts.callbacks],
+        callbacks=[collapse, plots, *selection, *parts.callbacks],
         run_dir=store,
         strategy=store.strategy,
         schedule=Schedule(

@@ -24,11 +24,13 @@ __all__ = [
     "ConfigError",
     "DatasetConfig",
     "DistributedConfig",
+    "EarlyStoppingConfig",
     "LossConfig",
     "ModelConfig",
     "OptimizerConfig",
     "SamplerConfig",
     "ScheduleConfig",
+    "SelectionConfig",
     "absolute_paths",
     "apply_overrides",
     "config_from_dict",
@@ -208,6 +210,35 @@ class BenchConfig(_Strict):
     ablation: AblationConfig = Field(default_factory=AblationConfig)
 
 
+class SelectionConfig(_Strict):
+    """The validation scalar that selects the model (docs/training.md, Model selection)."""
+
+    monitor: str = "map"  # any validation scalar: map, map_at_r, recall@1, ... (monitor.py)
+
+    @field_validator("monitor")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        from .monitor import check_monitor
+
+        return check_monitor(value, argument="selection.monitor")
+
+
+class EarlyStoppingConfig(_Strict):
+    """Stop when the monitored validation value stops improving (callbacks/early_stopping.py)."""
+
+    monitor: str | None = None  # None: selection.monitor
+    patience: int = Field(5, gt=0)  # evaluations without improvement
+    min_delta: float = Field(0.0, ge=0)
+    mode: Literal["max", "min"] = "max"
+
+    @field_validator("monitor")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        from .monitor import check_monitor
+
+        return None if value is None else check_monitor(value, argument="early_stopping.monitor")
+
+
 class DistributedConfig(_Strict):
     """Data-parallel training under ``torchrun`` (ignored by one process; docs/distributed.md)."""
 
@@ -238,6 +269,8 @@ class Config(_Strict):
     threads: int | None = Field(None, gt=0)  # torch intra-op threads; None keeps the default
     progress: bool | None = None  # progress bar; None = only when stdout is a terminal
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    selection: SelectionConfig = Field(default_factory=SelectionConfig)
+    early_stopping: EarlyStoppingConfig | None = None  # None: no early stopping
     bench: BenchConfig = Field(default_factory=BenchConfig)
 
     @field_validator("eval_ks")
@@ -251,6 +284,21 @@ class Config(_Strict):
                 f"({MAX_CUTOFF}), got {value}."
             )
         return sorted(set(value))
+
+    @model_validator(mode="after")
+    def _monitored_cutoffs(self) -> Config:
+        """A monitored ``recall@k`` / ``precision@k`` needs ``k`` in ``eval_ks``."""
+        from .monitor import check_monitor
+
+        check_monitor(self.selection.monitor, self.eval_ks, "selection.monitor")
+        if self.early_stopping is not None and self.early_stopping.monitor is not None:
+            check_monitor(self.early_stopping.monitor, self.eval_ks, "early_stopping.monitor")
+        return self
+
+    @property
+    def monitor(self) -> str:
+        """The monitored validation scalar (``selection.monitor``)."""
+        return self.selection.monitor
 
     @field_validator("dataset")
     @classmethod

@@ -13,6 +13,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from .monitor import monitor_label, monitor_value
+
 __all__ = ["MIN_LOSS_SPAN", "MIN_MAP_SPAN", "plot_training_curves", "training_figure"]
 
 
@@ -36,6 +38,7 @@ def training_figure(
     records: Sequence[Mapping[str, Any]],
     title: str | None = None,
     selected_step: int | None = None,
+    monitor: str = "map",
 ) -> Figure:
     """The two-panel figure of :func:`plot_training_curves` (not saved).
 
@@ -43,13 +46,14 @@ def training_figure(
         records: see :func:`plot_training_curves`.
         title: figure title.
         selected_step: see :func:`plot_training_curves`.
+        monitor: see :func:`plot_training_curves`.
 
     Returns:
         The matplotlib figure; the mAP panel spans at least :data:`MIN_MAP_SPAN` (within
         [0, 1]) and the loss panel at least :data:`MIN_LOSS_SPAN` of its largest value.
     """
     train = [(r["step"], r["loss"]) for r in records if r.get("kind") == "train"]
-    val = [(r["step"], r["map"]) for r in records if r.get("kind") == "val"]
+    val = [(r["step"], monitor_value(r, monitor)) for r in records if r.get("kind") == "val"]
     fig = Figure(figsize=(9.6, 3.8))
     ax_loss, ax_map = fig.subplots(1, 2)
     if train:
@@ -72,7 +76,7 @@ def training_figure(
     if selected_step is not None:
         chosen = dict(val).get(selected_step)
         label = f"selected: step {selected_step}" + (
-            f", val mAP {chosen:.4f}" if chosen is not None else ""
+            f", val {monitor_label(monitor)} {chosen:.4f}" if chosen is not None else ""
         )
         for ax in (ax_loss, ax_map):
             ax.axvline(selected_step, color="tab:red", linestyle="--", linewidth=1.0, label=label)
@@ -80,7 +84,11 @@ def training_figure(
             ax_map.plot([selected_step], [chosen], marker="*", markersize=11, color="tab:red")
         ax_map.legend(loc="lower right", fontsize="small")
     ax_map.set_xlabel("step")
-    ax_map.set_ylabel("validation mAUPRC (tie-aware mAP)")
+    ax_map.set_ylabel(
+        "validation mAUPRC (tie-aware mAP)"
+        if monitor == "map"
+        else f"validation {monitor_label(monitor)}"
+    )
     ax_map.grid(True, alpha=0.3)
     if title:
         fig.suptitle(title)
@@ -93,6 +101,7 @@ def plot_training_curves(
     path: str | Path,
     title: str | None = None,
     selected_step: int | None = None,
+    monitor: str = "map",
 ) -> Path:
     """Save a two-panel PNG: mean training loss and validation mAP against the step.
 
@@ -103,11 +112,13 @@ def plot_training_curves(
         title: figure title.
         selected_step: the step of the model selected on validation (the one the test report
             evaluates), marked with a dashed line and a star.
+        monitor: the validation scalar drawn (:mod:`rankwise.training.monitor`; the one
+            that selected the model).
 
     Returns:
         The path written.
     """
-    fig = training_figure(records, title, selected_step)
+    fig = training_figure(records, title, selected_step, monitor)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)

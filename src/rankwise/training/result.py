@@ -19,7 +19,9 @@ from .checkpoint import atomic_write_text
 from .config import read_config_file
 from .rundir import RunPaths
 
-__all__ = ["RunResult"]
+__all__ = ["FINISHED", "RunResult"]
+
+FINISHED = ("completed", "stopped_early")  # the statuses of a run that is over
 
 
 def _report_from_dict(data: dict[str, Any]) -> RetrievalReport:
@@ -42,8 +44,10 @@ class RunResult:
 
     Attributes:
         run_dir: the run directory (``None`` for a trainer without one).
-        status: ``"completed"`` (budget reached, test report made) or ``"stopped"``
-            (``max_steps`` reached; resume to finish).
+        status: ``"completed"`` (budget reached, test report made), ``"stopped_early"``
+            (a callback ended it with a reason, e.g. :class:`EarlyStopping
+            <rankwise.training.callbacks.EarlyStopping>`; test report made, the run is finished)
+            or ``"stopped"`` (``max_steps`` reached; resume to finish).
         steps: optimizer steps taken.
         seconds: wall-clock seconds spent in this run, summed over resumptions.
         best_step: step of the best validation score (``None`` before the first evaluation).
@@ -51,6 +55,7 @@ class RunResult:
         test: the test report of the selected model (completed runs with test data only).
         pr_curve: the test mean precision-recall curve of the selected model (idem).
         config: the run's config as a dict (empty for a trainer built from objects).
+        stop_reason: why a ``"stopped_early"`` run ended (``None`` otherwise).
     """
 
     run_dir: Path | None
@@ -62,6 +67,12 @@ class RunResult:
     test: RetrievalReport | None = None
     pr_curve: PRCurve | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    stop_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run is over: completed, or stopped early (not resumable to more steps)."""
+        return self.status in FINISHED
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the content of ``report.json``)."""
@@ -73,6 +84,8 @@ class RunResult:
             "best_val": self.best_val,
             "test": None if self.test is None else self.test.to_dict(),
             "run_dir": None if self.run_dir is None else str(self.run_dir),
+            # only for an early end: the reports of complete runs keep their fields
+            **({} if self.stop_reason is None else {"stop_reason": self.stop_reason}),
         }
 
     def save(self, run_dir: str | Path) -> None:
@@ -89,14 +102,14 @@ class RunResult:
 
     @classmethod
     def load(cls, run_dir: str | Path, with_test: bool = True) -> RunResult | None:
-        """The result :meth:`save` wrote in ``run_dir`` (``None``: no completed run there).
+        """The result :meth:`save` wrote in ``run_dir`` (``None``: no finished run there).
 
         Args:
             run_dir: the run directory.
             with_test: the test report and curve are needed (``None`` without them).
 
         Returns:
-            The :class:`RunResult` of the completed run (its ``config`` read from
+            The :class:`RunResult` of the finished run (completed or stopped early) (its ``config`` read from
             ``config.yaml`` when there is one), or ``None``.
         """
         paths = RunPaths(Path(run_dir))
@@ -104,7 +117,7 @@ class RunResult:
             report = json.loads(paths.report.read_text())
         except (FileNotFoundError, ValueError):
             return None
-        if report.get("status") != "completed":
+        if report.get("status") not in FINISHED:
             return None
         test, curve = None, None
         if with_test:
@@ -122,7 +135,7 @@ class RunResult:
             )
         return cls(
             run_dir=paths.root,
-            status="completed",
+            status=str(report["status"]),
             steps=int(report["steps"]),
             seconds=float(report["seconds"]),
             best_step=report.get("best_step"),
@@ -130,4 +143,5 @@ class RunResult:
             test=test,
             pr_curve=curve,
             config=read_config_file(paths.config) if paths.config.is_file() else {},
+            stop_reason=report.get("stop_reason"),
         )

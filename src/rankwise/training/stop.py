@@ -55,6 +55,7 @@ class StopControl:
         self.console = console
         self.saving = saving
         self._requested = False
+        self._reason: str | None = None
         self._signal: int | None = None
         self._looping = False
         self._outcome: tuple[str, Path, int] | None = None
@@ -67,22 +68,36 @@ class StopControl:
         return self._requested
 
     @property
+    def reason(self) -> str | None:
+        """Why code asked for a normal end (``None``: no reason given, or a signal came)."""
+        return None if self._signal is not None else self._reason
+
+    @property
     def signal(self) -> int | None:
         """The signal that asked for the stop (``None``: none came)."""
         return self._signal
 
     @property
     def outcome(self) -> str | None:
-        """``"completed"`` or ``"stopped"`` once the run's outcome is saved, else ``None``."""
+        """``"completed"``, ``"stopped_early"`` or ``"stopped"`` once the run's outcome is saved, else ``None``."""
         return None if self._outcome is None else self._outcome[0]
 
-    def request(self) -> None:
-        """Stop after the current step, with a checkpoint (as Ctrl-C does)."""
+    def request(self, reason: str | None = None) -> None:
+        """Stop after the current step, with a checkpoint.
+
+        Args:
+            reason: why (e.g. early stopping): the run then ends normally, its selected model
+                tested (``"stopped_early"``); ``None``: an interruption, as Ctrl-C. Under data
+                parallelism every process gives it (each sees the same validation report).
+        """
         self._requested = True
+        if reason is not None:
+            self._reason = str(reason)
 
     def start(self) -> None:
         """A new ``fit``: forget an earlier request, signal and outcome."""
         self._requested = False
+        self._reason = None
         self._signal = None
         self._outcome = None
         self._noted = False
@@ -101,7 +116,7 @@ class StopControl:
         """The run's outcome is saved in ``run_dir``: from now on a signal loses nothing.
 
         Args:
-            outcome: ``"completed"`` or ``"stopped"``.
+            outcome: ``"completed"``, ``"stopped_early"`` or ``"stopped"``.
             run_dir: where it is saved.
             step: the run's step.
         """

@@ -48,6 +48,7 @@ from .config import Config, config_from_dict
 from .errors import NonFiniteLossError, ReplicaDivergenceError, TrainingInterrupted
 from .evaluation import Evaluator
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
+from .monitor import DEFAULT_MONITOR
 from .result import RunResult
 from .settings import Logging, Runtime, Schedule, group_options
 from .stop import StopControl
@@ -316,6 +317,7 @@ class Trainer:
         self.seconds = 0.0
         self._in_step = False
         self._completed = False
+        self._stopped_early: str | None = None  # the reason of a normal early end (checkpointed)
         self._tick = time.perf_counter()
         self.callbacks = default_callbacks(
             self.logging.log_every, progress, self.runtime.detect_collapse
@@ -547,9 +549,20 @@ class Trainer:
         """Whether the run stops after the current step (a signal, or another rank's)."""
         return self.stop_control.requested
 
-    def request_stop(self) -> None:
-        """Stop after the current step, with a checkpoint (as Ctrl-C does)."""
-        self.stop_control.request()
+    def request_stop(self, reason: str | None = None) -> None:
+        """Stop after the current step, with a checkpoint.
+
+        Args:
+            reason: why, e.g. early stopping's: the run ends normally (``status
+                "stopped_early"``: the selected model is tested and the report written);
+                ``None``: an interruption, as Ctrl-C (:class:`TrainingInterrupted`).
+        """
+        self.stop_control.request(reason)
+
+    @property
+    def stopped_early(self) -> str | None:
+        """The reason the run ended early and normally (``None``: it did not), also once resumed."""
+        return self._stopped_early
 
     @property
     def completed(self) -> bool:
@@ -570,6 +583,12 @@ class Trainer:
         """The records of the run so far (train, val, test, error), as in ``metrics.jsonl``."""
         logger = find(self._active, MetricsLogger)
         return logger.records if logger is not None else []
+
+    @property
+    def monitor(self) -> str:
+        """The validation scalar that selects the model (its :class:`BestCheckpoint`'s monitor)."""
+        best = find(self._active, BestCheckpoint)
+        return DEFAULT_MONITOR if best is None else best.monitor
 
     @property
     def best_step(self) -> int | None:
@@ -613,6 +632,8 @@ class Trainer:
                 c.state_key: c.state_dict() for c in self._active if c.state_key is not None
             },
             **self.strategy.rng_state(),
+            # only in the checkpoint of an early end: a resumed run knows it is finished
+            **({} if self._stopped_early is None else {"stopped_early": self._stopped_early}),
         }
 
     def save_checkpoint(self) -> Path:
@@ -646,6 +667,7 @@ class Trainer:
         self.next_epoch = int(state["next_epoch"])
         self.next_position = int(state["next_position"])
         self.seconds = float(state["seconds"])
+        self._stopped_early = state.get("stopped_early")
         self.strategy.restore_rng(state)
         states = state.get("callbacks", {})
         for callback in self.callbacks:
@@ -793,7 +815,8 @@ class Trainer:
         # batch's label structure there without waiting for the device (docs/losses.md)
         return self.strategy.gather_batch(embeddings, y)
 
-    def _run_step(self, batches: Iterator[Any]) -> None:
+    def _run_step(self, batches: Iterator[Any]) -> str | None:
+        """One complete step; the reason of a normal stop it ended with (``None``: go on)."""
         self._in_step = True
         x, y, meta = next(batches)
         lr = self.learning_rate(self.step)
@@ -811,8 +834,11 @@ class Trainer:
         # the step, its records and its evaluation are complete: a safe stop point
         self._in_step = False
         self._emit("on_step_end")
-        if self.stop_control.agree():  # every process stops after the same step
+        if not self.stop_control.agree():  # every process stops after the same step
+            return None
+        if self.stop_control.reason is None:  # a signal, or a stop asked for without a reason
             raise KeyboardInterrupt
+        return self.stop_control.reason
 
     def _training_batches(self) -> Iterator[Any]:
         """The ``(x, y, meta)`` batches of :meth:`fit` from the trainer's position on.
@@ -850,6 +876,9 @@ class Trainer:
         Args:
             max_steps: stop after this many total steps (with a checkpoint when there is a
                 ``run_dir``; ``status="stopped"``); resuming later continues exactly there.
+                A callback's :meth:`request_stop` with a reason (:class:`EarlyStopping
+                <rankwise.training.callbacks.EarlyStopping>`) ends the run normally:
+                ``status="stopped_early"``, the selected model tested, the report written.
             callbacks: extra callbacks for this call only (see :class:`Trainer`).
             test: test the selected model at the end (``False``: no test report; tuning on
                 validation data never reads test data).
@@ -876,6 +905,7 @@ class Trainer:
 
     def _fit(self, max_steps: int | None, test: bool) -> RunResult:
         self._completed = False
+        finished = self._stopped_early is not None  # resumed after an early end: nothing to train
         self.store.prepare(self.step)
         self.stop_control.start()
         self._tick = time.perf_counter()
@@ -885,8 +915,12 @@ class Trainer:
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = self._training_batches()
             try:
-                while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
-                    self._run_step(batches)
+                while (
+                    self._stopped_early is None
+                    and self.step < self.total_steps
+                    and (max_steps is None or self.step < max_steps)
+                ):
+                    self._stopped_early = self._run_step(batches)
             except KeyboardInterrupt as exc:
                 signum = signal_number_of(exc, self.stop_control.signal or signal.SIGINT)
                 raise self._interrupted(signum) from None
@@ -898,7 +932,12 @@ class Trainer:
                 del batches  # shuts DataLoader workers down
                 self._emit("on_train_end")
 
-        if self.step < self.total_steps:  # max_steps reached
+        if self._stopped_early is not None:  # a normal early end: finished like a complete run
+            if self.store.root is not None and not finished:
+                self.save_checkpoint()  # it holds the end: a resumed run is finished
+            with determinism(self.deterministic):
+                result = self._finish(test)
+        elif self.step < self.total_steps:  # max_steps reached
             if self.store.root is not None and self.last_checkpoint_step != self.step:
                 self.save_checkpoint()
             result = self._result("stopped")
@@ -913,9 +952,12 @@ class Trainer:
     def _result(
         self, status: str, test: RetrievalReport | None = None, curve: PRCurve | None = None
     ) -> RunResult:
+        if status == "completed" and self._stopped_early is not None:
+            status = "stopped_early"
         return RunResult(
             run_dir=self.run_dir,
             status=status,
+            stop_reason=self._stopped_early,
             steps=self.step,
             seconds=self.seconds,
             best_step=self.best_step,
@@ -929,7 +971,8 @@ class Trainer:
         """The run is complete (its outcome saved or being saved): a signal now loses nothing."""
         self._completed = True
         if self.store.root is not None:
-            self.stop_control.saved("completed", self.store.root, self.step)
+            outcome = "completed" if self._stopped_early is None else "stopped_early"
+            self.stop_control.saved(outcome, self.store.root, self.step)
 
     def _finish(self, test: bool) -> RunResult:
         start = time.perf_counter()

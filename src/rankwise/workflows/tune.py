@@ -32,6 +32,7 @@ from ..training.config import (
     config_from_dict,
 )
 from ..training.errors import NonFiniteLossError
+from ..training.monitor import monitor_of, monitor_value
 from ..training.rundir import SweepPaths
 from ..training.trainer import RunResult
 from .bench import (
@@ -158,8 +159,9 @@ class TuneTrial:
 
 
 def validation_map(result: RunResult) -> float:
-    """The selection score of a run: the validation mAP of its selected checkpoint.
+    """The selection score of a run: the monitored validation value of its selected checkpoint.
 
+    The run's ``selection.monitor`` (default the validation mAP; :mod:`rankwise.training.monitor`).
     Only ``result.best_val`` is read, never ``result.test``: selection cannot see test data.
     """
     if result.best_val is None:
@@ -167,7 +169,7 @@ def validation_map(result: RunResult) -> float:
             f"run {result.run_dir} has no validation report; tuning needs a validation split "
             "(dataset.val_fraction > 0)."
         )
-    return float(result.best_val["map"])
+    return monitor_value(result.best_val, monitor_of(result.config))
 
 
 def _plain(value: Any, key: str) -> Any:

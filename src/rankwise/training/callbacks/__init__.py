@@ -15,6 +15,7 @@ from .collapse import (
     embedding_spread,
     optimizer_collapse_advice,
 )
+from .early_stopping import EarlyStopping
 from .metrics_log import MetricsLogger
 from .plots import PlotCurves
 from .progress import ProgressBar
@@ -25,6 +26,7 @@ __all__ = [
     "BestCheckpoint",
     "Callback",
     "CollapseDetector",
+    "EarlyStopping",
     "MetricsLogger",
     "PlotCurves",
     "ProgressBar",

@@ -110,6 +110,10 @@ class TrainerView(Protocol):
         """The records of the run so far."""
 
     @property
+    def monitor(self) -> str:
+        """The validation scalar that selects the model (e.g. ``"map"``, ``"recall@1"``)."""
+
+    @property
     def best_step(self) -> int | None:
         """Step of the best validation score so far."""
 
@@ -129,8 +133,8 @@ class TrainerView(Protocol):
     def stop_requested(self) -> bool:
         """Whether the run stops after the current step."""
 
-    def request_stop(self) -> None:
-        """Stop after the current step."""
+    def request_stop(self, reason: str | None = None) -> None:
+        """Stop after the current step (with a ``reason``: a normal end, ``"stopped_early"``)."""
 
     def kept_checkpoint_message(self) -> str:
         """A clause naming the checkpoint that is kept."""

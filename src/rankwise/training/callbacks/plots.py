@@ -30,7 +30,11 @@ class PlotCurves(Callback):
 
     def on_fit_end(self, trainer: TrainerView, result: RunResult) -> None:
         """Draw both figures."""
-        if trainer.run_dir is None or not trainer.is_main_process or result.status != "completed":
+        if (
+            trainer.run_dir is None
+            or not trainer.is_main_process
+            or result.status not in ("completed", "stopped_early")
+        ):
             return
         from ...plots import plot_pr_curves  # noqa: PLC0415 - matplotlib: only when drawing
         from ..curves import plot_training_curves  # noqa: PLC0415 - idem
@@ -40,6 +44,7 @@ class PlotCurves(Callback):
             trainer.paths.training_curves_plot,
             title=self.title or trainer.name,
             selected_step=result.best_step,
+            monitor=trainer.monitor,
         )
         if result.pr_curve is None or result.test is None:
             return

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..monitor import DEFAULT_MONITOR, monitor_label, monitor_value
 from .base import Callback, StepOutput, TrainerView
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ class ProgressBar(Callback):
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._lines = False
+        self._monitor = DEFAULT_MONITOR
         self._losses: list[float] = []
         self._steps = 0
         self._start = time.perf_counter()
@@ -82,14 +84,15 @@ class ProgressBar(Callback):
             TimeRemainingColumn(),
             TextColumn(
                 "loss {task.fields[loss]:.4f}  {task.fields[rate]:.0f} samples/s  "
-                "val mAP {task.fields[val]}"
+                "val {task.fields[monitor]} {task.fields[val]}"
             ),
             console=trainer.console,
             disable=mode != "bar",
             transient=False,
         )
         self._progress.start()
-        self._val = trainer.best_val["map"] if trainer.best_val else None
+        self._monitor = trainer.monitor
+        self._val = monitor_value(trainer.best_val, self._monitor) if trainer.best_val else None
         self._task = self._progress.add_task(
             trainer.name,
             total=trainer.total_steps,
@@ -97,6 +100,7 @@ class ProgressBar(Callback):
             loss=math.nan,
             rate=0.0,
             val=self._val_text(),
+            monitor=monitor_label(self._monitor),
         )
         now = time.perf_counter()
         self._losses, self._steps, self._start = [], 0, now
@@ -115,9 +119,10 @@ class ProgressBar(Callback):
         if not math.isnan(self._loss):
             text += f"  loss {self._loss:.4f}"
         if self._val is not None:
-            text += f"  val mAP {self._val:.4f}"
+            text += f"  val {monitor_label(self._monitor)} {self._val:.4f}"
             if trainer.best_val is not None:
-                text += f" (best {trainer.best_val['map']:.4f} at {trainer.best_step})"
+                best = monitor_value(trainer.best_val, self._monitor)
+                text += f" (best {best:.4f} at {trainer.best_step})"
         text += f"  {elapsed:.1f} s elapsed"
         if 0 < done and step < total:
             text += f", ~{elapsed / done * (total - step):.1f} s left"
@@ -149,8 +154,8 @@ class ProgressBar(Callback):
     def on_validation_end(
         self, trainer: TrainerView, report: RetrievalReport, embeddings: torch.Tensor
     ) -> None:
-        """Show the new validation mAP (a plain line without a terminal)."""
-        self._val = float(report.map)
+        """Show the new monitored validation value (a plain line without a terminal)."""
+        self._val = monitor_value(report, self._monitor)
         self._evaluated_step = trainer.step
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, val=self._val_text())

@@ -1,4 +1,4 @@
-"""Model selection by validation mAP (tie-aware mAUPRC, Wen et al., NeurIPS 2022, Sec. 5.1): :class:`BestCheckpoint`."""
+"""Model selection on a validation scalar (default the tie-aware mAP = mAUPRC of Wen et al., NeurIPS 2022, Sec. 5.1): :class:`BestCheckpoint`."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..._validation import check_choice
+from ..monitor import DEFAULT_MONITOR, check_monitor, monitor_value
 from .base import Callback, TrainerView, report_summary
 
 if TYPE_CHECKING:
@@ -24,9 +24,9 @@ class BestCheckpoint(Callback):
     "loss"}``), or kept in memory without a run directory; without validation data, none.
 
     Args:
-        monitor: the :class:`~rankwise.metrics.RetrievalReport` attribute to maximize:
-            ``"map"`` (tie-aware mAP = mAUPRC, the paper's selection), ``"map_at_r"`` or
-            ``"r_precision"``.
+        monitor: the validation scalar to maximize (:mod:`rankwise.training.monitor`):
+            ``"map"`` (tie-aware mAP = mAUPRC, the paper's selection), ``"map_at_r"``,
+            ``"r_precision"``, ``"recall@1"``, ... (the config key ``selection.monitor``).
 
     Attributes:
         best_value: the best score so far (``None`` before the first evaluation).
@@ -36,8 +36,8 @@ class BestCheckpoint(Callback):
 
     state_key = "best_checkpoint"
 
-    def __init__(self, monitor: str = "map") -> None:
-        self.monitor = check_choice(monitor, "monitor", ("map", "map_at_r", "r_precision"))
+    def __init__(self, monitor: str = DEFAULT_MONITOR) -> None:
+        self.monitor = check_monitor(monitor, argument="monitor")
         self.best_value: float | None = None
         self.best_step: int | None = None
         self.best_val: dict[str, Any] | None = None
@@ -46,7 +46,7 @@ class BestCheckpoint(Callback):
         self, trainer: TrainerView, report: RetrievalReport, embeddings: torch.Tensor
     ) -> None:
         """Save the model when its score beats the best so far."""
-        value = float(getattr(report, self.monitor))
+        value = monitor_value(report, self.monitor)
         if self.best_value is not None and not value > self.best_value:
             return
         metrics = report_summary(report)

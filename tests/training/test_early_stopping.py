@@ -1,0 +1,146 @@
+"""Early stopping, a callback's stop with a reason, and any validation scalar as the monitor.
+
+A run ended by :class:`EarlyStopping` (or any callback's ``request_stop(reason=...)``) ends
+normally: ``status == "stopped_early"``, the selected model tested, the report written, a resume
+finished; ``selection.monitor`` chooses the scalar that selects the model.
+"""
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from rankwise.losses import build_loss
+from rankwise.training import Callback, EarlyStopping, RunResult, Trainer
+from rankwise.training.callbacks import BestCheckpoint
+from rankwise.training.monitor import check_monitor, monitor_value
+
+
+def clusters(seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.arange(4).repeat_interleave(16)
+    points = 3 * torch.randn(4, 8, generator=generator)[labels]
+    return TensorDataset(points + torch.randn(64, 8, generator=generator), labels)
+
+
+def make_trainer(run_dir, callbacks, resume=False, **options):
+    torch.manual_seed(0)
+    data = clusters()
+    return Trainer(
+        torch.nn.Linear(8, 4),
+        build_loss("ap"),
+        data,
+        val_data=data,
+        test_data=data,
+        eval_every=2,
+        progress=False,
+        callbacks=callbacks,
+        run_dir=run_dir,
+        resume=resume,
+        **{"iterations": 40, **options},
+    )
+
+
+class StopAt(Callback):
+    """Ask for a normal end with a reason after step ``step``."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer):
+        if trainer.step == self.step:
+            trainer.request_stop(reason=f"enough at step {self.step}")
+
+
+def test_a_callback_stop_with_a_reason_is_an_end_not_an_interruption(tmp_path):
+    trainer = make_trainer(tmp_path / "run", [StopAt(5)])
+    result = trainer.fit()  # no TrainingInterrupted
+    assert result.status == "stopped_early" and result.steps == 5
+    assert result.stop_reason == "enough at step 5"
+    assert result.test is not None and result.pr_curve is not None  # the selected model tested
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "stopped_early" and report["stop_reason"] == "enough at step 5"
+    assert (tmp_path / "run" / "pr_curve.json").is_file()
+
+
+def test_early_stopping_tests_the_selected_model_and_a_resume_is_finished(tmp_path):
+    stopper = EarlyStopping("map", patience=1, min_delta=1.0)  # no evaluation improves by 1
+    trainer = make_trainer(tmp_path / "run", [stopper])
+    result = trainer.fit()
+    assert result.status == "stopped_early"
+    assert result.steps == 4 and stopper.stopped_step == 4  # evaluations at 2 (best) and 4
+    assert "early stopping" in result.stop_reason
+    # the test report is the selected model's: the one saved at the best validation step
+    selected = trainer.store.selected_weights(trainer.device)
+    trainer.model.load_state_dict(selected)
+    assert trainer.evaluate("test").map == result.test.map
+    assert RunResult.load(tmp_path / "run").status == "stopped_early"
+
+    resumed = make_trainer(tmp_path / "run", [EarlyStopping("map", 1, 1.0)], resume=True)
+    assert resumed.stopped_early == result.stop_reason
+    again = resumed.fit()
+    assert again.status == "stopped_early" and again.steps == 4  # no further step
+
+
+def test_a_reasonless_stop_is_still_an_interruption(tmp_path):
+    from rankwise.training import TrainingInterrupted
+
+    def stop(trainer):
+        if trainer.step == 3:
+            trainer.request_stop()
+
+    with pytest.raises(TrainingInterrupted):
+        make_trainer(tmp_path / "run", [stop]).fit()
+
+
+def test_early_stopping_arguments_are_checked():
+    with pytest.raises(ValueError, match="`patience` must be an integer >= 1"):
+        EarlyStopping(patience=0)
+    with pytest.raises(ValueError, match="`min_delta`"):
+        EarlyStopping(min_delta=-0.1)
+    with pytest.raises(ValueError, match="`mode` must be one of 'max', 'min'"):
+        EarlyStopping(mode="up")
+    with pytest.raises(ValueError, match="unknown validation metric 'acc'.*recall@<k>"):
+        EarlyStopping("acc")
+
+
+def test_recall_at_1_as_the_monitor_selects_on_recall_at_1(tmp_path):
+    best = BestCheckpoint("recall@1")
+    trainer = make_trainer(tmp_path / "run", [best], iterations=12)
+    result = trainer.fit()
+    assert trainer.monitor == "recall@1"
+    vals = [r for r in trainer.history if r["kind"] == "val"]
+    scores = [monitor_value(r, "recall@1") for r in vals]
+    first_best = vals[scores.index(max(scores))]["step"]  # ties keep the earliest
+    assert result.best_step == first_best
+    assert best.best_value == max(scores)
+
+
+def test_config_selection_monitor_reaches_selection_and_early_stopping(tiny_config, tmp_path):
+    config = tiny_config(
+        tmp_path / "run",
+        **{
+            "eval_ks": [1, 5],
+            "selection.monitor": "recall@5",
+            "early_stopping": {"patience": 2},
+        },
+    )
+    trainer = Trainer.from_config(config)
+    try:
+        assert trainer.monitor == "recall@5"
+        stoppers = [c for c in trainer.callbacks if isinstance(c, EarlyStopping)]
+        assert len(stoppers) == 1 and stoppers[0].monitor == "recall@5"  # its default
+        assert stoppers[0].patience == 2
+    finally:
+        trainer.store.release()
+
+
+def test_an_unknown_monitor_names_the_valid_ones(tiny_config, tmp_path):
+    from rankwise.training import ConfigError
+
+    with pytest.raises(ConfigError, match="selection.monitor.*'accuracy'.*map_at_r.*recall@<k>"):
+        tiny_config(tmp_path, **{"selection.monitor": "accuracy"})
+    with pytest.raises(ConfigError, match="recall@10.*eval_ks=\\[1\\]"):
+        tiny_config(tmp_path, **{"selection.monitor": "recall@10"})  # not evaluated
+    assert check_monitor("precision@1", [1]) == "precision@1"
