@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import torch
 from torch import nn
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from ..data import RetrievalSplits
     from ..metrics import PRCurve, RetrievalReport
 
-__all__ = ["ModelLike", "build_from_config", "resume_from_run_dir", "strategy_of"]
+__all__ = ["BuildOptions", "ModelLike", "build_from_config", "resume_from_run_dir", "strategy_of"]
 
 ModelLike = nn.Module | Callable[[tuple[int, ...]], nn.Module]
 _T = TypeVar("_T")
@@ -91,6 +91,25 @@ def strategy_of(
         sync_batchnorm=settings.get("sync_batchnorm", True),
         data_parallel=data_parallel,
     )
+
+
+class BuildOptions(TypedDict, total=False):
+    """The keywords of a trainer built from a config (:func:`build_from_config`), named once.
+
+    ``Trainer.from_config`` and ``factory.build_trainer`` take exactly these.
+    """
+
+    model: ModelLike | None
+    metric_fn: Callable[..., RetrievalReport] | None
+    curve_fn: Callable[..., PRCurve] | None
+    splits: RetrievalSplits | None
+    resume: bool
+    overwrite: bool
+    console: Console | None
+    callbacks: Sequence[CallbackLike]
+    resume_from: str | Path | None
+    name: str | None
+    plots: PlotCurves | None
 
 
 def build_from_config(
@@ -310,5 +329,5 @@ def resume_from_run_dir(
     except BaseException:
         store.release()
         raise
-    store.record = config.to_dict()  # what config.yaml and the checkpoints go on holding
+    store.adopt_record(config.to_dict())  # what config.yaml and the checkpoints go on holding
     return _assemble(trainer_cls, config, store, chosen, _Parts(console=console))

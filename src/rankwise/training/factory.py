@@ -10,22 +10,18 @@ itself is :mod:`rankwise.training.assembly` (below the Trainer, which ``Trainer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .assembly import ModelLike, build_from_config, resume_from_run_dir, strategy_of
-from .callbacks import PlotCurves
-from .callbacks.host import CallbackLike
+from .assembly import BuildOptions, ModelLike, resume_from_run_dir, strategy_of
 from .config import Config
 from .strategy import SingleProcess
 from .trainer import Trainer
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from typing_extensions import Unpack
 
-    from ..data import RetrievalSplits
-    from ..metrics import PRCurve, RetrievalReport
 
 __all__ = ["ModelLike", "build_trainer", "strategy_from_config", "trainer_from_run_dir"]
 
@@ -49,22 +45,9 @@ def strategy_from_config(config: Config, trainer_cls: type[Trainer] | None = Non
 
 
 def build_trainer(
-    config: Config,
-    *,
-    model: ModelLike | None = None,
-    metric_fn: Callable[..., RetrievalReport] | None = None,
-    curve_fn: Callable[..., PRCurve] | None = None,
-    trainer_cls: type[Trainer] | None = None,
-    splits: RetrievalSplits | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    console: Console | None = None,
-    callbacks: Sequence[CallbackLike] = (),
-    resume_from: str | Path | None = None,
-    name: str | None = None,
-    plots: PlotCurves | None = None,
+    config: Config, *, trainer_cls: type[Trainer] | None = None, **options: Unpack[BuildOptions]
 ) -> Trainer:
-    """Build the data, model, loss, sampler, optimizer and schedule of ``config``; a trainer.
+    """``trainer_cls.from_config(config, **options)``: the one door from a config to a trainer.
 
     The strategy is chosen from the environment (data-parallel under torchrun: this process
     joins the process group); the output directory is locked, and a run in it refused (unless
@@ -74,20 +57,17 @@ def build_trainer(
 
     Args:
         config: the validated run configuration.
-        model: the model instead of ``config.model``'s: a module, or a function of the input
-            shape (called after the config's seed is set, so its initialisation is seeded).
-        metric_fn: the evaluation (see :class:`~rankwise.training.Trainer`).
-        curve_fn: the test curve (idem).
         trainer_cls: the trainer class (default :class:`~rankwise.training.Trainer`).
-        splits: pre-loaded :class:`~rankwise.data.RetrievalSplits` (a sweep reuses one
-            load for every run); by default :func:`rankwise.data.load_dataset` is called.
-        resume: continue from ``<output_dir>/checkpoints/last.pt``.
-        overwrite: start afresh in an output directory that already holds a run.
-        console: rich console for messages (default: stderr).
-        callbacks: extra callbacks (see :class:`~rankwise.training.Trainer`).
-        resume_from: with ``resume``, the checkpoint to continue from instead of ``last.pt``.
-        name: the run's name (default ``"<loss> on <dataset>"``).
-        plots: the plots callback (default: titled by ``name``).
+        **options: (:class:`~rankwise.training.assembly.BuildOptions`) ``model`` (instead of
+            ``config.model``'s: a module, or a function of the input shape, called after the
+            config's seed is set), ``metric_fn`` / ``curve_fn`` (the evaluation, see
+            :class:`~rankwise.training.Trainer`), ``splits`` (pre-loaded
+            :class:`~rankwise.data.RetrievalSplits`; a sweep reuses one load for every run),
+            ``resume`` (continue from ``<output_dir>/checkpoints/last.pt``), ``overwrite``
+            (start afresh in an output directory that holds a run), ``console``,
+            ``callbacks``, ``resume_from`` (with ``resume``: that checkpoint instead of
+            ``last.pt``), ``name`` (default ``"<loss> on <dataset>"``) and ``plots`` (the
+            plots callback, titled by ``name`` by default).
 
     Returns:
         The trainer, its ``run_dir`` the config's output directory.
@@ -95,21 +75,7 @@ def build_trainer(
     Raises:
         RunDirInUseError: another process is writing the output directory.
     """
-    return build_from_config(
-        Trainer if trainer_cls is None else trainer_cls,
-        config,
-        model=model,
-        metric_fn=metric_fn,
-        curve_fn=curve_fn,
-        splits=splits,
-        resume=resume,
-        overwrite=overwrite,
-        console=console,
-        callbacks=callbacks,
-        resume_from=resume_from,
-        name=name,
-        plots=plots,
-    )
+    return (Trainer if trainer_cls is None else trainer_cls).from_config(config, **options)
 
 
 def trainer_from_run_dir(

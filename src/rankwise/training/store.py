@@ -129,6 +129,15 @@ class RunStore:
         self._last_is_good = False
         self._best_in_memory: dict[str, torch.Tensor] | None = None
 
+    def adopt_record(self, record: Mapping[str, Any]) -> None:
+        """Hold ``record`` as the run's config from now on (a resumed run's, read once locked).
+
+        Args:
+            record: the config's plain dict, what ``config.yaml`` and the checkpoints go on
+                holding.
+        """
+        self.record = dict(record)
+
     # -- the folder's lock ----------------------------------------------------------------------
 
     def open(

@@ -19,7 +19,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import torch
 from rich.console import Console
@@ -38,7 +38,7 @@ from .arguments import (
     device_of,
     positive_int,
 )
-from .assembly import build_from_config, resume_from_run_dir
+from .assembly import BuildOptions, build_from_config, resume_from_run_dir
 from .build import build_optimizer, learning_rate_at, load_splits, preflight
 from .callbacks import BestCheckpoint, Callback, MetricsLogger, StepOutput
 from .callbacks.base import TrainerView
@@ -67,6 +67,8 @@ __all__ = [
     "RunResult",
     "Runtime",
     "Schedule",
+    "BatchSource",
+    "EndPolicy",
     "Trainer",
     "TrainerOptions",
     "build_optimizer",
@@ -78,6 +80,30 @@ __all__ = [
 
 _EVALUATION = ("metric_fn", "curve_fn", "eval_ks", "eval_batch_size")
 _RUN_FOLDER = ("resume", "resume_from", "overwrite", "run_dir_key", "record", "config")
+_SEAMS = ("batch_source", "end_policy", "resume_hint", "activity")
+
+
+class BatchSource(Protocol):
+    """Where the training batches come from, instead of the loader of ``sampler``.
+
+    A source that draws its batches itself keeps what its position depends on in a callback's
+    checkpointed state, so a resumed run draws the batches of an uninterrupted one (the
+    pretraining's ``SourceBatches``, :mod:`rankwise.workflows.pretrain`).
+    """
+
+    def batches(self, step: int, epoch: int, position: int) -> Iterator[Any]:
+        """The ``(x, y, meta)`` batches from ``step`` on (``meta[0]``: ``(epoch, position)``)."""
+
+
+class EndPolicy(Protocol):
+    """What a run does once its budget is reached, instead of testing and writing the report.
+
+    Called with the trainer; a ``KeyboardInterrupt`` inside it is its own to report (the
+    trainer's :attr:`~Trainer.resume_hint` says how to continue).
+    """
+
+    def __call__(self, trainer: Trainer) -> None:
+        """Write the run's outcome."""
 
 
 class TrainerOptions(TypedDict, total=False):
@@ -85,8 +111,12 @@ class TrainerOptions(TypedDict, total=False):
 
     The evaluation (``metric_fn``, ``curve_fn``, ``eval_ks``, ``eval_batch_size``); how a
     ``run_dir`` path is opened (``resume``, ``resume_from``, ``overwrite``, ``run_dir_key``,
-    ``record``; ``config``: a Config's ``to_dict()`` as the record); and, as in earlier versions,
-    each field of the :class:`Schedule`, :class:`Runtime` and :class:`Logging` groups on its own.
+    ``record``; ``config``: a Config's ``to_dict()`` as the record); the seams of a loop that
+    is not the retrieval one (``batch_source``: a :class:`BatchSource`; ``end_policy``: an
+    :class:`EndPolicy` instead of the test and report; ``resume_hint``: how messages say to
+    continue; ``activity``: what they call the run, e.g. ``"pretraining"``); and, as in earlier
+    versions, each field of the :class:`Schedule`, :class:`Runtime` and :class:`Logging` groups
+    on its own.
     """
 
     metric_fn: Callable[..., RetrievalReport] | None
@@ -113,6 +143,10 @@ class TrainerOptions(TypedDict, total=False):
     console: Console | None
     name: str | None
     loss_name: str | None
+    batch_source: BatchSource | None
+    end_policy: EndPolicy | None
+    resume_hint: str | None
+    activity: str
 
 
 def _split_options(options: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
@@ -151,6 +185,7 @@ class Trainer:
             ``model`` and ``loss_fn``.
         sampler: a batch sampler (an iterable of index lists with a length; ``set_epoch`` makes
             resumption exact). Default: :func:`~rankwise.training.loader.default_sampler`.
+            With a ``batch_source`` it only gives the epoch length.
         callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
             ``fn(trainer)`` (called after every complete step); one of the type of a default
             callback replaces that default (the defaults: docs/training.md).
@@ -212,7 +247,6 @@ class Trainer:
 
     strategy_class: type[SingleProcess] = SingleProcess  # DistributedTrainer: data-parallel
     CHECKPOINT_FORMAT = RunStore.FORMAT
-    activity = "training"  # what the messages call the run (a subclass: e.g. "pretraining")
 
     def __init__(
         self,
@@ -245,6 +279,7 @@ class Trainer:
         self.logging = group_options(logging, Logging, rest, "logging")
         evaluation = _split_options(rest, _EVALUATION)
         folder = _split_options(rest, _RUN_FOLDER)
+        seams = _split_options(rest, _SEAMS)
         if rest:
             raise TypeError(f"Trainer() got an unexpected keyword argument {next(iter(rest))!r}.")
         self.strategy = strategy if strategy is not None else SingleProcess()
@@ -266,6 +301,10 @@ class Trainer:
             raise ValueError("`gallery_data` is the gallery of a test: pass `test_data` too.")
         self.model = model
         self.loss_fn = loss_fn
+        self.batch_source: BatchSource | None = seams.get("batch_source")
+        self.end_policy: EndPolicy | None = seams.get("end_policy")
+        self.activity = str(seams.get("activity", "training"))
+        self._resume_hint: str | None = seams.get("resume_hint")
         self.train_data = train_data
         self.val_data = val_data
         self.test_data = test_data
@@ -393,36 +432,24 @@ class Trainer:
         return torch.optim.Adam(params, lr=1e-3)
 
     @classmethod
-    def from_config(
-        cls,
-        config: Config,
-        *,
-        splits: RetrievalSplits | None = None,
-        resume: bool = False,
-        overwrite: bool = False,
-        console: Console | None = None,
-        callbacks: Sequence[CallbackLike] = (),
-        resume_from: str | Path | None = None,
-    ) -> Trainer:
+    def from_config(cls, config: Config, **options: Unpack[BuildOptions]) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
-        :func:`rankwise.training.factory.build_trainer` with ``trainer_cls=cls`` (arguments,
-        configuration errors, the output directory's lock and the strategy chosen from the
-        environment as there; see also :meth:`from_run_dir`).
+        The one door from a config to a trainer (:func:`rankwise.training.factory.build_trainer`
+        is this with ``trainer_cls``): the keywords (``splits``, ``resume``, ``overwrite``,
+        ``console``, ``callbacks``, ``resume_from``, ``model``, ``metric_fn``, ``curve_fn``,
+        ``name``, ``plots``) as :func:`~rankwise.training.assembly.build_from_config` names
+        them; the strategy is chosen from the environment and the output directory locked
+        before the data is loaded (see also :meth:`from_run_dir`).
+
+        Args:
+            config: the validated run configuration.
+            **options: (:class:`~rankwise.training.assembly.BuildOptions`) see above.
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
         """
-        return build_from_config(
-            cls,
-            config,
-            splits=splits,
-            resume=resume,
-            overwrite=overwrite,
-            console=console,
-            callbacks=callbacks,
-            resume_from=resume_from,
-        )
+        return build_from_config(cls, config, **options)
 
     @classmethod
     def from_run_dir(
@@ -843,11 +870,11 @@ class Trainer:
     def _training_batches(self) -> Iterator[Any]:
         """The ``(x, y, meta)`` batches of :meth:`fit` from the trainer's position on.
 
-        ``meta[0]`` holds the batch's ``(epoch, position)``. Here the loader of ``sampler``
-        (:func:`~rankwise.training.loader.training_loader`); a subclass that draws its batches
-        otherwise keeps what its position depends on in a callback's checkpointed state, so a
-        resumed run draws the batches of an uninterrupted one.
+        ``meta[0]`` holds the batch's ``(epoch, position)``: the ``batch_source``'s, else the
+        loader of ``sampler`` (:func:`~rankwise.training.loader.training_loader`).
         """
+        if self.batch_source is not None:
+            return self.batch_source.batches(self.step, self.next_epoch, self.next_position)
         return iter(
             training_loader(
                 self.train_data,
@@ -975,21 +1002,28 @@ class Trainer:
             self.stop_control.saved(outcome, self.store.root, self.step)
 
     def _finish(self, test: bool) -> RunResult:
+        """The end of a run: its ``end_policy``, else the test of the selected model and the report."""
         start = time.perf_counter()
         report, curve = None, None
-        if test and self.test_data is not None:
+        if self.end_policy is not None:
+            self.end_policy(self)
+        elif test and self.test_data is not None:
             report, curve = self._test_selected()
             self._emit("on_test_end", report, curve)
         self.seconds += time.perf_counter() - start
         result = self._result("completed", report, curve)
         self._mark_completed()
-        self.store.save_result(result)
+        if self.end_policy is None:
+            self.store.save_result(result)
         return result
 
     # -- failures ---------------------------------------------------------------------------
 
-    def _resume_hint(self) -> str:
+    @property
+    def resume_hint(self) -> str:
         """How to resume in Python (the interruption's ``resume_hint``)."""
+        if self._resume_hint is not None:
+            return self._resume_hint
         if self.store.record is not None:
             return f"Trainer.from_run_dir({str(self.run_dir)!r})"
         return "Trainer(<the same objects>, run_dir=..., resume=True)"
@@ -1015,7 +1049,7 @@ class Trainer:
             self.step,
             self.run_dir,
             self.last_checkpoint_step,
-            self._resume_hint(),
+            self.resume_hint,
             signal_number=signal_number,
             detail=where,
         )

@@ -36,7 +36,6 @@ from ..training.config import (
 )
 from ..training.rundir import SweepPaths
 from ..training.trainer import RunResult, Trainer
-from . import sweep
 from .sweep import (
     FinishedRun,
     SweepPlan,
@@ -63,7 +62,6 @@ __all__ = [
     "reference_rows",
     "resume_bench",
     "run_bench",
-    "run_or_resume",
     "run_trainer",
     "stored_result",
     "warm_up_metrics",
@@ -392,33 +390,8 @@ def run_trainer(
 
     ``console`` shows the run's progress, under ``name``.
     """
-    trainer = Trainer.from_config(
-        run.config, splits=splits, console=console, resume=resume, overwrite=not resume
-    )
-    trainer.name = name
-    return trainer
-
-
-def run_or_resume(
-    run: BenchRun,
-    splits: RetrievalSplits,
-    *,
-    resume: bool,
-    console: Console | None,
-    name: str,
-    test: bool = True,
-) -> tuple[RunResult, str]:
-    """:func:`rankwise.workflows.sweep.run_or_resume` of a planned run, on the sweep's splits.
-
-    ``resume``, ``test`` and the returned ``(result, how)`` as there; ``console`` shows the run's
-    progress, under ``name``.
-    """
-
-    def build(resume: bool = False, overwrite: bool = False) -> Trainer:
-        return run_trainer(run, splits, resume=resume, console=console, name=name)
-
-    return sweep.run_or_resume(
-        run.config, build, resume=resume, kept=lambda: stored_result(run, test), test=test
+    return Trainer.from_config(
+        run.config, splits=splits, console=console, resume=resume, overwrite=not resume, name=name
     )
 
 

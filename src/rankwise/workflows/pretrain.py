@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,7 +35,6 @@ from ..training.callbacks.base import TrainerView
 from ..training.checkpoint import atomic_save, atomic_write_text
 from ..training.config import ConfigError
 from ..training.errors import TrainingInterrupted
-from ..training.result import RunResult
 from ..training.settings import Logging, Runtime, Schedule
 from ..training.store import RunStore
 from ..training.trainer import Trainer
@@ -155,6 +153,20 @@ class SourceBatches(Callback):
         views, sources = self.train.batch(self.draw_items(), self.generator)
         return views, self.categories[sources]
 
+    def batches(
+        self, step: int, epoch: int, position: int
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The batches from ``step`` on (a :class:`~rankwise.training.trainer.BatchSource`).
+
+        Drawn when the step runs: a checkpoint holds the generator after its step.
+        """
+        per_epoch = len(self)
+        while True:
+            epoch, position = divmod(step, per_epoch)
+            views, targets = self.draw()
+            yield views, targets, torch.tensor([[epoch, position]])
+            step += 1
+
     def on_train_step_end(self, trainer: TrainerView, output: StepOutput) -> None:
         """Keep the step's loss (the report's ``final_loss``)."""
         self.last_loss = output.loss
@@ -169,57 +181,43 @@ class SourceBatches(Callback):
         self.last_loss = state.get("last_loss")
 
 
-class _Pretraining(Trainer):
-    """The Trainer's loop on the classifier network, with the pretraining's batches and files."""
+class _WriteResults:
+    """The pretraining's end (an :class:`~rankwise.training.trainer.EndPolicy`): its files.
 
-    activity = "pretraining"
+    Instead of a test report, ``finish(final_loss)`` writes ``pretrained.pt`` and ``report.json``;
+    a Ctrl-C between the last step and the files is an interruption naming the kept checkpoint.
+    """
 
-    def __init__(
-        self, net: nn.Module, batches: SourceBatches, finish: Finish, **kwargs: Any
-    ) -> None:
+    def __init__(self, finish: Finish, batches: SourceBatches) -> None:
+        self.finish = finish
         self.batches = batches
-        self._write_results = finish
         self.report: dict[str, Any] | None = None
-        super().__init__(net, nn.CrossEntropyLoss(), batches.train, sampler=batches, **kwargs)
 
-    def _resume_hint(self) -> str:
-        return f"resume_pretraining({str(self.run_dir)!r})"
-
-    def _training_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        step = self.step
-        while True:  # drawn when the step runs: a checkpoint holds the generator after its step
-            epoch, position = divmod(step, self.steps_per_epoch)
-            views, targets = self.batches.draw()
-            yield views, targets, torch.tensor([[epoch, position]])
-            step += 1
-
-    def _finish(self, test: bool) -> RunResult:
-        start = time.perf_counter()
+    def __call__(self, trainer: Trainer) -> None:
+        """Write the files of the pretraining."""
         try:
-            self.report = self._write_results(self.batches.last_loss)
+            self.report = self.finish(self.batches.last_loss)
         except KeyboardInterrupt as exc:  # Ctrl-C between the last step and the files
-            raise self._not_written(exc) from None
-        self.seconds += time.perf_counter() - start
-        self._mark_completed()
-        return self._result("completed")
+            raise _not_written(trainer, exc) from None
 
-    def _not_written(self, exc: KeyboardInterrupt) -> TrainingInterrupted:
-        from .._signals import signal_label, signal_number_of  # noqa: PLC0415 - rare path
 
-        number = signal_number_of(exc)
-        where = (
-            f"after step {self.step}/{self.total_steps}, before {PRETRAINED_FILE} was written: "
-            f"the checkpoint of step {self.last_checkpoint_step} is kept"
-        )
-        return TrainingInterrupted(
-            f"pretraining interrupted ({signal_label(number)}) {where}",
-            self.step,
-            self.run_dir,
-            self.last_checkpoint_step,
-            self._resume_hint(),
-            signal_number=number,
-            detail=where,
-        )
+def _not_written(trainer: Trainer, exc: KeyboardInterrupt) -> TrainingInterrupted:
+    from .._signals import signal_label, signal_number_of  # noqa: PLC0415 - rare path
+
+    number = signal_number_of(exc)
+    where = (
+        f"after step {trainer.step}/{trainer.total_steps}, before {PRETRAINED_FILE} was "
+        f"written: the checkpoint of step {trainer.last_checkpoint_step} is kept"
+    )
+    return TrainingInterrupted(
+        f"pretraining interrupted ({signal_label(number)}) {where}",
+        trainer.step,
+        trainer.run_dir,
+        trainer.last_checkpoint_step,
+        trainer.resume_hint,
+        signal_number=number,
+        detail=where,
+    )
 
 
 def _settings(
@@ -432,10 +430,11 @@ def pretrain(
             write_json(report | {"metadata": metadata}, output / "report.json")
             return report
 
-        trainer = _build(net, batches, finish, store, settings, progress, console, callbacks)
+        end = _WriteResults(finish, batches)
+        trainer = _build(net, batches, end, store, settings, progress, console, callbacks)
         trainer.fit(test=False)
-        assert trainer.report is not None
-        return trainer.report
+        assert end.report is not None
+        return end.report
     finally:
         store.release()
 
@@ -443,19 +442,24 @@ def pretrain(
 def _build(
     net: nn.Module,
     batches: SourceBatches,
-    finish: Finish,
+    end: _WriteResults,
     store: RunStore,
     settings: dict[str, Any],
     progress: bool | None,
     console: Console | None,
     callbacks: Sequence[CallbackLike],
-) -> _Pretraining:
+) -> Trainer:
     """The trainer of the pretraining; a fresh one records its settings in ``pretrain.json``."""
     rng = torch.get_rng_state()  # the trainer's checks draw a view: the old loop did not
-    trainer = _Pretraining(
+    trainer = Trainer(
         net,
-        batches,
-        finish,
+        nn.CrossEntropyLoss(),
+        batches.train,
+        sampler=batches,  # its length is the epoch's; the batches come from its draw()
+        batch_source=batches,
+        end_policy=end,
+        resume_hint=f"resume_pretraining({str(store.root)!r})",
+        activity="pretraining",
         optimizer=torch.optim.Adam(net.parameters(), lr=settings["lr"]),
         run_dir=store,
         callbacks=[batches, *callbacks],

@@ -41,7 +41,6 @@ from ..training.rundir import (
     read_sweep,
     record_sweep,
 )
-from ..training.trainer import RunResult, Trainer
 
 __all__ = [
     "MAY_CHANGE",
@@ -53,10 +52,8 @@ __all__ = [
     "check_stored_config",
     "json_text",
     "resume_sweep",
-    "run_or_resume",
     "run_sweep",
     "stored_config_differences",
-    "sweep_interrupted",
     "sweep_settings",
     "write_json",
     "write_npz",
@@ -166,45 +163,6 @@ def check_planned_configs(configs: Iterable[Config], result_files: Sequence[str]
         raise ConfigError(_refusal(refused))
 
 
-def run_or_resume(
-    config: Config,
-    build: Callable[..., Trainer],
-    *,
-    resume: bool,
-    kept: Callable[[], Kept | None] | None = None,
-    test: bool = True,
-) -> tuple[RunResult | Kept, str]:
-    """Train one run of a sweep, resume it from its checkpoint, or keep its stored result.
-
-    The decision :func:`run_sweep` takes for each of its runs, for one run of a loop of your own.
-
-    Args:
-        config: the planned run's config.
-        build: ``build(overwrite=..., resume=...)`` -> the run's trainer.
-        resume: continue an interrupted sweep: a completed run is kept, an interrupted one
-            continues from ``checkpoints/last.pt``, the others start afresh.
-        kept: the stored result of the run when it completed (``None``: not completed).
-        test: test the selected model (``tune`` does not).
-
-    Returns:
-        ``(result, how)``: how is ``"trained"``, ``"resumed"`` or ``"kept"``.
-
-    Raises:
-        ConfigError: the run directory holds a run made with another config.
-    """
-    run_dir = config.resolved_output_dir()
-    if resume and existing_results(run_dir):
-        check_stored_config(config, run_dir)
-
-    def train(resume: bool) -> RunResult | Kept:
-        trainer = build(resume=True) if resume else build(overwrite=True)
-        return trainer.fit(test=test)
-
-    run: SweepRun[RunResult | Kept] = SweepRun(str(run_dir), config, train, kept)
-    finished = _run_one(0, run, continuing=resume)
-    return finished.result, finished.how
-
-
 def json_text(data: Any) -> str:
     """``data`` as the indented JSON of every result file of a sweep (a final newline)."""
     return json.dumps(data, indent=2) + "\n"
@@ -220,30 +178,6 @@ def write_npz(path: Path, **arrays: Any) -> None:
     atomic_write(path, lambda handle: np.savez(handle, **arrays))
 
 
-def sweep_interrupted(
-    kind: str,
-    exc: KeyboardInterrupt,
-    runs: Sequence[str],
-    finished: int,
-    output: Path,
-    kept: str = "their rows are in bench.json and bench.md",
-    again: str = "the same call with resume=True",
-) -> TrainingInterrupted:
-    """The interruption of a sweep: what is kept and that the sweep resumes.
-
-    Args:
-        kind: the sweep (``"bench"``, ``"tune"``, ``"hash train"``).
-        exc: the interruption.
-        runs: the planned runs' names, e.g. ``"soprc seed 0"``.
-        finished: how many of them finished (the interrupted one is the next).
-        output: the sweep directory.
-        kept: where the finished runs' results are.
-        again: the Python call that resumes.
-    """
-    running = runs[finished] if finished < len(runs) else None
-    return _interruption(kind, exc, running, finished, len(runs), output, kept, again)
-
-
 def _interruption(
     kind: str,
     exc: KeyboardInterrupt,
@@ -254,7 +188,11 @@ def _interruption(
     kept: str,
     again: str,
 ) -> TrainingInterrupted:
-    """:func:`sweep_interrupted`, naming the run that was ``running`` (``None``: between runs)."""
+    """The interruption of a sweep naming the run that was ``running`` (``None``: between runs).
+
+    What is kept (``kept``: where the finished runs' results are) and the Python call that resumes
+    (``again``).
+    """
     signal_number = signal_number_of(exc)
     head = f"{kind} interrupted ({signal_label(signal_number)})"
     if isinstance(exc, TrainingInterrupted) and running is not None:
