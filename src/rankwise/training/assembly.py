@@ -184,7 +184,7 @@ def _build(
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     # data, then every data-dependent check before anything is built
-    splits = splits if splits is not None else load_splits(config)
+    splits = splits if splits is not None else _load_splits(config, store)
     _record_data(config, store, splits, parts.moved_from)
     train_labels, n_classes = check_batch_classes(config, splits)
     # model, loss, sampler, optimizer (seeded: the same seed gives the same init)
@@ -245,6 +245,19 @@ def _build(
         eval_batch_size=config.eval_batch_size,
         **{k: v for k, v in evaluation.items() if v is not None},  # else the class default
     )
+
+
+def _load_splits(config: Config, store: RunStore) -> RetrievalSplits:
+    """The config's data; for a resumed run that cannot find it, how to point it at its new place."""
+    try:
+        return load_splits(config)
+    except ConfigError as exc:
+        if not store.resuming or not str(exc).startswith("dataset.data_dir"):
+            raise
+        raise ConfigError(
+            f"{exc}\nIf the run's data moved, resume with `data_dir` naming its new place (it "
+            "is checked against the run's data.json)."
+        ) from None
 
 
 def _record_data(
