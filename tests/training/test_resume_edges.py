@@ -210,6 +210,8 @@ def test_a_cosine_schedule_is_redefined_over_the_extended_budget(tmp_path, tiny_
     rates = {r["step"]: r["lr"] for r in _records(run_dir, "train")}
     # steps 1-4 on the 4-step schedule, then the 6-step one from where the run stood
     short = tiny_config(**settings)
-    assert [rates[s] for s in range(1, 5)] == [learning_rate_at(short, s - 1, 4) for s in range(1, 5)]
+    assert [rates[s] for s in range(1, 5)] == [
+        learning_rate_at(short, s - 1, 4) for s in range(1, 5)
+    ]
     assert [rates[s] for s in (5, 6)] == [learning_rate_at(config, s - 1, 6) for s in (5, 6)]
     assert rates[5] > rates[4]  # the cosine rises again: not what a fresh 6-step run does

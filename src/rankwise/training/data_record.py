@@ -33,7 +33,7 @@ def _update_array(digest: Any, value: Any) -> int:
     array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
     array = np.ascontiguousarray(array)
     digest.update(f"{array.dtype.str} {array.shape}\n".encode())
-    digest.update(memoryview(array).cast("B"))
+    digest.update(array.data)  # C-contiguous: hashed without a copy
     return int(array.nbytes)
 
 
@@ -105,6 +105,10 @@ def read_data_record(path: str | Path) -> dict[str, Any] | None:
 
     Raises:
         ConfigError: it exists but is not a JSON object.
+
+    Example:
+        >>> read_data_record("no-such-run/data.json") is None
+        True
     """
     path = Path(path)
     if not path.is_file():
@@ -139,6 +143,15 @@ def check_same_data(
 
     Raises:
         ConfigError: no record to check against, or the data differs; both folders are named.
+
+    Example:
+        >>> recorded = {"dataset": "sop", "fingerprint": "ab12", "samples": 9, "bytes": 90}
+        >>> check_same_data(recorded, dict(recorded), "/data/old", "/data/new")  # the same: None
+        >>> other = {**recorded, "fingerprint": "cd34", "samples": 10}
+        >>> check_same_data(recorded, other, "/data/old", "/data/new")
+        Traceback (most recent call last):
+        ...
+        rankwise.training.errors.ConfigError: data_dir: the dataset 'sop' in '/data/new' is not the data this run trained on (in '/data/old'): ...
     """
     if recorded is None:
         raise ConfigError(
