@@ -113,9 +113,14 @@ def _extension(trainer: Any, old: int) -> str:
     from ..training.build import learning_rate_at
 
     new = trainer.total_steps
+    replaced = (
+        f"; the {old}-step report.json is replaced at the end"
+        if trainer.paths.report.is_file()
+        else ""
+    )
     said = (
         f"its budget of {old} steps is extended to {new} (budget.iterations={new} in its "
-        f"config.yaml; report.json is replaced at the end)"
+        f"config.yaml{replaced})"
     )
     config = trainer.config
     if config is not None and config.schedule.name == "cosine":
