@@ -182,7 +182,11 @@ def test_max_steps_trains_a_finished_run_on_as_a_longer_one_would_have(tmp_path,
     # a schedule that does not depend on the budget: the extension is the longer run
     settings = {"budget.iterations": 4, "log_every": 2, "schedule.name": "multistep"}
     settings["schedule.milestones"] = [3]
-    Trainer.from_config(tiny_config(run_dir, **settings)).fit()
+    config_path = tmp_path / "c.yaml"
+    config_path.write_text(yaml.safe_dump(tiny_config.data(run_dir, **settings)))
+    fresh = runner.invoke(app, ["train", "-c", str(config_path), "--max-steps", "6"])
+    assert fresh.exit_code == 0, fresh.output  # a fresh run's budget is its config's: said
+    assert "--max-steps 6 is past the run's budget of 4 steps" in _flat(fresh.output)
     again = runner.invoke(app, ["train", "--resume", str(run_dir)])
     assert again.exit_code == 0
     assert "completed its 4 steps" in _flat(again.output) and "--max-steps" in again.output

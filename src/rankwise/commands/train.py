@@ -89,7 +89,7 @@ def _start_line(config: Any, resumed: bool) -> str | None:
     return "; ".join(said) if said else None
 
 
-def _resume_line(trainer: Any, max_steps: int | None) -> str:
+def _resume_line(trainer: Any) -> str:
     """What a resumption does: continue, start again, train on past the budget, or test again."""
     run, step, total = trainer.run_dir, trainer.step, trainer.total_steps
     store = trainer.store
@@ -234,7 +234,7 @@ def train(
             trainer = _build_trainer(list(overrides or []), config, resume, output, options, err)
             if not trainer.is_main_process:
                 console = output_console(140, quiet=True)
-            said = _resume_line(trainer, max_steps) if resume is not None else None
+            said = _resume_line(trainer) if resume is not None else None
             if said is None and max_steps is not None and max_steps > trainer.total_steps:
                 said = (
                     f"note: --max-steps {max_steps} is past the run's budget of "
