@@ -219,3 +219,35 @@ def test_a_cosine_schedule_is_redefined_over_the_extended_budget(tmp_path, tiny_
     ]
     assert [rates[s] for s in (5, 6)] == [learning_rate_at(config, s - 1, 6) for s in (5, 6)]
     assert rates[5] > rates[4]  # the cosine rises again: not what a fresh 6-step run does
+
+
+def test_a_bench_run_that_crashed_before_its_first_checkpoint_trains_again_on_resume(
+    tmp_path, tiny_config, monkeypatch
+):
+    """The sweeps give the same answer: the resumed sweep trains that run again from step 0."""
+    import io
+
+    from rich.console import Console
+
+    from rankwise.workflows.bench import run_bench
+
+    base = tiny_config.data(**{"budget.iterations": 4, "log_every": 1})
+    out = tmp_path / "bench"
+    original = Trainer.fit
+
+    def crashing_fit(self, **kwargs):
+        if self.name.startswith("[2/"):
+            kwargs["callbacks"] = [*kwargs.get("callbacks", ()), _crash_at_step_1]
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(Trainer, "fit", crashing_fit)
+    options = dict(losses=["auc", "triplet"], seeds=[0], output=out)
+    with pytest.raises(Crash):
+        run_bench(base, **options, console=Console(file=io.StringIO()))
+    crashed = out / "triplet" / "seed0"
+    assert _records(crashed, "train") and not (crashed / "checkpoints" / "last.pt").exists()
+    monkeypatch.undo()
+    console = Console(file=io.StringIO(), width=200)
+    summary = run_bench(base, **options, console=console, resume=True)
+    assert summary["complete"] is True and summary["runs_finished"] == 2
+    assert [r["step"] for r in _records(crashed, "train")] == [1, 2, 3, 4]  # from step 0, once
