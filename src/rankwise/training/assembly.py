@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
+from .arguments import positive_int
 from .build import (
     build_loss_from_config,
     build_model_from_config,
@@ -336,6 +337,8 @@ def resume_from_run_dir(
     Returns:
         The trainer, at the step of the checkpoint.
     """
+    if max_steps is not None:
+        max_steps = positive_int(max_steps, "max_steps", 0)
     paths = RunPaths(resolve_run_dir(run_dir))
     launch = _launch_settings(paths)
     if device is not None:
