@@ -272,6 +272,7 @@ TRAINING_TIERS: list[set[str]] = [
         "config",
         "arguments",
         "rundir",
+        "data_record",
         "checkpoint",
         "lock",
         "loader",

@@ -96,6 +96,54 @@ def _start_line(config: Any, resumed: bool) -> str | None:
     return "; ".join(said) if said else None
 
 
+def _resume_line(trainer: Any) -> str:
+    """What a resumption does: continue, start again, train on past the budget, or test again."""
+    run, step, total = trainer.run_dir, trainer.step, trainer.total_steps
+    store = trainer.store
+    if store.restarted:
+        return (
+            f"{run} stopped before its first checkpoint: training it again from step 0 to "
+            f"{total} with its config.yaml"
+        )
+    if trainer.stopped_early is not None:
+        return (
+            f"{run} is finished: it stopped early at step {step} of {total} "
+            f"({trainer.stopped_early}); testing its selected model again"
+        )
+    if store.extended_from is not None:
+        return f"resuming {run} at step {step}: {_extension(trainer, store.extended_from)}"
+    if step >= total:
+        return (
+            f"{run} completed its {total} steps: testing its selected model again (to train "
+            f"on, pass --max-steps N above {total})"
+        )
+    return f"resuming {run} at step {step}/{total}"
+
+
+def _extension(trainer: Any, old: int) -> str:
+    """The sentence saying how a budget was extended and what the learning rate does."""
+    from ..training.build import learning_rate_at
+
+    new = trainer.total_steps
+    replaced = (
+        f"; the {old}-step report.json is replaced at the end"
+        if trainer.paths.report.is_file()
+        else ""
+    )
+    said = (
+        f"its budget of {old} steps is extended to {new} (budget.iterations={new} in its "
+        f"config.yaml{replaced})"
+    )
+    config = trainer.config
+    if config is not None and config.schedule.name == "cosine":
+        ended = learning_rate_at(config, old - 1, total_steps=old)
+        said += (
+            f"; the cosine learning rate follows the {new}-step schedule from step {old + 1}: "
+            f"{trainer.learning_rate(old):.3g}, where the {old}-step one ended at {ended:.3g}"
+        )
+    return said
+
+
 def _check_resume_options(
     resume: Path | None,
     from_checkpoint: Path | None,
@@ -116,7 +164,8 @@ def _check_resume_options(
     if changed:
         raise ConfigError(
             "--resume continues a run with its saved config.yaml; drop "
-            f"{', '.join(changed)} (only --num-workers and --device may change)."
+            f"{', '.join(changed)} (only --num-workers and --device may change, --data-dir "
+            "may point at the same data moved, --max-steps may extend the budget)."
         )
 
 
@@ -153,7 +202,11 @@ def train(
         help="Run directory (default: runs/<dataset>/<loss>-seed<seed>).",
     ),
     data_dir: str | None = typer.Option(
-        None, "--data-dir", metavar="DIR", help="Dataset folder (dataset.data_dir)."
+        None,
+        "--data-dir",
+        metavar="DIR",
+        help="Dataset folder (dataset.data_dir). With --resume: the run's data moved here "
+        "(checked against the run's data.json).",
     ),
     seed: int | None = typer.Option(None, "--seed", min=0, help="Training seed (seed=)."),
     num_workers: int | None = typer.Option(
@@ -169,7 +222,8 @@ def train(
         None,
         "--max-steps",
         min=0,
-        help="Stop after this many steps in total, with a checkpoint (continue with --resume).",
+        help="Stop after this many steps in total, with a checkpoint (continue with --resume). "
+        "With --resume: train on to this step, extending a smaller budget to it.",
     ),
 ) -> None:
     """Train an embedding model with a ranking loss; writes checkpoints, metrics and plots.
@@ -184,6 +238,7 @@ def train(
         "from_checkpoint": from_checkpoint,
         "data_dir": data_dir,
         "seed": seed,
+        "max_steps": max_steps,
     }
     failure: BaseException | None = None
     try:
@@ -191,17 +246,15 @@ def train(
             trainer = _build_trainer(list(overrides or []), config, resume, output, options, err)
             if not trainer.is_main_process:
                 console = output_console(140, quiet=True)
-            if resume is not None and trainer.stopped_early is not None:
-                console.print(
-                    f"{trainer.run_dir} is finished: it stopped early at step {trainer.step} "
-                    f"({trainer.stopped_early}); testing its selected model again",
-                    soft_wrap=True,
+            said = _resume_line(trainer) if resume is not None else None
+            if said is None and max_steps is not None and max_steps > trainer.total_steps:
+                said = (
+                    f"note: --max-steps {max_steps} is past the run's budget of "
+                    f"{trainer.total_steps} steps: it completes at step {trainer.total_steps} "
+                    f"(to train {max_steps} steps set budget.iterations={max_steps})"
                 )
-            elif resume is not None:
-                console.print(
-                    f"resuming {trainer.run_dir} at step {trainer.step}/{trainer.total_steps}",
-                    soft_wrap=True,
-                )
+            if said is not None:
+                console.print(said, soft_wrap=True, markup=False, highlight=False)
             start = _start_line(trainer.config, resumed=resume is not None)
             if start is not None:  # the options that change the start say they took effect
                 console.print(start, soft_wrap=True, markup=False, highlight=False)
@@ -238,7 +291,6 @@ def _build_trainer(
         for flag, value in (
             ("--config", config),
             ("--output", output),
-            ("--data-dir", data_dir),
             ("--seed", seed),
             ("KEY=VALUE overrides", overrides or None),
         )
@@ -246,13 +298,24 @@ def _build_trainer(
     ]
     _check_resume_options(resume, options["from_checkpoint"], options["overwrite"], changed)
     if resume is not None:
-        return Trainer.from_run_dir(
+        trainer = Trainer.from_run_dir(
             resume,  # a folder holding one run is accepted
             num_workers=num_workers,
             device=device,
             console=err,
             checkpoint=options["from_checkpoint"],
+            data_dir=data_dir,
+            max_steps=options["max_steps"],
         )
+        max_steps = options["max_steps"]
+        if max_steps is not None and max_steps < trainer.step:
+            trainer.store.release()
+            raise ConfigError(
+                f"--max-steps {max_steps}: {trainer.run_dir} is already at step {trainer.step} "
+                f"(of {trainer.total_steps}); pass a larger number to train it on, or drop "
+                "--max-steps."
+            )
+        return trainer
     if config is None:
         raise ConfigError("--config: pass a YAML config (or --resume RUN_DIR).")
     shortcuts = {

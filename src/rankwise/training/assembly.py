@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 import torch
 from torch import nn
 
+from .arguments import positive_int
 from .build import (
     build_loss_from_config,
     build_model_from_config,
@@ -43,6 +44,7 @@ from .callbacks import (
 from .callbacks.base import Callback
 from .callbacks.host import CallbackLike
 from .config import Config, config_from_dict, read_config_file
+from .data_record import check_same_data, data_fingerprint, read_data_record
 from .errors import ConfigError, CorruptCheckpointError
 from .launch import choose_strategy
 from .rundir import resolve_run_dir
@@ -177,6 +179,8 @@ class _Parts:
     callbacks: Sequence[CallbackLike] = ()
     name: str | None = None
     plots: PlotCurves | None = None
+    extend_to: int | None = None  # a resumption's budget: a shorter one is extended to it
+    moved_from: str | None = None  # a resumption's data folder before ``data_dir`` changed it
 
 
 def _assemble(
@@ -207,7 +211,8 @@ def _build(
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     # data, then every data-dependent check before anything is built
-    splits = splits if splits is not None else load_splits(config)
+    splits = splits if splits is not None else _load_splits(config, store)
+    _record_data(config, store, splits, parts.moved_from)
     train_labels, n_classes = check_batch_classes(config, splits)
     # model, loss, sampler, optimizer (seeded: the same seed gives the same init)
     seed_everything(config.seed)
@@ -218,6 +223,9 @@ def _build(
     loss_fn = build_loss_from_config(config, train_labels, n_classes)
     sampler = build_sampler_from_config(config, train_labels)
     steps = total_steps(config, len(sampler))
+    if parts.extend_to is not None and parts.extend_to > steps:
+        config = _extended(config, store, steps, parts.extend_to)
+        steps = parts.extend_to
     params = [p for p in model.parameters() if p.requires_grad]
     params += [p for p in loss_fn.parameters() if p.requires_grad]
     name = name or f"{config.loss.name} on {config.dataset.name}"
@@ -277,6 +285,55 @@ def _build(
     )
 
 
+def _load_splits(config: Config, store: RunStore) -> RetrievalSplits:
+    """The config's data; for a resumed run that cannot find it, how to point it at its new place."""
+    try:
+        return load_splits(config)
+    except ConfigError as exc:
+        if not store.resuming or not str(exc).startswith("dataset.data_dir"):
+            raise
+        raise ConfigError(
+            f"{exc}\nIf the run's data moved, resume with `data_dir` naming its new place (it "
+            "is checked against the run's data.json)."
+        ) from None
+
+
+def _record_data(
+    config: Config, store: RunStore, splits: RetrievalSplits, moved_from: str | None
+) -> None:
+    """Give the store the fingerprint of a fresh run's data; check a moved one's against it.
+
+    A fresh run (and one restarted from step 0) records its data in ``data.json``; a resumed
+    run whose ``data_dir`` changed must find the recorded data there (else a ConfigError naming
+    both folders), and then records the new folder.
+    """
+    if store.root is None:
+        return
+    if store.resuming and moved_from is None:
+        return  # the data is where it was: read, never fingerprinted again
+    if not store.resuming and not store.strategy.is_main_process:
+        return  # the main process writes the record
+    found = {**data_fingerprint(splits), "data_dir": config.dataset.data_dir}
+    if store.resuming:
+        new_dir = str(config.dataset.data_dir)
+        check_same_data(read_data_record(store.paths.data), found, moved_from, new_dir)
+    store.data_record = found
+
+
+def _extended(config: Config, store: RunStore, steps: int, extend_to: int) -> Config:
+    """``config`` with its budget extended from ``steps`` to ``extend_to`` (the store's record too).
+
+    The budget becomes ``budget.iterations=extend_to``: the learning-rate schedule is defined
+    over the budget, so the steps from here on follow the schedule of ``extend_to`` steps.
+    """
+    data = config.to_dict()
+    data["budget"] = {"epochs": None, "iterations": extend_to}
+    extended = config_from_dict(data)
+    store.adopt_record(extended.to_dict())  # what config.yaml and the checkpoints hold from now on
+    store.extended_from = steps
+    return extended
+
+
 def _launch_settings(paths: RunPaths) -> dict[str, Any]:
     """The saved config's plain dict, for joining the process group (``{}``: unreadable yet)."""
     try:
@@ -293,8 +350,12 @@ def resume_from_run_dir(
     device: str | None = None,
     console: Console | None = None,
     checkpoint: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    max_steps: int | None = None,
 ) -> _T:
     """The ``trainer_cls`` that resumes the config run in ``run_dir`` (see ``Trainer.from_run_dir``).
+
+    A run that stopped before its first checkpoint trains again from step 0 with its config.
 
     Args:
         trainer_cls: the trainer class.
@@ -303,10 +364,18 @@ def resume_from_run_dir(
         device: may change too (results are then no longer bit-identical).
         console: rich console for messages.
         checkpoint: the checkpoint file to continue from instead of ``last.pt``.
+        data_dir: the run's data moved here: accepted when it holds the data the run recorded
+            in its ``data.json`` (the same file list and sizes), else a ConfigError naming both
+            folders.
+        max_steps: train on to this many steps: a budget below it is extended to it
+            (``budget.iterations``; the learning rate then follows the schedule of the new
+            budget, see docs/training.md).
 
     Returns:
         The trainer, at the step of the checkpoint.
     """
+    if max_steps is not None:
+        max_steps = positive_int(max_steps, "max_steps", 0)
     paths = RunPaths(resolve_run_dir(run_dir))
     launch = _launch_settings(paths)
     if device is not None:
@@ -321,7 +390,8 @@ def resume_from_run_dir(
             data["num_workers"] = num_workers
         if device is not None:
             data["device"] = device
-        if checkpoint is None and not paths.last.is_file():
+        moved_from = _moved_data(data, data_dir)
+        if checkpoint is None and not store.restarted and not paths.last.is_file():
             raise CorruptCheckpointError(paths.last, "it is missing").with_context(
                 run_dir=paths.root, **fallback_checkpoint(paths.root)
             )
@@ -330,4 +400,20 @@ def resume_from_run_dir(
         store.release()
         raise
     store.adopt_record(config.to_dict())  # what config.yaml and the checkpoints go on holding
-    return _assemble(trainer_cls, config, store, chosen, _Parts(console=console))
+    parts = _Parts(console=console, extend_to=max_steps, moved_from=moved_from)
+    return _assemble(trainer_cls, config, store, chosen, parts)
+
+
+def _moved_data(data: dict[str, Any], data_dir: str | Path | None) -> str | None:
+    """Point the saved config ``data`` at ``data_dir``; the folder it named before, if it changed."""
+    if data_dir is None:
+        return None
+    dataset = data.get("dataset")
+    if not isinstance(dataset, dict):
+        return None  # the config's own validation names the missing section
+    old = dataset.get("data_dir")
+    new = str(Path(data_dir).expanduser().resolve())
+    dataset["data_dir"] = new
+    if old == new:
+        return None
+    return "the default data folders (no data_dir)" if old is None else str(old)

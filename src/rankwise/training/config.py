@@ -46,7 +46,11 @@ class _Strict(BaseModel):
 
 
 class DatasetConfig(_Strict):
-    """Which data to train on (see :func:`rankwise.data.load_dataset`)."""
+    """Which data to train on (see :func:`rankwise.data.load_dataset`).
+
+    ``data_dir`` is made absolute (against the working directory, ``~`` expanded) when the config
+    is made, so a run's ``config.yaml`` finds its data from any directory.
+    """
 
     name: str
     protocol: Literal["open-set", "closed-set"] | None = None
@@ -58,6 +62,11 @@ class DatasetConfig(_Strict):
     # papers' 9:1 split) saturates on small benchmarks
     val_holdout: Literal["samples", "classes"] | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        return None if value is None else str(Path(value).expanduser().resolve())
 
 
 class ModelConfig(_Strict):
@@ -76,7 +85,7 @@ class ModelConfig(_Strict):
     @field_validator("weights_path", "pretrained")
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
-        return None if value is None else str(Path(value).resolve())
+        return None if value is None else str(Path(value).expanduser().resolve())
 
 
 class LossConfig(_Strict):
@@ -381,7 +390,7 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
 
 
 #: the file paths of a config (dotted keys), absolute in every :class:`Config`
-PATH_KEYS = ("model.weights_path", "model.pretrained")
+PATH_KEYS = ("dataset.data_dir", "model.weights_path", "model.pretrained")
 
 
 def absolute_paths(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -395,7 +404,7 @@ def absolute_paths(data: Mapping[str, Any]) -> dict[str, Any]:
         section, key = dotted.split(".")
         value = (data.get(section) or {}).get(key) if isinstance(data, Mapping) else None
         if isinstance(value, str) and not Path(value).is_absolute():
-            found[dotted] = str(Path(value).resolve())
+            found[dotted] = str(Path(value).expanduser().resolve())
     return apply_overrides(data, found) if found else dict(data)
 
 

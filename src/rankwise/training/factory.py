@@ -86,11 +86,14 @@ def trainer_from_run_dir(
     device: str | None = None,
     console: Console | None = None,
     checkpoint: str | Path | None = None,
+    data_dir: str | Path | None = None,
+    max_steps: int | None = None,
 ) -> Trainer:
     """The trainer that resumes the config run in ``run_dir`` (see :meth:`Trainer.from_run_dir`).
 
     The folder is locked before its ``config.yaml`` is read (under torchrun the process group is
-    joined first, with the saved ``distributed`` settings).
+    joined first, with the saved ``distributed`` settings). A run that stopped before its first
+    checkpoint trains again from step 0 with its config.
 
     Args:
         run_dir: a run directory, or a folder holding exactly one.
@@ -99,6 +102,12 @@ def trainer_from_run_dir(
         device: may change too (results are then no longer bit-identical).
         console: rich console for messages.
         checkpoint: the checkpoint file to continue from instead of ``last.pt``.
+        data_dir: the run's data moved here: accepted when it holds the data recorded in the
+            run's ``data.json`` (the same file list and sizes), else a ConfigError naming both
+            folders; the run's ``config.yaml`` then names the new folder.
+        max_steps: train on to this many steps: a budget below it is extended to
+            ``budget.iterations=max_steps`` (the learning rate then follows the schedule of
+            the new budget from the checkpoint's step on; docs/training.md).
 
     Returns:
         The trainer, at the step of the checkpoint.

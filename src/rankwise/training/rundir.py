@@ -27,6 +27,7 @@ __all__ = [
     "check_sweep_dir",
     "existing_results",
     "find_run_dirs",
+    "never_checkpointed",
     "prepare_sweep_dir",
     "read_sweep",
     "readable_checkpoint_step",
@@ -65,6 +66,11 @@ class RunPaths:
     def metrics(self) -> Path:
         """``metrics.jsonl``: one record per logged step and evaluation."""
         return self.root / "metrics.jsonl"
+
+    @property
+    def data(self) -> Path:
+        """``data.json``: the fingerprint of the run's data (see :mod:`~rankwise.training.data_record`)."""
+        return self.root / "data.json"
 
     @property
     def checkpoints(self) -> Path:
@@ -143,13 +149,37 @@ def existing_results(directory: str | Path, files: Sequence[str] = RUN_RESULT_FI
     return [name for name, path in paths if path.is_file() and path.stat().st_size > 0]
 
 
+def never_checkpointed(path: str | Path) -> bool:
+    """Whether a run started in ``path`` and stopped before its first checkpoint.
+
+    It wrote its ``config.yaml`` (and ``checkpoints/`` or ``metrics.jsonl``) but no checkpoint
+    and no result: e.g. it crashed or was killed in its first steps. Such a run resumes from
+    step 0 with its config.
+
+    Args:
+        path: a folder.
+
+    Returns:
+        ``True`` for such a run; ``False`` for anything else (no run, or a run with a
+        checkpoint or a result).
+    """
+    paths = RunPaths(Path(path))
+    started = paths.config.is_file() and (paths.checkpoints.is_dir() or paths.metrics.is_file())
+    written = (paths.last, paths.previous, paths.best, paths.report, paths.pr_curve)
+    return started and not any(p.exists() for p in written)
+
+
 def _is_run_dir(path: Path) -> bool:
     paths = RunPaths(path)
-    return paths.config.is_file() and (paths.last.is_file() or paths.previous.is_file())
+    checkpointed = paths.last.is_file() or paths.previous.is_file()
+    return paths.config.is_file() and checkpointed or never_checkpointed(path)
 
 
 def find_run_dirs(folder: str | Path, max_depth: int = 3) -> list[Path]:
-    """The resumable run directories at or below ``folder`` (``config.yaml`` + a checkpoint).
+    """The resumable run directories at or below ``folder``.
+
+    ``config.yaml`` and a checkpoint, or a run that stopped before its first checkpoint
+    (:func:`never_checkpointed`).
 
     Args:
         folder: where to look.
@@ -195,7 +225,8 @@ def resolve_run_dir(path: str | Path) -> Path:
     if not runs:
         raise ConfigError(
             f"run_dir: {str(path)!r} is not a run directory and holds none below it (a run "
-            "directory has config.yaml and checkpoints/last.pt)."
+            "directory has config.yaml and checkpoints/last.pt, or config.yaml and "
+            "metrics.jsonl when it stopped before its first checkpoint)."
         )
     listing = "\n  ".join(str(r) for r in runs)
     raise ConfigError(

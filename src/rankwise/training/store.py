@@ -12,6 +12,7 @@ writes).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,13 @@ from .checkpoint import atomic_save, atomic_write_text, keep_previous, load_chec
 from .errors import ConfigError, CorruptCheckpointError, DiskFullError
 from .lock import RunDirLock, lock_run_dir
 from .result import RunResult
-from .rundir import RunPaths, existing_results, readable_checkpoint_step, remove_stale_temporaries
+from .rundir import (
+    RunPaths,
+    existing_results,
+    never_checkpointed,
+    readable_checkpoint_step,
+    remove_stale_temporaries,
+)
 from .strategy import SingleProcess
 
 __all__ = ["RunPaths", "RunResult", "RunStore", "fallback_checkpoint", "refuse_results"]
@@ -33,6 +40,13 @@ __all__ = ["RunPaths", "RunResult", "RunStore", "fallback_checkpoint", "refuse_r
 def refuse_results(run_dir: Path, key: str) -> None:
     """The one rule of train, bench and tune: results are never overwritten silently."""
     found = existing_results(run_dir)
+    if found and never_checkpointed(run_dir):
+        raise ConfigError(
+            f"{key}: {str(run_dir)!r} already holds a run that stopped before its first "
+            f"checkpoint ({', '.join(found)}); train it again from step 0 with its config.yaml "
+            "with `resume`, or start afresh with `overwrite`, which deletes its records (or "
+            f"choose another `{key}`)."
+        )
     if found:
         raise ConfigError(
             f"{key}: {str(run_dir)!r} already holds a run ({', '.join(found)}); continue it "
@@ -89,8 +103,16 @@ class RunStore:
         record: see above.
         strategy: see above.
         last_step: the step of ``checkpoints/last.pt`` once this store wrote or read it.
-        resuming: :meth:`open` was asked to resume (the trainer then reads
-            :meth:`read_resume_state`).
+        resuming: :meth:`open` was asked to resume a run with a checkpoint (the trainer then
+            reads :meth:`read_resume_state`).
+        restarted: :meth:`open` was asked to resume a run that stopped before its first
+            checkpoint (:func:`~rankwise.training.rundir.never_checkpointed`): it trains again
+            from step 0 (``resuming`` is then ``False``).
+        data_record: what :meth:`prepare` writes to ``data.json`` (the fingerprint of the run's
+            data, :func:`~rankwise.training.data_record.data_fingerprint`; ``None``: nothing).
+        extended_from: the budget (in steps) of a run whose budget a resumption extended
+            (``None``: not extended); :meth:`prepare` then deletes the test result of the
+            shorter run (``report.json``, the PR curve), which a new one replaces at the end.
         is_open: :meth:`open` was called (the lock is then held until :meth:`release`).
 
     Example:
@@ -119,6 +141,9 @@ class RunStore:
         self.record = None if record is None else dict(record)
         self.last_step: int | None = None
         self.resuming = False
+        self.restarted = False
+        self.data_record: dict[str, Any] | None = None
+        self.extended_from: int | None = None
         self.is_open = False
         self._stale = tuple(Path(p) for p in stale)
         self._resume_from: Path | None = None
@@ -154,7 +179,8 @@ class RunStore:
 
         Args:
             resume: the run continues the checkpoint in the folder (see
-                :meth:`read_resume_state`).
+                :meth:`read_resume_state`); a run there that stopped before its first
+                checkpoint starts again from step 0 (``restarted``).
             overwrite: start afresh in a folder holding a run (its results are deleted when
                 :meth:`prepare` runs at step 0).
             resume_from: with ``resume``, the checkpoint to continue from instead of ``last.pt``.
@@ -177,6 +203,9 @@ class RunStore:
             return self
         rule = None if resume or overwrite else self._refuse_results
         self._take(then="resume it" if resume else None, checks=(check, rule))
+        if resume and resume_from is None and never_checkpointed(self.root):
+            # nothing to continue: the run trains again from step 0 (every rank sees the files)
+            self.resuming, self.restarted = False, True
         self._left = self._fingerprint()
         return self
 
@@ -273,9 +302,10 @@ class RunStore:
         """Ready the folder for training from ``step`` (on the main process).
 
         Creates it, removes the temporaries of writes a killed run never finished, writes
-        ``config.yaml`` (the record) and, for a fresh run (``step`` 0), deletes an earlier
-        run's checkpoints and outputs, so a crash before the first checkpoint cannot leave them
-        to a resume.
+        ``config.yaml`` (the record) and ``data.json`` (``data_record``) and, for a fresh run
+        (``step`` 0), deletes an earlier run's checkpoints and outputs, so a crash before the
+        first checkpoint cannot leave them to a resume; a run whose budget was extended loses
+        the test result of its shorter budget.
         """
         if self.root is None or not self.strategy.is_main_process:
             return
@@ -284,9 +314,14 @@ class RunStore:
         remove_stale_temporaries(self.root)
         if self.record is not None:
             atomic_write_text(yaml.safe_dump(self.record, sort_keys=False), self.paths.config)
-        if step == 0:
-            for stale in (*self.paths.stale_outputs(), *self._stale):
+        if step == 0:  # an earlier run's data.json too: this run may record none
+            for stale in (*self.paths.stale_outputs(), self.paths.data, *self._stale):
                 stale.unlink(missing_ok=True)
+        elif self.extended_from is not None:
+            for outdated in (self.paths.report, self.paths.pr_curve, self.paths.pr_curve_plot):
+                outdated.unlink(missing_ok=True)
+        if self.data_record is not None:
+            atomic_write_text(json.dumps(self.data_record, indent=2) + "\n", self.paths.data)
 
     def save_result(self, result: RunResult) -> None:
         """Write ``report.json`` / ``pr_curve.json`` of a completed run (on the main process)."""

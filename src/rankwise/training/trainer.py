@@ -460,10 +460,13 @@ class Trainer:
         device: str | None = None,
         console: Console | None = None,
         checkpoint: str | Path | None = None,
+        data_dir: str | Path | None = None,
+        max_steps: int | None = None,
     ) -> Trainer:
         """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``.
+        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls`` (also
+        for ``data_dir``, moved data, and ``max_steps``, a budget extended to it).
 
         Returns:
             The trainer, at the step of the checkpoint.
@@ -475,6 +478,8 @@ class Trainer:
             device=device,
             console=console,
             checkpoint=checkpoint,
+            data_dir=data_dir,
+            max_steps=max_steps,
         )
 
     # -- what the parts hold ----------------------------------------------------------------
