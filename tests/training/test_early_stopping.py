@@ -144,3 +144,25 @@ def test_an_unknown_monitor_names_the_valid_ones(tiny_config, tmp_path):
     with pytest.raises(ConfigError, match="recall@10.*eval_ks=\\[1\\]"):
         tiny_config(tmp_path, **{"selection.monitor": "recall@10"})  # not evaluated
     assert check_monitor("precision@1", [1]) == "precision@1"
+
+
+def docs_section():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "training.md").read_text()
+    return text.split("### Early stopping and the monitored metric", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_docs_example_runs_and_stops_early(capsys):
+    code = docs_section().split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/training.md", "exec"), {})
+    status, steps, best = capsys.readouterr().out.splitlines()[0].split()
+    assert status == "stopped_early" and int(steps) < 200 and int(best) <= int(steps)
+
+
+def test_the_docs_config_is_a_valid_config(tiny_config, tmp_path):
+    import yaml
+
+    block = yaml.safe_load(docs_section().split("```yaml\n", 1)[1].split("```", 1)[0])
+    config = tiny_config(tmp_path, **block)
+    assert config.selection.monitor == "recall@1" and config.early_stopping.patience == 3
