@@ -166,3 +166,26 @@ def test_the_docs_config_is_a_valid_config(tiny_config, tmp_path):
     block = yaml.safe_load(docs_section().split("```yaml\n", 1)[1].split("```", 1)[0])
     config = tiny_config(tmp_path, **block)
     assert config.selection.monitor == "recall@1" and config.early_stopping.patience == 3
+
+
+def test_the_fit_loop_returns_its_end():
+    from rankwise.training.loop import FitLoop, LoopEnd
+    from rankwise.training.stop import StopControl
+
+    def run(reason, stop_at=3, budget=10, max_steps=None):
+        stop = StopControl()
+
+        def emit(hook, *args):
+            if hook == "on_step_end" and loop.step == stop_at:
+                stop.request(reason)
+
+        batches = ((torch.zeros(2, 1), torch.zeros(2), torch.tensor([[0, i]])) for i in range(99))
+        loop = FitLoop(
+            99, budget, 5, lambda x, y: torch.tensor(0.5), lambda s: 0.1, emit, lambda: None, stop
+        )
+        return loop.run(batches, max_steps), loop.step
+
+    assert run("plateau") == (LoopEnd("stopped_early", reason="plateau"), 3)
+    assert run(None) == (LoopEnd("signal", signal=None), 3)  # no reason: an interruption
+    assert run(None, stop_at=-1) == (LoopEnd("budget"), 10)
+    assert run(None, stop_at=-1, max_steps=4) == (LoopEnd("max_steps"), 4)

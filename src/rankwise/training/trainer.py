@@ -40,7 +40,7 @@ from .arguments import (
 )
 from .assembly import BuildOptions, build_from_config, resume_from_run_dir
 from .build import build_optimizer, learning_rate_at, load_splits, preflight
-from .callbacks import BestCheckpoint, Callback, MetricsLogger, StepOutput
+from .callbacks import BestCheckpoint, Callback, MetricsLogger
 from .callbacks.base import TrainerView
 from .callbacks.host import CallbackLike, add_callback, as_callback, default_callbacks, emit, find
 from .checkpoint import capture_rng_state
@@ -48,6 +48,7 @@ from .config import Config, config_from_dict
 from .errors import NonFiniteLossError, ReplicaDivergenceError, TrainingInterrupted
 from .evaluation import Evaluator
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
+from .loop import FitLoop, LoopEnd
 from .monitor import DEFAULT_MONITOR
 from .result import RunResult
 from .settings import Logging, Runtime, Schedule, group_options
@@ -349,15 +350,19 @@ class Trainer:
         self.loss_name = self.logging.loss_name or type(loss_fn).__name__
         self.name = self.logging.name or self.loss_name
 
-        # -- progress state (checkpointed) ---------------------------------------------------
-        self.step = 0
-        self.next_epoch = 0
-        self.next_position = 0
-        self.seconds = 0.0
-        self._in_step = False
+        # the steps and their progress state (checkpointed)
+        self.loop = FitLoop(
+            self.steps_per_epoch,
+            self.total_steps,
+            self.eval_every,
+            self.train_step,
+            self.learning_rate,
+            self._emit,
+            self._validate_and_checkpoint,
+            self.stop_control,
+        )
         self._completed = False
         self._stopped_early: str | None = None  # the reason of a normal early end (checkpointed)
-        self._tick = time.perf_counter()
         self.callbacks = default_callbacks(
             self.logging.log_every, progress, self.runtime.detect_collapse
         )
@@ -636,10 +641,25 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    def _account_time(self) -> None:
-        now = time.perf_counter()
-        self.seconds += now - self._tick
-        self._tick = now
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed (the :class:`~rankwise.training.loop.FitLoop`'s)."""
+        return self.loop.step
+
+    @property
+    def next_epoch(self) -> int:
+        """The sampler epoch of the next batch."""
+        return self.loop.next_epoch
+
+    @property
+    def next_position(self) -> int:
+        """The next batch's index within :attr:`next_epoch`."""
+        return self.loop.next_position
+
+    @property
+    def seconds(self) -> float:
+        """Wall-clock seconds spent in this run, summed over resumptions."""
+        return self.loop.seconds
 
     def state_dict(self) -> dict[str, Any]:
         """The complete state after ``self.step`` (what ``checkpoints/last.pt`` holds)."""
@@ -648,10 +668,7 @@ class Trainer:
             "format": self.store.FORMAT,
             "config": self.store.record,
             "world_size": self.world_size,
-            "step": self.step,
-            "next_epoch": self.next_epoch,
-            "next_position": self.next_position,
-            "seconds": self.seconds,
+            **self.loop.state_dict(),  # step, next_epoch, next_position, seconds
             "model": self.model.state_dict(),
             "loss": self.loss_fn.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -681,7 +698,7 @@ class Trainer:
             raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
         self.check_replicas()
         self.strategy.gather_rng()
-        self._account_time()
+        self.loop.account_time()
         return self.store.save_last(self.state_dict())
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -695,10 +712,7 @@ class Trainer:
                     "the checkpoint holds a learning-rate scheduler: pass the same `lr_schedule`."
                 )
             self.lr_schedule.load_state_dict(state["lr_scheduler"])
-        self.step = int(state["step"])
-        self.next_epoch = int(state["next_epoch"])
-        self.next_position = int(state["next_position"])
-        self.seconds = float(state["seconds"])
+        self.loop.load_state_dict(state)
         self._stopped_early = state.get("stopped_early")
         self.strategy.restore_rng(state)
         states = state.get("callbacks", {})
@@ -847,31 +861,6 @@ class Trainer:
         # batch's label structure there without waiting for the device (docs/losses.md)
         return self.strategy.gather_batch(embeddings, y)
 
-    def _run_step(self, batches: Iterator[Any]) -> str | None:
-        """One complete step; the reason of a normal stop it ended with (``None``: go on)."""
-        self._in_step = True
-        x, y, meta = next(batches)
-        lr = self.learning_rate(self.step)
-        loss = self.train_step(x, y)
-        self.step += 1
-        epoch, position = int(meta[0, 0]), int(meta[0, 1])
-        if position + 1 >= self.steps_per_epoch:
-            self.next_epoch, self.next_position = epoch + 1, 0
-        else:
-            self.next_epoch, self.next_position = epoch, position + 1
-        output = StepOutput(self.step, epoch, position, float(loss), lr, int(y.shape[0]))
-        self._emit("on_train_step_end", output)
-        if self.step % self.eval_every == 0 or self.step == self.total_steps:
-            self._validate_and_checkpoint()
-        # the step, its records and its evaluation are complete: a safe stop point
-        self._in_step = False
-        self._emit("on_step_end")
-        if not self.stop_control.agree():  # every process stops after the same step
-            return None
-        if self.stop_control.reason is None:  # a signal, or a stop asked for without a reason
-            raise KeyboardInterrupt
-        return self.stop_control.reason
-
     def _training_batches(self) -> Iterator[Any]:
         """The ``(x, y, meta)`` batches of :meth:`fit` from the trainer's position on.
 
@@ -940,36 +929,40 @@ class Trainer:
         finished = self._stopped_early is not None  # resumed after an early end: nothing to train
         self.store.prepare(self.step)
         self.stop_control.start()
-        self._tick = time.perf_counter()
+        self.loop.start_clock()
         self._emit("on_fit_start")
+        end = LoopEnd("stopped_early", reason=self._stopped_early) if finished else None
         with determinism(self.deterministic), self.stop_control.during_steps():
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = self._training_batches()
             try:
-                while (
-                    self._stopped_early is None
-                    and self.step < self.total_steps
-                    and (max_steps is None or self.step < max_steps)
-                ):
-                    self._stopped_early = self._run_step(batches)
-            except KeyboardInterrupt as exc:
+                if end is None:
+                    end = self.loop.run(batches, max_steps)
+            except KeyboardInterrupt as exc:  # a second signal, or a callback's raise
                 signum = signal_number_of(exc, self.stop_control.signal or signal.SIGINT)
                 raise self._interrupted(signum) from None
             except NonFiniteLossError as exc:
                 self._emit("on_failure", exc)
                 raise
+            else:
+                if end.kind == "signal":  # the interruption the caller sees, after the step
+                    raise self._interrupted(end.signal or signal.SIGINT)
             finally:
-                self._account_time()
+                self.loop.account_time()
                 del batches  # shuts DataLoader workers down
                 self._emit("on_train_end")
+        return self._end(end, test, finished)
 
-        if self._stopped_early is not None:  # a normal early end: finished like a complete run
+    def _end(self, end: LoopEnd, test: bool, finished: bool) -> RunResult:
+        """The run's outcome after the loop's ``end``: finished, or stopped to resume later."""
+        if end.kind == "stopped_early":  # a normal early end: finished like a complete run
+            self._stopped_early = end.reason
             if self.store.root is not None and not finished:
                 self.save_checkpoint()  # it holds the end: a resumed run is finished
             with determinism(self.deterministic):
                 result = self._finish(test)
-        elif self.step < self.total_steps:  # max_steps reached
+        elif end.kind == "max_steps":
             if self.store.root is not None and self.last_checkpoint_step != self.step:
                 self.save_checkpoint()
             result = self._result("stopped")
@@ -1015,7 +1008,7 @@ class Trainer:
         elif test and self.test_data is not None:
             report, curve = self._test_selected()
             self._emit("on_test_end", report, curve)
-        self.seconds += time.perf_counter() - start
+        self.loop.seconds += time.perf_counter() - start
         result = self._result("completed", report, curve)
         self._mark_completed()
         if self.end_policy is None:
@@ -1036,7 +1029,7 @@ class Trainer:
     def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:
         if self.run_dir is None:
             detail = "nothing was saved (the trainer has no run_dir)"
-        elif not self._in_step:
+        elif not self.loop.in_step:
             if self.last_checkpoint_step != self.step:
                 self.save_checkpoint()
             detail = f"checkpoint saved at step {self.step}"
