@@ -280,12 +280,14 @@ TRAINING_TIERS: list[set[str]] = [
         "build",
         "settings",
         "result",
+        "monitor",
     },
     # the callbacks: below the Trainer, which they read through a protocol (callbacks.base)
     {
         "callbacks",
         "callbacks.base",
         "callbacks.collapse",
+        "callbacks.early_stopping",
         "callbacks.host",
         "callbacks.metrics_log",
         "callbacks.plots",
@@ -297,6 +299,8 @@ TRAINING_TIERS: list[set[str]] = [
     {"strategy", "launch", "store"},
     # the parts the Trainer holds, and the config reader it calls with its own class
     {"evaluation", "stop", "assembly"},
+    # the fit loop: the steps, their progress and their end (given the parts it uses)
+    {"loop"},
     {"trainer"},
     {"factory", "distributed", "inference"},
     # the package and the old import paths
