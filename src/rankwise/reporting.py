@@ -92,12 +92,14 @@ def _check(flag: bool) -> str:
     return "✓" if flag else "✗"
 
 
-def _table_columns(ablation: bool) -> list[str]:
+def _table_columns(ablation: bool, monitor: str | None = None) -> list[str]:
     head = ["No.", "Unb. Est.", "with v", "with L_var", "Opt."] if ablation else ["Loss"]
-    return head + ["mAUPRC", "R@1", "R@10", "MAP@R", "s / run"]
+    # a sweep selecting on another metric shows that metric's test value too
+    extra = [] if monitor is None else [monitor]
+    return head + ["mAUPRC", "R@1", "R@10", "MAP@R", *extra, "s / run"]
 
 
-def _table_cells(row: Mapping[str, Any], ablation: bool) -> list[str]:
+def _table_cells(row: Mapping[str, Any], ablation: bool, monitor: str | None = None) -> list[str]:
     if ablation:
         head = [
             str(row["variant"]),
@@ -111,6 +113,10 @@ def _table_cells(row: Mapping[str, Any], ablation: bool) -> list[str]:
     n = len(row["seeds"]) if "seeds" in row else 2  # a seedless reference row has none
     metrics = ("map", "recall_at_1", "recall_at_10", "map_at_r")
     cells = [_pct(row[f"{key}_mean"], row[f"{key}_std"], n) for key in metrics]
+    if monitor is not None:  # a reference row without it shows a dash
+        cells.append(
+            _pct(row["monitor_mean"], row["monitor_std"], n) if "monitor_mean" in row else "—"
+        )
     return [*head, *cells, f"{row['seconds']:.1f}"]
 
 
@@ -147,20 +153,22 @@ def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> 
     Returns:
         The Markdown text, ending with a newline; reference rows are italic, without timing.
     """
-    columns = _table_columns(ablation)
+    monitor = summary.get("monitor")
+    columns = _table_columns(ablation, monitor)
     lines = [
         f"# rankwise bench: {summary['dataset']} ({summary['protocol']})",
         "",
         f"Seeds: {summary['seeds']}. Test metrics of the checkpoint with the best validation "
-        f"mAP, in %, {_spread_note(summary)}; mAUPRC is the tie-aware mAP." + _status_note(summary),
+        f"{monitor or 'mAP'}, in %, {_spread_note(summary)}; mAUPRC is the tie-aware mAP."
+        + _status_note(summary),
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "|".join("---" for _ in columns) + "|",
     ]
     for row in summary["rows"]:
-        lines.append("| " + " | ".join(_table_cells(row, ablation)) + " |")
+        lines.append("| " + " | ".join(_table_cells(row, ablation, monitor)) + " |")
     for row in summary.get("reference_rows", []) if not ablation else []:
-        cells = _table_cells(row, ablation)
+        cells = _table_cells(row, ablation, monitor)
         lines.append("| " + " | ".join([f"*{cells[0]}*", *cells[1:-1], "—"]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -177,17 +185,18 @@ def print_bench_table(summary: Mapping[str, Any], console: Console, ablation: bo
         f"({summary['protocol']}), test metrics in %, {_spread_note(summary)}"
     )
     table = Table(title=title, caption=_status_note(summary).strip() or None)
-    for i, name in enumerate(_table_columns(ablation)):
+    monitor = summary.get("monitor")
+    for i, name in enumerate(_table_columns(ablation, monitor)):
         table.add_column(name, justify="left" if i == 0 and not ablation else "right")
     best = max((row["map_mean"] for row in summary["rows"]), default=math.nan)
     for row in summary["rows"]:
         style = "bold" if row["map_mean"] == best else None
-        table.add_row(*_table_cells(row, ablation), style=style)
+        table.add_row(*_table_cells(row, ablation, monitor), style=style)
     references = summary.get("reference_rows", []) if not ablation else []
     if references:
         table.add_section()  # a rule between the trained rows and the no-learning references
     for row in references:
-        table.add_row(*_table_cells(row, ablation)[:-1], "—", style="dim italic")
+        table.add_row(*_table_cells(row, ablation, monitor)[:-1], "—", style="dim italic")
     console.print(table)
 
 

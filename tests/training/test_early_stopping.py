@@ -189,3 +189,38 @@ def test_the_fit_loop_returns_its_end():
     assert run(None) == (LoopEnd("signal", signal=None), 3)  # no reason: an interruption
     assert run(None, stop_at=-1) == (LoopEnd("budget"), 10)
     assert run(None, stop_at=-1, max_steps=4) == (LoopEnd("max_steps"), 4)
+
+
+def test_tune_objective_and_bench_table_follow_the_monitor():
+    from rankwise.reporting import bench_table_markdown
+    from rankwise.workflows.tune import validation_map
+
+    best_val = {"map": 0.5, "recall_at": {"1": 0.75}}
+    config = {"selection": {"monitor": "recall@1"}}
+    result = RunResult(None, "completed", 4, 1.0, 2, best_val, config=config)
+    assert validation_map(result) == 0.75  # the monitored value, not the mAP
+    assert validation_map(RunResult(None, "completed", 4, 1.0, 2, best_val)) == 0.5  # default
+
+    metrics = {
+        f"{k}_{s}": 0.5
+        for k in ("map", "recall_at_1", "recall_at_10", "map_at_r")
+        for s in ("mean", "std")
+    }
+    row = {
+        "loss": "ap",
+        "seconds": 1.0,
+        "seeds": [0],
+        **metrics,
+        "monitor_mean": 0.25,
+        "monitor_std": 0.0,
+    }
+    summary = {
+        "dataset": "digits",
+        "protocol": "open-set",
+        "seeds": [0],
+        "rows": [row],
+        "monitor": "ndcg@10",
+    }
+    text = bench_table_markdown(summary)
+    assert "best validation ndcg@10" in text
+    assert "| MAP@R | ndcg@10 | s / run |" in text and "| 50.00 | 25.00 | 1.0 |" in text

@@ -34,6 +34,7 @@ from ..training.config import (
     apply_overrides,
     config_from_dict,
 )
+from ..training.monitor import DEFAULT_MONITOR, monitor_of, monitor_value
 from ..training.rundir import SweepPaths
 from ..training.trainer import RunResult, Trainer
 from .sweep import (
@@ -116,6 +117,11 @@ class BenchRow:
         out["label"] = self.label
         out["seeds"] = [int(r.config["seed"]) for r in self.results]
         out["map_per_seed"] = [float(tested(r)[0].map) for r in self.results]
+        monitor = monitor_of(self.results[0].config)
+        if monitor != DEFAULT_MONITOR:  # the test value of the metric that selected the model
+            values = [monitor_value(tested(r)[0], monitor) for r in self.results]
+            out["monitor_mean"] = float(np.mean(values))
+            out["monitor_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
         out["steps"] = int(self.results[0].steps)
         out["run_dirs"] = [str(r.run_dir) for r in self.results]
         return out
@@ -501,6 +507,9 @@ class _BenchSweep:
             "rows": [row.to_dict() for row in rows],
             "reference_rows": self.references,
         }
+        monitor = self.runs[0].config.selection.monitor
+        if monitor != DEFAULT_MONITOR:  # a bench.json of the default selection keeps its keys
+            summary["monitor"] = monitor
         files = {
             self.paths.bench_json: json_text(summary),
             self.paths.bench_table: bench_table_markdown(summary, self.ablation),
