@@ -63,7 +63,7 @@ def private_uses(path, private):
 
 def test_the_check_sees_the_trainer_private_names():
     private = trainer_private_names()
-    assert {"_fit", "_finish", "_run_step", "_emit"} <= private
+    assert {"_fit", "_finish", "_end", "_emit"} <= private
 
 
 def test_no_module_outside_trainer_uses_a_private_trainer_name():
