@@ -224,3 +224,29 @@ def test_tune_objective_and_bench_table_follow_the_monitor():
     text = bench_table_markdown(summary)
     assert "best validation ndcg@10" in text
     assert "| MAP@R | ndcg@10 | s / run |" in text and "| 50.00 | 25.00 | 1.0 |" in text
+
+
+def test_the_command_exits_0_and_a_resume_says_the_run_is_finished(tiny_config, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from rankwise.cli import build_app
+
+    data = tiny_config.data(
+        tmp_path / "run",
+        **{"early_stopping": {"patience": 1, "min_delta": 1.0}, "selection.monitor": "recall@1"},
+    )
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    runner = CliRunner()
+    first = runner.invoke(build_app(), ["train", "--config", str(tmp_path / "c.yaml")])
+    assert first.exit_code == 0, first.output
+    said = " ".join(first.output.split())
+    assert "stopped early at step 4: early stopping: validation recall@1" in said
+    assert "the model selected on validation recall@1" in said
+    assert "best validation recall@1" in said
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "stopped_early" and report["test"] is not None
+    again = runner.invoke(build_app(), ["train", "--resume", str(tmp_path / "run")])
+    assert again.exit_code == 0, again.output
+    assert "is finished: it stopped early at step 4 of 8" in " ".join(again.output.split())
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["steps"] == 4
