@@ -6,6 +6,7 @@ on host data; views launch no kernel; backward is counted; moves follow the docu
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -94,3 +95,28 @@ def test_to_device_sends_every_tensor_unchanged(pack):
     for sent, original in zip(out, tensors, strict=True):
         assert sent.dtype == original.dtype and sent.shape == original.shape
         assert torch.equal(sent, original)
+
+
+def test_to_device_packs_tensors_of_any_strides():
+    """Issue 36: the packed copy (the path every loss takes off the CPU) raised on a tensor of one
+    element with a zero stride: numpy gives ``array([n])[:, None]`` strides (8, 0), torch calls
+    it contiguous, and viewing its bytes failed ("stride(-1) must be 1"), so on CUDA
+    ``score_interpolation`` and every SOPRC update of a single class raised. Packed on the CPU
+    here, as a counted run also packs."""
+    column = torch.from_numpy(np.array([5])[:, None])
+    assert column.stride() == (1, 0)
+    tensors = [
+        column,
+        torch.zeros(()).expand(3),  # stride 0
+        torch.arange(6.0).view(2, 3).t(),  # not contiguous
+        torch.tensor([1.5, -2.25], dtype=torch.bfloat16),  # a dtype numpy lacks
+        torch.tensor(7),  # 0-d
+        torch.ones(2, 0, 3),
+    ]
+    out = to_device(tensors, torch.device("cpu"), pack=True)
+    for sent, original in zip(out, tensors, strict=True):
+        assert sent.dtype == original.dtype and sent.shape == original.shape
+        assert torch.equal(sent, original)
+    with DispatchCounter():  # a counted run takes the accelerator's (packed) path
+        again = to_device(tensors[:1], torch.device("cpu"))
+    assert again[0] is not tensors[0] and torch.equal(again[0], tensors[0])
