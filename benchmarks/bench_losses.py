@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from _report import cpu_name
-from rankwise._dispatch import DispatchCounter
+from rankwise._dispatch import PARALLEL_GRAIN, DispatchCounter
 
 SECTION_START = "<!-- losses:start -->"
 SECTION_END = "<!-- losses:end -->"
@@ -104,14 +104,16 @@ def sop_like_train_labels(n_classes: int, seed: int) -> np.ndarray:
     return np.repeat(np.arange(n_classes), rng.integers(2, 13, size=n_classes))
 
 
-def rankwise_cases(train_labels: np.ndarray, dim: int) -> list[Case]:
-    """Every loss of the registry; one that fails to build is reported, not skipped."""
+def rankwise_cases(
+    train_labels: np.ndarray, dim: int, names: list[str] | None = None
+) -> list[Case]:
+    """Every loss of the registry (or ``names``); one that fails to build is reported, not skipped."""
     from rankwise.losses import BASELINES, LOSSES, build_loss
 
     if not LOSSES:
         return [Case("rankwise.losses.LOSSES", "rankwise", None, f"LOSSES is {LOSSES!r}")]
     cases = []
-    for name in LOSSES:
+    for name in LOSSES if names is None else names:
         # XBM past its warm-up (75 calls by default): the memory form is what is timed
         params = {"start_iteration": 0} if name == "xbm" else {}
         try:
@@ -429,11 +431,14 @@ def render_section(
         "boolean-mask indexing, ... on data derived from the embeddings or the loss's buffers; "
         "on the labels they are host work, not counted). CPU ms is the process CPU time of "
         "the same calls (`time.process_time`), which leaves out the time spent waiting for a "
-        "core on a shared machine.",
+        "core on a shared machine. Host kernels are the torch operations of the same counted "
+        "step on host data (the labels' bookkeeping, not views), and how many of them touch "
+        f"{PARALLEL_GRAIN:,} elements or more, where torch may split the work over its intra-op "
+        "thread pool, whose threads then spin on the host's cores (numpy work is not counted).",
         "",
         "| loss | source | median ms | min ms | ratio to PML FastAP | median CPU ms | CPU ratio "
-        "| device kernels | device syncs |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| device kernels | device syncs | host kernels | host kernels >= {PARALLEL_GRAIN:,} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     counts = counts or {}
     for case in cases:
@@ -446,13 +451,18 @@ def render_section(
                 else "n/a"
             )
             counter = counts.get(case.name)
-            ops = f"{counter.n_kernels} | {counter.n_syncs}" if counter else "n/a | n/a"
+            ops = (
+                f"{counter.n_kernels} | {counter.n_syncs} | {sum(counter.host_ops.values())} | "
+                f"{sum(counter.parallel_host_ops.values())}"
+                if counter
+                else "n/a | n/a | n/a | n/a"
+            )
             lines.append(
                 f"| {case.name} | {case.source} | {_fmt_ms(medians[case.name])} | "
                 f"{_fmt_ms(min(times[case.name]))} | {ratio} | {cpu_ms} | {cpu_ratio} | {ops} |"
             )
         else:
-            lines.append(f"| {case.name} | {case.source} | {case.error} | | | | | | |")
+            lines.append(f"| {case.name} | {case.source} | {case.error} | | | | | | | | |")
 
     checks = []
     for name in TARGET_LOSSES:
@@ -472,7 +482,12 @@ def render_section(
             checks.append(f"target: {name} no slower than {TARGET_REFERENCE}: not measured")
     for name in (*TARGET_LOSSES, TARGET_REFERENCE):
         if name in counts:
-            checks.append(f"counts: {name}: {counts[name].summary()}")
+            counter = counts[name]
+            checks.append(
+                f"counts: {name}: {counter.summary()}; host kernels "
+                f"{dict(counter.host_ops) or 'none'}, of >= {PARALLEL_GRAIN:,} elements "
+                f"{dict(counter.parallel_host_ops) or 'none'}"
+            )
     lines += ["", "Target: SOPRC, AP and AUC losses no slower than PML FastAP.", ""]
     lines += [f"- {c}" for c in checks]
     if args.memory_batch_sizes:
@@ -606,6 +621,8 @@ def _largest_batch_line(args: argparse.Namespace, largest: dict[str, Any]) -> st
 def _flags(args: argparse.Namespace) -> str:
     """The options of this run that change its numbers (threads, repeats), as typed."""
     flags = "" if args.threads is None else f" --threads {args.threads}"
+    if args.losses:
+        flags += " --losses " + " ".join(args.losses)
     if args.repeats != (3 if args.quick else 30):
         flags += f" --repeats {args.repeats}"
     return flags
@@ -684,6 +701,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--losses",
+        nargs="+",
+        default=None,
+        help="time only these rankwise losses (names of rankwise.losses.LOSSES) beside the PML "
+        "losses (default: all)",
+    )
+    parser.add_argument(
         "--device",
         default="cpu",
         help="device of the timed calls (cpu, cuda, ...); off the CPU the memory sweeps and the "
@@ -725,6 +749,12 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(f"--{name} must be >= 1")
     if args.classes < 2:
         parser.error("--classes must be >= 2 (ranking needs negatives)")
+    if args.losses:
+        from rankwise.losses import LOSSES
+
+        unknown = [name for name in args.losses if name not in LOSSES]
+        if unknown:
+            parser.error(f"--losses {unknown}: not in rankwise.losses.LOSSES {sorted(LOSSES)}")
     for option in ("memory_batch_sizes", "surrogate_batch_sizes"):
         bad = [b for b in getattr(args, option) if b < 2 * args.m or b % args.m]
         if bad:
@@ -753,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     embeddings = (0.95 * torch.tanh(gaussian)).to(device)
     labels = pk_labels(args.classes, args.m)  # on the host, as a data loader gives them
 
-    cases = rankwise_cases(train_labels, args.dim) + pml_cases()
+    cases = rankwise_cases(train_labels, args.dim, args.losses) + pml_cases()
     cases_to(cases, device)
     load_start = os.getloadavg()[0]
     cpu_times: dict[str, list[float]] = {}

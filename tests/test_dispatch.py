@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rankwise._dispatch import DispatchCounter, count_dispatch, to_device
+from rankwise._dispatch import PARALLEL_GRAIN, DispatchCounter, count_dispatch, to_device
 
 
 def syncs_of(fn, on_device=True):
@@ -120,3 +120,20 @@ def test_to_device_packs_tensors_of_any_strides():
     with DispatchCounter():  # a counted run takes the accelerator's (packed) path
         again = to_device(tensors[:1], torch.device("cpu"))
     assert again[0] is not tensors[0] and torch.equal(again[0], tensors[0])
+
+
+def test_host_kernels_and_those_past_the_parallel_grain_are_counted():
+    """Issue 36: torch operations on host data (not views) are counted, and apart those on
+    PARALLEL_GRAIN elements or more, where torch may wake its intra-op thread pool."""
+    x = torch.randn(3, 4)
+    mask = torch.zeros(300, 300, dtype=torch.bool)  # 90,000 entries
+    with DispatchCounter() as counter:
+        counter.mark_device(x)
+        mask.clone()
+        torch.arange(5) + 1
+        mask.view(-1)  # a view: no kernel
+        torch.zeros(PARALLEL_GRAIN)  # a large output
+        x * 2  # on the device
+    assert counter.host_ops == {"clone": 1, "arange": 1, "add": 1, "zeros": 1}
+    assert counter.parallel_host_ops == {"clone": 1, "zeros": 1}
+    assert counter.device_ops == {"mul": 1}

@@ -50,6 +50,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 __all__ = [
     "DispatchCounter",
+    "PARALLEL_GRAIN",
     "SYNC_OPS",
     "VIEW_OPS",
     "count_dispatch",
@@ -59,6 +60,9 @@ __all__ = [
 
 aten = torch.ops.aten
 
+#: from this many elements on, a CPU operation may split its work over torch's intra-op thread
+#: pool (``at::internal::GRAIN_SIZE``); below it, it runs on the calling thread
+PARALLEL_GRAIN = 2**15
 #: operations that read a value to the host or whose output size depends on the values
 SYNC_OPS = frozenset(
     {
@@ -220,6 +224,11 @@ class _DispatchLevel(TorchDispatchMode):
         out = func(*args, **kwargs)
         if on_device:
             owner._mark(out)
+        elif name not in VIEW_OPS and name != "lift_fresh":  # lift_fresh: torch.tensor's no-op
+            owner.host_ops[name] += 1
+            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            if max((t.numel() for t in tensors + outputs), default=0) >= PARALLEL_GRAIN:
+                owner.parallel_host_ops[name] += 1
         return out
 
 
@@ -247,6 +256,11 @@ class DispatchCounter:
             :attr:`n_kernels` leaves out views, which launch nothing.
         syncs: ``Counter`` of the sync operations that read device data, by name.
         host_reads: ``Counter`` of the sync operations on host data only, by name.
+        host_ops: ``Counter`` of the operations on the host that are not views (torch CPU
+            kernels: the labels' bookkeeping; numpy work is not seen).
+        parallel_host_ops: the part of :attr:`host_ops` with an input of at least
+            :data:`PARALLEL_GRAIN` elements: where torch may wake its intra-op thread pool, whose
+            threads then spin on the host's cores after the work.
     """
 
     def __init__(self) -> None:
@@ -255,6 +269,8 @@ class DispatchCounter:
         self._device_calls = 0
         self.syncs: Counter[str] = Counter()
         self.host_reads: Counter[str] = Counter()
+        self.host_ops: Counter[str] = Counter()
+        self.parallel_host_ops: Counter[str] = Counter()
         self._device = WeakTensorKeyDictionary()
         self._host_copies = WeakTensorKeyDictionary()
         self._modes = (_FunctionLevel(self), _DispatchLevel(self))

@@ -544,14 +544,18 @@ class _PairScores:
         return (a * b).sum(1)
 
 
-def _one_minus_precision(fpr: torch.Tensor, tpr: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+def _one_minus_precision(
+    fpr: torch.Tensor, tpr: torch.Tensor, rate: torch.Tensor | None
+) -> torch.Tensor:
     """σ(FPR / (rate · TPR)) of Eq. (3)/(8) as FPR / (FPR + rate · TPR), in at least float32.
 
     At many-class odds (t ~ 1e7) t/(1 + t) overflows float16 and its autograd derivative cancels
-    to all digits in float32; :class:`_RatioToSum` has single-term derivatives.
+    to all digits in float32; :class:`_RatioToSum` has single-term derivatives. ``rate=None``
+    stands for 1.
     """
     dtype = torch.promote_types(fpr.dtype, torch.float32)
-    return _RatioToSum.apply(fpr.to(dtype), rate.to(dtype) * tpr.to(dtype))
+    tpr = tpr.to(dtype)
+    return _RatioToSum.apply(fpr.to(dtype), tpr if rate is None else rate.to(dtype) * tpr)
 
 
 class _RatioToSum(torch.autograd.Function):
@@ -628,7 +632,7 @@ class SemiVarianceRegularizer(RankingLoss):
         else:
             pos_term = zero
         # negatives are nearly every entry: a dense 0/1 mask is cheaper than gathering them
-        n_neg = int(host.negatives_per_anchor.sum())
+        n_neg = int(host.negatives_per_anchor.numpy().sum())
         if n_neg:
             is_negative = batch.negative_weights()
             neg_mean = (scores * is_negative).sum() / n_neg
@@ -747,7 +751,7 @@ class APLoss(RankingLoss):
         )
         # σ(Σℓ1 / (1 + Σℓ2)) = Σℓ1 / (Σℓ1 + 1 + Σℓ2): no overflow, no cancellation
         dtype = torch.promote_types(numerator.dtype, torch.float32)
-        ap_term = _one_minus_precision(numerator.to(dtype), denominator.to(dtype), torch.ones(()))
+        ap_term = _one_minus_precision(numerator.to(dtype), denominator.to(dtype), None)
         ap_term = ap_term.mean().to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
