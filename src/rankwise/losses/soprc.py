@@ -288,6 +288,7 @@ class _Segments:
         counts = np.bincount(rows, minlength=size)
         self.size, self.width = size, int(counts.max()) if size else 0
         self.slots: torch.Tensor | None = None
+        self.padded = False
         in_order = rows.size == n and bool((positions == np.arange(n)).all())
         if in_order and rows.size == size * self.width:
             self.mode = "view"
@@ -361,7 +362,10 @@ class _Pairs:
     """
 
     def __init__(self, host: BatchLayout) -> None:
-        self.host = host
+        # counts per anchor: the same for every batch of the pattern (not the label values)
+        self.per_anchor = {
+            name: getattr(host, f"{name}_per_anchor").numpy() for name in ("positives", "negatives")
+        }
         self.anchor, self.ref = host.positive_pairs()
         anchor = self.anchor.numpy()
         rows, columns = host.pos_mask.shape
@@ -384,7 +388,7 @@ class _Pairs:
         """n⁺ (``"positives"``) or n⁻ (``"negatives"``) of every pair's anchor, in ``dtype``."""
         key = (name, dtype)
         if key not in self._counts:
-            counts = getattr(self.host, f"{name}_per_anchor").numpy()[self.anchor.numpy()]
+            counts = self.per_anchor[name][self.anchor.numpy()]
             self._counts[key] = _host_cast(counts, dtype)
         return self._counts[key]
 
@@ -623,9 +627,9 @@ class SemiVarianceRegularizer(RankingLoss):
         positives, segments = host.pattern_cached("flat_positives", _flat_positives)
         n_pos = int(positives.numel())
         if n_pos:
-            positives, *sent = batch.send(positives, *segments.tensors())
+            sent = _send_items(batch, {"positives": positives, "segments": segments})
             # scores[pos_mask], row-major, with a gradient written without atomics
-            pos = _gather_rows(scores.reshape(-1), positives, segments.with_sent(sent))
+            pos = _gather_rows(scores.reshape(-1), sent["positives"], sent["segments"])
             below = (pos - pos.mean()).clamp(max=0)
             count = (below < 0).sum().clamp(min=1) if tail else n_pos
             pos_term = (below**2).sum() / count
@@ -678,21 +682,6 @@ def _plus_semi_variance(
     return loss + reg
 
 
-def _plan_tensors(plans: Sequence[_Segments]) -> list[torch.Tensor]:
-    """The tensors of several :class:`_Segments`, to send after the others."""
-    return [t for plan in plans for t in plan.tensors()]
-
-
-def _plans_with_sent(plans: Sequence[_Segments], sent: Sequence[torch.Tensor]) -> list[_Segments]:
-    """``plans`` on the device, from the tail ``sent`` of a send of :func:`_plan_tensors`."""
-    out, used = [], 0
-    for plan in plans:
-        n = len(plan.tensors())
-        out.append(plan.with_sent(list(sent[used : used + n])))
-        used += n
-    return out
-
-
 # -- biased mini-batch AP loss, Eq. (5) -------------------------------------------------------------
 class APLoss(RankingLoss):
     """The biased mini-batch AP↓ estimator of Eq. (5), the baseline SOPRC is compared with (Fig. 1).
@@ -738,16 +727,25 @@ class APLoss(RankingLoss):
     def compute(self, batch: PairBatch) -> torch.Tensor:
         """Loss of a prepared batch (see the class docstring)."""
         pairs = _pairs(batch.host)
-        n_pos = pairs.per_pair("positives", batch.scores.dtype)
         index, is_real, by_other = pairs.others()
-        plans = (pairs.by_position, pairs.by_anchor, by_other)
-        sent = batch.send(pairs.anchor, pairs.flat, index, is_real, n_pos, *_plan_tensors(plans))
-        anchor, flat, index, is_real, n_pos = sent[:5]
-        by_position, by_anchor, by_other = _plans_with_sent(plans, sent[5:])
-        s_pos = _gather_rows(batch.scores.reshape(-1), flat, by_position)  # scores[anchor, ref]
-        numerator = _negative_huber_sum(batch, anchor, by_anchor, s_pos, self.tau1)
+        sent = _send_items(
+            batch,
+            {
+                "anchor": pairs.anchor,
+                "flat": pairs.flat,
+                "others": [index, is_real],
+                "n_pos": pairs.per_pair("positives", batch.scores.dtype),
+                "by_position": pairs.by_position,
+                "by_anchor": pairs.by_anchor,
+                "by_other": by_other,
+            },
+        )
+        anchor, n_pos = sent["anchor"], sent["n_pos"]
+        # scores[anchor, ref], with a gradient written without atomics
+        s_pos = _gather_rows(batch.scores.reshape(-1), sent["flat"], sent["by_position"])
+        numerator = _negative_huber_sum(batch, anchor, sent["by_anchor"], s_pos, self.tau1)
         denominator = 1 + _other_positive_sigmoid_sum(
-            s_pos, s_pos, self.tau2, (index, is_real, by_other)
+            s_pos, s_pos, self.tau2, (*sent["others"], sent["by_other"])
         )
         # σ(Σℓ1 / (1 + Σℓ2)) = Σℓ1 / (Σℓ1 + 1 + Σℓ2): no overflow, no cancellation
         dtype = torch.promote_types(numerator.dtype, torch.float32)
