@@ -9,7 +9,9 @@ interleaved, so machine load affects every loss alike. It checks the target that
 estimator (Wen et al., NeurIPS 2022, Alg. 1), the AP loss and the AUC loss (Gajić et al., Eq. 9)
 are no slower than PML FastAP, counts the operations and host syncs of one step of each loss
 (``rankwise._dispatch.DispatchCounter``: embeddings and buffers on the device, labels on the host,
-as the data loader gives them), and measures in fresh subprocesses the peak memory against the
+as the data loader gives them; torch kernels on the host too, and those large enough to wake torch's
+intra-op thread pool), times the label side every rankwise call shares (process CPU time, the host's
+cost beside an accelerator; issue 36), and measures in fresh subprocesses the peak memory against the
 batch size of Smooth-AP (Brown et al., ECCV 2020, Eq. 5; ours vs PML's ``SmoothAPLoss``) and of
 ROADMAP (Ramzi et al., NeurIPS 2021) and the Recall@k surrogate (Patel et al., CVPR 2022) beside
 PML FastAP, and the largest batch whose Recall@k surrogate call stays within a memory budget
@@ -24,6 +26,8 @@ Usage::
     python benchmarks/bench_losses.py --device cuda   # the same timings on a GPU, written to
                                                       # the "## Losses on cuda" section (no
                                                       # memory sweep: it measures CPU RSS)
+    python benchmarks/bench_losses.py --losses soprc ap auc --threads 16   # these rankwise
+                                                      # losses only, beside the PML ones
 """
 
 from __future__ import annotations
