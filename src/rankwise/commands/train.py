@@ -164,6 +164,11 @@ def train(
         min=0,
         help="Stop after this many steps in total, with a checkpoint (continue with --resume).",
     ),
+    no_preflight: bool = typer.Option(
+        False,
+        "--no-preflight",
+        help="Do not open every image file before the first step (dataset.preflight=false).",
+    ),
 ) -> None:
     """Train an embedding model with a ranking loss; writes checkpoints, metrics and plots.
 
@@ -177,6 +182,7 @@ def train(
         "from_checkpoint": from_checkpoint,
         "data_dir": data_dir,
         "seed": seed,
+        "preflight": False if no_preflight else None,
     }
     failure: BaseException | None = None
     try:
@@ -227,6 +233,7 @@ def _build_trainer(
             ("--output", output),
             ("--data-dir", data_dir),
             ("--seed", seed),
+            ("--no-preflight", options["preflight"]),
             ("KEY=VALUE overrides", overrides or None),
         )
         if value is not None
@@ -245,6 +252,7 @@ def _build_trainer(
     shortcuts = {
         "output_dir": output,
         "dataset.data_dir": data_dir,
+        "dataset.preflight": options["preflight"],
         "seed": seed,
         "num_workers": num_workers,
         "device": device,

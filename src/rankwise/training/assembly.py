@@ -27,6 +27,7 @@ from .build import (
     build_optimizer,
     build_sampler_from_config,
     check_batch_classes,
+    check_data_files,
     learning_rate_at,
     load_splits,
     resolve_device,
@@ -181,6 +182,7 @@ def _build(
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     # data, then every data-dependent check before anything is built
+    check_files = splits is None  # a sweep checks the splits it hands over, once for all runs
     splits = splits if splits is not None else load_splits(config)
     train_labels, n_classes = check_batch_classes(config, splits)
     # model, loss, sampler, optimizer (seeded: the same seed gives the same init)
@@ -204,6 +206,8 @@ def _build(
     advice = config_collapse_advice(config)  # in config keys
     collapse = CollapseDetector(advice=lambda _trainer: advice)
     evaluation: dict[str, Any] = {"metric_fn": parts.metric_fn, "curve_fn": parts.curve_fn}
+    if check_files:  # the slow check last, after the instant ones passed
+        _check_files(config, splits, store, parts.console)
     return trainer_cls(
         model,
         loss_fn,
@@ -238,6 +242,26 @@ def _build(
         eval_batch_size=config.eval_batch_size,
         **{k: v for k, v in evaluation.items() if v is not None},  # else the class default
     )
+
+
+def _check_files(
+    config: Config, splits: RetrievalSplits, store: RunStore, console: Console | None
+) -> None:
+    """The pre-flight check of the data files, on the main process (cached in the run folder)."""
+    cache = None if store.root is None else store.paths.preflight
+
+    def check() -> str | None:
+        from rich.console import Console
+
+        try:
+            check_data_files(config, splits, cache, console or Console(stderr=True))
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    message = store.strategy.from_main_process(check)  # every rank learns a failure
+    if message is not None:
+        raise ConfigError(message)
 
 
 def _launch_settings(paths: RunPaths) -> dict[str, Any]:
