@@ -244,7 +244,7 @@ def test_a_file_missing_at_evaluation_stops_with_a_checkpoint_and_resumes_exactl
         in line
     )
     assert (
-        f"checkpoint at step {stopped}; once the file is fixed, resume with rankwise train --resume {out}"
+        f"checkpoint at step {stopped}; once the file is fixed, resume with: rankwise train --resume {out}"
         in line
     )
     state = torch.load(out / "checkpoints" / "last.pt", weights_only=False)

@@ -276,5 +276,6 @@ class TrainingDataError(DataError):
         if self.checkpoint_step is None:
             return f"{self.file_message} {stopped}; no checkpoint had been written yet."
         kept = f"{stopped} with a checkpoint at step {self.checkpoint_step}"
-        then = f"; once the file is fixed, resume with {resume_with}" if resume_with else ""
-        return f"{self.file_message} {kept}{then}."
+        if resume_with is None:
+            return f"{self.file_message} {kept}; fix the file, then resume the run."
+        return f"{self.file_message} {kept}; once the file is fixed, resume with: {resume_with}"
