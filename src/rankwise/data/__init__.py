@@ -15,8 +15,8 @@ from .base import (
     DatasetNotFoundError,
     ImageFolderDataset,
     MissingImageError,
-    UnreadableImageError,
     RetrievalSplits,
+    UnreadableImageError,
     default_image_transform,
 )
 from .idx import read_idx, write_idx
