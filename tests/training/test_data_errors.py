@@ -10,6 +10,7 @@ reached, and ``--resume`` (once the file is fixed) finishes with the uninterrupt
 from __future__ import annotations
 
 import importlib
+import io
 import json
 from pathlib import Path
 
@@ -18,11 +19,12 @@ import pytest
 import torch
 import yaml
 from PIL import Image
+from rich.console import Console
 from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.data import load_dataset
-from rankwise.training import Trainer
+from rankwise.training import Trainer, build, load_config
 from rankwise.training.callbacks import PlotCurves
 
 runner = CliRunner()
@@ -219,6 +221,16 @@ def test_the_check_can_be_skipped(sop, decodes, tmp_path, skip):
     assert decodes == [] and not (tmp_path / "run" / "preflight.json").exists()
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["dataset"]["preflight"] is False
+
+
+def test_a_large_file_list_says_what_it_checks(sop, monkeypatch):
+    monkeypatch.setattr(build, "PROGRESS_FROM", 10)  # the tree's 45 files count as large
+    out = io.StringIO()
+    opened = build.check_data_files(
+        load_config(sop["config"]), sop["splits"], None, Console(file=out)
+    )
+    assert opened == 45
+    assert out.getvalue() == "checking the 45 image files of sop (dataset.preflight)\n"
 
 
 # -------------------------------------------------------- item 3: a file that breaks mid-run

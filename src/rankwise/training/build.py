@@ -176,7 +176,11 @@ def _file_progress(console: Console | None, name: str) -> Iterator[Any]:
 
     def progress(done: int, total: int) -> None:
         nonlocal bar, task
-        if total < PROGRESS_FROM:
+        if total < PROGRESS_FROM or task == "said":
+            return
+        if not console.is_terminal:  # a log: one line says what the wait is
+            console.print(f"checking the {total} image files of {name} (dataset.preflight)")
+            task = "said"
             return
         if bar is None:
             bar = Progress(console=console, transient=True)
