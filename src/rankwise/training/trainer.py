@@ -1006,6 +1006,7 @@ class Trainer:
         """
         if during is None:
             during = "validation" if self._validation_pending else "training"
+        self._in_step = False  # nothing of the step being loaded was applied
         if (
             self.store.root is not None
             and self.world_size == 1
