@@ -309,3 +309,25 @@ def test_embed_names_a_corrupt_or_missing_image_in_one_line(reference, tmp_path)
     line = one_line(result.output, "data error:")
     assert f"{str(folder / 'b.png')!r} (an image of INPUT) could not be decoded" in line
     assert not (tmp_path / "e.npy").exists()
+
+
+def test_a_data_error_in_a_loader_worker_keeps_its_type_and_one_line_message(sop, broken):
+    from rankwise.data import DataError, UnreadableImageError
+    from rankwise.sampling import MPerClassBatchSampler
+    from rankwise.training.loader import training_loader
+
+    train = sop["splits"].train
+    for path in train.paths:
+        broken.corrupt(path)
+    sampler = MPerClassBatchSampler(train.labels, 2, 4, seed=0)
+    batches = training_loader(
+        train, sampler, seed=0, epoch=0, position=0, num_workers=1, pin_memory=False
+    )
+    with pytest.raises(UnreadableImageError) as caught:  # re-raised from the worker
+        next(iter(batches))
+    assert "Original Traceback" in str(caught.value)
+    line = DataError.one_line(caught.value)
+    assert line.startswith("image file '") and "Traceback" not in line
+    assert "Ebay_train.txt, line" in line and line.endswith(
+        "the file is truncated or not an image."
+    )
