@@ -331,3 +331,19 @@ def test_a_data_error_in_a_loader_worker_keeps_its_type_and_one_line_message(sop
     assert "Ebay_train.txt, line" in line and line.endswith(
         "the file is truncated or not an image."
     )
+
+
+def test_a_sweep_checks_the_files_once_for_all_its_runs(sop, broken, decodes, tmp_path):
+    from rankwise.training import ConfigError
+    from rankwise.workflows.bench import BenchRun, prepare_splits
+
+    config = load_config(sop["config"])
+    runs = [BenchRun("soprc", seed, config) for seed in (0, 1)]
+    cache = tmp_path / "preflight.json"
+    prepare_splits(runs, lambda run: f"run {run.seed}", cache)
+    assert len(decodes) == 45 and cache.is_file()  # one check for both runs
+    prepare_splits(runs, lambda run: f"run {run.seed}", cache)
+    assert len(decodes) == 45  # cached
+    broken.remove(sop["splits"].test.paths[0])
+    with pytest.raises(ConfigError, match=r"Ebay_test.txt, line 2\): missing"):
+        prepare_splits(runs, lambda run: f"run {run.seed}", cache)
