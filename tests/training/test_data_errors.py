@@ -207,6 +207,9 @@ def test_the_check_is_cached_by_the_file_list_and_repeated_when_a_file_changes(
     resumed = runner.invoke(app, ["train", "--resume", str(out), "--max-steps", "4"])
     assert resumed.exit_code == 0, resumed.output
     assert len(decodes) == n_files  # the same files: not opened again
+    # a resumed run keeps its saved setting: the flag is refused like other config changes
+    flagged = runner.invoke(app, ["train", "--resume", str(out), "--no-preflight"])
+    assert flagged.exit_code == 2 and "drop --no-preflight" in flagged.output, flagged.output
     broken.corrupt(sop["splits"].test.paths[0])  # a changed file changes the fingerprint
     refused = runner.invoke(app, ["train", "--resume", str(out)])
     assert refused.exit_code == 2, refused.output
