@@ -58,6 +58,8 @@ def test_every_bad_file_is_named_with_its_list_line(tmp_path):
     png = (root / "chair_final/6_2.png").read_bytes()
     (root / "chair_final/6_2.png").write_bytes(png[: len(png) // 2])  # Ebay_test.txt line 7
     (root / "chair_final/7_0.png").write_bytes(b"")  # Ebay_test.txt line 8
+    (root / "chair_final/8_1.png").unlink()
+    (root / "chair_final/8_1.png").mkdir()  # Ebay_test.txt line 12: a folder, not a file
     cache = tmp_path / "preflight.json"
     with pytest.raises(DataFilesError) as caught:
         check_image_files(splits_of(tmp_path), cache=cache, workers=2)
@@ -69,10 +71,11 @@ def test_every_bad_file_is_named_with_its_list_line(tmp_path):
         ("3_0.png", f"{train_list}, line 8", "not an image"),
         ("6_2.png", f"{test_list}, line 7", "not an image"),  # cut short after its header
         ("7_0.png", f"{test_list}, line 8", "not an image"),
+        ("8_1.png", f"{test_list}, line 12", "unreadable"),
     }
     message = str(error)
     assert message.startswith("dataset 'sop': ") and "\n" not in message
-    assert message.count("): ") == 3 and "and 1 more of the 24 files" in message
+    assert message.count("): ") == 3 and "and 2 more of the 24 files" in message
     assert not cache.exists()  # a failed check caches nothing
 
 

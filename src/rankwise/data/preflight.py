@@ -5,8 +5,8 @@ image is reported before any work is done, naming the file and the list file's r
 instead of after hours of training. Each file is opened with PIL and ``Image.verify()``d (the
 header; for PNG also every chunk's checksum), in a thread pool, since the work is file I/O. The
 result is cached by a fingerprint of the file list (relative paths, sizes, modification times):
-a resumed run whose files did not change only reads their sizes and times. No paper equation is implemented
-here.
+a resumed run whose files did not change only reads their sizes and times. No paper equation is
+implemented here.
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ class BadImageFile:
     Attributes:
         path: the file.
         where: the list file and row that name it.
-        problem: ``"missing"`` or ``"not an image (<why>)"``.
+        problem: ``"missing"``, ``"unreadable (<why>)"`` or ``"not an image"`` (with why, when
+            PIL says more than that it knows no such format).
     """
 
     path: str
@@ -137,10 +138,13 @@ def listed_image_files(splits: RetrievalSplits) -> list[ListedFile]:
 
 
 def _stat(path: str) -> tuple[int, int] | None:
+    """``(size, mtime)`` of the file, ``None`` when it does not exist."""
     try:
         info = os.stat(path)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    except OSError:
+        return (-1, -1)  # there but not readable: opening it says why
     return info.st_size, info.st_mtime_ns
 
 
@@ -172,6 +176,8 @@ def _image_problem(path: str) -> str | None:
             image.verify()
     except FileNotFoundError:
         return "missing"
+    except (PermissionError, IsADirectoryError) as exc:
+        return f"unreadable ({exc.strerror})"
     except UnidentifiedImageError:
         return "not an image"
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ...
