@@ -44,6 +44,12 @@ SIMILARITY_ALIASES = {"neg_euclidean": "euclidean"}
 _CODES = {"dot": 0, "cosine": 1, "euclidean": 2}
 # float64 keys of float64 inputs overflow past ~1.8e308; refuse anything whose bound exceeds this.
 _OVERFLOW_LIMIT = 2.0**1000
+# IEEE 754 binary64: exponent bias, stored significand bits, smallest normal and subnormal exponents
+_EXPONENT_BIAS = 1023
+_SIGNIFICAND_BITS = 52
+_MIN_NORMAL_EXPONENT = -1022
+_SMALLEST_EXPONENT = -1074
+_STEP_DOWN = _MIN_NORMAL_EXPONENT + _SIGNIFICAND_BITS + 1  # 2^-969: keeps |x| >= 2^-53 normal
 
 
 def check_similarity(similarity: Any, name: str = "similarity") -> str:
@@ -100,10 +106,50 @@ def similarity_matrix(
 # -- exact evaluation keys -------------------------------------------------------------------------
 
 
+def power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """float64 ``2^e`` of an integer tensor, exactly, built from the IEEE 754 bits on any device.
+
+    ``torch.ldexp`` multiplies by ``pow(2, e)``, which CUDA computes inexactly in float64
+    (``ldexp(1, -4)`` gives 0.06249999999999999 there). Here the bits are written directly: the
+    biased exponent ``e + 1023`` for normal powers (``e >= -1022``), the single significand bit
+    ``2^(e + 1074)`` for subnormal ones (``-1074 <= e < -1022``); 0 below -1074, inf above 1023
+    (the correctly rounded values).
+    """
+    e = exponent.to(torch.int64)
+    normal = (e + _EXPONENT_BIAS).clamp(1, 2 * _EXPONENT_BIAS) << _SIGNIFICAND_BITS
+    subnormal = torch.ones_like(e) << (e - _SMALLEST_EXPONENT).clamp(0, _SIGNIFICAND_BITS - 1)
+    value = torch.where(e >= _MIN_NORMAL_EXPONENT, normal, subnormal).view(torch.float64)
+    value = torch.where(e > _EXPONENT_BIAS, torch.full_like(value, float("inf")), value)
+    return torch.where(e < _SMALLEST_EXPONENT, torch.zeros_like(value), value)
+
+
+def times_power_of_two(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """``x * 2^e`` correctly rounded (as C's ``ldexp``) for float64 ``x`` and any integer ``e``.
+
+    Three multiplications by normal powers of two (:func:`power_of_two`), as musl's ``scalbn``:
+    a shift beyond the normal range is taken in steps of ``2^1023`` up or ``2^-969`` down first.
+    A step up is exact (the result only grows); a step down rounds only an intermediate below
+    ``2^-1022``, whose final value is then below ``2^-1075`` and rounds to 0 either way, so the one
+    rounding is that of the exact product.
+    """
+    e = exponent.to(torch.int64)
+    zero = torch.zeros_like(e)
+    for _ in range(2):
+        down = torch.where(e < _MIN_NORMAL_EXPONENT, zero + _STEP_DOWN, zero)
+        step = torch.where(e > _EXPONENT_BIAS, zero + _EXPONENT_BIAS, down)
+        x = x * power_of_two(step)
+        e = e - step
+    return x * power_of_two(e.clamp(_MIN_NORMAL_EXPONENT, _EXPONENT_BIAS))
+
+
 def _power_of_two_row_scale(x: torch.Tensor) -> torch.Tensor:
-    """Rows multiplied by powers of two so that their largest |entry| lies in [0.5, 1) (exact)."""
+    """Rows multiplied by powers of two so that their largest |entry| lies in [0.5, 1) (exact).
+
+    Pure torch on every device (the CPU runs the code CUDA runs): ``frexp`` of the row maxima,
+    then :func:`times_power_of_two`, never ``torch.ldexp`` (inexact on CUDA).
+    """
     _, exponent = torch.frexp(x.abs().amax(dim=1))
-    return torch.ldexp(x, -exponent.to(torch.int64)[:, None].to(x.dtype))
+    return times_power_of_two(x, -exponent.to(torch.int64)[:, None])
 
 
 def safe_row_norms(x: torch.Tensor) -> torch.Tensor:
@@ -382,7 +428,8 @@ def _lowest_bit_exponent_torch(x: torch.Tensor) -> torch.Tensor:
     """
     flat = x.detach().reshape(-1)
     mantissa, exponent = torch.frexp(flat)
-    significand = torch.ldexp(mantissa.abs(), torch.tensor(53, device=x.device)).to(torch.int64)
+    # times the constant 2^53, exact on every device (torch.ldexp is not on CUDA)
+    significand = (mantissa.abs() * 2.0**53).to(torch.int64)
     lowest = (significand & -significand).to(torch.float64)
     shift = torch.frexp(lowest)[1] - 1
     bits = torch.where(flat != 0, exponent.to(torch.int64) - 53 + shift, 1 << 30)

@@ -1,0 +1,98 @@
+"""Exact on every device (issue 36): cosine keys without torch.ldexp, integer embeddings in
+float64, labels that fit int64, recall@k inside a large tie to a few ulp, no sympy on the way.
+
+Every oracle is exact (fractions, brute force over the orderings of a tie); the device-dependent
+defects are guarded by the CPU run of the code path the device runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from rankwise.metrics import retrieval_metrics
+
+
+def _backends(device: torch.device) -> tuple[str, ...]:
+    return ("numba", "torch") if device.type == "cpu" else ("torch",)
+
+
+def _brute_force_cosine_ap(x: list[list[int]], y: list[int]) -> list[Fraction]:
+    """Leave-one-out tie-aware AP by brute force: the mean AP over every ordering of the gallery
+    that sorts it by exact cosine (compared as the rational key D |D| / (|q|^2 |g|^2))."""
+    aps = []
+    for q, row in enumerate(x):
+        others = [j for j in range(len(x)) if j != q]
+
+        def key(j: int, row=row) -> Fraction:
+            dot = sum(a * b for a, b in zip(row, x[j], strict=True))
+            return Fraction(dot * abs(dot), sum(a * a for a in row) * sum(b * b for b in x[j]))
+
+        total, count = Fraction(0), 0
+        for order in itertools.permutations(others):
+            keys = [key(j) for j in order]
+            if any(a < b for a, b in itertools.pairwise(keys)):
+                continue
+            hits, ap = 0, Fraction(0)
+            for position, j in enumerate(order, start=1):
+                if y[j] == y[q]:
+                    hits += 1
+                    ap += Fraction(hits, position)
+            total += ap / hits
+            count += 1
+        aps.append(total / count)
+    return aps
+
+
+REPRO_X = [[1, 2], [2, 4], [3, 6], [1, 0], [5, 10]]
+REPRO_Y = [0, 0, 1, 1, 0]
+
+
+def test_the_cuda_reproducer_is_exact_on_every_device_and_backend(device):
+    """Guards the cosine ties of integer codes whose largest entry is 8-15, 256-511, ... (item 1):
+    on CUDA the torch.ldexp row scaling split them, giving [.7083, .7083, .25, .6111, .5833]."""
+    exact = _brute_force_cosine_ap(REPRO_X, REPRO_Y)
+    assert exact == [Fraction(29, 36), Fraction(29, 36), Fraction(1, 4), Fraction(25, 48)] + [
+        Fraction(29, 36)
+    ]
+    want = [float(v) for v in exact]
+    x = torch.tensor(REPRO_X, device=device)
+    # integer codes, and the same rows scaled to largest entries 80 and 2560 (float32) and by
+    # 2^-20 (float64)
+    cases = [
+        (x, None),
+        (x, 1),
+        (x.float() * 8, None),
+        (x.float() * 256, 2),
+        (x.double() / 2**20, 1),
+    ]
+    for (xs, chunk), backend in itertools.product(cases, _backends(device)):
+        report = retrieval_metrics(
+            xs, torch.tensor(REPRO_Y), ks=(1,), chunk_size=chunk, backend=backend
+        )
+        # the closed form of AP rounds (1 ulp here); a split tie is off by 0.1 or more
+        got = report.per_query_ap.tolist()
+        assert got == pytest.approx(want, rel=4 * 2.0**-53, abs=0), (xs.dtype, backend, chunk)
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
+def test_no_evaluation_mode_calls_ldexp(monkeypatch, similarity):
+    """Guards every scaling of the evaluation path (the cosine operands, the dot and euclidean
+    approximations of metrics._scores) against torch.ldexp, inexact on CUDA: with it made to
+    fail, every mode (exact matmul, float32 and float64 approximations) still evaluates."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.ldexp is inexact on CUDA: build powers of two from bits")
+
+    monkeypatch.setattr(torch, "ldexp", refuse)
+    monkeypatch.setattr(torch.Tensor, "ldexp", refuse, raising=False)
+    rng = np.random.default_rng(36)
+    labels = rng.integers(0, 5, 40)
+    for x in (rng.integers(-3, 4, (40, 6)), rng.normal(size=(40, 6)) * 1e3 + 5):
+        for backend in ("numba", "torch"):
+            report = retrieval_metrics(x, labels, similarity=similarity, backend=backend)
+            assert 0 < report.map <= 1
