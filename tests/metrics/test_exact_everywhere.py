@@ -96,3 +96,54 @@ def test_no_evaluation_mode_calls_ldexp(monkeypatch, similarity):
         for backend in ("numba", "torch"):
             report = retrieval_metrics(x, labels, similarity=similarity, backend=backend)
             assert 0 < report.map <= 1
+
+
+# -- integer embeddings and labels (item 4) --------------------------------------------------------
+
+
+def test_integer_embeddings_are_exact_up_to_2_to_the_53(device):
+    """Guards the float64 conversion of integer codes (docs/metrics.md: exact to 2^53): in float32
+    2^24 + 1 became 2^24, tying the relevant item with the irrelevant one (AP 0.75, exact 1)."""
+    for big in (2**24, 2**40, 2**52):
+        q = torch.tensor([[1]], device=device)
+        g = torch.tensor([[big], [big + 1]], device=device)
+        for backend in _backends(device):
+            report = retrieval_metrics(
+                q, [0], g, [1, 0], ks=(1,), similarity="dot", backend=backend
+            )
+            assert report.map == 1.0 and report.recall_at[1] == 1.0, (big, backend)
+            worse = retrieval_metrics(q, [0], g, [0, 1], ks=(1,), similarity="dot", backend=backend)
+            assert worse.map == 0.5 and worse.recall_at[1] == 0.0, (big, backend)
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        [1e20, 2e20, 1e20, 3e20],
+        np.array([2.0**63, 0.0, 1.0, 2.0]),
+        np.array([-(2.0**64), 0.0, 1.0, 2.0]),
+        torch.tensor([1e20, 2e20, 1e20, 3e20], dtype=torch.float32),
+        torch.tensor([1e30, 2e30, 1e30, 3e30], dtype=torch.bfloat16),
+    ],
+)
+def test_float_labels_outside_int64_are_refused(labels):
+    """Guards against float class ids that int64 cannot hold: the cast made 1e20 and 2e20 one
+    class, so every item counted as relevant (AP 1.0, silently)."""
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"`query_labels` holds the .* outside the int64 range"):
+        retrieval_metrics(x, labels)
+    with pytest.raises(ValueError, match=r"`gallery_labels` holds .*np.unique\(gallery_labels"):
+        retrieval_metrics(x, [0, 1, 0, 1], x, labels)
+
+
+def test_labels_at_the_ends_of_int64_keep_their_classes():
+    """The int64 range itself stays accepted: -2^63 as a float, and uint64 ids up to 2^64 - 1
+    (read as int64 bit patterns: distinct ids stay distinct)."""
+    x = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    want = retrieval_metrics(x, [5, 7, 5, 7]).per_query_ap.tolist()
+    for labels in (
+        np.array([-(2.0**63), 0.0, -(2.0**63), 0.0]),
+        np.array([2**63, 0, 2**63, 0], dtype=np.uint64),
+        np.array([2**64 - 1, 2**63 - 1, 2**64 - 1, 2**63 - 1], dtype=np.uint64),
+    ):
+        assert retrieval_metrics(x, labels).per_query_ap.tolist() == want
