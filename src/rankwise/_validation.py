@@ -109,8 +109,11 @@ _INT64_LOW, _INT64_END = -(2.0**63), 2.0**63
 
 
 def _check_fits_int64(t: torch.Tensor, name: str) -> None:
-    """Refuse integer-valued float labels outside int64: the cast would merge them (1e20, 2e20
-    both become -2^63, so every item would count as relevant)."""
+    """Refuse integer-valued float labels outside int64.
+
+    The cast would merge them: 1e20 and 2e20 both become -2^63, so every item would count as
+    relevant.
+    """
     wide = t.to(torch.float64) if t.dtype != torch.float64 else t
     outside = (wide < _INT64_LOW) | (wide >= _INT64_END)
     if bool(outside.any()):
