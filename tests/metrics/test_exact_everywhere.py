@@ -8,6 +8,8 @@ defects are guarded by the CPU run of the code path the device runs.
 from __future__ import annotations
 
 import itertools
+import math
+import random
 from fractions import Fraction
 
 import numpy as np
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 from rankwise.metrics import retrieval_metrics
+from rankwise.metrics.ranking import hit_probability_at
 
 
 def _backends(device: torch.device) -> tuple[str, ...]:
@@ -147,3 +150,70 @@ def test_labels_at_the_ends_of_int64_keep_their_classes():
         np.array([2**64 - 1, 2**63 - 1, 2**64 - 1, 2**63 - 1], dtype=np.uint64),
     ):
         assert retrieval_metrics(x, labels).per_query_ap.tolist() == want
+
+
+# -- recall@k inside a tie (item 5) ----------------------------------------------------------------
+
+
+def _ulps(got: float, numerator: int, denominator: int) -> float:
+    """Distance of ``got`` from ``numerator / denominator`` in units of the last place of the
+    correctly rounded value (integer arithmetic: no gcd of the large binomials)."""
+    nearest = numerator / denominator  # Python's int division is correctly rounded
+    p, q = float(got).as_integer_ratio()
+    u, v = math.ulp(nearest).as_integer_ratio()
+    return abs(p * denominator - q * numerator) * v / (q * denominator * u)
+
+
+def _recall_in_tie(n: int, r: int, t: int) -> tuple[int, int]:
+    """1 - C(n - r, t) / C(n, t) as (numerator, denominator), from the ratio's min(r, t) factors
+    ``(n - max(r, t) - i) / (n - i)`` (the ratio is symmetric in r and t)."""
+    m, s = min(r, t), max(r, t)
+    total = math.prod(range(n - m + 1, n + 1))
+    return total - math.prod(range(n - s - m + 1, n - s + 1)), total
+
+
+def _tie_cases() -> list[tuple[int, int, int, int]]:
+    """(g, n, r, k): large ties (n up to 136,000, as iNat), few and many relevant items, cut-offs
+    at the top of the tie, inside it and at its last position that can miss."""
+    rng = random.Random(5)
+    cases = []
+    for n in (2, 3, 7, 50, 599, 2999, 20_000, 136_000):
+        for r in sorted({1, 2, 11, 59, 1999, n // 2, n - 1} & set(range(1, n))):
+            for t in sorted(
+                {1, 2, 10, 100, 1000, n - r, rng.randint(1, n - r)} & set(range(1, n - r + 1))
+            ):
+                if min(r, t) <= 2000:  # keeps the fractions fast
+                    cases.append((rng.randint(0, 5), n, r, t))
+    return cases
+
+
+def test_recall_at_k_inside_a_tie_is_within_a_few_ulp_of_the_exact_fraction():
+    """Guards R@k of a query whose best relevant group straddles k: 1 - C(n - r, t) / C(n, t),
+    t = k - g, to a few ulp (1 - exp(gammaln ...) was off by up to 7e5 ulp at n = 3,000)."""
+    cases = _tie_cases()
+    g, n, r, t = (np.array(column, dtype=np.int64) for column in zip(*cases, strict=True))
+    got = hit_probability_at(g, n, r, g + t, "expected")
+    worst = max(
+        _ulps(value, *_recall_in_tie(nn, rr, tt))
+        for value, (_, nn, rr, tt) in zip(got, cases, strict=True)
+    )
+    assert worst <= 4, worst
+    # outside the partial range: certain hits and misses, and the two bounds
+    assert hit_probability_at(g, n, r, g, "expected").tolist() == [0.0] * len(cases)
+    assert hit_probability_at(g, n, r, g + n - r + 1, "expected").tolist() == [1.0] * len(cases)
+    assert hit_probability_at(g, n, r, g + t, "optimistic").tolist() == [1.0] * len(cases)
+    assert hit_probability_at(g, n, r, g + t, "pessimistic").tolist() == [0.0] * len(cases)
+
+
+def test_recall_at_k_of_one_large_tie_is_the_exact_fraction():
+    """The issue's case: 3,000 identical rows, 50 classes, leave-one-out: R@k is the probability
+    that the top k of 2,999 tied items hold one of the 59 relevant ones (exact 59/2999 at k = 1)."""
+    x = torch.ones(3000, 2, dtype=torch.float64)
+    report = retrieval_metrics(x, torch.arange(3000) % 50, ks=(1, 2, 100))
+    for k in (1, 2, 100):
+        assert _ulps(report.recall_at[k], *_recall_in_tie(2999, 59, k)) <= 4, k
+    assert report.recall_at[1] == 59 / 2999
+    small = (torch.ones(120, 2), torch.arange(120) % 6)  # every backend computes R@k alike
+    reports = [retrieval_metrics(*small, ks=(1, 5), backend=b) for b in ("numba", "torch")]
+    assert reports[0].per_query["recall@5"].tolist() == reports[1].per_query["recall@5"].tolist()
+    assert _ulps(reports[0].recall_at[5], *_recall_in_tie(119, 19, 5)) <= 4
