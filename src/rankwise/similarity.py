@@ -239,8 +239,9 @@ def _torch_keys(
             return -acc
         den = q_norm2 * g_norm2
         return torch.where(den == 0, torch.zeros_like(acc), (acc * acc.abs()) / den)
+    # (B, N) spelled out: torch.broadcast_shapes imports sympy on its first call (0.5 s)
+    shape = (q.shape[0], g.shape[0])
     q, g, q_norm2, g_norm2 = q[:, None], g[None], q_norm2[:, None], g_norm2[None]
-    shape = torch.broadcast_shapes(q.shape[:-1], g.shape[:-1])
     acc = torch.zeros(shape, dtype=torch.float64, device=q.device)
     for k in range(q.shape[-1]):
         if code == _CODES["euclidean"]:

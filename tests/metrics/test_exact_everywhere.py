@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -217,3 +219,38 @@ def test_recall_at_k_of_one_large_tie_is_the_exact_fraction():
     reports = [retrieval_metrics(*small, ks=(1, 5), backend=b) for b in ("numba", "torch")]
     assert reports[0].per_query["recall@5"].tolist() == reports[1].per_query["recall@5"].tolist()
     assert _ulps(reports[0].recall_at[5], *_recall_in_tie(119, 19, 5)) <= 4
+
+
+# -- no sympy on the evaluation path (item 6) ------------------------------------------------------
+
+FIRST_EVALUATION = """
+import sys
+import torch
+from rankwise.metrics import pr_curve, retrieval_metrics
+
+x, y = torch.randn(40, 8), torch.arange(40) % 4
+for backend in ("numba", "torch"):
+    for similarity in ("cosine", "euclidean"):
+        retrieval_metrics(x, y, similarity=similarity, backend=backend)
+pr_curve(x, y)
+print(sorted({"sympy", "torch.fx.experimental.symbolic_shapes"} & set(sys.modules)))
+"""
+
+
+def test_a_first_evaluation_imports_no_sympy():
+    """Guards the cold start of every fresh process (``rankwise evaluate``): torch.broadcast_shapes
+    imported torch.fx.experimental.symbolic_shapes and sympy on its first call (0.5 s)."""
+    out = subprocess.run(
+        [sys.executable, "-c", FIRST_EVALUATION], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_plain_broadcast_shape_follows_numpy():
+    from rankwise.metrics.ranking import _broadcast_shape
+
+    for shapes in [((3,), (3,), (3,)), ((2, 1), (1, 5), (5,)), ((), (4, 1)), ((0,), (1,), ())]:
+        assert _broadcast_shape(*shapes) == np.broadcast_shapes(*shapes)
+    assert _broadcast_shape(torch.Size([2, 1]), torch.Size([3])) == (2, 3)
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        _broadcast_shape((2,), (3,))

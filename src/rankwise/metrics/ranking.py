@@ -18,6 +18,7 @@ G(a) = 2^a - 1, D(t) = 1 / log2(t + 1) and the mean discount over each tie (docs
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -164,7 +165,7 @@ def group_terms(
         MAP@R, AP@k); then ``E[# relevant items of the group at positions <= cut]`` for
         ``cut[1:]`` (R-precision times R, P@k times k).
     """
-    shape = torch.broadcast_shapes(g.shape, n.shape, r.shape)
+    shape = _broadcast_shape(g.shape, n.shape, r.shape)
     out = torch.empty((n_pw + cut.shape[0] - 1, *shape), dtype=torch.float64, device=g.device)
     if ties == "expected":
         gn = g + n
@@ -186,6 +187,21 @@ def group_terms(
     torch.add(c[:n_pw], (a - 1 - base) * hd, out=out[:n_pw])
     out[n_pw:] = c[1:]
     return out
+
+
+def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast of tensor shapes (numpy's rules), in plain Python.
+
+    ``torch.broadcast_shapes`` imports ``torch.fx.experimental.symbolic_shapes`` and sympy on its
+    first call (0.5 s of every fresh process's first evaluation).
+    """
+    out: list[int] = []
+    for dims in itertools.zip_longest(*(reversed(s) for s in shapes), fillvalue=1):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {shapes} cannot be broadcast together")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(reversed(out))
 
 
 def _counts_terms(
