@@ -114,6 +114,12 @@ def power_of_two(exponent: torch.Tensor) -> torch.Tensor:
     biased exponent ``e + 1023`` for normal powers (``e >= -1022``), the single significand bit
     ``2^(e + 1074)`` for subnormal ones (``-1074 <= e < -1022``); 0 below -1074, inf above 1023
     (the correctly rounded values).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.similarity import power_of_two
+        >>> power_of_two(torch.tensor([-1075, -1074, -4, 0, 1023, 1024])).tolist()
+        [0.0, 5e-324, 0.0625, 1.0, 8.98846567431158e+307, inf]
     """
     e = exponent.to(torch.int64)
     normal = (e + _EXPONENT_BIAS).clamp(1, 2 * _EXPONENT_BIAS) << _SIGNIFICAND_BITS
@@ -131,6 +137,13 @@ def times_power_of_two(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     A step up is exact (the result only grows); a step down rounds only an intermediate below
     ``2^-1022``, whose final value is then below ``2^-1075`` and rounds to 0 either way, so the one
     rounding is that of the exact product.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.similarity import times_power_of_two
+        >>> x = torch.tensor([5e-324, 3.0, -1.5], dtype=torch.float64)
+        >>> times_power_of_two(x, torch.tensor([1074, -4, -1074])).tolist()  # ties to even
+        [1.0, 0.1875, -1e-323]
     """
     e = exponent.to(torch.int64)
     zero = torch.zeros_like(e)
