@@ -179,3 +179,21 @@ def test_the_evaluation_path_never_calls_ldexp():
         if isinstance(node, ast.Attribute) and node.attr == "ldexp"
     ]
     assert uses == []
+
+
+def test_lowest_bit_exponent_is_exact_for_every_exponent_of_float64(device):
+    """Guards the device scan of the grids (what CUDA runs; it scaled the significands by
+    torch.ldexp too): per value of every float64 exponent, the exponent of its lowest set bit,
+    from the exact integer ratio; and the minimum over a tensor, as the numba kernel's."""
+    from rankwise._similarity_kernels import lowest_bit_exponent
+
+    values = _edge_values()
+    want = []
+    for value in values:
+        numerator, denominator = value.as_integer_ratio()
+        want.append((numerator & -numerator).bit_length() - denominator.bit_length())
+    x = torch.tensor([*values, 0.0], dtype=torch.float64, device=device)
+    assert sim._entry_lowest_bit_exponents(x).cpu().tolist() == [*want, 1 << 30]
+    for part in (x[:7], x[1000:3000], x[-5:], x[-1:]):
+        expected = int(lowest_bit_exponent(part.cpu().numpy()))
+        assert int(sim._lowest_bit_exponent_torch(part)) == expected

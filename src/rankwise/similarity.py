@@ -434,20 +434,26 @@ def _lowest_bit_exponent(x: torch.Tensor) -> int | None:
 
 
 def _lowest_bit_exponent_torch(x: torch.Tensor) -> torch.Tensor:
-    """0-d int64 tensor: the lowest-bit exponent of a finite float64 tensor (2^30 when all 0).
+    """0-d int64 tensor: the lowest-bit exponent of a finite float64 tensor (2^30 when all 0)."""
+    bits = _entry_lowest_bit_exponents(x.detach().reshape(-1))
+    return bits.min() if bits.numel() else torch.tensor(1 << 30)
+
+
+def _entry_lowest_bit_exponents(flat: torch.Tensor) -> torch.Tensor:
+    """(n,) int64: per entry of a finite float64 vector, the largest t with it a multiple of 2^t.
+
+    2^30 for an entry 0.
 
     ``frexp`` gives each entry as ``m 2^e`` with ``|m|`` in [0.5, 1); ``|m| 2^53`` is its 53-bit
     integer significand, whose lowest set bit ``s & -s`` is a power of two ``2^t``: the entry is
     a multiple of ``2^(e - 53 + t)``.
     """
-    flat = x.detach().reshape(-1)
     mantissa, exponent = torch.frexp(flat)
     # times the constant 2^53, exact on every device (torch.ldexp is not on CUDA)
     significand = (mantissa.abs() * 2.0**53).to(torch.int64)
     lowest = (significand & -significand).to(torch.float64)
     shift = torch.frexp(lowest)[1] - 1
-    bits = torch.where(flat != 0, exponent.to(torch.int64) - 53 + shift, 1 << 30)
-    return bits.min() if bits.numel() else torch.tensor(1 << 30)
+    return torch.where(flat != 0, exponent.to(torch.int64) - 53 + shift, 1 << 30)
 
 
 def _check_no_overflow(
