@@ -18,11 +18,13 @@ G(a) = 2^a - 1, D(t) = 1 / log2(t + 1) and the mean discount over each tie (docs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
+from numba import njit, prange
 from scipy.special import gammaln
 
 from .._validation import as_tensor, check_finite
@@ -50,6 +52,12 @@ __all__ = [
     "hit_probability_at",
     "average_precision_from_counts",
     "query_metrics_from_counts",
+    "dcg_terms",
+    "dcg_sums",
+    "discount_table",
+    "discount_table_tensor",
+    "reciprocal_rank",
+    "rank_metrics_from_sums",
 ]
 
 TIES = ("expected", "optimistic", "pessimistic")
@@ -390,7 +398,8 @@ def query_metrics_from_counts(
 
     Returns:
         (B,) float64 arrays, NaN for queries without a relevant item: ``"ap"``, ``"map_at_r"``,
-        ``"r_prec"``, ``"recall@k"`` and ``"precision@k"`` per cutoff (and ``"ap@k"``).
+        ``"r_prec"``, ``"recall@k"`` and ``"precision@k"`` per cutoff (and ``"ap@k"``), then
+        ``"ndcg@k"`` per cutoff and ``"mrr"`` (:func:`rank_metrics_from_sums`).
     """
     ks = tuple(ks)
     n_rows = counts.n_rows
@@ -405,7 +414,7 @@ def query_metrics_from_counts(
     has_rel = n_rel > 0
     for row, values in enumerate((counts.greater, counts.size, counts.relevant)):
         top[row, has_rel] = values[first[has_rel]]
-    return metrics_from_sums(
+    out = metrics_from_sums(
         _row_sums(rows, pw, n_rows),
         _row_sums(rows, er, n_rows),
         n_rel,
@@ -415,6 +424,269 @@ def query_metrics_from_counts(
         ties,
         ap_at_k,
     )
+    dcg = dcg_sums(counts, ties, ks, list_length)
+    out.update(rank_metrics_from_sums(dcg, n_rel, top, ks, list_length, ties))
+    return out
+
+
+# -- NDCG@k and MRR of binary relevance, from the same tie groups ---------------------------------
+
+# The discount table built so far (double-double prefix sums of D(t) = 1/log2(t + 1)), grown like
+# the harmonic table: a longer table starts with the same bits.
+_DISCOUNT = np.zeros((1, 2))
+
+
+@njit(cache=True)
+def _discount_table_kernel(n):  # pragma: no cover - numba
+    """(n + 1, 2) float64: ``C(t) = sum_{s <= t} 1/log2(s + 1)`` as ``[t, 0] + [t, 1]``.
+
+    Each discount is rounded once (``math.log2``, then a division); the sums are double-double
+    (TwoSum), so ``C(b) - C(a)`` is the sum of those discounts to a few ulps of the result.
+    """
+    out = np.zeros((n + 1, 2))
+    hi = 0.0
+    lo = 0.0
+    for t in range(1, n + 1):
+        d = 1.0 / math.log2(t + 1.0)
+        s = hi + d
+        bb = s - hi
+        err = (hi - (s - bb)) + (d - bb) + lo
+        hi = s + err
+        lo = err - (hi - s)
+        out[t, 0] = hi
+        out[t, 1] = lo
+    return out
+
+
+def discount_table(n: int) -> np.ndarray:
+    """(n + 1, 2) read-only float64 cumulative discounts ``C(0), ..., C(n)`` as double-doubles.
+
+    ``C(t) = sum_{s=1}^{t} 1 / log2(s + 1)``; ``C(b) - C(a)`` is
+    ``(T[b, 0] - T[a, 0]) + (T[b, 1] - T[a, 1])``, as for :func:`harmonic_table`.
+
+    Example:
+        >>> from rankwise.metrics.ranking import discount_table
+        >>> table = discount_table(3)
+        >>> [round(float(c), 6) for c in table[:, 0] + table[:, 1]]
+        [0.0, 1.0, 1.63093, 2.13093]
+    """
+    global _DISCOUNT
+    if _DISCOUNT.shape[0] <= n:
+        _DISCOUNT = _discount_table_kernel(max(n, 2 * _DISCOUNT.shape[0]))
+    view = _DISCOUNT[: n + 1]
+    view.flags.writeable = False
+    return view
+
+
+def discount_table_tensor(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """:func:`discount_table` as a float64 tensor on ``device``."""
+    table = torch.from_numpy(np.array(discount_table(n)))
+    return table if device is None else table.to(device)
+
+
+def _table_span(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """``C(hi) - C(lo)`` elementwise (same shapes), in the operations of harmonic_difference."""
+    diff = table[hi.long()] - table[lo.long()]
+    return diff[..., 0] + diff[..., 1]
+
+
+def dcg_terms(
+    g: torch.Tensor,
+    n: torch.Tensor,
+    r: torch.Tensor,
+    cut: torch.Tensor,
+    ties: str,
+    table: torch.Tensor,
+) -> torch.Tensor:
+    """Per tie group: the expected discounted gain of its relevant items at positions <= cut.
+
+    Binary relevance, D(t) = 1 / log2(t + 1), C the cumulative discount. Under a uniformly random
+    order of the tie, each of the group's positions ``g + 1 .. g + n`` holds a relevant item with
+    probability ``r / n``, so by linearity the group adds ``(r / n) (C(min(g + n, k)) -
+    C(min(g, k)))`` to E[DCG@k] (a group straddling k: the positions it occupies up to k, times
+    the share of relevant items in it). Optimistic: its relevant items at ``g + 1 .. g + r``;
+    pessimistic: at ``g + n - r + 1 .. g + n``. Elementwise, correctly rounded operations and
+    table reads only, as :func:`group_terms`: every backend gets the same bits.
+
+    Args:
+        g: (*S) float64 items above the group (``N_{d-1}``), integer-valued.
+        n: (*S) float64 items tied in the group; empty slots: 1.
+        r: (*S) float64 relevant items in the group; empty slots: 0 (term 0).
+        cut: (C, ...) float64 broadcastable to (C, *S): the cut-offs k (at most the list length).
+        ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
+        table: :func:`discount_table_tensor` on the device, covering every cut-off.
+
+    Returns:
+        (C, *S) float64.
+    """
+    if ties == "expected":
+        lo, hi = torch.minimum(g, cut), torch.minimum(g + n, cut)
+        return (r / n) * _table_span(table, lo, hi)
+    base = g if ties == "optimistic" else g + n - r
+    return _table_span(table, torch.minimum(base, cut), torch.minimum(base + r, cut))
+
+
+@njit(cache=True, inline="always")
+def _fast_two_sum(a, b):  # pragma: no cover - numba
+    s = a + b
+    return s, b - (s - a)
+
+
+@njit(cache=True, inline="always")
+def _two_product(a, b):  # pragma: no cover - numba
+    """``a * b`` rounded and its exact error (Dekker's product, no fused multiply-add)."""
+    p = a * b
+    c = 134217729.0 * a
+    ah = c - (c - a)
+    al = a - ah
+    c = 134217729.0 * b
+    bh = c - (c - b)
+    bl = b - bh
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+@njit(cache=True, inline="always")
+def _dd_scale(hi, lo, num, den):  # pragma: no cover - numba
+    """The double-double ``(hi + lo) * num / den`` for integer-valued ``num``, ``den`` < 2^53."""
+    p, e = _two_product(hi, num)
+    hi, lo = _fast_two_sum(p, e + lo * num)
+    q = hi / den
+    p, e = _two_product(q, den)
+    return _fast_two_sum(q, (((hi - p) - e) + lo) / den)
+
+
+@njit(parallel=True, cache=True)
+def _expected_reciprocal_rank_kernel(g, n, r, out):  # pragma: no cover - numba
+    for i in prange(g.shape[0]):
+        if r[i] >= n[i]:  # the first item of the group is relevant
+            out[i] = 1.0 / (g[i] + 1.0)
+            continue
+        last = n[i] - r[i] + 1  # the first relevant item lies at 1 .. n - r + 1 of the group
+        p_hi, p_lo = _dd_scale(1.0, 0.0, np.float64(r[i]), np.float64(n[i]))  # P(J = 1) = r / n
+        s_hi = 0.0
+        s_lo = 0.0
+        for j in range(1, last + 1):
+            t_hi, t_lo = _dd_scale(p_hi, p_lo, 1.0, np.float64(g[i] + j))
+            s = s_hi + t_hi
+            bb = s - s_hi
+            err = (s_hi - (s - bb)) + (t_hi - bb) + s_lo + t_lo
+            s_hi, s_lo = _fast_two_sum(s, err)
+            if j == last:
+                break
+            # P(J = j + 1) = P(J = j) (n - r - j + 1) / (n - j)
+            p_hi, p_lo = _dd_scale(
+                p_hi, p_lo, np.float64(n[i] - r[i] - j + 1), np.float64(n[i] - j)
+            )
+            if p_hi == 0.0:  # every later term is 0 too
+                break
+        out[i] = s_hi + s_lo
+
+
+def reciprocal_rank(
+    first_greater: np.ndarray, first_size: np.ndarray, first_relevant: np.ndarray, ties: str
+) -> np.ndarray:
+    """Expected reciprocal rank of the first relevant item, from each query's best group.
+
+    ``g`` items lie above the best group (none relevant), which ties ``n`` items, ``r`` of them
+    relevant. The first relevant item is at ``g + J``, ``J`` its place within the group: under a
+    uniformly random order of the tie, ``P(J = j) = C(n - j, r - 1) / C(n, r)`` for ``j = 1 ..
+    n - r + 1`` (the other ``r - 1`` relevant items among the ``n - j`` places after it), so
+
+        E[1 / (g + J)] = sum_j C(n - j, r - 1) / C(n, r) / (g + j),
+
+    with ``P(J = 1) = r / n`` and ``P(J = j + 1) = P(J = j) (n - r - j + 1) / (n - j)``. The
+    terms are positive (no cancellation) and carried in double-double (Dekker's product, TwoSum),
+    so the result is within an ulp or so of the exact value however long the tie; the loop stops
+    early when the probabilities underflow to 0. For ``g = 0`` it equals the closed form
+    ``r / (n - r + 1) (H(n) - H(r - 1))``. Optimistic: ``1 / (g + 1)``; pessimistic:
+    ``1 / (g + n - r + 1)``.
+
+    Args:
+        first_greater: (Q,) int64 items above each query's best relevant group.
+        first_size: (Q,) int64 items tied in that group.
+        first_relevant: (Q,) int64 relevant items in it (>= 1).
+        ties: "expected", "optimistic" or "pessimistic".
+
+    Returns:
+        (Q,) float64.
+
+    Example:
+        >>> import numpy as np
+        >>> from rankwise.metrics.ranking import reciprocal_rank
+        >>> g, n, r = np.array([1]), np.array([3]), np.array([1])  # one irrelevant, then a tie
+        >>> float(reciprocal_rank(g, n, r, "expected")[0])  # (1/2 + 1/3 + 1/4) / 3
+        0.3611111111111111
+    """
+    g, n, r = (
+        np.ascontiguousarray(x, dtype=np.int64) for x in (first_greater, first_size, first_relevant)
+    )
+    if ties == "optimistic":
+        return 1.0 / (g + 1.0)
+    if ties == "pessimistic":
+        return 1.0 / (g + n - r + 1.0)
+    out = np.empty(g.shape[0], dtype=np.float64)
+    _expected_reciprocal_rank_kernel(g, n, r, out)
+    return out
+
+
+def rank_metrics_from_sums(
+    dcg: np.ndarray,
+    n_rel: np.ndarray,
+    top: np.ndarray,
+    ks: Iterable[int],
+    list_length: np.ndarray,
+    ties: str,
+) -> dict[str, np.ndarray]:
+    """Per-query NDCG@k and MRR from the per-query sums of :func:`dcg_terms` (host, numpy).
+
+    NDCG@k = E[DCG@k] / IDCG@k with IDCG@k = C(min(R, k)) (every relevant item first; the ideal
+    does not depend on the ties, so the ratio of the expectation is the expectation of the ratio).
+
+    Args:
+        dcg: (K, B) summed :func:`dcg_terms`, one row per cut-off.
+        n_rel: (B,) relevant items of each query (0: its values are NaN).
+        top: (3, B) int64 ``g, n, r`` of each query's best relevant group.
+        ks: the cut-offs.
+        list_length: (B,) int64 length of each query's ranked list.
+        ties: the tie handling.
+
+    Returns:
+        ``{"ndcg@k": (B,) float64 per cut-off, "mrr": (B,) float64}``.
+    """
+    ks = tuple(ks)
+    has_rel = n_rel > 0
+    list_length = np.asarray(list_length, dtype=np.int64)
+    out = {}
+    ideal_at = [np.minimum(np.minimum(k, list_length), n_rel) for k in ks]
+    table = discount_table(max((int(m.max(initial=0)) for m in ideal_at), default=0))
+    for i, k in enumerate(ks):
+        ideal = table[ideal_at[i], 0] + table[ideal_at[i], 1]
+        out[f"ndcg@{k}"] = np.where(has_rel, dcg[i] / np.where(has_rel, ideal, 1.0), np.nan)
+    mrr = np.full(n_rel.shape[0], np.nan)
+    g0, n0, r0 = (np.asarray(x, dtype=np.int64)[has_rel] for x in top)
+    mrr[has_rel] = reciprocal_rank(g0, n0, r0, ties)
+    out["mrr"] = mrr
+    return out
+
+
+def dcg_sums(
+    counts: RelevantGroupCounts, ties: str, ks: Iterable[int], list_length: np.ndarray
+) -> np.ndarray:
+    """(K, B) per-query sums of :func:`dcg_terms` of a chunk's counts, in group order."""
+    ks = tuple(ks)
+    rows = counts.row_ids()
+    list_length = np.asarray(list_length, dtype=np.int64)
+    cuts = np.stack([np.minimum(k, list_length)[rows] for k in ks]).astype(np.float64)
+    table = discount_table_tensor(int(cuts.max(initial=0)))
+    terms = dcg_terms(
+        torch.from_numpy(counts.greater.astype(np.float64)),
+        torch.from_numpy(counts.size.astype(np.float64)),
+        torch.from_numpy(counts.relevant.astype(np.float64)),
+        torch.from_numpy(cuts),
+        ties,
+        table,
+    ).numpy()
+    return _row_sums(rows, terms, counts.n_rows)
 
 
 def _scores_2d(scores: Any, name: str) -> torch.Tensor:

@@ -40,9 +40,11 @@ from ._kernels import (
 from ._scores import BlockScorer
 from .ranking import (
     check_ties,
+    discount_table_tensor,
     harmonic_table_tensor,
     metrics_from_sums,
     query_metrics_from_counts,
+    rank_metrics_from_sums,
     relevant_above,
 )
 
@@ -212,6 +214,10 @@ class RetrievalReport:
             is evaluated at min(k, its own list length); with an ``exclude_self`` index array
             holding -1 for some queries, those queries' lists are one item longer than the
             length reported here.
+        ndcg_at: {k: mean tie-aware NDCG@k of binary relevance} (``E[DCG@k] / IDCG@k``, D(t) =
+            1 / log2(t + 1); docs/metrics.md). Default (a report written before it): empty.
+        mrr: mean tie-aware reciprocal rank of the first relevant item (``E[1 / rank]`` over the
+            orderings of the ties). Default: NaN.
         per_query: the other per-query values behind the means, ``{name: (n_queries,)
             float64}`` (the keys of :attr:`FIELDS` but ``"ap"``; a subclass adds its own), so
             that :func:`~rankwise.metrics.merge_retrieval_reports` of query blocks recomputes
@@ -232,6 +238,8 @@ class RetrievalReport:
         ReportField("precision_at", "precision@{k}", "precision@{k}", "precision@{k}"),
         ReportField("map_at_r", "map_at_r", "MAP@R", "map_at_r"),
         ReportField("r_precision", "r_prec", "R-precision", "r_precision"),
+        ReportField("ndcg_at", "ndcg@{k}", "NDCG@{k}", "ndcg@{k}"),
+        ReportField("mrr", "mrr", "MRR", "mrr"),
     )
 
     map: float
@@ -248,6 +256,8 @@ class RetrievalReport:
     ks: tuple[int, ...]
     clamped_ks: dict[int, int] = field(default_factory=dict)
     per_query: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    ndcg_at: dict[int, float] = field(default_factory=dict)
+    mrr: float = math.nan
 
     def settings(self) -> dict[str, Any]:
         """The fields every report of one evaluation shares (gallery size, ties, ks, ...)."""
@@ -351,7 +361,7 @@ class RetrievalReport:
             >>> from rankwise.metrics import RetrievalReport, retrieval_metrics
             >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
             >>> report = retrieval_metrics(emb, torch.tensor([0, 0, 1, 1]), ks=(1, 2))
-            >>> RetrievalReport.from_dict(report.to_dict()) == report
+            >>> RetrievalReport.from_dict(report.to_dict()).to_dict() == report.to_dict()
             True
         """
         values = {
@@ -415,8 +425,8 @@ class RetrievalReport:
             )
         for k, used in self.clamped_ks.items():
             lines.append(
-                f"  k={k} exceeds the {used} ranked items; recall@{k} and precision@{k} were "
-                f"evaluated at k={used}."
+                f"  k={k} exceeds the {used} ranked items; recall@{k}, precision@{k} and "
+                f"NDCG@{k} were evaluated at k={used}."
             )
         return "\n".join(lines)
 
@@ -693,20 +703,26 @@ def _torch_per_query(p: _Prepared, ks: tuple[int, ...], ties: str):
     """Per-query metrics of the device loop (see rankwise.metrics._device)."""
     prob = _device_problem(p, ks)
     budget = _device.memory_budget(p.qg.device)
-    result = _device.run_metrics(prob, ties, _device_table(p), p.chunk_size, budget, _pair_keys(p))
+    discounts = discount_table_tensor(min(max(ks), p.n_gallery), p.qg.device)
+    result = _device.run_metrics(
+        prob, ties, _device_table(p), p.chunk_size, budget, _pair_keys(p), discounts
+    )
     values = result.values
     n_sums = len(ks) + 3
     start, end, e_start, e_end = values[n_sums : n_sums + 4].astype(np.int64)
     top = np.stack([p.n_gallery - end, end - start, e_end - e_start])
-    return metrics_from_sums(
-        values[:2], values[2:n_sums], prob.n_relevant, top, ks, p.list_length(), ties
+    list_length = p.list_length()
+    out = metrics_from_sums(
+        values[:2], values[2:n_sums], prob.n_relevant, top, ks, list_length, ties
     )
+    dcg = values[n_sums + 4 :]
+    out.update(rank_metrics_from_sums(dcg, prob.n_relevant, top, ks, list_length, ties))
+    return out
 
 
 def _numba_per_query(p: _Prepared, ks: tuple[int, ...], ties: str):
     """Per-query metrics chunk by chunk from the numba counts (closed forms on the host)."""
-    names = ["ap", "map_at_r", "r_prec"] + [f"{m}@{k}" for m in ("recall", "precision") for k in ks]
-    per_query = {name: np.full(p.n_query, np.nan) for name in names}
+    per_query = {name: np.full(p.n_query, np.nan) for name in RetrievalReport.per_query_keys(ks)}
     list_length = p.list_length()
     for lo, hi, counts in _iterate_counts(p):
         for name, values in query_metrics_from_counts(counts, ties, ks, list_length[lo:hi]).items():
