@@ -14,6 +14,23 @@ the harmonic numbers. Truncated at t <= R it is the tie-aware MAP@R of Musgrave,
 (ECCV 2020); precision@k and R-precision are hypergeometric expectations. DCG_T uses
 G(a) = 2^a - 1, D(t) = 1 / log2(t + 1) and the mean discount over each tie (docs/metrics.md,
 "Exact definitions").
+
+The retrieval report's NDCG@k and MRR (binary relevance) come from the same groups. With
+C(t) = sum_{s<=t} D(s): each position g+1..g+n of a tie group holds a relevant item with
+probability r/n under a random order of the tie (g = N_{d-1}, n = n_d, r = n_d^+), so by linearity
+
+    E[DCG@k] = sum_d (r/n) (C(min(g + n, k)) - C(min(g, k))),    NDCG@k = E[DCG@k] / C(min(R, k)):
+
+a group straddling position k contributes the expected discounted gain of the positions it
+occupies that are <= k, times the share of relevant items in it (the ideal DCG does not depend on
+the ties, so this ratio is the expected NDCG). The first relevant item lies in the best relevant
+group, at g + J, J the place of the first of its r relevant items among its n in a random order:
+P(J = j) = C(n - j, r - 1) / C(n, r) (the other r - 1 take r - 1 of the n - j places after j), so
+
+    E[1 / rank] = sum_{j=1}^{n-r+1} C(n - j, r - 1) / C(n, r) / (g + j),
+
+summed from P(J = 1) = r/n by P(J = j+1) = P(J = j) (n - r - j + 1) / (n - j) in double-double
+(positive terms, no cancellation); for g = 0 it is r / (n - r + 1) (H(n) - H(r - 1)).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""Exact, tie-aware, memory-bounded retrieval evaluation of embeddings (MAP, R@k, P@k, MAP@R, RP).
+"""Exact, tie-aware, memory-bounded retrieval evaluation of embeddings (MAP, R@k, NDCG@k, MRR...).
 
 Every query is ranked against the gallery by similarity; the metrics are the expectations over all
 orderings of tied items (McSherry & Najork 2008; He et al., "Hashing as Tie-Aware Learning to
 Rank", CVPR 2018, Prop. 1, Eq. 6 as corrected in docs/errata.md). MAP@R and R-precision follow
 Musgrave, Belongie & Lim, "A Metric Learning Reality Check" (ECCV 2020): with R the number of items
 relevant to the query, MAP@R = (1/R) sum_{i<=R} P(i) rel(i) and RP = (#relevant in the top R) / R
-(tie-aware forms: :mod:`rankwise.metrics.ranking`). The mean PR curve is the one plotted by Wen et
-al. (NeurIPS 2022, SOPRC, Fig. 2): the mean over queries of interpolated precision.
+(tie-aware forms: :mod:`rankwise.metrics.ranking`, with the expected NDCG@k and reciprocal rank
+of binary relevance, also P@k). The mean PR curve is the one plotted by Wen et al. (NeurIPS 2022,
+SOPRC, Fig. 2): the mean over queries of interpolated precision.
 
 Queries are processed in chunks (never an N x N matrix): the exact keys of
 :mod:`rankwise.similarity` for a block (:mod:`rankwise.metrics._scores`), reduced to
