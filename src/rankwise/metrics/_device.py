@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from ..similarity import transposed_pair_keys
 from ._scores import LoopOperands
-from .ranking import dcg_terms, group_terms
+from .ranking import group_terms
 
 __all__ = [
     "BYTES_PER_SCORE",
@@ -86,7 +86,7 @@ BYTES_PER_SCORE = 64
 # Bytes per (query, relevant slot): the (B, W) item tensors and the (W, B) group table, plus per
 # cut-off the float64 closed-form temporaries (those of P@k and of DCG@k).
 BYTES_PER_SLOT = 256
-BYTES_PER_SLOT_AND_CUTOFF = 128
+BYTES_PER_SLOT_AND_CUTOFF = 96
 # Bytes per near-tied pair, per embedding dimension: the two keys' gathered float64 rows, their
 # products and partial sums; plus the pair's own indices.
 BYTES_PER_PAIR_DIM = 80
@@ -341,28 +341,21 @@ Finish = Callable[
 def _metric_finish(ties: str, discounts: torch.Tensor | None = None) -> Finish:
     """Step 4 and 5 of the metrics: closed forms, sums in slot order, the best group's counts.
 
-    With ``discounts`` (a :func:`rankwise.metrics.ranking.discount_table_tensor`), then the
-    sums of :func:`rankwise.metrics.ranking.dcg_terms` at each P@k cut-off (NDCG@k).
+    With ``discounts`` (:func:`rankwise.metrics.ranking.discount_table_tensor`) the sums hold
+    the DCG@k rows of :func:`~rankwise.metrics.ranking.group_terms` too (NDCG@k).
     """
 
     def finish(prob, c, out, lo, hi, raw, valid) -> None:
         width = raw.shape[2]
         g, n, r, table = _group_table(prob, c, raw, lo, hi, valid)
-        terms = group_terms(g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table)
+        terms = group_terms(
+            g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table, 2, discounts
+        )
         sums = terms.cumsum(1)[:, -1]  # in slot order: decreasing score
         _write(prob, out, 0, lo, sums)
         _write(prob, out, sums.shape[0], lo, table[:, 0])
-        if discounts is not None:
-            _write(
-                prob, out, sums.shape[0] + 4, lo, _dcg_sums(prob, g, n, r, lo, hi, ties, discounts)
-            )
 
     return finish
-
-
-def _dcg_sums(prob, g, n, r, lo: int, hi: int, ties: str, discounts: torch.Tensor) -> torch.Tensor:
-    """(K, B) sums of the DCG@k terms of a chunk's group table, in slot order (as the AP sums)."""
-    return dcg_terms(g, n, r, prob.cut[2:, :, lo:hi], ties, discounts).cumsum(1)[:, -1]
 
 
 def _pr_finish(ties: str) -> Finish:
@@ -782,8 +775,8 @@ def run_metrics(
 ) -> LoopResult:
     """Per-query sums of every closed form and the counts of each query's best group, read once.
 
-    Rows of the result: AP, MAP@R, R-precision, P@k per k (sums), then the raw counts of the best
-    group (window start and end, ``E`` at both), then with ``discounts`` the DCG@k sums per k.
+    Rows of the result: AP, MAP@R, R-precision, P@k per k (sums), with ``discounts`` the DCG@k
+    sums per k, then the raw counts of the best group (window start and end, ``E`` at both).
 
     Args:
         prob: the problem (all the query rows).

@@ -69,8 +69,6 @@ __all__ = [
     "hit_probability_at",
     "average_precision_from_counts",
     "query_metrics_from_counts",
-    "dcg_terms",
-    "dcg_sums",
     "discount_table",
     "discount_table_tensor",
     "reciprocal_rank",
@@ -164,6 +162,7 @@ def group_terms(
     ties: str,
     table: torch.Tensor,
     n_pw: int = 2,
+    discounts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per tie group: expected precision-weighted sums and relevant counts up to cut-offs.
 
@@ -183,15 +182,24 @@ def group_terms(
         ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
         table: :func:`harmonic_table` as a tensor on the device, covering every position.
         n_pw: number of leading cut-offs that need the precision-weighted sum.
+        discounts: None, or :func:`discount_table_tensor` on the device covering every position
+            (as ``table``): then also the expected DCG terms of binary relevance at the
+            cut-offs ``cut[2:]``.
 
     Returns:
         (n_pw + C - 1, *S) float64. Rows ``:n_pw``: ``E[sum over the group's positions
         t <= cut of rel(t) precision(t)]`` (summed over a query's groups and divided by R: AP_T,
         MAP@R, AP@k); then ``E[# relevant items of the group at positions <= cut]`` for
-        ``cut[1:]`` (R-precision times R, P@k times k).
+        ``cut[1:]`` (R-precision times R, P@k times k); with ``discounts``, then
+        ``E[sum of D(t) over the group's relevant items at positions t <= cut]`` for
+        ``cut[2:]`` (summed per query: E[DCG@k] of binary relevance).
     """
     shape = torch.broadcast_shapes(g.shape, n.shape, r.shape)
-    out = torch.empty((n_pw + cut.shape[0] - 1, *shape), dtype=torch.float64, device=g.device)
+    n_dcg = 0 if discounts is None else cut.shape[0] - 2
+    out = torch.empty(
+        (n_pw + cut.shape[0] - 1 + n_dcg, *shape), dtype=torch.float64, device=g.device
+    )
+    n_er = n_pw + cut.shape[0] - 1
     if ties == "expected":
         gn = g + n
         up = torch.clamp(cut, min=g, max=gn)
@@ -202,7 +210,9 @@ def group_terms(
         inner = (a - beta * (g + 1)) * hd + beta * cnt[:n_pw]
         rn = r / n
         torch.mul(rn, inner, out=out[:n_pw])
-        torch.mul(rn, cnt[1:], out=out[n_pw:])
+        torch.mul(rn, cnt[1:], out=out[n_pw:n_er])
+        if discounts is not None:  # the positions g+1 .. up within the cut, each relevant w.p. r/n
+            torch.mul(rn, table_difference(discounts, g, up[2:]), out=out[n_er:])
         return out
     # optimistic: relevant items at positions g+1 .. g+r; pessimistic: g+n-r+1 .. g+n;
     # sum_i (p + i) / (base + i) = c + (p - base) (H(base + c) - H(base))
@@ -210,7 +220,9 @@ def group_terms(
     c = torch.clamp(cut - base, min=torch.zeros((), dtype=base.dtype, device=base.device), max=r)
     hd = table_difference(table, base, base + c[:n_pw])
     torch.add(c[:n_pw], (a - 1 - base) * hd, out=out[:n_pw])
-    out[n_pw:] = c[1:]
+    out[n_pw:n_er] = c[1:]
+    if discounts is not None:  # the relevant items at base+1 .. base+c within the cut
+        out[n_er:] = table_difference(discounts, base, base + c[2:])
     return out
 
 
@@ -220,10 +232,15 @@ def _counts_terms(
     cuts: list[np.ndarray],
     n_pw: int,
     above: np.ndarray | None = None,
+    dcg: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`group_terms` of a chunk's counts (CPU tensors), cut-offs given per group entry."""
+    """:func:`group_terms` of a chunk's counts (CPU tensors), cut-offs given per group entry.
+
+    ``dcg``: the DCG rows too (at ``cuts[2:]``, after the relevant counts).
+    """
     last = int((counts.greater + counts.size).max()) if counts.size.size else 0
     table = harmonic_table_tensor(max(last, 1))
+    discounts = discount_table_tensor(max(last, 1)) if dcg else None
     if above is None:
         above = relevant_above(counts)
     terms = group_terms(
@@ -235,6 +252,7 @@ def _counts_terms(
         ties,
         table,
         n_pw,
+        discounts,
     ).numpy()
     return terms[:n_pw], terms[n_pw:]
 
@@ -425,7 +443,8 @@ def query_metrics_from_counts(
     list_length = np.asarray(list_length, dtype=np.int64)
     cuts = [list_length[rows], n_rel[rows]]
     cuts += [np.minimum(k, list_length)[rows] for k in ks]
-    pw, er = _counts_terms(counts, ties, cuts, 2 + (len(ks) if ap_at_k else 0))
+    pw, er = _counts_terms(counts, ties, cuts, 2 + (len(ks) if ap_at_k else 0), dcg=True)
+    er, dcg = er[: 1 + len(ks)], er[1 + len(ks) :]
     first = counts.offsets()[:-1]
     top = np.zeros((3, n_rows), dtype=np.int64)
     has_rel = n_rel > 0
@@ -441,8 +460,9 @@ def query_metrics_from_counts(
         ties,
         ap_at_k,
     )
-    dcg = dcg_sums(counts, ties, ks, list_length)
-    out.update(rank_metrics_from_sums(dcg, n_rel, top, ks, list_length, ties))
+    out.update(
+        rank_metrics_from_sums(_row_sums(rows, dcg, n_rows), n_rel, top, ks, list_length, ties)
+    )
     return out
 
 
@@ -499,48 +519,6 @@ def discount_table_tensor(n: int, device: torch.device | str | None = None) -> t
     """:func:`discount_table` as a float64 tensor on ``device``."""
     table = torch.from_numpy(np.array(discount_table(n)))
     return table if device is None else table.to(device)
-
-
-def _table_span(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-    """``C(hi) - C(lo)`` elementwise (same shapes), in the operations of harmonic_difference."""
-    diff = table[hi.long()] - table[lo.long()]
-    return diff[..., 0] + diff[..., 1]
-
-
-def dcg_terms(
-    g: torch.Tensor,
-    n: torch.Tensor,
-    r: torch.Tensor,
-    cut: torch.Tensor,
-    ties: str,
-    table: torch.Tensor,
-) -> torch.Tensor:
-    """Per tie group: the expected discounted gain of its relevant items at positions <= cut.
-
-    Binary relevance, D(t) = 1 / log2(t + 1), C the cumulative discount. Under a uniformly random
-    order of the tie, each of the group's positions ``g + 1 .. g + n`` holds a relevant item with
-    probability ``r / n``, so by linearity the group adds ``(r / n) (C(min(g + n, k)) -
-    C(min(g, k)))`` to E[DCG@k] (a group straddling k: the positions it occupies up to k, times
-    the share of relevant items in it). Optimistic: its relevant items at ``g + 1 .. g + r``;
-    pessimistic: at ``g + n - r + 1 .. g + n``. Elementwise, correctly rounded operations and
-    table reads only, as :func:`group_terms`: every backend gets the same bits.
-
-    Args:
-        g: (*S) float64 items above the group (``N_{d-1}``), integer-valued.
-        n: (*S) float64 items tied in the group; empty slots: 1.
-        r: (*S) float64 relevant items in the group; empty slots: 0 (term 0).
-        cut: (C, ...) float64 broadcastable to (C, *S): the cut-offs k (at most the list length).
-        ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
-        table: :func:`discount_table_tensor` on the device, covering every cut-off.
-
-    Returns:
-        (C, *S) float64.
-    """
-    if ties == "expected":
-        lo, hi = torch.minimum(g, cut), torch.minimum(g + n, cut)
-        return (r / n) * _table_span(table, lo, hi)
-    base = g if ties == "optimistic" else g + n - r
-    return _table_span(table, torch.minimum(base, cut), torch.minimum(base + r, cut))
 
 
 @njit(cache=True, inline="always")
@@ -654,13 +632,13 @@ def rank_metrics_from_sums(
     list_length: np.ndarray,
     ties: str,
 ) -> dict[str, np.ndarray]:
-    """Per-query NDCG@k and MRR from the per-query sums of :func:`dcg_terms` (host, numpy).
+    """Per-query NDCG@k and MRR from the per-query DCG sums of :func:`group_terms` (host, numpy).
 
     NDCG@k = E[DCG@k] / IDCG@k with IDCG@k = C(min(R, k)) (every relevant item first; the ideal
     does not depend on the ties, so the ratio of the expectation is the expectation of the ratio).
 
     Args:
-        dcg: (K, B) summed :func:`dcg_terms`, one row per cut-off.
+        dcg: (K, B) summed DCG rows of :func:`group_terms` (``discounts``), one per cut-off.
         n_rel: (B,) relevant items of each query (0: its values are NaN).
         top: (3, B) int64 ``g, n, r`` of each query's best relevant group.
         ks: the cut-offs.
@@ -684,26 +662,6 @@ def rank_metrics_from_sums(
     mrr[has_rel] = reciprocal_rank(g0, n0, r0, ties)
     out["mrr"] = mrr
     return out
-
-
-def dcg_sums(
-    counts: RelevantGroupCounts, ties: str, ks: Iterable[int], list_length: np.ndarray
-) -> np.ndarray:
-    """(K, B) per-query sums of :func:`dcg_terms` of a chunk's counts, in group order."""
-    ks = tuple(ks)
-    rows = counts.row_ids()
-    list_length = np.asarray(list_length, dtype=np.int64)
-    cuts = np.stack([np.minimum(k, list_length)[rows] for k in ks]).astype(np.float64)
-    table = discount_table_tensor(int(cuts.max(initial=0)))
-    terms = dcg_terms(
-        torch.from_numpy(counts.greater.astype(np.float64)),
-        torch.from_numpy(counts.size.astype(np.float64)),
-        torch.from_numpy(counts.relevant.astype(np.float64)),
-        torch.from_numpy(cuts),
-        ties,
-        table,
-    ).numpy()
-    return _row_sums(rows, terms, counts.n_rows)
 
 
 def _scores_2d(scores: Any, name: str) -> torch.Tensor:

@@ -704,19 +704,19 @@ def _torch_per_query(p: _Prepared, ks: tuple[int, ...], ties: str):
     """Per-query metrics of the device loop (see rankwise.metrics._device)."""
     prob = _device_problem(p, ks)
     budget = _device.memory_budget(p.qg.device)
-    discounts = discount_table_tensor(min(max(ks), p.n_gallery), p.qg.device)
+    discounts = discount_table_tensor(p.n_gallery, p.qg.device)  # every position, as the table
     result = _device.run_metrics(
         prob, ties, _device_table(p), p.chunk_size, budget, _pair_keys(p), discounts
     )
     values = result.values
     n_sums = len(ks) + 3
-    start, end, e_start, e_end = values[n_sums : n_sums + 4].astype(np.int64)
+    start, end, e_start, e_end = values[n_sums + len(ks) : n_sums + len(ks) + 4].astype(np.int64)
     top = np.stack([p.n_gallery - end, end - start, e_end - e_start])
     list_length = p.list_length()
     out = metrics_from_sums(
         values[:2], values[2:n_sums], prob.n_relevant, top, ks, list_length, ties
     )
-    dcg = values[n_sums + 4 :]
+    dcg = values[n_sums : n_sums + len(ks)]
     out.update(rank_metrics_from_sums(dcg, prob.n_relevant, top, ks, list_length, ties))
     return out
 
