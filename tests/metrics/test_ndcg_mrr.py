@@ -247,3 +247,17 @@ def test_ndcg_at_1_is_precision_at_1_and_a_perfect_ranking_scores_one():
     perfect = torch.eye(3)[torch.tensor([0, 0, 1, 1, 2, 2])]
     ideal = retrieval_metrics(perfect, torch.tensor([0, 0, 1, 1, 2, 2]), ks=(1, 3))
     assert ideal.mrr == 1.0 and ideal.ndcg_at == {1: 1.0, 3: 1.0}
+
+
+def test_hamming_reports_carry_the_same_mrr_and_ndcg_for_label_affinity():
+    from rankwise.metrics import hamming_retrieval_metrics
+
+    generator = torch.Generator().manual_seed(9)
+    codes = torch.sign(torch.randn(120, 6, generator=generator))  # 7 distances: heavy ties
+    labels = torch.randint(0, 4, (120,), generator=generator)
+    hamming = hamming_retrieval_metrics(codes, labels, ks=(1, 5, 30))
+    dot = retrieval_metrics(codes, labels, ks=(1, 5, 30), similarity="dot")
+    assert hamming.mrr == dot.mrr  # the same tie groups, the same host function
+    for k in (1, 5, 30):  # the graded NDCG of the Hamming report, binary for label affinity
+        assert hamming.ndcg_at[k] == pytest.approx(dot.ndcg_at[k], rel=1e-12)
+    assert hamming.scalars()["mrr"] == hamming.mrr and "map@5" in hamming.scalars()
