@@ -261,3 +261,16 @@ def test_hamming_reports_carry_the_same_mrr_and_ndcg_for_label_affinity():
     for k in (1, 5, 30):  # the graded NDCG of the Hamming report, binary for label affinity
         assert hamming.ndcg_at[k] == pytest.approx(dot.ndcg_at[k], rel=1e-12)
     assert hamming.scalars()["mrr"] == hamming.mrr and "map@5" in hamming.scalars()
+
+
+def test_a_saved_run_result_reads_ndcg_and_mrr_back(tmp_path):
+    from rankwise.metrics import pr_curve
+    from rankwise.training import RunResult
+
+    x, y = tied_embeddings(40, 7)
+    report, curve = retrieval_metrics(x, y, ks=(1, 5)), pr_curve(x, y)
+    RunResult(tmp_path, "completed", 3, 0.1, 3, {"map": report.map}, report, curve).save(tmp_path)
+    loaded = RunResult.load(tmp_path)
+    assert loaded is not None and loaded.test is not None
+    assert loaded.test.ndcg_at == report.ndcg_at and loaded.test.mrr == report.mrr
+    assert loaded.test.scalars() == report.scalars()
