@@ -471,6 +471,7 @@ def query_metrics_from_counts(
 # The discount table built so far (double-double prefix sums of D(t) = 1/log2(t + 1)), grown like
 # the harmonic table: a longer table starts with the same bits.
 _DISCOUNT = np.zeros((1, 2))
+_DISCOUNT_TENSOR = torch.from_numpy(_DISCOUNT)
 
 
 @njit(cache=True)
@@ -495,6 +496,13 @@ def _discount_table_kernel(n):  # pragma: no cover - numba
     return out
 
 
+def _grow_discounts(n: int) -> None:
+    global _DISCOUNT, _DISCOUNT_TENSOR
+    if _DISCOUNT.shape[0] <= n:
+        _DISCOUNT = _discount_table_kernel(max(n, 2 * _DISCOUNT.shape[0]))
+        _DISCOUNT_TENSOR = torch.from_numpy(_DISCOUNT)
+
+
 def discount_table(n: int) -> np.ndarray:
     """(n + 1, 2) read-only float64 cumulative discounts ``C(0), ..., C(n)`` as double-doubles.
 
@@ -507,17 +515,16 @@ def discount_table(n: int) -> np.ndarray:
         >>> [round(float(c), 6) for c in table[:, 0] + table[:, 1]]
         [0.0, 1.0, 1.63093, 2.13093]
     """
-    global _DISCOUNT
-    if _DISCOUNT.shape[0] <= n:
-        _DISCOUNT = _discount_table_kernel(max(n, 2 * _DISCOUNT.shape[0]))
+    _grow_discounts(n)
     view = _DISCOUNT[: n + 1]
     view.flags.writeable = False
     return view
 
 
 def discount_table_tensor(n: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """:func:`discount_table` as a float64 tensor on ``device``."""
-    table = torch.from_numpy(np.array(discount_table(n)))
+    """:func:`discount_table` as a float64 tensor on ``device`` (a shared CPU view when CPU)."""
+    _grow_discounts(n)
+    table = _DISCOUNT_TENSOR[: n + 1]
     return table if device is None else table.to(device)
 
 
