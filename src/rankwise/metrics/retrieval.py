@@ -311,7 +311,7 @@ class RetrievalReport:
                 "one (n_queries,) array per declared field and cut-off."
             )
         undefined = np.stack([np.isnan(arrays[key]) for key in keys])
-        valid = ~undefined.any(0)
+        valid: np.ndarray = np.asarray(~undefined.any(0))
         if bool((undefined.all(0) != undefined.any(0)).any()):
             raise ValueError(
                 "`arrays` disagree on which queries have a relevant item: a query's per-query "
