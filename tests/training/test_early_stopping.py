@@ -144,6 +144,7 @@ def test_an_unknown_monitor_names_the_valid_ones(tiny_config, tmp_path):
     with pytest.raises(ConfigError, match="recall@10.*eval_ks=\\[1\\]"):
         tiny_config(tmp_path, **{"selection.monitor": "recall@10"})  # not evaluated
     assert check_monitor("precision@1", [1]) == "precision@1"
+    assert check_monitor("ndcg@10", [1, 10]) == "ndcg@10" and check_monitor("mrr") == "mrr"
 
 
 def docs_section():

@@ -2,7 +2,7 @@
 
 Any scalar of a :class:`~rankwise.metrics.RetrievalReport` can be monitored: its float fields by
 name (``"map"``, the tie-aware mAUPRC selection of Wen et al., NeurIPS 2022, Sec. 5.1;
-``"map_at_r"``, ``"r_precision"``, ...) and every per-cutoff field ``<name>_at`` as
+``"map_at_r"``, ``"r_precision"``, ``"mrr"``, ...) and every per-cutoff field ``<name>_at`` as
 ``"<name>@<k>"`` for an evaluated cutoff ``k`` (``"recall@1"``, ``"precision@10"``, ...). The names
 are read from the report's fields, so a metric added to the report is a monitor without a change
 here. A value is read from the report itself or from its summary dict (``best_val``,
@@ -47,8 +47,9 @@ def monitor_names(ks: Iterable[int]) -> tuple[str, ...]:
         The scalar names, then ``"<family>@<k>"`` for each family and cutoff.
 
     Example:
-        >>> monitor_names([1, 10])
-        ('map', 'map_at_r', 'r_precision', 'recall@1', 'recall@10', 'precision@1', 'precision@10')
+        >>> monitor_names([1, 10])  # doctest: +NORMALIZE_WHITESPACE
+        ('map', 'map_at_r', 'r_precision', 'mrr', 'recall@1', 'recall@10', 'precision@1',
+         'precision@10', 'ndcg@1', 'ndcg@10')
     """
     scalars, families = _report_fields()
     ks = sorted({int(k) for k in ks})

@@ -45,7 +45,13 @@ from .callbacks.base import TrainerView
 from .callbacks.host import CallbackLike, add_callback, as_callback, default_callbacks, emit, find
 from .checkpoint import capture_rng_state
 from .config import Config, config_from_dict
-from .errors import NonFiniteLossError, ReplicaDivergenceError, TrainingInterrupted
+from .errors import (
+    DataError,
+    NonFiniteLossError,
+    ReplicaDivergenceError,
+    TrainingDataError,
+    TrainingInterrupted,
+)
 from .evaluation import Evaluator
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
 from .loop import FitLoop, LoopEnd
@@ -363,6 +369,8 @@ class Trainer:
         )
         self._completed = False
         self._stopped_early: str | None = None  # the reason of a normal early end (checkpointed)
+        # the evaluation of self.step was cut short by a data error: it runs first on resume
+        self._validation_pending = False
         self.callbacks = default_callbacks(
             self.logging.log_every, progress, self.runtime.detect_collapse
         )
@@ -676,6 +684,7 @@ class Trainer:
             if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
             else None,
             "sampler": {"epoch": self.next_epoch, "position": self.next_position},
+            "validation_pending": self._validation_pending,
             "rng": capture_rng_state(),
             "callbacks": {
                 c.state_key: c.state_dict() for c in self._active if c.state_key is not None
@@ -714,6 +723,7 @@ class Trainer:
             self.lr_schedule.load_state_dict(state["lr_scheduler"])
         self.loop.load_state_dict(state)
         self._stopped_early = state.get("stopped_early")
+        self._validation_pending = bool(state.get("validation_pending", False))
         self.strategy.restore_rng(state)
         states = state.get("callbacks", {})
         for callback in self.callbacks:
@@ -786,7 +796,9 @@ class Trainer:
 
     def _validate_and_checkpoint(self) -> None:
         if self.val_data is not None:
+            self._validation_pending = True  # until the validation data is read
             report, embeddings, _ = self._rank("val")
+            self._validation_pending = False
             self._emit("on_validation_end", report, embeddings)
         if self.store.root is not None:
             self.save_checkpoint()
@@ -938,10 +950,14 @@ class Trainer:
             batches = self._training_batches()
             try:
                 if end is None:
+                    if self._validation_pending:  # a data error cut it short: run it first
+                        self._validate_and_checkpoint()
                     end = self.loop.run(batches, max_steps)
             except KeyboardInterrupt as exc:  # a second signal, or a callback's raise
                 signum = signal_number_of(exc, self.stop_control.signal or signal.SIGINT)
                 raise self._interrupted(signum) from None
+            except DataError as exc:
+                raise self._data_failed(exc) from None
             except NonFiniteLossError as exc:
                 self._emit("on_failure", exc)
                 raise
@@ -956,21 +972,22 @@ class Trainer:
 
     def _end(self, end: LoopEnd, test: bool, finished: bool) -> RunResult:
         """The run's outcome after the loop's ``end``: finished, or stopped to resume later."""
-        if end.kind == "stopped_early":  # a normal early end: finished like a complete run
-            self._stopped_early = end.reason
-            if self.store.root is not None and not finished:
-                self.save_checkpoint()  # it holds the end: a resumed run is finished
-            with determinism(self.deterministic):
-                result = self._finish(test)
-        elif end.kind == "max_steps":
+        if end.kind == "max_steps":
             if self.store.root is not None and self.last_checkpoint_step != self.step:
                 self.save_checkpoint()
             result = self._result("stopped")
             if self.store.root is not None:
                 self.stop_control.saved("stopped", self.store.root, self.step)
-        else:
-            with determinism(self.deterministic):
-                result = self._finish(test)
+        else:  # the budget, or a normal early end: finished like a complete run
+            if end.kind == "stopped_early" and not finished:
+                self._stopped_early = end.reason
+                if self.store.root is not None:
+                    self.save_checkpoint()  # it holds the end: a resumed run is finished
+            try:
+                with determinism(self.deterministic):
+                    result = self._finish(test)
+            except DataError as exc:
+                raise self._data_failed(exc, "test") from None
         self._emit("on_fit_end", result)
         return result
 
@@ -1050,6 +1067,33 @@ class Trainer:
             self.resume_hint,
             signal_number=signal_number,
             detail=where,
+        )
+
+    def _data_failed(self, exc: DataError, during: str | None = None) -> TrainingDataError:
+        """A data file could not be read: stop like an interruption, with the state saved.
+
+        Nothing of the step being loaded was applied, and an evaluation cut short is marked to
+        run again on resume, so the state of ``self.step`` is complete: it is checkpointed (in one
+        process; with several, the other ranks are not at this point, so the last checkpoint is
+        kept and torchrun ends the job).
+        """
+        if during is None:
+            during = "validation" if self._validation_pending else "training"
+        self.loop.in_step = False  # nothing of the step being loaded was applied
+        if (
+            self.store.root is not None
+            and self.world_size == 1
+            and self.last_checkpoint_step != self.step
+        ):
+            self.save_checkpoint()
+        return TrainingDataError(
+            DataError.one_line(exc),
+            step=self.step,
+            total_steps=self.total_steps,
+            run_dir=self.run_dir,
+            checkpoint_step=self.last_checkpoint_step,
+            resume_hint=self.resume_hint,
+            during=during,
         )
 
     def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
