@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.data import load_dataset
-from rankwise.training import Trainer, build, load_config
+from rankwise.training import build, load_config
 from rankwise.training.callbacks import PlotCurves
 
 runner = CliRunner()
@@ -274,7 +274,9 @@ def test_a_file_missing_at_evaluation_stops_with_a_checkpoint_and_resumes_exactl
 def test_a_training_image_broken_mid_run_stops_at_that_step_and_resumes_exactly(
     sop, broken, reference, tmp_path, monkeypatch
 ):
-    run_step = Trainer._run_step
+    from rankwise.training.loop import FitLoop
+
+    run_step = FitLoop.run_step
 
     def breaking(self, batches):
         if self.step == 3 and not broken.saved:  # after the pre-flight check passed
@@ -282,7 +284,7 @@ def test_a_training_image_broken_mid_run_stops_at_that_step_and_resumes_exactly(
                 broken.corrupt(path)
         return run_step(self, batches)
 
-    monkeypatch.setattr(Trainer, "_run_step", breaking)
+    monkeypatch.setattr(FitLoop, "run_step", breaking)
     out = tmp_path / "run"
     result = train(sop, out)
     assert result.exit_code == 2, result.output
@@ -290,7 +292,7 @@ def test_a_training_image_broken_mid_run_stops_at_that_step_and_resumes_exactly(
     assert "could not be decoded" in line and "Ebay_train.txt, line" in line
     assert "stopped at step 3/6 reading the training data with a checkpoint at step 3" in line
     assert torch.load(out / "checkpoints" / "last.pt", weights_only=False)["step"] == 3
-    monkeypatch.setattr(Trainer, "_run_step", run_step)
+    monkeypatch.setattr(FitLoop, "run_step", run_step)
     broken.restore()
     resumed = runner.invoke(app, ["train", "--resume", str(out)])
     assert resumed.exit_code == 0, resumed.output
