@@ -179,6 +179,10 @@ class DeviceProblem:
         columns: (n_q,) int64 columns of the per-call buffer these rows fill, or None (row i
             fills column i).
         need: (L, n_q) int64 for PR curves: the slot of each recall level (:func:`pr_terms`).
+        gallery_rows: (N, 2) int64 for approximate values, else None: the copies of each gallery
+            item's exact row in the gallery and the row's id (:func:`gallery_row_copies`).
+        self_row: (n_q, 1) int64 row id of the excluded item (-1 where none), with
+            ``gallery_rows`` and an excluded item; else None.
     """
 
     operands: LoopOperands
@@ -194,6 +198,8 @@ class DeviceProblem:
     n_relevant: np.ndarray
     columns: torch.Tensor | None = None
     need: torch.Tensor | None = None
+    gallery_rows: torch.Tensor | None = None
+    self_row: torch.Tensor | None = None
 
     @property
     def multi_hot(self) -> bool:
@@ -216,7 +222,23 @@ class DeviceProblem:
             n_relevant=self.n_relevant[index],
             columns=idx if self.columns is None else self.columns[idx],
             need=None if self.need is None else self.need[:, idx],
+            self_row=None if self.self_row is None else self.self_row[idx],
         )
+
+
+def gallery_row_copies(gallery: torch.Tensor) -> torch.Tensor:
+    """(N, 2) int64: how often each gallery item's row occurs in ``gallery``, and the row's id.
+
+    Rows are equal when their entries are (``-0.0`` and ``0.0`` alike: every key of them is then
+    the same float64 number). Built once per call, before the loop (``torch.unique`` of the rows'
+    bits), so identical items need no pair of exact keys: see :func:`_one_row_windows`.
+
+    Args:
+        gallery: (N, d) float64 rows the exact keys are computed from.
+    """
+    bits = (gallery + 0.0).contiguous().view(torch.int64)  # + 0.0: -0.0 becomes 0.0
+    _, row, copies = torch.unique(bits, dim=0, return_inverse=True, return_counts=True)
+    return torch.stack([copies[row], row], dim=1)
 
 
 @dataclass
@@ -276,8 +298,7 @@ def _items(prob: DeviceProblem, c: _Consts, lo: int, hi: int, width: int) -> _It
     # the j-th relevant item (after the excluded one when it is relevant: it sorts first); past a
     # query's last one, its last one again (those slots write the same values twice). The
     # position of the m-th relevant item is the first with `count` >= m.
-    last = prob.n_relevant_column[lo:hi] + prob.offset[lo:hi]
-    wanted = torch.minimum(c.ar1[:, :width] + prob.offset[lo:hi], last)
+    wanted = torch.minimum(c.ar1[:, :width], prob.n_relevant_column[lo:hi]) + prob.offset[lo:hi]
     pos = torch.searchsorted(count, wanted)
     value = values.gather(1, pos)
     half = prob.operands.half_window[lo:hi, None]
@@ -287,16 +308,52 @@ def _items(prob: DeviceProblem, c: _Consts, lo: int, hi: int, width: int) -> _It
     return _Items(pos, raw, order, relevant)
 
 
+def _mixed_windows(
+    prob: DeviceProblem, own: torch.Tensor, window: torch.Tensor, lo: int
+) -> torch.Tensor:
+    """(B, W) bool: the window holds an item that is not a copy of its relevant item's row.
+
+    Copies of the row have the item's exact key, so a window of nothing but copies is its tie
+    group and needs no pair. Every copy lies in the window (equal keys: values within twice the
+    bound) but the excluded item (sorted first); so the window holds only copies exactly when its
+    width is the row's copies in the gallery, less one when the excluded item is a copy. 2
+    kernels (4 with an excluded item), on (B, W) tensors: no pass over the (B, N) row.
+
+    Args:
+        prob: the problem, with ``gallery_rows``.
+        own: (B, W) gallery column of each relevant slot's item.
+        window: (B, W) window widths.
+        lo: the first query row of the chunk.
+    """
+    assert prob.gallery_rows is not None
+    copies, row = prob.gallery_rows[own].unbind(-1)
+    if prob.self_row is not None:
+        window = window + (row == prob.self_row[lo : lo + own.shape[0]])
+    return window != copies
+
+
+def _paired(
+    prob: DeviceProblem, c: _Consts, own: torch.Tensor, window: torch.Tensor, lo: int
+) -> torch.Tensor:
+    """(B, W) bool: the slots whose windows need pairs of exact keys.
+
+    The query's real slots (not the repeats of its last relevant item) whose window holds
+    another item than copies of the item's own row (without ``gallery_rows``: any other item).
+    """
+    real = c.ar1[:, : window.shape[1]] <= prob.n_relevant_column[lo : lo + window.shape[0]]
+    if prob.gallery_rows is None:
+        return real & (window > 1)
+    return real & _mixed_windows(prob, own, window, lo)
+
+
 def _pair_counts(prob: DeviceProblem, c: _Consts, items: _Items, lo: int) -> torch.Tensor:
     """(B,) near-tied (relevant item, window item) pairs of each query.
 
-    Windows wider than the item itself, of the query's real slots only (not the repeats of its
-    last relevant item): the near-tie pass sizes its pair buffers from these counts.
+    Windows of :func:`_paired` slots: the near-tie pass sizes its pair buffers from these counts.
     """
     window = items.raw[1] - items.raw[0]
-    width = window.shape[1]
-    real = c.ar1[:, :width] <= prob.n_relevant_column[lo : lo + window.shape[0]]
-    return (window * ((window > 1) & real)).sum(1)
+    own = items.order.gather(1, items.pos)
+    return (window * _paired(prob, c, own, window, lo)).sum(1)
 
 
 def _group_table(
@@ -478,15 +535,16 @@ def _window_chunk(
     """
     lo, hi, width, p0, p1, k = chunk
     items = _items(prob, c, lo, hi, width)
-    ids, valid = _slot_ids(prob, c, store, lo, hi, width)
+    ids, _ = _slot_ids(prob, c, store, lo, hi, width)
     flat_ids = ids.view(-1)
+    own = items.order.gather(1, items.pos)
     store.raw.index_copy_(1, flat_ids, items.raw.view(4, -1))
-    store.own.index_copy_(0, flat_ids, items.order.gather(1, items.pos).view(-1))
+    store.own.index_copy_(0, flat_ids, own.view(-1))
     n_items = items.order.shape[1]
     n_slots = flat_ids.shape[0]
     start, end = items.raw[0], items.raw[1]
     window = end - start
-    widths = (window * (valid & (window > 1))).view(-1)
+    widths = (window * _paired(prob, c, own, window, lo)).view(-1)
     cum = torch.cumsum(widths, 0)
     seen[k : k + 1].copy_(cum[-1:])
     base = start.view(-1) - (cum - widths)  # position of pair p = p + base of its item
