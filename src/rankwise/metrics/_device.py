@@ -271,7 +271,10 @@ def _relevance(prob: DeviceProblem, order: torch.Tensor, lo: int, hi: int) -> to
     """(B, N) bool relevance of the sorted items (2 ops; 3 for multi-hot labels)."""
     if prob.multi_hot:
         return ((prob.query_labels[lo:hi] @ prob.gallery_labels) > 0).gather(1, order)
-    return prob.gallery_labels[order] == prob.query_labels[lo:hi]
+    # index_select of the flat order: the same gather as gallery_labels[order], without advanced
+    # indexing's per-element index arithmetic (a third of its time on the CPU)
+    labels = prob.gallery_labels.index_select(0, order.view(-1)).view(order.shape)
+    return labels == prob.query_labels[lo:hi]
 
 
 @dataclass
