@@ -94,7 +94,7 @@ BASELINE_CHUNK = "bench.argsort.chunk"
 DEGENERATE_N = {"quick": 600, "mid": 3_000, "full": 3_000}
 DEGENERATE_CASES = {
     "distinct": "distinct rows (control)",
-    "repeated": "30 distinct rows × 100",
+    "repeated": "30 distinct rows × {copies}",
     "identical": "all rows identical",
 }
 DEGENERATE_SECTION = "## Retrieval evaluation: degenerate embeddings (one thread)"
@@ -448,7 +448,7 @@ def run_degenerate(sizes: str, repeats: int, cases: list[str]) -> str:
     rows = []
     for case in cases:
         params = {"case": case, "n": n, "dim": 64, "classes": 300, "repeats": repeats}
-        print(DEGENERATE_CASES[case], flush=True)
+        print(DEGENERATE_CASES[case].format(copies=n // 30), flush=True)
         rows.append((case, run_worker("degenerate_compare", params)))
     total = time.perf_counter() - started
     info["torch threads"] = "1"
@@ -474,7 +474,7 @@ def run_degenerate(sizes: str, repeats: int, cases: list[str]) -> str:
     for case, r in rows:
         t = r["median"]
         lines.append(
-            f"| {DEGENERATE_CASES[case]} | {t['torch']:.3f} | {t['numba']:.3f} | "
+            f"| {DEGENERATE_CASES[case].format(copies=n // 30)} | {t['torch']:.3f} | {t['numba']:.3f} | "
             f"{t['argsort']:.3f} | {t['argsort_ap']:.3f} | {t['torch'] / t['argsort']:.2f}× | "
             f"{t['torch'] / t['numba']:.2f}× | {_per_chunk(r['loop'])} | "
             f"{_near_tie_cell(r['near_tie'])} | {_fmt(r['map']['torch'], 6)} | "

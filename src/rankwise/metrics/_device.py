@@ -28,7 +28,11 @@ boolean-mask indexing, numpy or numba):
    once per call.
 
 Near ties. With approximate values, a relevant item whose window holds other items cannot be
-placed without exact keys. The main loop only counts those (relevant item, window item) pairs per
+placed without exact keys, unless they are all copies of its own row (equal rows, equal keys: the
+window is then its tie group). :func:`gallery_row_copies` counts every gallery row's copies once,
+before the loop, and a window holds nothing but copies when its width is that count (less one if
+the excluded item is a copy), so copies (a collapsed model, a few rows repeated) cost the main
+loop only. The main loop counts the (relevant item, window item) pairs of the other windows per
 query; after the read-back, the queries that have any go through three more loops, each its own
 fixed sequence of kernels per chunk (sizes planned on the host from those counts):
 
@@ -44,7 +48,7 @@ fixed sequence of kernels per chunk (sizes planned on the host from those counts
 
 A row chunk whose pair buffer was short reruns its batch (checked once, after the loops, with the
 results). With the float64 approximation (bound about 1e-13) random float embeddings essentially
-never need the pass; exact duplicates do.
+never need the pass, nor do exact copies; near copies a few ulps apart do.
 """
 
 from __future__ import annotations
@@ -231,7 +235,7 @@ def gallery_row_copies(gallery: torch.Tensor) -> torch.Tensor:
 
     Rows are equal when their entries are (``-0.0`` and ``0.0`` alike: every key of them is then
     the same float64 number). Built once per call, before the loop (``torch.unique`` of the rows'
-    bits), so identical items need no pair of exact keys: see :func:`_one_row_windows`.
+    bits), so identical items need no pair of exact keys: see :func:`_mixed_windows`.
 
     Args:
         gallery: (N, d) float64 rows the exact keys are computed from.
