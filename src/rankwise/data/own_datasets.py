@@ -104,7 +104,9 @@ def _read_folder(root: Path) -> _Rows:
             f"dataset 'folder': data_dir {str(root)!r} is not a directory; point it at a folder "
             "holding one sub-folder of images per class."
         )
-    loose = sorted(p.name for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    loose = sorted(
+        p.name for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+    )
     if loose:
         raise CorruptDatasetError(
             f"dataset 'folder': image {loose[0]!r} lies directly in {str(root)!r}; every image "
@@ -143,8 +145,8 @@ def _flag(value: str, where: str) -> bool:
     raise CorruptDatasetError(f"{where}: {value!r} is not a flag; write 1 / 0 (or true / false).")
 
 
-def _read_table(table: Path) -> _Rows:
-    """The rows of an open-metric-learning style table (columns in :data:`CSV_COLUMNS`)."""
+def _table_records(table: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """The columns and rows of a table, its header checked against :data:`CSV_COLUMNS`."""
     if not table.is_file():
         raise DatasetNotFoundError(
             f"dataset 'csv': data_dir {str(table)!r} is not a file; point it at a CSV table with "
@@ -174,41 +176,62 @@ def _read_table(table: Path) -> _Rows:
     flags = [c for c in ("is_query", "is_gallery") if c in columns]
     if len(flags) == 1:
         other = ({"is_query", "is_gallery"} - set(flags)).pop()
-        raise CorruptDatasetError(f"{name}: column {flags[0]!r} without {other!r}; give both or neither.")
+        raise CorruptDatasetError(
+            f"{name}: column {flags[0]!r} without {other!r}; give both or neither."
+        )
+    return columns, records
+
+
+def _table_row(
+    rows: _Rows, record: dict[str, str], where: Callable[[str], str], table: Path
+) -> Path:
+    """Check one table row and append it to ``rows``; returns its image path."""
+    if any(value is None for value in record.values()):
+        raise CorruptDatasetError(f"{where('path').rsplit(',', 1)[0]}: a column is missing.")
+    label = record["label"].strip()
+    if not label:
+        raise CorruptDatasetError(f"{where('label')}: empty; every row needs its class.")
+    split = record["split"].strip()
+    if split not in _SPLITS:
+        raise CorruptDatasetError(f"{where('split')}: {split!r} is not 'train' or 'validation'.")
+    cell = record["path"].strip()
+    if not cell:
+        raise CorruptDatasetError(f"{where('path')}: empty.")
+    path = Path(cell) if Path(cell).is_absolute() else table.parent / cell
+    rows.labels.append(label)
+    rows.split.append(split)
+    if rows.has_flags:
+        rows.query.append(_flag(record["is_query"], where("is_query")))
+        rows.gallery.append(_flag(record["is_gallery"], where("is_gallery")))
+    if "category" in record:
+        rows.category.append(record["category"].strip())
+    return path
+
+
+def _read_table(table: Path) -> _Rows:
+    """The rows of an open-metric-learning style table (columns in :data:`CSV_COLUMNS`)."""
+    columns, records = _table_records(table)
+    name = f"dataset 'csv': {table.name}"
     rows = _Rows()
+    rows.has_flags = "is_query" in columns
     seen: dict[Path, int] = {}
     # row numbers as a spreadsheet shows them: the header is row 1
     for row, record in enumerate(records, start=2):
+
         def where(column: str, row: int = row) -> str:
             return f"{name} row {row}, column {column!r}"
 
-        if any(record.get(c) is None for c in columns):
-            raise CorruptDatasetError(f"{name} row {row}: {len(columns)} columns expected, fewer found.")
-        label = record["label"].strip()
-        if not label:
-            raise CorruptDatasetError(f"{where('label')}: empty; every row needs its class.")
-        split = record["split"].strip()
-        if split not in _SPLITS:
-            raise CorruptDatasetError(f"{where('split')}: {split!r} is not 'train' or 'validation'.")
-        cell = record["path"].strip()
-        if not cell:
-            raise CorruptDatasetError(f"{where('path')}: empty.")
-        path = Path(cell) if Path(cell).is_absolute() else table.parent / cell
+        path = _table_row(rows, record, where, table)
         key = Path(os.path.normpath(path))
         if key in seen:
             raise CorruptDatasetError(
-                f"{where('path')}: {cell!r} is already on row {seen[key]}; each image once."
+                f"{where('path')}: {record['path'].strip()!r} is already on row {seen[key]}; each "
+                "image once."
             )
         seen[key] = row
         _check_image(path, where("path"))
         rows.items.append(str(path))
-        rows.labels.append(label)
-        rows.split.append(split)
-        rows.query.append(_flag(record["is_query"], where("is_query")) if flags else False)
-        rows.gallery.append(_flag(record["is_gallery"], where("is_gallery")) if flags else False)
-        rows.category.append(record.get("category", "").strip() if "category" in columns else "")
         rows.where.append(f"{name} row {row}")
-    rows.has_flags = bool(flags)
     return rows
 
 
@@ -248,7 +271,9 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
     if "split" in arrays:
         split = arrays["split"]
         if split.shape != (x.shape[0],):
-            raise CorruptDatasetError(f"{name}: array 'split' must be ({x.shape[0]},), got {split.shape}.")
+            raise CorruptDatasetError(
+                f"{name}: array 'split' must be ({x.shape[0]},), got {split.shape}."
+            )
         values = np.asarray(split).astype(str)
         bad = np.flatnonzero(~np.isin(values, _SPLITS))
         if bad.size:
@@ -342,7 +367,12 @@ class _Maker:
         assert self.rows is not None
         tf = self.train_transform if split == "train" and self.train_transform else self.transform
         ds = ImageFolderDataset(
-            [self.rows.items[i] for i in idx], labels, tf, None, self.image_size, f"{self.name}/{split}"
+            [self.rows.items[i] for i in idx],
+            labels,
+            tf,
+            None,
+            self.image_size,
+            f"{self.name}/{split}",
         )
         if self.rows.category:
             ds.categories = np.asarray([self.rows.category[i] for i in idx], dtype=str)  # type: ignore[attr-defined]
@@ -374,6 +404,61 @@ def _query_gallery(rows: _Rows, test_idx: np.ndarray) -> tuple[np.ndarray, np.nd
             "gallery items; both are needed."
         )
     return test_idx[q], test_idx[g]
+
+
+def _read_source(name: str, path: Path) -> tuple[_Rows, np.ndarray | None]:
+    """The rows of a folder, table or ``.npz`` (and the arrays' inputs)."""
+    if name != "arrays":
+        return (_read_folder(path) if name == "folder" else _read_table(path)), None
+    arrays = _load_npz(path)
+    x = arrays["x"]
+    rows = _Rows()
+    rows.labels = arrays["y"].astype(np.int64).tolist()
+    rows.split = list(arrays["split"]) if "split" in arrays else [None] * x.shape[0]
+    rows.where = [f"dataset 'arrays': {path.name} row {i}" for i in range(x.shape[0])]
+    return rows, x
+
+
+def _train_test(
+    rows: _Rows, name: str, protocol: str, test_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Training and test items: the data's ``split`` when it has one, else drawn by class."""
+    if rows.split[0] is None:
+        return _class_split(np.asarray(rows.labels), protocol, test_fraction, seed, name)
+    split = np.asarray(rows.split)
+    train_idx = np.flatnonzero(split == "train")
+    test_idx = np.flatnonzero(split == "validation")
+    if not train_idx.size or not test_idx.size:
+        raise CorruptDatasetError(
+            f"dataset {name!r}: column 'split' has {train_idx.size} 'train' and "
+            f"{test_idx.size} 'validation' rows; both are needed."
+        )
+    return train_idx, test_idx
+
+
+def _test_parts(
+    rows: _Rows, name: str, protocol: str, train_idx: np.ndarray, test_idx: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The test queries and gallery (``None``: leave-one-out) under ``protocol``."""
+    if rows.split[0] is not None and rows.has_flags:
+        queries, gallery_idx = _query_gallery(rows, test_idx)
+    else:
+        queries, gallery_idx = test_idx, None
+    if protocol == "closed-set" and gallery_idx is None:
+        if rows.split[0] is not None:
+            raise CorruptDatasetError(
+                f"dataset {name!r}: protocol closed-set needs is_query / is_gallery columns to "
+                "say the queries and the gallery; without them the validation rows are queried "
+                "leave-one-out (open-set)."
+            )
+        # closed-set without flags: the test queries against the training items (the database)
+        gallery_idx = train_idx
+    if protocol == "open-set" and gallery_idx is not None:
+        raise CorruptDatasetError(
+            f"dataset {name!r}: the table's is_query / is_gallery flags make a closed-set "
+            "evaluation; set dataset.protocol to closed-set (or leave it unset)."
+        )
+    return queries, gallery_idx
 
 
 def load_own_dataset(
@@ -415,38 +500,26 @@ def load_own_dataset(
     if data_dir is None:
         raise DatasetNotFoundError(
             f"dataset {name!r} reads your data: set dataset.data_dir (--data-dir) to "
-            + {"folder": "a folder of class sub-folders.", "csv": "a CSV table.", "arrays": "an .npz file."}[name]
+            + {
+                "folder": "a folder of class sub-folders.",
+                "csv": "a CSV table.",
+                "arrays": "an .npz file.",
+            }[name]
         )
     if not 0.0 < float(test_fraction) < 1.0:
         raise ValueError(f"`test_fraction` must be in (0, 1), got {test_fraction}.")
     path = Path(data_dir)
-    x = None
-    if name == "arrays":
-        arrays = _load_npz(path)
-        x = arrays["x"]
-        rows = _Rows()
-        rows.labels = arrays["y"].astype(np.int64).tolist()
-        rows.split = list(arrays["split"]) if "split" in arrays else [None] * x.shape[0]
-        rows.where = [f"dataset 'arrays': {path.name} row {i}" for i in range(x.shape[0])]
-    else:
-        rows = _read_folder(path) if name == "folder" else _read_table(path)
-    has_flags = rows.has_flags
+    rows, x = _read_source(name, path)
     if protocol is None:
-        protocol = "closed-set" if has_flags else "open-set"
-    if rows.split[0] is not None:
-        split = np.asarray(rows.split)
-        train_idx, test_idx = np.flatnonzero(split == "train"), np.flatnonzero(split == "validation")
-        if not train_idx.size or not test_idx.size:
-            raise CorruptDatasetError(
-                f"dataset {name!r}: column 'split' has {train_idx.size} 'train' and "
-                f"{test_idx.size} 'validation' rows; both are needed."
-            )
-    else:
-        raw = np.asarray(rows.labels)
-        train_idx, test_idx = _class_split(raw, protocol, test_fraction, seed, name)
+        # a table's flags decide: disjoint queries and gallery are closed-set
+        both = all(q and g for q, g in zip(rows.query, rows.gallery, strict=True))
+        protocol = "closed-set" if rows.has_flags and not both else "open-set"
+    train_idx, test_idx = _train_test(rows, name, protocol, test_fraction, seed)
     ids = _label_ids(rows.labels, train_idx)
     make = _Maker(name, None if x is not None else rows, x, image_size, transform, train_transform)
-    kept, held, train_labels, val_note = split_validation(ids[train_idx], val_fraction, seed, val_holdout)
+    kept, held, train_labels, val_note = split_validation(
+        ids[train_idx], val_fraction, seed, val_holdout
+    )
     if val_fraction > 0 and held.size == 0:
         raise ValueError(
             f"`val_fraction`={val_fraction} leaves no validation sample for {name!r} (no class "
@@ -457,24 +530,7 @@ def load_own_dataset(
     notes = [f"{name}: {len(rows.labels)} items from {str(path)!r}"]
     if held.size:
         notes.append(val_note)
-    if rows.split[0] is not None and has_flags:
-        queries, gallery_idx = _query_gallery(rows, test_idx)
-    else:
-        queries, gallery_idx = test_idx, None
-    if protocol == "closed-set" and gallery_idx is None:
-        if rows.split[0] is not None:
-            raise CorruptDatasetError(
-                f"dataset {name!r}: protocol closed-set needs is_query / is_gallery columns to "
-                "say the queries and the gallery; without them the validation rows are queried "
-                "leave-one-out (open-set)."
-            )
-        # closed-set without flags: the test queries against the training items (the database)
-        gallery_idx = train_idx
-    if protocol == "open-set" and gallery_idx is not None:
-        raise CorruptDatasetError(
-            f"dataset {name!r}: the table's is_query / is_gallery flags make a closed-set "
-            "evaluation; set dataset.protocol to closed-set (or leave it unset)."
-        )
+    queries, gallery_idx = _test_parts(rows, name, protocol, train_idx, test_idx)
     return RetrievalSplits(
         train=train,
         val=val,
