@@ -84,9 +84,7 @@ def _embed(run: LoadedRun, data: LabelledDataset, batch_size: int) -> torch.Tens
     return embed_batches(run.model, batches, run.device, finish=lambda e: e.float().cpu())
 
 
-def _pick(
-    ap: np.ndarray, worst: int | None, queries: list[int] | None, n: int
-) -> list[int]:
+def _pick(ap: np.ndarray, worst: int | None, queries: list[int] | None, n: int) -> list[int]:
     """The query rows to draw: the chosen ones, or the ``worst`` by AP (ties by row)."""
     if queries is not None:
         bad = [q for q in queries if not 0 <= q < n]
@@ -130,7 +128,10 @@ def build_gallery(
     q_labels = np.asarray(test.labels, dtype=np.int64)
     g_labels = q_labels if gallery is None else np.asarray(gallery.labels, dtype=np.int64)
     report = retrieval_metrics(
-        q_emb, q_labels, None if gallery is None else g_emb, None if gallery is None else g_labels,
+        q_emb,
+        q_labels,
+        None if gallery is None else g_emb,
+        None if gallery is None else g_labels,
         ks=(1,),
     )
     ap = report.per_query_ap.double().numpy()
@@ -151,7 +152,9 @@ def build_gallery(
             ids, scores = ids[keep][:k], scores[keep][:k]
         labels = g_labels[ids]
         rows.append(
-            GalleryRow(q, int(q_labels[q]), float(ap[q]), ids, scores, labels, labels == q_labels[q])
+            GalleryRow(
+                q, int(q_labels[q]), float(ap[q]), ids, scores, labels, labels == q_labels[q]
+            )
         )
     mean_ap = float(np.nanmean(ap)) if np.isfinite(ap).any() else float("nan")
     return Gallery(rows, test, test if gallery is None else gallery, k, "cosine", mean_ap)
@@ -199,9 +202,7 @@ def draw_gallery(gallery: Gallery, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     n_rows, n_cols = max(1, len(gallery.rows)), gallery.k + 1
-    fig, axes = plt.subplots(
-        n_rows, n_cols, figsize=(1.6 * n_cols, 1.8 * n_rows), squeeze=False
-    )
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.6 * n_cols, 1.8 * n_rows), squeeze=False)
     for r in range(n_rows):
         for c in range(n_cols):
             axes[r][c].set_axis_off()
@@ -266,7 +267,7 @@ def gallery_html(gallery: Gallery) -> str:
         f"mAP {gallery.mean_ap:.4f}"
     )
     return (
-        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>rankwise gallery</title>"
+        '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>rankwise gallery</title>'
         "<style>td{text-align:center;font:11px sans-serif;padding:4px}"
         "td img{border:4px solid #888}td.right img{border-color:#2a2}"
         "td.wrong img{border-color:#d22}td.q img{border-color:#000}</style></head><body>"
