@@ -268,8 +268,10 @@ def two_ranks():
 # -- your own data: a folder of small generated images --------------------------------------------
 
 
-def write_image_classes(root, n_classes=6, per_class=6, size=12, seed=0):
+def write_image_classes(root, n_classes=6, per_class=6, size=12, seed=0, names=None):
     """``root/c<i>/<j>.png``: ``n_classes`` classes of small RGB PNGs, each class its own colour.
+
+    ``names`` (optional) replaces the folder names ``c<i>`` (and sets the number of classes).
 
     Returns ``root``. Images of one class share a mean colour (plus noise), so a few training steps
     separate them.
@@ -281,8 +283,9 @@ def write_image_classes(root, n_classes=6, per_class=6, size=12, seed=0):
 
     root = Path(root)
     rng = np.random.default_rng(seed)
-    for c in range(n_classes):
-        folder = root / f"c{c}"
+    names = [f"c{c}" for c in range(n_classes)] if names is None else list(names)
+    for name in names:
+        folder = root / name
         folder.mkdir(parents=True, exist_ok=True)
         colour = rng.integers(0, 200, 3)
         for j in range(per_class):
@@ -296,3 +299,9 @@ def write_image_classes(root, n_classes=6, per_class=6, size=12, seed=0):
 def image_classes(tmp_path):
     """A folder of generated class sub-folders (:func:`write_image_classes`) under ``tmp_path``."""
     return write_image_classes(tmp_path / "images")
+
+
+@pytest.fixture(scope="session")
+def write_images():
+    """:func:`write_image_classes`, for tests that choose the folder, names or sizes."""
+    return write_image_classes
