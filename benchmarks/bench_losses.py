@@ -9,7 +9,9 @@ interleaved, so machine load affects every loss alike. It checks the target that
 estimator (Wen et al., NeurIPS 2022, Alg. 1), the AP loss and the AUC loss (Gajić et al., Eq. 9)
 are no slower than PML FastAP, counts the operations and host syncs of one step of each loss
 (``rankwise._dispatch.DispatchCounter``: embeddings and buffers on the device, labels on the host,
-as the data loader gives them), and measures in fresh subprocesses the peak memory against the
+as the data loader gives them; torch kernels on the host too, and those large enough to wake torch's
+intra-op thread pool), times the label side every rankwise call shares (process CPU time, the host's
+cost beside an accelerator; issue 36), and measures in fresh subprocesses the peak memory against the
 batch size of Smooth-AP (Brown et al., ECCV 2020, Eq. 5; ours vs PML's ``SmoothAPLoss``) and of
 ROADMAP (Ramzi et al., NeurIPS 2021) and the Recall@k surrogate (Patel et al., CVPR 2022) beside
 PML FastAP, and the largest batch whose Recall@k surrogate call stays within a memory budget
@@ -24,6 +26,8 @@ Usage::
     python benchmarks/bench_losses.py --device cuda   # the same timings on a GPU, written to
                                                       # the "## Losses on cuda" section (no
                                                       # memory sweep: it measures CPU RSS)
+    python benchmarks/bench_losses.py --losses soprc ap auc --threads 16   # these rankwise
+                                                      # losses only, beside the PML ones
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import numpy as np
 import torch
 
 from _report import cpu_name
-from rankwise._dispatch import DispatchCounter
+from rankwise._dispatch import PARALLEL_GRAIN, DispatchCounter
 
 SECTION_START = "<!-- losses:start -->"
 SECTION_END = "<!-- losses:end -->"
@@ -104,14 +108,16 @@ def sop_like_train_labels(n_classes: int, seed: int) -> np.ndarray:
     return np.repeat(np.arange(n_classes), rng.integers(2, 13, size=n_classes))
 
 
-def rankwise_cases(train_labels: np.ndarray, dim: int) -> list[Case]:
-    """Every loss of the registry; one that fails to build is reported, not skipped."""
+def rankwise_cases(
+    train_labels: np.ndarray, dim: int, names: list[str] | None = None
+) -> list[Case]:
+    """Every loss of the registry (or ``names``); one that fails to build is reported, not skipped."""
     from rankwise.losses import BASELINES, LOSSES, build_loss
 
     if not LOSSES:
         return [Case("rankwise.losses.LOSSES", "rankwise", None, f"LOSSES is {LOSSES!r}")]
     cases = []
-    for name in LOSSES:
+    for name in LOSSES if names is None else names:
         # XBM past its warm-up (75 calls by default): the memory form is what is timed
         params = {"start_iteration": 0} if name == "xbm" else {}
         try:
@@ -199,6 +205,31 @@ def time_cases(
                 if cpu_times is not None:
                     cpu_times[case.name].append(elapsed_cpu)
     return times
+
+
+def time_label_side(labels: torch.Tensor, repeats: int) -> float:
+    """Median process CPU seconds of the label side every rankwise loss call shares.
+
+    The host structure of the batch's label pattern (``BatchLayout.from_labels``, the pattern
+    seen before) and the one packed copy of its masks and labels an accelerator receives
+    (``to_device(..., pack=True)``, here onto the CPU): host work only, which on a GPU machine is
+    what the call costs the host's cores beside launching kernels.
+    """
+    from rankwise._dispatch import to_device
+    from rankwise.losses.base import BatchLayout
+
+    BatchLayout.from_labels(labels, labels, True)
+    seconds = []
+    for _ in range(max(repeats, 1) * 10):
+        start = time.process_time()
+        layout = BatchLayout.from_labels(labels, labels, True)
+        to_device(
+            [layout.pos_mask, layout.neg_mask, labels, labels, layout.valid],
+            torch.device("cpu"),
+            pack=True,
+        )
+        seconds.append(time.process_time() - start)
+    return statistics.median(seconds)
 
 
 def count_cases(
@@ -384,6 +415,7 @@ def render_section(
     counts: dict[str, DispatchCounter] | None = None,
     load: tuple[float, float] | None = None,
     cpu_times: dict[str, list[float]] | None = None,
+    label_side: float | None = None,
 ) -> tuple[str, list[str]]:
     """The markdown of the "## Losses" section, and the target check lines."""
     import pytorch_metric_learning
@@ -429,11 +461,14 @@ def render_section(
         "boolean-mask indexing, ... on data derived from the embeddings or the loss's buffers; "
         "on the labels they are host work, not counted). CPU ms is the process CPU time of "
         "the same calls (`time.process_time`), which leaves out the time spent waiting for a "
-        "core on a shared machine.",
+        "core on a shared machine. Host kernels are the torch operations of the same counted "
+        "step on host data (the labels' bookkeeping, not views), and how many of them touch "
+        f"{PARALLEL_GRAIN:,} elements or more, where torch may split the work over its intra-op "
+        "thread pool, whose threads then spin on the host's cores (numpy work is not counted).",
         "",
         "| loss | source | median ms | min ms | ratio to PML FastAP | median CPU ms | CPU ratio "
-        "| device kernels | device syncs |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| device kernels | device syncs | host kernels | host kernels >= {PARALLEL_GRAIN:,} |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     counts = counts or {}
     for case in cases:
@@ -446,13 +481,18 @@ def render_section(
                 else "n/a"
             )
             counter = counts.get(case.name)
-            ops = f"{counter.n_kernels} | {counter.n_syncs}" if counter else "n/a | n/a"
+            ops = (
+                f"{counter.n_kernels} | {counter.n_syncs} | {sum(counter.host_ops.values())} | "
+                f"{sum(counter.parallel_host_ops.values())}"
+                if counter
+                else "n/a | n/a | n/a | n/a"
+            )
             lines.append(
                 f"| {case.name} | {case.source} | {_fmt_ms(medians[case.name])} | "
                 f"{_fmt_ms(min(times[case.name]))} | {ratio} | {cpu_ms} | {cpu_ratio} | {ops} |"
             )
         else:
-            lines.append(f"| {case.name} | {case.source} | {case.error} | | | | | | |")
+            lines.append(f"| {case.name} | {case.source} | {case.error} | | | | | | | | |")
 
     checks = []
     for name in TARGET_LOSSES:
@@ -472,7 +512,20 @@ def render_section(
             checks.append(f"target: {name} no slower than {TARGET_REFERENCE}: not measured")
     for name in (*TARGET_LOSSES, TARGET_REFERENCE):
         if name in counts:
-            checks.append(f"counts: {name}: {counts[name].summary()}")
+            counter = counts[name]
+            checks.append(
+                f"counts: {name}: {counter.summary()}; host kernels "
+                f"{dict(counter.host_ops) or 'none'}, of >= {PARALLEL_GRAIN:,} elements "
+                f"{dict(counter.parallel_host_ops) or 'none'}"
+            )
+    if label_side is not None:
+        lines += [
+            "",
+            f"Label side of every rankwise call (the host structure of the repeated label pattern "
+            f"and the packed copy of its masks and labels an accelerator receives, "
+            f"`time_label_side`): {label_side * 1e3:.3f} ms of process CPU per call (median of "
+            f"{max(args.repeats, 1) * 10}).",
+        ]
     lines += ["", "Target: SOPRC, AP and AUC losses no slower than PML FastAP.", ""]
     lines += [f"- {c}" for c in checks]
     if args.memory_batch_sizes:
@@ -606,6 +659,8 @@ def _largest_batch_line(args: argparse.Namespace, largest: dict[str, Any]) -> st
 def _flags(args: argparse.Namespace) -> str:
     """The options of this run that change its numbers (threads, repeats), as typed."""
     flags = "" if args.threads is None else f" --threads {args.threads}"
+    if args.losses:
+        flags += " --losses " + " ".join(args.losses)
     if args.repeats != (3 if args.quick else 30):
         flags += f" --repeats {args.repeats}"
     return flags
@@ -684,6 +739,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--losses",
+        nargs="+",
+        default=None,
+        help="time only these rankwise losses (names of rankwise.losses.LOSSES) beside the PML "
+        "losses (default: all)",
+    )
+    parser.add_argument(
         "--device",
         default="cpu",
         help="device of the timed calls (cpu, cuda, ...); off the CPU the memory sweeps and the "
@@ -725,6 +787,12 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             parser.error(f"--{name} must be >= 1")
     if args.classes < 2:
         parser.error("--classes must be >= 2 (ranking needs negatives)")
+    if args.losses:
+        from rankwise.losses import LOSSES
+
+        unknown = [name for name in args.losses if name not in LOSSES]
+        if unknown:
+            parser.error(f"--losses {unknown}: not in rankwise.losses.LOSSES {sorted(LOSSES)}")
     for option in ("memory_batch_sizes", "surrogate_batch_sizes"):
         bad = [b for b in getattr(args, option) if b < 2 * args.m or b % args.m]
         if bad:
@@ -753,13 +821,14 @@ def main(argv: list[str] | None = None) -> int:
     embeddings = (0.95 * torch.tanh(gaussian)).to(device)
     labels = pk_labels(args.classes, args.m)  # on the host, as a data loader gives them
 
-    cases = rankwise_cases(train_labels, args.dim) + pml_cases()
+    cases = rankwise_cases(train_labels, args.dim, args.losses) + pml_cases()
     cases_to(cases, device)
     load_start = os.getloadavg()[0]
     cpu_times: dict[str, list[float]] = {}
     times = time_cases(cases, embeddings, labels, args.repeats, args.warmup, cpu_times)
     load = (load_start, os.getloadavg()[0])
     counts = count_cases(cases, embeddings, labels)
+    label_side = time_label_side(labels, args.repeats)
     threads = torch.get_num_threads()
     memory = measure_memory(args.memory_batch_sizes, args.m, args.dim, threads)
     surrogate_memory = measure_memory(
@@ -781,6 +850,7 @@ def main(argv: list[str] | None = None) -> int:
         counts=counts,
         load=load,
         cpu_times=cpu_times,
+        label_side=label_side,
     )
 
     print(section)

@@ -6,10 +6,11 @@ on host data; views launch no kernel; backward is counted; moves follow the docu
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from rankwise._dispatch import DispatchCounter, count_dispatch, to_device
+from rankwise._dispatch import PARALLEL_GRAIN, DispatchCounter, count_dispatch, to_device
 
 
 def syncs_of(fn, on_device=True):
@@ -94,3 +95,45 @@ def test_to_device_sends_every_tensor_unchanged(pack):
     for sent, original in zip(out, tensors, strict=True):
         assert sent.dtype == original.dtype and sent.shape == original.shape
         assert torch.equal(sent, original)
+
+
+def test_to_device_packs_tensors_of_any_strides():
+    """Issue 36: the packed copy (the path every loss takes off the CPU) raised on a tensor of one
+    element with a zero stride: numpy gives ``array([n])[:, None]`` strides (8, 0), torch calls
+    it contiguous, and viewing its bytes failed ("stride(-1) must be 1"), so on CUDA
+    ``score_interpolation`` and every SOPRC update of a single class raised. Packed on the CPU
+    here, as a counted run also packs."""
+    column = torch.from_numpy(np.array([5])[:, None])
+    assert column.stride() == (1, 0)
+    tensors = [
+        column,
+        torch.zeros(()).expand(3),  # stride 0
+        torch.arange(6.0).view(2, 3).t(),  # not contiguous
+        torch.tensor([1.5, -2.25], dtype=torch.bfloat16),  # a dtype numpy lacks
+        torch.tensor(7),  # 0-d
+        torch.ones(2, 0, 3),
+    ]
+    out = to_device(tensors, torch.device("cpu"), pack=True)
+    for sent, original in zip(out, tensors, strict=True):
+        assert sent.dtype == original.dtype and sent.shape == original.shape
+        assert torch.equal(sent, original)
+    with DispatchCounter():  # a counted run takes the accelerator's (packed) path
+        again = to_device(tensors[:1], torch.device("cpu"))
+    assert again[0] is not tensors[0] and torch.equal(again[0], tensors[0])
+
+
+def test_host_kernels_and_those_past_the_parallel_grain_are_counted():
+    """Issue 36: torch operations on host data (not views) are counted, and apart those on
+    PARALLEL_GRAIN elements or more, where torch may wake its intra-op thread pool."""
+    x = torch.randn(3, 4)
+    mask = torch.zeros(300, 300, dtype=torch.bool)  # 90,000 entries
+    with DispatchCounter() as counter:
+        counter.mark_device(x)
+        mask.clone()
+        torch.arange(5) + 1
+        mask.view(-1)  # a view: no kernel
+        torch.zeros(PARALLEL_GRAIN)  # a large output
+        x * 2  # on the device
+    assert counter.host_ops == {"clone": 1, "arange": 1, "add": 1, "zeros": 1}
+    assert counter.parallel_host_ops == {"clone": 1, "zeros": 1}
+    assert counter.device_ops == {"mul": 1}

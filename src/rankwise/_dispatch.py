@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -49,6 +50,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 __all__ = [
     "DispatchCounter",
+    "PARALLEL_GRAIN",
     "SYNC_OPS",
     "VIEW_OPS",
     "count_dispatch",
@@ -58,6 +60,9 @@ __all__ = [
 
 aten = torch.ops.aten
 
+#: from this many elements on, a CPU operation may split its work over torch's intra-op thread
+#: pool (``at::internal::GRAIN_SIZE``); below it, it runs on the calling thread
+PARALLEL_GRAIN = 2**15
 #: operations that read a value to the host or whose output size depends on the values
 SYNC_OPS = frozenset(
     {
@@ -219,6 +224,11 @@ class _DispatchLevel(TorchDispatchMode):
         out = func(*args, **kwargs)
         if on_device:
             owner._mark(out)
+        elif name not in VIEW_OPS and name != "lift_fresh":  # lift_fresh: torch.tensor's no-op
+            owner.host_ops[name] += 1
+            outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+            if max((t.numel() for t in tensors + outputs), default=0) >= PARALLEL_GRAIN:
+                owner.parallel_host_ops[name] += 1
         return out
 
 
@@ -246,6 +256,11 @@ class DispatchCounter:
             :attr:`n_kernels` leaves out views, which launch nothing.
         syncs: ``Counter`` of the sync operations that read device data, by name.
         host_reads: ``Counter`` of the sync operations on host data only, by name.
+        host_ops: ``Counter`` of the operations on the host that are not views (torch CPU
+            kernels: the labels' bookkeeping; numpy work is not seen).
+        parallel_host_ops: the part of :attr:`host_ops` with an input of at least
+            :data:`PARALLEL_GRAIN` elements: where torch may wake its intra-op thread pool, whose
+            threads then spin on the host's cores after the work.
     """
 
     def __init__(self) -> None:
@@ -254,6 +269,8 @@ class DispatchCounter:
         self._device_calls = 0
         self.syncs: Counter[str] = Counter()
         self.host_reads: Counter[str] = Counter()
+        self.host_ops: Counter[str] = Counter()
+        self.parallel_host_ops: Counter[str] = Counter()
         self._device = WeakTensorKeyDictionary()
         self._host_copies = WeakTensorKeyDictionary()
         self._modes = (_FunctionLevel(self), _DispatchLevel(self))
@@ -342,35 +359,53 @@ def to_device(
 ) -> list[torch.Tensor]:
     """Host tensors on ``device`` in one host-to-device copy (the same tensors on the CPU).
 
-    Off the CPU the tensors' bytes go in one buffer (each part aligned to 8 bytes), copied with
-    ``non_blocking=True`` (from pageable memory the host stages the bytes and goes on: no wait for
-    the device), and come back as views of it; a tensor passed twice is sent once. ``pack`` forces
-    (True) or skips (False) the packing, for tests on the CPU.
+    Off the CPU, and on the CPU while a :class:`DispatchCounter` simulates a device
+    (:func:`simulating_device`: a counted CPU run takes the accelerator's path), the tensors'
+    bytes go in one buffer (each part aligned to 8 bytes), copied with ``non_blocking=True``
+    (from pageable memory the host stages the bytes and goes on: no wait for the device), and
+    come back as views of it; a tensor passed twice is sent once. The buffer is filled by numpy,
+    from each tensor whatever its strides (a (1, 1) array of numpy can have strides (8, 0)),
+    on the calling thread: a torch copy of a mask of 2**15 entries or more would wake the
+    intra-op thread pool, whose threads then spin on the host's cores. ``pack`` forces (True) or
+    skips (False) the packing, for tests on the CPU.
     """
     device = torch.device(device)
     if pack is None:
-        pack = device.type != "cpu"
+        pack = device.type != "cpu" or simulating_device()
     if not pack:
         return [t.to(device) for t in tensors]
     unique: dict[int, int] = {}
-    parts: list[torch.Tensor] = []
+    sources: list[tuple[int, np.ndarray]] = []
     layout: list[tuple[int, int, torch.dtype, torch.Size]] = []
     offset = 0
     for t in tensors:
         if id(t) in unique:
             layout.append(layout[unique[id(t)]])
             continue
-        raw = t.detach().contiguous().reshape(-1).view(torch.uint8)
-        pad = -raw.numel() % 8
-        parts.append(raw)
-        if pad:
-            parts.append(raw.new_zeros(pad))
+        source = _host_array(t)
         unique[id(t)] = len(layout)
-        layout.append((offset, raw.numel(), t.dtype, t.shape))
-        offset += raw.numel() + pad
-    buffer = torch.cat(parts).to(device, non_blocking=True) if parts else None
-    out = []
-    for start, nbytes, dtype, shape in layout:
-        assert buffer is not None
-        out.append(buffer[start : start + nbytes].view(dtype).view(shape))
-    return out
+        layout.append((offset, source.nbytes, t.dtype, t.shape))
+        sources.append((offset, source))
+        offset += source.nbytes + (-source.nbytes % 8)
+    host = np.zeros(offset, dtype=np.uint8)
+    for start, source in sources:
+        part = host[start : start + source.nbytes].view(source.dtype).reshape(source.shape)
+        np.copyto(part, source)
+    buffer = torch.from_numpy(host).to(device, non_blocking=True)
+    return [
+        buffer[start : start + nbytes].view(dtype).view(shape)
+        for start, nbytes, dtype, shape in layout
+    ]
+
+
+# numpy stand-ins of the same size for the dtypes numpy lacks (their bits are copied as is)
+_BITS_AS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _host_array(t: torch.Tensor) -> np.ndarray:
+    """The values of the CPU tensor ``t`` as a numpy array (no copy), any strides, any dtype."""
+    t = t.detach()
+    try:
+        return t.numpy()
+    except TypeError:  # bfloat16 and the like: the same bits as an integer of their size
+        return t.view(_BITS_AS[t.element_size()]).numpy()

@@ -1,5 +1,7 @@
 """Folder benchmarks on tiny fixtures written here in each dataset's official layout."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.io
@@ -22,6 +24,20 @@ def _check_loads(ds, size=6):
     assert isinstance(ds, ImageFolderDataset)
     x, y = ds[len(ds) - 1]
     assert x.shape == (3, size, size) and y == ds.labels[-1]
+
+
+def _check_rows(splits):
+    """Every sample names the list file and line (or .mat annotation) that lists its image."""
+    for data in splits.splits().values():
+        origin = data.origin
+        assert origin is not None and origin.rows.shape == (len(data),)
+        for path, row in zip(data.paths, origin.rows, strict=True):
+            if origin.unit == "annotation":  # cars_annos.mat: the fixture's images are numbered
+                assert Path(origin.file).name == "cars_annos.mat"
+                assert Path(path).name == f"{row:06d}.jpg"
+                continue
+            line = Path(origin.file).read_text().splitlines()[row - 1]
+            assert Path(path).stem in line, (path, origin.file, row, line)
 
 
 # --------------------------------------------------------------------------- CUB-200-2011
@@ -55,6 +71,7 @@ def test_cub200_metric_learning_split(tmp_path):
     assert splits.test.labels.tolist() == [3, 3, 3, 4, 4, 4]
     assert splits.test.paths[0].endswith("101.Bird_101/Bird_101_0.jpg")
     _check_loads(splits.test)
+    _check_rows(splits)
     # Pointing directly at the CUB_200_2011 folder works too.
     direct = load_dataset("cub", data_dir=tmp_path / "CUB_200_2011", val_fraction=0.0)
     assert len(direct.train) == 9
@@ -67,6 +84,7 @@ def test_cub200_validation_split(tmp_path):
     assert len(splits.train) == 24
     assert set(splits.train.paths).isdisjoint(splits.val.paths)
     _check_loads(splits.val)
+    _check_rows(splits)
 
 
 def test_cub200_mismatched_label_file(tmp_path):
@@ -97,6 +115,7 @@ def test_cars196_split_from_mat(tmp_path):
     assert splits.test.labels.tolist() == [2, 3, 3, 3]  # classes 99, 196
     assert splits.train.paths[0].endswith("car_ims/000001.jpg")
     _check_loads(splits.test)
+    _check_rows(splits)
 
 
 # --------------------------------------------------------------------------- SOP
@@ -126,6 +145,11 @@ def test_sop_split_files(tmp_path):
     assert np.bincount(splits.train.labels).tolist() == [3, 4, 2]
     assert splits.test.labels.tolist() == [3] * 3 + [4] * 4
     _check_loads(splits.train)
+    _check_rows(splits)
+    # the validation split is carved from Ebay_train.txt and keeps its rows
+    held = load_dataset("sop", data_dir=tmp_path, val_fraction=0.3, image_size=6)
+    _check_rows(held)
+    assert held.val.origin.file.endswith("Ebay_train.txt")
 
 
 def test_sop_bad_header_names_file(tmp_path):
@@ -173,6 +197,7 @@ def test_inshop_query_gallery(tmp_path, nested):
     assert splits.test.labels.tolist() == [3, 2]  # id_77 -> 3, id_50 -> 2 (sorted after train)
     assert splits.gallery.labels.tolist() == [3, 3, 2]
     _check_loads(splits.gallery)
+    _check_rows(splits)
     with pytest.raises(ValueError, match="closed-set"):
         load_dataset("inshop", data_dir=tmp_path, protocol="open-set")
 
@@ -187,13 +212,17 @@ def test_inaturalist_brown_split(tmp_path):
     for i, rel in enumerate(train + test):
         _img(root / rel, i, "JPEG")
     (root / "Inat_dataset_splits").mkdir()
-    (root / "Inat_dataset_splits/Inaturalist_train_set1.txt").write_text("\n".join(train) + "\n")
+    # a blank line is skipped, and the rows after it keep their line numbers
+    listed = "\n".join([*train[:2], "", *train[2:]])
+    (root / "Inat_dataset_splits/Inaturalist_train_set1.txt").write_text(listed + "\n")
     (root / "Inat_dataset_splits/Inaturalist_test_set1.txt").write_text("\n".join(test) + "\n")
     splits = load_dataset("inaturalist", data_dir=tmp_path, val_fraction=0.0, image_size=6)
     assert splits.train.labels.tolist() == [0, 0, 0, 1, 1, 1]
     # Aves/7172 is a different class from Plantae/7172 (supercategory is part of the class).
     assert splits.test.labels.tolist() == [2, 2, 3, 3]
     _check_loads(splits.test)
+    _check_rows(splits)
+    assert splits.train.origin.where(2).endswith("Inaturalist_train_set1.txt, line 4")
 
 
 # --------------------------------------------------------------------------- VehicleID
@@ -241,6 +270,7 @@ def test_vehicleid_test_sizes(tmp_path, test_size, n_test, n_ids):
     assert splits.describe()["test"] == {"samples": n_test, "classes": n_ids}
     assert splits.test.paths[0].endswith("image/0000010.jpg")
     _check_loads(splits.test)
+    _check_rows(splits)
 
 
 def test_vehicleid_bad_test_size(tmp_path):

@@ -4,14 +4,25 @@ computed moving-average updates of the auxiliary vector v."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import rankwise.losses.base as base_module
+import rankwise.losses.soprc as soprc_module
+from rankwise._dispatch import DispatchCounter, to_device
 from rankwise.losses import APLoss, SemiVarianceRegularizer, SOPRCLoss
-from rankwise.losses.soprc import huber_surrogate, score_interpolation, sigmoid_surrogate
+from rankwise.losses.soprc import (
+    _gather_rows,
+    _Segments,
+    huber_surrogate,
+    score_interpolation,
+    sigmoid_surrogate,
+)
 
 # -- independent re-derivation (loops over pairs, scalar ops only) ---------------------------------
 
@@ -222,14 +233,56 @@ def test_score_interpolation_by_hand():
     assert score_interpolation(torch.tensor([0.3]), 4).tolist() == pytest.approx([0.3] * 4)
 
 
+def force_packing(monkeypatch):
+    """Send host tensors as off the CPU: packed into one buffer (``to_device(..., pack=True)``)."""
+    packed = functools.partial(to_device, pack=True)
+    monkeypatch.setattr(soprc_module, "to_device", packed)
+    monkeypatch.setattr(base_module, "to_device", packed)
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["plain", "packed"])
 @pytest.mark.parametrize("n,k", [(1, 5), (2, 100), (5, 100), (7, 3), (40, 100), (150, 100)])
-def test_score_interpolation_matches_np_interp_and_is_monotone(device, n, k):
+def test_score_interpolation_matches_np_interp_and_is_monotone(device, n, k, pack, monkeypatch):
+    """φ against np.interp. Guards the 6 CUDA failures of issue 36: off the CPU the host tensors
+    are packed into one copy, and φ's (1, 1) column of a single group (numpy strides (8, 0))
+    made the packing raise; ``packed`` runs that path on the CPU."""
+    if pack:
+        force_packing(monkeypatch)
     g = torch.Generator().manual_seed(n * 1000 + k)
     scores = (torch.rand(n, generator=g, dtype=torch.float64) * 1.8 - 0.9).to(device)
     phi = score_interpolation(scores, k)
     np.testing.assert_allclose(phi.cpu().numpy(), ref_phi(scores.tolist(), k, (-1, 1)), atol=1e-12)
     assert bool((phi.diff() >= 0).all())
     assert float(phi.min()) >= -1 and float(phi.max()) <= 1
+
+
+def test_score_interpolation_divides_nothing_on_the_device():
+    """φ's knot weights r/(K+1) come from the host: CUDA divides a tensor by a Python number as a
+    product with the reciprocal (one rounding more), so a division on the device gave CUDA
+    another last bit than the CPU (issue 36). Counted on the CPU with the values on a simulated
+    device; and the float64 weight rounded to float32 / float16 is the CPU's division in that
+    dtype, the weight of before (no double-rounding error)."""
+    scores = torch.rand(37, dtype=torch.float64)
+    with DispatchCounter() as counter:
+        counter.mark_device(scores)
+        score_interpolation(scores, 100)
+    assert not {"div", "reciprocal"} & set(counter.device_ops), counter.device_ops
+    for k in (1, 2, 6, 99, 100, 255, 1000, 2047):
+        r = torch.arange(k + 1)
+        weights = torch.from_numpy(r.numpy() / (k + 1))
+        for dtype in (torch.float32, torch.float16):
+            assert torch.equal(weights.to(dtype), r.to(dtype) / (k + 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_score_interpolation_is_bit_identical_on_every_device(device, dtype):
+    """Every step of φ is one IEEE operation per element (no division, no fused multiply-add
+    across torch calls): the device gives the CPU's bits (issue 36, on CUDA)."""
+    g = torch.Generator().manual_seed(5)
+    for n, k in ((1, 5), (3, 7), (40, 100), (150, 100)):
+        scores = (torch.rand(n, generator=g, dtype=torch.float64) * 1.8 - 0.9).to(dtype)
+        on_cpu = score_interpolation(scores, k)
+        assert torch.equal(score_interpolation(scores.to(device), k).cpu(), on_cpu)
 
 
 @pytest.mark.parametrize("n,m", [(1, 3), (4, 2), (6, 5), (9, 10)])
@@ -495,6 +548,177 @@ def test_gradcheck_ap_and_semi_variance(device):
     e.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda x: APLoss(tau2=0.05)(x, y), (e,))
     assert torch.autograd.gradcheck(lambda x: SemiVarianceRegularizer()(x, y), (e,))
+
+
+def test_a_step_with_one_class_of_positive_pairs_runs_packed_as_unpacked(monkeypatch):
+    """The loss path of the issue-36 packing failure: when one class has positive pairs, φ's
+    layout has one group, whose (1, 1) column made the packed copy (CUDA's) raise. Packed on the
+    CPU: the step runs and gives the unpacked step's value, gradient and v bit for bit."""
+    results = []
+    for pack in (False, True):
+        if pack:
+            force_packing(monkeypatch)
+        loss = SOPRCLoss(4, num_v=5)
+        e, y = batch("cpu", torch.float32, labels=[0, 0, 0, 1, 2, 3])
+        e.requires_grad_(True)
+        value = loss(e, y)
+        value.backward()
+        results.append((value.detach(), e.grad, loss.v.clone(), loss.v_updates.tolist()))
+    assert results[1][3] == [1, 0, 0, 0]
+    for plain, packed in zip(*results, strict=True):
+        assert plain == packed if isinstance(plain, list) else torch.equal(plain, packed)
+
+
+# -- deterministic gradients (issue 36) ------------------------------------------------------------
+
+# aten operations that add into their output: on CUDA with atomic additions in the order the threads
+# come, so a float sum changes its last bits from call to call (index_put / put: with accumulate)
+ACCUMULATING = {"index_add", "scatter_add", "embedding_dense_backward", "_embedding_bag_backward"}
+ACCUMULATING_IF_FLAGGED = {"index_put", "_index_put_impl", "_unsafe_index_put", "put"}
+
+
+class AccumulatingWrites(TorchDispatchMode):
+    """Records the accumulating writes into floating-point tensors (integer sums are exact in
+    any order)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.__name__.split(".")[0].rstrip("_")
+        if isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            if name in ACCUMULATING_IF_FLAGGED:
+                flag = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+                if flag:
+                    self.seen.append(f"{name}(accumulate=True)")
+            elif name in ACCUMULATING or (
+                name in ("scatter_reduce", "index_reduce")
+                and (args[4] if len(args) > 4 else kwargs.get("reduce")) in ("sum", "mean", "prod")
+            ):
+                self.seen.append(name)
+        return func(*args, **kwargs)
+
+
+def determinism_cases():
+    """(label, loss factory, call arguments) of SOPRC / AP / semi-variance calls, float64."""
+    e, y = batch("cpu", torch.float64, seed=12, dim=3)
+    r, ry = batch("cpu", torch.float64, seed=13, labels=[0, 1, 3, 3, 0, 2], dim=3)
+    reg = SemiVarianceRegularizer()
+    soprc = {
+        "soprc": {},
+        "biased": {"unbiased": False},
+        "batch-tpr": {"unbiased": False, "use_v": False},
+        "detach": {"detach_tpr": True, "use_v": False},
+        "semi-variance": {"semi_variance": reg},
+    }
+    cases = []
+    for label, options in soprc.items():
+        for training in (False, True):
+            make = functools.partial(trained_soprc, "cpu", torch.float64, tau2=0.05, **options)
+            cases.append((f"{label}-{'train' if training else 'eval'}", make, training, (e, y)))
+    cases.append(("soprc-reference-set", trained_soprc_cpu64, True, (e, y, r, ry)))
+    cases.append(("ap", lambda: APLoss(tau2=0.05, semi_variance=reg), False, (e, y)))
+    cases.append(
+        ("semi-variance", lambda: SemiVarianceRegularizer(normalization="tail"), False, (e, y))
+    )
+    return cases
+
+
+def trained_soprc_cpu64():
+    return trained_soprc("cpu", torch.float64, tau2=0.05)
+
+
+def gradient_of(loss, args, device="cpu"):
+    x = args[0].to(device).clone().requires_grad_(True)
+    rest = [a.to(device) for a in args[1:]]
+    loss(x, *rest).backward()
+    return x.grad
+
+
+@pytest.mark.parametrize("case", determinism_cases(), ids=lambda c: c[0])
+def test_loss_backward_adds_nothing_with_atomics(case):
+    """Guards the 2 CUDA gradcheck failures of issue 36 ("Backward is not reentrant"): the
+    backward of ``index_select`` / ``gather`` / indexing accumulates with ``index_add_`` /
+    ``scatter_add_`` / ``index_put_(accumulate=True)``, atomic on CUDA, so the float64 gradient
+    changed its last bits between two calls. The losses gather through :class:`_Segments`, whose
+    sums are plain reductions; checked on the CPU by the aten operations of forward + backward."""
+    _, make, training, args = case
+    loss = make().train(training)
+    with AccumulatingWrites() as mode:
+        gradient_of(loss, args)
+    assert mode.seen == [], mode.seen
+
+
+@pytest.mark.parametrize("case", determinism_cases(), ids=lambda c: c[0])
+def test_gradients_are_bit_identical_from_call_to_call(device, case):
+    """The same call twice gives the same gradient bit for bit (on CUDA this is what gradcheck's
+    reentrancy check failed, issue 36; each training call starts from the same v)."""
+    _, make, training, args = case
+    first, second = (gradient_of(make().to(device).train(training), args, device) for _ in "12")
+    assert torch.equal(first, second)
+
+
+def interleaved(index, rng):
+    """The entries of ``index`` moved to other positions, each row's in their order: (new index,
+    where every old position went)."""
+    new_index = index[rng.permutation(index.size)]
+    moved = np.empty(index.size, dtype=np.int64)
+    for row in np.unique(index):
+        moved[np.flatnonzero(index == row)] = np.flatnonzero(new_index == row)
+    return new_index, moved
+
+
+@pytest.mark.parametrize("kind", ["view", "scatter", "slots", "slots-with-padding"])
+def test_segment_sums_do_not_depend_on_where_the_rows_sit(kind):
+    """:class:`_Segments` sums the gradient rows of each source row in their own order, whatever
+    the positions of the other rows: bit-identical sums after the entries are interleaved
+    differently (atomics add them in thread order instead, issue 36), equal to ``index_add_`` on
+    integer values (exact sums), and a gather whose gradcheck passes."""
+    rng = np.random.default_rng(3)
+    size = 7
+    keep = None
+    if kind == "view":
+        index = np.repeat(np.arange(size), 4)
+    elif kind == "scatter":
+        index = rng.permutation(size)[:5]
+    else:
+        index = rng.integers(0, size - 1, size=40)  # row size - 1 never gathered
+        keep = rng.random(40) < 0.7 if kind == "slots-with-padding" else None
+    segments = _Segments(index, size, keep)
+    assert segments.mode == kind.split("-")[0]
+    values = torch.from_numpy(
+        rng.standard_normal((index.size, 3)) * 10.0 ** rng.integers(-8, 9, (index.size, 1))
+    )
+    if keep is not None:
+        values[~torch.from_numpy(keep)] = 0  # padding: the caller gives it no gradient
+    index_t = torch.from_numpy(index)
+    summed = segments.sum_back(values, index_t)
+    integers = values.round()
+    torch.testing.assert_close(
+        segments.sum_back(integers, index_t),
+        torch.zeros(size, 3, dtype=torch.float64).index_add_(0, index_t, integers),
+        rtol=0,
+        atol=0,
+    )
+    if kind != "view":  # a view is one arrangement by definition
+        new_index, moved = interleaved(index, rng)
+        new_keep = None
+        if keep is not None:
+            new_keep = np.empty_like(keep)
+            new_keep[moved] = keep
+        new_values = torch.empty_like(values)
+        new_values[torch.from_numpy(moved)] = values
+        again = _Segments(new_index, size, new_keep).sum_back(
+            new_values, torch.from_numpy(new_index)
+        )
+        assert torch.equal(again, summed)
+    x = torch.randn(size, 3, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(index.size, 3, dtype=torch.float64)
+    if keep is not None:
+        weights[~torch.from_numpy(keep)] = 0
+    assert torch.autograd.gradcheck(lambda t: _gather_rows(t, index_t, segments) * weights, (x,))
 
 
 # -- priors, labels, buffers -----------------------------------------------------------------------

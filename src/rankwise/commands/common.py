@@ -174,6 +174,23 @@ def _no_space_text(exc: BaseException, what: str) -> str | None:
     return f"no space left on device{where}; free space there."
 
 
+def _data_error_text(exc: BaseException, flags: Mapping[str, str], what: str) -> str | None:
+    """The one line of a data file that could not be read (``None``: not a data error).
+
+    A :class:`~rankwise.training.errors.TrainingDataError` ends with the command that resumes the
+    run (its checkpoint holds the state of the last complete step).
+    """
+    base = sys.modules.get("rankwise.data.base")  # not imported: no data error was raised
+    if base is None or not isinstance(exc, base.DataError):
+        return None
+    describe = getattr(exc, "describe", None)
+    if describe is None:
+        return to_flags(base.DataError.one_line(exc), flags)
+    run_dir, step = getattr(exc, "run_dir", None), getattr(exc, "checkpoint_step", None)
+    resumable = what == "training" and run_dir is not None and step is not None
+    return to_flags(describe(train_resume_command(run_dir) if resumable else None), flags)
+
+
 def _exit_for(
     exc: BaseException, flags: Mapping[str, str], what: str, note: str = ""
 ) -> tuple[int, str] | None:
@@ -181,6 +198,9 @@ def _exit_for(
     from rich.markup import escape
 
     text = to_flags(str(exc), flags)
+    data_error = _data_error_text(exc, flags, what)
+    if data_error is not None:
+        return EXIT_BAD_INPUT, f"[red]data error:[/red] {escape(data_error)}"
     if isinstance(exc, MissingDependencyError):
         return EXIT_MISSING_DEPENDENCY, f"[red]missing dependency:[/red] {escape(text)}"
     no_space = _no_space_text(exc, what)
@@ -243,7 +263,10 @@ def cli_errors(
 ) -> Iterator[Console]:
     """Turn the library's errors into one message on stderr and the command's exit code.
 
-    ``ConfigError`` -> ``config error: ...``, exit 2; a corrupt checkpoint -> ``error: checkpoint
+    ``ConfigError`` -> ``config error: ...``, exit 2; a data file that cannot be read
+    (:class:`~rankwise.data.DataError`, e.g. an image changed under a running job) -> ``data
+    error: ...`` on one line (during training: with the checkpoint kept and the resume
+    command), exit 2; a corrupt checkpoint -> ``error: checkpoint
     PATH is corrupt ...`` (with the command resuming from an older good one), exit 2;
     ``TrainingInterrupted`` -> its message (how to resume), exit 130 for Ctrl-C and 143 for
     SIGTERM (handled like Ctrl-C inside the block); any other interruption -> ``<what>

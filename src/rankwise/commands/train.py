@@ -213,6 +213,11 @@ def train(
         help="Stop after this many steps in total, with a checkpoint (continue with --resume). "
         "With --resume: train on to this step, extending a smaller budget to it.",
     ),
+    no_preflight: bool = typer.Option(
+        False,
+        "--no-preflight",
+        help="Do not open every image file before the first step (dataset.preflight=false).",
+    ),
 ) -> None:
     """Train an embedding model with a ranking loss; writes checkpoints, metrics and plots.
 
@@ -227,6 +232,7 @@ def train(
         "data_dir": data_dir,
         "seed": seed,
         "max_steps": max_steps,
+        "preflight": False if no_preflight else None,
     }
     failure: BaseException | None = None
     try:
@@ -280,6 +286,7 @@ def _build_trainer(
             ("--config", config),
             ("--output", output),
             ("--seed", seed),
+            ("--no-preflight", options["preflight"]),
             ("KEY=VALUE overrides", overrides or None),
         )
         if value is not None
@@ -309,6 +316,7 @@ def _build_trainer(
     shortcuts = {
         "output_dir": output,
         "dataset.data_dir": data_dir,
+        "dataset.preflight": options["preflight"],
         "seed": seed,
         "num_workers": num_workers,
         "device": device,

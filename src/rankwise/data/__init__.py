@@ -11,9 +11,12 @@ from .base import (
     IMAGENET_STD,
     ArrayDataset,
     CorruptDatasetError,
+    DataError,
     DatasetNotFoundError,
     ImageFolderDataset,
+    MissingImageError,
     RetrievalSplits,
+    UnreadableImageError,
     default_image_transform,
 )
 from .idx import read_idx, write_idx
@@ -42,6 +45,9 @@ __all__ = [
     "RetrievalSplits",
     "DatasetNotFoundError",
     "CorruptDatasetError",
+    "DataError",
+    "MissingImageError",
+    "UnreadableImageError",
     "DATASETS",
     "DATASET_ALIASES",
     "INSTANCE_DATASETS",

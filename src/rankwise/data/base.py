@@ -24,6 +24,11 @@ __all__ = [
     "RetrievalSplits",
     "DatasetNotFoundError",
     "CorruptDatasetError",
+    "DataError",
+    "MissingImageError",
+    "UnreadableImageError",
+    "ListRows",
+    "open_image",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "default_image_transform",
@@ -41,6 +46,71 @@ class DatasetNotFoundError(FileNotFoundError):
 
 class CorruptDatasetError(ValueError):
     """A dataset file exists but cannot be parsed (truncated, wrong magic, bad header)."""
+
+
+class DataError(Exception):
+    """An image file of a dataset that cannot be read: what every data error while training is.
+
+    The base of :class:`MissingImageError` (a ``FileNotFoundError``) and
+    :class:`UnreadableImageError` (a :class:`CorruptDatasetError`), so existing handlers of those
+    still catch them. The message names the file, the list file and line it comes from, and the
+    sample of which dataset it is.
+    """
+
+    @staticmethod
+    def one_line(exc: BaseException) -> str:
+        r"""The message of ``exc`` on one line, also when a DataLoader worker re-raised it.
+
+        A worker's exception reaches the main process as the same type with the worker's whole
+        traceback as its message (``torch.utils.data``'s ``ExceptionWrapper``); its last line
+        is ``module.Type: message``.
+
+        >>> DataError.one_line(MissingImageError("Caught MissingImageError in DataLoader worker "
+        ...     "process 0.\nOriginal Traceback (most recent call last):\n  ...\n"
+        ...     "rankwise.data.base.MissingImageError: image file 'a.png' does not exist"))
+        "image file 'a.png' does not exist"
+        """
+        text = str(exc).strip()
+        if "Original Traceback" in text:
+            last = text.splitlines()[-1]
+            head, sep, rest = last.partition(": ")
+            text = rest if sep and head.rsplit(".", 1)[-1] == type(exc).__name__ else last
+        return " ".join(text.split())
+
+
+class MissingImageError(DataError, FileNotFoundError):
+    """A listed image file does not exist (a :class:`DataError` and a ``FileNotFoundError``)."""
+
+
+class UnreadableImageError(DataError, CorruptDatasetError):
+    """A listed image file exists but does not decode (a :class:`DataError`)."""
+
+
+@dataclass(frozen=True)
+class ListRows:
+    """Where the samples of an image dataset are listed: one list file, one row per sample.
+
+    Attributes:
+        file: the list file (e.g. ``.../Ebay_train.txt``).
+        rows: ``(N,)`` 1-based row of each sample in it (the line number for text lists).
+        unit: what a row is called in messages (``"line"``; ``"annotation"`` for a .mat).
+
+    Example:
+        >>> ListRows("Ebay_train.txt", np.array([2, 5])).where(1)
+        'Ebay_train.txt, line 5'
+    """
+
+    file: str
+    rows: np.ndarray
+    unit: str = "line"
+
+    def where(self, index: int) -> str:
+        """``"<file>, <unit> <row>"`` of sample ``index``."""
+        return f"{self.file}, {self.unit} {int(self.rows[index])}"
+
+    def take(self, indices: np.ndarray) -> ListRows:
+        """The rows of the samples ``indices`` (a subset keeps where its samples come from)."""
+        return ListRows(self.file, self.rows[indices], self.unit)
 
 
 def as_label_array(labels: Any, n: int, name: str = "labels") -> np.ndarray:
@@ -211,6 +281,38 @@ def default_image_transform(image_size: int = 224) -> Callable[[Any], torch.Tens
     )
 
 
+def open_image(path: str | os.PathLike, where: str) -> Any:
+    """Open an image file as an RGB PIL image, fully decoded.
+
+    Args:
+        path: the file.
+        where: what it is, for the messages (e.g. ``"Ebay_train.txt, line 7; sample 6 of
+            dataset 'sop/val'"``).
+
+    Raises:
+        MissingImageError: the file does not exist (a ``FileNotFoundError``).
+        UnreadableImageError: it does not decode (a :class:`CorruptDatasetError`). Both are a
+            :class:`DataError` whose one-line message names the file and ``where``.
+    """
+    from PIL import Image, UnidentifiedImageError
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise MissingImageError(f"image file {path!r} ({where}) does not exist.")
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        # PIL's "cannot identify image file '<path>'" would name the file twice
+        unknown = isinstance(exc, UnidentifiedImageError)
+        reason = "no image format recognised" if unknown else " ".join(str(exc).split())
+        raise UnreadableImageError(
+            f"image file {path!r} ({where}) could not be decoded ({reason}); the file is "
+            "truncated or not an image."
+        ) from exc
+
+
 class ImageFolderDataset(LabelledDataset):
     """Lazily loaded image files with integer class labels.
 
@@ -224,10 +326,13 @@ class ImageFolderDataset(LabelledDataset):
         image_size: side of the square output of the default transform; this is also reported
             as ``input_shape = (3, image_size, image_size)``.
         name: a human-readable name used in summaries.
+        origin: the list file and row of every sample (named by errors and the pre-flight
+            check, :mod:`rankwise.data.preflight`); ``None``: not from a list file.
 
     Attributes:
         labels, input_shape, num_classes, classes: as in :class:`ArrayDataset`.
         paths: the resolved image paths.
+        origin: see above.
     """
 
     def __init__(
@@ -238,6 +343,7 @@ class ImageFolderDataset(LabelledDataset):
         root: str | os.PathLike | None = None,
         image_size: int = 224,
         name: str = "",
+        origin: ListRows | None = None,
     ) -> None:
         paths = [os.fspath(p) for p in paths]
         if root is not None:
@@ -250,26 +356,21 @@ class ImageFolderDataset(LabelledDataset):
         self.name = name
         self.classes = np.unique(self.labels)
         self.num_classes = int(self.classes.size)
+        if origin is not None and origin.rows.shape != (len(paths),):
+            raise ValueError(
+                f"`origin` lists {origin.rows.shape[0]} rows for {len(paths)} paths; give one "
+                "row per path."
+            )
+        self.origin = origin
+
+    def describe_sample(self, index: int) -> str:
+        """``"Ebay_train.txt, line 7; sample 6 of dataset 'sop/val'"``: where sample ``index`` is."""
+        where = f"{self.origin.where(index)}; " if self.origin is not None else ""
+        return f"{where}sample {index} of dataset {self.name!r}"
 
     def load_image(self, index: int) -> Any:
-        """Open image ``index`` as an RGB PIL image; a missing or corrupt file names the path."""
-        from PIL import Image, UnidentifiedImageError
-
-        path = self.paths[index]
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"image file {path!r} (sample {index} of dataset {self.name!r}) does not exist; "
-                "check the dataset directory layout."
-            )
-        try:
-            with Image.open(path) as image:
-                image.load()
-                return image.convert("RGB")
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-            raise CorruptDatasetError(
-                f"image file {path!r} (sample {index} of dataset {self.name!r}) could not be "
-                f"decoded ({exc}); the file is truncated or not an image, re-extract it."
-            ) from exc
+        """Open image ``index`` as an RGB PIL image (:func:`open_image`, naming its list row)."""
+        return open_image(self.paths[index], self.describe_sample(index))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.transform(self.load_image(index)), int(self.labels[index])
@@ -286,6 +387,7 @@ class ImageFolderDataset(LabelledDataset):
         out.transform = self.transform
         out.input_shape = self.input_shape
         out.name = self.name if name is None else name
+        out.origin = None if self.origin is None else self.origin.take(idx)
         out.classes = np.unique(out.labels)
         out.num_classes = int(out.classes.size)
         return out

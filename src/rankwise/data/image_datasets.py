@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from .base import CorruptDatasetError, ImageFolderDataset, RetrievalSplits
+from .base import CorruptDatasetError, ImageFolderDataset, ListRows, RetrievalSplits
 from .locate import find_dataset_root
 from .splits import split_validation
 
@@ -40,14 +40,27 @@ __all__ = [
 
 ImageTransform = Callable[[Any], torch.Tensor]
 
-# Each reader returns {split: (relative paths, original labels)} and the image root.
-ParsedSplits = dict[str, tuple[list[str], list[Any]]]
+
+class SplitList(NamedTuple):
+    """One split as its list file gives it: relative paths, original labels, and their rows."""
+
+    paths: list[str]
+    labels: list[Any]
+    rows: list[int]  # 1-based row of each sample in `source` (the line of a text list)
+    source: Path  # the list file
+    unit: str = "line"
+
+
+# Each reader returns the image root and {split: SplitList}.
+ParsedSplits = dict[str, SplitList]
 
 VEHICLEID_TEST_SIZES = {"small": 800, "medium": 1600, "large": 2400}
 
 
-def _read_rows(path: Path, n_cols: int, header: Sequence[str] | None = None) -> list[list[str]]:
-    """Whitespace-separated rows with exactly ``n_cols`` fields; errors name file and line."""
+def _read_rows(
+    path: Path, n_cols: int, header: Sequence[str] | None = None
+) -> list[tuple[int, list[str]]]:
+    """``(line number, fields)`` of rows with exactly ``n_cols`` fields; errors name file and line."""
     if not path.is_file():
         raise CorruptDatasetError(f"split file {str(path)!r} is missing; re-extract the dataset.")
     with open(path, encoding="utf-8") as f:
@@ -70,7 +83,7 @@ def _read_rows(path: Path, n_cols: int, header: Sequence[str] | None = None) -> 
                 f"{str(path)!r} line {lineno}: expected {n_cols} fields, got {len(fields)} "
                 f"({line!r}); the file is corrupt."
             )
-        rows.append(fields)
+        rows.append((lineno, fields))
     return rows
 
 
@@ -99,10 +112,10 @@ def read_cub200(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]
         subfolders=("CUB_200_2011", "cub200/CUB_200_2011", "CUB_200_2011/CUB_200_2011"),
         layout=CUB_LAYOUT,
     )
-    images = {r[0]: r[1] for r in _read_rows(root / "images.txt", 2)}
+    images = {r[0]: (r[1], n) for n, r in _read_rows(root / "images.txt", 2)}
     labels = {
         r[0]: _int(r[1], root / "image_class_labels.txt", "class id")
-        for r in _read_rows(root / "image_class_labels.txt", 2)
+        for _, r in _read_rows(root / "image_class_labels.txt", 2)
     }
     unlabeled = sorted(set(images) - set(labels), key=lambda s: (len(s), s))
     if unlabeled:
@@ -110,13 +123,17 @@ def read_cub200(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]
             f"{str(root / 'image_class_labels.txt')!r} has no class for {len(unlabeled)} image "
             f"id(s) of images.txt (first: {unlabeled[0]}); the files do not match."
         )
-    out: ParsedSplits = {"train": ([], []), "test": ([], [])}
-    for image_id, rel in images.items():
+    out = {s: SplitList([], [], [], root / "images.txt") for s in ("train", "test")}
+    for image_id, (rel, lineno) in images.items():
         cls = labels[image_id]
-        split = "train" if cls <= 100 else "test"
-        out[split][0].append(rel)
-        out[split][1].append(cls)
+        _add(out["train" if cls <= 100 else "test"], rel, cls, lineno)
     return root / "images", out
+
+
+def _add(split: SplitList, path: str, label: Any, row: int) -> None:
+    split.paths.append(path)
+    split.labels.append(label)
+    split.rows.append(row)
 
 
 CARS_LAYOUT = """  <dir>/cars_annos.mat   (struct array 'annotations' with fields relative_im_path, class, ...)
@@ -144,11 +161,9 @@ def read_cars196(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits
             f"{str(mat_path)!r} could not be read as the Cars196 annotations ({exc!r}); it must "
             "hold a struct array 'annotations' with fields 'relative_im_path' and 'class'."
         ) from exc
-    out: ParsedSplits = {"train": ([], []), "test": ([], [])}
-    for rel, cls in zip(rel_paths, classes, strict=True):
-        split = "train" if cls <= 98 else "test"
-        out[split][0].append(rel)
-        out[split][1].append(cls)
+    out = {s: SplitList([], [], [], mat_path, "annotation") for s in ("train", "test")}
+    for number, (rel, cls) in enumerate(zip(rel_paths, classes, strict=True), start=1):
+        _add(out["train" if cls <= 98 else "test"], rel, cls, number)
     return root, out
 
 
@@ -170,7 +185,12 @@ def read_sop(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]:
     out: ParsedSplits = {}
     for split, fname in (("train", "Ebay_train.txt"), ("test", "Ebay_test.txt")):
         rows = _read_rows(root / fname, 4, header=SOP_HEADER)
-        out[split] = ([r[3] for r in rows], [_int(r[1], root / fname, "class_id") for r in rows])
+        out[split] = SplitList(
+            [r[3] for _, r in rows],
+            [_int(r[1], root / fname, "class_id") for _, r in rows],
+            [n for n, _ in rows],
+            root / fname,
+        )
     return root, out
 
 
@@ -199,30 +219,30 @@ def read_inshop(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSplits]
     list_path = _inshop_list(root)
     assert list_path is not None  # find_dataset_root's is_root found it
     with open(list_path, encoding="utf-8") as f:
-        lines = [ln for ln in f.read().splitlines() if ln.strip()]
+        numbered = [(n, ln) for n, ln in enumerate(f.read().splitlines(), 1) if ln.strip()]
+    lines = [ln for _, ln in numbered]
     if len(lines) < 2 or lines[1].split() != ["image_name", "item_id", "evaluation_status"]:
         raise CorruptDatasetError(
             f"{str(list_path)!r}: expected the image count on line 1 and the header "
             "'image_name item_id evaluation_status' on line 2."
         )
     count = _int(lines[0].strip(), list_path, "image count (line 1)")
-    out: ParsedSplits = {"train": ([], []), "query": ([], []), "gallery": ([], [])}
-    for lineno, line in enumerate(lines[2:], start=3):
+    out = {s: SplitList([], [], [], list_path) for s in ("train", "query", "gallery")}
+    for lineno, line in numbered[2:]:
         fields = line.split()
         if len(fields) != 3 or fields[2] not in out:
             raise CorruptDatasetError(
                 f"{str(list_path)!r} line {lineno}: expected '<path> <item_id> train|query|gallery', "
                 f"got {line!r}."
             )
-        out[fields[2]][0].append(fields[0])
-        out[fields[2]][1].append(fields[1])
+        _add(out[fields[2]], fields[0], fields[1], lineno)
     if count != len(lines) - 2:
         raise CorruptDatasetError(
             f"{str(list_path)!r} announces {count} images but lists {len(lines) - 2}; the file is "
             "truncated."
         )
     image_root = root
-    first = next((paths[0] for paths, _ in out.values() if paths), None)
+    first = next((split.paths[0] for split in out.values() if split.paths), None)
     if first is not None and not (root / first).exists() and (root / "Img" / first).exists():
         image_root = root / "Img"
     return image_root, out
@@ -256,18 +276,16 @@ def read_inaturalist(data_dir: str | os.PathLike | None) -> tuple[Path, ParsedSp
         ("test", "Inaturalist_test_set1.txt"),
     ):
         path = root / split_dir / fname
-        rows = _read_rows(path, 1)
-        rels, classes = [], []
-        for lineno, (rel,) in enumerate(rows, start=1):
+        listed = SplitList([], [], [], path)
+        for lineno, (rel,) in _read_rows(path, 1):
             parts = rel.split("/")
             if len(parts) < 3:
                 raise CorruptDatasetError(
                     f"{str(path)!r} entry {lineno}: {rel!r} is not "
                     "'<...>/<supercategory>/<category>/<image>'."
                 )
-            rels.append(rel)
-            classes.append("/".join(parts[-3:-1]))
-        out[split] = (rels, classes)
+            _add(listed, rel, "/".join(parts[-3:-1]), lineno)
+        out[split] = listed
     return root, out
 
 
@@ -301,9 +319,11 @@ def read_vehicleid(
     for split, fname in (("train", "train_list.txt"), ("test", test_file)):
         path = root / "train_test_split" / fname
         rows = _read_rows(path, 2)
-        out[split] = (
-            [f"image/{r[0]}.jpg" for r in rows],
-            [_int(r[1], path, "vehicle id") for r in rows],
+        out[split] = SplitList(
+            [f"image/{r[0]}.jpg" for _, r in rows],
+            [_int(r[1], path, "vehicle id") for _, r in rows],
+            [n for n, _ in rows],
+            path,
         )
     return root, out
 
@@ -371,14 +391,14 @@ def load_image_dataset(
             + f"; got {protocol!r}."
         )
     image_root, parsed = spec["reader"](data_dir, **reader_kwargs)
-    train_paths, train_raw = parsed["train"]
+    train_paths, train_raw = parsed["train"].paths, parsed["train"].labels
     query_key = "query" if "query" in parsed else "test"
-    others = [parsed[k][1] for k in parsed if k != "train"]
+    others = [parsed[k].labels for k in parsed if k != "train"]
     mapping = _label_map(train_raw, others)
-    if not train_paths or not parsed[query_key][0]:
+    if not train_paths or not parsed[query_key].paths:
         raise CorruptDatasetError(
             f"dataset {name!r} at {str(image_root)!r} has an empty training or test split "
-            f"({len(train_paths)} train, {len(parsed[query_key][0])} test images)."
+            f"({len(train_paths)} train, {len(parsed[query_key].paths)} test images)."
         )
 
     def ids(raw: list[Any]) -> np.ndarray:
@@ -395,19 +415,25 @@ def load_image_dataset(
     train_tf = train_transform if train_transform is not None else transform
 
     def make(
-        split: str, paths: list[str], labels: np.ndarray, tf: ImageTransform | None = transform
-    ):
-        return ImageFolderDataset(paths, labels, tf, image_root, image_size, f"{name}/{split}")
+        split: str, listed: SplitList, labels: np.ndarray, tf: ImageTransform | None = transform
+    ) -> ImageFolderDataset:
+        origin = ListRows(str(listed.source), np.asarray(listed.rows, np.int64), listed.unit)
+        return ImageFolderDataset(
+            listed.paths, labels, tf, image_root, image_size, f"{name}/{split}", origin
+        )
 
     notes = [f"{name}: images under {str(image_root)!r}, loaded lazily"]
     if held.size:
         notes.append(val_note)
-    q_paths, q_raw = parsed[query_key]
+    train_all = make("train", parsed["train"], train_labels, train_tf)
+    val = None
+    if held.size:  # the training list's held-out rows, with the evaluation transform
+        val = make("val", parsed["train"], train_labels).subset(held)
     return RetrievalSplits(
-        train=make("train", train_paths, train_labels, train_tf).subset(kept),
-        val=make("val", [train_paths[i] for i in held], train_labels[held]) if held.size else None,
-        test=make("test", q_paths, ids(q_raw)),
-        gallery=make("gallery", parsed["gallery"][0], ids(parsed["gallery"][1]))
+        train=train_all.subset(kept),
+        val=val,
+        test=make("test", parsed[query_key], ids(parsed[query_key].labels)),
+        gallery=make("gallery", parsed["gallery"], ids(parsed["gallery"].labels))
         if "gallery" in parsed
         else None,
         protocol=protocol,

@@ -22,12 +22,93 @@ from .._validation import Interval, check_bool, check_choice, check_scalar
 from ..models import build_backbone
 from ..models.build import backbone_width
 
-__all__ = ["HashingHead", "HashingModel", "build_hashing_model", "binarize"]
+__all__ = ["DebiasedBatchNorm1d", "HashingHead", "HashingModel", "build_hashing_model", "binarize"]
 
 
 def binarize(values: torch.Tensor) -> torch.Tensor:
     """``{-1, +1}`` int8 codes of real values: ``+1`` where ``values >= 0`` (so 0 maps to +1)."""
     return torch.where(values >= 0, 1, -1).to(torch.int8)
+
+
+class DebiasedBatchNorm1d(nn.BatchNorm1d):
+    """``BatchNorm1d`` without affine parameters whose running statistics are debiased in eval mode.
+
+    torch's running mean starts at 0 and its running variance at 1, then moves by ``momentum`` per
+    batch, so after ``t`` batches they still weigh the initial values by ``(1 - momentum)^t``
+    (0.81 after 2 batches). A hashing head evaluated early in training (the first validation of a
+    short run) then barely centres its activations, and every input falls on the same side of
+    every bit: all codes tie although the batches themselves are centred. As Adam does for its
+    moments (Kingma & Ba, ICLR 2015, Sec. 3), eval mode divides that weight out:
+    ``mean = m_t / (1 - k)``, ``var = (v_t - k) / (1 - k)`` with ``k = (1 - momentum)^t``. The
+    buffers and ``state_dict`` keys are ``BatchNorm1d``'s (checkpoints load either way); after a
+    few hundred batches ``k`` is below 1e-9 and the statistics are torch's.
+
+    Shapes:
+        ``(B, C) -> (B, C)``.
+
+    Example:
+        >>> norm = DebiasedBatchNorm1d(2)
+        >>> _ = norm(torch.tensor([[1.0, 10.0], [3.0, 14.0]]))  # one training batch
+        >>> _ = norm.eval()
+        >>> norm(torch.tensor([[2.0, 12.0]]))  # centred on that batch's mean, not on 0.1 x it
+        tensor([[0., 0.]])
+    """
+
+    initial_weight: torch.Tensor
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
+        super().__init__(num_features, eps=eps, momentum=momentum, affine=False)
+        # the weight the initial values (mean 0, variance 1) still have in the running statistics:
+        # 1 at the start, (1 - momentum) less per batch, 0 after a cumulative pass (momentum None,
+        # as calibrate_batch_norm makes one). A buffer, so checkpoints carry it.
+        self.register_buffer("initial_weight", torch.ones((), dtype=torch.float64))
+
+    def reset_running_stats(self) -> None:
+        """Reset as torch does, and let the initial values weigh everything again."""
+        super().reset_running_stats()
+        if hasattr(self, "initial_weight"):  # BatchNorm's __init__ resets before it exists
+            self.initial_weight.fill_(1.0)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        # a checkpoint of a plain BatchNorm1d (runs before this class) has no initial_weight: its
+        # statistics were exponential averages over num_batches_tracked batches
+        key = prefix + "initial_weight"
+        if key not in state_dict and prefix + "num_batches_tracked" in state_dict:
+            batches = float(state_dict[prefix + "num_batches_tracked"])
+            keep = (1.0 - float(self.momentum or 1.0)) ** batches
+            state_dict[key] = torch.tensor(keep, dtype=torch.float64)
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+    def debiased_running_stats(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The running mean and variance with the initial values' weight divided out."""
+        assert self.running_mean is not None and self.running_var is not None
+        # tensor arithmetic, no host read of the weight: eval stays free of device syncs
+        start = self.initial_weight.to(self.running_mean.dtype)
+        weight = 1.0 - start
+        seen = weight > 0
+        weight = torch.where(seen, weight, torch.ones_like(weight))
+        start = torch.where(seen, start, torch.zeros_like(start))
+        mean = self.running_mean / weight
+        var = ((self.running_var - start) / weight).clamp_min(0.0)
+        return mean, var
+
+    def normalize_with_running_stats(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise by the debiased running statistics, whatever the mode (updates nothing)."""
+        mean, var = self.debiased_running_stats()
+        return F.batch_norm(x, mean, var, training=False, eps=self.eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Batch statistics (and a running update) when training; debiased running ones in eval."""
+        if not self.training:
+            return self.normalize_with_running_stats(x)
+        out = super().forward(x)
+        if self.track_running_stats:
+            # torch just moved the running statistics by momentum (or to the cumulative average)
+            if self.momentum is None:
+                self.initial_weight.zero_()
+            else:
+                self.initial_weight.mul_(1.0 - self.momentum)
+        return out
 
 
 class HashingHead(nn.Module):
@@ -75,7 +156,7 @@ class HashingHead(nn.Module):
         self.relaxation = check_choice(relaxation, "relaxation", ("tanh", "identity"))
         self.linear = nn.Linear(self.in_features, self.bits, bias=check_bool(bias, "bias"))
         self.center = check_bool(center, "center")
-        self.norm = nn.BatchNorm1d(self.bits, affine=False) if self.center else None
+        self.norm = DebiasedBatchNorm1d(self.bits) if self.center else None
         self.register_buffer("gamma", torch.tensor(float(gamma), dtype=torch.float64))
 
     def set_gamma(self, gamma: float) -> None:
@@ -97,10 +178,7 @@ class HashingHead(nn.Module):
         """Activations with the running statistics, whatever the mode (encoding never updates them)."""
         if self.norm is None or not self.training:
             return self.activations(features)
-        f = self.linear(features)
-        return F.batch_norm(
-            f, self.norm.running_mean, self.norm.running_var, training=False, eps=self.norm.eps
-        )
+        return self.norm.normalize_with_running_stats(self.linear(features))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """Relaxed codes ``tanh(γ f / 2)`` (training), or ``±1`` codes in eval mode if hard_eval."""

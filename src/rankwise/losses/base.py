@@ -301,8 +301,11 @@ class BatchLayout:
         """
         out = copy.copy(self)
         out.labels, out.ref_labels, out.classes = labels, ref_labels, torch.from_numpy(classes)
-        out.pos_mask, out.neg_mask = self.pos_mask.clone(), self.neg_mask.clone()
-        out.valid = self.valid.clone()
+        # numpy copies, on the calling thread: a torch copy of a (B, B) mask of 2**15 entries or
+        # more wakes the intra-op thread pool, whose threads then spin on the host's cores
+        out.pos_mask, out.neg_mask, out.valid = (
+            torch.from_numpy(t.numpy().copy()) for t in (self.pos_mask, self.neg_mask, self.valid)
+        )
         out._cache = {}
         return out
 

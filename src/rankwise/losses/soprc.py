@@ -14,6 +14,7 @@ TPR term counts the n_c − 1 positives a class row stands for (the released cod
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -115,19 +116,25 @@ class _GroupLayout:
         ends = [np.zeros_like(counts), counts - 1, np.minimum(counts, 2) - 1]
         self.ends = torch.from_numpy(np.stack([*ends, np.maximum(counts - 2, 0)], axis=1))
         # u_{n+1}: column n + 1 of the curve
-        self.high_column = torch.from_numpy((counts + 1)[:, None])
+        self.high_column = torch.from_numpy((counts + 1).reshape(-1, 1))
         # position j/(K+1) on the index scale of a group of n values is j(n+1)/(K+1); integer
         # arithmetic keeps positions that coincide with a data point exact
         j = np.arange(1, num_points + 1, dtype=np.int64)
         numerator = j[None, :] * (counts[:, None] + 1)
         left = numerator // (num_points + 1)
-        self.remainder = torch.from_numpy(numerator - left * (num_points + 1))
+        # the weight of the right knot, r/(K+1), divided here (IEEE division, correctly rounded):
+        # CUDA divides a tensor by a Python number as a product with its reciprocal, one
+        # rounding more, so the device gave another last bit than the CPU. Rounded once more to
+        # the values' dtype it is still the correctly rounded r/(K+1) of that dtype: for
+        # K + 1 < 2**29 a quotient that is not a float32 (float16) rounding midpoint lies at least
+        # 2**(e-24)/(K+1) from one, more than float64's rounding error 2**(e-53)
+        self.fraction = torch.from_numpy((numerator - left * (num_points + 1)) / (num_points + 1))
         right = np.minimum(left + 1, (counts + 1)[:, None])
         self.knots = torch.from_numpy(np.concatenate([left, right], axis=1))
 
     def device_tensors(self) -> list[torch.Tensor]:
         """What :func:`_phi` needs on the device (send them, then pass them in this order)."""
-        return [self.cell, self.ends, self.high_column, self.knots, self.remainder]
+        return [self.cell, self.ends, self.high_column, self.knots, self.fraction]
 
 
 def _phi(
@@ -137,7 +144,7 @@ def _phi(
     score_range: tuple[float, float] | None,
 ) -> torch.Tensor:
     """φ of every group of ``layout``: (G, num_points); ends never pass u_1 / u_n."""
-    cell, ends, high_column, knots, remainder = sent
+    cell, ends, high_column, knots, fraction = sent
     block = values.new_full((layout.n_groups * layout.width,), math.inf)
     block = block.index_put_((cell,), values).view(layout.n_groups, layout.width)
     ascending = block.sort(dim=1, stable=True).values
@@ -153,7 +160,7 @@ def _phi(
     # two gathers, not two halves of one: a strided `minimum` takes another kernel, whose
     # minimum(+0, -0) differs from the contiguous one's
     lower, upper = curve.gather(1, knots[:, :k]), curve.gather(1, knots[:, k:])
-    frac = remainder.to(values.dtype) / (k + 1)
+    frac = fraction.to(values.dtype)  # no division on the device (see _GroupLayout)
     # lower + frac·(upper − lower) is exact where lower == upper; the minimum keeps rounding from
     # stepping past the next knot, so φ is non-decreasing in floating point too
     return torch.minimum(lower + frac * (upper - lower), upper)
@@ -243,12 +250,200 @@ def _check_semi_variance(reg: Any) -> SemiVarianceRegularizer | None:
     return reg
 
 
+# -- gathers whose backward does not depend on thread order ----------------------------------
+class _Segments:
+    """How the rows of ``x.index_select(0, index)`` sum back onto the rows of ``x`` (host).
+
+    The backward of a gather adds the gradient of every gathered row to its source row. torch's
+    own (``index_add_`` for ``index_select``, ``scatter_add_`` for ``gather``,
+    ``index_put_(accumulate=True)`` for indexing) adds them on CUDA with atomic operations, in
+    the order the threads happen to come: float64 gradients then differ in their last bits from
+    one call to the next (gradcheck on CUDA: "Backward is not reentrant"). Here the sums are
+    ordinary tensor operations with no accumulating write, so their order is fixed by the shapes
+    on every device:
+
+    - ``"view"``: the index is 0, 0, .., 1, 1, .. (every row W times, in order; the pairs of a
+      P x K batch by anchor): the gradient viewed as (size, W, ...) and summed over W;
+    - ``"scatter"``: no row is gathered twice (the pairs' positions in the score matrix): each
+      gradient row written once (``index_put_`` without accumulation) into zeros;
+    - ``"slots"``: otherwise the positions that gather row r, increasing, as row r of a
+      (size, W) table padded with a position that reads a zero row; the gradient gathered by
+      that table and summed over W.
+
+    Built from the index with numpy, once per label pattern.
+
+    Args:
+        index: (n,) int64 numpy array, the gathered rows, in [0, size).
+        size: the number of rows of ``x``.
+        keep: (n,) bool numpy array of the gathered rows that carry a gradient (None: all);
+            the others are padding whose gradient the caller sets to zero.
+    """
+
+    def __init__(self, index: np.ndarray, size: int, keep: np.ndarray | None = None) -> None:
+        n = int(index.size)
+        positions = np.arange(n) if keep is None else np.flatnonzero(keep)
+        rows = index[positions]
+        order = np.argsort(rows, kind="stable")
+        rows, positions = rows[order], positions[order]
+        counts = np.bincount(rows, minlength=size)
+        self.size, self.width = size, int(counts.max()) if size else 0
+        self.slots: torch.Tensor | None = None
+        self.padded = False
+        in_order = rows.size == n and bool((positions == np.arange(n)).all())
+        if in_order and rows.size == size * self.width:
+            self.mode = "view"
+        elif keep is None and self.width <= 1:
+            self.mode = "scatter"
+        else:
+            self.mode = "slots"
+            column = np.arange(rows.size) - (np.cumsum(counts) - counts)[rows]
+            slots = np.full((size, self.width), n, dtype=np.int64)
+            slots[rows, column] = positions
+            self.padded = rows.size < slots.size
+            self.slots = torch.from_numpy(slots)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """What the backward needs on the device (send it, then :meth:`with_sent`)."""
+        return [] if self.slots is None else [self.slots]
+
+    def with_sent(self, sent: list[torch.Tensor]) -> _Segments:
+        """This plan with :meth:`tensors` replaced by their device copies ``sent``."""
+        if self.slots is None:
+            return self
+        out = copy.copy(self)
+        out.slots = sent[0]
+        return out
+
+    def sum_back(self, grad: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """The gradient of ``x`` from the gradient of ``x.index_select(0, index)``."""
+        rest = grad.shape[1:]
+        if self.mode == "scatter":
+            return grad.new_zeros((self.size, *rest)).index_put_((index,), grad)
+        if self.mode == "view":
+            rows = grad.reshape(self.size, self.width, *rest)
+        else:
+            assert self.slots is not None
+            if self.padded:
+                grad = torch.cat([grad, grad.new_zeros((1, *rest))])
+            rows = grad.index_select(0, self.slots.reshape(-1))
+            rows = rows.view(self.size, self.width, *rest)
+        return rows.squeeze(1) if self.width == 1 else rows.sum(1)
+
+
+class _GatherRows(torch.autograd.Function):
+    """``x.index_select(0, index)``, differentiated by :meth:`_Segments.sum_back`."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, index: torch.Tensor, segments: _Segments
+    ) -> torch.Tensor:
+        ctx.segments = segments
+        ctx.save_for_backward(index)
+        return x.index_select(0, index)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (index,) = ctx.saved_tensors
+        return ctx.segments.sum_back(grad, index), None, None
+
+
+def _gather_rows(x: torch.Tensor, index: torch.Tensor, segments: _Segments) -> torch.Tensor:
+    """``x.index_select(0, index)`` whose gradient is summed without atomics (:class:`_Segments`)."""
+    return _GatherRows.apply(x, index, segments)
+
+
+class _Pairs:
+    """The positive pairs of a batch and the plans of their gathers (host, once per pattern).
+
+    ``anchor``, ``ref``: (P,) the positive pairs of the valid anchors, row-major; ``flat``: their
+    positions in the flattened (B, M) score matrix; ``by_anchor`` / ``by_position``: the
+    :class:`_Segments` of gathering score rows by anchor / scores by position.
+    """
+
+    def __init__(self, host: BatchLayout) -> None:
+        # counts per anchor: the same for every batch of the pattern (not the label values)
+        self.per_anchor = {
+            name: getattr(host, f"{name}_per_anchor").numpy() for name in ("positives", "negatives")
+        }
+        self.anchor, self.ref = host.positive_pairs()
+        anchor = self.anchor.numpy()
+        rows, columns = host.pos_mask.shape
+        flat = anchor * columns + self.ref.numpy()
+        self.flat = torch.from_numpy(flat)
+        self.by_anchor = _Segments(anchor, rows)
+        self.by_position = _Segments(flat, rows * columns)
+        self._others: tuple[torch.Tensor, torch.Tensor, _Segments] | None = None
+        self._counts: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def others(self) -> tuple[torch.Tensor, torch.Tensor, _Segments]:
+        """(index, is_real, segments): :func:`_other_pairs_of_same_anchor` and its gather's plan."""
+        if self._others is None:
+            index, is_real = _other_pairs_of_same_anchor(self.anchor.numpy())
+            segments = _Segments(index.reshape(-1), index.shape[0], keep=is_real.reshape(-1))
+            self._others = (torch.from_numpy(index), torch.from_numpy(is_real), segments)
+        return self._others
+
+    def per_pair(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """n⁺ (``"positives"``) or n⁻ (``"negatives"``) of every pair's anchor, in ``dtype``."""
+        key = (name, dtype)
+        if key not in self._counts:
+            counts = self.per_anchor[name][self.anchor.numpy()]
+            self._counts[key] = _host_cast(counts, dtype)
+        return self._counts[key]
+
+
+def _pairs(host: BatchLayout) -> _Pairs:
+    """The :class:`_Pairs` of ``host``'s label pattern."""
+    return host.pattern_cached("positive_pair_plan", _Pairs)
+
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def _host_array(t: torch.Tensor) -> np.ndarray:
+    """The CPU tensor ``t`` as numpy (bfloat16, which numpy lacks, exactly as float32)."""
+    return t.numpy() if t.dtype != torch.bfloat16 else t.float().numpy()
+
+
+def _send_items(batch: PairBatch, items: dict[str, Any]) -> dict[str, Any]:
+    """``items`` on the scores' device in one copy: tensors, lists of tensors, :class:`_Segments`."""
+    flat: list[torch.Tensor] = []
+    for value in items.values():
+        if isinstance(value, _Segments):
+            flat += value.tensors()
+        else:
+            flat += value if isinstance(value, list) else [value]
+    sent = iter(batch.send(*flat))
+    out: dict[str, Any] = {}
+    for key, value in items.items():
+        if isinstance(value, _Segments):
+            out[key] = value.with_sent([next(sent) for _ in value.tensors()])
+        elif isinstance(value, list):
+            out[key] = [next(sent) for _ in value]
+        else:
+            out[key] = next(sent)
+    return out
+
+
+def _host_cast(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` as a CPU tensor of ``dtype`` (numpy's rounding is IEEE's, as torch's)."""
+    if dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(values.astype(_NUMPY_DTYPES[dtype]))
+    return torch.from_numpy(values).to(dtype)
+
+
 # -- shared pieces of Eq. (5) and Eq. (8) -----------------------------------------------------------
 def _negative_huber_sum(
-    batch: PairBatch, anchor: torch.Tensor, s_pos: torch.Tensor, tau1: float
+    batch: PairBatch,
+    anchor: torch.Tensor,
+    by_anchor: _Segments,
+    s_pos: torch.Tensor,
+    tau1: float,
 ) -> torch.Tensor:
     """Σ_{x ∈ z⁻(anchor)} ℓ1(s⁺ − s(x)) for every positive pair: (P,)."""
-    margin = (batch.scores / tau1).index_select(0, anchor) - (s_pos / tau1 - 1)[:, None]
+    rows = _gather_rows(batch.scores / tau1, anchor, by_anchor)
+    margin = rows - (s_pos / tau1 - 1)[:, None]
     is_negative = batch.negative_weights().index_select(0, anchor)
     return _MaskedHuberSum.apply(margin, is_negative)
 
@@ -274,37 +469,37 @@ class _MaskedHuberSum(torch.autograd.Function):
         return grad[:, None] * slope, None
 
 
-def _other_pairs_of_same_anchor(anchor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _other_pairs_of_same_anchor(anchor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(indices, is_real), (P, W) each: the other pairs of every pair's anchor (sorted ``anchor``).
 
-    Padding slots (is_real False) hold a valid index so the gather stays in bounds.
+    Padding slots (is_real False) hold a valid index so the gather stays in bounds. numpy, on
+    the host labels.
     """
-    n_pairs = anchor.numel()
-    pairs_per_anchor = torch.bincount(anchor)
-    first = (torch.cumsum(pairs_per_anchor, 0) - pairs_per_anchor)[anchor]
+    n_pairs = anchor.size
+    pairs_per_anchor = np.bincount(anchor)
+    first = (np.cumsum(pairs_per_anchor) - pairs_per_anchor)[anchor]
     n_others = pairs_per_anchor[anchor] - 1
     width = int(n_others.max()) if n_pairs else 0
-    slot = torch.arange(width, device=anchor.device)
-    position = torch.arange(n_pairs, device=anchor.device) - first
+    slot = np.arange(width)
+    position = np.arange(n_pairs) - first
     others = first[:, None] + slot + (slot >= position[:, None])
     is_real = slot < n_others[:, None]
-    return others.clamp(max=max(n_pairs - 1, 0)), is_real
+    return np.minimum(others, max(n_pairs - 1, 0)), is_real
 
 
 def _other_positive_sigmoid_sum(
-    scores: torch.Tensor,
-    anchor: torch.Tensor,
-    ref: torch.Tensor,
+    pair_scores: torch.Tensor,
     s_pos: torch.Tensor,
     tau2: float,
-    others: tuple[torch.Tensor, torch.Tensor],
+    others: tuple[torch.Tensor, torch.Tensor, _Segments],
 ) -> torch.Tensor:
     """Σ_{x ∈ z⁺(anchor), x ≠ x⁺} ℓ2(s⁺ − s(x)) for every positive pair, from a (P, W) block: (P,).
 
-    ``others`` is :func:`_other_pairs_of_same_anchor` of ``anchor`` (computed on the host).
+    ``pair_scores``: (P,) the score of every positive pair; ``others``: :meth:`_Pairs.others`
+    on the device.
     """
-    index, is_real = others
-    other_scores = scores[anchor, ref][index]
+    index, is_real, segments = others
+    other_scores = _gather_rows(pair_scores, index.reshape(-1), segments).view(index.shape)
     terms = sigmoid_surrogate(s_pos[:, None] - other_scores, tau2)
     return torch.where(is_real, terms, 0).sum(1)
 
@@ -353,14 +548,18 @@ class _PairScores:
         return (a * b).sum(1)
 
 
-def _one_minus_precision(fpr: torch.Tensor, tpr: torch.Tensor, rate: torch.Tensor) -> torch.Tensor:
+def _one_minus_precision(
+    fpr: torch.Tensor, tpr: torch.Tensor, rate: torch.Tensor | None
+) -> torch.Tensor:
     """σ(FPR / (rate · TPR)) of Eq. (3)/(8) as FPR / (FPR + rate · TPR), in at least float32.
 
     At many-class odds (t ~ 1e7) t/(1 + t) overflows float16 and its autograd derivative cancels
-    to all digits in float32; :class:`_RatioToSum` has single-term derivatives.
+    to all digits in float32; :class:`_RatioToSum` has single-term derivatives. ``rate=None``
+    stands for 1.
     """
     dtype = torch.promote_types(fpr.dtype, torch.float32)
-    return _RatioToSum.apply(fpr.to(dtype), rate.to(dtype) * tpr.to(dtype))
+    tpr = tpr.to(dtype)
+    return _RatioToSum.apply(fpr.to(dtype), tpr if rate is None else rate.to(dtype) * tpr)
 
 
 class _RatioToSum(torch.autograd.Function):
@@ -425,20 +624,19 @@ class SemiVarianceRegularizer(RankingLoss):
         zero = scores.new_zeros(())
         tail = self.normalization == "tail"
         host = batch.host
-        positives = host.pattern_cached(
-            "flat_positives", lambda h: h.pos_mask.reshape(-1).nonzero().squeeze(1)
-        )
+        positives, segments = host.pattern_cached("flat_positives", _flat_positives)
         n_pos = int(positives.numel())
         if n_pos:
-            (positives,) = batch.send(positives)
-            pos = scores.reshape(-1).index_select(0, positives)  # scores[pos_mask], row-major
+            sent = _send_items(batch, {"positives": positives, "segments": segments})
+            # scores[pos_mask], row-major, with a gradient written without atomics
+            pos = _gather_rows(scores.reshape(-1), sent["positives"], sent["segments"])
             below = (pos - pos.mean()).clamp(max=0)
             count = (below < 0).sum().clamp(min=1) if tail else n_pos
             pos_term = (below**2).sum() / count
         else:
             pos_term = zero
         # negatives are nearly every entry: a dense 0/1 mask is cheaper than gathering them
-        n_neg = int(host.negatives_per_anchor.sum())
+        n_neg = int(host.negatives_per_anchor.numpy().sum())
         if n_neg:
             is_negative = batch.negative_weights()
             neg_mean = (scores * is_negative).sum() / n_neg
@@ -465,6 +663,12 @@ class SemiVarianceRegularizer(RankingLoss):
             f"lambda_pos={self.lambda_pos}, lambda_neg={self.lambda_neg}, "
             f"normalization={self.normalization!r}, " + super().extra_repr()
         )
+
+
+def _flat_positives(host: BatchLayout) -> tuple[torch.Tensor, _Segments]:
+    """Positions of every positive pair in the flattened score matrix, and their gather's plan."""
+    positions = np.flatnonzero(host.pos_mask.numpy())
+    return torch.from_numpy(positions), _Segments(positions, host.pos_mask.numel())
 
 
 def _plus_semi_variance(
@@ -522,21 +726,30 @@ class APLoss(RankingLoss):
 
     def compute(self, batch: PairBatch) -> torch.Tensor:
         """Loss of a prepared batch (see the class docstring)."""
-        host = batch.host
-        anchor, ref = host.positive_pairs()
-        dtype = batch.scores.dtype
-        n_pos = host.positives_per_anchor[anchor].to(dtype)
-        anchor, ref, others, is_real, n_pos = batch.send(
-            anchor, ref, *_other_pairs_of_same_anchor(anchor), n_pos
+        pairs = _pairs(batch.host)
+        index, is_real, by_other = pairs.others()
+        sent = _send_items(
+            batch,
+            {
+                "anchor": pairs.anchor,
+                "flat": pairs.flat,
+                "others": [index, is_real],
+                "n_pos": pairs.per_pair("positives", batch.scores.dtype),
+                "by_position": pairs.by_position,
+                "by_anchor": pairs.by_anchor,
+                "by_other": by_other,
+            },
         )
-        s_pos = batch.scores[anchor, ref]
-        numerator = _negative_huber_sum(batch, anchor, s_pos, self.tau1)
+        anchor, n_pos = sent["anchor"], sent["n_pos"]
+        # scores[anchor, ref], with a gradient written without atomics
+        s_pos = _gather_rows(batch.scores.reshape(-1), sent["flat"], sent["by_position"])
+        numerator = _negative_huber_sum(batch, anchor, sent["by_anchor"], s_pos, self.tau1)
         denominator = 1 + _other_positive_sigmoid_sum(
-            batch.scores, anchor, ref, s_pos, self.tau2, (others, is_real)
+            s_pos, s_pos, self.tau2, (*sent["others"], sent["by_other"])
         )
         # σ(Σℓ1 / (1 + Σℓ2)) = Σℓ1 / (Σℓ1 + 1 + Σℓ2): no overflow, no cancellation
         dtype = torch.promote_types(numerator.dtype, torch.float32)
-        ap_term = _one_minus_precision(numerator.to(dtype), denominator.to(dtype), torch.ones(()))
+        ap_term = _one_minus_precision(numerator.to(dtype), denominator.to(dtype), None)
         ap_term = ap_term.mean().to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
@@ -785,10 +998,10 @@ class SOPRCLoss(RankingLoss):
         # host copies over instead of reading the moved buffers back
         copies = {name: self._host_buffer(name) for name in _HOST_BUFFERS}
         out = super()._apply(fn, *args, **kwargs)
-        for name, copy in copies.items():
+        for name, mirror in copies.items():
             buffer = getattr(self, name)
             key = (buffer._version, buffer.data_ptr(), buffer.dtype)
-            self.__dict__["_mirrors"][name] = (key, copy.to(buffer.dtype))
+            self.__dict__["_mirrors"][name] = (key, mirror.to(buffer.dtype))
         return out
 
     # -- forward ---------------------------------------------------------------------------------
@@ -797,11 +1010,12 @@ class SOPRCLoss(RankingLoss):
         host = batch.host
         for name, lab in (("labels", host.labels), ("ref_labels", host.ref_labels)):
             assert lab is not None  # a prepared batch carries its host labels
-            bad = (lab < 0) | (lab >= self.num_classes)
-            if bool(bad.any()):
+            ids = lab.numpy()
+            bad = (ids < 0) | (ids >= self.num_classes)
+            if bad.any():
                 raise ValueError(
                     f"`{name}` must be class ids in [0, num_classes) = [0, {self.num_classes}); "
-                    f"got {int(bad.sum())} out of range (e.g. {int(lab[bad][0])}). Build the loss "
+                    f"got {int(bad.sum())} out of range (e.g. {int(ids[bad][0])}). Build the loss "
                     "with a larger `num_classes` or remap the labels."
                 )
         if self.v.device != batch.scores.device:
@@ -874,49 +1088,55 @@ class SOPRCLoss(RankingLoss):
 
     def _pair_plan(
         self, batch: PairBatch, symmetric: bool
-    ) -> tuple[list[torch.Tensor], int, _GroupLayout | None]:
-        """The step's label-only tensors, computed on the host and sent in one copy.
+    ) -> tuple[dict[str, Any], _GroupLayout | None]:
+        """The step's label-only tensors, computed on the host (numpy) and sent in one copy.
 
-        Returns the device tensors ``anchor, ref, anchor class, n⁻, rate, flat position, (n_class
-        | others, is_real, n⁺)``, then, when v is updated, the pairs that feed it (``anchor, ref`` of
-        every positive pair, or with ``symmetric`` each unordered pair once and where each
-        ordered pair finds its score), the classes and φ's layout; how many tensors the pairs
-        are; and φ's layout (None without an update).
+        Returns the device tensors by name: ``anchor, flat`` (the pairs' rows and positions in the
+        scores), ``anchor_labels, n_neg, rate``, ``n_class`` (with v) or ``others`` (index,
+        is_real, plan; without), the plans ``by_position, by_anchor`` of the gathers, and, when v
+        is updated, ``pairs`` (``anchor, ref`` of every positive pair, or with ``symmetric`` each
+        unordered pair once and where each ordered pair finds its score), ``update`` (the
+        classes and φ's tensors); and φ's layout (None without an update).
         """
         host = batch.host
         assert host.labels is not None
         dtype = batch.scores.dtype
-        anchor, ref = host.positive_pairs()
-        anchor_labels = host.labels[anchor]
-        # what depends on the label pattern only is computed once per pattern
-        n_neg = host.pattern_cached(
-            ("pair_negatives", dtype), lambda h: h.negatives_per_anchor[anchor].to(dtype)
-        )
-        n_pos = host.pattern_cached(
-            ("pair_positives", dtype), lambda h: h.positives_per_anchor[anchor].to(dtype)
-        )
+        pairs = _pairs(host)
+        # label values change from batch to batch of a pattern: looked up with numpy, on the
+        # calling thread (a torch op on the host may wake the intra-op thread pool)
+        anchor_labels = host.labels.numpy()[pairs.anchor.numpy()]
+        n_neg = pairs.per_pair("negatives", dtype)
         if self.unbiased:
             # checked before v is updated: a call that raises leaves the state as it was
             prior = self._anchor_priors(anchor_labels)
-            rate = prior / (1 - prior)  # π/(1 − π), the prior odds of a positive
+            rate = torch.from_numpy(prior / (1 - prior))  # π/(1 − π), the prior odds of a positive
         else:
             # π0/(1 − π0) with π0 = n⁺/(n⁺ + n⁻), the batch sampling rate
+            n_pos = pairs.per_pair("positives", dtype)
             rate = host.pattern_cached(("batch_rate", dtype), lambda h: n_pos / n_neg)
-        flat = host.pattern_cached("flat_pairs", lambda h: anchor * h.pos_mask.shape[1] + ref)
-        tensors = [anchor, ref, anchor_labels, n_neg, rate, flat]
+        items: dict[str, Any] = {
+            "anchor": pairs.anchor,
+            "flat": pairs.flat,
+            "anchor_labels": torch.from_numpy(anchor_labels),
+            "n_neg": n_neg,
+            "rate": rate,
+            "by_position": pairs.by_position,
+            "by_anchor": pairs.by_anchor,
+        }
         if self.use_v:
-            tensors.append(self._host_buffer("positives")[anchor_labels].to(dtype))
+            positives = _host_array(self._host_buffer("positives"))[anchor_labels]
+            items["n_class"] = _host_cast(positives, dtype)
         else:
-            others = host.pattern_cached(
-                "other_pairs", lambda h: _other_pairs_of_same_anchor(anchor)
-            )
-            tensors += [*others, n_pos]
-        groups, n_pair_tensors = None, 0
+            index, is_real, by_other = pairs.others()
+            items.update(others=[index, is_real], by_other=by_other)
+            items["n_pos"] = pairs.per_pair("positives", dtype)
+        groups = None
         if self.training and self.use_v:
-            groups, pairs, group_rows = self._update_plan(host, symmetric)
-            n_pair_tensors = len(pairs)
-            tensors += [*pairs, host.labels[group_rows], *groups.device_tensors()]
-        return batch.send(*tensors), n_pair_tensors, groups
+            groups, update_pairs, group_rows = self._update_plan(host, symmetric)
+            items["pairs"] = list(update_pairs)
+            classes = torch.from_numpy(host.labels.numpy()[group_rows.numpy()])
+            items["update"] = [classes, *groups.device_tensors()]
+        return _send_items(batch, items), groups
 
     def _update_plan(
         self, host: BatchLayout, symmetric: bool
@@ -944,33 +1164,31 @@ class SOPRCLoss(RankingLoss):
         self._check_batch(batch)
         # s(a, b) == s(b, a) bit for bit: a batch against itself scores each pair once
         symmetric = pair_scores is not None and batch.self_reference
-        sent, n_pairs, groups = self._pair_plan(batch, symmetric)
-        anchor, ref, anchor_labels, n_neg, rate, flat = sent[:6]
-        s_pos = batch.scores.reshape(-1).index_select(0, flat)  # scores[anchor, ref]
+        sent, groups = self._pair_plan(batch, symmetric)
+        anchor, anchor_labels, n_neg = sent["anchor"], sent["anchor_labels"], sent["n_neg"]
+        # scores[anchor, ref], with a gradient written without atomics
+        s_pos = _gather_rows(batch.scores.reshape(-1), sent["flat"], sent["by_position"])
         rows_updated = 0
         if groups is not None:
-            start = len(sent) - 6 - n_pairs
-            pairs, rest = sent[start : start + n_pairs], sent[start + n_pairs :]
-            rows_updated = self._update_v(batch, pair_scores, pairs, groups, rest)
+            rows_updated = self._update_v(batch, pair_scores, sent["pairs"], groups, sent["update"])
 
-        fpr = _negative_huber_sum(batch, anchor, s_pos, self.tau1) / n_neg
+        fpr = _negative_huber_sum(batch, anchor, sent["by_anchor"], s_pos, self.tau1) / n_neg
         s_tpr = s_pos.detach() if self.detach_tpr else s_pos
         if self.use_v:
             # the positive itself (ℓ_{0,1}(0) = 1) plus the share of the class's other
             # N⁺ − 1 positives that v places above s⁺, out of N⁺
             v_rows = self.v.index_select(0, anchor_labels).to(s_pos.dtype)
             above = sigmoid_surrogate(s_tpr[:, None] - v_rows, self.tau2).mean(1)
-            n_class = sent[6]
+            n_class = sent["n_class"]
             tpr = (1 + (n_class - 1) * above) / n_class
         else:
-            scores = batch.scores.detach() if self.detach_tpr else batch.scores
-            others, is_real, n_pos = sent[6:9]
+            index, is_real = sent["others"]
             positives = _other_positive_sigmoid_sum(
-                scores, anchor, ref, s_tpr, self.tau2, (others, is_real)
+                s_tpr, s_tpr, self.tau2, (index, is_real, sent["by_other"])
             )
-            tpr = (1 + positives) / n_pos
+            tpr = (1 + positives) / sent["n_pos"]
 
-        auprc_term = _one_minus_precision(fpr, tpr, rate).mean().to(s_pos.dtype)
+        auprc_term = _one_minus_precision(fpr, tpr, sent["rate"]).mean().to(s_pos.dtype)
         self.last_stats.update(
             n_pairs=int(anchor.numel()),
             loss_auprc=auprc_term.detach(),
@@ -980,11 +1198,11 @@ class SOPRCLoss(RankingLoss):
         )
         return _plus_semi_variance(self, auprc_term, batch)
 
-    def _anchor_priors(self, anchor_labels: torch.Tensor) -> torch.Tensor:
+    def _anchor_priors(self, anchor_labels: np.ndarray) -> np.ndarray:
         """π of every pair's anchor class (host); raises when one of them is 0."""
-        prior = self._host_buffer("prior")[anchor_labels]
+        prior = _host_array(self._host_buffer("prior"))[anchor_labels]
         if bool((prior <= 0).any()):
-            zero = torch.unique(anchor_labels[prior <= 0]).tolist()
+            zero = np.unique(anchor_labels[prior <= 0]).tolist()
             raise ValueError(
                 f"`prior` is 0 for class(es) {zero[:10]} used in this batch (a class with a "
                 "single training sample, or absent from `train_labels`); pass a positive "

@@ -28,6 +28,7 @@ from .build import (
     build_optimizer,
     build_sampler_from_config,
     check_batch_classes,
+    check_data_files,
     learning_rate_at,
     load_splits,
     resolve_device,
@@ -185,6 +186,7 @@ def _build(
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     # data, then every data-dependent check before anything is built
+    check_files = splits is None  # a sweep checks the splits it hands over, once for all runs
     splits = splits if splits is not None else _load_splits(config, store)
     _record_data(config, store, splits, parts.moved_from)
     train_labels, n_classes = check_batch_classes(config, splits)
@@ -212,6 +214,8 @@ def _build(
     advice = config_collapse_advice(config)  # in config keys
     collapse = CollapseDetector(advice=lambda _trainer: advice)
     evaluation: dict[str, Any] = {"metric_fn": parts.metric_fn, "curve_fn": parts.curve_fn}
+    if check_files:  # the slow check last, after the instant ones passed
+        _check_files(config, splits, store, parts.console)
     return trainer_cls(
         model,
         loss_fn,
@@ -295,6 +299,26 @@ def _extended(config: Config, store: RunStore, steps: int, extend_to: int) -> Co
     store.record = extended.to_dict()  # what config.yaml and the checkpoints hold from now on
     store.extended_from = steps
     return extended
+
+
+def _check_files(
+    config: Config, splits: RetrievalSplits, store: RunStore, console: Console | None
+) -> None:
+    """The pre-flight check of the data files, on the main process (cached in the run folder)."""
+    cache = None if store.root is None else store.paths.preflight
+
+    def check() -> str | None:
+        from rich.console import Console
+
+        try:
+            check_data_files(config, splits, cache, console or Console(stderr=True))
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
+    message = store.strategy.from_main_process(check)  # every rank learns a failure
+    if message is not None:
+        raise ConfigError(message)
 
 
 def _launch_settings(paths: RunPaths) -> dict[str, Any]:

@@ -4,15 +4,17 @@ From a validated :class:`~rankwise.training.config.Config` (``config`` below) to
 :class:`~rankwise.training.trainer.Trainer` takes, following the protocol of Wen et al. (NeurIPS
 2022), Sec. 5.1 and App. D.1. Every check that needs the data is made here, before training, as a
 :class:`~rankwise.training.errors.ConfigError` naming the config key; :func:`preflight` runs them
-all without building the model. ``splits`` is the loaded :class:`~rankwise.data.RetrievalSplits`.
+all without building the model; :func:`check_data_files` opens every listed image file first
+(:mod:`rankwise.data.preflight`). ``splits`` is the loaded :class:`~rankwise.data.RetrievalSplits`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +28,8 @@ from .config import Config, OptimizerConfig
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ..data import RetrievalSplits
     from ..sampling import MPerClassBatchSampler
 
@@ -35,6 +39,7 @@ __all__ = [
     "build_optimizer",
     "build_sampler_from_config",
     "check_batch_classes",
+    "check_data_files",
     "learning_rate_at",
     "load_splits",
     "preflight",
@@ -114,6 +119,80 @@ def load_splits(config: Config) -> RetrievalSplits:
         raise ConfigError(f"dataset.data_dir: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"dataset: {exc}") from None
+
+
+PROGRESS_FROM = 2000  # image files from which the pre-flight check shows a progress bar
+
+
+def check_data_files(
+    config: Config,
+    splits: RetrievalSplits,
+    cache: str | Path | None,
+    console: Console | None = None,
+) -> int:
+    """The pre-flight check of the image files of ``splits`` (``dataset.preflight``).
+
+    Every listed file must exist and its header decode
+    (:func:`rankwise.data.preflight.check_image_files`, in a thread pool, with a progress bar on
+    ``console`` from :data:`PROGRESS_FROM` files); the check is skipped when ``cache`` holds the
+    fingerprint of the same file list, and when ``dataset.preflight`` is false. Array datasets
+    have no file to check.
+
+    Args:
+        config: the run's config.
+        splits: its loaded splits.
+        cache: the cache file (``preflight.json`` of the run or sweep folder; ``None``: none).
+        console: where the progress bar goes (``None``: no bar).
+
+    Returns:
+        How many files were opened now (``0``: skipped, cached or no image files).
+
+    Raises:
+        ConfigError: ``dataset '<name>': '<file>' (<list file>, line N): missing`` (or ``not an
+            image``), every bad file counted; nothing has been written.
+    """
+    from ..data.preflight import DataFilesError, check_image_files
+
+    if not config.dataset.preflight:
+        return 0
+    with _file_progress(console, config.dataset.name) as progress:
+        try:
+            report = check_image_files(splits, cache=cache, progress=progress)
+        except DataFilesError as exc:
+            raise ConfigError(str(exc)) from None
+    return report.decoded
+
+
+@contextlib.contextmanager
+def _file_progress(console: Console | None, name: str) -> Iterator[Any]:
+    """A ``progress(done, total)`` that draws a rich bar on ``console`` for large file lists."""
+    if console is None:
+        yield None
+        return
+    from rich.progress import Progress
+
+    bar: Progress | None = None
+    task: Any = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar, task
+        if total < PROGRESS_FROM or task == "said":
+            return
+        if not console.is_terminal:  # a log: one line says what the wait is
+            console.print(f"checking the {total} image files of {name} (dataset.preflight)")
+            task = "said"
+            return
+        if bar is None:
+            bar = Progress(console=console, transient=True)
+            bar.start()
+            task = bar.add_task(f"checking the image files of {name}", total=total)
+        bar.update(task, completed=done)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def check_batch_classes(config: Config, splits: RetrievalSplits) -> tuple[np.ndarray, int]:

@@ -60,6 +60,8 @@ class DatasetConfig(_Strict):
     # papers' 9:1 split) saturates on small benchmarks
     val_holdout: Literal["samples", "classes"] | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    # every listed image file opened once before the first step (rankwise.data.preflight)
+    preflight: bool = True
 
     @field_validator("data_dir")
     @classmethod

@@ -1,6 +1,6 @@
 """Why a training run stopped early: a bad config, an unreadable checkpoint, a diverged model.
 
-Also a full disk (the file being written keeps its content) or an interruption (after a
+Also a data file that could not be read during training (after a checkpoint), a full disk (the file being written keeps its content) or an interruption (after a
 checkpoint). Messages name config keys (``optimizer.lr``) and Python arguments (`` `run_dir` ``),
 never command-line flags: :mod:`rankwise.commands` rewrites them for the command line.
 """
@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from .._disk import DiskFullError  # a checkpoint that did not fit stops a run too
+from ..data.base import DataError
 
 __all__ = [
     "CollapsedEmbeddingsError",
     "ConfigError",
     "CorruptCheckpointError",
+    "DataError",
     "DiskFullError",
     "NonFiniteLossError",
     "ReplicaDivergenceError",
+    "TrainingDataError",
     "TrainingInterrupted",
 ]
 
@@ -220,3 +223,59 @@ class TrainingInterrupted(KeyboardInterrupt):
         if self.resume_hint and self.checkpoint_step is not None:
             return f"{self.message}. Resume with {self.resume_hint}."
         return f"{self.message}."
+
+
+class TrainingDataError(DataError):
+    """A data file could not be read during training or its evaluation; the state is saved.
+
+    The files were checked before the first step (``dataset.preflight``), so one changed under
+    the running job. The run stopped like an interruption: ``checkpoints/last.pt`` holds the state
+    of the last complete step (an evaluation that the error cut short runs again on resume), and
+    resuming once the file is fixed gives the result of an uninterrupted run. A
+    :class:`~rankwise.data.DataError`.
+
+    ``str()`` is one line: the file's message, where training stopped and what is kept.
+
+    Attributes:
+        file_message: the data error's message (the file, its list row and sample).
+        step: optimizer steps completed.
+        total_steps: the run's budget.
+        run_dir: the run directory (``None``: nothing was saved).
+        checkpoint_step: the step of the checkpoint to resume from (``None``: none).
+        resume_hint: how to resume in Python, e.g. ``"Trainer.from_run_dir('runs/x')"``.
+        during: what read the file: ``"training"``, ``"validation"`` or ``"test"``.
+    """
+
+    def __init__(
+        self,
+        file_message: str,
+        *,
+        step: int,
+        total_steps: int,
+        run_dir: Path | None,
+        checkpoint_step: int | None,
+        resume_hint: str | None,
+        during: str,
+    ) -> None:
+        self.file_message = file_message
+        self.step = step
+        self.total_steps = total_steps
+        self.run_dir = run_dir
+        self.checkpoint_step = checkpoint_step
+        self.resume_hint = resume_hint
+        self.during = during
+        super().__init__(self.describe(resume_hint))
+
+    def describe(self, resume_with: str | None = None) -> str:
+        """The one-line message, ending with ``resume_with`` (how to continue) when resumable."""
+        stopped = (
+            f"The run stopped at step {self.step}/{self.total_steps} reading the {self.during} data"
+        )
+        if self.run_dir is None:
+            return f"{self.file_message} {stopped}; nothing was saved (the trainer has no run_dir)."
+        if self.checkpoint_step is None:
+            return f"{self.file_message} {stopped}; no checkpoint had been written yet."
+        kept = f"{stopped} with a checkpoint at step {self.checkpoint_step}"
+        if resume_with is None:
+            return f"{self.file_message} {kept}; fix the file, then resume the run."
+        return f"{self.file_message} {kept}; once the file is fixed, resume with: {resume_with}"

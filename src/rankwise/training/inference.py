@@ -104,17 +104,15 @@ class LoadedRun:
         return x
 
     def _preprocess_images(self, paths: Any) -> torch.Tensor:
-        from PIL import Image
-
-        from ..data.base import default_image_transform
+        from ..data.base import default_image_transform, open_image
 
         if isinstance(paths, (str, Path)):
             paths = [paths]
         transform = default_image_transform(self.config.dataset.image_size)
         items = []
         for path in paths:
-            with Image.open(path) as image:
-                items.append(transform(image))
+            # a missing or broken file is one DataError naming it, never PIL's traceback
+            items.append(transform(open_image(path, "an image of `inputs`")))
         if not items:
             raise ValueError("`inputs`: no image paths given.")
         return torch.stack(items)

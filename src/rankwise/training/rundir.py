@@ -107,6 +107,11 @@ class RunPaths:
         """``hash_result.json``: a hash sweep run's test result, beside its ``report.json``."""
         return self.root / "hash_result.json"
 
+    @property
+    def preflight(self) -> Path:
+        """``preflight.json``: the fingerprint of the data files the pre-flight check passed."""
+        return self.root / "preflight.json"
+
     def stale_outputs(self) -> tuple[Path, ...]:
         """What a fresh run deletes first: the checkpoints and outputs of an earlier run."""
         return (
@@ -293,6 +298,11 @@ class SweepPaths:
     def record(self) -> Path:
         """``sweep.json``: kind, settings and run folders of a ``bench`` / ``tune`` sweep."""
         return self.root / SWEEP_FILE
+
+    @property
+    def preflight(self) -> Path:
+        """``preflight.json``: the fingerprint of the data files the sweep's pre-flight passed."""
+        return self.root / "preflight.json"
 
     # bench
     @property

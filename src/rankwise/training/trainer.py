@@ -45,7 +45,13 @@ from .callbacks.base import TrainerView
 from .callbacks.host import CallbackLike, add_callback, as_callback, default_callbacks, emit, find
 from .checkpoint import capture_rng_state
 from .config import Config, config_from_dict
-from .errors import NonFiniteLossError, ReplicaDivergenceError, TrainingInterrupted
+from .errors import (
+    DataError,
+    NonFiniteLossError,
+    ReplicaDivergenceError,
+    TrainingDataError,
+    TrainingInterrupted,
+)
 from .evaluation import Evaluator
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
 from .result import RunResult
@@ -316,6 +322,8 @@ class Trainer:
         self.seconds = 0.0
         self._in_step = False
         self._completed = False
+        # the evaluation of self.step was cut short by a data error: it runs first on resume
+        self._validation_pending = False
         self._tick = time.perf_counter()
         self.callbacks = default_callbacks(
             self.logging.log_every, progress, self.runtime.detect_collapse
@@ -613,6 +621,7 @@ class Trainer:
             if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
             else None,
             "sampler": {"epoch": self.next_epoch, "position": self.next_position},
+            "validation_pending": self._validation_pending,
             "rng": capture_rng_state(),
             "callbacks": {
                 c.state_key: c.state_dict() for c in self._active if c.state_key is not None
@@ -651,6 +660,7 @@ class Trainer:
         self.next_epoch = int(state["next_epoch"])
         self.next_position = int(state["next_position"])
         self.seconds = float(state["seconds"])
+        self._validation_pending = bool(state.get("validation_pending", False))
         self.strategy.restore_rng(state)
         states = state.get("callbacks", {})
         for callback in self.callbacks:
@@ -723,7 +733,9 @@ class Trainer:
 
     def _validate_and_checkpoint(self) -> None:
         if self.val_data is not None:
+            self._validation_pending = True  # until the validation data is read
             report, embeddings, _ = self._rank("val")
+            self._validation_pending = False
             self._emit("on_validation_end", report, embeddings)
         if self.store.root is not None:
             self.save_checkpoint()
@@ -890,11 +902,15 @@ class Trainer:
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = self._training_batches()
             try:
+                if self._validation_pending:  # a data error cut it short: run it first
+                    self._validate_and_checkpoint()
                 while self.step < self.total_steps and (max_steps is None or self.step < max_steps):
                     self._run_step(batches)
             except KeyboardInterrupt as exc:
                 signum = signal_number_of(exc, self.stop_control.signal or signal.SIGINT)
                 raise self._interrupted(signum) from None
+            except DataError as exc:
+                raise self._data_failed(exc) from None
             except NonFiniteLossError as exc:
                 self._emit("on_failure", exc)
                 raise
@@ -910,8 +926,11 @@ class Trainer:
             if self.store.root is not None:
                 self.stop_control.saved("stopped", self.store.root, self.step)
         else:
-            with determinism(self.deterministic):
-                result = self._finish(test)
+            try:
+                with determinism(self.deterministic):
+                    result = self._finish(test)
+            except DataError as exc:
+                raise self._data_failed(exc, "test") from None
         self._emit("on_fit_end", result)
         return result
 
@@ -980,6 +999,33 @@ class Trainer:
             self._resume_hint(),
             signal_number=signal_number,
             detail=where,
+        )
+
+    def _data_failed(self, exc: DataError, during: str | None = None) -> TrainingDataError:
+        """A data file could not be read: stop like an interruption, with the state saved.
+
+        Nothing of the step being loaded was applied, and an evaluation cut short is marked to
+        run again on resume, so the state of ``self.step`` is complete: it is checkpointed (in one
+        process; with several, the other ranks are not at this point, so the last checkpoint is
+        kept and torchrun ends the job).
+        """
+        if during is None:
+            during = "validation" if self._validation_pending else "training"
+        self._in_step = False  # nothing of the step being loaded was applied
+        if (
+            self.store.root is not None
+            and self.world_size == 1
+            and self.last_checkpoint_step != self.step
+        ):
+            self.save_checkpoint()
+        return TrainingDataError(
+            DataError.one_line(exc),
+            step=self.step,
+            total_steps=self.total_steps,
+            run_dir=self.run_dir,
+            checkpoint_step=self.last_checkpoint_step,
+            resume_hint=self._resume_hint(),
+            during=during,
         )
 
     def _raise_non_finite(self, loss: torch.Tensor | None) -> None:

@@ -26,7 +26,7 @@ from rich.console import Console
 from ..metrics import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
 from ..plots import plot_pr_curves
 from ..reporting import bench_table_markdown
-from ..training.build import load_splits, preflight
+from ..training.build import check_data_files, load_splits, preflight
 from ..training.config import (
     Config,
     ConfigError,
@@ -240,13 +240,21 @@ def aggregate_rows(runs: Sequence[BenchRun], results: Sequence[RunResult]) -> li
 
 
 def prepare_splits(
-    runs: Sequence[BenchRun], describe: Callable[[BenchRun], str]
+    runs: Sequence[BenchRun],
+    describe: Callable[[BenchRun], str],
+    cache: Path | None = None,
+    console: Console | None = None,
 ) -> RetrievalSplits:
     """One data load for a whole sweep, then every data-dependent check of every distinct run.
+
+    Last the pre-flight check of the image files
+    (:func:`~rankwise.training.build.check_data_files`), once for every run.
 
     Args:
         runs: the planned runs; they must share their ``dataset`` section.
         describe: names a run in error messages (e.g. ``"bench run soprc (seed 0)"``).
+        cache: the pre-flight check's cache (the sweep folder's ``preflight.json``).
+        console: where its progress bar goes.
 
     Raises:
         ConfigError: runs that disagree on the dataset, or the first run that fails
@@ -269,6 +277,7 @@ def prepare_splits(
         except ConfigError as exc:
             raise ConfigError(f"{describe(run)}: {exc}") from None
         checked.add(key)
+    check_data_files(runs[0].config, splits, cache, console)
     return splits
 
 
@@ -480,7 +489,10 @@ class _BenchSweep:
     def prepare(self) -> None:
         """One data load, and every data-dependent check, before anything is written."""
         self.splits = prepare_splits(
-            self.runs, lambda run: f"bench run {run.label} (seed {run.seed})"
+            self.runs,
+            lambda run: f"bench run {run.label} (seed {run.seed})",
+            self.paths.preflight,
+            self.console,
         )
 
     def start(self) -> None:

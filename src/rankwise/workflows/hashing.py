@@ -40,7 +40,7 @@ from ..metrics import (
 from ..models import build_model
 from ..plots import plot_tie_ranges
 from ..training import NonFiniteLossError, RunResult, Trainer
-from ..training.build import load_splits, resolve_device, seed_everything
+from ..training.build import check_data_files, load_splits, resolve_device, seed_everything
 from ..training.callbacks import PlotCurves
 from ..training.checkpoint import atomic_write_text, load_checkpoint
 from ..training.config import (
@@ -563,8 +563,9 @@ class _HashSweep:
         return self.splits
 
     def prepare(self) -> None:
-        """One data load for every run."""
+        """One data load and pre-flight check of its files for every run."""
         self.splits = load_splits(self.config)
+        check_data_files(self.config, self.splits, self.paths.preflight, self.console)
 
     def report(self, finished: Sequence[FinishedRun[MethodResult]]) -> None:
         """``progress_callback(result, how)`` of the run that finished."""

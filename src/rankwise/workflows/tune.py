@@ -615,7 +615,9 @@ class _TuneSweep:
             for t in self.trials
             for run in t.runs
         }
-        self.splits = prepare_splits(self.runs, lambda run: described[id(run)])
+        self.splits = prepare_splits(
+            self.runs, lambda run: described[id(run)], self.paths.preflight, self.console
+        )
 
     def start(self) -> None:
         """Announce the sweep and compile the metric kernels."""
