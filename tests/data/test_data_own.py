@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from rankwise.cli import app
 from rankwise.data import CorruptDatasetError, DatasetNotFoundError, load_dataset
+from rankwise.data.preflight import check_image_files
 from rankwise.data.registry import input_spec
 
 runner = CliRunner()
@@ -151,13 +152,17 @@ def _break(kind, images):
         table = table_of(images)
         text = table.read_text().replace("images/c5/3.png", "images/c5/nope.png")
         table.write_text(text)
-        return "csv", table, ["row 35", "column 'path'", "nope.png"]
+        return "csv", table, ["table.csv row 35, column 'path'", "nope.png", "missing"]
     if kind == "unreadable image":
         (images / "c2" / "4.png").write_bytes(b"not a png")
-        return "folder", images, ["class 'c2'", "c2/4.png", "cannot read image"]
+        return "folder", images, ["dataset 'folder'", "c2/4.png", "not an image"]
     if kind == "unreadable image in table":
         (images / "c1" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
-        return "csv", table_of(images), ["row 8", "column 'path'", "cannot read image"]
+        return (
+            "csv",
+            table_of(images),
+            ["table.csv row 8, column 'path'", "c1/0.png", "not an image"],
+        )
     if kind == "empty class":
         (images / "c9").mkdir()
         return "folder", images, ["class folder", "c9", "holds no image"]
@@ -221,24 +226,34 @@ BAD = [
 ]
 
 
+# bad files are found by the pre-flight check every run makes before its first step
+FILE_PROBLEMS = ("missing file", "unreadable image", "unreadable image in table")
+
+
 @pytest.mark.parametrize("kind", BAD)
 def test_bad_input_is_named_by_row_and_column(image_classes, kind):
     name, data_dir, says = _break(kind, image_classes)
     with pytest.raises((CorruptDatasetError, DatasetNotFoundError)) as info:
-        load_dataset(name, data_dir=data_dir, image_size=8)
+        splits = load_dataset(name, data_dir=data_dir, image_size=8)
+        assert kind in FILE_PROBLEMS, "loaded without an error"
+        check_image_files(splits)
     message = str(info.value)
     assert "\n" not in message
     for part in says:
         assert part in message, (part, message)
 
 
-@pytest.mark.parametrize("kind", ["unreadable image", "duplicate path", "missing column"])
+@pytest.mark.parametrize(
+    "kind", ["unreadable image", "missing file", "duplicate path", "missing column"]
+)
 def test_bad_input_from_the_command_line_is_exit_2_and_writes_nothing(
     image_classes, tiny_config, tmp_path, kind
 ):
     name, data_dir, says = _break(kind, image_classes)
     config = tmp_path / "c.json"
-    data = tiny_config.data(dataset={"name": name, "image_size": 8})
+    data = tiny_config.data(
+        dataset={"name": name, "image_size": 8}, sampler={"m": 2, "batch_size": 4}
+    )
     config.write_text(json.dumps(data))
     out = tmp_path / "run"
     result = runner.invoke(

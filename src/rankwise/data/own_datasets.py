@@ -18,9 +18,10 @@ benchmark (docs/your_data.md):
   the rows are split as ``folder``'s images.
 
 Validation data is carved from the training part as for every dataset
-(:func:`rankwise.data.splits.split_validation`). Every image is checked before anything is
-written (it exists and its file decodes); bad input raises
-:class:`~rankwise.data.base.CorruptDatasetError` naming the file, row and column.
+(:func:`rankwise.data.splits.split_validation`). Bad input raises
+:class:`~rankwise.data.base.CorruptDatasetError` naming the file, row and column; every image is
+opened before a run's first step by the run's pre-flight check (:mod:`rankwise.data.preflight`,
+which names a table's row and column through :class:`TableRows`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import csv
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ from .base import (
     DatasetNotFoundError,
     ImageFolderDataset,
     LabelledDataset,
+    ListRows,
     RetrievalSplits,
 )
 from .splits import split_validation
@@ -49,6 +52,7 @@ __all__ = [
     "OWN_OPTIONS",
     "IMAGE_SUFFIXES",
     "CSV_COLUMNS",
+    "TableRows",
     "arrays_input_shape",
     "load_own_dataset",
 ]
@@ -77,24 +81,31 @@ class _Rows:
         self.category: list[str] = []
         self.where: list[str] = []
         self.has_flags = False
+        self.numbers: list[int] = []  # a table's row numbers (the header is row 1)
+        self.table: str | None = None
 
 
 # ----------------------------------------------------------------------------- readers
 
 
-def _check_image(path: Path, where: str) -> None:
-    """The file exists and decodes as an image (PIL verifies the header and chunks)."""
-    from PIL import Image
+@dataclass(frozen=True)
+class TableRows(ListRows):
+    """Where the images of a table are: its rows, in its ``path`` column (for the pre-flight).
 
-    if not path.is_file():
-        raise CorruptDatasetError(f"{where}: no file {str(path)!r}; fix the path or add the file.")
-    try:
-        with Image.open(path) as image:
-            image.verify()
-    except Exception as exc:  # PIL raises many types for a broken file
-        raise CorruptDatasetError(
-            f"{where}: cannot read image {str(path)!r} ({exc}); replace or remove it."
-        ) from None
+    Example:
+        >>> TableRows("photos.csv", np.array([2, 7])).where(1)
+        "photos.csv row 7, column 'path'"
+    """
+
+    unit: str = "row"
+
+    def where(self, index: int) -> str:
+        """``"<table> row <row>, column 'path'"`` of sample ``index``."""
+        return f"{self.file} row {int(self.rows[index])}, column 'path'"
+
+    def take(self, indices: np.ndarray) -> TableRows:
+        """The rows of the samples ``indices``."""
+        return TableRows(self.file, self.rows[indices], self.unit)
 
 
 def _read_folder(root: Path) -> _Rows:
@@ -128,7 +139,6 @@ def _read_folder(root: Path) -> _Rows:
             )
         for path in images:
             where = f"dataset 'folder': class {folder.name!r}, file {str(path.relative_to(root))!r}"
-            _check_image(path, where)
             rows.items.append(str(path))
             rows.labels.append(folder.name)
             rows.split.append(None)
@@ -213,6 +223,7 @@ def _read_table(table: Path) -> _Rows:
     columns, records = _table_records(table)
     name = f"dataset 'csv': {table.name}"
     rows = _Rows()
+    rows.table = table.name
     rows.has_flags = "is_query" in columns
     seen: dict[Path, int] = {}
     # row numbers as a spreadsheet shows them: the header is row 1
@@ -229,8 +240,8 @@ def _read_table(table: Path) -> _Rows:
                 "image once."
             )
         seen[key] = row
-        _check_image(path, where("path"))
         rows.items.append(str(path))
+        rows.numbers.append(row)
         rows.where.append(f"{name} row {row}")
     return rows
 
@@ -366,6 +377,9 @@ class _Maker:
             return ArrayDataset(self.x[idx], labels, name=f"{self.name}/{split}")
         assert self.rows is not None
         tf = self.train_transform if split == "train" and self.train_transform else self.transform
+        origin = None
+        if self.rows.table is not None:
+            origin = TableRows(self.rows.table, np.asarray(self.rows.numbers, dtype=np.int64)[idx])
         ds = ImageFolderDataset(
             [self.rows.items[i] for i in idx],
             labels,
@@ -373,6 +387,7 @@ class _Maker:
             None,
             self.image_size,
             f"{self.name}/{split}",
+            origin=origin,
         )
         if self.rows.category:
             ds.categories = np.asarray([self.rows.category[i] for i in idx], dtype=str)  # type: ignore[attr-defined]
