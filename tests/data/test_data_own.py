@@ -332,3 +332,28 @@ def test_an_arrays_run_embeds_its_float_inputs(tiny_config, tmp_path):
     run = load_run(tmp_path / "run")
     assert run.input_shape == (6,) and run.input_kind == "float"
     assert run.embed(x[:5]).shape == (5, 4)
+
+
+def test_a_table_with_categories_reports_the_test_map_per_category(
+    image_classes, tiny_config, tmp_path
+):
+    from rankwise.training import Trainer, config_from_dict
+
+    data = tiny_config.data(
+        tmp_path / "run",
+        dataset={"name": "csv", "data_dir": str(table_of(image_classes)), "image_size": 8},
+        sampler={"m": 2, "batch_size": 4},
+        budget={"iterations": 2},
+    )
+    Trainer.from_config(config_from_dict(data)).fit()
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    ap = np.array(report["test"]["per_query_ap"], dtype=float)
+    # queries: c4/0, c4/1 (bags), c5/0, c5/1 (shoes)
+    assert report["test_per_category"] == {
+        "bags": {"map": float(ap[:2].mean()), "n_queries": 2, "n_queries_without_relevant": 0},
+        "shoes": {"map": float(ap[2:].mean()), "n_queries": 2, "n_queries_without_relevant": 0},
+    }
+    # runs without categories keep report.json as it was
+    plain = tiny_config(tmp_path / "plain", **{"budget.iterations": 2})
+    Trainer.from_config(plain).fit()
+    assert "test_per_category" not in json.loads((tmp_path / "plain" / "report.json").read_text())
