@@ -514,7 +514,7 @@ def load_own_dataset(
     """
     if data_dir is None:
         raise DatasetNotFoundError(
-            f"dataset {name!r} reads your data: set dataset.data_dir (--data-dir) to "
+            f"dataset {name!r} reads your data: set `dataset.data_dir` to "
             + {
                 "folder": "a folder of class sub-folders.",
                 "csv": "a CSV table.",

@@ -90,7 +90,7 @@ def _pick(ap: np.ndarray, worst: int | None, queries: list[int] | None, n: int) 
         bad = [q for q in queries if not 0 <= q < n]
         if bad:
             raise ValueError(
-                f"--queries: query {bad[0]} is not a row of the test split (0 .. {n - 1})."
+                f"queries: query {bad[0]} is not a row of the test split (0 .. {n - 1})."
             )
         return list(queries)
     scored = np.flatnonzero(~np.isnan(ap))
@@ -137,7 +137,7 @@ def build_gallery(
     ap = report.per_query_ap.double().numpy()
     n_gallery = g_emb.shape[0] - (1 if gallery is None else 0)
     if not 1 <= k <= n_gallery:
-        raise ValueError(f"--k must be 1 .. {n_gallery} (the gallery's size), got {k}.")
+        raise ValueError(f"`k` must be 1 .. {n_gallery} (the gallery's size), got {k}.")
     picked = _pick(ap, worst, queries, q_emb.shape[0])
     index = EmbeddingIndex(int(g_emb.shape[1]), "cosine")
     index.add(g_emb, labels=g_labels)
