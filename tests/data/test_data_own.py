@@ -357,3 +357,26 @@ def test_a_table_with_categories_reports_the_test_map_per_category(
     plain = tiny_config(tmp_path / "plain", **{"budget.iterations": 2})
     Trainer.from_config(plain).fit()
     assert "test_per_category" not in json.loads((tmp_path / "plain" / "report.json").read_text())
+
+
+def test_bench_and_embed_take_a_folder_dataset(image_classes, tmp_path):
+    config = tmp_path / "folder.yaml"
+    config.write_text(
+        "dataset: {name: folder, image_size: 8, val_fraction: 0.2}\n"
+        "model: {backbone: small_cnn, embedding_dim: 8}\n"
+        "loss: {name: auc}\n"
+        "sampler: {m: 2, batch_size: 4}\n"
+        "budget: {iterations: 2}\n"
+        "eval_every: 2\neval_ks: [1]\nthreads: 1\nprogress: false\n"
+        "bench: {losses: [auc, ap], overrides: {}}\n"
+    )
+    args = ["bench", "-c", str(config), "-d", "folder", "--data-dir", str(image_classes)]
+    result = runner.invoke(app, [*args, "--seeds", "1", "-o", str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert "folder (open-set)" in result.output and summary
+    (run_dir,) = [p.parent for p in (tmp_path / "bench").rglob("report.json")][:1]
+    out = tmp_path / "emb.npy"
+    result = runner.invoke(app, ["embed", str(run_dir), str(image_classes / "c0"), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert np.load(out).shape == (6, 8)

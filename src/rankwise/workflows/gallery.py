@@ -240,7 +240,9 @@ def _png_data(picture: np.ndarray) -> str:
     image = Image.fromarray(pixels)
     if min(image.size) < 48:  # tiny arrays (8 x 8 digits) enlarged, pixels kept sharp
         scale = -(-48 // min(image.size))
-        image = image.resize((image.size[0] * scale, image.size[1] * scale), Image.NEAREST)
+        image = image.resize(
+            (image.size[0] * scale, image.size[1] * scale), Image.Resampling.NEAREST
+        )
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
