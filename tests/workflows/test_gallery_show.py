@@ -145,3 +145,11 @@ def test_the_picture_of_an_array_item_is_its_pixels(digits_run):
     gallery = build_gallery(load_run(digits_run), k=1, worst=1)
     item = gallery.queries.inputs[0]
     assert torch.equal(torch.from_numpy(_picture(gallery.queries, 0)), item[0].double())
+
+
+def test_the_picture_of_a_feature_vector_is_a_min_max_scaled_strip():
+    from rankwise.data import ArrayDataset
+    from rankwise.workflows.gallery import _picture
+
+    data = ArrayDataset(np.array([[-2.0, 0.0, 6.0]], dtype=np.float32), np.array([0]))
+    assert _picture(data, 0).tolist() == [[0.0, 0.25, 1.0]]
