@@ -196,6 +196,18 @@ def _break(kind, images):
         lines[3] = lines[3].replace("c0,", ",", 1)
         table.write_text("\n".join(lines) + "\n")
         return "csv", table, ["row 4", "column 'label'", "empty"]
+    if kind == "extra cell":
+        table = table_of(images)
+        lines = table.read_text().splitlines()
+        lines[4] += ",surplus"
+        table.write_text("\n".join(lines) + "\n")
+        return "csv", table, ["row 5", "7 cells for 6 columns"]
+    if kind == "missing cell":
+        table = table_of(images)
+        lines = table.read_text().splitlines()
+        lines[6] = lines[6].rsplit(",", 1)[0]
+        table.write_text("\n".join(lines) + "\n")
+        return "csv", table, ["row 7", "fewer cells"]
     if kind == "no table":
         return "csv", images.parent / "absent.csv", ["absent.csv", "is not a file"]
     if kind == "arrays without y":
@@ -220,6 +232,8 @@ BAD = [
     "bad split",
     "bad flag",
     "empty label",
+    "extra cell",
+    "missing cell",
     "no table",
     "arrays without y",
     "arrays with NaN",
@@ -380,3 +394,14 @@ def test_bench_and_embed_take_a_folder_dataset(image_classes, tmp_path):
     result = runner.invoke(app, ["embed", str(run_dir), str(image_classes / "c0"), "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert np.load(out).shape == (6, 8)
+
+
+def test_a_spreadsheets_byte_order_mark_and_hidden_folders_are_not_data(image_classes):
+    table = table_of(image_classes)
+    table.write_bytes(b"\xef\xbb\xbf" + table.read_bytes())
+    assert len(load_dataset("csv", data_dir=table, image_size=8).test) == 4
+    (image_classes / ".ipynb_checkpoints").mkdir()
+    (image_classes / "c0" / ".thumbs").mkdir()
+    (image_classes / "c0" / ".thumbs" / "0.png").write_bytes(b"junk")
+    splits = load_dataset("folder", data_dir=image_classes, image_size=8)
+    assert len(splits.train) + len(splits.val) + len(splits.test) == 36

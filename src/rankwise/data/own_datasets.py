@@ -124,14 +124,20 @@ def _read_folder(root: Path) -> _Rows:
             "must be in its class's sub-folder (ROOT/<class>/<image>)."
         )
     rows = _Rows()
-    classes = sorted(p for p in root.iterdir() if p.is_dir())
+    # hidden folders (.git, .ipynb_checkpoints) are not classes
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if len(classes) < 2:
         raise CorruptDatasetError(
             f"dataset 'folder': {str(root)!r} has {len(classes)} class sub-folder(s); it needs "
             "one per class, at least 2."
         )
     for folder in classes:
-        images = sorted(p for p in folder.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        images = sorted(
+            p
+            for p in folder.rglob("*")
+            if p.suffix.lower() in IMAGE_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+        )
         if not images:
             raise CorruptDatasetError(
                 f"dataset 'folder': class folder {str(folder)!r} holds no image "
@@ -163,10 +169,11 @@ def _table_records(table: Path) -> tuple[list[str], list[dict[str, str]]]:
             f"the columns {', '.join(_REQUIRED)} (optional: is_query, is_gallery, category)."
         )
     try:
-        with open(table, newline="", encoding="utf-8") as handle:
+        # utf-8-sig: a spreadsheet's byte-order mark is not part of the first column's name
+        with open(table, newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             columns = [c.strip() for c in reader.fieldnames or []]
-            records = [{k.strip(): v for k, v in r.items() if k is not None} for r in reader]
+            records = [dict(r) for r in reader]
     except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise CorruptDatasetError(f"dataset 'csv': cannot read {str(table)!r}: {exc}") from None
     name = f"dataset 'csv': {table.name}"
@@ -197,7 +204,9 @@ def _table_row(
 ) -> Path:
     """Check one table row and append it to ``rows``; returns its image path."""
     if any(value is None for value in record.values()):
-        raise CorruptDatasetError(f"{where('path').rsplit(',', 1)[0]}: a column is missing.")
+        raise CorruptDatasetError(
+            f"{where('path').rsplit(',', 1)[0]}: fewer cells than the header's columns."
+        )
     label = record["label"].strip()
     if not label:
         raise CorruptDatasetError(f"{where('label')}: empty; every row needs its class.")
@@ -227,11 +236,17 @@ def _read_table(table: Path) -> _Rows:
     rows.has_flags = "is_query" in columns
     seen: dict[Path, int] = {}
     # row numbers as a spreadsheet shows them: the header is row 1
-    for row, record in enumerate(records, start=2):
+    for row, raw in enumerate(records, start=2):
 
         def where(column: str, row: int = row) -> str:
             return f"{name} row {row}, column {column!r}"
 
+        if None in raw:  # csv.DictReader keeps cells past the header under None
+            raise CorruptDatasetError(
+                f"{name} row {row}: {len(columns) + len(raw[None])} cells for {len(columns)} "  # type: ignore[index]
+                "columns; quote cells holding commas."
+            )
+        record = {k.strip(): v for k, v in raw.items()}
         path = _table_row(rows, record, where, table)
         key = Path(os.path.normpath(path))
         if key in seen:
