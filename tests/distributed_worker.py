@@ -379,6 +379,7 @@ def sharded_metric_run(trainer_class) -> dict:
         "rows": rows,
         "best_val": result.best_val,
         "test": result.test.to_dict(),
+        "scalars": result.test.scalars(),  # the names a monitor selects by
         "curve": torch.from_numpy(result.pr_curve.precision),
     }
 

@@ -49,7 +49,8 @@ def test_npy_table_json_and_png(saved):
         out_png,
     )
     assert result.exit_code == 0, result.output
-    for row in ("mAP", "recall@1", "recall@5", "precision@5", "MAP@R", "R-precision"):
+    rows = ("mAP", "recall@1", "recall@5", "precision@5", "MAP@R", "R-precision", "NDCG@5", "MRR")
+    for row in rows:
         assert row in result.output
     assert "excluded queries (no relevant item in the gallery): 0" in result.output
     expected = retrieval_metrics(emb, labels, ks=(1, 5))
@@ -57,6 +58,8 @@ def test_npy_table_json_and_png(saved):
     assert report["map"] == pytest.approx(expected.map, abs=1e-12)
     assert report["recall_at"]["5"] == pytest.approx(expected.recall_at[5], abs=1e-12)
     assert report["map_at_r"] == pytest.approx(expected.map_at_r, abs=1e-12)
+    assert report["ndcg_at"]["5"] == pytest.approx(expected.ndcg_at[5], abs=1e-12)
+    assert report["mrr"] == pytest.approx(expected.mrr, abs=1e-12)
     assert report["n_queries"] == 150 and len(report["per_query_ap"]) == 150
     assert f"{expected.map:.4f}" in result.output
     with Image.open(out_png) as image:

@@ -71,7 +71,10 @@ def check_embeddings(
     *,
     finite: bool = True,
 ) -> torch.Tensor:
-    """Validate a 2-D floating (n, d) embedding matrix; integer / bool codes are cast to float32.
+    """Validate a 2-D floating (n, d) embedding matrix; integer / bool codes are cast to float64.
+
+    float64 keeps integer codes exact up to 2^53 (float32 would merge ``2^24`` and ``2^24 + 1``,
+    and the metrics promise exact scores of codes). Floating inputs keep their dtype.
 
     ``finite=False`` checks the shape and dtype only and reads no value, so it never waits for
     the device (the losses check the values on the device and raise later, see
@@ -95,10 +98,32 @@ def check_embeddings(
     if t.dtype == torch.bool or not t.is_floating_point():
         if t.is_complex():
             raise ValueError(f"`{name}` must be real-valued, got {t.dtype}.")
-        t = t.to(torch.float32)
+        t = t.to(torch.float64)
     if finite:
         check_finite(t, name)
     return t
+
+
+# float64 and float32 represent -2^63 and 2^63 exactly: the int64 range is [-2^63, 2^63)
+_INT64_LOW, _INT64_END = -(2.0**63), 2.0**63
+
+
+def _check_fits_int64(t: torch.Tensor, name: str) -> None:
+    """Refuse integer-valued float labels outside int64.
+
+    The cast would merge them: 1e20 and 2e20 both become -2^63, so every item would count as
+    relevant.
+    """
+    wide = t.to(torch.float64) if t.dtype != torch.float64 else t
+    outside = (wide < _INT64_LOW) | (wide >= _INT64_END)
+    if bool(outside.any()):
+        value = int(wide[outside][0])  # an integer-valued float: exact as a Python int
+        raise ValueError(
+            f"`{name}` holds the {t.dtype} class id {value}, outside the int64 range "
+            "[-2**63, 2**63); "
+            "distinct ids there cannot be told apart. Map them to small ids first, e.g. "
+            f"np.unique({name}, return_inverse=True)[1]."
+        )
 
 
 def check_labels(
@@ -146,6 +171,7 @@ def check_labels(
                 f"`{name}` must hold integer class ids, got non-integer floats ({t.dtype}); "
                 "convert with labels.astype(int) or map class names to ids first."
             )
+        _check_fits_int64(t, name)
         t = t.to(torch.int64)
     elif t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"`{name}` must hold integer class ids, got dtype {t.dtype}.")

@@ -13,6 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from .metrics import RetrievalReport
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -25,33 +27,22 @@ __all__ = [
     "report_table",
 ]
 
-# the names the command line (and every table) gives a RetrievalReport's fields
-REPORT_NAMES = {
-    "map": "mAP",
-    "recall_at": "recall@{k}",
-    "precision_at": "precision@{k}",
-    "map_at_r": "MAP@R",
-    "r_precision": "R-precision",
-}
+# the names the command line (and every table) gives a RetrievalReport's fields (declared with
+# the fields: RetrievalReport.FIELDS)
+REPORT_NAMES = {f.attribute: f.label for f in RetrievalReport.FIELDS}
 
 
 def report_rows(report: Any) -> list[tuple[str, float]]:
     """``(name, value)`` of every metric of a retrieval report, named as the command line does.
 
     Args:
-        report: a :class:`~rankwise.metrics.RetrievalReport`.
+        report: a :class:`~rankwise.metrics.RetrievalReport` (or a subclass: its own fields too).
 
     Returns:
-        mAP, recall@k..., precision@k..., MAP@R, R-precision, in that order.
+        mAP, recall@k..., precision@k..., MAP@R, R-precision, ..., in the order of the report's
+        ``FIELDS`` (:meth:`~rankwise.metrics.RetrievalReport.rows`).
     """
-    names = REPORT_NAMES
-    return [
-        (names["map"], float(report.map)),
-        *((names["recall_at"].format(k=k), float(v)) for k, v in report.recall_at.items()),
-        *((names["precision_at"].format(k=k), float(v)) for k, v in report.precision_at.items()),
-        (names["map_at_r"], float(report.map_at_r)),
-        (names["r_precision"], float(report.r_precision)),
-    ]
+    return report.rows()
 
 
 def report_table(report: Any, title: str | None = None) -> Any:

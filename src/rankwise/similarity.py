@@ -44,6 +44,12 @@ SIMILARITY_ALIASES = {"neg_euclidean": "euclidean"}
 _CODES = {"dot": 0, "cosine": 1, "euclidean": 2}
 # float64 keys of float64 inputs overflow past ~1.8e308; refuse anything whose bound exceeds this.
 _OVERFLOW_LIMIT = 2.0**1000
+# IEEE 754 binary64: exponent bias, stored significand bits, smallest normal and subnormal exponents
+_EXPONENT_BIAS = 1023
+_SIGNIFICAND_BITS = 52
+_MIN_NORMAL_EXPONENT = -1022
+_SMALLEST_EXPONENT = -1074
+_STEP_DOWN = _MIN_NORMAL_EXPONENT + _SIGNIFICAND_BITS + 1  # 2^-969: keeps |x| >= 2^-53 normal
 
 
 def check_similarity(similarity: Any, name: str = "similarity") -> str:
@@ -100,10 +106,63 @@ def similarity_matrix(
 # -- exact evaluation keys -------------------------------------------------------------------------
 
 
+def power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """float64 ``2^e`` of an integer tensor, exactly, built from the IEEE 754 bits on any device.
+
+    ``torch.ldexp`` multiplies by ``pow(2, e)``, which CUDA computes inexactly in float64
+    (``ldexp(1, -4)`` gives 0.06249999999999999 there). Here the bits are written directly: the
+    biased exponent ``e + 1023`` for normal powers (``e >= -1022``), the single significand bit
+    ``2^(e + 1074)`` for subnormal ones (``-1074 <= e < -1022``); 0 below -1074, inf above 1023
+    (the correctly rounded values).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.similarity import power_of_two
+        >>> power_of_two(torch.tensor([-1075, -1074, -4, 0, 1023, 1024])).tolist()
+        [0.0, 5e-324, 0.0625, 1.0, 8.98846567431158e+307, inf]
+    """
+    e = exponent.to(torch.int64)
+    normal = (e + _EXPONENT_BIAS).clamp(1, 2 * _EXPONENT_BIAS) << _SIGNIFICAND_BITS
+    subnormal = torch.ones_like(e) << (e - _SMALLEST_EXPONENT).clamp(0, _SIGNIFICAND_BITS - 1)
+    value = torch.where(e >= _MIN_NORMAL_EXPONENT, normal, subnormal).view(torch.float64)
+    value = torch.where(e > _EXPONENT_BIAS, torch.full_like(value, float("inf")), value)
+    return torch.where(e < _SMALLEST_EXPONENT, torch.zeros_like(value), value)
+
+
+def times_power_of_two(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """``x * 2^e`` correctly rounded (as C's ``ldexp``) for float64 ``x`` and any integer ``e``.
+
+    Three multiplications by normal powers of two (:func:`power_of_two`), as musl's ``scalbn``:
+    a shift beyond the normal range is taken in steps of ``2^1023`` up or ``2^-969`` down first.
+    A step up is exact (the result only grows); a step down rounds only an intermediate below
+    ``2^-1022``, whose final value is then below ``2^-1075`` and rounds to 0 either way, so the one
+    rounding is that of the exact product.
+
+    Example:
+        >>> import torch
+        >>> from rankwise.similarity import times_power_of_two
+        >>> x = torch.tensor([5e-324, 3.0, -1.5], dtype=torch.float64)
+        >>> times_power_of_two(x, torch.tensor([1074, -4, -1074])).tolist()  # ties to even
+        [1.0, 0.1875, -1e-323]
+    """
+    e = exponent.to(torch.int64)
+    zero = torch.zeros_like(e)
+    for _ in range(2):
+        down = torch.where(e < _MIN_NORMAL_EXPONENT, zero + _STEP_DOWN, zero)
+        step = torch.where(e > _EXPONENT_BIAS, zero + _EXPONENT_BIAS, down)
+        x = x * power_of_two(step)
+        e = e - step
+    return x * power_of_two(e.clamp(_MIN_NORMAL_EXPONENT, _EXPONENT_BIAS))
+
+
 def _power_of_two_row_scale(x: torch.Tensor) -> torch.Tensor:
-    """Rows multiplied by powers of two so that their largest |entry| lies in [0.5, 1) (exact)."""
+    """Rows multiplied by powers of two so that their largest |entry| lies in [0.5, 1) (exact).
+
+    Pure torch on every device (the CPU runs the code CUDA runs): ``frexp`` of the row maxima,
+    then :func:`times_power_of_two`, never ``torch.ldexp`` (inexact on CUDA).
+    """
     _, exponent = torch.frexp(x.abs().amax(dim=1))
-    return torch.ldexp(x, -exponent.to(torch.int64)[:, None].to(x.dtype))
+    return times_power_of_two(x, -exponent.to(torch.int64)[:, None])
 
 
 def safe_row_norms(x: torch.Tensor) -> torch.Tensor:
@@ -193,8 +252,9 @@ def _torch_keys(
             return -acc
         den = q_norm2 * g_norm2
         return torch.where(den == 0, torch.zeros_like(acc), (acc * acc.abs()) / den)
+    # (B, N) spelled out: torch.broadcast_shapes imports sympy on its first call (0.5 s)
+    shape = (q.shape[0], g.shape[0])
     q, g, q_norm2, g_norm2 = q[:, None], g[None], q_norm2[:, None], g_norm2[None]
-    shape = torch.broadcast_shapes(q.shape[:-1], g.shape[:-1])
     acc = torch.zeros(shape, dtype=torch.float64, device=q.device)
     for k in range(q.shape[-1]):
         if code == _CODES["euclidean"]:
@@ -374,19 +434,26 @@ def _lowest_bit_exponent(x: torch.Tensor) -> int | None:
 
 
 def _lowest_bit_exponent_torch(x: torch.Tensor) -> torch.Tensor:
-    """0-d int64 tensor: the lowest-bit exponent of a finite float64 tensor (2^30 when all 0).
+    """0-d int64 tensor: the lowest-bit exponent of a finite float64 tensor (2^30 when all 0)."""
+    bits = _entry_lowest_bit_exponents(x.detach().reshape(-1))
+    return bits.min() if bits.numel() else torch.tensor(1 << 30)
+
+
+def _entry_lowest_bit_exponents(flat: torch.Tensor) -> torch.Tensor:
+    """(n,) int64: per entry of a finite float64 vector, the largest t with it a multiple of 2^t.
+
+    2^30 for an entry 0.
 
     ``frexp`` gives each entry as ``m 2^e`` with ``|m|`` in [0.5, 1); ``|m| 2^53`` is its 53-bit
     integer significand, whose lowest set bit ``s & -s`` is a power of two ``2^t``: the entry is
     a multiple of ``2^(e - 53 + t)``.
     """
-    flat = x.detach().reshape(-1)
     mantissa, exponent = torch.frexp(flat)
-    significand = torch.ldexp(mantissa.abs(), torch.tensor(53, device=x.device)).to(torch.int64)
+    # times the constant 2^53, exact on every device (torch.ldexp is not on CUDA)
+    significand = (mantissa.abs() * 2.0**53).to(torch.int64)
     lowest = (significand & -significand).to(torch.float64)
     shift = torch.frexp(lowest)[1] - 1
-    bits = torch.where(flat != 0, exponent.to(torch.int64) - 53 + shift, 1 << 30)
-    return bits.min() if bits.numel() else torch.tensor(1 << 30)
+    return torch.where(flat != 0, exponent.to(torch.int64) - 53 + shift, 1 << 30)
 
 
 def _check_no_overflow(

@@ -63,6 +63,11 @@ def case_reports(rank: int, world: int) -> dict[str, Any]:
     index = np.where(np.arange(61) % 3 == 0, np.arange(61), -1)  # a few queries are gallery rows
     out["index_array"] = both(retrieval_metrics, q, ql, x[:61], y[:61], exclude_self=index)
     out["one_query"] = both(retrieval_metrics, q[:1], torch.tensor([0]), g, gl, ks=(1,))
+    # NDCG@k / MRR (issue 37): cut-offs inside tie groups, on the device loop as well
+    for backend in ("numba", "torch"):
+        out[f"ndcg_mrr/{backend}"] = both(
+            retrieval_metrics, x, y, ks=(1, 2, 3, 7, 60), similarity="dot", backend=backend
+        )
     return out
 
 

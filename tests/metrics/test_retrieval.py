@@ -385,6 +385,9 @@ def test_printed_report_uses_the_command_lines_names():
         "precision@5",
         "MAP@R",
         "R-precision",
+        "NDCG@1",
+        "NDCG@5",
+        "MRR",
     ]
 
 

@@ -160,6 +160,8 @@ REPORT_CASES = [
     "partial",
     "index_array",
     "one_query",
+    "ndcg_mrr/numba",
+    "ndcg_mrr/torch",
 ]
 
 
@@ -170,6 +172,10 @@ def test_two_ranks_give_every_rank_the_single_process_report(sharded_results, ca
     assert_identical(rank1["sharded"], rank0["single"])
     if case == "gallery":  # rank 0's share held no query with a relevant item
         assert rank0["single"].n_queries_without_relevant == 31
+    # the per-query metrics declared in RetrievalReport.FIELDS, NDCG@k and MRR among them
+    report = rank1["sharded"]
+    assert set(report.ndcg_at) == set(report.ks) and 0 < report.mrr <= 1
+    assert set(report.per_query) >= {"mrr", *(f"ndcg@{k}" for k in report.ks)}
 
 
 @pytest.mark.parametrize("case", ["loo", "loo_pessimistic", "gallery", "kept_rows"])

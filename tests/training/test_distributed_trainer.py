@@ -114,6 +114,11 @@ def test_each_rank_ranks_its_share_of_the_queries_and_gets_the_single_process_re
         shares.append(run["rows"])
         assert run["test"] == single["test"]  # every field, exactly
         assert run["best_val"] == single["best_val"]
+        # NDCG@k and MRR (issue 37) merged from the ranks' shares like every other field
+        assert set(run["test"]["ndcg_at"]) == {"1", "5"} and 0 < run["test"]["mrr"] <= 1
+        assert run["best_val"]["mrr"] == single["best_val"]["mrr"]
+        assert run["scalars"] == single["scalars"]
+        assert run["scalars"]["ndcg@5"] == run["test"]["ndcg_at"]["5"]
         assert torch.equal(run["curve"], single["curve"])
     # validation 35 queries, test 42: each rank ranked its half, together all of them once
     assert [share["metric"] for share in shares] == [[17, 21], [18, 21]]

@@ -30,7 +30,7 @@ from .distributed import (
 from .hamming import EuclideanThresholdAffinity, HammingRetrievalReport, hamming_retrieval_metrics
 from .module import RetrievalMetric
 from .ranking import average_precision, batched_average_precision, batched_ndcg, ndcg
-from .retrieval import PRCurve, RetrievalReport, pr_curve, retrieval_metrics
+from .retrieval import PRCurve, ReportField, RetrievalReport, pr_curve, retrieval_metrics
 
 __all__ = [
     "average_precision",
@@ -39,6 +39,7 @@ __all__ = [
     "batched_ndcg",
     "retrieval_metrics",
     "RetrievalReport",
+    "ReportField",
     "pr_curve",
     "PRCurve",
     "roc_curve",

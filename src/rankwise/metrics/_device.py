@@ -84,9 +84,9 @@ READBACK_RECORD = "rankwise.retrieval.readback"
 # sorted labels (4), the relevance (1), its two int32 cumulative counts (8), slack (11).
 BYTES_PER_SCORE = 64
 # Bytes per (query, relevant slot): the (B, W) item tensors and the (W, B) group table, plus per
-# cut-off the float64 closed-form temporaries.
+# cut-off the float64 closed-form temporaries (those of P@k and of DCG@k).
 BYTES_PER_SLOT = 256
-BYTES_PER_SLOT_AND_CUTOFF = 64
+BYTES_PER_SLOT_AND_CUTOFF = 96
 # Bytes per near-tied pair, per embedding dimension: the two keys' gathered float64 rows, their
 # products and partial sums; plus the pair's own indices.
 BYTES_PER_PAIR_DIM = 80
@@ -338,13 +338,19 @@ Finish = Callable[
 ]
 
 
-def _metric_finish(ties: str) -> Finish:
-    """Step 4 and 5 of the metrics: closed forms, sums in slot order, the best group's counts."""
+def _metric_finish(ties: str, discounts: torch.Tensor | None = None) -> Finish:
+    """Step 4 and 5 of the metrics: closed forms, sums in slot order, the best group's counts.
+
+    With ``discounts`` (:func:`rankwise.metrics.ranking.discount_table_tensor`) the sums hold
+    the DCG@k rows of :func:`~rankwise.metrics.ranking.group_terms` too (NDCG@k).
+    """
 
     def finish(prob, c, out, lo, hi, raw, valid) -> None:
         width = raw.shape[2]
         g, n, r, table = _group_table(prob, c, raw, lo, hi, valid)
-        terms = group_terms(g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table)
+        terms = group_terms(
+            g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table, 2, discounts
+        )
         sums = terms.cumsum(1)[:, -1]  # in slot order: decreasing score
         _write(prob, out, 0, lo, sums)
         _write(prob, out, sums.shape[0], lo, table[:, 0])
@@ -765,11 +771,12 @@ def run_metrics(
     chunk_size: int | None,
     budget: int,
     pair_keys,
+    discounts: torch.Tensor | None = None,
 ) -> LoopResult:
     """Per-query sums of every closed form and the counts of each query's best group, read once.
 
-    Rows of the result: AP, MAP@R, R-precision, P@k per k (sums), then the raw counts of the best
-    group (window start and end, ``E`` at both).
+    Rows of the result: AP, MAP@R, R-precision, P@k per k (sums), with ``discounts`` the DCG@k
+    sums per k, then the raw counts of the best group (window start and end, ``E`` at both).
 
     Args:
         prob: the problem (all the query rows).
@@ -779,9 +786,15 @@ def run_metrics(
         budget: bytes a chunk may use.
         pair_keys: callable returning ``(code, query (d + 1, n_q), gallery (d + 1, N))``
             operands of the exact keys; called only when some query has near-tied pairs.
+        discounts: (K + 1, 2) float64 cumulative discounts on the device
+            (:func:`rankwise.metrics.ranking.discount_table_tensor`, K the largest cut-off), or
+            None for no DCG@k rows.
     """
     n_out = prob.cut.shape[0] + 1 + 4
-    return _run(prob, table, n_out, chunk_size, budget, _metric_finish(ties), pair_keys)
+    if discounts is not None:
+        n_out += prob.cut.shape[0] - 2
+    finish = _metric_finish(ties, discounts)
+    return _run(prob, table, n_out, chunk_size, budget, finish, pair_keys)
 
 
 def run_pr_curve(

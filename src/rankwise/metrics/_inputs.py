@@ -36,7 +36,7 @@ class QueryGallery:
     """Checked query / gallery embeddings and labels on one device.
 
     Attributes:
-        query: (n_q, d) floating tensor (fp16 / bf16 kept; integer / bool codes cast to float32).
+        query: (n_q, d) floating tensor (fp16 / bf16 kept; integer / bool codes cast to float64).
         query_labels: (n_q,) int64 class ids or (n_q, C) bool multi-hot.
         gallery: (n_g, d) floating tensor; the query tensor itself for leave-one-out.
         gallery_labels: labels of the gallery, same kind as ``query_labels``.

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..similarity import ExactOperands, safe_row_norms
+from ..similarity import ExactOperands, safe_row_norms, times_power_of_two
 
 __all__ = ["BlockScorer", "LoopOperands", "ScoreBlock"]
 
@@ -329,7 +329,7 @@ class BlockScorer:
                 # (|q| 2^s), strictly increasing in the key within a row
                 largest = float(safe_row_norms(ops.gallery).max())
                 exponent = math.frexp(largest)[1] if largest > 0 else 0
-                g = torch.ldexp(ops.gallery, torch.tensor(-exponent, dtype=torch.float64))
+                g = times_power_of_two(ops.gallery, _int_on(-exponent, ops.gallery.device))
                 self._value_scale = safe_row_norms(ops.query) * 2.0**exponent
             scale = 1.001 if g is unit_q else float(safe_row_norms(g).max()) * 1.001
             bound = _SAFETY * ((d + 3) * u + key_error) * max(scale, 1e-300) + flush
@@ -347,9 +347,9 @@ class BlockScorer:
         q_c_norm = float(safe_row_norms(q_c).max())
         largest = q_c_norm if shared else max(q_c_norm, float(safe_row_norms(g_c).max()))
         exponent = math.frexp(largest)[1] if largest > 0 else 0
-        power = torch.tensor(-exponent, dtype=torch.float64, device=q_c.device)
-        q_s = torch.ldexp(q_c, power).to(dtype)
-        g_s = q_s if shared else torch.ldexp(g_c, power).to(dtype)
+        power = _int_on(-exponent, q_c.device)
+        q_s = times_power_of_two(q_c, power).to(dtype)
+        g_s = q_s if shared else times_power_of_two(g_c, power).to(dtype)
         q_norm = safe_row_norms(q_s) * 1.001
         g_norm = float(q_norm.max()) if shared else float(safe_row_norms(g_s).max()) * 1.001
         qn = (q_s.double() ** 2).sum(1, keepdim=True).to(dtype)
@@ -359,6 +359,15 @@ class BlockScorer:
         spread = (q_norm + g_norm) ** 2
         self._distance_scale = 2.0**exponent
         self._bound = (_SAFETY * ((d + 8) * u + key_error) * spread + flush).cpu().numpy()
+
+
+def _int_on(value: int, device: torch.device) -> torch.Tensor:
+    """0-d int64 tensor filled on ``device`` (no host copy).
+
+    An exponent of the scalings, which go through :func:`rankwise.similarity.times_power_of_two`
+    (``torch.ldexp`` is inexact on CUDA).
+    """
+    return torch.full((), value, dtype=torch.int64, device=device)
 
 
 def _unit_rows(x: torch.Tensor) -> torch.Tensor:

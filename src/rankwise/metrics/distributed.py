@@ -42,6 +42,7 @@ from .retrieval import (
     mean_precision_rows,
     pr_curve,
     retrieval_metrics,
+    weighted_mean,
 )
 
 __all__ = [
@@ -53,11 +54,6 @@ __all__ = [
     "sharded_curve",
     "sharded_metric",
 ]
-
-
-def _weighted_mean(values: Sequence[float], weights: Sequence[int]) -> float:
-    total = sum(weights)
-    return math.fsum(v * w for v, w in zip(values, weights, strict=True) if w) / total
 
 
 def _n_evaluated(report: RetrievalReport) -> int:
@@ -121,12 +117,13 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
         raise ValueError(retrieval.NO_RELEVANT_MESSAGE)
     used = [r for r in reports if _n_evaluated(r) > 0]
     weights = [_n_evaluated(r) for r in used]
+    means = {
+        f.attribute: f.combine([getattr(r, f.attribute) for r in used], weights, ks)
+        for f in RetrievalReport.FIELDS
+    }
+    means["map"] = float(ap[valid].mean())  # exact from the per-query APs every report carries
     return RetrievalReport(
-        map=float(ap[valid].mean()),
-        recall_at={k: _weighted_mean([r.recall_at[k] for r in used], weights) for k in ks},
-        precision_at={k: _weighted_mean([r.precision_at[k] for r in used], weights) for k in ks},
-        map_at_r=_weighted_mean([r.map_at_r for r in used], weights),
-        r_precision=_weighted_mean([r.r_precision for r in used], weights),
+        **means,
         per_query_ap=torch.from_numpy(ap),
         n_queries=sum(r.n_queries for r in reports),
         n_queries_without_relevant=sum(r.n_queries_without_relevant for r in reports),
@@ -213,7 +210,7 @@ def merge_pr_curves(curves: Sequence[PRCurve]) -> PRCurve:
     weights = [c.n_queries for c in used]
     stacked = np.stack([np.asarray(c.precision, dtype=np.float64) for c in used])
     precision = np.array(
-        [_weighted_mean(list(stacked[:, j]), weights) for j in range(recall.shape[0])]
+        [weighted_mean(list(stacked[:, j]), weights) for j in range(recall.shape[0])]
     )
     return PRCurve(
         recall, precision, sum(weights), sum(c.n_queries_without_relevant for c in curves)
@@ -554,11 +551,7 @@ def _empty_report(like: RetrievalReport, n: int) -> RetrievalReport:
 
     return dataclasses.replace(
         like,
-        map=math.nan,
-        recall_at=dict.fromkeys(like.ks, math.nan),
-        precision_at=dict.fromkeys(like.ks, math.nan),
-        map_at_r=math.nan,
-        r_precision=math.nan,
+        **{f.attribute: f.nan(like.ks) for f in like.FIELDS},
         per_query_ap=nan(),
         n_queries=n,
         n_queries_without_relevant=n,

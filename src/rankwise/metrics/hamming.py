@@ -39,7 +39,7 @@ from .._validation import Interval, as_tensor, check_labels, check_scalar
 from ._blocks import query_blocks
 from ._kernels import RelevantGroupCounts
 from .ranking import average_precision_from_counts, check_ties, query_metrics_from_counts
-from .retrieval import RetrievalReport, check_self_index
+from .retrieval import ReportField, RetrievalReport, check_self_index, with_fields
 
 __all__ = [
     "AFFINITIES",
@@ -356,6 +356,13 @@ class HammingRetrievalReport(RetrievalReport):
         "no query has a relevant database item (affinity > 0); the metrics are undefined. "
         "Check the labels / affinity, or pass a database that contains the query classes."
     )
+    # AP_T@k after mAP; the graded NDCG (and NDCG@k, in place of the binary one) at the end
+    FIELDS: ClassVar[tuple[ReportField, ...]] = with_fields(
+        RetrievalReport.FIELDS,
+        ("recall_at", ReportField("map_at", "ap@{k}", "AP@{k}", "map@{k}")),
+        ("ndcg_at", ReportField("ndcg", "ndcg", "NDCG", "ndcg")),
+        (None, ReportField("ndcg_at", "ndcg@{k}", "NDCG@{k}", "ndcg@{k}")),
+    )
 
     bits: int = 0
     affinity: str = "labels"
@@ -368,18 +375,17 @@ class HammingRetrievalReport(RetrievalReport):
     per_query_ndcg: torch.Tensor | None = None
 
     @classmethod
-    def _extra_from_per_query(
-        cls, arrays: dict[str, np.ndarray], mean: Callable[[str], float], ks: tuple[int, ...]
-    ) -> dict[str, Any]:
-        """The Hamming fields of :meth:`from_per_query`.
+    def _extra_from_per_query(cls, arrays: dict[str, np.ndarray], valid: np.ndarray) -> dict:
+        """The tie ranges and per-query arrays of :meth:`from_per_query` (the means: FIELDS).
 
-        ``arrays`` also hold ``"ap_best"``, ``"ndcg"``, ``"ndcg@k"``, ...; ``clamped_ks`` is
-        always empty here (a cut-off beyond the database is an error).
+        ``arrays`` also hold ``"ap_best"``, ``"ap_worst"``, ``"ndcg_best"``, ``"ndcg_worst"``;
+        ``clamped_ks`` is always empty here (a cut-off beyond the database is an error).
         """
+
+        def mean(name: str) -> float:
+            return float(arrays[name][valid].mean())
+
         return {
-            "map_at": {k: mean(f"ap@{k}") for k in ks},
-            "ndcg": mean("ndcg"),
-            "ndcg_at": {k: mean(f"ndcg@{k}") for k in ks},
             "map_range": (mean("ap_worst"), mean("ap_best")),
             "ndcg_range": (mean("ndcg_worst"), mean("ndcg_best")),
             "per_query_ap_range": torch.from_numpy(
@@ -394,19 +400,10 @@ class HammingRetrievalReport(RetrievalReport):
         out.update(
             bits=self.bits,
             affinity=self.affinity,
-            map_at={str(k): v for k, v in self.map_at.items()},
-            ndcg=self.ndcg,
-            ndcg_at={str(k): v for k, v in self.ndcg_at.items()},
             map_range=list(self.map_range),
             ndcg_range=list(self.ndcg_range),
         )
         return out
-
-    def _rows(self) -> list[tuple[str, float]]:
-        # one table: AP_T@k after mAP, NDCG after the binary-relevance rows, one value column
-        base = super()._rows()
-        rows = base[:1] + [(f"AP@{k}", v) for k, v in self.map_at.items()] + base[1:]
-        return rows + [("NDCG", self.ndcg)] + [(f"NDCG@{k}", v) for k, v in self.ndcg_at.items()]
 
     def _title(self) -> str:
         return (
@@ -417,7 +414,7 @@ class HammingRetrievalReport(RetrievalReport):
     def __str__(self) -> str:
         lines = super().__str__().splitlines()
         lines.insert(
-            1 + len(self._rows()),
+            1 + len(self.rows()),
             f"  tie-breaking range: mAP in [{self.map_range[0]:.4f}, {self.map_range[1]:.4f}], "
             f"NDCG in [{self.ndcg_range[0]:.4f}, {self.ndcg_range[1]:.4f}]",
         )
@@ -449,19 +446,15 @@ def _check_ks(ks: Any, n_ranked: int) -> tuple[int, ...]:
 
 @dataclass
 class _Accumulator:
-    """Per-query results, filled chunk by chunk."""
+    """Per-query results, filled chunk by chunk (an array per name, NaN until written)."""
 
     n: int
     ks: tuple[int, ...]
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        names = ["ap", "ap_best", "ap_worst", "map_at_r", "r_prec", "ndcg", "ndcg_best"]
-        names += ["ndcg_worst"]
-        names += [f"{m}@{k}" for m in ("ap", "recall", "precision", "ndcg") for k in self.ks]
-        self.arrays = {name: np.full(self.n, np.nan) for name in names}
-
     def put(self, name: str, lo: int, values: np.ndarray) -> None:
+        if name not in self.arrays:
+            self.arrays[name] = np.full(self.n, np.nan)
         self.arrays[name][lo : lo + values.shape[0]] = values
 
 

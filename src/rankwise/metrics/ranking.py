@@ -14,16 +14,35 @@ the harmonic numbers. Truncated at t <= R it is the tie-aware MAP@R of Musgrave,
 (ECCV 2020); precision@k and R-precision are hypergeometric expectations. DCG_T uses
 G(a) = 2^a - 1, D(t) = 1 / log2(t + 1) and the mean discount over each tie (docs/metrics.md,
 "Exact definitions").
+
+The retrieval report's NDCG@k and MRR (binary relevance) come from the same groups. With
+C(t) = sum_{s<=t} D(s): each position g+1..g+n of a tie group holds a relevant item with
+probability r/n under a random order of the tie (g = N_{d-1}, n = n_d, r = n_d^+), so by linearity
+
+    E[DCG@k] = sum_d (r/n) (C(min(g + n, k)) - C(min(g, k))),    NDCG@k = E[DCG@k] / C(min(R, k)):
+
+a group straddling position k contributes the expected discounted gain of the positions it
+occupies that are <= k, times the share of relevant items in it (the ideal DCG does not depend on
+the ties, so this ratio is the expected NDCG). The first relevant item lies in the best relevant
+group, at g + J, J the place of the first of its r relevant items among its n in a random order:
+P(J = j) = C(n - j, r - 1) / C(n, r) (the other r - 1 take r - 1 of the n - j places after j), so
+
+    E[1 / rank] = sum_{j=1}^{n-r+1} C(n - j, r - 1) / C(n, r) / (g + j),
+
+summed from P(J = 1) = r/n by P(J = j+1) = P(J = j) (n - r - j + 1) / (n - j) in double-double
+(positive terms, no cancellation); for g = 0 it is r / (n - r + 1) (H(n) - H(r - 1)).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import torch
-from scipy.special import gammaln
+from numba import njit, prange
 
 from .._validation import as_tensor, check_finite
 from ._kernels import (
@@ -50,6 +69,10 @@ __all__ = [
     "hit_probability_at",
     "average_precision_from_counts",
     "query_metrics_from_counts",
+    "discount_table",
+    "discount_table_tensor",
+    "reciprocal_rank",
+    "rank_metrics_from_sums",
 ]
 
 TIES = ("expected", "optimistic", "pessimistic")
@@ -139,6 +162,7 @@ def group_terms(
     ties: str,
     table: torch.Tensor,
     n_pw: int = 2,
+    discounts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per tie group: expected precision-weighted sums and relevant counts up to cut-offs.
 
@@ -158,15 +182,24 @@ def group_terms(
         ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
         table: :func:`harmonic_table` as a tensor on the device, covering every position.
         n_pw: number of leading cut-offs that need the precision-weighted sum.
+        discounts: None, or :func:`discount_table_tensor` on the device covering every position
+            (as ``table``): then also the expected DCG terms of binary relevance at the
+            cut-offs ``cut[2:]``.
 
     Returns:
         (n_pw + C - 1, *S) float64. Rows ``:n_pw``: ``E[sum over the group's positions
         t <= cut of rel(t) precision(t)]`` (summed over a query's groups and divided by R: AP_T,
         MAP@R, AP@k); then ``E[# relevant items of the group at positions <= cut]`` for
-        ``cut[1:]`` (R-precision times R, P@k times k).
+        ``cut[1:]`` (R-precision times R, P@k times k); with ``discounts``, then
+        ``E[sum of D(t) over the group's relevant items at positions t <= cut]`` for
+        ``cut[2:]`` (summed per query: E[DCG@k] of binary relevance).
     """
-    shape = torch.broadcast_shapes(g.shape, n.shape, r.shape)
-    out = torch.empty((n_pw + cut.shape[0] - 1, *shape), dtype=torch.float64, device=g.device)
+    shape = _broadcast_shape(g.shape, n.shape, r.shape)
+    n_dcg = 0 if discounts is None else cut.shape[0] - 2
+    out = torch.empty(
+        (n_pw + cut.shape[0] - 1 + n_dcg, *shape), dtype=torch.float64, device=g.device
+    )
+    n_er = n_pw + cut.shape[0] - 1
     if ties == "expected":
         gn = g + n
         up = torch.clamp(cut, min=g, max=gn)
@@ -177,7 +210,9 @@ def group_terms(
         inner = (a - beta * (g + 1)) * hd + beta * cnt[:n_pw]
         rn = r / n
         torch.mul(rn, inner, out=out[:n_pw])
-        torch.mul(rn, cnt[1:], out=out[n_pw:])
+        torch.mul(rn, cnt[1:], out=out[n_pw:n_er])
+        if discounts is not None:  # the positions g+1 .. up within the cut, each relevant w.p. r/n
+            torch.mul(rn, table_difference(discounts, g, up[2:]), out=out[n_er:])
         return out
     # optimistic: relevant items at positions g+1 .. g+r; pessimistic: g+n-r+1 .. g+n;
     # sum_i (p + i) / (base + i) = c + (p - base) (H(base + c) - H(base))
@@ -185,8 +220,25 @@ def group_terms(
     c = torch.clamp(cut - base, min=torch.zeros((), dtype=base.dtype, device=base.device), max=r)
     hd = table_difference(table, base, base + c[:n_pw])
     torch.add(c[:n_pw], (a - 1 - base) * hd, out=out[:n_pw])
-    out[n_pw:] = c[1:]
+    out[n_pw:n_er] = c[1:]
+    if discounts is not None:  # the relevant items at base+1 .. base+c within the cut
+        out[n_er:] = table_difference(discounts, base, base + c[2:])
     return out
+
+
+def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast of tensor shapes (numpy's rules), in plain Python.
+
+    ``torch.broadcast_shapes`` imports ``torch.fx.experimental.symbolic_shapes`` and sympy on its
+    first call (0.5 s of every fresh process's first evaluation).
+    """
+    out: list[int] = []
+    for dims in itertools.zip_longest(*(reversed(s) for s in shapes), fillvalue=1):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {shapes} cannot be broadcast together")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(reversed(out))
 
 
 def _counts_terms(
@@ -195,10 +247,15 @@ def _counts_terms(
     cuts: list[np.ndarray],
     n_pw: int,
     above: np.ndarray | None = None,
+    dcg: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`group_terms` of a chunk's counts (CPU tensors), cut-offs given per group entry."""
+    """:func:`group_terms` of a chunk's counts (CPU tensors), cut-offs given per group entry.
+
+    ``dcg``: the DCG rows too (at ``cuts[2:]``, after the relevant counts).
+    """
     last = int((counts.greater + counts.size).max()) if counts.size.size else 0
     table = harmonic_table_tensor(max(last, 1))
+    discounts = discount_table_tensor(max(last, 1)) if dcg else None
     if above is None:
         above = relevant_above(counts)
     terms = group_terms(
@@ -210,6 +267,7 @@ def _counts_terms(
         ties,
         table,
         n_pw,
+        discounts,
     ).numpy()
     return terms[:n_pw], terms[n_pw:]
 
@@ -289,17 +347,58 @@ def hit_probability_at(
     out = np.where(t > n - r, 1.0, 0.0)
     partial = (t > 0) & (t <= n - r)
     if partial.any():
-        nn = n[partial].astype(np.float64)
-        rr = r[partial].astype(np.float64)
-        tt = t[partial].astype(np.float64)
-        log_miss = (
-            gammaln(nn - rr + 1)
-            - gammaln(nn - rr - tt + 1)
-            - gammaln(nn + 1)
-            + gammaln(nn - tt + 1)
+        out[partial] = _hit_probability_in_tie(
+            np.broadcast_to(n, t.shape)[partial],
+            np.broadcast_to(r, t.shape)[partial],
+            t[partial],
         )
-        out[partial] = 1.0 - np.exp(log_miss)
     return out
+
+
+def _hit_probability_in_tie(n: np.ndarray, r: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """``1 - C(n - r, t) / C(n, t)`` for int64 arrays with ``1 <= t <= n - r``, to a few ulp.
+
+    The miss probability is the product ``prod_{i < m} (1 - s / (n - i))`` with ``m = min(t, r)``
+    and ``s = max(t, r)`` (the ratio is symmetric in r and t). Its logarithm is summed factor by
+    factor -- ``log1p(-s / (n - i))`` when ``s / (n - i) <= 1/2``, else ``log((n - s - i) / (n -
+    i))``, each within ~2.5 ulp of its value -- with Neumaier's compensated summation (all terms
+    are negative), and ``-expm1`` of a sum ``L <= 0`` is within a few ulp of ``1 - e^L`` (its
+    condition number is at most 1). A difference of ``gammaln`` values would lose the digits
+    of the large ones: 7e5 ulp at n = 3,000. Each distinct triple is computed once, the triples
+    with the longest products first, so the work is the sum of their ``m``.
+    """
+    triples, inverse = np.unique(np.stack([n, r, t]).astype(np.int64), axis=1, return_inverse=True)
+    nn, rr, tt = triples
+    m = np.minimum(rr, tt)
+    order = np.argsort(-m, kind="stable")
+    hit = np.empty(m.shape[0])
+    with np.errstate(divide="ignore", invalid="ignore"):  # the branch np.where does not take
+        log_miss = _log_miss_probability(
+            nn[order].astype(np.float64), np.maximum(rr, tt)[order].astype(np.float64), m[order]
+        )
+    hit[order] = -np.expm1(log_miss)
+    return hit[inverse.reshape(-1)]
+
+
+def _log_miss_probability(n: np.ndarray, s: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``sum_{i < m} log(1 - s / (n - i))`` per entry, compensated; ``m`` sorted decreasing."""
+    total = np.zeros(n.shape[0])
+    compensation = np.zeros(n.shape[0])
+    active = n.shape[0]
+    for i in range(int(m[0]) if m.size else 0):
+        while m[active - 1] <= i:  # drop the finished entries (the last ones)
+            active -= 1
+        below = n[:active] - i
+        fraction = s[:active] / below
+        term = np.where(fraction <= 0.5, np.log1p(-fraction), np.log((below - s[:active]) / below))
+        acc = total[:active]
+        new = acc + term
+        # Neumaier: the rounding error of each addition, added back once at the end
+        compensation[:active] += np.where(
+            np.abs(acc) >= np.abs(term), (acc - new) + term, (term - new) + acc
+        )
+        total[:active] = new
+    return total + compensation
 
 
 def relevant_above(counts: RelevantGroupCounts) -> np.ndarray:
@@ -390,7 +489,8 @@ def query_metrics_from_counts(
 
     Returns:
         (B,) float64 arrays, NaN for queries without a relevant item: ``"ap"``, ``"map_at_r"``,
-        ``"r_prec"``, ``"recall@k"`` and ``"precision@k"`` per cutoff (and ``"ap@k"``).
+        ``"r_prec"``, ``"recall@k"`` and ``"precision@k"`` per cutoff (and ``"ap@k"``), then
+        ``"ndcg@k"`` per cutoff and ``"mrr"`` (:func:`rank_metrics_from_sums`).
     """
     ks = tuple(ks)
     n_rows = counts.n_rows
@@ -399,13 +499,14 @@ def query_metrics_from_counts(
     list_length = np.asarray(list_length, dtype=np.int64)
     cuts = [list_length[rows], n_rel[rows]]
     cuts += [np.minimum(k, list_length)[rows] for k in ks]
-    pw, er = _counts_terms(counts, ties, cuts, 2 + (len(ks) if ap_at_k else 0))
+    pw, er = _counts_terms(counts, ties, cuts, 2 + (len(ks) if ap_at_k else 0), dcg=True)
+    er, dcg = er[: 1 + len(ks)], er[1 + len(ks) :]
     first = counts.offsets()[:-1]
     top = np.zeros((3, n_rows), dtype=np.int64)
     has_rel = n_rel > 0
     for row, values in enumerate((counts.greater, counts.size, counts.relevant)):
         top[row, has_rel] = values[first[has_rel]]
-    return metrics_from_sums(
+    out = metrics_from_sums(
         _row_sums(rows, pw, n_rows),
         _row_sums(rows, er, n_rows),
         n_rel,
@@ -415,6 +516,215 @@ def query_metrics_from_counts(
         ties,
         ap_at_k,
     )
+    out.update(
+        rank_metrics_from_sums(_row_sums(rows, dcg, n_rows), n_rel, top, ks, list_length, ties)
+    )
+    return out
+
+
+# -- NDCG@k and MRR of binary relevance, from the same tie groups ---------------------------------
+
+# The discount table built so far (double-double prefix sums of D(t) = 1/log2(t + 1)), grown like
+# the harmonic table: a longer table starts with the same bits.
+_DISCOUNT = np.zeros((1, 2))
+_DISCOUNT_TENSOR = torch.from_numpy(_DISCOUNT)
+
+
+@njit(cache=True)
+def _discount_table_kernel(n):  # pragma: no cover - numba
+    """(n + 1, 2) float64: ``C(t) = sum_{s <= t} 1/log2(s + 1)`` as ``[t, 0] + [t, 1]``.
+
+    Each discount is rounded once (``math.log2``, then a division); the sums are double-double
+    (TwoSum), so ``C(b) - C(a)`` is the sum of those discounts to a few ulps of the result.
+    """
+    out = np.zeros((n + 1, 2))
+    hi = 0.0
+    lo = 0.0
+    for t in range(1, n + 1):
+        d = 1.0 / math.log2(t + 1.0)
+        s = hi + d
+        bb = s - hi
+        err = (hi - (s - bb)) + (d - bb) + lo
+        hi = s + err
+        lo = err - (hi - s)
+        out[t, 0] = hi
+        out[t, 1] = lo
+    return out
+
+
+def _grow_discounts(n: int) -> None:
+    global _DISCOUNT, _DISCOUNT_TENSOR
+    if _DISCOUNT.shape[0] <= n:
+        _DISCOUNT = _discount_table_kernel(max(n, 2 * _DISCOUNT.shape[0]))
+        _DISCOUNT_TENSOR = torch.from_numpy(_DISCOUNT)
+
+
+def discount_table(n: int) -> np.ndarray:
+    """(n + 1, 2) read-only float64 cumulative discounts ``C(0), ..., C(n)`` as double-doubles.
+
+    ``C(t) = sum_{s=1}^{t} 1 / log2(s + 1)``; ``C(b) - C(a)`` is
+    ``(T[b, 0] - T[a, 0]) + (T[b, 1] - T[a, 1])``, as for :func:`harmonic_table`.
+
+    Example:
+        >>> from rankwise.metrics.ranking import discount_table
+        >>> table = discount_table(3)
+        >>> [round(float(c), 6) for c in table[:, 0] + table[:, 1]]
+        [0.0, 1.0, 1.63093, 2.13093]
+    """
+    _grow_discounts(n)
+    view = _DISCOUNT[: n + 1]
+    view.flags.writeable = False
+    return view
+
+
+def discount_table_tensor(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """:func:`discount_table` as a float64 tensor on ``device`` (a shared CPU view when CPU)."""
+    _grow_discounts(n)
+    table = _DISCOUNT_TENSOR[: n + 1]
+    return table if device is None else table.to(device)
+
+
+@njit(cache=True, inline="always")
+def _fast_two_sum(a, b):  # pragma: no cover - numba
+    s = a + b
+    return s, b - (s - a)
+
+
+@njit(cache=True, inline="always")
+def _two_product(a, b):  # pragma: no cover - numba
+    """``a * b`` rounded and its exact error (Dekker's product, no fused multiply-add)."""
+    p = a * b
+    c = 134217729.0 * a
+    ah = c - (c - a)
+    al = a - ah
+    c = 134217729.0 * b
+    bh = c - (c - b)
+    bl = b - bh
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+@njit(cache=True, inline="always")
+def _dd_scale(hi, lo, num, den):  # pragma: no cover - numba
+    """The double-double ``(hi + lo) * num / den`` for integer-valued ``num``, ``den`` < 2^53."""
+    p, e = _two_product(hi, num)
+    hi, lo = _fast_two_sum(p, e + lo * num)
+    q = hi / den
+    p, e = _two_product(q, den)
+    return _fast_two_sum(q, (((hi - p) - e) + lo) / den)
+
+
+@njit(parallel=True, cache=True)
+def _expected_reciprocal_rank_kernel(g, n, r, out):  # pragma: no cover - numba
+    for i in prange(g.shape[0]):
+        if r[i] >= n[i]:  # the first item of the group is relevant
+            out[i] = 1.0 / (g[i] + 1.0)
+            continue
+        last = n[i] - r[i] + 1  # the first relevant item lies at 1 .. n - r + 1 of the group
+        p_hi, p_lo = _dd_scale(1.0, 0.0, np.float64(r[i]), np.float64(n[i]))  # P(J = 1) = r / n
+        s_hi = 0.0
+        s_lo = 0.0
+        for j in range(1, last + 1):
+            t_hi, t_lo = _dd_scale(p_hi, p_lo, 1.0, np.float64(g[i] + j))
+            s = s_hi + t_hi
+            bb = s - s_hi
+            err = (s_hi - (s - bb)) + (t_hi - bb) + s_lo + t_lo
+            s_hi, s_lo = _fast_two_sum(s, err)
+            if j == last:
+                break
+            # P(J = j + 1) = P(J = j) (n - r - j + 1) / (n - j)
+            p_hi, p_lo = _dd_scale(
+                p_hi, p_lo, np.float64(n[i] - r[i] - j + 1), np.float64(n[i] - j)
+            )
+            if p_hi == 0.0:  # every later term is 0 too
+                break
+        out[i] = s_hi + s_lo
+
+
+def reciprocal_rank(
+    first_greater: np.ndarray, first_size: np.ndarray, first_relevant: np.ndarray, ties: str
+) -> np.ndarray:
+    """Expected reciprocal rank of the first relevant item, from each query's best group.
+
+    ``g`` items lie above the best group (none relevant), which ties ``n`` items, ``r`` of them
+    relevant. The first relevant item is at ``g + J``, ``J`` its place within the group: under a
+    uniformly random order of the tie, ``P(J = j) = C(n - j, r - 1) / C(n, r)`` for ``j = 1 ..
+    n - r + 1`` (the other ``r - 1`` relevant items among the ``n - j`` places after it), so
+
+        E[1 / (g + J)] = sum_j C(n - j, r - 1) / C(n, r) / (g + j),
+
+    with ``P(J = 1) = r / n`` and ``P(J = j + 1) = P(J = j) (n - r - j + 1) / (n - j)``. The
+    terms are positive (no cancellation) and carried in double-double (Dekker's product, TwoSum),
+    so the result is within an ulp or so of the exact value however long the tie; the loop stops
+    early when the probabilities underflow to 0. For ``g = 0`` it equals the closed form
+    ``r / (n - r + 1) (H(n) - H(r - 1))``. Optimistic: ``1 / (g + 1)``; pessimistic:
+    ``1 / (g + n - r + 1)``.
+
+    Args:
+        first_greater: (Q,) int64 items above each query's best relevant group.
+        first_size: (Q,) int64 items tied in that group.
+        first_relevant: (Q,) int64 relevant items in it (>= 1).
+        ties: "expected", "optimistic" or "pessimistic".
+
+    Returns:
+        (Q,) float64.
+
+    Example:
+        >>> import numpy as np
+        >>> from rankwise.metrics.ranking import reciprocal_rank
+        >>> g, n, r = np.array([1]), np.array([3]), np.array([1])  # one irrelevant, then a tie
+        >>> float(reciprocal_rank(g, n, r, "expected")[0])  # (1/2 + 1/3 + 1/4) / 3
+        0.3611111111111111
+    """
+    g, n, r = (
+        np.ascontiguousarray(x, dtype=np.int64) for x in (first_greater, first_size, first_relevant)
+    )
+    if ties == "optimistic":
+        return 1.0 / (g + 1.0)
+    if ties == "pessimistic":
+        return 1.0 / (g + n - r + 1.0)
+    out = np.empty(g.shape[0], dtype=np.float64)
+    _expected_reciprocal_rank_kernel(g, n, r, out)
+    return out
+
+
+def rank_metrics_from_sums(
+    dcg: np.ndarray,
+    n_rel: np.ndarray,
+    top: np.ndarray,
+    ks: Iterable[int],
+    list_length: np.ndarray,
+    ties: str,
+) -> dict[str, np.ndarray]:
+    """Per-query NDCG@k and MRR from the per-query DCG sums of :func:`group_terms` (host, numpy).
+
+    NDCG@k = E[DCG@k] / IDCG@k with IDCG@k = C(min(R, k)) (every relevant item first; the ideal
+    does not depend on the ties, so the ratio of the expectation is the expectation of the ratio).
+
+    Args:
+        dcg: (K, B) summed DCG rows of :func:`group_terms` (``discounts``), one per cut-off.
+        n_rel: (B,) relevant items of each query (0: its values are NaN).
+        top: (3, B) int64 ``g, n, r`` of each query's best relevant group.
+        ks: the cut-offs.
+        list_length: (B,) int64 length of each query's ranked list.
+        ties: the tie handling.
+
+    Returns:
+        ``{"ndcg@k": (B,) float64 per cut-off, "mrr": (B,) float64}``.
+    """
+    ks = tuple(ks)
+    has_rel = n_rel > 0
+    list_length = np.asarray(list_length, dtype=np.int64)
+    out = {}
+    ideal_at = [np.minimum(np.minimum(k, list_length), n_rel) for k in ks]
+    table = discount_table(max((int(m.max(initial=0)) for m in ideal_at), default=0))
+    for i, k in enumerate(ks):
+        ideal = table[ideal_at[i], 0] + table[ideal_at[i], 1]
+        out[f"ndcg@{k}"] = np.where(has_rel, dcg[i] / np.where(has_rel, ideal, 1.0), np.nan)
+    mrr = np.full(n_rel.shape[0], np.nan)
+    g0, n0, r0 = (np.asarray(x, dtype=np.int64)[has_rel] for x in top)
+    mrr[has_rel] = reciprocal_rank(g0, n0, r0, ties)
+    out["mrr"] = mrr
+    return out
 
 
 def _scores_2d(scores: Any, name: str) -> torch.Tensor:

@@ -1,12 +1,13 @@
-"""Exact, tie-aware, memory-bounded retrieval evaluation of embeddings (MAP, R@k, P@k, MAP@R, RP).
+"""Exact, tie-aware, memory-bounded retrieval evaluation of embeddings (MAP, R@k, NDCG@k, MRR...).
 
 Every query is ranked against the gallery by similarity; the metrics are the expectations over all
 orderings of tied items (McSherry & Najork 2008; He et al., "Hashing as Tie-Aware Learning to
 Rank", CVPR 2018, Prop. 1, Eq. 6 as corrected in docs/errata.md). MAP@R and R-precision follow
 Musgrave, Belongie & Lim, "A Metric Learning Reality Check" (ECCV 2020): with R the number of items
 relevant to the query, MAP@R = (1/R) sum_{i<=R} P(i) rel(i) and RP = (#relevant in the top R) / R
-(tie-aware forms: :mod:`rankwise.metrics.ranking`). The mean PR curve is the one plotted by Wen et
-al. (NeurIPS 2022, SOPRC, Fig. 2): the mean over queries of interpolated precision.
+(tie-aware forms: :mod:`rankwise.metrics.ranking`, with the expected NDCG@k and reciprocal rank
+of binary relevance, also P@k). The mean PR curve is the one plotted by Wen et al. (NeurIPS 2022,
+SOPRC, Fig. 2): the mean over queries of interpolated precision.
 
 Queries are processed in chunks (never an N x N matrix): the exact keys of
 :mod:`rankwise.similarity` for a block (:mod:`rankwise.metrics._scores`), reduced to
@@ -18,8 +19,8 @@ loop of :mod:`rankwise.metrics._device`), then to the metrics in closed form
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
@@ -40,13 +41,23 @@ from ._kernels import (
 from ._scores import BlockScorer
 from .ranking import (
     check_ties,
+    discount_table_tensor,
     harmonic_table_tensor,
     metrics_from_sums,
     query_metrics_from_counts,
+    rank_metrics_from_sums,
     relevant_above,
 )
 
-__all__ = ["RetrievalReport", "PRCurve", "retrieval_metrics", "pr_curve", "SIMILARITIES"]
+__all__ = [
+    "RetrievalReport",
+    "ReportField",
+    "with_fields",
+    "PRCurve",
+    "retrieval_metrics",
+    "pr_curve",
+    "SIMILARITIES",
+]
 
 # Memory budget of one chunk's score block on the numba path (the torch path plans its chunks
 # from the device's memory: rankwise.metrics._device.memory_budget).
@@ -67,6 +78,118 @@ NO_RELEVANT_PR_MESSAGE = (
 
 
 _Report = TypeVar("_Report", bound="RetrievalReport")
+
+
+@dataclass(frozen=True)
+class ReportField:
+    """One metric of a report, declared once: its per-query values and the names it goes by.
+
+    Every metric of a :class:`RetrievalReport` is the mean, over the queries with at least one
+    relevant item, of one per-query value (one per cut-off for the ``@k`` metrics). A field
+    declared in the report's :attr:`RetrievalReport.FIELDS` is built, merged across query shards,
+    written to JSON, read back, printed and offered as a scalar from that one declaration.
+
+    Attributes:
+        attribute: the report's attribute (``"map"``, ``"recall_at"``, ...).
+        key: the name of its per-query array; with ``{k}`` one array per cut-off
+            (``"recall@{k}"``) and the attribute is ``{k: mean}`` over the report's ``ks``.
+        label: the printed name (``"mAP"``, ``"recall@{k}"``).
+        scalar: the name in :meth:`RetrievalReport.scalars` (what a monitor selects:
+            ``"map"``, ``"recall@{k}"``).
+
+    Example:
+        >>> from rankwise.metrics.retrieval import ReportField
+        >>> field = ReportField("recall_at", "recall@{k}", "recall@{k}", "recall@{k}")
+        >>> field.keys((1, 10)), field.per_cutoff
+        (['recall@1', 'recall@10'], True)
+    """
+
+    attribute: str
+    key: str
+    label: str
+    scalar: str
+
+    @property
+    def per_cutoff(self) -> bool:
+        """Whether the field has one value per cut-off (a ``{k: value}`` dict)."""
+        return "{k}" in self.key
+
+    def keys(self, ks: tuple[int, ...]) -> list[str]:
+        """The names of its per-query arrays for the cut-offs ``ks``."""
+        return [self.key.format(k=k) for k in ks] if self.per_cutoff else [self.key]
+
+    def reduce(self, arrays: dict[str, np.ndarray], valid: np.ndarray, ks: tuple[int, ...]) -> Any:
+        """The field's value: the mean of its per-query values over the ``valid`` queries."""
+
+        def mean(name: str) -> float:
+            return float(arrays[name][valid].mean())
+
+        if self.per_cutoff:
+            return {k: mean(self.key.format(k=k)) for k in ks}
+        return mean(self.key)
+
+    def combine(self, values: list[Any], weights: list[int], ks: tuple[int, ...]) -> Any:
+        """The value of a merge from shards' values, weighted by their evaluated queries.
+
+        A shard without the value (a cut-off missing from its dict) makes the merged one NaN.
+        """
+        if self.per_cutoff:
+            return {k: weighted_mean([v.get(k, math.nan) for v in values], weights) for k in ks}
+        return weighted_mean(values, weights)
+
+    def nan(self, ks: tuple[int, ...]) -> Any:
+        """The value of a report without a query with a relevant item."""
+        return dict.fromkeys(ks, math.nan) if self.per_cutoff else math.nan
+
+    def named(self, value: Any, name: str) -> list[tuple[str, float]]:
+        """``(name, value)`` pairs of ``value``, ``name`` being :attr:`label` or :attr:`scalar`."""
+        if self.per_cutoff:
+            return [(name.format(k=k), v) for k, v in value.items()]
+        return [(name, value)]
+
+    def to_json(self, value: Any) -> Any:
+        """``value`` as JSON (string keys for the cut-offs)."""
+        return {str(k): v for k, v in value.items()} if self.per_cutoff else value
+
+    def from_json(self, value: Any) -> Any:
+        """Inverse of :meth:`to_json`."""
+        if self.per_cutoff:
+            return {int(k): float(v) for k, v in value.items()}
+        return float(value)
+
+
+def weighted_mean(values: list[float], weights: list[int]) -> float:
+    """``sum(values * weights) / sum(weights)`` (``math.fsum``; zero weights left out)."""
+    total = sum(weights)
+    return math.fsum(v * w for v, w in zip(values, weights, strict=True) if w) / total
+
+
+def with_fields(
+    base: tuple[ReportField, ...], *extra: tuple[str | None, ReportField]
+) -> tuple[ReportField, ...]:
+    """``base`` with more fields, for a report subclass's :attr:`~RetrievalReport.FIELDS`.
+
+    Each ``(before, field)`` replaces the field of the same attribute in place, or goes before
+    the field ``before`` (at the end when None or absent).
+
+    So a field added to the base class reaches the subclass too.
+
+    Example:
+        >>> from rankwise.metrics.retrieval import ReportField, RetrievalReport, with_fields
+        >>> at_k = ReportField("map_at", "ap@{k}", "AP@{k}", "map@{k}")
+        >>> [f.attribute for f in with_fields(RetrievalReport.FIELDS, ("recall_at", at_k))][:3]
+        ['map', 'map_at', 'recall_at']
+    """
+    out = list(base)
+    for before, new in extra:
+        names = [f.attribute for f in out]
+        if new.attribute in names:
+            out[names.index(new.attribute)] = new
+        elif before in names:
+            out.insert(names.index(before), new)
+        else:
+            out.append(new)
+    return tuple(out)
 
 
 @dataclass
@@ -92,16 +215,33 @@ class RetrievalReport:
             is evaluated at min(k, its own list length); with an ``exclude_self`` index array
             holding -1 for some queries, those queries' lists are one item longer than the
             length reported here.
+        ndcg_at: {k: mean tie-aware NDCG@k of binary relevance} (``E[DCG@k] / IDCG@k``, D(t) =
+            1 / log2(t + 1); docs/metrics.md). Default (a report written before it): empty.
+        mrr: mean tie-aware reciprocal rank of the first relevant item (``E[1 / rank]`` over the
+            orderings of the ties). Default: NaN.
         per_query: the other per-query values behind the means, ``{name: (n_queries,)
-            float64}`` (``"map_at_r"``, ``"r_prec"``, ``"recall@k"``, ``"precision@k"``; a
-            subclass adds its own), so that
-            :func:`~rankwise.metrics.merge_retrieval_reports` of query blocks recomputes every
-            mean exactly as one call does. Not in :meth:`to_dict`, the repr or ``==``.
+            float64}`` (the keys of :attr:`FIELDS` but ``"ap"``; a subclass adds its own), so
+            that :func:`~rankwise.metrics.merge_retrieval_reports` of query blocks recomputes
+            every mean exactly as one call does. Not in :meth:`to_dict`, the repr or ``==``.
+
+    The metrics are declared once, in :attr:`FIELDS` (:class:`ReportField`): building the report
+    from per-query values (:meth:`from_per_query`), the exact merge of query shards,
+    :meth:`to_dict` / :meth:`from_dict`, the printed :meth:`rows` and :meth:`scalars` all read it.
     """
 
     # fields every report of one evaluation shares (merge_retrieval_reports checks them)
     _SETTINGS: ClassVar[tuple[str, ...]] = ("n_gallery", "ties", "similarity", "ks")
     _NO_RELEVANT: ClassVar[str] = NO_RELEVANT_MESSAGE
+    # the metrics: each the mean of a per-query value over the queries with a relevant item
+    FIELDS: ClassVar[tuple[ReportField, ...]] = (
+        ReportField("map", "ap", "mAP", "map"),
+        ReportField("recall_at", "recall@{k}", "recall@{k}", "recall@{k}"),
+        ReportField("precision_at", "precision@{k}", "precision@{k}", "precision@{k}"),
+        ReportField("map_at_r", "map_at_r", "MAP@R", "map_at_r"),
+        ReportField("r_precision", "r_prec", "R-precision", "r_precision"),
+        ReportField("ndcg_at", "ndcg@{k}", "NDCG@{k}", "ndcg@{k}"),
+        ReportField("mrr", "mrr", "MRR", "mrr"),
+    )
 
     map: float
     recall_at: dict[int, float]
@@ -117,6 +257,8 @@ class RetrievalReport:
     ks: tuple[int, ...]
     clamped_ks: dict[int, int] = field(default_factory=dict)
     per_query: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
+    ndcg_at: dict[int, float] = field(default_factory=dict)
+    mrr: float = math.nan
 
     def settings(self) -> dict[str, Any]:
         """The fields every report of one evaluation shares (gallery size, ties, ks, ...)."""
@@ -131,6 +273,11 @@ class RetrievalReport:
         return arrays
 
     @classmethod
+    def per_query_keys(cls, ks: tuple[int, ...]) -> list[str]:
+        """The per-query arrays :meth:`from_per_query` needs for the cut-offs ``ks``."""
+        return [key for f in cls.FIELDS for key in f.keys(ks)]
+
+    @classmethod
     def from_per_query(
         cls: type[_Report],
         arrays: dict[str, np.ndarray],
@@ -143,8 +290,8 @@ class RetrievalReport:
         build their report here, so a merge of query blocks is the one-call report bit for bit.
 
         Args:
-            arrays: ``{"ap": ..., **per_query}``, each ``(n_queries,)`` float64 (NaN for a
-                query without a relevant item).
+            arrays: ``{name: (n_queries,) float64}`` holding every key of :attr:`FIELDS`
+                (:meth:`per_query_keys`), NaN for a query without a relevant item (in each).
             settings: the values of :meth:`settings`.
             clamped_ks: as the field.
 
@@ -152,66 +299,113 @@ class RetrievalReport:
             The report (of ``cls``).
 
         Raises:
-            ValueError: no query has a relevant item.
+            ValueError: a per-query array is missing, the arrays disagree on which queries have
+                a relevant item, or no query has one.
         """
-        ap = arrays["ap"]
-        valid = ~np.isnan(ap)
+        ks = settings["ks"]
+        keys = cls.per_query_keys(ks)
+        missing = [key for key in keys if key not in arrays]
+        if missing:
+            raise ValueError(
+                f"`arrays` lacks the per-query values {missing} of {cls.__name__}.FIELDS; pass "
+                "one (n_queries,) array per declared field and cut-off."
+            )
+        undefined = np.stack([np.isnan(arrays[key]) for key in keys])
+        valid: np.ndarray = np.asarray(~undefined.any(0))
+        if bool((undefined.all(0) != undefined.any(0)).any()):
+            raise ValueError(
+                "`arrays` disagree on which queries have a relevant item: a query's per-query "
+                "values must be all NaN (no relevant item) or all defined."
+            )
         if not valid.any():
             raise ValueError(cls._NO_RELEVANT)
-
-        def mean(name: str) -> float:
-            return float(arrays[name][valid].mean())
-
-        ks = settings["ks"]
+        ap = arrays["ap"]
         return cls(
-            map=mean("ap"),
-            recall_at={k: mean(f"recall@{k}") for k in ks},
-            precision_at={k: mean(f"precision@{k}") for k in ks},
-            map_at_r=mean("map_at_r"),
-            r_precision=mean("r_prec"),
+            **{f.attribute: f.reduce(arrays, valid, ks) for f in cls.FIELDS},
             per_query_ap=torch.from_numpy(ap),
             n_queries=int(ap.shape[0]),
             n_queries_without_relevant=int((~valid).sum()),
             clamped_ks=clamped_ks,
             per_query={k: torch.from_numpy(v) for k, v in arrays.items() if k != "ap"},
-            **cls._extra_from_per_query(arrays, mean, ks),
+            **cls._extra_from_per_query(arrays, valid),
             **settings,
         )
 
     @classmethod
-    def _extra_from_per_query(
-        cls, arrays: dict[str, np.ndarray], mean: Callable[[str], float], ks: tuple[int, ...]
-    ) -> dict[str, Any]:
-        """A subclass's own fields from the per-query ``arrays`` (``mean``: over valid queries)."""
+    def _extra_from_per_query(cls, arrays: dict[str, np.ndarray], valid: np.ndarray) -> dict:
+        """A subclass's fields that are not means of :attr:`FIELDS` (ranges, per-query arrays)."""
         return {}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (per-query AP as a list with None for NaN)."""
+        out = {f.attribute: f.to_json(getattr(self, f.attribute)) for f in self.FIELDS}
+        out.update(
+            per_query_ap=[None if math.isnan(v) else v for v in self.per_query_ap.tolist()],
+            n_queries=self.n_queries,
+            n_queries_without_relevant=self.n_queries_without_relevant,
+            n_gallery=self.n_gallery,
+            ties=self.ties,
+            similarity=self.similarity,
+            ks=list(self.ks),
+            clamped_ks={str(k): v for k, v in self.clamped_ks.items()},
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls: type[_Report], data: dict[str, Any]) -> _Report:
+        """The report of a :meth:`to_dict` (e.g. a run's ``report.json``); unknown keys ignored.
+
+        A metric declared after the file was written (absent from ``data``) keeps its default.
+
+        Example:
+            >>> import torch
+            >>> from rankwise.metrics import RetrievalReport, retrieval_metrics
+            >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+            >>> report = retrieval_metrics(emb, torch.tensor([0, 0, 1, 1]), ks=(1, 2))
+            >>> RetrievalReport.from_dict(report.to_dict()).to_dict() == report.to_dict()
+            True
+        """
+        values = {
+            f.attribute: f.from_json(data[f.attribute]) for f in cls.FIELDS if f.attribute in data
+        }
+        values["per_query_ap"] = torch.tensor(
+            [math.nan if v is None else float(v) for v in data["per_query_ap"]], dtype=torch.float64
+        )
+        values["ks"] = tuple(int(k) for k in data["ks"])
+        values["clamped_ks"] = {int(k): int(v) for k, v in (data.get("clamped_ks") or {}).items()}
+        names = {f.name for f in fields(cls)}
+        rest = {k: v for k, v in data.items() if k in names and k not in values}
+        return cls(**rest, **values)
+
+    def scalars(self) -> dict[str, float]:
+        """Every metric as a flat ``{name: value}``: ``map``, ``recall@k``, ``map_at_r``, ...
+
+        The names a monitor (model selection, early stopping) is chosen by.
+
+        Example:
+            >>> import torch
+            >>> from rankwise.metrics import retrieval_metrics
+            >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+            >>> list(retrieval_metrics(emb, torch.tensor([0, 0, 1, 1]), ks=(1,)).scalars())[:3]
+            ['map', 'recall@1', 'precision@1']
+        """
         return {
-            "map": self.map,
-            "recall_at": {str(k): v for k, v in self.recall_at.items()},
-            "precision_at": {str(k): v for k, v in self.precision_at.items()},
-            "map_at_r": self.map_at_r,
-            "r_precision": self.r_precision,
-            "per_query_ap": [None if math.isnan(v) else v for v in self.per_query_ap.tolist()],
-            "n_queries": self.n_queries,
-            "n_queries_without_relevant": self.n_queries_without_relevant,
-            "n_gallery": self.n_gallery,
-            "ties": self.ties,
-            "similarity": self.similarity,
-            "ks": list(self.ks),
-            "clamped_ks": {str(k): v for k, v in self.clamped_ks.items()},
+            name: float(value)
+            for f in self.FIELDS
+            for name, value in f.named(getattr(self, f.attribute), f.scalar)
         }
 
-    def _rows(self) -> list[tuple[str, float]]:
-        """The ``(name, value)`` rows of the printed table, in order."""
-        # the names and order of `rankwise evaluate` / `rankwise train` (mAP, not MAP, which
-        # reads as MAP@R's abbreviation; recall@k, not R@k)
-        rows = [("mAP", self.map)]
-        rows += [(f"recall@{k}", v) for k, v in self.recall_at.items()]
-        rows += [(f"precision@{k}", v) for k, v in self.precision_at.items()]
-        rows += [("MAP@R", self.map_at_r), ("R-precision", self.r_precision)]
-        return rows
+    def rows(self) -> list[tuple[str, float]]:
+        """The ``(printed name, value)`` rows of the report's table, in :attr:`FIELDS` order.
+
+        The names of ``rankwise evaluate`` / ``rankwise train`` (mAP, not MAP, which reads as
+        MAP@R's abbreviation; recall@k, not R@k).
+        """
+        return [
+            (name, float(value))
+            for f in self.FIELDS
+            for name, value in f.named(getattr(self, f.attribute), f.label)
+        ]
 
     def _title(self) -> str:
         return (
@@ -220,7 +414,7 @@ class RetrievalReport:
         )
 
     def __str__(self) -> str:
-        rows = self._rows()
+        rows = self.rows()
         width = max(len(name) for name, _ in rows)
         lines = [self._title()]
         lines += [f"  {name:<{width}}  {value:.4f}" for name, value in rows]
@@ -232,8 +426,8 @@ class RetrievalReport:
             )
         for k, used in self.clamped_ks.items():
             lines.append(
-                f"  k={k} exceeds the {used} ranked items; recall@{k} and precision@{k} were "
-                f"evaluated at k={used}."
+                f"  k={k} exceeds the {used} ranked items; recall@{k}, precision@{k} and "
+                f"NDCG@{k} were evaluated at k={used}."
             )
         return "\n".join(lines)
 
@@ -510,20 +704,26 @@ def _torch_per_query(p: _Prepared, ks: tuple[int, ...], ties: str):
     """Per-query metrics of the device loop (see rankwise.metrics._device)."""
     prob = _device_problem(p, ks)
     budget = _device.memory_budget(p.qg.device)
-    result = _device.run_metrics(prob, ties, _device_table(p), p.chunk_size, budget, _pair_keys(p))
+    discounts = discount_table_tensor(p.n_gallery, p.qg.device)  # every position, as the table
+    result = _device.run_metrics(
+        prob, ties, _device_table(p), p.chunk_size, budget, _pair_keys(p), discounts
+    )
     values = result.values
     n_sums = len(ks) + 3
-    start, end, e_start, e_end = values[n_sums : n_sums + 4].astype(np.int64)
+    start, end, e_start, e_end = values[n_sums + len(ks) : n_sums + len(ks) + 4].astype(np.int64)
     top = np.stack([p.n_gallery - end, end - start, e_end - e_start])
-    return metrics_from_sums(
-        values[:2], values[2:n_sums], prob.n_relevant, top, ks, p.list_length(), ties
+    list_length = p.list_length()
+    out = metrics_from_sums(
+        values[:2], values[2:n_sums], prob.n_relevant, top, ks, list_length, ties
     )
+    dcg = values[n_sums : n_sums + len(ks)]
+    out.update(rank_metrics_from_sums(dcg, prob.n_relevant, top, ks, list_length, ties))
+    return out
 
 
 def _numba_per_query(p: _Prepared, ks: tuple[int, ...], ties: str):
     """Per-query metrics chunk by chunk from the numba counts (closed forms on the host)."""
-    names = ["ap", "map_at_r", "r_prec"] + [f"{m}@{k}" for m in ("recall", "precision") for k in ks]
-    per_query = {name: np.full(p.n_query, np.nan) for name in names}
+    per_query = {name: np.full(p.n_query, np.nan) for name in RetrievalReport.per_query_keys(ks)}
     list_length = p.list_length()
     for lo, hi, counts in _iterate_counts(p):
         for name, values in query_metrics_from_counts(counts, ties, ks, list_length[lo:hi]).items():

@@ -7,12 +7,11 @@ model selected on validation; file names from :class:`~rankwise.training.rundir.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..metrics import PRCurve, RetrievalReport
 from .checkpoint import atomic_write_text
@@ -55,20 +54,6 @@ def per_category_map(per_query_ap: Any, categories: Any) -> dict[str, dict[str, 
             "n_queries_without_relevant": int(values.size - scored.size),
         }
     return out
-
-
-def _report_from_dict(data: dict[str, Any]) -> RetrievalReport:
-    """A :class:`~rankwise.metrics.RetrievalReport` from its ``to_dict()`` (``report.json``)."""
-    values = dict(data)
-    values["recall_at"] = {int(k): float(v) for k, v in values["recall_at"].items()}
-    values["precision_at"] = {int(k): float(v) for k, v in values["precision_at"].items()}
-    values["clamped_ks"] = {int(k): int(v) for k, v in (values.get("clamped_ks") or {}).items()}
-    values["ks"] = tuple(int(k) for k in values["ks"])
-    values["per_query_ap"] = torch.tensor(
-        [np.nan if v is None else float(v) for v in values["per_query_ap"]], dtype=torch.float64
-    )
-    names = {f.name for f in fields(RetrievalReport)}
-    return RetrievalReport(**{k: v for k, v in values.items() if k in names})
 
 
 @dataclass
@@ -156,7 +141,7 @@ class RunResult:
                 return None
             if report.get("test") is None:
                 return None
-            test = _report_from_dict(report["test"])
+            test = RetrievalReport.from_dict(report["test"])
             curve = PRCurve(
                 recall=np.asarray(data["recall"], dtype=np.float64),
                 precision=np.asarray(data["precision"], dtype=np.float64),
