@@ -38,7 +38,9 @@ def per_category_map(per_query_ap: Any, categories: Any) -> dict[str, dict[str, 
         >>> per_category_map([1.0, 0.5, float("nan")], ["a", "b", "b"])["b"]
         {'map': 0.5, 'n_queries': 2, 'n_queries_without_relevant': 1}
     """
-    ap = np.asarray(torch.as_tensor(per_query_ap, dtype=torch.float64), dtype=np.float64)
+    if hasattr(per_query_ap, "detach"):  # a tensor, as RetrievalReport holds it
+        per_query_ap = per_query_ap.detach().cpu().numpy()
+    ap = np.asarray(per_query_ap, dtype=np.float64)
     cats = np.asarray(categories, dtype=str)
     if cats.shape != ap.shape:
         raise ValueError(
