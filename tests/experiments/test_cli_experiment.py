@@ -34,17 +34,17 @@ def test_help_says_what_an_interruption_keeps_before_it_starts():
     for name in REGISTRY:
         said = " ".join(_run(name, "--help").output.split())
         assert "Ctrl-C / SIGTERM (exit 130 / 143) keep nothing" in said, name
-        assert "a line at least every 30 s" in said, name
+        assert "a line at least every 10 s" in said, name
 
 
 def test_long_experiments_report_their_parts_as_lines(tmp_path, monkeypatch):
-    """Without a terminal, a line each time a part finishes 30 s after the previous line; here
+    """Without a terminal, a line each time a part finishes 10 s after the previous line; here
     every part (interval 0), through the command line's display of hash-euclidean-ndcg."""
     from rankwise.commands import experiment as command
 
     original = command.ProgressDisplay.__init__
 
-    def every_part(self, name, console, every=30.0):
+    def every_part(self, name, console, every=10.0):
         original(self, name, console, every=0.0)
 
     monkeypatch.setattr(command.ProgressDisplay, "__init__", every_part)

@@ -40,6 +40,7 @@ __all__ = [
     "EXIT_TERMINATED",
     "cli_errors",
     "error_console",
+    "one_line_warnings",
     "output_console",
     "signal_name",
     "to_flags",
@@ -131,6 +132,30 @@ def error_console(quiet: bool = False) -> Console:
     from rich.console import Console
 
     return Console(stderr=True, quiet=quiet)
+
+
+@contextmanager
+def one_line_warnings(err: Console) -> Iterator[None]:
+    """Show each warning as one ``warning: ...`` line on ``err``, without its file and line.
+
+    Python's default display (``path/file.py:173: UserWarning: ...`` and the source line) is for
+    a library's developer; a command's user needs the message. Which warnings are shown (once
+    per place, ``-W``, ``PYTHONWARNINGS``) is unchanged.
+
+    Args:
+        err: the console the warnings go to.
+    """
+    import warnings
+
+    from rich.markup import escape
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        text = " ".join(str(message).split()) or category.__name__
+        err.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True, highlight=False)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def _training_errors() -> _TrainingErrors | None:
@@ -280,7 +305,7 @@ def cli_errors(
     err = err if err is not None else error_console()
     flags = dict(flags or {})
     try:
-        with handle_signals():
+        with handle_signals(), one_line_warnings(err):
             yield err
     except (Exception, KeyboardInterrupt) as exc:
         found = _exit_for(exc, flags, what, interrupted_note)
