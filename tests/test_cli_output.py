@@ -100,3 +100,28 @@ def test_the_test_table_reads_at_80_columns():
     assert caption[0].startswith("300 queries x 300 gallery items; ")
     assert len([x for x in caption if x.strip()]) <= 2
     assert max(len(x) for x in lines) <= 80
+
+
+def test_bench_and_tune_say_what_runs_and_where_first(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    args = ["bench", "--dataset", "digits", "--ablation", "--seeds", "1", "budget.iterations=2"]
+    result = CliRunner().invoke(app, [*args, "eval_every=2"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    folder = Path("runs") / "bench" / "digits-ablation"
+    assert lines[0] == f"rankwise bench: SOPRC ablation (Table 2) on digits -> {folder}"
+    assert f"results: {folder / 'bench.json'}" in result.output  # the folder it announced
+    # a sweep that fails on its options has said what it was to run first
+    args = ["tune", "--dataset", "digits", "--grid", "optimizer.lr=0.001", "--losses", "nope"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert lines[
+        0
+    ] == "rankwise tune: hyper-parameter selection on validation mAP on digits -> " + str(
+        Path("runs") / "tune" / "digits"
+    )
