@@ -213,6 +213,13 @@ def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
         output = kwargs.pop("output") or DEFAULT_OUTPUT_DIR
         overwrite = kwargs.pop("overwrite")
         err = error_console()
+        # at once, on stderr: stdout carries the verdict line alone
+        err.print(
+            f"rankwise experiment {spec.name}: {spec.summary} -> {output}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         display = ProgressDisplay(spec.name, err)
         # results are written only once complete: an interrupted experiment leaves nothing
         with cli_errors(

@@ -120,6 +120,16 @@ def train_command(
     results_table.md and results_tie_ranges.png into --output.
     """
     console = output_console(140)
+    # at once: torch, the data and the first run take a while
+    chosen = [f"{k} {v}" for k, v in (("methods", methods), ("bits", bits)) if v is not None]
+    source = f"{dataset} via {config}" if dataset and config else dataset or config
+    console.print(
+        f"rankwise hash train: {', '.join(chosen) or 'every method and code length'} of "
+        f"{source or 'the Fashion-MNIST setting-1 config'} -> {output}",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
     extra = _overrides(overrides or [], dataset, bits, objective, methods, device, quick)
     # the sweep's config check names `output` (evaluate's OUTPUT is an argument, not a flag)
     with cli_errors("training", {**FLAGS, "output": "--output"}) as err:
