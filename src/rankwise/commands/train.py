@@ -103,13 +103,14 @@ def _first_line(
     if resume is not None:
         return f"rankwise train: resuming the run in {resume} (loading it)"
     try:
-        data = yaml.safe_load(Path(config).read_text(encoding="utf-8")) if config else None
+        data: Any = yaml.safe_load(Path(config).read_text(encoding="utf-8")) if config else None
         for item in overrides + [f"{k}={v}" for k, v in shortcuts.items() if v is not None]:
             key, _, raw = item.partition("=")
-            node, *path = [data, *key.strip().split(".")]
-            for part in path[:-1]:
+            *sections, last = key.strip().split(".")
+            node: Any = data
+            for part in sections:
                 node = node.setdefault(part, {})
-            node[path[-1]] = yaml.safe_load(raw) if raw.strip() else None
+            node[last] = yaml.safe_load(raw) if raw.strip() else None
         dataset, loss = data["dataset"]["name"], data["loss"]["name"]
         seed, budget = data.get("seed", 0), data.get("budget") or {}
         out = data.get("output_dir") or Path("runs") / str(dataset) / f"{loss}-seed{seed}"
