@@ -78,6 +78,26 @@ def digits_inputs(folder: Path) -> None:
     np.save(folder / "new.npy", load_digits().images[:10].astype(np.float32))
 
 
+def search_inputs(folder: Path) -> None:
+    """The run and new.npy of `embed`, and gallery.npy: 40 more raw digit images."""
+    digits_inputs(folder)
+    from sklearn.datasets import load_digits
+
+    np.save(folder / "gallery.npy", load_digits().images[10:50].astype(np.float32))
+
+
+def _searched(folder: Path, output: str) -> None:
+    hits = json.loads((folder / "hits.json").read_text())
+    text = json.dumps(hits)
+    assert '"score"' in text and '"id"' in text and '"ties_at_cut"' in text, text[:300]
+
+
+def _exported(folder: Path, output: str) -> None:
+    assert (folder / "model.onnx").stat().st_size > 0
+    meta = json.loads((folder / "model.onnx.json").read_text())
+    assert meta, "the export writes its metadata next to the model"
+
+
 def fake_fashion_mnist(folder: Path) -> None:
     """fmnist/: a 200-image, 10-class Fashion-MNIST in its IDX layout (the real one may be absent)."""
     root = folder / "fmnist"
@@ -141,6 +161,12 @@ QUICK: dict[str, Quick] = {
     TRAIN: Quick(extra=TINY, check=_trained),
     "rankwise train --resume runs/digits": Quick(interrupted_run, check=_trained),
     "rankwise embed runs/digits new.npy --output emb.npy": Quick(digits_inputs, check=_embedded),
+    "rankwise search runs/digits new.npy --gallery gallery.npy --k 10 --json hits.json": Quick(
+        search_inputs, check=_searched
+    ),
+    "rankwise export runs/digits --format onnx -o model.onnx": Quick(
+        interrupted_run, check=_exported
+    ),
     "rankwise bench --dataset fashion-mnist --seeds 3": Quick(
         fake_fashion_mnist,
         ["--data-dir", "fmnist", "--quick", "--losses", "contrastive", *TINY],
