@@ -27,6 +27,15 @@ iNaturalist-like case, few classes; the issue's sizes with ``--sizes full``), pr
 host syncs and numpy / numba calls per chunk of both and their number of chunks (counted by
 ``rankwise._dispatch_count``), and writes the "## Retrieval evaluation: torch backend on
 <device>" section.
+
+``--degenerate`` times degenerate embeddings on one thread (``torch.set_num_threads(1)``, numba
+likewise): 30 distinct rows each repeated 100 times and all rows identical (a collapsed model),
+beside distinct rows as a control, leave-one-out, d = 64, 300 classes, cosine (N = 3,000 with
+``--sizes mid`` or ``full``, 600 with ``quick``). rankwise's torch and numba backends are given
+as ratios to a plain ``torch.argsort`` of the same float32 score matrix (and to the chunked
+argsort + AP); the section is "## Retrieval evaluation: degenerate embeddings (one thread)".
+
+    python benchmarks/bench_retrieval.py --degenerate --sizes full
 """
 
 from __future__ import annotations
@@ -81,6 +90,14 @@ DEVICE_INAT = {"quick": (13_600, 569), "mid": (34_000, 1_423), "full": (136_000,
 KS = (1, 10, 100)
 # profiler range of one chunk of the argsort baseline (its operations are counted like ours)
 BASELINE_CHUNK = "bench.argsort.chunk"
+# --degenerate: N per --sizes, and the cases (distinct rows, each repeated how often)
+DEGENERATE_N = {"quick": 600, "mid": 3_000, "full": 3_000}
+DEGENERATE_CASES = {
+    "distinct": "distinct rows (control)",
+    "repeated": "30 distinct rows × {copies}",
+    "identical": "all rows identical",
+}
+DEGENERATE_SECTION = "## Retrieval evaluation: degenerate embeddings (one thread)"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,6 +193,10 @@ def worker(method: str, params: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     result: dict[str, Any] = {}
+    if method == "degenerate_compare":
+        result.update(degenerate_compare(params))
+        result["peak_rss_mb"] = peak_rss_mb()
+        return result
     if method.startswith("tm_"):
         x, labels = clustered_embeddings(
             2 * params["n"], params["classes"], params["dim"], params["noise"]
@@ -338,6 +359,130 @@ def device_compare(params: dict[str, Any], x, labels) -> dict[str, Any]:
         "baseline_loop": _loop_counts(base_counter, BASELINE_CHUNK),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
     }
+
+
+def degenerate_embeddings(case: str, n: int, dim: int, classes: int, seed: int = 0):
+    """(n, dim) float32 rows and (n,) labels of a --degenerate case.
+
+    ``distinct``: Gaussian rows; ``repeated``: 30 distinct Gaussian rows, row i the (i mod 30)-th
+    (each repeated n / 30 times); ``identical``: one row n times. Labels: i mod ``classes``,
+    permuted (so every class mixes copies of several rows).
+    """
+    rng = np.random.default_rng(seed)
+    distinct = {"distinct": n, "repeated": 30, "identical": 1}[case]
+    base = rng.standard_normal((distinct, dim)).astype(np.float32)
+    x = base[np.arange(n) % distinct]
+    labels = rng.permutation(np.arange(n) % classes).astype(np.int64)
+    return np.ascontiguousarray(x), labels
+
+
+def degenerate_compare(params: dict[str, Any]) -> dict[str, Any]:
+    """One --degenerate case on one thread: rankwise torch and numba against plain argsorts.
+
+    Timed (median of ``params["repeats"]`` interleaved calls after a warm-up call of each):
+    ``retrieval_metrics`` leave-one-out with ``backend="torch"`` and ``"numba"``; a plain
+    ``torch.argsort`` of the (N, N) float32 score matrix of the unit rows (the scores computed
+    outside the timing); the chunked argsort + AP of :func:`argsort_retrieval`. The warm-up call
+    of the torch backend is counted by ``rankwise._dispatch_count`` (kernels per chunk, chunks of
+    the near-tie loops).
+    """
+    import numba
+    import torch
+
+    from rankwise._dispatch_count import DispatchCounter
+    from rankwise.metrics import _device
+    from rankwise.metrics.retrieval import retrieval_metrics
+
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    x_np, labels_np = degenerate_embeddings(
+        params["case"], params["n"], params["dim"], params["classes"]
+    )
+    x, labels = torch.from_numpy(x_np), torch.from_numpy(labels_np)
+    unit = torch.nn.functional.normalize(x, dim=1)
+    scores = unit @ unit.T
+    rows = torch.arange(x.shape[0])
+
+    def method(name: str):
+        if name in ("torch", "numba"):
+            return lambda: _report_values(retrieval_metrics(x, labels, ks=KS, backend=name))
+        if name == "argsort":
+            return lambda: torch.argsort(scores, dim=1)
+        return lambda: argsort_retrieval(x, labels, rows)
+
+    names = ("torch", "numba", "argsort", "argsort_ap")
+    with DispatchCounter("rankwise.retrieval.", watch_host=True) as counter:
+        values = {"torch": method("torch")()}
+    values["numba"] = method("numba")()
+    values["argsort_ap"] = method("argsort_ap")()
+    method("argsort")()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(params["repeats"]):
+        for name in names:
+            fn = method(name)
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {
+        "times": times,
+        "median": {name: float(np.median(t)) for name, t in times.items()},
+        "map": {name: v["map"] for name, v in values.items()},
+        "loop": _loop_counts(counter, _device.CHUNK_RECORD),
+        "near_tie": {
+            name: _loop_counts(counter, record)
+            for name, record in (
+                ("window", _device.WINDOW_RECORD),
+                ("pairs", _device.PAIRS_RECORD),
+                ("groups", _device.GROUP_RECORD),
+            )
+        },
+        "threads": torch.get_num_threads(),
+    }
+
+
+def run_degenerate(sizes: str, repeats: int, cases: list[str]) -> str:
+    """The --degenerate table (each case in its own subprocess)."""
+    started = time.perf_counter()
+    info = machine_info()
+    n = DEGENERATE_N[sizes]
+    rows = []
+    for case in cases:
+        params = {"case": case, "n": n, "dim": 64, "classes": 300, "repeats": repeats}
+        print(DEGENERATE_CASES[case].format(copies=n // 30), flush=True)
+        rows.append((case, run_worker("degenerate_compare", params)))
+    total = time.perf_counter() - started
+    info["torch threads"] = "1"
+    lines = [
+        DEGENERATE_SECTION,
+        "",
+        f"Command: `python benchmarks/bench_retrieval.py --degenerate --sizes {sizes} --repeats "
+        f"{repeats}` ({total:.0f} s in all). "
+        + ", ".join(f"{k}: {v}" for k, v in info.items())
+        + ".",
+        "",
+        f"Leave-one-out, N = {n:,}, d = 64, 300 classes (label i mod 300, permuted), cosine, "
+        "one thread (`torch.set_num_threads(1)`, `numba.set_num_threads(1)`); median of "
+        f"{repeats} interleaved timed calls after a warm-up call of each. argsort: "
+        "`torch.argsort` of the (N, N) float32 score matrix of the unit rows (scores computed "
+        "outside the timing); argsort + AP: the chunked baseline of the --device section (not "
+        "tie-aware). Loops as in that section, counted during the torch backend's warm-up call.",
+        "",
+        "| case | rankwise torch (s) | rankwise numba (s) | argsort (s) | argsort + AP (s) | "
+        "torch / argsort | torch / numba | main loop | near-tie loops | mAP torch | mAP numba |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+    ]
+    for case, r in rows:
+        t = r["median"]
+        lines.append(
+            f"| {DEGENERATE_CASES[case].format(copies=n // 30)} | {t['torch']:.3f} | {t['numba']:.3f} | "
+            f"{t['argsort']:.3f} | {t['argsort_ap']:.3f} | {t['torch'] / t['argsort']:.2f}× | "
+            f"{t['torch'] / t['numba']:.2f}× | {_per_chunk(r['loop'])} | "
+            f"{_near_tie_cell(r['near_tie'])} | {_fmt(r['map']['torch'], 6)} | "
+            f"{_fmt(r['map']['numba'], 6)} |"
+        )
+    for case, r in rows:
+        print(f"{case}: {r['times']}", flush=True)
+    return "\n".join(lines) + "\n"
 
 
 def _torchmetrics_case(method, params, x, labels) -> dict[str, Any]:
@@ -743,12 +888,32 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="compare the torch backend with an argsort baseline on this device (cpu, cuda, ...)",
     )
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per method (--device)")
+    parser.add_argument(
+        "--degenerate",
+        action="store_true",
+        help="time degenerate embeddings (repeated / identical rows) on one thread",
+    )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        choices=sorted(DEGENERATE_CASES),
+        default=list(DEGENERATE_CASES),
+        help="the --degenerate cases to run",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed calls per method (--device, --degenerate)"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker, json.loads(args.params))))
+        return
+    if args.degenerate:
+        section = run_degenerate(args.sizes, args.repeats, args.cases)
+        write_section(args.out, section, DEGENERATE_SECTION)
+        print(f"\nwrote the {DEGENERATE_SECTION!r} section of {args.out}\n", flush=True)
+        print(section)
         return
     if args.device is not None:
         title, section = run_device(args.sizes, args.device, args.repeats)

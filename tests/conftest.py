@@ -263,3 +263,45 @@ def fake_two_ranks(rank=0, *, other_stop=False, other_code=0, main_value=None):
 def two_ranks():
     """:func:`fake_two_ranks`: ``two_ranks(rank, other_stop=..., ...)`` -> a fake strategy."""
     return fake_two_ranks
+
+
+# -- your own data: a folder of small generated images --------------------------------------------
+
+
+def write_image_classes(root, n_classes=6, per_class=6, size=12, seed=0, names=None):
+    """``root/c<i>/<j>.png``: ``n_classes`` classes of small RGB PNGs, each class its own colour.
+
+    ``names`` (optional) replaces the folder names ``c<i>`` (and sets the number of classes).
+
+    Returns ``root``. Images of one class share a mean colour (plus noise), so a few training steps
+    separate them.
+    """
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image
+
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    names = [f"c{c}" for c in range(n_classes)] if names is None else list(names)
+    for name in names:
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        colour = rng.integers(0, 200, 3)
+        for j in range(per_class):
+            noise = rng.integers(0, 50, (size, size, 3))
+            pixels = np.clip(colour + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"{j}.png")
+    return root
+
+
+@pytest.fixture
+def image_classes(tmp_path):
+    """A folder of generated class sub-folders (:func:`write_image_classes`) under ``tmp_path``."""
+    return write_image_classes(tmp_path / "images")
+
+
+@pytest.fixture(scope="session")
+def write_images():
+    """:func:`write_image_classes`, for tests that choose the folder, names or sizes."""
+    return write_image_classes

@@ -115,7 +115,7 @@ def test_separate_gallery_and_similarity(saved):
         (lambda t: [t / "missing.npy", t / "labels.npy"], "file not found"),
         (lambda t: [t / "emb.csv", t / "labels.npy"], "unsupported file type"),
         (lambda t: [t / "cube.npy", t / "labels.npy"], "must be 2-D"),
-        (lambda t: [t / "emb.npy", t / "short.npy"], "one label per embedding"),
+        (lambda t: [t / "emb.npy", t / "short.npy"], "must hold one label per row of EMBEDDINGS"),
         (lambda t: [t / "multi.npz", t / "labels.npy"], "choose one with multi.npz:KEY"),
         (lambda t: [t / "multi.npz:nope", t / "labels.npy"], "no array 'nope'"),
         (lambda t: [t / "list.pt", t / "labels.npy"], "must hold a tensor"),
@@ -123,7 +123,7 @@ def test_separate_gallery_and_similarity(saved):
         (lambda t: [t / "garbage.pt", t / "labels.npy"], "could not read garbage.pt"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--ks", "1,x"], "--ks"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--ks", "99999999999999999999999"], "--ks"),
-        (lambda t: [t / "emb.npy", t / "labels.npy", "--similarity", "l1"], "`similarity`"),
+        (lambda t: [t / "emb.npy", t / "labels.npy", "--similarity", "l1"], "--similarity must"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--gallery", t / "emb.npy"], "both --gallery"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--plot-pr", t / "pr.jpg"], ".png"),
     ],
@@ -174,3 +174,103 @@ def test_write_failure_after_the_evaluation_exits_2_with_one_line_message(saved,
     last = result.output.strip().splitlines()[-1]
     assert last.startswith("error:") and "--json" in last and "Permission denied" in last
     assert "Traceback" not in result.output and result.output.count("error:") == 1
+
+
+# -- issue 40 item 7: labels from text, the command's own argument names, swapped arguments ------
+def _table(path, text):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "spec"),
+    [
+        ("one.txt", lambda ls: "".join(f"{x}\n" for x in ls), "one.txt"),
+        ("header.txt", lambda ls: "label\n" + "".join(f"{x}\n" for x in ls) + "\n", "header.txt"),
+        (
+            "plain.csv",
+            lambda ls: "".join(f"{x},img{i}.png\n" for i, x in enumerate(ls)),
+            "plain.csv",
+        ),
+        (
+            "table.csv",
+            lambda ls: "path,label\n" + "".join(f"img{i}.png,{x}\n" for i, x in enumerate(ls)),
+            "table.csv",
+        ),
+        (
+            "named.csv",
+            lambda ls: "id,cls\n" + "".join(f"{i},{x}\n" for i, x in enumerate(ls)),
+            "named.csv:cls",
+        ),
+        (
+            "t.tsv",
+            lambda ls: "label\tpath\n" + "".join(f"{x}\tp{i}\n" for i, x in enumerate(ls)),
+            "t.tsv",
+        ),
+        # class names: numbered in sorted order, the same classes as the ids
+        ("names.txt", lambda ls: "".join(f"class_{x:02d}\n" for x in ls), "names.txt"),
+    ],
+)
+def test_labels_from_text_files_give_the_npy_report(saved, name, text, spec):
+    tmp, emb, labels = saved
+    _table(tmp / name, text(labels))
+    via_text = _run(tmp / "emb.npy", str(tmp / spec), "--json", tmp / "text.json")
+    assert via_text.exit_code == 0, via_text.output
+    expected = retrieval_metrics(emb, labels)
+    got = json.loads((tmp / "text.json").read_text())
+    assert got["map"] == pytest.approx(expected.map, abs=1e-12) and got["n_queries"] == 150
+
+
+@pytest.mark.parametrize(
+    ("text", "spec", "message"),
+    [
+        ("path,label\na,1\n", "bad.csv:cls", "LABELS: bad.csv has no column 'cls'"),
+        ("1\n\n2\n", "bad.txt", "bad.txt row 2 has no label"),
+        ("1\n0.5\nx\n", "bad.txt", "bad.txt row 2 holds '0.5'"),
+    ],
+)
+def test_bad_text_labels_name_the_file_and_row(saved, text, spec, message):
+    tmp, _, _ = saved
+    _table(tmp / spec.split(":")[0], text)
+    result = _run(tmp / "emb.npy", str(tmp / spec))
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def _one_line_error(result):
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error:") and len(result.output.strip().splitlines()) == 1
+    return " ".join(result.output.split())  # rich's soft wrap off: one line; spaces normalised
+
+
+def test_swapped_arguments_are_recognised_and_the_hint_says_swap(saved):
+    tmp, _, _ = saved
+    text = _one_line_error(_run(tmp / "labels.npy", tmp / "emb.npy"))
+    assert "swapped" in text and f"{tmp / 'emb.npy'} {tmp / 'labels.npy'}" in text
+    assert "reshape" not in text  # the library's hint would point the wrong way
+    gallery = [tmp / "emb.npy", tmp / "labels.npy", "--gallery", tmp / "labels.npy"]
+    text = _one_line_error(_run(*gallery, "--gallery-labels", tmp / "emb.npy"))
+    assert "--gallery (" in text and "--gallery-labels (" in text and "swapped" in text
+
+
+def test_errors_name_the_commands_arguments_not_python_parameters(saved):
+    tmp, _, labels = saved
+    np.save(tmp / "short.npy", labels[:10])
+    cases = [
+        ([tmp / "labels.npy", tmp / "labels.npy"], "EMBEDDINGS ("),  # labels given twice
+        ([tmp / "emb.npy", tmp / "emb.npy"], "LABELS ("),  # embeddings given twice
+        ([tmp / "emb.npy", tmp / "short.npy"], "LABELS ("),
+        (
+            [tmp / "emb.npy", tmp / "labels.npy", "--gallery", tmp / "emb.npy"]
+            + ["--gallery-labels", tmp / "short.npy"],
+            "--gallery-labels (",
+        ),
+    ]
+    for args, named in cases:
+        text = _one_line_error(_run(*args))
+        assert named in text, text
+        for parameter in ("`query`", "`query_labels`", "`gallery`", "`gallery_labels`"):
+            assert parameter not in text, text
+    # labels given twice: integers one per row are labels, not 1-D scores to reshape
+    text = _one_line_error(_run(tmp / "labels.npy", tmp / "labels.npy"))
+    assert "like labels" in text and "reshape" not in text

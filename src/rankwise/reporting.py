@@ -48,14 +48,20 @@ def report_rows(report: Any) -> list[tuple[str, float]]:
 def report_table(report: Any, title: str | None = None) -> Any:
     """A rich table of a retrieval report (the metrics as fractions, 4 decimals).
 
+    The title and the caption are lines of their own, above and below the table: a two-column
+    table's own title and caption would wrap to its width (25 columns), three lines each.
+
     Args:
         report: a :class:`~rankwise.metrics.RetrievalReport`.
-        title: the table's title, e.g. ``"Test results of the selected model"``.
+        title: the line above the table, e.g. ``"Test results of the selected model"``.
 
     Returns:
-        A ``rich.table.Table``; its caption counts the queries (and those excluded).
+        A rich renderable (``rich.console.Group``): the title, the ``rich.table.Table`` and the
+        caption counting the queries (and those excluded).
     """
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     evaluated = report.n_queries - report.n_queries_without_relevant
     caption = f"{report.n_queries} queries x {report.n_gallery} gallery items"
@@ -64,12 +70,13 @@ def report_table(report: Any, title: str | None = None) -> Any:
             f"; {report.n_queries_without_relevant} queries without a relevant item excluded, "
             f"means over {evaluated}"
         )
-    table = Table(title=title, caption=caption, show_header=True, header_style="bold")
+    table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for name, value in report_rows(report):
         table.add_row(name, f"{value:.4f}")
-    return table
+    parts: list[Any] = [Text(title, style="italic")] if title else []
+    return Group(*parts, table, Text(caption, style="dim"))
 
 
 def _pct(mean: float, std: float, n: int = 2) -> str:

@@ -7,7 +7,7 @@ import json
 from typer.testing import CliRunner
 
 from rankwise.cli import app
-from rankwise.experiments import REGISTRY
+from rankwise.experiments import REGISTRY, get_experiment
 
 runner = CliRunner()
 
@@ -34,17 +34,17 @@ def test_help_says_what_an_interruption_keeps_before_it_starts():
     for name in REGISTRY:
         said = " ".join(_run(name, "--help").output.split())
         assert "Ctrl-C / SIGTERM (exit 130 / 143) keep nothing" in said, name
-        assert "a line at least every 30 s" in said, name
+        assert "a line at least every 10 s" in said, name
 
 
 def test_long_experiments_report_their_parts_as_lines(tmp_path, monkeypatch):
-    """Without a terminal, a line each time a part finishes 30 s after the previous line; here
+    """Without a terminal, a line each time a part finishes 10 s after the previous line; here
     every part (interval 0), through the command line's display of hash-euclidean-ndcg."""
     from rankwise.commands import experiment as command
 
     original = command.ProgressDisplay.__init__
 
-    def every_part(self, name, console, every=30.0):
+    def every_part(self, name, console, every=10.0):
         original(self, name, console, every=0.0)
 
     monkeypatch.setattr(command.ProgressDisplay, "__init__", every_part)
@@ -62,17 +62,20 @@ def test_run_writes_json_and_png_and_prints_one_verdict_line(tmp_path):
     out = tmp_path / "res.json"
     result = _run("auc-slope", "--quick", "--delta-s", "0.1,0.2", "--output", out)
     assert result.exit_code == 0, result.output
+    # first, at once (stderr): what runs and where (issue 40)
+    first = f"rankwise experiment auc-slope: {get_experiment('auc-slope').spec.summary} -> {out}"
     lines = result.output.strip().splitlines()
-    assert lines[0].startswith("auc-slope: Table 1 within 1% for Δs 0.1")
-    assert lines[1] == f"wrote {out} and {out.with_suffix('.png')}"
+    assert " ".join(lines[0].split()) == " ".join(first.split())
+    assert lines[1].startswith("auc-slope: Table 1 within 1% for Δs 0.1")
+    assert lines[2] == f"wrote {out} and {out.with_suffix('.png')}"
     payload = json.loads(out.read_text())
     assert [row["delta_s"] for row in payload["rows"]] == [0.1, 0.2]
-    assert payload["verdict"] == lines[0]
+    assert payload["verdict"] == lines[1]
 
     again = _run("auc-slope", "--quick", "--delta-s", "0.2", "--output", out)
     assert again.exit_code == 2
     # the command line names its flags (the Python names were shown beside them: issue 30)
-    assert again.output.strip() == (
+    assert again.output.strip().splitlines()[-1] == (
         f"error: {out} exists; pass --overwrite to replace it, or choose another --output."
     )
     assert json.loads(out.read_text()) == payload  # untouched
@@ -102,8 +105,10 @@ def test_bad_options_are_one_line_errors_with_exit_2(tmp_path):
     for args, message in cases:
         result = _run("auc-slope", "--quick", *args, "--output", tmp_path)
         assert result.exit_code == 2, (args, result.output)
-        assert result.output.strip().startswith(message), result.output
-        assert len(result.output.strip().splitlines()) == 1
+        # the line saying what runs (issue 40), then the one-line error
+        announced, error = result.output.strip().splitlines()
+        assert announced.startswith("rankwise experiment auc-slope: ")
+        assert error.startswith(message), result.output
     assert not list(tmp_path.iterdir())  # nothing written by failed runs
     assert _run("auc-slope", "--output", tmp_path / "x.png").exit_code == 2
 

@@ -224,7 +224,8 @@ def test_near_ties_are_resolved_by_exact_keys_of_compacted_pairs(monkeypatch, si
         np.testing.assert_array_equal(a.precision, b.precision)
 
 
-def test_exact_duplicates_tie_exactly_on_the_torch_path(monkeypatch):
+def test_exact_duplicates_tie_exactly_without_the_near_tie_pass(monkeypatch):
+    # copies of one row have one exact key: their windows are their tie groups (issue 36)
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(100, 8, generator=gen)
     x = torch.cat([x, x[:50], x[:20]])  # exact duplicates: tied keys, tied approximations
@@ -232,7 +233,7 @@ def test_exact_duplicates_tie_exactly_on_the_torch_path(monkeypatch):
     runs = _spy_runs(monkeypatch)
     for similarity in ("cosine", "dot", "euclidean"):
         ours = retrieval_metrics(x, y, similarity=similarity, ks=(1, 5), backend="torch")
-        assert runs[-1].near_tie_queries > 0
+        assert runs[-1].near_tie_queries == 0
         assert (
             ours.to_dict()
             == retrieval_metrics(x, y, similarity=similarity, ks=(1, 5), backend="numba").to_dict()
@@ -280,6 +281,107 @@ def test_pairs_beyond_the_memory_budget_take_several_chunks(monkeypatch):
     assert near.pair_chunks > near.window_chunks
     for name in (CHUNK, *NEAR_TIE_LOOPS):
         assert len({r.kernels for r in counter.named(name)}) == 1, name
+
+
+# ------------------------------------------------------------------ degenerate data (issue 36)
+
+
+def _degenerate(case, gen):
+    """(query, query labels, gallery, gallery labels, exclude_self) of a degenerate case."""
+    n = 90
+    labels = torch.randint(0, 9, (n,), generator=gen)
+    if case == "identical":  # a collapsed model: one row n times
+        return torch.randn(1, 12, generator=gen).expand(n, 12), labels, None, None, None
+    if case == "few_rows_repeated":
+        rows = torch.randn(6, 12, generator=gen)
+        return rows[torch.randint(0, 6, (n,), generator=gen)], labels, None, None, None
+    if case == "copies_with_near_neighbours":
+        # copies of 5 rows, and near copies (one entry a few ulps off): mixed windows
+        rows = torch.randn(5, 12, generator=gen, dtype=torch.float64)
+        x = rows[torch.arange(n) % 5].clone()
+        x[::4, 0] += 2.0**-50 * torch.randint(1, 3, (len(x[::4]),), generator=gen)
+        return x, labels, None, None, None
+    if case == "binary_codes":  # exact values: heavy ties between different rows
+        return torch.sign(torch.randn(n, 6, generator=gen)), labels, None, None, None
+    if case == "quantised":
+        # a non-dyadic grid: approximate values, and exact ties between different rows
+        x = 0.1 * torch.randint(-2, 3, (n, 4), generator=gen).to(torch.float64)
+        return x, labels, None, None, None
+    if case == "multi_hot_copies":
+        rows = torch.randn(4, 12, generator=gen)
+        hot = (torch.rand(n, 5, generator=gen) < 0.4).long()
+        return rows[torch.randint(0, 4, (n,), generator=gen)], hot, None, None, None
+    # a gallery of copies; queries that are copies of gallery rows, each excluding a copy of
+    # its own row, a copy of another row or nothing
+    rows = torch.randn(4, 12, generator=gen)
+    which = torch.randint(0, 4, (n,), generator=gen)
+    q_which = torch.randint(0, 4, (40,), generator=gen)
+    own_copy = torch.stack([torch.nonzero(which == w)[0, 0] for w in q_which.tolist()])
+    exclude = torch.where(
+        torch.arange(40) % 3 == 0,
+        own_copy,
+        torch.where(torch.arange(40) % 3 == 1, torch.randint(0, n, (40,), generator=gen), -1),
+    )
+    q_labels = torch.randint(0, 9, (40,), generator=gen)
+    return rows[q_which], q_labels, rows[which], labels, exclude
+
+
+DEGENERATE = [
+    "identical",
+    "few_rows_repeated",
+    "copies_with_near_neighbours",
+    "binary_codes",
+    "quantised",
+    "multi_hot_copies",
+    "gallery_copies_excluded",
+]
+
+
+@pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
+@pytest.mark.parametrize("case", DEGENERATE)
+def test_degenerate_embeddings_equal_the_numba_backend_bit_for_bit(monkeypatch, case, similarity):
+    gen = torch.Generator().manual_seed(36)
+    q, ql, g, gl, exclude = _degenerate(case, gen)
+    runs = _spy_runs(monkeypatch)
+    for chunk in (None, 7):
+        kwargs = dict(similarity=similarity, chunk_size=chunk, exclude_self=exclude)
+        ours = retrieval_metrics(q, ql, g, gl, ks=(1, 5), backend="torch", **kwargs)
+        if case in ("identical", "few_rows_repeated", "multi_hot_copies"):
+            assert runs[-1].near_tie_queries == 0  # copies of one row: no exact key needed
+        if case == "copies_with_near_neighbours":
+            assert runs[-1].near_tie_pairs > 0  # the pass runs, its windows hold copies too
+        want = retrieval_metrics(q, ql, g, gl, ks=(1, 5), backend="numba", **kwargs)
+        assert ours.to_dict() == want.to_dict()
+        a = pr_curve(q, ql, g, gl, backend="torch", **kwargs)
+        b = pr_curve(q, ql, g, gl, backend="numba", **kwargs)
+        np.testing.assert_array_equal(a.precision, b.precision)
+
+
+def test_gallery_row_copies_treat_signed_zeros_alike_and_count_copies():
+    g = torch.tensor([[1.0, 0.0], [2.0, 1.0], [1.0, -0.0], [1.0, 2.0**-60], [2.0, 1.0], [1.0, 0.0]])
+    copies, row = _device.gallery_row_copies(g.to(torch.float64)).unbind(1)
+    assert copies.tolist() == [3, 2, 3, 1, 2, 3]
+    assert row[0] == row[2] == row[5] and row[1] == row[4]
+    assert len({int(row[0]), int(row[1]), int(row[3])}) == 3
+
+
+@pytest.mark.parametrize("n", [60, 120])
+def test_copies_of_one_row_run_the_kernels_of_distinct_rows(n):
+    # all rows identical (a collapsed model) or 10 rows repeated: the kernels of the whole call
+    # are those of distinct rows of the same shape, not (relevant item x window) pairs of keys
+    # (before issue 36 the near-tie pass gave every query R x N pairs: kernels grew with N^3)
+    gen = torch.Generator().manual_seed(37)
+    y = torch.randint(0, 6, (n,), generator=gen)
+    distinct = torch.randn(n, 16, generator=gen)
+    identical = distinct[:1].expand(n, 16)
+    repeated = distinct[torch.arange(n) % 10]
+
+    def kernels(x):
+        counter = _count(x, y, ks=(1, 5), chunk_size=25)
+        assert not any(counter.named(name) for name in NEAR_TIE_LOOPS)
+        return sum(r.kernels for r in counter.ranges)
+
+    assert kernels(identical) == kernels(repeated) == kernels(distinct)
 
 
 # ------------------------------------------------------------------ kernels and syncs per chunk
@@ -334,7 +436,7 @@ def test_chunks_run_a_fixed_number_of_kernels_whatever_the_data(similarity):
 
 @pytest.mark.parametrize("similarity", ["cosine", "dot", "euclidean"])
 def test_near_tie_loops_run_a_fixed_number_of_kernels_whatever_the_data(similarity):
-    # exact duplicates send queries through the near-tie pass; each of its three loops runs
+    # near duplicates send queries through the near-tie pass; each of its three loops runs
     # the same kernels per chunk for another dimension, other relevant sets, more ties
     gen = torch.Generator().manual_seed(15)
     n = 240
@@ -353,8 +455,12 @@ def test_near_tie_loops_run_a_fixed_number_of_kernels_whatever_the_data(similari
         return tuple(per_loop)
 
     def twice(d, copies=2):
-        x = torch.randn(n // copies, d, generator=gen)
-        return torch.cat([x] * copies)
+        # near copies: one float64 entry moved by a few ulps, so the rows (and their exact keys)
+        # differ by far less than the error bound (exact copies would need no pass)
+        x = torch.randn(n // copies, d, generator=gen, dtype=torch.float64)
+        step = torch.zeros(d, dtype=torch.float64)
+        step[0] = 2.0**-50
+        return torch.cat([x + k * step for k in range(copies)])
 
     many = torch.randint(0, 60, (n,), generator=gen)
     few = torch.randint(0, 2, (n,), generator=gen)

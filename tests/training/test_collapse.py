@@ -111,3 +111,16 @@ def test_a_healthy_run_is_not_stopped(tmp_path, make_config):
     result = Trainer.from_config(make_config(tmp_path / "run", **{"budget.iterations": 4})).fit()
     assert result.status == "completed"
     assert error_records(tmp_path / "run") == []
+
+
+def test_soprc_advice_names_v_starting_below_the_scores(tmp_path, make_config):
+    """Issue 40: SOPRC's grid v below an untrained network's scores left the loss at ~1."""
+    from rankwise.training.callbacks import config_collapse_advice
+
+    config = make_config(tmp_path / "run", **{"loss.name": "soprc"})
+    assert "loss.params.warm_start=true" in config_collapse_advice(config)
+    warm = make_config(tmp_path / "run", **{"loss.name": "soprc", "loss.params.warm_start": True})
+    assert "warm_start" not in config_collapse_advice(warm)
+    no_v = make_config(tmp_path / "run", **{"loss.name": "soprc", "loss.params.use_v": False})
+    assert "warm_start" not in config_collapse_advice(no_v)
+    assert "warm_start" not in config_collapse_advice(make_config(tmp_path / "run"))  # AP loss

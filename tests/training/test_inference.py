@@ -106,3 +106,48 @@ def test_embed_a_folder_of_images_with_an_image_run(tmp_path):
         expected = model(first[None]).numpy()
     assert np.allclose(np.load(out)[:1], expected, atol=1e-6)
     assert load_run(run_dir).step == 7
+
+
+def test_embed_a_class_per_folder_tree_writes_its_labels(tmp_path):
+    """Issue 40: class folders below INPUT give <out>.labels.npy, in the rows' order, and say so."""
+    import yaml
+    from PIL import Image
+
+    from rankwise.models import build_model
+    from rankwise.training import atomic_save
+
+    run_dir = tmp_path / "run"
+    config = {
+        "dataset": {"name": "cub200", "image_size": 16},
+        "model": {"backbone": "small_cnn", "embedding_dim": 4},
+        "loss": {"name": "auc"},
+        "budget": {"iterations": 1},
+    }
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    model = build_model("small_cnn", (3, 16, 16), 4)
+    atomic_save({"step": 1, "model": model.state_dict()}, run_dir / "checkpoints" / "best.pt")
+    rng = np.random.default_rng(0)
+    for cls, names in (("zebra", ("1.png", "2.png")), ("ant", ("3.png",)), ("cat", ("0.png",))):
+        (tmp_path / "tree" / cls).mkdir(parents=True)
+        for name in names:
+            image = rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)
+            Image.fromarray(image).save(tmp_path / "tree" / cls / name)
+    out = tmp_path / "emb.npy"
+    result = CliRunner().invoke(
+        app, ["embed", str(run_dir), str(tmp_path / "tree"), "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    listed = (tmp_path / "emb.paths.txt").read_text().split()
+    labels = np.load(tmp_path / "emb.labels.npy")
+    classes = {"ant": 0, "cat": 1, "zebra": 2}  # sorted folder names
+    assert labels.tolist() == [classes[p.split("/")[-2]] for p in listed]
+    assert labels.dtype == np.int64 and len(labels) == np.load(out).shape[0] == 4
+    assert "emb.labels.npy" in result.output and "ant=0" in result.output
+    # images straight in the folder: no classes, no labels file
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(flat / "a.png")
+    args = ["embed", str(run_dir), str(flat), "-o", str(tmp_path / "flat.npy")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0 and not (tmp_path / "flat.labels.npy").exists()

@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "embed": "embed:embed",
     "search": "search:search",
     "export": "export:export",
+    "show": "show:show",
     "experiment": "experiment:experiment_app",
     "hash": "hash:hash_app",
     "roc": "roc:roc_app",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from .common import cli_errors, loss_list, output_console
+from .common import cli_errors, loss_list, output_console, sweep_first_line
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -158,6 +158,18 @@ def bench(
 ) -> None:
     """Compare losses (Table 1) or ablate SOPRC (Table 2) on one dataset."""
     console = output_console(140)
+    what = "SOPRC ablation (Table 2)" if ablation else "loss comparison (Table 1)"
+    first = sweep_first_line(
+        "bench",
+        what,
+        dataset=dataset,
+        config=config,
+        output=output,
+        resume=resume,
+        suffix="-ablation" if ablation else "",
+    )
+    if first is not None:  # at once: torch, the data and numba's warm-up take seconds
+        console.print(first, soft_wrap=True, markup=False, highlight=False)
     with cli_errors("bench", FLAGS):
         from ..reporting import print_bench_table
         from ..training import TrainingInterrupted

@@ -40,8 +40,10 @@ __all__ = [
     "EXIT_TERMINATED",
     "cli_errors",
     "error_console",
+    "one_line_warnings",
     "output_console",
     "signal_name",
+    "sweep_first_line",
     "to_flags",
     "train_resume_command",
 ]
@@ -131,6 +133,77 @@ def error_console(quiet: bool = False) -> Console:
     from rich.console import Console
 
     return Console(stderr=True, quiet=quiet)
+
+
+def sweep_first_line(
+    command: str,
+    what: str,
+    *,
+    dataset: str | None,
+    config: Any,
+    output: Any,
+    resume: Any,
+    suffix: str = "",
+) -> str | None:
+    """The first line of a sweep command, from its options and the YAML alone (before torch).
+
+    ``rankwise bench: SOPRC ablation (Table 2) on digits -> runs/bench/digits-ablation``; the
+    folder is the command's default ``runs/<command>/<dataset><suffix>`` unless ``output`` is
+    given. None when the dataset cannot be told yet (the full load then reports any error).
+
+    Args:
+        command: ``"bench"`` or ``"tune"``.
+        what: what the sweep runs, e.g. ``"loss comparison (Table 1)"``.
+        dataset: the ``--dataset`` option.
+        config: the ``--config`` file.
+        output: the ``--output`` folder.
+        resume: the ``--resume`` folder.
+        suffix: appended to the dataset's name in the default folder (``"-ablation"``).
+    """
+    import os
+
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 alone speaks
+        return None
+    if resume is not None:
+        return f"rankwise {command}: resuming the sweep in {resume} (loading it)"
+    name = dataset
+    if name is None and config is not None:
+        import yaml
+
+        try:
+            with open(config, encoding="utf-8") as file:
+                name = yaml.safe_load(file)["dataset"]["name"]
+        except Exception:  # noqa: BLE001 - an announcement only; the full load reports it
+            return None
+    if not isinstance(name, str):
+        return None
+    name = name.replace("_", "-")
+    out = output if output is not None else f"runs/{command}/{name}{suffix}"
+    return f"rankwise {command}: {what} on {name} -> {out}"
+
+
+@contextmanager
+def one_line_warnings(err: Console) -> Iterator[None]:
+    """Show each warning as one ``warning: ...`` line on ``err``, without its file and line.
+
+    Python's default display (``path/file.py:173: UserWarning: ...`` and the source line) is for
+    a library's developer; a command's user needs the message. Which warnings are shown (once
+    per place, ``-W``, ``PYTHONWARNINGS``) is unchanged.
+
+    Args:
+        err: the console the warnings go to.
+    """
+    import warnings
+
+    from rich.markup import escape
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        text = " ".join(str(message).split()) or category.__name__
+        err.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True, highlight=False)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def _training_errors() -> _TrainingErrors | None:
@@ -303,7 +376,7 @@ def cli_errors(
     err = err if err is not None else error_console()
     flags = dict(flags or {})
     try:
-        with handle_signals():
+        with handle_signals(), one_line_warnings(err):
             yield err
     except (Exception, KeyboardInterrupt) as exc:
         found = _exit_for(exc, flags, what, interrupted_note)

@@ -4,7 +4,9 @@ Loads a run directory's model and preprocessing (:func:`rankwise.training.load_r
 embeddings of INPUT as a ``.npy`` file. INPUT is an array file (``.npy``, ``.npz[:key]``,
 ``.pt[:key]``) of raw inputs as the dataset ships them (digits pixels 0-16, MNIST / CIFAR
 ``uint8``) or, for a run on an image dataset, a folder of images (embedded in sorted path order,
-listed beside the output). No paper equation is implemented here.
+listed beside the output; a class-per-folder tree also gets ``<out>.labels.npy``, the class ids
+of its folders in sorted name order, so ``rankwise evaluate OUT OUT.labels.npy`` follows). No
+paper equation is implemented here.
 """
 
 from __future__ import annotations
@@ -18,6 +20,21 @@ from .common import cli_errors, output_console
 __all__ = ["embed"]
 
 FLAGS = {"run_dir": "RUN_DIR", "checkpoint": "--checkpoint", "inputs": "INPUT"}
+
+
+def folder_labels(folder: Path, paths: list[Path]) -> tuple[list[int], list[str]] | None:
+    """Class ids of ``paths`` when every one lies in a class folder directly below ``folder``.
+
+    Returns:
+        (label of every path, class folder names in id order: sorted), or None for any other
+        layout (images directly in ``folder``, or nested deeper).
+    """
+    parents = [p.relative_to(folder).parts for p in paths]
+    if not parents or any(len(parts) != 2 for parts in parents):
+        return None
+    classes = sorted({parts[0] for parts in parents})
+    ids = {name: i for i, name in enumerate(classes)}
+    return [ids[parts[0]] for parts in parents], classes
 
 
 def embed(
@@ -55,19 +72,23 @@ def embed(
         if output.exists() and not overwrite:
             raise ValueError(f"--output {output} exists; pass --overwrite to replace it.")
         run = load_run(run_dir, checkpoint=checkpoint, device=device)
-        listing = None
+        listing = labelled = None
         if run.input_kind == "images":
             paths = image_paths(inputs)
             if not paths:
                 raise FileNotFoundError(f"INPUT: no image files in {inputs}.")
             embeddings = run.embed(paths, batch_size=batch_size)
             listing = output.with_suffix(".paths.txt")
+            labelled = folder_labels(Path(inputs), paths) if Path(inputs).is_dir() else None
         else:
             embeddings = run.embed(load_array(inputs, "INPUT"), batch_size=batch_size)
         output.parent.mkdir(parents=True, exist_ok=True)
         np.save(output, embeddings.numpy())
         if listing is not None:
             listing.write_text("".join(f"{p}\n" for p in paths))
+        if labelled is not None:
+            labels_file = output.with_suffix(".labels.npy")
+            np.save(labels_file, np.asarray(labelled[0], dtype=np.int64))
         err.print(
             f"{run.config.loss.name} model of {run.run_dir} ({run.checkpoint.name}, step "
             f"{run.step})",
@@ -82,3 +103,14 @@ def embed(
         markup=False,
         highlight=False,
     )
+    if labelled is not None:
+        names = labelled[1]
+        shown = ", ".join(f"{n}={i}" for i, n in enumerate(names[:5]))
+        console.print(
+            f"wrote {output.with_suffix('.labels.npy')}: the class folder of every row, "
+            f"{len(names)} classes in sorted name order ({shown}{', ...' if len(names) > 5 else ''})"
+            f"; evaluate with: rankwise evaluate {output} {output.with_suffix('.labels.npy')}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )

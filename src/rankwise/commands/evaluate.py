@@ -1,14 +1,19 @@
 """``rankwise evaluate``: exact, tie-aware retrieval report of saved embeddings.
 
-Loads embeddings and labels from .npy / .npz / .pt files, ranks every query against the gallery
+Loads embeddings and labels from .npy / .npz / .pt files (labels also from .txt / .csv / .tsv: one
+per line, or a column of a table), ranks every query against the gallery
 (or leave-one-out) and prints :func:`rankwise.metrics.retrieval.retrieval_metrics`: mAP (the
 tie-aware AP_T of He et al., *Hashing as Tie-Aware Learning to Rank*, CVPR 2018, Prop. 1 with Eq. 6
 as corrected in docs/errata.md), recall@k, precision@k, MAP@R and R-precision. Optionally writes
-the report as JSON and the mean PR curve as a PNG. Bad input: a one-line error, exit code 2.
+the report as JSON and the mean PR curve as a PNG. Bad input: a one-line error naming the
+command's argument (``EMBEDDINGS``, ``LABELS``, ``--gallery``, ``--gallery-labels``) and its file,
+exit code 2; an embeddings file and a labels file given in each other's place are recognised.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import pickle
@@ -28,9 +33,22 @@ from .._validation import resolve_device
 from ..reporting import report_rows
 from .common import cli_errors
 
-__all__ = ["evaluate", "load_array", "parse_ks"]
+__all__ = ["evaluate", "load_array", "load_labels", "parse_ks"]
 
 _EXTENSIONS = (".npy", ".npz", ".pt", ".pth")
+# text tables of labels (load_labels): one label per line, or a column of a table
+_TEXT_EXTENSIONS = (".txt", ".csv", ".tsv")
+# the library's argument names -> this command's arguments, for messages not caught before
+FLAGS = {
+    "query": "EMBEDDINGS",
+    "query_labels": "LABELS",
+    "gallery": "--gallery",
+    "gallery_labels": "--gallery-labels",
+    "ks": "--ks",
+    "similarity": "--similarity",
+    "ties": "--ties",
+    "device": "--device",
+}
 
 
 def _split_key(spec: str) -> tuple[Path, str | None]:
@@ -39,7 +57,7 @@ def _split_key(spec: str) -> tuple[Path, str | None]:
     if path.exists() or ":" not in spec:
         return path, None
     head, _, key = spec.rpartition(":")
-    if Path(head).suffix.lower() in _EXTENSIONS and key:
+    if Path(head).suffix.lower() in (*_EXTENSIONS, *_TEXT_EXTENSIONS) and key:
         return Path(head), key
     return path, None
 
@@ -158,6 +176,125 @@ def _load(path: Path, key: str | None, name: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
+def load_labels(spec: str, name: str) -> torch.Tensor:
+    """Load labels: an array file as :func:`load_array`, or a ``.txt`` / ``.csv`` / ``.tsv`` table.
+
+    A text file holds one label per row: a ``.txt`` file one per line, a ``.csv`` / ``.tsv`` file
+    in its first column, or in the column named by ``file.csv:COLUMN`` (its first row is then the
+    header). Without a column name a first row with no integer, above rows with one, is a header
+    and skipped; a table's column named ``label`` / ``class`` (``labels``, ``class_id``,
+    ``target``) is then read instead of the first. Integer labels are class ids; other values
+    are class names, numbered in sorted order (only equality matters to the metrics).
+
+    Args:
+        spec: the path, optionally followed by ``:COLUMN`` (or ``:key`` for an array file).
+        name: the argument, for error messages (``"LABELS"``, ``"--gallery-labels"``).
+
+    Returns:
+        The labels as a CPU tensor (int64 for a text file).
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: an empty row, a missing column, or a non-integer number (row named).
+    """
+    path, column = _split_key(spec)
+    if path.suffix.lower() not in _TEXT_EXTENSIONS:
+        return load_array(spec, name)
+    if not path.is_file():
+        raise FileNotFoundError(f"{name}: file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{name}: could not read {path.name} as text: {exc}") from exc
+    values, first_row = _text_column(text, path, column, name)
+    return _labels_from_strings(values, first_row, path, name)
+
+
+def _text_column(text: str, path: Path, column: str | None, name: str) -> tuple[list[str], int]:
+    """The cells of the label column and the file row (1-based) of its first cell."""
+    lines = text.splitlines()
+    while lines and not lines[-1].strip():  # trailing blank lines are no rows
+        lines.pop()
+    suffix = path.suffix.lower()
+    if suffix == ".txt" and column is None:
+        rows = [[line.strip()] for line in lines]
+    else:
+        delimiter = "\t" if suffix == ".tsv" else ","
+        rows = [
+            [c.strip() for c in r]
+            for r in csv.reader(io.StringIO("\n".join(lines)), delimiter=delimiter)
+        ]
+    if not rows:
+        raise ValueError(f"{name}: {path.name} holds no labels.")
+    index, start = 0, 0
+    if column is not None:
+        if column not in rows[0]:
+            raise ValueError(
+                f"{name}: {path.name} has no column {column!r} in its header row; columns: "
+                f"{', '.join(repr(c) for c in rows[0])}."
+            )
+        index, start = rows[0].index(column), 1
+    elif _has_header(rows):
+        start = 1
+        # a table of paths and labels: its label column, else the first
+        named = [i for i, c in enumerate(rows[0]) if c.lower() in _LABEL_COLUMNS]
+        index = named[0] if named else 0
+    values = [_cell(r, index) for r in rows[start:]]
+    for row, value in enumerate(values, start + 1):
+        if not value:
+            raise ValueError(
+                f"{name}: {path.name} row {row} has no label; give every row one (or delete it)."
+            )
+    return values, start + 1
+
+
+_LABEL_COLUMNS = ("label", "labels", "class", "class_id", "target")
+
+
+def _has_header(rows: list[list[str]]) -> bool:
+    """A first row without an integer above rows with one: a header, not labels.
+
+    A column of class names under a header cannot be told apart: it needs ``FILE:COLUMN``.
+    """
+    if len(rows) < 2 or any(_is_int(c) for c in rows[0]):
+        return False
+    return any(_is_int(c) for r in rows[1:] for c in r)
+
+
+def _cell(row: list[str], index: int) -> str:
+    return row[index] if index < len(row) else ""
+
+
+def _is_int(value: str) -> bool:
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _labels_from_strings(values: list[str], first_row: int, path: Path, name: str) -> torch.Tensor:
+    """Integer class ids as they are; class names numbered in sorted order."""
+    if not values:
+        raise ValueError(f"{name}: {path.name} holds a header but no labels.")
+    if all(_is_int(v) for v in values):
+        return torch.tensor([int(v) for v in values], dtype=torch.int64)
+    for row, value in enumerate(values, first_row):
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if number.is_integer():  # a class id among names (or "3.0")
+            continue
+        # a fractional number among names is a score or an embedding, not a class
+        raise ValueError(
+            f"{name}: {path.name} row {row} holds {value!r}, a number that is not an integer "
+            f"(as float {number:g}); labels are integer class ids or class names."
+        )
+    _, ids = np.unique(np.array(values), return_inverse=True)
+    return torch.from_numpy(ids.astype(np.int64).reshape(-1))
+
+
 def parse_ks(text: str) -> tuple[int, ...]:
     """``"1,10,100"`` -> (1, 10, 100); raises ValueError on anything but cut-offs in range."""
     from ..metrics._inputs import MAX_CUTOFF
@@ -241,6 +378,49 @@ def _write_outputs(
         console.print(f"wrote {written}", soft_wrap=True)
 
 
+def _looks_like_embeddings(t: torch.Tensor) -> bool:
+    """2-D floats that are not a 0/1 multi-hot matrix."""
+    if t.ndim != 2 or not t.is_floating_point() or t.numel() == 0:
+        return False
+    return not bool(((t == 0) | (t == 1)).all())
+
+
+def _check_pair(
+    embeddings: torch.Tensor, labels: torch.Tensor, specs: tuple[str, str], names: tuple[str, str]
+) -> None:
+    """An embeddings / labels pair as the command takes them, in its own words (files named).
+
+    Catches what the library would report in its parameter names, and the arguments given in
+    each other's place (its reshape hint would then point the wrong way).
+    """
+    (emb_spec, lab_spec), (emb_name, lab_name) = specs, names
+    emb = f"{emb_name} ({emb_spec}, shape {tuple(embeddings.shape)})"
+    lab = f"{lab_name} ({lab_spec}, shape {tuple(labels.shape)})"
+    if embeddings.ndim == 1 and _looks_like_embeddings(labels):
+        raise ValueError(
+            f"{emb} looks like labels and {lab} like embeddings: the two are swapped; give the "
+            f"embeddings first: {lab_spec} {emb_spec}."
+        )
+    if embeddings.ndim != 2:
+        hint = (
+            "it holds integers, one per row, like labels: give the (n, d) embeddings file here"
+            if embeddings.ndim == 1 and not embeddings.is_floating_point()
+            else "save (n, d) embeddings (1-D scores as x.reshape(-1, 1))"
+        )
+        raise ValueError(f"{emb} must be 2-D (n, d); {hint}.")
+    if _looks_like_embeddings(labels):
+        raise ValueError(
+            f"{lab} holds real numbers in {labels.shape[1]} columns, like embeddings, not class "
+            f"ids or 0/1 multi-hot rows: give the labels file here (one label per row of "
+            f"{emb_name})."
+        )
+    if labels.ndim not in (1, 2) or labels.shape[0] != embeddings.shape[0]:
+        raise ValueError(
+            f"{lab} must hold one label per row of {emb}; pass the labels of those "
+            f"{embeddings.shape[0]} rows."
+        )
+
+
 def _report_table(report: Any) -> Table:
     table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
@@ -255,13 +435,15 @@ def evaluate(
         ..., help="Query embeddings (n, d): .npy, .npz (file.npz:key), .pt/.pth (a tensor)."
     ),
     labels: str = typer.Argument(
-        ..., help="Labels (n,) class ids or (n, C) multi-hot, same formats."
+        ...,
+        help="Labels (n,) class ids or (n, C) multi-hot, same formats; or .txt / .csv / .tsv: one "
+        "per line, or a column (file.csv:COLUMN; default the first, a header row skipped).",
     ),
     gallery: str | None = typer.Option(
         None, "--gallery", help="Gallery embeddings; default: leave-one-out over EMBEDDINGS."
     ),
     gallery_labels: str | None = typer.Option(
-        None, "--gallery-labels", help="Gallery labels (required with --gallery)."
+        None, "--gallery-labels", help="Gallery labels (required with --gallery), as LABELS."
     ),
     ks: str = typer.Option("1,10,100", "--ks", help="Cut-offs for recall@k / precision@k."),
     similarity: str = typer.Option("cosine", "--similarity", help="cosine, dot or euclidean."),
@@ -284,7 +466,7 @@ def evaluate(
 
     # `--json -`: stdout carries the JSON alone; people read the table on stderr
     console = Console(stderr=json_out is not None and str(json_out) == "-")
-    with cli_errors("evaluation", bad_input=(ValueError, FileNotFoundError)):
+    with cli_errors("evaluation", FLAGS, bad_input=(ValueError, FileNotFoundError)):
         ks_tuple = parse_ks(ks)
         dev = _check_device(device)
         if (gallery is None) != (gallery_labels is None):
@@ -294,11 +476,14 @@ def evaluate(
         _check_output_path(json_out, "--json")
         _check_output_path(plot_pr, "--plot-pr")
         query = load_array(embeddings, "EMBEDDINGS")
-        query_labels = load_array(labels, "LABELS")
-        gallery_t = load_array(gallery, "--gallery") if gallery is not None else None
-        gallery_labels_t = (
-            load_array(gallery_labels, "--gallery-labels") if gallery_labels is not None else None
-        )
+        query_labels = load_labels(labels, "LABELS")
+        _check_pair(query, query_labels, (embeddings, labels), ("EMBEDDINGS", "LABELS"))
+        gallery_t = gallery_labels_t = None
+        if gallery is not None and gallery_labels is not None:
+            gallery_t = load_array(gallery, "--gallery")
+            gallery_labels_t = load_labels(gallery_labels, "--gallery-labels")
+            pair = (gallery, gallery_labels), ("--gallery", "--gallery-labels")
+            _check_pair(gallery_t, gallery_labels_t, *pair)
         arrays = (query, query_labels, gallery_t, gallery_labels_t)
         options: dict[str, Any] = {"similarity": similarity, "ties": ties, "device": dev}
         report = retrieval_metrics(*arrays, ks=ks_tuple, **options)

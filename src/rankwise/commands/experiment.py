@@ -28,7 +28,7 @@ from .common import cli_errors, error_console, output_console
 
 # what every experiment's --help says before it is started
 PROGRESS_AND_INTERRUPTS = (
-    "Progress goes to stderr: a bar in a terminal, otherwise a line at least every 30 s while "
+    "Progress goes to stderr: a bar in a terminal, otherwise a line at least every 10 s while "
     "parts finish. The JSON and PNG are written only at the end: Ctrl-C / SIGTERM (exit 130 / "
     "143) keep nothing, and the experiment starts again from the beginning."
 )
@@ -112,7 +112,7 @@ class ProgressDisplay:
         every: the shortest time between two lines, in seconds.
     """
 
-    def __init__(self, name: str, console: Console, every: float = 30.0) -> None:
+    def __init__(self, name: str, console: Console, every: float = 10.0) -> None:
         self.name = name
         self.console = console
         self.every = every
@@ -213,6 +213,13 @@ def _make_command(spec: ExperimentSpec) -> Callable[..., None]:
         output = kwargs.pop("output") or DEFAULT_OUTPUT_DIR
         overwrite = kwargs.pop("overwrite")
         err = error_console()
+        # at once, on stderr: stdout carries the verdict line alone
+        err.print(
+            f"rankwise experiment {spec.name}: {spec.summary} -> {output}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         display = ProgressDisplay(spec.name, err)
         # results are written only once complete: an interrupted experiment leaves nothing
         with cli_errors(

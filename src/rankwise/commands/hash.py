@@ -79,6 +79,17 @@ def _overrides(
     return extra
 
 
+def _is_mapping(path: Path) -> bool:
+    """Whether ``path`` reads as a YAML mapping (yaml alone: before torch loads)."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as file:
+            return isinstance(yaml.safe_load(file), dict)
+    except (OSError, ValueError, yaml.YAMLError):  # UnicodeDecodeError is a ValueError
+        return False
+
+
 @hash_app.command("train")
 def train_command(
     overrides: list[str] | None = typer.Argument(
@@ -120,6 +131,18 @@ def train_command(
     results_table.md and results_tie_ranges.png into --output.
     """
     console = output_console(140)
+    # at once: torch, the data and the first run take a while (a config that is no YAML
+    # mapping is left to the full load's one-line error)
+    chosen = [f"{k} {v}" for k, v in (("methods", methods), ("bits", bits)) if v is not None]
+    source = f"{dataset} via {config}" if dataset and config else dataset or config
+    if config is None or _is_mapping(config):
+        console.print(
+            f"rankwise hash train: {', '.join(chosen) or 'every method and code length'} of "
+            f"{source or 'the Fashion-MNIST setting-1 config'} -> {output}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
     extra = _overrides(overrides or [], dataset, bits, objective, methods, device, quick)
     # the sweep's config check names `output` (evaluate's OUTPUT is an argument, not a flag)
     with cli_errors("training", {**FLAGS, "output": "--output"}) as err:

@@ -96,7 +96,7 @@ def pretrain(
 ) -> None:
     """Pretrain a config's backbone on its training sources' categories; writes pretrained.pt.
 
-    Progress: a bar in a terminal, a line every 30 s otherwise. Ctrl-C / SIGTERM stop after the
+    Progress: a bar in a terminal, a line every 10 s otherwise. Ctrl-C / SIGTERM stop after the
     current step with a checkpoint; rankwise pretrain --resume DIR continues it bit for bit.
     """
     console = output_console()

@@ -14,6 +14,7 @@ print only unexpected errors. See docs/distributed.md.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,40 @@ def _extension(trainer: Any, old: int) -> str:
     return said
 
 
+def _first_line(
+    config: Path | None, resume: Path | None, overrides: list[str], shortcuts: dict[str, Any]
+) -> str | None:
+    """What the command runs and where, from the YAML alone: before torch and the data load.
+
+    None when the file cannot be read as a mapping (the full load then says why). The run
+    folder is the one :meth:`Config.resolved_output_dir` gives (a test checks they agree).
+    """
+    import yaml
+
+    if resume is not None:
+        return f"rankwise train: resuming the run in {resume} (loading it)"
+    try:
+        data: Any = yaml.safe_load(Path(config).read_text(encoding="utf-8")) if config else None
+        for item in overrides + [f"{k}={v}" for k, v in shortcuts.items() if v is not None]:
+            key, _, raw = item.partition("=")
+            *sections, last = key.strip().split(".")
+            node: Any = data
+            for part in sections:
+                node = node.setdefault(part, {})
+            node[last] = yaml.safe_load(raw) if raw.strip() else None
+        dataset, loss = data["dataset"]["name"], data["loss"]["name"]
+        seed, budget = data.get("seed", 0), data.get("budget") or {}
+        out = data.get("output_dir") or Path("runs") / str(dataset) / f"{loss}-seed{seed}"
+    except Exception:  # noqa: BLE001 - an announcement only; the real load reports the error
+        return None
+    length = (
+        f"{budget['iterations']} steps"
+        if budget.get("iterations")
+        else f"{budget.get('epochs')} epochs"
+    )
+    return f"rankwise train: {loss} on {dataset}, {length}, seed {seed} -> run folder {out}"
+
+
 def _check_resume_options(
     resume: Path | None,
     from_checkpoint: Path | None,
@@ -247,6 +282,12 @@ def train(
         "preflight": False if no_preflight else None,
     }
     failure: BaseException | None = None
+    # the first line at once, before torch loads and the data is read (seconds to minutes)
+    shortcuts = {"output_dir": output, "seed": seed}
+    first = _first_line(config, resume, list(overrides or []), shortcuts)
+    # under torchrun rank 0 alone speaks (RANK read here: _distributed would import torch)
+    if first is not None and os.environ.get("RANK", "0") == "0":
+        console.print(first, soft_wrap=True, markup=False, highlight=False)
     try:
         with cli_errors("training", FLAGS) as err:
             trainer = _build_trainer(list(overrides or []), config, resume, output, options, err)

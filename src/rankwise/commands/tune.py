@@ -20,7 +20,7 @@ from .bench import (
     read_base_config,
     refuse_resume_options,
 )
-from .common import cli_errors, loss_list, output_console
+from .common import cli_errors, loss_list, output_console, sweep_first_line
 
 __all__ = ["bench_command", "tune"]
 
@@ -128,6 +128,16 @@ def tune(
 ) -> None:
     """Select each loss's hyper-parameters on validation mAP; write tune.json and tuned.yaml."""
     console = output_console(160)
+    first = sweep_first_line(
+        "tune",
+        "hyper-parameter selection on validation mAP",
+        dataset=dataset,
+        config=config,
+        output=output,
+        resume=resume,
+    )
+    if first is not None:  # at once: torch, the data and numba's warm-up take seconds
+        console.print(first, soft_wrap=True, markup=False, highlight=False)
     with cli_errors("tune", FLAGS):
         from ..reporting import print_tune_table
         from ..training import TrainingInterrupted

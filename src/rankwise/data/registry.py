@@ -30,6 +30,7 @@ from .array_datasets import (
 from .base import RetrievalSplits
 from .image_datasets import IMAGE_DATASETS, load_image_dataset, read_vehicleid
 from .instances import INSTANCE_OPTIONS, build_instance_splits
+from .own_datasets import OWN_DATASETS, OWN_OPTIONS, arrays_input_shape, load_own_dataset
 from .splits import VAL_HOLDOUTS
 
 __all__ = [
@@ -55,8 +56,9 @@ class DatasetInfo:
     """What rankwise knows of one benchmark (the table every module reads).
 
     Attributes:
-        kind: ``"array"`` (in memory), ``"folder"`` (image files, see ``IMAGE_DATASETS``) or
-            ``"instances"`` (augmented-instance benchmark of ``source``'s images).
+        kind: ``"array"`` (in memory), ``"folder"`` (image files, see ``IMAGE_DATASETS``),
+            ``"instances"`` (augmented-instance benchmark of ``source``'s images) or ``"own"``
+            (the user's data: :mod:`rankwise.data.own_datasets`).
         protocols: the protocols it supports, its usual one first.
         source: the dataset whose images an instance benchmark augments.
         item_shape: ``(C, H, W)`` of one item of an array dataset (None: image files).
@@ -116,6 +118,7 @@ _INFO: Registry[DatasetInfo] = Registry(
             f"{source}-instances": DatasetInfo("instances", ("open-set",), source=source)
             for source in ("digits", "mnist", "fashion-mnist", "cifar10")
         },
+        **{name: DatasetInfo("own", PROTOCOLS) for name in OWN_DATASETS},
     },
     aliases=DATASET_ALIASES,
     hint=f" (aliases: {', '.join(sorted(DATASET_ALIASES))})",
@@ -162,12 +165,19 @@ def default_val_holdout(name: str) -> str:
     return "classes" if _INFO[name].kind == "instances" else "samples"
 
 
-def input_spec(name: str, image_size: int) -> tuple[tuple[int, ...], str]:
+def input_spec(
+    name: str, image_size: int, data_dir: str | os.PathLike | None = None
+) -> tuple[tuple[int, ...], str]:
     """The shape of one model input of ``name`` and its :attr:`DatasetInfo.raw_inputs`.
 
-    Instance benchmarks take their source's; image files become ``(3, image_size, image_size)``.
+    Instance benchmarks take their source's; image files become ``(3, image_size, image_size)``;
+    an ``arrays`` dataset's come from its file ``data_dir`` (raw kind ``uint8`` or ``float``).
     """
     info = _INFO[name]
+    if _INFO.canonical(name) == "arrays":
+        if data_dir is None:
+            raise ValueError("dataset 'arrays' needs its data_dir (the .npz file) for its shape.")
+        return arrays_input_shape(data_dir)
     if info.source is not None:
         info = _INFO[info.source]
     if info.item_shape is None:
@@ -244,7 +254,9 @@ def load_dataset(
             100 / 500, digits 20 / 100) for digits / mnist / fashion-mnist / cifar10;
             ``transform``, ``train_transform`` for folder datasets; ``test_size``
             ("small" | "medium" | "large") for vehicleid; the ``INSTANCE_OPTIONS`` of
-            :func:`rankwise.data.instances.build_instance_splits` for the ``*-instances``.
+            :func:`rankwise.data.instances.build_instance_splits` for the ``*-instances``;
+            ``test_fraction``, ``transform``, ``train_transform`` for ``folder`` / ``csv`` /
+            ``arrays`` (:func:`rankwise.data.own_datasets.load_own_dataset`).
 
     Returns:
         :class:`RetrievalSplits`.
@@ -256,6 +268,7 @@ def load_dataset(
         rankwise.data.CorruptDatasetError: a file is truncated or malformed (names the file).
     """
     key = _INFO.canonical(name)
+    protocol_given = protocol  # a table's flags decide the protocol of an own dataset
     if protocol is None:
         protocol = dataset_protocols(key)[0]
     if protocol not in PROTOCOLS:
@@ -265,6 +278,18 @@ def load_dataset(
     if val_holdout not in VAL_HOLDOUTS:
         raise ValueError(f"`val_holdout` must be one of {VAL_HOLDOUTS}, got {val_holdout!r}.")
     kind = _INFO[key].kind
+    if kind == "own":
+        _check_kwargs(key, kw, OWN_OPTIONS)
+        return load_own_dataset(
+            key,
+            data_dir=data_dir,
+            protocol=None if protocol_given is None else protocol,
+            val_fraction=float(val_fraction),
+            seed=int(seed),
+            image_size=image_size,
+            val_holdout=val_holdout,
+            **kw,
+        )
     if kind == "instances":
         return _load_instances(key, protocol, data_dir, seed, val_holdout, kw)
     common: _SplitArguments = {

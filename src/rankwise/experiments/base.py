@@ -237,7 +237,7 @@ def progress(total: int) -> Progress:
     """A :class:`Progress` of ``total`` parts for the running experiment.
 
     An experiment that runs for more than a minute reports its parts with it; the command line
-    shows them (a bar in a terminal, a line every 30 s otherwise); from Python nothing is shown.
+    shows them (a bar in a terminal, a line every 10 s otherwise); from Python nothing is shown.
     """
     return Progress(total, _SINK.get())
 

@@ -28,7 +28,11 @@ boolean-mask indexing, numpy or numba):
    once per call.
 
 Near ties. With approximate values, a relevant item whose window holds other items cannot be
-placed without exact keys. The main loop only counts those (relevant item, window item) pairs per
+placed without exact keys, unless they are all copies of its own row (equal rows, equal keys: the
+window is then its tie group). :func:`gallery_row_copies` counts every gallery row's copies once,
+before the loop, and a window holds nothing but copies when its width is that count (less one if
+the excluded item is a copy), so copies (a collapsed model, a few rows repeated) cost the main
+loop only. The main loop counts the (relevant item, window item) pairs of the other windows per
 query; after the read-back, the queries that have any go through three more loops, each its own
 fixed sequence of kernels per chunk (sizes planned on the host from those counts):
 
@@ -44,7 +48,7 @@ fixed sequence of kernels per chunk (sizes planned on the host from those counts
 
 A row chunk whose pair buffer was short reruns its batch (checked once, after the loops, with the
 results). With the float64 approximation (bound about 1e-13) random float embeddings essentially
-never need the pass; exact duplicates do.
+never need the pass, nor do exact copies; near copies a few ulps apart do.
 """
 
 from __future__ import annotations
@@ -179,6 +183,10 @@ class DeviceProblem:
         columns: (n_q,) int64 columns of the per-call buffer these rows fill, or None (row i
             fills column i).
         need: (L, n_q) int64 for PR curves: the slot of each recall level (:func:`pr_terms`).
+        gallery_rows: (N, 2) int64 for approximate values, else None: the copies of each gallery
+            item's exact row in the gallery and the row's id (:func:`gallery_row_copies`).
+        self_row: (n_q, 1) int64 row id of the excluded item (-1 where none), with
+            ``gallery_rows`` and an excluded item; else None.
     """
 
     operands: LoopOperands
@@ -194,6 +202,8 @@ class DeviceProblem:
     n_relevant: np.ndarray
     columns: torch.Tensor | None = None
     need: torch.Tensor | None = None
+    gallery_rows: torch.Tensor | None = None
+    self_row: torch.Tensor | None = None
 
     @property
     def multi_hot(self) -> bool:
@@ -216,7 +226,23 @@ class DeviceProblem:
             n_relevant=self.n_relevant[index],
             columns=idx if self.columns is None else self.columns[idx],
             need=None if self.need is None else self.need[:, idx],
+            self_row=None if self.self_row is None else self.self_row[idx],
         )
+
+
+def gallery_row_copies(gallery: torch.Tensor) -> torch.Tensor:
+    """(N, 2) int64: how often each gallery item's row occurs in ``gallery``, and the row's id.
+
+    Rows are equal when their entries are (``-0.0`` and ``0.0`` alike: every key of them is then
+    the same float64 number). Built once per call, before the loop (``torch.unique`` of the rows'
+    bits), so identical items need no pair of exact keys: see :func:`_mixed_windows`.
+
+    Args:
+        gallery: (N, d) float64 rows the exact keys are computed from.
+    """
+    bits = (gallery + 0.0).contiguous().view(torch.int64)  # + 0.0: -0.0 becomes 0.0
+    _, row, copies = torch.unique(bits, dim=0, return_inverse=True, return_counts=True)
+    return torch.stack([copies[row], row], dim=1)
 
 
 @dataclass
@@ -249,7 +275,10 @@ def _relevance(prob: DeviceProblem, order: torch.Tensor, lo: int, hi: int) -> to
     """(B, N) bool relevance of the sorted items (2 ops; 3 for multi-hot labels)."""
     if prob.multi_hot:
         return ((prob.query_labels[lo:hi] @ prob.gallery_labels) > 0).gather(1, order)
-    return prob.gallery_labels[order] == prob.query_labels[lo:hi]
+    # index_select of the flat order: the same gather as gallery_labels[order], without advanced
+    # indexing's per-element index arithmetic (a third of its time on the CPU)
+    labels = prob.gallery_labels.index_select(0, order.view(-1)).view(order.shape)
+    return labels == prob.query_labels[lo:hi]
 
 
 @dataclass
@@ -276,8 +305,7 @@ def _items(prob: DeviceProblem, c: _Consts, lo: int, hi: int, width: int) -> _It
     # the j-th relevant item (after the excluded one when it is relevant: it sorts first); past a
     # query's last one, its last one again (those slots write the same values twice). The
     # position of the m-th relevant item is the first with `count` >= m.
-    last = prob.n_relevant_column[lo:hi] + prob.offset[lo:hi]
-    wanted = torch.minimum(c.ar1[:, :width] + prob.offset[lo:hi], last)
+    wanted = torch.minimum(c.ar1[:, :width], prob.n_relevant_column[lo:hi]) + prob.offset[lo:hi]
     pos = torch.searchsorted(count, wanted)
     value = values.gather(1, pos)
     half = prob.operands.half_window[lo:hi, None]
@@ -287,16 +315,52 @@ def _items(prob: DeviceProblem, c: _Consts, lo: int, hi: int, width: int) -> _It
     return _Items(pos, raw, order, relevant)
 
 
+def _mixed_windows(
+    prob: DeviceProblem, own: torch.Tensor, window: torch.Tensor, lo: int
+) -> torch.Tensor:
+    """(B, W) bool: the window holds an item that is not a copy of its relevant item's row.
+
+    Copies of the row have the item's exact key, so a window of nothing but copies is its tie
+    group and needs no pair. Every copy lies in the window (equal keys: values within twice the
+    bound) but the excluded item (sorted first); so the window holds only copies exactly when its
+    width is the row's copies in the gallery, less one when the excluded item is a copy. 2
+    kernels (4 with an excluded item), on (B, W) tensors: no pass over the (B, N) row.
+
+    Args:
+        prob: the problem, with ``gallery_rows``.
+        own: (B, W) gallery column of each relevant slot's item.
+        window: (B, W) window widths.
+        lo: the first query row of the chunk.
+    """
+    assert prob.gallery_rows is not None
+    copies, row = prob.gallery_rows[own].unbind(-1)
+    if prob.self_row is not None:
+        window = window + (row == prob.self_row[lo : lo + own.shape[0]])
+    return window != copies
+
+
+def _paired(
+    prob: DeviceProblem, c: _Consts, own: torch.Tensor, window: torch.Tensor, lo: int
+) -> torch.Tensor:
+    """(B, W) bool: the slots whose windows need pairs of exact keys.
+
+    The query's real slots (not the repeats of its last relevant item) whose window holds
+    another item than copies of the item's own row (without ``gallery_rows``: any other item).
+    """
+    real = c.ar1[:, : window.shape[1]] <= prob.n_relevant_column[lo : lo + window.shape[0]]
+    if prob.gallery_rows is None:
+        return real & (window > 1)
+    return real & _mixed_windows(prob, own, window, lo)
+
+
 def _pair_counts(prob: DeviceProblem, c: _Consts, items: _Items, lo: int) -> torch.Tensor:
     """(B,) near-tied (relevant item, window item) pairs of each query.
 
-    Windows wider than the item itself, of the query's real slots only (not the repeats of its
-    last relevant item): the near-tie pass sizes its pair buffers from these counts.
+    Windows of :func:`_paired` slots: the near-tie pass sizes its pair buffers from these counts.
     """
     window = items.raw[1] - items.raw[0]
-    width = window.shape[1]
-    real = c.ar1[:, :width] <= prob.n_relevant_column[lo : lo + window.shape[0]]
-    return (window * ((window > 1) & real)).sum(1)
+    own = items.order.gather(1, items.pos)
+    return (window * _paired(prob, c, own, window, lo)).sum(1)
 
 
 def _group_table(
@@ -484,15 +548,16 @@ def _window_chunk(
     """
     lo, hi, width, p0, p1, k = chunk
     items = _items(prob, c, lo, hi, width)
-    ids, valid = _slot_ids(prob, c, store, lo, hi, width)
+    ids, _ = _slot_ids(prob, c, store, lo, hi, width)
     flat_ids = ids.view(-1)
+    own = items.order.gather(1, items.pos)
     store.raw.index_copy_(1, flat_ids, items.raw.view(4, -1))
-    store.own.index_copy_(0, flat_ids, items.order.gather(1, items.pos).view(-1))
+    store.own.index_copy_(0, flat_ids, own.view(-1))
     n_items = items.order.shape[1]
     n_slots = flat_ids.shape[0]
     start, end = items.raw[0], items.raw[1]
     window = end - start
-    widths = (window * (valid & (window > 1))).view(-1)
+    widths = (window * _paired(prob, c, own, window, lo)).view(-1)
     cum = torch.cumsum(widths, 0)
     seen[k : k + 1].copy_(cum[-1:])
     base = start.view(-1) - (cum - widths)  # position of pair p = p + base of its item

@@ -675,6 +675,12 @@ def _device_problem(p: _Prepared, ks: tuple[int, ...]) -> _device.DeviceProblem:
     def on_device(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dtype)
 
+    gallery_rows = self_row = None
+    if not ops.exact:  # windows: copies of one row tie without exact keys
+        gallery_rows = _device.gallery_row_copies(p.scorer.exact.gallery)
+        if si is not None:
+            self_row = torch.where(si >= 0, gallery_rows[si.clamp_min(0), 1], -1)[:, None]
+
     return _device.DeviceProblem(
         operands=ops,
         n_gallery=p.n_gallery,
@@ -687,6 +693,8 @@ def _device_problem(p: _Prepared, ks: tuple[int, ...]) -> _device.DeviceProblem:
         relevant_total=on_device((n_rel + self_rel)[:, None], torch.int64),
         cut=on_device(cut[:, None, :], torch.float64),
         n_relevant=n_rel.astype(np.int64),
+        gallery_rows=gallery_rows,
+        self_row=self_row,
     )
 
 

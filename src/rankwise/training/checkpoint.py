@@ -12,6 +12,7 @@ import os
 import pickle
 import random
 import shutil
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist.")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            # torch's note on a non-zip file ("Detected pickle protocol ..., weights_only
+            # Unpickler ..."): a file the trainer wrote is a zip; any other is reported below
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure of a bad file is the same answer
         raise CorruptCheckpointError(path, _why_unreadable(path, exc)) from None
     if not isinstance(state, dict):

@@ -40,8 +40,9 @@ class LoadedRun:
         checkpoint: the checkpoint file the weights come from.
         step: the training step of those weights.
         input_shape: the shape of one preprocessed item, e.g. ``(1, 8, 8)``.
-        input_kind: ``"digits"`` (pixel values 0-16), ``"uint8"`` (0-255 images as arrays) or
-            ``"images"`` (image files).
+        input_kind: ``"digits"`` (pixel values 0-16), ``"uint8"`` (0-255 images as arrays),
+            ``"float"`` (an ``arrays`` dataset's float inputs, used as they are) or ``"images"``
+            (image files).
         device: where the model is.
     """
 
@@ -95,7 +96,7 @@ class LoadedRun:
                     f"got values in [{low:g}, {high:g}]."
                 )
             return x / 16.0
-        if low < 0 or high > 1:
+        if self.input_kind != "float" and (low < 0 or high > 1):
             raise ValueError(
                 f"`inputs`: {self.config.dataset.name} floats must be in [0, 1] (or pass the "
                 f"uint8 pixels 0-255), got values in [{low:g}, {high:g}]."
@@ -194,7 +195,9 @@ def load_run(
     source = _pick_checkpoint(run_path, checkpoint)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     state = load_checkpoint(source, map_location=dev)
-    input_shape, kind = input_spec(config.dataset.name, int(config.dataset.image_size))
+    input_shape, kind = input_spec(
+        config.dataset.name, int(config.dataset.image_size), config.dataset.data_dir
+    )
     # the trained weights replace the backbone's: no pretrained weights file is needed here
     model = build_model(
         config.model.backbone,

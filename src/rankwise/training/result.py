@@ -18,9 +18,46 @@ from .checkpoint import atomic_write_text
 from .config import read_config_file
 from .rundir import RunPaths
 
-__all__ = ["FINISHED", "RunResult"]
+__all__ = ["FINISHED", "RunResult", "per_category_map"]
 
 FINISHED = ("completed", "stopped_early")  # the statuses of a run that is over
+
+
+def per_category_map(per_query_ap: Any, categories: Any) -> dict[str, dict[str, Any]]:
+    """Mean AP of the queries of each category (a table's ``category`` column).
+
+    Queries without a relevant item (AP ``NaN``) are counted apart, as in the overall mAP.
+
+    Args:
+        per_query_ap: ``(n_q,)`` APs in query order (``RetrievalReport.per_query_ap``).
+        categories: ``(n_q,)`` the category of each query.
+
+    Returns:
+        ``{category: {"map": float | None, "n_queries": int, "n_queries_without_relevant": int}}``,
+        categories sorted.
+
+    Example:
+        >>> per_category_map([1.0, 0.5, float("nan")], ["a", "b", "b"])["b"]
+        {'map': 0.5, 'n_queries': 2, 'n_queries_without_relevant': 1}
+    """
+    if hasattr(per_query_ap, "detach"):  # a tensor, as RetrievalReport holds it
+        per_query_ap = per_query_ap.detach().cpu().numpy()
+    ap = np.asarray(per_query_ap, dtype=np.float64)
+    cats = np.asarray(categories, dtype=str)
+    if cats.shape != ap.shape:
+        raise ValueError(
+            f"`categories` has {cats.shape[0]} entries for {ap.shape[0]} queries; give one per query."
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for cat in sorted(set(cats.tolist())):
+        values = ap[cats == cat]
+        scored = values[~np.isnan(values)]
+        out[cat] = {
+            "map": float(scored.mean()) if scored.size else None,
+            "n_queries": int(values.size),
+            "n_queries_without_relevant": int(values.size - scored.size),
+        }
+    return out
 
 
 @dataclass
@@ -41,6 +78,8 @@ class RunResult:
         pr_curve: the test mean precision-recall curve of the selected model (idem).
         config: the run's config as a dict (empty for a trainer built from objects).
         stop_reason: why a ``"stopped_early"`` run ended (``None`` otherwise).
+        test_per_category: the test mAP of each query category (:func:`per_category_map`), for
+            test data with ``categories`` (a table's ``category`` column); ``None`` otherwise.
     """
 
     run_dir: Path | None
@@ -52,6 +91,7 @@ class RunResult:
     test: RetrievalReport | None = None
     pr_curve: PRCurve | None = None
     config: dict[str, Any] = field(default_factory=dict)
+    test_per_category: dict[str, dict[str, Any]] | None = None
     stop_reason: str | None = None
 
     @property
@@ -61,6 +101,9 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the content of ``report.json``)."""
+        extra = (
+            {} if self.test_per_category is None else {"test_per_category": self.test_per_category}
+        )
         return {
             "status": self.status,
             "steps": self.steps,
@@ -71,6 +114,7 @@ class RunResult:
             "run_dir": None if self.run_dir is None else str(self.run_dir),
             # only for an early end: the reports of complete runs keep their fields
             **({} if self.stop_reason is None else {"stop_reason": self.stop_reason}),
+            **extra,
         }
 
     def save(self, run_dir: str | Path) -> None:
@@ -129,4 +173,5 @@ class RunResult:
             pr_curve=curve,
             config=read_config_file(paths.config) if paths.config.is_file() else {},
             stop_reason=report.get("stop_reason"),
+            test_per_category=report.get("test_per_category"),
         )

@@ -56,7 +56,7 @@ from .evaluation import Evaluator
 from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
 from .loop import FitLoop, LoopEnd
 from .monitor import DEFAULT_MONITOR
-from .result import RunResult
+from .result import RunResult, per_category_map
 from .settings import Logging, Runtime, Schedule, group_options
 from .stop import StopControl
 from .store import RunStore
@@ -111,6 +111,14 @@ class EndPolicy(Protocol):
 
     def __call__(self, trainer: Trainer) -> None:
         """Write the run's outcome."""
+
+
+def _per_category(test: RetrievalReport | None, data: Any) -> dict[str, Any] | None:
+    """The test mAP per query category, for test data with ``categories`` (a table's column)."""
+    categories = getattr(data, "categories", None)
+    if test is None or categories is None:
+        return None
+    return per_category_map(test.per_query_ap, categories)
 
 
 class TrainerOptions(TypedDict, total=False):
@@ -1007,6 +1015,7 @@ class Trainer:
             test=test,
             pr_curve=curve,
             config={} if self.store.record is None else dict(self.store.record),
+            test_per_category=_per_category(test, self.test_data),
         )
 
     def _mark_completed(self) -> None:

@@ -115,6 +115,12 @@ def _preprocessing(run: LoadedRun) -> dict[str, Any]:
             f"shape (N, {', '.join(map(str, run.input_shape))})",
             "steps": [{"op": "divide", "by": 255.0, "when": "uint8"}],
         }
+    if kind == "float":
+        return {
+            "raw_inputs": "float arrays as the dataset's .npz holds them, "
+            f"shape (N, {', '.join(map(str, run.input_shape))})",
+            "steps": [],
+        }
     if kind == "images":
         size = int(run.config.dataset.image_size)
         return {

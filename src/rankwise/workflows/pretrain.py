@@ -331,7 +331,7 @@ def pretrain(
         resume: continue the interrupted pretraining in ``output`` from its last checkpoint;
             the other arguments must be the ones it was started with
             (:func:`resume_pretraining` reads them).
-        progress: a progress bar (``None``: in a terminal; plain lines every 30 s otherwise).
+        progress: a progress bar (``None``: in a terminal; plain lines every 10 s otherwise).
         console: a rich console for the progress and messages (default: stderr).
         callbacks: extra callbacks of the loop (see :class:`~rankwise.training.Trainer`).
 

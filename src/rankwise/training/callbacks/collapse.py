@@ -66,6 +66,14 @@ def config_collapse_advice(config: Config) -> str:
     causes.append(f"a learning rate too high for this loss (optimizer.lr={oc.lr:g})")
     fixes.append("a lower optimizer.lr")
     params = config.loss.params
+    if config.loss.name == "soprc" and params.get("use_v", True) and not params.get("warm_start"):
+        # issue 40: an untrained network scores every pair near 1, above the whole default v
+        # grid, so every TPR sits at its floor and the loss at ~1 with almost no gradient
+        causes.append(
+            "SOPRC's v starting below the network's first scores (every TPR at its floor, the "
+            "loss stuck near 1 with almost no gradient)"
+        )
+        fixes.append("loss.params.warm_start=true (v starts at the first batch's scores)")
     if config.loss.name == "soprc" and "prior_scale" in params and params["prior_scale"] is None:
         causes.append(
             "SOPRC's gradient shrinks with the class prior, and the raw priors of a many-class "

@@ -37,7 +37,7 @@ class ProgressBar(Callback):
     """
 
     def __init__(
-        self, enabled: bool | None = None, log_every: int = 10, line_every: float = 30.0
+        self, enabled: bool | None = None, log_every: int = 10, line_every: float = 10.0
     ) -> None:
         self.enabled = enabled
         self.log_every = log_every
