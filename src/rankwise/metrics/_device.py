@@ -865,8 +865,8 @@ def run_metrics(
         budget: bytes a chunk may use.
         pair_keys: callable returning ``(code, query (d + 1, n_q), gallery (d + 1, N))``
             operands of the exact keys; called only when some query has near-tied pairs.
-        discounts: (K + 1, 2) float64 cumulative discounts on the device
-            (:func:`rankwise.metrics.ranking.discount_table_tensor`, K the largest cut-off), or
+        discounts: (N + 1, 2) float64 cumulative discounts on the device, as ``table``
+            (:func:`rankwise.metrics.ranking.discount_table_tensor`), or
             None for no DCG@k rows.
     """
     n_out = prob.cut.shape[0] + 1 + 4

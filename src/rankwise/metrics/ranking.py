@@ -729,7 +729,8 @@ def rank_metrics_from_sums(
     does not depend on the ties, so the ratio of the expectation is the expectation of the ratio).
 
     Args:
-        dcg: (K, B) summed DCG rows of :func:`group_terms` (``discounts``), one per cut-off.
+        dcg: (K, B) summed DCG rows of :func:`group_terms` (with the discount table), one per
+            cut-off.
         n_rel: (B,) relevant items of each query (0: its values are NaN).
         top: (3, B) int64 ``g, n, r`` of each query's best relevant group.
         ks: the cut-offs.
