@@ -85,7 +85,7 @@ def _device_rows(scores, relevant, self_index):
     )
     consts = _device._Consts.build(width, harmonic_table_tensor(n_items))
     items = _device._items(prob, consts, 0, n_rows, width)
-    g, n, r, _ = _device._group_table(prob, consts, items.raw, 0, n_rows)
+    g, n, r, _, _ = _device._group_table(prob, consts, items.raw, 0, n_rows)
     return [
         [(int(g[s, i]), int(n[s, i]), int(r[s, i])) for s in range(int(n_rel[i])) if r[s, i] > 0]
         for i in range(n_rows)

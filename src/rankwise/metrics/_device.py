@@ -308,10 +308,17 @@ def _items(prob: DeviceProblem, c: _Consts, lo: int, hi: int, width: int) -> _It
     wanted = torch.minimum(c.ar1[:, :width], prob.n_relevant_column[lo:hi]) + prob.offset[lo:hi]
     pos = torch.searchsorted(count, wanted)
     value = values.gather(1, pos)
-    half = prob.operands.half_window[lo:hi, None]
-    start = torch.searchsorted(values, value - half)
-    end = torch.searchsorted(values, value + half, right=True)
-    raw = torch.stack([start, end, before.gather(1, start), before.gather(1, end)])
+    # searchsorted and gather write into the rows of raw: no stack of four (B, W) tensors
+    raw = torch.empty((4, *pos.shape), dtype=torch.int64, device=pos.device)
+    if prob.operands.exact:  # the window is the run of equal values (half window 0: no ops)
+        torch.searchsorted(values, value, out=raw[0])
+        torch.searchsorted(values, value, right=True, out=raw[1])
+    else:
+        half = prob.operands.half_window[lo:hi, None]
+        torch.searchsorted(values, value - half, out=raw[0])
+        torch.searchsorted(values, value + half, right=True, out=raw[1])
+    # E at both ends in one gather (the two index rows read the same row of E; int32 like E)
+    raw[2:].copy_(before.expand(2, *before.shape).gather(2, raw[:2]))
     return _Items(pos, raw, order, relevant)
 
 
@@ -353,14 +360,20 @@ def _paired(
     return real & _mixed_windows(prob, own, window, lo)
 
 
-def _pair_counts(prob: DeviceProblem, c: _Consts, items: _Items, lo: int) -> torch.Tensor:
-    """(B,) near-tied (relevant item, window item) pairs of each query.
+def _pair_counts(
+    prob: DeviceProblem, c: _Consts, items: _Items, lo: int, out: torch.Tensor
+) -> None:
+    """The (B,) near-tied (relevant item, window item) pairs of each query, to out's last row.
 
     Windows of :func:`_paired` slots: the near-tie pass sizes its pair buffers from these counts.
     """
     window = items.raw[1] - items.raw[0]
     own = items.order.gather(1, items.pos)
-    return (window * _paired(prob, c, own, window, lo)).sum(1)
+    pairs = window * _paired(prob, c, own, window, lo)
+    if prob.columns is None:  # summed straight into the buffer (no copy)
+        torch.sum(pairs, 1, dtype=out.dtype, out=out[-1, lo : lo + pairs.shape[0]])
+    else:
+        _write(prob, out, out.shape[0] - 1, lo, pairs.sum(1)[None])
 
 
 def _group_table(
@@ -371,7 +384,7 @@ def _group_table(
     hi: int,
     valid: torch.Tensor | None = None,
 ):
-    """Step 4: (g, n, r) (W, B) float64 of each group at slot N^+_{d-1}, and the raw table.
+    """Step 4: (g, n, r, g + n) (W, B) float64 of each group at slot N^+_{d-1}, and the table.
 
     The table has a spare slot W, where slots not ``valid`` are sent.
     """
@@ -381,8 +394,9 @@ def _group_table(
         slot = torch.where(valid, slot, width)
     table = c.default.expand(4, width + 1, hi - lo).clone()
     table.scatter_(1, slot.T.expand(4, width, hi - lo), raw.transpose(1, 2).to(torch.float64))
-    start, end, e_start, e_end = table[:, :width]
-    return prob.n_gallery - end, end - start, e_end - e_start, table
+    gn, g = prob.n_gallery - table[:2, :width]  # N - start = g + n, N - end = g (integers)
+    n, r = table[1::2, :width] - table[0::2, :width]  # end - start, E(end) - E(start)
+    return g, n, r, gn, table
 
 
 def _write(prob: DeviceProblem, out: torch.Tensor, first: int, lo: int, values: torch.Tensor):
@@ -402,18 +416,18 @@ Finish = Callable[
 ]
 
 
-def _metric_finish(ties: str, discounts: torch.Tensor | None = None) -> Finish:
+def _metric_finish(ties: str) -> Finish:
     """Step 4 and 5 of the metrics: closed forms, sums in slot order, the best group's counts.
 
-    With ``discounts`` (:func:`rankwise.metrics.ranking.discount_table_tensor`) the sums hold
-    the DCG@k rows of :func:`~rankwise.metrics.ranking.group_terms` too (NDCG@k).
+    With the discount table in the constants' table (:func:`run_metrics`) the sums hold the DCG@k
+    rows of :func:`~rankwise.metrics.ranking.group_terms` too (NDCG@k).
     """
 
     def finish(prob, c, out, lo, hi, raw, valid) -> None:
         width = raw.shape[2]
-        g, n, r, table = _group_table(prob, c, raw, lo, hi, valid)
+        g, n, r, gn, table = _group_table(prob, c, raw, lo, hi, valid)
         terms = group_terms(
-            g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table, 2, discounts
+            g, n, r, c.slot_plus_one[:width], prob.cut[:, :, lo:hi], ties, c.table, 2, gn
         )
         sums = terms.cumsum(1)[:, -1]  # in slot order: decreasing score
         _write(prob, out, 0, lo, sums)
@@ -427,7 +441,7 @@ def _pr_finish(ties: str) -> Finish:
 
     def finish(prob, c, out, lo, hi, raw, valid) -> None:
         width = raw.shape[2]
-        g, n, r, _ = _group_table(prob, c, raw, lo, hi, valid)
+        g, n, r, _, _ = _group_table(prob, c, raw, lo, hi, valid)
         n_rel = prob.n_relevant_column[lo:hi].T
         assert prob.need is not None
         curve = pr_terms(g, n, r, c.slot[:width], n_rel, prob.need[:, lo:hi], ties)
@@ -443,7 +457,7 @@ def _main_chunk(
     items = _items(prob, c, lo, hi, width)
     finish(prob, c, out, lo, hi, items.raw, None)
     if not prob.operands.exact:
-        _write(prob, out, out.shape[0] - 1, lo, _pair_counts(prob, c, items, lo)[None])
+        _pair_counts(prob, c, items, lo, out)
 
 
 def pr_terms(
@@ -851,14 +865,17 @@ def run_metrics(
         budget: bytes a chunk may use.
         pair_keys: callable returning ``(code, query (d + 1, n_q), gallery (d + 1, N))``
             operands of the exact keys; called only when some query has near-tied pairs.
-        discounts: (K + 1, 2) float64 cumulative discounts on the device
-            (:func:`rankwise.metrics.ranking.discount_table_tensor`, K the largest cut-off), or
+        discounts: (N + 1, 2) float64 cumulative discounts on the device, as ``table``
+            (:func:`rankwise.metrics.ranking.discount_table_tensor`), or
             None for no DCG@k rows.
     """
     n_out = prob.cut.shape[0] + 1 + 4
     if discounts is not None:
         n_out += prob.cut.shape[0] - 2
-    finish = _metric_finish(ties, discounts)
+        # one (N + 1, 4) table: group_terms reads both tables with one lookup (once per call)
+        assert discounts.shape == table.shape
+        table = torch.cat([table, discounts], 1)
+    finish = _metric_finish(ties)
     return _run(prob, table, n_out, chunk_size, budget, finish, pair_keys)
 
 

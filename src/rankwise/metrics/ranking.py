@@ -71,6 +71,7 @@ __all__ = [
     "query_metrics_from_counts",
     "discount_table",
     "discount_table_tensor",
+    "rank_table_tensor",
     "reciprocal_rank",
     "rank_metrics_from_sums",
 ]
@@ -153,6 +154,16 @@ def table_difference(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) ->
 # -- the closed forms of every metric, per tie group -----------------------------------------------
 
 
+def _table_rows(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """(C, *S, columns) ``table[hi[c]] - table[lo]``: one read of the table for every row of ``hi``.
+
+    With the harmonic and discount tables side by side (4 columns), one lookup serves both: the
+    differences are those of :func:`table_difference`, column by column (the same bits).
+    """
+    rows = table[torch.cat([hi, lo.expand_as(hi[:1])]).long()]
+    return rows[:-1] - rows[-1:]
+
+
 def group_terms(
     g: torch.Tensor,
     n: torch.Tensor,
@@ -162,7 +173,7 @@ def group_terms(
     ties: str,
     table: torch.Tensor,
     n_pw: int = 2,
-    discounts: torch.Tensor | None = None,
+    gn: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per tie group: expected precision-weighted sums and relevant counts up to cut-offs.
 
@@ -180,50 +191,69 @@ def group_terms(
             least ``g + n`` (no cut-off: AP), ``cut[1]`` the query's R (MAP@R, R-precision), then
             the P@k cut-offs ``min(k, list length)``.
         ties: ``"expected"``, ``"optimistic"`` or ``"pessimistic"``.
-        table: :func:`harmonic_table` as a tensor on the device, covering every position.
-        n_pw: number of leading cut-offs that need the precision-weighted sum.
-        discounts: None, or :func:`discount_table_tensor` on the device covering every position
-            (as ``table``): then also the expected DCG terms of binary relevance at the
-            cut-offs ``cut[2:]``.
+        table: (M, 2) float64 :func:`harmonic_table` on the device, covering every position; or
+            (M, 4): :func:`discount_table` of the same positions in columns 2-3
+            (:func:`rank_table_tensor`), and then also the expected DCG terms of binary
+            relevance at the cut-offs ``cut[2:]`` (one table read serves both).
+        n_pw: number of leading cut-offs that need the precision-weighted sum, 1 <= n_pw <= C.
+        gn: ``g + n`` when the caller has it (the same bits; one operation less), or None.
 
     Returns:
         (n_pw + C - 1, *S) float64. Rows ``:n_pw``: ``E[sum over the group's positions
         t <= cut of rel(t) precision(t)]`` (summed over a query's groups and divided by R: AP_T,
         MAP@R, AP@k); then ``E[# relevant items of the group at positions <= cut]`` for
-        ``cut[1:]`` (R-precision times R, P@k times k); with ``discounts``, then
+        ``cut[1:]`` (R-precision times R, P@k times k); with the discount table, then
         ``E[sum of D(t) over the group's relevant items at positions t <= cut]`` for
         ``cut[2:]`` (summed per query: E[DCG@k] of binary relevance).
     """
     shape = _broadcast_shape(g.shape, n.shape, r.shape)
-    n_dcg = 0 if discounts is None else cut.shape[0] - 2
+    dcg = table.shape[1] == 4
+    n_dcg = cut.shape[0] - 2 if dcg else 0
     out = torch.empty(
         (n_pw + cut.shape[0] - 1 + n_dcg, *shape), dtype=torch.float64, device=g.device
     )
     n_er = n_pw + cut.shape[0] - 1
     if ties == "expected":
-        gn = g + n
+        if gn is None:
+            gn = g + n
         up = torch.clamp(cut, min=g, max=gn)
-        cnt = up - g  # expected positions of the group within the cut-off, times n / n
-        hd = table_difference(table, g, up[:n_pw])
+        # expected positions of the group within the cut-off, times n / n: written where the
+        # counts go (rows n_pw..), cnt[0] parked in the last precision-weighted row until the
+        # sum below overwrites it (it is read into beta * cnt first)
+        cnt = torch.sub(up, g, out=out[n_pw - 1 : n_er])
+        diff = _table_rows(table, g, up if dcg else up[:n_pw])
+        hd = diff[:n_pw, ..., 0] + diff[:n_pw, ..., 1]
         # b = (n^+ - 1) / (n - 1), 0 for a group of one (then n^+ = 1, and the formula gives 0)
         beta = (r - 1) / (n - 1).clamp_min(1)
-        inner = (a - beta * (g + 1)) * hd + beta * cnt[:n_pw]
-        rn = r / n
-        torch.mul(rn, inner, out=out[:n_pw])
-        torch.mul(rn, cnt[1:], out=out[n_pw:n_er])
-        if discounts is not None:  # the positions g+1 .. up within the cut, each relevant w.p. r/n
-            torch.mul(rn, table_difference(discounts, g, up[2:]), out=out[n_er:])
-        return out
+        torch.add((a - beta * (g + 1)) * hd, beta * cnt[:n_pw], out=out[:n_pw])
+        if dcg:  # the positions g+1 .. up within the cut, each relevant w.p. r/n
+            torch.add(diff[2:, ..., 2], diff[2:, ..., 3], out=out[n_er:])
+        return out.mul_(r / n)  # every row times r / n (x * y is y * x, bit for bit)
     # optimistic: relevant items at positions g+1 .. g+r; pessimistic: g+n-r+1 .. g+n;
     # sum_i (p + i) / (base + i) = c + (p - base) (H(base + c) - H(base))
     base = g if ties == "optimistic" else g + n - r
     c = torch.clamp(cut - base, min=torch.zeros((), dtype=base.dtype, device=base.device), max=r)
-    hd = table_difference(table, base, base + c[:n_pw])
+    diff = _table_rows(table, base, base + (c if dcg else c[:n_pw]))
+    hd = diff[:n_pw, ..., 0] + diff[:n_pw, ..., 1]
     torch.add(c[:n_pw], (a - 1 - base) * hd, out=out[:n_pw])
     out[n_pw:n_er] = c[1:]
-    if discounts is not None:  # the relevant items at base+1 .. base+c within the cut
-        out[n_er:] = table_difference(discounts, base, base + c[2:])
+    if dcg:  # the relevant items at base+1 .. base+c within the cut
+        torch.add(diff[2:, ..., 2], diff[2:, ..., 3], out=out[n_er:])
     return out
+
+
+def rank_table_tensor(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(n + 1, 4) float64: :func:`harmonic_table` and :func:`discount_table` side by side.
+
+    The ``table`` of :func:`group_terms` that gives the DCG rows too.
+
+    Example:
+        >>> from rankwise.metrics.ranking import rank_table_tensor
+        >>> rank_table_tensor(2).shape
+        torch.Size([3, 4])
+    """
+    table = torch.cat([harmonic_table_tensor(n), discount_table_tensor(n)], 1)
+    return table if device is None else table.to(device)
 
 
 def _broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -254,8 +284,7 @@ def _counts_terms(
     ``dcg``: the DCG rows too (at ``cuts[2:]``, after the relevant counts).
     """
     last = int((counts.greater + counts.size).max()) if counts.size.size else 0
-    table = harmonic_table_tensor(max(last, 1))
-    discounts = discount_table_tensor(max(last, 1)) if dcg else None
+    table = rank_table_tensor(max(last, 1)) if dcg else harmonic_table_tensor(max(last, 1))
     if above is None:
         above = relevant_above(counts)
     terms = group_terms(
@@ -267,7 +296,6 @@ def _counts_terms(
         ties,
         table,
         n_pw,
-        discounts,
     ).numpy()
     return terms[:n_pw], terms[n_pw:]
 
@@ -701,7 +729,8 @@ def rank_metrics_from_sums(
     does not depend on the ties, so the ratio of the expectation is the expectation of the ratio).
 
     Args:
-        dcg: (K, B) summed DCG rows of :func:`group_terms` (``discounts``), one per cut-off.
+        dcg: (K, B) summed DCG rows of :func:`group_terms` (with the discount table), one per
+            cut-off.
         n_rel: (B,) relevant items of each query (0: its values are NaN).
         top: (3, B) int64 ``g, n, r`` of each query's best relevant group.
         ks: the cut-offs.
