@@ -114,7 +114,7 @@ def _embed_images(
     try:
         return run.embed(paths, batch_size=batch_size)
     except DataError as exc:
-        for path, place in zip(paths, places):
+        for path, place in zip(paths, places, strict=True):
             try:
                 open_image(path, place)
             except DataError as named:
