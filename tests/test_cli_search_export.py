@@ -256,9 +256,29 @@ def test_search_csv_errors_name_the_row_and_column(image_run, tmp_path):
             str(tmp_path / "broken"),
         ],
     )
+    # a broken image is a data error on one line, led by the argument, with its item number
     text = " ".join(result.output.split())
-    assert result.exit_code == 2 and "--gallery: cannot read image" in text, result.output
-    assert "img01.png (item 2)" in text
+    broken = tmp_path / "broken"
+    assert (
+        result.exit_code == 2
+        and f"data error: --gallery: image file '{broken / 'img01.png'}'" in text
+    ), result.output
+    assert f"(item 2 of {broken}) could not be decoded" in text, result.output
+    # in a table it is named by the table's row
+    (tmp_path / "broken.csv").write_text("path\nbroken/img00.png\nbroken/img01.png\n")
+    result = runner.invoke(
+        app,
+        [
+            "search",
+            str(image_run),
+            str(tmp_path / "broken.csv"),
+            "--gallery",
+            str(tmp_path / "gallery"),
+        ],
+    )
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "data error: QUERIES: image file" in text, result.output
+    assert f"({tmp_path / 'broken.csv'} row 2) could not be decoded" in text, result.output
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "pt2", "onnx"])

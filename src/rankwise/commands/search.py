@@ -99,19 +99,27 @@ def _as_labels(labels: list[str] | None) -> np.ndarray | None:
         return np.asarray(labels, dtype=str)
 
 
-def _embed_images(run: LoadedRun, paths: list[Path], name: str, batch_size: int) -> torch.Tensor:
-    """The images' embeddings; an unreadable file is named (and its position)."""
+def _embed_images(
+    run: LoadedRun, paths: list[Path], name: str, batch_size: int, places: list[str]
+) -> torch.Tensor:
+    """The images' embeddings; a missing or undecodable file is a data error naming ``name``.
+
+    ``places[i]`` says where ``paths[i]`` comes from (``"table.csv row 3"``, ``"item 2 of
+    folder"``). The run's preprocessing raises a :class:`~rankwise.data.DataError` that names
+    the file only; the files are then opened again, one by one, to find the first that fails and
+    say which argument and row it is.
+    """
+    from ..data.base import DataError, open_image
+
     try:
         return run.embed(paths, batch_size=batch_size)
-    except OSError:
-        from PIL import Image
-
-        for row, path in enumerate(paths, start=1):
+    except DataError as exc:
+        for path, place in zip(paths, places, strict=True):
             try:
-                with Image.open(path) as image:
-                    image.load()
-            except OSError as exc:
-                raise ValueError(f"{name}: cannot read image {path} (item {row}): {exc}") from None
+                open_image(path, place)
+            except DataError as named:
+                # the same type (MissingImageError / UnreadableImageError), led by the argument
+                raise type(named)(f"{name}: {DataError.one_line(named)}") from exc
         raise
 
 
@@ -172,11 +180,13 @@ def read_items(
         labels: list[str] | None = None
         if is_table:
             paths, labels = _table_rows(path, name)
+            places = [f"{spec} row {row}" for row in range(1, len(paths) + 1)]
         else:
             paths = image_paths(path)
             if not paths:
                 raise FileNotFoundError(f"{name}: no image files in {spec}.")
-        embeddings = _embed_images(run, paths, name, batch_size)
+            places = [f"item {row} of {spec}" for row in range(1, len(paths) + 1)]
+        embeddings = _embed_images(run, paths, name, batch_size, places)
         return Items(embeddings, [str(p) for p in paths], _as_labels(labels))
     array = load_array(spec, name)
     if _array_role(run, tuple(array.shape), spec, name, arrays) == "inputs":

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.own_datasets import IMAGE_SUFFIXES  # one list of image suffixes for the library
 from .config import Config, config_from_dict, read_config_file
 from .errors import ConfigError
 from .evaluation import embed_batches
@@ -25,8 +26,6 @@ _NAMES = RunPaths(Path())  # the run directory's file names, relative to it
 
 
 __all__ = ["IMAGE_SUFFIXES", "LoadedRun", "image_paths", "load_run"]
-
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp")
 
 
 @dataclass
