@@ -71,6 +71,7 @@ def test_a_status_line_comes_at_least_every_10_s_without_a_terminal(monkeypatch)
         step=0,
         best_val=None,
         best_step=None,
+        monitor="map",  # the TrainerView field the progress line names (issue 37)
     )
     clock = {"now": 0.0}
     monkeypatch.setattr(
