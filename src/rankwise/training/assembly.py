@@ -321,7 +321,7 @@ def _record_data(
     if store.resuming:
         new_dir = str(config.dataset.data_dir)
         check_same_data(read_data_record(store.paths.data), found, moved_from, new_dir)
-    store.data_record = found
+    store.adopt_data_record(found)
 
 
 def _extended(config: Config, store: RunStore, steps: int, extend_to: int) -> Config:
@@ -333,8 +333,8 @@ def _extended(config: Config, store: RunStore, steps: int, extend_to: int) -> Co
     data = config.to_dict()
     data["budget"] = {"epochs": None, "iterations": extend_to}
     extended = config_from_dict(data)
-    store.adopt_record(extended.to_dict())  # what config.yaml and the checkpoints hold from now on
-    store.extended_from = steps
+    # what config.yaml and the checkpoints hold from now on
+    store.adopt_extension(extended.to_dict(), steps)
     return extended
 
 

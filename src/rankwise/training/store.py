@@ -163,6 +163,24 @@ class RunStore:
         """
         self.record = dict(record)
 
+    def adopt_extension(self, record: Mapping[str, Any], from_steps: int) -> None:
+        """Hold ``record``, whose budget a resumption extended from ``from_steps`` steps.
+
+        Args:
+            record: the extended config's plain dict (:meth:`adopt_record`).
+            from_steps: the budget the run had before, in steps (``extended_from``).
+        """
+        self.adopt_record(record)
+        self.extended_from = from_steps
+
+    def adopt_data_record(self, record: Mapping[str, Any]) -> None:
+        """Hold the fingerprint of the run's data, written to ``data.json`` by :meth:`prepare`.
+
+        Args:
+            record: :func:`~rankwise.training.data_record.data_fingerprint` and the data folder.
+        """
+        self.data_record = dict(record)
+
     # -- the folder's lock ----------------------------------------------------------------------
 
     def open(
