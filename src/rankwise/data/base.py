@@ -375,6 +375,18 @@ class ImageFolderDataset(LabelledDataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.transform(self.load_image(index)), int(self.labels[index])
 
+    def seeded_item(self, index: int, seed: int) -> tuple[torch.Tensor, int]:
+        """Item ``index`` with its random transform drawn from ``seed`` alone.
+
+        A transform with ``takes_seed = True`` (:class:`rankwise.data.augment.ImageAugmentation`)
+        is called with ``seed=``, so its views depend on nothing else (not on a worker's or the
+        global RNG state); any other transform is called as in ``__getitem__``.
+        """
+        image = self.load_image(index)
+        if getattr(self.transform, "takes_seed", False):
+            return self.transform(image, seed=seed), int(self.labels[index])  # type: ignore[call-arg]
+        return self.transform(image), int(self.labels[index])
+
     def subset(
         self, indices: Sequence[int] | np.ndarray, name: str | None = None
     ) -> ImageFolderDataset:

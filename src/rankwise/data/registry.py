@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -27,6 +28,7 @@ from .array_datasets import (
     read_digits_images,
     read_mnist_family,
 )
+from .augment import augment_transforms
 from .base import RetrievalSplits
 from .image_datasets import IMAGE_DATASETS, load_image_dataset, read_vehicleid
 from .instances import INSTANCE_OPTIONS, build_instance_splits
@@ -228,6 +230,7 @@ def load_dataset(
     seed: int = 0,
     image_size: int = 224,
     val_holdout: str | None = None,
+    augment: Mapping[str, Any] | None = None,
     **kw: Any,
 ) -> RetrievalSplits:
     """Load a retrieval benchmark and split it for training and evaluation.
@@ -250,6 +253,10 @@ def load_dataset(
         val_holdout: ``"samples"`` (held-out samples of the training classes, the papers' 9:1
             split), ``"classes"`` (held-out training classes: open-set validation, like the
             test) or ``None`` (:func:`default_val_holdout`; instance benchmarks: only "classes").
+        augment: seeded resize / crop / flip of image files
+            (:func:`rankwise.data.augment.check_augment`'s keys): the training split gets the
+            random pipeline, the others the deterministic one; refused for in-memory arrays and
+            beside ``transform`` / ``train_transform``.
         **kw: ``n_query``, ``n_train`` (closed-set per-class counts, ``None`` = all; defaults
             100 / 500, digits 20 / 100) for digits / mnist / fashion-mnist / cifar10;
             ``transform``, ``train_transform`` for folder datasets; ``test_size``
@@ -278,6 +285,7 @@ def load_dataset(
     if val_holdout not in VAL_HOLDOUTS:
         raise ValueError(f"`val_holdout` must be one of {VAL_HOLDOUTS}, got {val_holdout!r}.")
     kind = _INFO[key].kind
+    kw = _augmented(key, kind, kw, augment, image_size)
     if kind == "own":
         _check_kwargs(key, kw, OWN_OPTIONS)
         return load_own_dataset(
@@ -312,6 +320,24 @@ def load_dataset(
     extra = tuple(p for p in inspect.signature(read_vehicleid).parameters if p != "data_dir")
     _check_kwargs(key, kw, _IMAGE_KWARGS + (extra if key == "vehicleid" else ()))
     return load_image_dataset(key, data_dir=data_dir, image_size=image_size, **common, **kw)
+
+
+def _augmented(
+    key: str, kind: str, kw: dict[str, Any], augment: Mapping[str, Any] | None, image_size: int
+) -> dict[str, Any]:
+    """``kw`` with the transforms of ``augment`` (image-file datasets only; ``None``: ``kw``)."""
+    if augment is None:
+        return kw
+    if kind not in ("folder", "own") or key == "arrays":
+        raise ValueError(
+            f"`augment` resizes, crops and flips image files; dataset {key!r} holds in-memory "
+            "arrays (the *-instances benchmarks draw their own random views): remove `augment`."
+        )
+    given = sorted({"transform", "train_transform"} & set(kw))
+    if given:
+        raise ValueError(f"`augment` and {given} both set the image transforms; pass one of them.")
+    train_transform, transform = augment_transforms(augment, image_size)
+    return {**kw, "transform": transform, "train_transform": train_transform}
 
 
 def _load_instances(

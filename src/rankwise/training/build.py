@@ -113,6 +113,7 @@ def load_splits(config: Config) -> RetrievalSplits:
             seed=ds.split_seed,
             image_size=ds.image_size,
             val_holdout=ds.val_holdout,
+            augment=None if ds.augment is None else ds.augment.model_dump(),
             **ds.options,
         )
     except FileNotFoundError as exc:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ConfigError
 
 __all__ = [
+    "AugmentConfig",
     "BenchConfig",
     "BudgetConfig",
     "Config",
@@ -45,6 +46,36 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class RandomResizedCropConfig(_Strict):
+    """``dataset.augment.random_resized_crop``: torchvision's ``RandomResizedCrop`` parameters."""
+
+    size: int = Field(gt=0)
+    scale: tuple[float, float] = (0.08, 1.0)  # area share of the image, torchvision's default
+    ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)  # aspect ratio w / h
+
+
+class AugmentConfig(_Strict):
+    """``dataset.augment``: seeded augmentation of image files (:mod:`rankwise.data.augment`).
+
+    Training: resize -> random_resized_crop or random_crop -> hflip; evaluation: resize ->
+    center_crop. Checked by :func:`rankwise.data.augment.check_augment`.
+    """
+
+    resize: int | tuple[int, int] | None = None  # int: the shorter side; [h, w]: that size
+    random_resized_crop: RandomResizedCropConfig | None = None
+    random_crop: int | None = None
+    hflip: float = 0.0  # flip probability
+    center_crop: int | None = None  # evaluation
+    backend: Literal["pil", "torchvision"] = "pil"
+
+    @model_validator(mode="after")
+    def _checked(self) -> AugmentConfig:
+        from ..data.augment import check_augment
+
+        check_augment(self.model_dump())
+        return self
+
+
 class DatasetConfig(_Strict):
     """Which data to train on (see :func:`rankwise.data.load_dataset`).
 
@@ -64,6 +95,18 @@ class DatasetConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
     # every listed image file opened once before the first step (rankwise.data.preflight)
     preflight: bool = True
+    augment: AugmentConfig | None = None  # None: every split resized to image_size, no randomness
+
+    @model_validator(mode="after")
+    def _augment_size(self) -> DatasetConfig:
+        if self.augment is not None:  # its crops must make the model's image_size inputs
+            from ..data.augment import augment_transforms
+
+            try:
+                augment_transforms(self.augment.model_dump(), self.image_size)
+            except ValueError as exc:
+                raise ValueError(f"dataset.augment: {exc}") from None
+        return self
 
     @field_validator("data_dir")
     @classmethod

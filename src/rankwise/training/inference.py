@@ -107,7 +107,12 @@ class LoadedRun:
 
         if isinstance(paths, (str, Path)):
             paths = [paths]
-        transform = default_image_transform(self.config.dataset.image_size)
+        augment = self.config.dataset.augment
+        transform: Any = default_image_transform(self.config.dataset.image_size)
+        if augment is not None:  # the run's evaluation transform: resize + centre crop
+            from ..data.augment import augment_transforms
+
+            transform = augment_transforms(augment.model_dump(), self.config.dataset.image_size)[1]
         items = []
         for path in paths:
             # a missing or broken file is one DataError naming it, never PIL's traceback

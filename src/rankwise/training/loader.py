@@ -218,7 +218,10 @@ class SeededItems(Dataset):
             torch.default_generator.manual_seed(item_seed)
             np.random.seed(item_seed % (2**32))  # noqa: NPY002
             random.seed(item_seed)
-        x, label = self.dataset[index]
+        # a dataset that takes the seed explicitly (ImageFolderDataset) draws its views from it
+        # alone; others read the global RNGs seeded above
+        seeded_item = getattr(self.dataset, "seeded_item", None)
+        x, label = self.dataset[index] if seeded_item is None else seeded_item(index, item_seed)
         return x, label, torch.tensor([epoch, position], dtype=torch.int64)
 
 
