@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from rankwise.data.instances import InstanceViews
 from rankwise.losses import RecallAtKLoss
 from rankwise.training import load_config
 from rankwise.training.build import (
@@ -113,11 +114,14 @@ def measure(
     splits = load_splits(config)
     labels, _ = check_batch_classes(config, splits)
     sampler = build_sampler_from_config(config, labels)
+    train = splits.train
+    if not isinstance(train, InstanceViews):  # pragma: no cover - the config's dataset
+        raise TypeError(f"expected the instance views of the training split, got {type(train)}")
     generator = torch.Generator().manual_seed(args.seed)
     totals: dict[str, float] = {}
     model.train()  # as in training (frozen batch norm: its statistics stay)
     for _, idx in zip(range(batches), iter(sampler), strict=False):
-        x, y = splits.train.batch(idx, generator)
+        x, y = train.batch(idx, generator)
         with torch.no_grad():
             emb = model(x)
         for key, value in batch_counts(emb, y).items():
