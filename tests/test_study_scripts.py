@@ -245,6 +245,29 @@ def test_study_driver_runs_roadmap_and_recall_at_k_when_listed(tmp_path):
     assert "sampler.m=8 sampler.batch_size=64" in recall and "model.pretrained=" in recall
 
 
+def test_study_driver_and_summary_know_recall_at_k_with_detached_positive_ranks(tmp_path):
+    """Issue 38: the label recall_at_k_detach runs the Recall@k surrogate with
+    detach_positive_ranks=true and gets its own row beside the faithful default."""
+    subset = {"SEEDS": "0", "STARTS": "pretrained", "CELLS_RUN": "fb_k8"}
+    result, calls = _study(tmp_path, LOSSES_RUN="recall_at_k recall_at_k_detach", **subset)
+    assert result.returncode == 0, result.stderr
+    _, faithful, detached = calls
+    assert "detach_positive_ranks" not in faithful
+    assert "loss.name=recall_at_k loss.params.detach_positive_ranks=true" in detached
+    summary = _script("summarize_sampling_rate")
+    out = tmp_path / "study"
+    for loss, value in {"recall_at_k": 0.58, "recall_at_k_detach": 0.66}.items():
+        for seed in range(3):
+            _run(out / "pretrained" / "fb_k8" / loss / f"seed{seed}", value)
+    args = ["--starts", "pretrained", "--cells", "fb_k2", "fb_k8"]
+    args += ["--losses", "recall_at_k", "recall_at_k_detach", "--markdown", str(tmp_path / "t.md")]
+    assert summary.main([str(out), *args]) == 0
+    rows = [line for line in (tmp_path / "t.md").read_text().splitlines() if "Recall@k" in line]
+    assert rows[0].startswith("| Recall@k surrogate | — | not run | 58.00 ± 0.00 |")
+    expected = "| Recall@k surrogate, `detach_positive_ranks=true` | — | not run | 66.00 ± 0.00 |"
+    assert rows[1].startswith(expected)
+
+
 # A stand-in for `rankwise bench`: records the call; a sweep it starts gets its sweep.json.
 FAKE_BENCH = """#!/usr/bin/env bash
 echo "$*" >> "$CALLS"

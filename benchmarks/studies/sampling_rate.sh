@@ -13,6 +13,8 @@
 # scratch, docs/losses.md), e.g. the converged cells beside SOPRC, AP and Smooth-AP:
 #   LOSSES_RUN="roadmap recall_at_k" STARTS=pretrained CELLS_RUN="fb_k2 fb_k8" BUDGET=2400 \
 #   EVAL_EVERY=120 SCHEDULE=step bash benchmarks/studies/sampling_rate.sh runs/study21_conv
+# and recall_at_k_detach, the Recall@k surrogate with detach_positive_ranks=true (issue 38: no
+# gradient through the positives' ranks among themselves; docs/results.md).
 #   bash benchmarks/studies/sampling_rate.sh [OUT]        (default OUT: runs/study21)
 #   python benchmarks/studies/summarize_sampling_rate.py OUT
 # Resumable: a finished run (report.json) is skipped, an interrupted one resumes from its
@@ -63,7 +65,8 @@ declare -A LOSSES=([soprc]="loss.name=soprc" [soprc_numv]="loss.name=soprc loss.
     [ap]="loss.name=ap" [smooth_ap]="loss.name=smooth_ap" [fastap]="loss.name=fastap"
     [contrastive]="loss.name=contrastive"
     [soprc_detach]="loss.name=soprc loss.params.detach_tpr=true"
-    [roadmap]="loss.name=roadmap" [recall_at_k]="loss.name=recall_at_k")
+    [roadmap]="loss.name=roadmap" [recall_at_k]="loss.name=recall_at_k"
+    [recall_at_k_detach]="loss.name=recall_at_k loss.params.detach_positive_ranks=true")
 for seed in ${SEEDS:-0 1 2}; do
     for start in ${STARTS:-pretrained scratch}; do
         START=""

@@ -293,3 +293,139 @@ def test_k_values_accept_numpy_integers_and_lists():
 def test_simix_flag_is_checked():
     with pytest.raises(ValueError, match="`simix`"):
         RecallAtKLoss(simix=1)
+
+
+# --- detach_positive_ranks (issue 38): no gradient through the positives' ranks among themselves
+
+
+def loop_recall_frozen(scores, pos, ranked, frozen, ks=KS, tau_rank=0.01, tau_k=1.0):
+    """:func:`loop_recall` with each term σ((s_qj − s_qi)/τ2) of a positive i's rank whose j is
+    another positive computed from ``frozen`` instead of ``scores``: with ``frozen`` the detached
+    scores this is the option's gradient re-derived term by term; with fixed numbers, a function
+    whose finite differences that gradient must match."""
+    out = []
+    for q in range(len(pos)):
+        if not pos[q] or set(ranked[q]) <= set(pos[q]):
+            out.append(None)
+            continue
+        ranks = []
+        for i in pos[q]:
+            rank = 1
+            for z in ranked[q]:
+                if z == i:
+                    continue
+                s = frozen if z in pos[q] else scores
+                rank = rank + torch.sigmoid((s[q][z] - s[q][i]) / tau_rank)
+            ranks.append(rank)
+        per_k = []
+        for k in ks:
+            count = sum(torch.sigmoid((k - r) / tau_k) for r in ranks)
+            per_k.append(torch.clamp(count, max=k) / min(k, len(pos[q])))
+        out.append(sum(per_k) / len(ks))
+    return out
+
+
+def frozen_loop_loss(emb, labels, frozen_emb, **kw):
+    """1 − mean smooth recall of the batch against itself (cosine), positive-positive rank terms
+    from ``frozen_emb``'s scores."""
+    unit, frozen_unit = (torch.nn.functional.normalize(x, dim=1) for x in (emb, frozen_emb))
+    scores, frozen = unit @ unit.T, frozen_unit @ frozen_unit.T
+    n = len(labels)
+    ranked = [[z for z in range(n) if z != q] for q in range(n)]
+    pos = [[z for z in ranked[q] if labels[z] == labels[q]] for q in range(n)]
+    recalls = [r for r in loop_recall_frozen(scores, pos, ranked, frozen, **kw) if r is not None]
+    return 1 - sum(recalls) / len(recalls)
+
+
+# 3 anchors' classes with 4, 3 and 3 samples (several positives each), one singleton
+MANY_POSITIVES = [0, 1, 0, 2, 1, 0, 2, 1, 0, 3, 2]
+
+
+@pytest.mark.parametrize("simix", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_detach_positive_ranks_leaves_the_value_unchanged_bit_for_bit(dtype, simix):
+    emb = random_batch(len(MANY_POSITIVES), seed=20).to(dtype)
+    labels = torch.tensor(MANY_POSITIVES)
+    values = []
+    for detach in (False, True):
+        torch.manual_seed(0)  # SiMix's α
+        loss_fn = RecallAtKLoss(detach_positive_ranks=detach, simix=simix)
+        values.append(loss_fn(emb, labels))
+    assert torch.equal(values[0], values[1])
+    ref, ref_labels = random_batch(9, seed=21).to(dtype), torch.tensor([1, 0, 2, 2, 0, 1, 3, 0, 2])
+    plain, detached = (
+        RecallAtKLoss(detach_positive_ranks=d)(emb, labels, ref, ref_labels) for d in (False, True)
+    )
+    assert torch.equal(plain, detached)
+
+
+@pytest.mark.parametrize(
+    ("config", "loop_kw"),
+    [({}, {}), ({"k_values": (1, 3), "rank_temperature": 0.1}, {"ks": (1, 3), "tau_rank": 0.1})],
+)
+def test_detach_positive_ranks_gradient_is_the_term_by_term_rederivation(config, loop_kw):
+    emb = random_batch(len(MANY_POSITIVES), seed=22).requires_grad_(True)
+    labels = torch.tensor(MANY_POSITIVES)
+    got = torch.autograd.grad(RecallAtKLoss(detach_positive_ranks=True, **config)(emb, labels), emb)
+    frozen = emb.detach()
+    expected = torch.autograd.grad(frozen_loop_loss(emb, MANY_POSITIVES, frozen, **loop_kw), emb)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-13)
+    # and it is not the faithful gradient: the dropped terms carry gradient on this batch
+    full = torch.autograd.grad(RecallAtKLoss(**config)(emb, labels), emb)[0]
+    assert (full - got[0]).abs().max() > 1e-3
+
+
+def test_detach_positive_ranks_gradient_matches_finite_differences_of_the_frozen_function():
+    """Float64 central differences of the loss with the positive-positive terms held at the
+    current point equal the option's gradient there (gradcheck's test, on the function whose
+    gradient the option computes)."""
+    emb = random_batch(len(MANY_POSITIVES), d=3, seed=23)
+    frozen = emb.clone()
+    loss_fn = RecallAtKLoss(detach_positive_ranks=True, rank_temperature=0.1, k_values=(1, 2, 4))
+    kw = {"tau_rank": 0.1, "ks": (1, 2, 4)}
+    x = emb.clone().requires_grad_(True)
+    (analytic,) = torch.autograd.grad(loss_fn(x, torch.tensor(MANY_POSITIVES)), x)
+    numeric = torch.zeros_like(emb)
+    eps = 1e-6
+    for idx in np.ndindex(4, emb.shape[1]):  # rows of classes 0, 1 and 2 (seconds, not more)
+        up, down = emb.clone(), emb.clone()
+        up[idx] += eps
+        down[idx] -= eps
+        numeric[idx] = (
+            frozen_loop_loss(up, MANY_POSITIVES, frozen, **kw)
+            - frozen_loop_loss(down, MANY_POSITIVES, frozen, **kw)
+        ) / (2 * eps)
+    torch.testing.assert_close(analytic[:4], numeric[:4], rtol=1e-5, atol=1e-8)
+
+
+def test_detach_positive_ranks_changes_nothing_with_one_positive_per_anchor():
+    """K = 2 (one positive per anchor): there are no positive-positive terms, so the option's
+    loss is the faithful one, value and gradient bit for bit (a K = 2 training run is the
+    default's, step for step), and passes gradcheck."""
+    labels = torch.arange(6).repeat_interleave(2)
+    emb = random_batch(12, d=3, seed=24).requires_grad_(True)
+    grads = []
+    for detach in (False, True):
+        value = RecallAtKLoss(detach_positive_ranks=detach)(emb, labels)
+        grads.append(torch.autograd.grad(value, emb)[0])
+    assert torch.equal(grads[0], grads[1])
+    loss_fn = RecallAtKLoss(detach_positive_ranks=True, rank_temperature=0.1)
+    assert torch.autograd.gradcheck(lambda e: loss_fn(e, labels), (emb,))
+
+
+def test_detach_positive_ranks_default_is_off_and_the_flag_is_checked():
+    assert RecallAtKLoss().detach_positive_ranks is False
+    assert "detach_positive_ranks=False" in repr(RecallAtKLoss())
+    with pytest.raises(ValueError, match="`detach_positive_ranks`"):
+        RecallAtKLoss(detach_positive_ranks="yes")
+
+
+def test_detach_positive_ranks_reaches_the_loss_from_the_config():
+    from rankwise.training import load_config
+    from rankwise.training.build import build_loss_from_config
+
+    config_path = Path(__file__).parents[2] / "configs" / "fashion_mnist_instances.yaml"
+    overrides = ["loss.name=recall_at_k", "loss.params.detach_positive_ranks=true"]
+    config = load_config(config_path, overrides)
+    loss_fn = build_loss_from_config(config, np.array([0, 0, 1, 1]), 2)
+    assert isinstance(loss_fn, RecallAtKLoss) and loss_fn.detach_positive_ranks is True

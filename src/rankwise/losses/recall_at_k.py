@@ -130,6 +130,12 @@ class RecallAtKLoss(RankingLoss):
             released code; docs/losses.md says why).
         similarity: ``"cosine"`` (default, the paper's L2-normalised embeddings), ``"dot"`` or
             ``"neg_euclidean"``.
+        detach_positive_ranks: stop the gradient through the terms σ((s_qj − s_qi)/τ2) of a
+            positive i's rank whose z = j is another positive (the positives' ranks among
+            themselves); the value is unchanged bit for bit and only the terms of the non-positives
+            carry gradient. Off by default (the paper's and the released code's gradient); an
+            opt-in departure (docs/losses.md: with many positives per anchor these terms push
+            positives down).
 
     ``last_stats`` adds ``mean_recall_surrogate`` (the mean smooth recall, a detached 0-d
     tensor: nothing is read back to the host during the step) and ``n_virtual`` (SiMix's virtual
@@ -153,12 +159,14 @@ class RecallAtKLoss(RankingLoss):
         k_temperature: float = 1.0,
         simix: bool = False,
         similarity: str = "cosine",
+        detach_positive_ranks: bool = False,
     ) -> None:
         super().__init__(similarity)
         self.k_values = _check_k_values(k_values)
         self.rank_temperature = check_scalar(rank_temperature, "rank_temperature", _POSITIVE)
         self.k_temperature = check_scalar(k_temperature, "k_temperature", _POSITIVE)
         self.simix = check_bool(simix, "simix")
+        self.detach_positive_ranks = check_bool(detach_positive_ranks, "detach_positive_ranks")
         # on the loss's device, so no call copies it from the host; derived from k_values, so it
         # is no part of the state_dict
         self.register_buffer(
@@ -171,6 +179,26 @@ class RecallAtKLoss(RankingLoss):
     def _rank_sigmoid_grad(self, diff: torch.Tensor) -> torch.Tensor:
         sig = torch.sigmoid(diff / self.rank_temperature)
         return sig * (1 - sig) / self.rank_temperature
+
+    def _rank_sums(
+        self,
+        scores: torch.Tensor,
+        pos_mask: torch.Tensor,
+        rank_mask: torch.Tensor | tuple[torch.Tensor, ...],
+        anchors: torch.Tensor,
+        positives: torch.Tensor,
+    ) -> torch.Tensor:
+        """(P,) Σ_{z∈Ω_q, z≠i} σ((s_qz − s_qi)/τ2) of each pair; see ``detach_positive_ranks``."""
+        fn, dfn = self._rank_sigmoid, self._rank_sigmoid_grad
+        if not self.detach_positive_ranks:
+            return pair_sums(scores, anchors, positives, rank_mask, fn, dfn)
+        masks = (rank_mask,) if isinstance(rank_mask, torch.Tensor) else rank_mask
+        # the value is the full sum, computed exactly as without the option (same blocks, same
+        # order); the gradient is that of the non-positives' terms only: full + (x − x) adds an
+        # exact zero, so the value is the default's bit for bit
+        full = pair_sums(scores, anchors, positives, masks, fn, None)
+        others = pair_sums(scores, anchors, positives, tuple(m & ~pos_mask for m in masks), fn, dfn)
+        return full + (others - others.detach())
 
     def recall_per_anchor(
         self,
@@ -194,9 +222,7 @@ class RecallAtKLoss(RankingLoss):
                 device sync (``nonzero``).
         """
         anchors, positives = positive_pairs(pos_mask, rows) if pairs is None else pairs
-        rank = 1.0 + pair_sums(
-            scores, anchors, positives, rank_mask, self._rank_sigmoid, self._rank_sigmoid_grad
-        )
+        rank = 1.0 + self._rank_sums(scores, pos_mask, rank_mask, anchors, positives)
         k = self.k_tensor.to(scores.dtype)
         hits = torch.sigmoid((k[None, :] - rank[:, None]) / self.k_temperature)  # (pairs, |K|)
         counts = scores.new_zeros(scores.shape[0], k.shape[0]).index_add(0, anchors, hits)
@@ -255,5 +281,5 @@ class RecallAtKLoss(RankingLoss):
         return (
             f"k_values={self.k_values}, rank_temperature={self.rank_temperature:g}, "
             f"k_temperature={self.k_temperature:g}, simix={self.simix}, "
-            f"similarity={self.similarity!r}"
+            f"similarity={self.similarity!r}, detach_positive_ranks={self.detach_positive_ranks}"
         )
