@@ -1,0 +1,133 @@
+"""A factory backbone through the config path (issue 38, item 5): ``model.backbone:
+"package.module:factory"`` trained a few steps, saved, and rebuilt from the run folder by
+``load_run``, ``rankwise embed``, ``rankwise export`` and ``Trainer.from_run_dir`` with the same
+embeddings; a factory that no longer imports is named by the reload's error."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from sklearn.datasets import load_digits
+from typer.testing import CliRunner
+
+from rankwise.cli import app
+from rankwise.training import ConfigError, Trainer, load_run
+from rankwise.workflows.export import export_run
+
+MODULE = "rw_factory_run_nets"
+NETS = """
+from torch import nn
+
+
+def make(channels=4):
+    net = nn.Sequential(
+        nn.Conv2d(1, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+    )
+    return net, 4 * channels
+"""
+
+
+@pytest.fixture(scope="module")
+def nets_dir(tmp_path_factory):
+    """A folder on sys.path holding the factory's module, as a user's own package is."""
+    folder = tmp_path_factory.mktemp("nets")
+    (folder / f"{MODULE}.py").write_text(textwrap.dedent(NETS))
+    sys.path.insert(0, str(folder))
+    yield folder
+    sys.path.remove(str(folder))
+    sys.modules.pop(MODULE, None)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_config, nets_dir):
+    run_dir = tmp_path_factory.mktemp("runs") / "factory"
+    config = tiny_config(
+        run_dir,
+        **{
+            "model.backbone": f"{MODULE}:make",
+            "model.backbone_options": {"channels": 3},
+            "budget.iterations": 4,
+            "eval_every": 2,
+        },
+    )
+    trainer = Trainer.from_config(config)
+    trainer.fit()
+    return run_dir, trainer
+
+
+def test_the_run_records_the_factory_and_its_options(trained):
+    run_dir, trainer = trained
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]
+    assert saved["backbone"] == f"{MODULE}:make" and saved["backbone_options"] == {"channels": 3}
+    assert trainer.model.backbone.out_features == 12  # the option reached the factory
+
+
+def test_load_run_rebuilds_the_trained_network(trained):
+    run_dir, trainer = trained
+    x = load_digits().images[:40]
+    run = load_run(run_dir, checkpoint="last")
+    trainer.model.eval()
+    with torch.no_grad():
+        expected = trainer.model(run.preprocess(x))
+    assert torch.equal(run.embed(x), expected)
+
+
+def test_embed_and_export_rebuild_it_from_the_run_folder(trained, tmp_path):
+    run_dir = trained[0]
+    np.save(tmp_path / "x.npy", load_digits().images[:30])
+    out = tmp_path / "emb.npy"
+    result = CliRunner().invoke(
+        app, ["embed", str(run_dir), str(tmp_path / "x.npy"), "--output", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    expected = load_run(run_dir).embed(load_digits().images[:30]).numpy()
+    assert np.array_equal(np.load(out), expected)
+    exported = export_run(run_dir, "torchscript", tmp_path / "model.ts")
+    assert exported.passed, exported.max_abs_diff
+
+
+def test_from_run_dir_continues_with_the_factory(trained, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained[0], copy)
+    trainer = Trainer.from_run_dir(copy, max_steps=6)
+    assert trainer.step == 4 and trainer.model.backbone.out_features == 12
+    trainer.fit()
+    assert trainer.step == 6
+
+
+def test_a_factory_that_no_longer_imports_is_named(trained, nets_dir, monkeypatch):
+    run_dir = trained[0]
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(nets_dir)])
+    monkeypatch.delitem(sys.modules, MODULE)
+    with pytest.raises(
+        ConfigError,
+        match=rf"needs backbone '{MODULE}:make' \(model.backbone in "
+        rf"its config.yaml, options \{{'channels': 3\}}\).*module '{MODULE}' "
+        "does not import.*PYTHONPATH",
+    ):
+        load_run(run_dir)
+    result = CliRunner().invoke(app, ["embed", str(run_dir), "x.npy", "--output", "e.npy"])
+    assert result.exit_code == 2 and f"{MODULE}:make" in result.output
+
+
+def test_config_errors_name_the_key(tiny_config, nets_dir, tmp_path):
+    with pytest.raises(ConfigError, match="model.backbone.*package.module:factory"):
+        tiny_config(tmp_path / "a", **{"model.backbone": "nets:make:v2"})
+    bad_options = tiny_config(
+        tmp_path / "b", **{"model.backbone": f"{MODULE}:make", "model.backbone_options": {"k": 1}}
+    )
+    with pytest.raises(ConfigError, match=r"^model.backbone_options: .*does not take the options"):
+        Trainer.from_config(bad_options)
+    bad_module = tiny_config(tmp_path / "c", **{"model.backbone": "rw_no_such_nets:make"})
+    with pytest.raises(ConfigError, match=r"^model.backbone: .*'rw_no_such_nets' does not import"):
+        Trainer.from_config(bad_module)
