@@ -5,8 +5,9 @@ embeddings; a factory that no longer imports is named by the reload's error."""
 
 from __future__ import annotations
 
+import shutil
 import sys
-import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,49 +17,34 @@ from sklearn.datasets import load_digits
 from typer.testing import CliRunner
 
 from rankwise.cli import app
-from rankwise.training import ConfigError, Trainer, load_run
+from rankwise.training import ConfigError, Trainer, load_config, load_run
 from rankwise.workflows.export import export_run
 
-MODULE = "rw_factory_run_nets"
-NETS = """
-from torch import nn
-
-
-def make(channels=4):
-    net = nn.Sequential(
-        nn.Conv2d(1, channels, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(2),
-        nn.Flatten(),
-    )
-    return net, 4 * channels
-"""
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+MODULE = "own_backbone"  # examples/own_backbone.py, the example of docs/training.md
 
 
 @pytest.fixture(scope="module")
-def nets_dir(tmp_path_factory):
-    """A folder on sys.path holding the factory's module, as a user's own package is."""
-    folder = tmp_path_factory.mktemp("nets")
-    (folder / f"{MODULE}.py").write_text(textwrap.dedent(NETS))
-    sys.path.insert(0, str(folder))
-    yield folder
-    sys.path.remove(str(folder))
+def nets_dir():
+    """examples/ on sys.path, as docs/training.md's PYTHONPATH=examples puts it."""
+    sys.path.insert(0, str(EXAMPLES))
+    yield str(EXAMPLES)
+    sys.path.remove(str(EXAMPLES))
     sys.modules.pop(MODULE, None)
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, tiny_config, nets_dir):
+def trained(tmp_path_factory, nets_dir):
     run_dir = tmp_path_factory.mktemp("runs") / "factory"
-    config = tiny_config(
-        run_dir,
-        **{
-            "model.backbone": f"{MODULE}:make",
-            "model.backbone_options": {"channels": 3},
-            "budget.iterations": 4,
-            "eval_every": 2,
-        },
-    )
-    trainer = Trainer.from_config(config)
+    # the shipped example config, 4 steps of a 3-channel network
+    overrides = [
+        f"output_dir={run_dir}",
+        "model.backbone_options.channels=3",
+        "budget.iterations=4",
+        "eval_every=2",
+        "progress=false",
+    ]
+    trainer = Trainer.from_config(load_config(EXAMPLES / "own_backbone.yaml", overrides))
     trainer.fit()
     return run_dir, trainer
 
@@ -66,7 +52,9 @@ def trained(tmp_path_factory, tiny_config, nets_dir):
 def test_the_run_records_the_factory_and_its_options(trained):
     run_dir, trainer = trained
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]
-    assert saved["backbone"] == f"{MODULE}:make" and saved["backbone_options"] == {"channels": 3}
+    assert saved["backbone"] == f"{MODULE}:conv_net" and saved["backbone_options"] == {
+        "channels": 3
+    }
     assert trainer.model.backbone.out_features == 12  # the option reached the factory
 
 
@@ -95,8 +83,6 @@ def test_embed_and_export_rebuild_it_from_the_run_folder(trained, tmp_path):
 
 
 def test_from_run_dir_continues_with_the_factory(trained, tmp_path):
-    import shutil
-
     copy = tmp_path / "run"
     shutil.copytree(trained[0], copy)
     trainer = Trainer.from_run_dir(copy, max_steps=6)
@@ -107,24 +93,25 @@ def test_from_run_dir_continues_with_the_factory(trained, tmp_path):
 
 def test_a_factory_that_no_longer_imports_is_named(trained, nets_dir, monkeypatch):
     run_dir = trained[0]
-    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(nets_dir)])
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != nets_dir])
     monkeypatch.delitem(sys.modules, MODULE)
     with pytest.raises(
         ConfigError,
-        match=rf"needs backbone '{MODULE}:make' \(model.backbone in "
+        match=rf"needs backbone '{MODULE}:conv_net' \(model.backbone in "
         rf"its config.yaml, options \{{'channels': 3\}}\).*module '{MODULE}' "
         "does not import.*PYTHONPATH",
     ):
         load_run(run_dir)
     result = CliRunner().invoke(app, ["embed", str(run_dir), "x.npy", "--output", "e.npy"])
-    assert result.exit_code == 2 and f"{MODULE}:make" in result.output
+    assert result.exit_code == 2 and f"{MODULE}:conv_net" in result.output
 
 
 def test_config_errors_name_the_key(tiny_config, nets_dir, tmp_path):
     with pytest.raises(ConfigError, match="model.backbone.*package.module:factory"):
         tiny_config(tmp_path / "a", **{"model.backbone": "nets:make:v2"})
     bad_options = tiny_config(
-        tmp_path / "b", **{"model.backbone": f"{MODULE}:make", "model.backbone_options": {"k": 1}}
+        tmp_path / "b",
+        **{"model.backbone": f"{MODULE}:conv_net", "model.backbone_options": {"k": 1}},
     )
     with pytest.raises(ConfigError, match=r"^model.backbone_options: .*does not take the options"):
         Trainer.from_config(bad_options)
