@@ -118,3 +118,26 @@ def test_config_errors_name_the_key(tiny_config, nets_dir, tmp_path):
     bad_module = tiny_config(tmp_path / "c", **{"model.backbone": "rw_no_such_nets:make"})
     with pytest.raises(ConfigError, match=r"^model.backbone: .*'rw_no_such_nets' does not import"):
         Trainer.from_config(bad_module)
+
+
+def test_rankwise_train_without_timm_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm", None)  # `import timm` raises ImportError
+    args = ["train", "--config", str(EXAMPLES / "own_backbone.yaml"), "--output", str(tmp_path)]
+    result = CliRunner().invoke(app, [*args, "model.backbone=timm:resnet18", "budget.iterations=1"])
+    assert result.exit_code == 3, result.output
+    assert "pip install 'rankwise[timm]'" in " ".join(result.output.split())
+
+
+def test_docs_show_the_example_factory():
+    # docs/training.md quotes examples/own_backbone.py's factory (its docstring left out)
+    import ast
+
+    source = (EXAMPLES / "own_backbone.py").read_text()
+    func = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef))
+    func.body = func.body[1:]  # without the docstring
+    docs = (EXAMPLES.parent / "docs" / "training.md").read_text()
+    block = docs.split("```python\nfrom torch import nn\n\n\ndef conv_net", 1)[1].split("```")[0]
+    quoted = ast.parse("def conv_net" + block).body[0]
+    assert ast.dump(quoted) == ast.dump(func)
+    config = yaml.safe_load((EXAMPLES / "own_backbone.yaml").read_text())["model"]
+    assert f'backbone: "{config["backbone"]}"' in docs
