@@ -335,5 +335,5 @@ def build_external_backbone(
     if frozen_bn:
         net = freeze_batchnorm(net)
     _probe(spec, net, width, tuple(input_shape))
-    net.out_features = width  # what build_model's head reads (backbone_width)
+    net.out_features = width  # type: ignore[assignment]  # read by backbone_width (head)
     return net
