@@ -141,3 +141,10 @@ def test_docs_show_the_example_factory():
     assert ast.dump(quoted) == ast.dump(func)
     config = yaml.safe_load((EXAMPLES / "own_backbone.yaml").read_text())["model"]
     assert f'backbone: "{config["backbone"]}"' in docs
+
+
+def test_pretrain_refuses_backbone_options_it_would_drop(tmp_path):
+    args = ["pretrain", "--config", str(EXAMPLES / "own_backbone.yaml"), "--output", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "model.backbone_options: rankwise pretrain builds" in " ".join(result.output.split())

@@ -343,8 +343,8 @@ def _pretrained_state(config: Config, input_shape: tuple[int, ...]) -> dict[str,
     for key, value in wanted.items():
         if stored.get(key, {}) != value:
             raise ConfigError(
-                f"model.pretrained: {path} was pretrained with {key}={stored[key]!r}, this run "
-                f"has {key}={value!r}; pretrain again with this run's settings."
+                f"model.pretrained: {path} was pretrained with {key}={stored.get(key, {})!r}, "
+                f"this run has {key}={value!r}; pretrain again with this run's settings."
             )
     return state
 
