@@ -42,6 +42,12 @@ def _fresh(
             f"{missing}: pass the runs' config and an output folder (or --resume DIR)."
         )
     cfg = load_config(config, overrides)
+    if cfg.model.backbone_options:  # not dropped silently: the pretrained backbone would differ
+        raise ConfigError(
+            f"model.backbone_options: rankwise pretrain builds model.backbone without options, "
+            f"this config sets {cfg.model.backbone_options}; give the backbone these values as "
+            "its defaults and clear model.backbone_options."
+        )
     return {
         "dataset": cfg.dataset.name,
         "output": output,

@@ -2,7 +2,9 @@
 
 Embedding networks (backbone, linear head, L2 normalization): ResNet-50 with frozen batch
 normalization as in Wen et al., NeurIPS 2022 (SOPRC), Sec. 6 and Gajić et al. (AUC loss), Sec. 4.2;
-small CNN / MLP backbones for digits, the MNIST family and tests. Entry point: :func:`build_model`.
+small CNN / MLP backbones for digits, the MNIST family and tests; your own network from a factory
+(``"package.module:factory"``) or a timm model (``"timm:NAME"``, :mod:`rankwise.models.external`).
+Entry point: :func:`build_model`.
 
 The scikit-learn estimators :class:`BilinearSimilarity` and :class:`MMC` live in
 :mod:`rankwise.similarity_learning`; they are re-exported here on first use, so importing a
@@ -21,9 +23,11 @@ from .backbones import (
 )
 from .build import BACKBONES, build_backbone, build_model
 from .embedding import EmbeddingHead, EmbeddingModel
+from .external import BackboneError
 
 __all__ = [
     "BACKBONES",
+    "BackboneError",
     "BilinearSimilarity",
     "MMC",
     "VISION_EXTRA_HINT",

@@ -213,12 +213,15 @@ class MLPBackbone(nn.Module):
         return self.layers(flat)
 
 
-def _load_state_dict_file(weights_path: str | os.PathLike) -> dict[str, torch.Tensor]:
+def _load_state_dict_file(
+    weights_path: str | os.PathLike,
+    what: str = "ResNet-50 state dict (e.g. torchvision's resnet50-*.pth)",
+) -> dict[str, torch.Tensor]:
     path = os.fspath(weights_path)
     if not os.path.isfile(path):
         raise FileNotFoundError(
             f"`weights_path` {path!r} does not exist; rankwise never downloads weights, pass a "
-            "local ResNet-50 state dict (e.g. torchvision's resnet50-*.pth)."
+            f"local {what}."
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

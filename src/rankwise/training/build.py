@@ -287,7 +287,7 @@ def build_model_from_config(config: Config, input_shape: Sequence[int]) -> nn.Mo
     Returns:
         The embedding model (on the CPU).
     """
-    from ..models import build_model
+    from ..models import BackboneError, build_model
 
     mc = config.model
     try:
@@ -297,9 +297,12 @@ def build_model_from_config(config: Config, input_shape: Sequence[int]) -> nn.Mo
             mc.embedding_dim,
             weights_path=mc.weights_path,
             frozen_bn=mc.frozen_bn,
+            backbone_options=mc.backbone_options,
         )
     except FileNotFoundError as exc:
         raise ConfigError(f"model.weights_path: {exc}") from None
+    except BackboneError as exc:  # a factory / timm backbone: the key at fault
+        raise ConfigError(f"model.{exc.argument}: {exc}") from None
     except ValueError as exc:
         raise ConfigError(f"model: {exc}") from None
     if mc.pretrained is not None:
@@ -325,6 +328,8 @@ def _pretrained_state(config: Config, input_shape: tuple[int, ...]) -> dict[str,
         "frozen_bn": mc.frozen_bn,
         "input_shape": list(input_shape),
     }
+    if mc.backbone_options:  # rankwise pretrain builds its backbone without options
+        wanted["backbone_options"] = mc.backbone_options
 
     def held_out(dataset: dict[str, Any]) -> dict[str, Any]:
         # views and augmentation do not move a source between splits
@@ -337,10 +342,10 @@ def _pretrained_state(config: Config, input_shape: tuple[int, ...]) -> dict[str,
             {"name": ds.name, "split_seed": ds.split_seed, "options": ds.options}
         )
     for key, value in wanted.items():
-        if stored[key] != value:
+        if stored.get(key, {}) != value:
             raise ConfigError(
-                f"model.pretrained: {path} was pretrained with {key}={stored[key]!r}, this run "
-                f"has {key}={value!r}; pretrain again with this run's settings."
+                f"model.pretrained: {path} was pretrained with {key}={stored.get(key, {})!r}, "
+                f"this run has {key}={value!r}; pretrain again with this run's settings."
             )
     return state
 

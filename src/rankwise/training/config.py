@@ -126,6 +126,20 @@ class ModelConfig(_Strict):
     weights_path: str | None = None
     frozen_bn: bool = True
     pretrained: str | None = None
+    # keywords of the backbone: a factory's ("package.module:factory"), timm.create_model's
+    # ("timm:NAME"), or a built-in's (small_cnn: width; mlp: hidden, dropout)
+    backbone_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("backbone")
+    @classmethod
+    def _spelled(cls, value: str) -> str:
+        # the spelling of "package.module:factory" / "timm:NAME" before any data is loaded;
+        # the import happens when the model is built (build_model_from_config)
+        from ..models.external import check_backbone_spec, is_external_backbone
+
+        if is_external_backbone(value):
+            check_backbone_spec(value)
+        return value
 
     @field_validator("weights_path", "pretrained")
     @classmethod

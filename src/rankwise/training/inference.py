@@ -178,7 +178,8 @@ def load_run(
         A :class:`LoadedRun`; ``load_run(d).embed(x)`` embeds raw inputs ``x``.
 
     Raises:
-        ConfigError: no run there, or no such checkpoint.
+        ConfigError: no run there, no such checkpoint, or its backbone cannot be rebuilt (a
+            factory ``"package.module:factory"`` that no longer imports, names the factory).
         CorruptCheckpointError: the checkpoint cannot be read.
 
     Example:
@@ -187,7 +188,7 @@ def load_run(
         >>> emb = run.embed(load_digits().images)  # (1797, 64)  # doctest: +SKIP
     """
     from ..data.registry import input_spec
-    from ..models import build_model
+    from ..models import BackboneError, build_model
     from .checkpoint import load_checkpoint
 
     path = Path(run_dir)
@@ -203,13 +204,22 @@ def load_run(
         config.dataset.name, int(config.dataset.image_size), config.dataset.data_dir
     )
     # the trained weights replace the backbone's: no pretrained weights file is needed here
-    model = build_model(
-        config.model.backbone,
-        input_shape,
-        config.model.embedding_dim,
-        weights_path=None,
-        frozen_bn=config.model.frozen_bn,
-    )
+    try:
+        model = build_model(
+            config.model.backbone,
+            input_shape,
+            config.model.embedding_dim,
+            weights_path=None,
+            frozen_bn=config.model.frozen_bn,
+            backbone_options=config.model.backbone_options,
+        )
+    except BackboneError as exc:  # e.g. a factory that no longer imports
+        options = config.model.backbone_options
+        raise ConfigError(
+            f"run {str(run_path)!r} needs backbone {config.model.backbone!r} (model.backbone "
+            f"in its config.yaml{f', options {options}' if options else ''}) to rebuild its "
+            f"model: {exc}"
+        ) from None
     model.load_state_dict(state["model"])
     model.to(dev).eval()
     return LoadedRun(

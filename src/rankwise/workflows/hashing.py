@@ -331,6 +331,8 @@ def _build_model(
     """The hashing model (or, for smooth_ap / triplet, the embedding model) of a run."""
     mc = config.model
     common: dict[str, Any] = {"weights_path": mc.weights_path, "frozen_bn": mc.frozen_bn}
+    if mc.backbone_options:  # beside hash.backbone_options, which every method shares
+        common["backbone_options"] = mc.backbone_options
     try:
         if method in ("smooth_ap", "triplet"):
             return build_model(
