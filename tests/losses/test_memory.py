@@ -80,25 +80,22 @@ def test_with_an_empty_memory_it_is_the_plain_loss(name):
 def test_each_call_is_the_loss_against_the_hand_built_reference_set(name):
     loss_fn = make(name, size=12)  # 8 rows a batch: the second call wraps around
     reference = copy.deepcopy(loss_fn.loss)
-    queue_emb = torch.empty(0, DIM, dtype=torch.float64)
-    queue_labels = torch.empty(0, dtype=torch.int64)
+    # the queue as it should be: 12 slots written cyclically, the oldest overwritten
+    queue_emb = torch.zeros(12, DIM, dtype=torch.float64)
+    queue_labels = torch.zeros(12, dtype=torch.int64)
+    filled = 0
     for step, classes in enumerate([(0, 1, 2, 3), (2, 3, 4, 5), (0, 5, 6, 7), (1, 2, 6, 7)]):
         emb, labels = batch(step, classes)
         got = loss_fn(emb, labels)
-        # the memory in its storage order: slots 0..11 filled cyclically, oldest overwritten
-        want = hand_built(reference, emb, labels, queue_emb, queue_labels)
+        want = hand_built(reference, emb, labels, queue_emb[:filled], queue_labels[:filled])
         assert torch.equal(got, want), step
-        assert loss_fn.last_stats["n_memory_items"] == queue_labels.numel()
+        assert loss_fn.last_stats["n_memory_items"] == filled
         slots = (8 * step + torch.arange(8)) % 12
-        queue_emb = torch.cat([queue_emb, torch.zeros(12 - queue_emb.shape[0], DIM,
-                                                      dtype=torch.float64)])[:12].clone()
-        queue_labels = torch.cat([queue_labels, torch.zeros(12 - queue_labels.numel(),
-                                                            dtype=torch.int64)])[:12].clone()
         queue_emb[slots], queue_labels[slots] = emb, labels
-        filled = min(12, 8 * (step + 1))
-        queue_emb, queue_labels = queue_emb[:filled], queue_labels[:filled]
-        assert torch.equal(loss_fn.memory_embeddings[:filled], queue_emb)
-        assert torch.equal(loss_fn.memory_labels[:filled], queue_labels)
+        filled = min(12, filled + 8)
+        assert torch.equal(loss_fn.memory_embeddings, queue_emb)
+        assert torch.equal(loss_fn.memory_labels, queue_labels)
+        assert int(loss_fn.memory_position) == 8 * (step + 1) % 12
 
 
 @pytest.mark.parametrize("name", ["smooth_ap", "recall_at_k", "ap"])

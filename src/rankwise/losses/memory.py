@@ -85,9 +85,7 @@ class RankingMemory(nn.Module):
     #: the wrapped losses take their labels on the host (the Trainer leaves them there)
     takes_host_labels: bool = True
 
-    def __init__(
-        self, loss: nn.Module, size: int, embedding_dim: int, start_step: int = 0
-    ) -> None:
+    def __init__(self, loss: nn.Module, size: int, embedding_dim: int, start_step: int = 0) -> None:
         super().__init__()
         if not isinstance(loss, _MEMORY_CLASSES):
             raise ValueError(
@@ -175,7 +173,8 @@ class RankingMemory(nn.Module):
         Args:
             embeddings: (B, embedding_dim) float tensor, B <= size.
             labels: (B,) integer class ids (on the host, as the data loader gives them).
-            ref_embeddings, ref_labels: refused (the memory is the reference set).
+            ref_embeddings: refused (the batch and the memory are the reference set).
+            ref_labels: refused, as ``ref_embeddings``.
 
         Returns:
             The wrapped loss's scalar (see the class docstring for which references it sees).
