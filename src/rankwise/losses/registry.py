@@ -202,7 +202,7 @@ def build_loss(
             embedding_dim=embedding_dim,
             **params,
         )
-        return RankingMemory(inner, embedding_dim=embedding_dim, **settings)
+        return RankingMemory(inner, **settings)
     context = {"num_classes": num_classes, "embedding_dim": embedding_dim}
     if name in BASELINES:
         valid = baseline_parameters(name)
@@ -230,7 +230,7 @@ _MEMORY_KEYS = ("size", "start_step")
 
 
 def _check_memory(name: str, memory: Any, embedding_dim: int | None) -> dict[str, Any]:
-    """The keyword arguments of :class:`RankingMemory` from ``memory``, checked."""
+    """The keyword arguments of :class:`RankingMemory` (but the loss) from ``memory``, checked."""
     if name not in MEMORY_LOSSES:
         raise ValueError(
             f"loss {name!r} takes no memory: a cross-batch memory serves the ranking losses "
@@ -247,7 +247,7 @@ def _check_memory(name: str, memory: Any, embedding_dim: int | None) -> dict[str
         raise ValueError("`memory` needs `size`, the items it holds (at least the batch size).")
     if embedding_dim is None:
         raise ValueError(f"loss {name!r} with a memory needs embedding_dim=... (its width).")
-    return dict(memory)
+    return {**memory, "embedding_dim": embedding_dim}
 
 
 def _check_weight_pair(weights: Any) -> tuple[float, float]:
