@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rankwise.losses import LOSSES, build_loss
+from rankwise.losses import LOSSES, MEMORY_LOSSES, build_loss
 from rankwise.training.distributed import (
     DistributedLoss,
     check_replicas_in_sync,
@@ -51,7 +51,9 @@ def local_rows(n: int, rank: int, world: int, uneven: bool) -> slice:
 def make_loss(name: str) -> nn.Module:
     labels = torch.arange(CLASSES).repeat_interleave(10)
     # XBM: a one-step warm-up (default 75), so its 3 steps cover the batch loss and the memory
-    params = {"start_iteration": 1} if name == "xbm" else {}
+    params: dict = {"start_iteration": 1} if name == "xbm" else {}
+    if name.startswith("memory_"):  # a ranking loss with a memory of 2 global batches
+        name, params = name.removeprefix("memory_"), {"memory": {"size": 48, "start_step": 1}}
     return build_loss(
         name, train_labels=labels, num_classes=CLASSES, embedding_dim=DIM, **params
     ).double()
@@ -123,6 +125,12 @@ def case_losses(rank: int, world: int) -> dict:
             "reference": reference(name, steps) if rank == 0 else None,
             "even": distributed(name, steps, rank, world, False, "mean"),
             "uneven": distributed(name, steps, rank, world, True, "mean"),
+        }
+    for name in MEMORY_LOSSES:  # 4 steps: the plain loss, then the memory filling and full
+        memory_name = f"memory_{name}"
+        out[memory_name] = {
+            "reference": reference(memory_name, 4) if rank == 0 else None,
+            "uneven": distributed(memory_name, 4, rank, world, True, "mean"),
         }
     out["soprc_sum"] = {"sum": distributed("soprc", 2, rank, world, True, "sum")}
     out["soprc_long"] = {

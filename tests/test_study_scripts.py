@@ -365,3 +365,19 @@ def test_pretraining_variance_over_study_folders(tmp_path, capsys):
     assert summary.main([str(outs[0]), "--pretrainings", *map(str, outs[1:])]) == 0
     assert "Missing runs: 6 of 18." in capsys.readouterr().out
     assert summary.main([str(outs[0]), "--pretrainings", str(tmp_path / "nowhere")]) == 2
+
+
+def test_memory_table_pairs_seeds_and_lists_unfinished_runs(tmp_path):
+    table = _script("memory_table")
+    for seed, (plain, memory) in enumerate([(0.60, 0.62), (0.58, 0.57), (0.62, 0.66)]):
+        _run(tmp_path / f"ap_plain_s{seed}", plain)
+        _run(tmp_path / f"ap_mem_s{seed}", memory, best_step=640 if seed == 2 else 800)
+    _run(tmp_path / "soprc_plain_s0", 0.5, status="interrupted")
+    assert table.main([str(tmp_path), "--markdown", str(tmp_path / "t.md")]) == 0
+    lines = (tmp_path / "t.md").read_text().splitlines()
+    memory_row = next(line for line in lines if line.startswith("| AP loss + memory"))
+    # 61.67 ± 4.51 over seeds; per seed +2, −1, +4 points; validation rose 10 points late
+    assert memory_row.startswith("| AP loss + memory 256 (from step 800) | 61.67 ± 4.51 |")
+    assert "| +2.00, -1.00, +4.00 | 800 / 800 / 640 of 800 | +10.00, +10.00, +10.00 |" in memory_row
+    assert "Missing or unfinished runs: 6" in "\n".join(lines)
+    assert table.main([str(tmp_path / "nowhere")]) == 2

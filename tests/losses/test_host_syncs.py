@@ -222,3 +222,20 @@ def test_a_step_runs_no_torch_kernel_on_the_labels(name):
     counter = counted(loss_fn, x, labels)
     assert counter.parallel_host_ops == {}, counter.parallel_host_ops
     assert set(counter.host_ops) <= SCALAR_WRAPPING, counter.host_ops
+
+
+@pytest.mark.parametrize("name", ["soprc", "ap", "auc"])
+def test_a_step_with_a_memory_performs_no_device_sync(name):
+    # the memory's labels and positions are mirrored on the host: after the first call (which
+    # reads the fresh buffers once) a step reads nothing back, the memory filling and full
+    loss_fn = build_loss(
+        name,
+        train_labels=TRAIN_LABELS,
+        embedding_dim=DIM,
+        memory={"size": 24, "start_step": 0},
+    )
+    loss_fn(*pk_batch(seed=0))
+    for seed in (1, 2, 3):
+        counter = counted(loss_fn, *pk_batch(seed=seed, classes=(seed % 3, 3, 4)))
+        assert counter.n_syncs == 0, (seed, counter.summary())
+        assert loss_fn.last_stats["n_memory_items"] == min(24, 12 * seed)

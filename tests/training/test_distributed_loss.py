@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rankwise.losses import LOSSES
+from rankwise.losses import LOSSES, MEMORY_LOSSES
 
 LOSS_RTOL = 1e-13  # measured: <= 2.1e-16 after 1-3 steps (SOPRC 2.1e-15 after 6 steps)
 # gradients relative to their largest entry; measured: <= 1.0e-13 (SOPRC, 6 steps), ~4e-16 others
@@ -57,6 +57,28 @@ def test_every_loss_gives_the_single_process_value_and_gradient(distributed_resu
             assert got.numel() == 0 or float((got - want).abs().max()) <= STATE_ATOL, key
         else:
             assert torch.equal(got, want), key
+
+
+@pytest.mark.parametrize("name", MEMORY_LOSSES)
+def test_a_memory_under_two_ranks_equals_one_process(distributed_results, name):
+    # each rank enqueues the gathered global batch: both hold the one-process memory
+    rank0, rank1 = distributed_results("losses", 0), distributed_results("losses", 1)
+    entry = rank0.get(f"memory_{name}")
+    assert entry is not None, f"the worker did not run the memory of {name!r}"
+    ref, run0, run1 = entry["reference"], entry["uneven"], rank1[f"memory_{name}"]["uneven"]
+    assert_matches_reference(run0, ref)
+    assert_ranks_identical(run0, run1)
+    assert run0["in_sync"] == "yes" and run1["in_sync"] == "yes"
+    for key, want in ref["loss_state"].items():
+        got = run0["loss_state"][key]
+        if want.is_floating_point():
+            assert float((got - want).abs().max()) <= STATE_ATOL, key
+        else:
+            assert torch.equal(got, want), key
+    # 4 steps of 24 rows in a memory of 48: full, written twice over, used from step 1
+    assert int(ref["loss_state"]["memory_count"]) == 48
+    assert int(ref["loss_state"]["steps_seen"]) == 4
+    assert float(ref["loss_state"]["memory_embeddings"].abs().min()) > 0
 
 
 def test_soprc_v_stays_identical_across_ranks_and_equal_to_one_process(distributed_results):

@@ -19,9 +19,10 @@ naming ``embeddings`` at the call; on an accelerator it is raised when ``loss.la
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,8 +265,14 @@ class BatchLayout:
         ref_labels: torch.Tensor,
         self_reference: bool,
         levels: torch.Tensor | None = None,
+        leads_with_batch: bool = False,
     ) -> BatchLayout:
-        """The layout of class ids (same id: positive) or of affinity ``levels`` (> 0: positive)."""
+        """The layout of class ids (same id: positive) or of affinity ``levels`` (> 0: positive).
+
+        ``leads_with_batch``: the first B references are the batch itself (a memory's reference
+        set, :mod:`rankwise.losses.memory`), so anchor i's own column i is neither a positive
+        nor a negative, as without a reference set.
+        """
         pattern = None
         if levels is None and self_reference and labels.ndim == 1:
             pattern, classes = _label_pattern(labels.numpy())
@@ -277,7 +284,8 @@ class BatchLayout:
         else:
             same = levels.numpy() > 0
         negative = ~same
-        if self_reference:
+        if self_reference or leads_with_batch:
+            # (B, M) with M >= B: fills (i, i) for i < B only
             np.fill_diagonal(same, False)
             np.fill_diagonal(negative, False)  # (already False for class ids)
         layout = cls(
@@ -482,6 +490,17 @@ class PairBatch:
         )
 
 
+def _check_leads_with_batch(labels: torch.Tensor, ref_labels: torch.Tensor) -> None:
+    """Host labels: the reference set has the batch's rows first (checked on its labels)."""
+    n = labels.shape[0]
+    if ref_labels.shape[0] < n or not torch.equal(ref_labels[:n], labels):
+        raise ValueError(
+            "`ref_embeddings` must begin with the batch itself inside "
+            "reference_leads_with_batch(): pass ref_embeddings=torch.cat([embeddings, memory]) "
+            "and ref_labels=torch.cat([labels, memory_labels])."
+        )
+
+
 class RankingLoss(nn.Module):
     """Base class: subclasses implement :meth:`compute` on a validated :class:`PairBatch`.
 
@@ -517,11 +536,27 @@ class RankingLoss(nn.Module):
     #: the loss takes labels on the host beside device embeddings (the Trainer then leaves the
     #: data loader's labels there: no copy to the device and back)
     takes_host_labels: bool = True
+    #: set inside :meth:`reference_leads_with_batch`: the reference set begins with the batch
+    _leads_with_batch: bool = False
 
     def __init__(self, similarity: str = "cosine") -> None:
         super().__init__()
         self.similarity = check_similarity(similarity)  # "neg_euclidean" -> "euclidean"
         self.last_stats: dict[str, Any] = LossStats()
+
+    @contextlib.contextmanager
+    def reference_leads_with_batch(self) -> Iterator[None]:
+        """Within it, a call's ``ref_embeddings`` begin with the batch itself (rows 0..B-1).
+
+        Each anchor's own reference row is then neither a positive nor a negative, exactly as
+        without a reference set; the other rows (a memory of past batches,
+        :class:`~rankwise.losses.memory.RankingMemory`) are ranked as usual.
+        """
+        self._leads_with_batch = True
+        try:
+            yield
+        finally:
+            self._leads_with_batch = False
 
     # -- subclasses override -------------------------------------------------------------------
     def compute(self, batch: PairBatch) -> torch.Tensor:  # pragma: no cover - abstract
@@ -580,8 +615,11 @@ class RankingLoss(nn.Module):
         self_reference = ref is None
         if ref is None or ref_lab is None:  # validate_pair_inputs gives both or neither
             ref, ref_lab = emb, lab
+        leads = self._leads_with_batch and not self_reference
+        if leads:
+            _check_leads_with_batch(lab, ref_lab)
         levels = None if self.affinity is None else affinity_levels(self.affinity, lab, ref_lab)
-        layout = BatchLayout.from_labels(lab, ref_lab, self_reference, levels)
+        layout = BatchLayout.from_labels(lab, ref_lab, self_reference, levels, leads)
         ok = self._values_flag(emb, None if self_reference else ref)
         # one upcast of half-precision rows, whose gradient gathers every use in float32
         rows = emb.to(score_dtype(emb.dtype))

@@ -13,7 +13,7 @@ the key and the valid keys instead of being ignored.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from torch import nn
@@ -24,6 +24,7 @@ from .auc import AUCLoss, WilcoxonLoss
 from .baselines import BASELINES, baseline, baseline_parameters
 from .blackbox_ap import BlackBoxAPLoss
 from .dir import DIRLoss
+from .memory import MEMORY_LOSSES, RankingMemory
 from .pairwise_hashing import DPSHLoss
 from .pointwise_roc import PointwiseROCLoss
 from .recall_at_k import RecallAtKLoss
@@ -153,6 +154,7 @@ def build_loss(
     train_labels: Any = None,
     num_classes: int | None = None,
     embedding_dim: int | None = None,
+    memory: Mapping[str, Any] | None = None,
     **params: Any,
 ) -> nn.Module:
     """Build the loss called ``name`` with keyword ``params``.
@@ -164,7 +166,10 @@ def build_loss(
             (``SOPRCLoss.from_labels(train_labels, **params)``).
         num_classes: passed to a constructor that has a ``num_classes`` parameter.
         embedding_dim: passed as ``embedding_dim`` / ``embedding_size`` to a constructor that has
-            one (e.g. ``"xbm"``'s ``embedding_size``).
+            one (e.g. ``"xbm"``'s ``embedding_size``), and to the memory.
+        memory: ``{"size": ..., "start_step": ...}`` wraps the loss in a cross-batch
+            :class:`~rankwise.losses.memory.RankingMemory` (one of :data:`MEMORY_LOSSES`;
+            needs ``embedding_dim``); None (default): no memory.
         **params: constructor keywords of the loss (see :func:`loss_parameters`). For ``"soprc"``,
             ``semi_variance_weights=(lambda_pos, lambda_neg)`` (default ``(1.0, 5.0)``) builds
             ``SemiVarianceRegularizer(lambda_pos, lambda_neg)`` into the loss; ``None`` disables it;
@@ -188,6 +193,16 @@ def build_loss(
         'SOPRCLoss'
     """
     _LOSS_CLASSES.canonical(name)
+    if memory is not None:
+        settings = _check_memory(name, memory, embedding_dim)
+        inner = build_loss(
+            name,
+            train_labels=train_labels,
+            num_classes=num_classes,
+            embedding_dim=embedding_dim,
+            **params,
+        )
+        return RankingMemory(inner, **settings)
     context = {"num_classes": num_classes, "embedding_dim": embedding_dim}
     if name in BASELINES:
         valid = baseline_parameters(name)
@@ -209,6 +224,30 @@ def build_loss(
         # from_labels checks the labels can form both pairs
         return _labels_constructed(name).from_labels(train_labels, **params)
     return cls(**_with_context(name, named, params, context))
+
+
+_MEMORY_KEYS = ("size", "start_step")
+
+
+def _check_memory(name: str, memory: Any, embedding_dim: int | None) -> dict[str, Any]:
+    """The keyword arguments of :class:`RankingMemory` (but the loss) from ``memory``, checked."""
+    if name not in MEMORY_LOSSES:
+        raise ValueError(
+            f"loss {name!r} takes no memory: a cross-batch memory serves the ranking losses "
+            f"{', '.join(MEMORY_LOSSES)} ('xbm' is the contrastive loss with its own)."
+        )
+    if not isinstance(memory, Mapping):
+        raise ValueError(f"`memory` must be a mapping {{size, start_step}}, got {memory!r}.")
+    for key in memory:
+        if key not in _MEMORY_KEYS:
+            raise ValueError(
+                f"`memory` got an unknown key {key!r}; valid keys: {', '.join(_MEMORY_KEYS)}."
+            )
+    if "size" not in memory:
+        raise ValueError("`memory` needs `size`, the items it holds (at least the batch size).")
+    if embedding_dim is None:
+        raise ValueError(f"loss {name!r} with a memory needs embedding_dim=... (its width).")
+    return {**memory, "embedding_dim": embedding_dim}
 
 
 def _check_weight_pair(weights: Any) -> tuple[float, float]:

@@ -248,6 +248,7 @@ def build_loss_from_config(config: Config, train_labels: np.ndarray, n_classes: 
             train_labels=train_labels,
             num_classes=n_classes,
             embedding_dim=config.model.embedding_dim,
+            memory=None if config.loss.memory is None else config.loss.memory.model_dump(),
             **config.loss.params,
         )
     except (TypeError, ValueError, KeyError) as exc:

@@ -27,6 +27,7 @@ __all__ = [
     "DistributedConfig",
     "EarlyStoppingConfig",
     "LossConfig",
+    "MemoryConfig",
     "ModelConfig",
     "OptimizerConfig",
     "SamplerConfig",
@@ -147,11 +148,19 @@ class ModelConfig(_Strict):
         return None if value is None else str(Path(value).expanduser().resolve())
 
 
+class MemoryConfig(_Strict):
+    """A cross-batch memory of a ranking loss (:class:`rankwise.losses.RankingMemory`)."""
+
+    size: int = Field(gt=0)  # items held; at least sampler.batch_size (a few batches)
+    start_step: int = Field(0, ge=0)  # the plain loss before this step
+
+
 class LossConfig(_Strict):
-    """Loss name from :data:`rankwise.losses.LOSSES` and its keyword parameters."""
+    """Loss name from :data:`rankwise.losses.LOSSES`, its keyword parameters, an optional memory."""
 
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
+    memory: MemoryConfig | None = None  # only for rankwise.losses.MEMORY_LOSSES
 
 
 class SamplerConfig(_Strict):
@@ -390,6 +399,27 @@ class Config(_Strict):
                 f"loss.name: unknown loss {value.name!r}; choose one of {sorted(LOSSES)}."
             )
         return value
+
+    @model_validator(mode="after")
+    def _memory(self) -> Config:
+        """``loss.memory``: only for a ranking loss, and holding at least one batch."""
+        from ..losses import MEMORY_LOSSES
+
+        memory = self.loss.memory
+        if memory is None:
+            return self
+        if self.loss.name not in MEMORY_LOSSES:
+            raise ValueError(
+                f"loss.memory: loss {self.loss.name!r} takes no memory; it serves the ranking "
+                f"losses {', '.join(MEMORY_LOSSES)} ('xbm' has its own); remove loss.memory."
+            )
+        if memory.size < self.sampler.batch_size:
+            raise ValueError(
+                f"loss.memory.size: {memory.size} is smaller than sampler.batch_size="
+                f"{self.sampler.batch_size}; a memory holds at least one batch (use a few: "
+                f"loss.memory.size={4 * self.sampler.batch_size})."
+            )
+        return self
 
     def resolved_output_dir(self) -> Path:
         """Run directory: ``output_dir`` or ``runs/<dataset>/<loss>-seed<seed>``."""
