@@ -77,7 +77,7 @@ def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def wait_ranks(
-    args: list[str], world_size: int = 2, timeout: float = 240, extra_env=None
+    args: list[str], world_size: int = 2, timeout: float = 600, extra_env=None
 ) -> list[tuple[int, str]]:
     """Run ``python *args`` as ``world_size`` ranks; each rank's exit code and output.
 
@@ -110,7 +110,7 @@ def wait_ranks(
     return [(proc.returncode, output) for proc, output in zip(procs, outputs, strict=True)]
 
 
-def run_ranks(args: list[str], world_size: int = 2, timeout: float = 240) -> list[str]:
+def run_ranks(args: list[str], world_size: int = 2, timeout: float = 600) -> list[str]:
     """Run ``python *args`` as ``world_size`` ranks; fail with every rank's output if one fails.
 
     Returns:
