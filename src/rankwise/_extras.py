@@ -5,7 +5,8 @@ Everything else is an extra, named in ``pyproject.toml``: ``train`` (the trainer
 plots), ``cli`` (the ``rankwise`` command on top of ``train``), ``baselines``
 (pytorch-metric-learning), ``vision`` (torchvision + Pillow), ``faiss`` (faiss-cpu, the faiss
 backend of :class:`rankwise.search.EmbeddingIndex`), ``export`` (onnx, onnxruntime and
-onnxscript, for ``rankwise export --format onnx``). A feature whose extra is missing fails at its
+onnxscript, for ``rankwise export --format onnx``), ``trackers`` (tensorboard and mlflow-skinny,
+for ``logging.trackers``). A feature whose extra is missing fails at its
 first use with :class:`MissingDependencyError`, which names the extra to install,
 instead of an ``ImportError`` from deep inside the package.
 """
@@ -26,6 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "vision": ("torchvision", "PIL"),
     "faiss": ("faiss",),
     "export": ("onnx", "onnxruntime", "onnxscript"),
+    "trackers": ("tensorboard", "mlflow"),
 }
 # import name -> distribution name, where they differ
 _DISTRIBUTIONS = {
@@ -34,6 +36,7 @@ _DISTRIBUTIONS = {
     "PIL": "Pillow",
     "pytorch_metric_learning": "pytorch-metric-learning",
     "faiss": "faiss-cpu",
+    "mlflow": "mlflow-skinny",
 }
 
 
