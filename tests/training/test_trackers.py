@@ -72,7 +72,9 @@ def config_leaves(node, prefix=""):
 def tensorboard_scalars(folder):
     acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     acc.Reload()
-    return acc, {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return acc, {
+        tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]
+    }
 
 
 def tensorboard_hparams(acc):
@@ -94,7 +96,12 @@ def mlflow_run(store_uri, run_dir):
 
 def mlflow_scalars(client, run):
     return {
-        key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp))]
+        key: [
+            (m.step, m.value)
+            for m in sorted(
+                client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp)
+            )
+        ]
         for key in run.data.metrics
     }
 
@@ -123,7 +130,8 @@ def test_the_trackers_hold_what_metrics_jsonl_and_the_config_hold(tiny_config, t
     assert [e.step for e in acc.Images("test/pr_curve")] == [result.steps]
     leaves = dict(config_leaves(config.to_dict()))
     assert tensorboard_hparams(acc) == {
-        key: float(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
+        key: float(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
         else (v if isinstance(v, str) else json.dumps(v))
         for key, v in leaves.items()
     }
@@ -136,7 +144,9 @@ def test_the_trackers_hold_what_metrics_jsonl_and_the_config_hold(tiny_config, t
     for name, pairs in expected.items():
         assert found[name] == pairs, name
     assert mlrun.data.params == {
-        key: str(v) if isinstance(v, (str, int, float)) and not isinstance(v, bool) else json.dumps(v)
+        key: str(v)
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+        else json.dumps(v)
         for key, v in leaves.items()
     }
     artifacts = [a.path for a in client.list_artifacts(mlrun.info.run_id)]
@@ -194,10 +204,16 @@ def test_a_resumed_run_continues_the_same_tracker_runs_without_a_step_twice(tiny
     assert mlrun.info.status == "FINISHED"
     found = mlflow_scalars(client, mlrun)
     for name, pairs in expected.items():
-        assert found[name] == pairs, name  # steps 5-7 once: the resume recomputed the same values
+        if name == "train/samples_per_s":  # a time: the killed process's values of steps 5-7 stay
+            assert [s for s, _ in found[name]] == [s for s, _ in pairs]
+            assert found[name][:4] == pairs[:4] and found[name][7:] == pairs[7:]
+        else:  # steps 5-7 once: the resume recomputed the same values, bit for bit
+            assert found[name] == pairs, name
 
 
-@pytest.mark.parametrize(("tracker", "module"), [("tensorboard", "tensorboard"), ("mlflow", "mlflow")])
+@pytest.mark.parametrize(
+    ("tracker", "module"), [("tensorboard", "tensorboard"), ("mlflow", "mlflow")]
+)
 def test_a_missing_tracker_package_names_the_extra_before_the_data_is_read(
     tiny_config, tmp_path, monkeypatch, tracker, module
 ):
@@ -231,7 +247,9 @@ def test_the_command_exits_3_naming_the_extra(tiny_config, tmp_path, monkeypatch
 
 
 def test_logging_trackers_is_checked(tiny_config, tmp_path):
-    with pytest.raises(ConfigError, match=r"logging.trackers.0: Input should be 'tensorboard' or 'mlflow'"):
+    with pytest.raises(
+        ConfigError, match=r"logging.trackers.0: Input should be 'tensorboard' or 'mlflow'"
+    ):
         tiny_config(tmp_path, **{"logging.trackers": ["wandb"]})
     with pytest.raises(ConfigError, match="logging.trackers: mlflow listed twice"):
         tiny_config(tmp_path, **{"logging.trackers": ["mlflow", "mlflow"]})
@@ -273,7 +291,10 @@ def test_importing_rankwise_imports_no_tracker_package():
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorboard', 'mlflow')\n"
         "             or m.startswith('torch.utils.tensorboard')))\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
     )
@@ -286,9 +307,22 @@ def docs_section():
     return text.split("### Experiment trackers: TensorBoard and MLflow", 1)[1].split("\n## ", 1)[0]
 
 
-def test_the_docs_config_is_a_valid_config(tiny_config, tmp_path):
+def test_the_docs_config_and_command_are_valid(tiny_config, tmp_path):
+    import shlex
+
     import yaml
+
+    from rankwise.training import load_config
 
     block = yaml.safe_load(docs_section().split("```yaml\n", 1)[1].split("```", 1)[0])
     config = tiny_config(tmp_path, **block)
+    assert config.logging.trackers == ["tensorboard", "mlflow"]
+    assert config.logging.mlflow_uri is None
+
+    commands = docs_section().split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    train = shlex.split(commands.splitlines()[0], comments=True)
+    assert train[:4] == ["rankwise", "train", "--config", "configs/digits.yaml"]
+    overrides = [arg for arg in train if "=" in arg]
+    repo = Path(__file__).parents[2]
+    config = load_config(repo / "configs" / "digits.yaml", overrides)
     assert config.logging.trackers == ["tensorboard", "mlflow"]

@@ -68,7 +68,9 @@ class TensorBoardTracker(Tracker):
                 "TensorBoardTracker: the trainer has no run_dir to write the event files in; "
                 "pass TensorBoardTracker(log_dir=...)."
             )
-        self.folder = self.log_dir if self.log_dir is not None else trainer.paths.root / "tensorboard"
+        self.folder = (
+            self.log_dir if self.log_dir is not None else trainer.paths.root / "tensorboard"
+        )
         if trainer.step == 0 and self.log_dir is None and self.folder.is_dir():
             shutil.rmtree(self.folder)  # an earlier run's events: this one starts afresh
         # what an earlier process logged from this step on is hidden; its records follow again
