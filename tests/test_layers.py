@@ -290,9 +290,12 @@ TRAINING_TIERS: list[set[str]] = [
         "callbacks.early_stopping",
         "callbacks.host",
         "callbacks.metrics_log",
+        "callbacks.mlflow_tracker",
         "callbacks.plots",
         "callbacks.progress",
         "callbacks.selection",
+        "callbacks.tensorboard_tracker",
+        "callbacks.tracker",
         "replicas",
     },
     # the processes of a run and the run on disk

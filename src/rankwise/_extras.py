@@ -6,7 +6,8 @@ plots), ``cli`` (the ``rankwise`` command on top of ``train``), ``baselines``
 (pytorch-metric-learning), ``vision`` (torchvision + Pillow), ``faiss`` (faiss-cpu, the faiss
 backend of :class:`rankwise.search.EmbeddingIndex`), ``export`` (onnx, onnxruntime and
 onnxscript, for ``rankwise export --format onnx``), ``timm`` (timm, for ``model.backbone:
-"timm:NAME"``). A feature whose extra is missing fails at its
+"timm:NAME"``), ``trackers`` (tensorboard and mlflow-skinny, for ``logging.trackers``). A feature
+whose extra is missing fails at its
 first use with :class:`MissingDependencyError`, which names the extra to install,
 instead of an ``ImportError`` from deep inside the package.
 """
@@ -28,6 +29,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "faiss": ("faiss",),
     "export": ("onnx", "onnxruntime", "onnxscript"),
     "timm": ("timm",),
+    "trackers": ("tensorboard", "mlflow"),
 }
 # import name -> distribution name, where they differ
 _DISTRIBUTIONS = {
@@ -36,6 +38,7 @@ _DISTRIBUTIONS = {
     "PIL": "Pillow",
     "pytorch_metric_learning": "pytorch-metric-learning",
     "faiss": "faiss-cpu",
+    "mlflow": "mlflow-skinny",
 }
 
 

@@ -18,9 +18,11 @@ from .callbacks import (  # noqa: E402 - after the dependency check
     CollapseDetector,
     EarlyStopping,
     MetricsLogger,
+    MLflowTracker,
     PlotCurves,
     ProgressBar,
     StepOutput,
+    TensorBoardTracker,
 )
 from .checkpoint import atomic_save, atomic_write_text, load_checkpoint  # noqa: E402
 from .config import Config, config_from_dict, load_config, parse_overrides  # noqa: E402
@@ -48,6 +50,7 @@ __all__ = [
     "Evaluator",
     "LoadedRun",
     "Logging",
+    "MLflowTracker",
     "MetricsLogger",
     "NonFiniteLossError",
     "PlotCurves",
@@ -58,6 +61,7 @@ __all__ = [
     "Schedule",
     "StepOutput",
     "StopControl",
+    "TensorBoardTracker",
     "Trainer",
     "TrainingInterrupted",
     "atomic_save",

@@ -39,7 +39,9 @@ from .callbacks import (
     BestCheckpoint,
     CollapseDetector,
     EarlyStopping,
+    MLflowTracker,
     PlotCurves,
+    TensorBoardTracker,
     config_collapse_advice,
 )
 from .callbacks.base import Callback
@@ -209,6 +211,7 @@ def _build(
     parts: _Parts,
 ) -> _T:
     model, splits, name, plots = parts.model, parts.splits, parts.name, parts.plots
+    trackers = _trackers(config)  # a missing package fails here, before the data is read
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     # data, then every data-dependent check before anything is built
@@ -262,7 +265,7 @@ def _build(
         gallery_data=splits.gallery,
         optimizer=build_optimizer(config.optimizer, params, getattr(model, "backbone", None)),
         sampler=sampler,
-        callbacks=[collapse, plots, *selection, *parts.callbacks],
+        callbacks=[collapse, plots, *selection, *trackers, *parts.callbacks],
         run_dir=store,
         strategy=store.strategy,
         schedule=Schedule(
@@ -287,6 +290,17 @@ def _build(
         eval_batch_size=config.eval_batch_size,
         **{k: v for k, v in evaluation.items() if v is not None},  # else the class default
     )
+
+
+def _trackers(config: Config) -> list[Callback]:
+    """The trackers of ``logging.trackers`` (each logs the run's config, read from its store)."""
+    made: list[Callback] = []
+    for name in config.logging.trackers:
+        if name == "tensorboard":
+            made.append(TensorBoardTracker())
+        else:
+            made.append(MLflowTracker(config.logging.mlflow_uri, experiment=config.dataset.name))
+    return made
 
 
 def _load_splits(config: Config, store: RunStore) -> RetrievalSplits:

@@ -26,6 +26,7 @@ __all__ = [
     "DatasetConfig",
     "DistributedConfig",
     "EarlyStoppingConfig",
+    "LoggingConfig",
     "LossConfig",
     "MemoryConfig",
     "ModelConfig",
@@ -316,6 +317,21 @@ class EarlyStoppingConfig(_Strict):
         return None if value is None else check_monitor(value, argument="early_stopping.monitor")
 
 
+class LoggingConfig(_Strict):
+    """Experiment trackers the run also logs to (callbacks/tracker.py; the ``trackers`` extra)."""
+
+    trackers: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
+    mlflow_uri: str | None = None  # None: a file: store mlruns/ in the run folder
+
+    @field_validator("trackers")
+    @classmethod
+    def _once(cls, value: list[str]) -> list[str]:
+        twice = sorted({name for name in value if value.count(name) > 1})
+        if twice:
+            raise ValueError(f"logging.trackers: {', '.join(twice)} listed twice; name each once.")
+        return value
+
+
 class DistributedConfig(_Strict):
     """Data-parallel training under ``torchrun`` (ignored by one process; docs/distributed.md)."""
 
@@ -348,6 +364,7 @@ class Config(_Strict):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     early_stopping: EarlyStoppingConfig | None = None  # None: no early stopping
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
 
     @field_validator("eval_ks")

@@ -1,8 +1,8 @@
-"""Callbacks of the training loop: progress, metrics log, model selection, plots, collapse.
+"""Callbacks of the training loop: progress, metrics log, model selection, plots, collapse, trackers.
 
 Everything around the loop: the progress bar, the ``metrics.jsonl`` log, the best checkpoint by
 validation mAP (tie-aware mAUPRC, the model selection of Wen et al., NeurIPS 2022, Sec. 5.1), the
-plots (Fig. 2 style) and the collapse detector. Each is a :class:`Callback`, whose methods are the
+plots (Fig. 2 style), the collapse detector and the experiment trackers (TensorBoard, MLflow). Each is a :class:`Callback`, whose methods are the
 hooks in the order :meth:`Trainer.fit` calls them; a callback with a ``state_key`` is stored in
 every checkpoint. See docs/training.md (Callbacks).
 """
@@ -17,9 +17,12 @@ from .collapse import (
 )
 from .early_stopping import EarlyStopping
 from .metrics_log import MetricsLogger
+from .mlflow_tracker import MLflowTracker
 from .plots import PlotCurves
 from .progress import ProgressBar
 from .selection import BestCheckpoint
+from .tensorboard_tracker import TensorBoardTracker
+from .tracker import Tracker
 
 __all__ = [
     "COLLAPSE_SPREAD",
@@ -27,11 +30,14 @@ __all__ = [
     "Callback",
     "CollapseDetector",
     "EarlyStopping",
+    "MLflowTracker",
     "MetricsLogger",
     "PlotCurves",
     "ProgressBar",
     "StepCallback",
     "StepOutput",
+    "TensorBoardTracker",
+    "Tracker",
     "config_collapse_advice",
     "embedding_spread",
     "optimizer_collapse_advice",

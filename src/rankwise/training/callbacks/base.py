@@ -78,6 +78,10 @@ class TrainerView(Protocol):
         """Its file names."""
 
     @property
+    def record(self) -> dict[str, Any] | None:
+        """The run's config as ``config.yaml`` holds it (``None``: built from objects)."""
+
+    @property
     def is_main_process(self) -> bool:
         """Whether this process writes and prints."""
 
