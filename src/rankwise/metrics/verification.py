@@ -41,6 +41,7 @@ __all__ = [
     "check_fprs",
     "fpr_name",
     "pair_counts",
+    "pairs_description",
     "positive_pair_keys",
     "verification_metrics",
 ]
@@ -326,11 +327,21 @@ class _Problem:
 
     @property
     def pairs(self) -> str:
-        if self.qg.leave_one_out and self.self_index is not None:
-            return "leave-one-out: ordered pairs (i, j), i != j (each unordered pair twice)"
-        if self.self_index is not None:
-            return "query x gallery pairs, each query's own gallery row left out"
-        return "query x gallery pairs"
+        return pairs_description(self.qg.leave_one_out, self.self_index is not None)
+
+
+def pairs_description(leave_one_out: bool, excluded: bool) -> str:
+    """Which pairs a report counted, in words (``VerificationReport.pairs``).
+
+    Example:
+        >>> pairs_description(True, True)
+        'leave-one-out: ordered pairs (i, j), i != j (each unordered pair twice)'
+    """
+    if leave_one_out and excluded:
+        return "leave-one-out: ordered pairs (i, j), i != j (each unordered pair twice)"
+    if excluded:
+        return "query x gallery pairs, each query's own gallery row left out"
+    return "query x gallery pairs"
 
 
 def _prepare(
