@@ -391,16 +391,21 @@ def _own_mask(p: _Problem, lo: int, hi: int, shape: tuple[int, int]) -> torch.Te
     return mask
 
 
-def _positive_keys(p: _Problem) -> torch.Tensor:
-    """(P,) float64 exact keys of every positive pair of the problem."""
+def _positive_keys(p: _Problem) -> list[torch.Tensor]:
+    """Float64 exact keys of the positive pairs of each chunk, in the order of :func:`_chunks`."""
     parts = []
     for lo, _, positive in _chunks(p):
         rows, cols = torch.nonzero(positive, as_tuple=True)
+        keys = torch.empty(0, dtype=torch.float64, device=p.qg.device)
         if rows.numel():
-            parts.append(p.scorer.pair_keys_tensor(rows + lo, cols).to(p.qg.device))
-    if not parts:
-        return torch.empty(0, dtype=torch.float64, device=p.qg.device)
-    return torch.cat(parts)
+            keys = p.scorer.pair_keys_tensor(rows + lo, cols).to(p.qg.device)
+        parts.append(keys)
+    return parts
+
+
+def _distinct(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The sorted distinct keys of every part."""
+    return torch.unique(torch.cat(parts)) if parts else torch.empty(0, dtype=torch.float64)
 
 
 def _codes(p: _Problem, lo: int, hi: int, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -429,18 +434,27 @@ def _codes(p: _Problem, lo: int, hi: int, keys: torch.Tensor, values: torch.Tens
     return codes
 
 
-def _count(p: _Problem, keys: torch.Tensor) -> PairCounts:
-    """Every pair of the problem counted against the sorted distinct positive ``keys``."""
+def _count(
+    p: _Problem, keys: torch.Tensor, chunk_keys: list[torch.Tensor] | None = None
+) -> PairCounts:
+    """Every pair of the problem counted against the sorted distinct positive ``keys``.
+
+    ``chunk_keys``: the positive pairs' keys of each chunk when already computed.
+    """
     dev = p.qg.device
     keys = keys.to(device=dev, dtype=torch.float64).contiguous()
     values = similarity_from_keys(keys, p.qg.similarity).contiguous()
     n_keys = keys.shape[0]
     positive = torch.zeros(n_keys, dtype=torch.int64, device=dev)
     negative = torch.zeros(2 * n_keys + 1, dtype=torch.int64, device=dev)
-    for lo, hi, is_positive in _chunks(p):
+    for index, (lo, hi, is_positive) in enumerate(_chunks(p)):
         rows, cols = torch.nonzero(is_positive, as_tuple=True)
         if rows.numel():
-            pos_keys = p.scorer.pair_keys_tensor(rows + lo, cols).to(dev)
+            pos_keys = (
+                chunk_keys[index]
+                if chunk_keys is not None
+                else p.scorer.pair_keys_tensor(rows + lo, cols).to(dev)
+            )
             at = torch.searchsorted(keys, pos_keys).clamp(max=max(n_keys - 1, 0))
             if n_keys == 0 or not bool((keys[at] == pos_keys).all()):
                 raise ValueError(
@@ -499,7 +513,7 @@ def positive_pair_keys(
     p = _prepare(
         query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
     )
-    return torch.unique(_positive_keys(p)).cpu().numpy()
+    return _distinct(_positive_keys(p)).cpu().numpy()
 
 
 @keeps_torch_threads
@@ -553,13 +567,13 @@ def pair_counts(
         query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
     )
     if positive_keys is None:
-        keys = torch.unique(_positive_keys(p))
-    else:
-        keys = torch.as_tensor(np.asarray(positive_keys, dtype=np.float64))
-        if keys.ndim != 1 or bool((keys[1:] <= keys[:-1]).any()):
-            raise ValueError(
-                "`positive_keys` must be a 1-D strictly increasing array (positive_pair_keys)."
-            )
+        parts = _positive_keys(p)
+        return _count(p, _distinct(parts), parts)
+    keys = torch.as_tensor(np.asarray(positive_keys, dtype=np.float64))
+    if keys.ndim != 1 or bool((keys[1:] <= keys[:-1]).any()):
+        raise ValueError(
+            "`positive_keys` must be a 1-D strictly increasing array (positive_pair_keys)."
+        )
     return _count(p, keys)
 
 
@@ -597,5 +611,6 @@ def verification_metrics(
     p = _prepare(
         query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
     )
-    counts = _count(p, torch.unique(_positive_keys(p)))
+    parts = _positive_keys(p)
+    counts = _count(p, _distinct(parts), parts)
     return counts.report(fprs, pairs=p.pairs)
