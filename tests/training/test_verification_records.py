@@ -94,3 +94,30 @@ def test_monitor_names_and_values():
 def test_bad_eval_fpr_and_verification_monitors_are_config_errors(tiny_config, changes, message):
     with pytest.raises(ConfigError, match=message):
         config_from_dict(tiny_config.data(**changes))
+
+
+def test_the_bench_table_shows_the_verification_columns_only_when_evaluated():
+    from rankwise.metrics import retrieval_metrics
+    from rankwise.reporting import bench_table_markdown
+    from rankwise.workflows.bench import _mean_std
+
+    data = clustered()
+    x, y = data.tensors
+    plain = retrieval_metrics(x, y, ks=(1, 10))
+    verified = [
+        plain.with_verification(verification_metrics(x, y, fpr=(1e-3,))),
+        plain.with_verification(verification_metrics(x, y, fpr=(1e-3,), similarity="dot")),
+    ]
+    row = {"loss": "auc", "label": "auc", "seeds": [0, 1], "seconds": 1.0, **_mean_std(verified)}
+    aucs = [r.verification.roc_auc for r in verified]
+    assert row["roc_auc_mean"] == pytest.approx(sum(aucs) / 2) and "tpr@fpr=0.001_std" in row
+    reference = {**_mean_std([plain]), "loss": "input", "label": "input", "seconds": 0.0}
+    assert "roc_auc_mean" not in reference
+    summary = {"dataset": "digits", "protocol": "open-set", "seeds": [0, 1], "rows": [row]}
+    text = bench_table_markdown({**summary, "reference_rows": [reference]})
+    header = text.split("|---")[0].splitlines()[-1]
+    assert "ROC AUC" in header and "tpr@fpr=0.001" in header
+    assert text.strip().splitlines()[-1].count("—") == 3  # the reference row: two dashes, no time
+    plain_row = {**row, **_mean_std([plain, plain])}
+    plain_row = {k: v for k, v in plain_row.items() if not k.startswith(("roc_auc", "tpr@"))}
+    assert "ROC AUC" not in bench_table_markdown({**summary, "rows": [plain_row]})

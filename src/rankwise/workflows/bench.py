@@ -135,6 +135,13 @@ def _mean_std(reports: Sequence[Any]) -> dict[str, float]:
         out[f"{key}_mean"] = float(np.mean(values))
         # sample standard deviation over seeds (0 for a single seed)
         out[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    # runs evaluated at FPR budgets (eval_fpr): ROC AUC and TPR@FPR, the table's extra columns
+    views = [getattr(r, "verification", None) for r in reports]
+    if views and all(v is not None for v in views):
+        for name in views[0].scalars():
+            values = [float(v.scalars()[name]) for v in views]
+            out[f"{name}_mean"] = float(np.mean(values))
+            out[f"{name}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     return out
 
 
