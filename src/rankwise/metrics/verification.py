@@ -381,7 +381,7 @@ def _chunks(p: _Problem) -> Iterator[tuple[int, int, torch.Tensor]]:
         yield lo, hi, positive
 
 
-def _own_mask(p: _Problem, lo: int, hi: int, shape: tuple[int, int]) -> torch.Tensor | None:
+def _own_mask(p: _Problem, lo: int, hi: int, shape: tuple[int, ...]) -> torch.Tensor | None:
     if p.self_index is None:
         return None
     own = p.self_index[lo:hi]

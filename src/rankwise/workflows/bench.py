@@ -137,9 +137,10 @@ def _mean_std(reports: Sequence[Any]) -> dict[str, float]:
         out[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     # runs evaluated at FPR budgets (eval_fpr): ROC AUC and TPR@FPR, the table's extra columns
     views = [getattr(r, "verification", None) for r in reports]
-    if views and all(v is not None for v in views):
-        for name in views[0].scalars():
-            values = [float(v.scalars()[name]) for v in views]
+    present = [v for v in views if v is not None]
+    if present and len(present) == len(views):
+        for name in present[0].scalars():
+            values = [float(v.scalars()[name]) for v in present]
             out[f"{name}_mean"] = float(np.mean(values))
             out[f"{name}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     return out
