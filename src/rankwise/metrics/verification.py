@@ -605,7 +605,7 @@ def verification_metrics(
         >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
         >>> report = verification_metrics(emb, torch.tensor([0, 0, 1, 1]), fpr=[0.25])
         >>> report.roc_auc, report.tpr_at(0.25), report.n_positive_pairs, report.n_negative_pairs
-        (0.875, 0.5, 4, 8)
+        (0.875, 1.0, 4, 8)
     """
     fprs = check_fprs(fpr)
     p = _prepare(
