@@ -506,9 +506,9 @@ def positive_pair_keys(
 
     Example:
         >>> import torch
-        >>> emb = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+        >>> emb = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])
         >>> positive_pair_keys(emb, torch.tensor([0, 0, 1]), similarity="dot").tolist()
-        [0.6]
+        [0.5]
     """
     p = _prepare(
         query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
@@ -558,10 +558,10 @@ def pair_counts(
 
     Example:
         >>> import torch
-        >>> emb = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+        >>> emb = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0]])  # (1, 2) ties with (0, 1)
         >>> counts = pair_counts(emb, torch.tensor([0, 0, 1]), similarity="dot")
         >>> counts.keys.tolist(), counts.positive.tolist(), counts.negative.tolist()
-        ([0.6], [2], [2, 0, 2])
+        ([0.5], [2], [2, 2, 0])
     """
     p = _prepare(
         query, query_labels, gallery, gallery_labels, similarity, exclude_self, chunk_size, device
