@@ -66,6 +66,31 @@ def test_npy_table_json_and_png(saved):
         assert image.format == "PNG" and image.size[0] > 300
 
 
+def test_fpr_adds_the_verification_metrics_to_the_table_and_the_json(saved):
+    from rankwise.metrics import verification_metrics
+
+    tmp, emb, labels = saved
+    out_json = tmp / "verification.json"
+    result = _run(
+        tmp / "emb.npy", tmp / "labels.npy", "--ks", "1", "--fpr", "1e-3,0.01", "--json", out_json
+    )
+    assert result.exit_code == 0, result.output
+    expected = verification_metrics(emb, labels, fpr=(1e-3, 0.01))
+    for row in ("ROC AUC", "TPR@FPR=0.001", "TPR@FPR=0.01"):
+        assert row in result.output
+    assert f"{expected.n_positive_pairs} positive, {expected.n_negative_pairs} negative" in (
+        result.output
+    )
+    view = json.loads(out_json.read_text())["verification"]
+    assert view["roc_auc"] == expected.roc_auc
+    assert view["tpr_at_fpr"] == {"0.001": expected.tpr_at(1e-3), "0.01": expected.tpr_at(0.01)}
+    assert view["operating_points"]["0.01"]["fnmr"] == 1 - expected.tpr_at(0.01)
+    assert view["n_positive_pairs"] + view["n_negative_pairs"] == 150 * 149
+    assert view["n_excluded_pairs"] == 150 and view["pairs"].startswith("leave-one-out")
+    plain = _run(tmp / "emb.npy", tmp / "labels.npy", "--ks", "1")
+    assert "ROC AUC" not in plain.output  # the default table is unchanged
+
+
 @pytest.mark.parametrize(
     "spec", ["single.npz", "multi.npz:queries", "emb.pt", "dict.pt:embeddings"]
 )
@@ -126,6 +151,11 @@ def test_separate_gallery_and_similarity(saved):
         (lambda t: [t / "emb.npy", t / "labels.npy", "--similarity", "l1"], "--similarity must"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--gallery", t / "emb.npy"], "both --gallery"),
         (lambda t: [t / "emb.npy", t / "labels.npy", "--plot-pr", t / "pr.jpg"], ".png"),
+        (lambda t: [t / "emb.npy", t / "labels.npy", "--fpr", "1e-3,x"], "'x' is not a number"),
+        (lambda t: [t / "emb.npy", t / "labels.npy", "--fpr", "0"], "0 is outside (0, 1)"),
+        (lambda t: [t / "emb.npy", t / "labels.npy", "--fpr", "1.5"], "1.5 is outside (0, 1)"),
+        (lambda t: [t / "emb.npy", t / "labels.npy", "--fpr", "nan"], "nan is outside (0, 1)"),
+        (lambda t: [t / "emb.npy", t / "labels.npy", "--fpr", "1e-3,"], "an empty value"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_message(saved, make_args, message):

@@ -10,7 +10,7 @@ table can be re-rendered; rich is imported only by the functions that print.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .metrics import RetrievalReport
@@ -90,14 +90,31 @@ def _check(flag: bool) -> str:
     return "✓" if flag else "✗"
 
 
-def _table_columns(ablation: bool, monitor: str | None = None) -> list[str]:
+def _verification_columns(summary: Mapping[str, Any]) -> list[str]:
+    """The verification metrics the rows carry (runs evaluated with ``eval_fpr``): extra columns."""
+    rows = summary.get("rows") or []
+    if not rows:
+        return []
+    names = [key[: -len("_mean")] for key in rows[0] if key.endswith("_mean")]
+    return [n for n in names if n == "roc_auc" or n.startswith("tpr@fpr=")]
+
+
+def _table_columns(
+    ablation: bool, monitor: str | None = None, verification: Sequence[str] = ()
+) -> list[str]:
     head = ["No.", "Unb. Est.", "with v", "with L_var", "Opt."] if ablation else ["Loss"]
     # a sweep selecting on another metric shows that metric's test value too
-    extra = [] if monitor is None else [monitor]
-    return head + ["mAUPRC", "R@1", "R@10", "MAP@R", *extra, "s / run"]
+    extra = [] if monitor is None or monitor in verification else [monitor]
+    pairs = ["ROC AUC" if name == "roc_auc" else name for name in verification]
+    return head + ["mAUPRC", "R@1", "R@10", "MAP@R", *extra, *pairs, "s / run"]
 
 
-def _table_cells(row: Mapping[str, Any], ablation: bool, monitor: str | None = None) -> list[str]:
+def _table_cells(
+    row: Mapping[str, Any],
+    ablation: bool,
+    monitor: str | None = None,
+    verification: Sequence[str] = (),
+) -> list[str]:
     if ablation:
         head = [
             str(row["variant"]),
@@ -111,10 +128,13 @@ def _table_cells(row: Mapping[str, Any], ablation: bool, monitor: str | None = N
     n = len(row["seeds"]) if "seeds" in row else 2  # a seedless reference row has none
     metrics = ("map", "recall_at_1", "recall_at_10", "map_at_r")
     cells = [_pct(row[f"{key}_mean"], row[f"{key}_std"], n) for key in metrics]
-    if monitor is not None:  # a reference row without it shows a dash
+    if monitor is not None and monitor not in verification:  # a reference row: a dash
         cells.append(
             _pct(row["monitor_mean"], row["monitor_std"], n) if "monitor_mean" in row else "—"
         )
+    for name in verification:  # a row without it (a reference row) shows a dash
+        mean = row.get(f"{name}_mean")
+        cells.append("—" if mean is None else _pct(mean, row[f"{name}_std"], n))
     return [*head, *cells, f"{row['seconds']:.1f}"]
 
 
@@ -152,7 +172,8 @@ def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> 
         The Markdown text, ending with a newline; reference rows are italic, without timing.
     """
     monitor = summary.get("monitor")
-    columns = _table_columns(ablation, monitor)
+    pairs = _verification_columns(summary)
+    columns = _table_columns(ablation, monitor, pairs)
     lines = [
         f"# rankwise bench: {summary['dataset']} ({summary['protocol']})",
         "",
@@ -164,9 +185,9 @@ def bench_table_markdown(summary: Mapping[str, Any], ablation: bool = False) -> 
         "|" + "|".join("---" for _ in columns) + "|",
     ]
     for row in summary["rows"]:
-        lines.append("| " + " | ".join(_table_cells(row, ablation, monitor)) + " |")
+        lines.append("| " + " | ".join(_table_cells(row, ablation, monitor, pairs)) + " |")
     for row in summary.get("reference_rows", []) if not ablation else []:
-        cells = _table_cells(row, ablation, monitor)
+        cells = _table_cells(row, ablation, monitor, pairs)
         lines.append("| " + " | ".join([f"*{cells[0]}*", *cells[1:-1], "—"]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -184,17 +205,18 @@ def print_bench_table(summary: Mapping[str, Any], console: Console, ablation: bo
     )
     table = Table(title=title, caption=_status_note(summary).strip() or None)
     monitor = summary.get("monitor")
-    for i, name in enumerate(_table_columns(ablation, monitor)):
+    pairs = _verification_columns(summary)
+    for i, name in enumerate(_table_columns(ablation, monitor, pairs)):
         table.add_column(name, justify="left" if i == 0 and not ablation else "right")
     best = max((row["map_mean"] for row in summary["rows"]), default=math.nan)
     for row in summary["rows"]:
         style = "bold" if row["map_mean"] == best else None
-        table.add_row(*_table_cells(row, ablation, monitor), style=style)
+        table.add_row(*_table_cells(row, ablation, monitor, pairs), style=style)
     references = summary.get("reference_rows", []) if not ablation else []
     if references:
         table.add_section()  # a rule between the trained rows and the no-learning references
     for row in references:
-        table.add_row(*_table_cells(row, ablation, monitor)[:-1], "—", style="dim italic")
+        table.add_row(*_table_cells(row, ablation, monitor, pairs)[:-1], "—", style="dim italic")
     console.print(table)
 
 

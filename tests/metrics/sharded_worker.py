@@ -26,6 +26,8 @@ from rankwise.metrics import (
     retrieval_metrics,
     sharded_curve,
     sharded_metric,
+    sharded_verification,
+    verification_metrics,
 )
 from rankwise.workflows.hashing import hamming_curve_fn, hamming_metric_fn
 
@@ -161,12 +163,42 @@ def case_module(rank: int, world: int) -> dict[str, Any]:
     return out
 
 
+def case_verification(rank: int, world: int) -> dict[str, Any]:
+    """sharded_verification against the one-process verification_metrics (pair counts merged)."""
+    x, y = tied(101, 0)
+    q, ql = tied(61, 1)
+    g, gl = tied(90, 2)
+    ql[:31] = 9  # rank 0's share has no positive pair: its negatives still count
+    hot = (torch.rand(80, 6, generator=torch.Generator().manual_seed(3)) < 0.3).to(torch.int64)
+    generator = torch.Generator().manual_seed(9)
+    floats = torch.randn(80, 8, generator=generator)  # the approximate (screened) score path
+    floats[7] = floats[3]
+    float_labels = torch.randint(0, 6, (80,), generator=generator)
+    fpr = (1e-3, 0.01, 0.1)
+
+    def pair(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {
+            "sharded": sharded_verification(*args, fpr=fpr, **kwargs),
+            "single": verification_metrics(*args, fpr=fpr, **kwargs),
+        }
+
+    out = {"loo/cosine": pair(x, y), "loo/euclidean": pair(x, y, similarity="euclidean")}
+    out["gallery"] = pair(q, ql, g, gl)
+    out["multi_hot"] = pair(x[:80], hot)
+    out["float"] = pair(floats, float_labels, chunk_size=11)
+    index = np.where(np.arange(61) % 3 == 0, np.arange(61), -1)
+    out["index_array"] = pair(q, ql, x[:61], y[:61], exclude_self=index)
+    out["one_query"] = pair(q[:1], torch.tensor([0]), g, gl)
+    return out
+
+
 CASES = {
     "reports": case_reports,
     "curves": case_curves,
     "hamming": case_hamming,
     "contract": case_contract,
     "module": case_module,
+    "verification": case_verification,
 }
 
 

@@ -210,3 +210,24 @@ def test_an_error_on_one_rank_is_raised_on_every_rank(sharded_results):
     assert rank1["error"] == "ValueError: rank 1 could not rank its block"
     for entry in (rank0, rank1):
         assert entry["no_relevant"].startswith("ValueError: no query has a relevant item")
+
+
+VERIFICATION_CASES = [
+    "loo/cosine",
+    "loo/euclidean",
+    "gallery",
+    "multi_hot",
+    "float",
+    "index_array",
+    "one_query",
+]
+
+
+@pytest.mark.parametrize("case", VERIFICATION_CASES)
+def test_two_ranks_count_the_verification_pairs_exactly(sharded_results, case):
+    """ROC AUC / TPR@FPR are pair-level: the ranks' pair counts add up to the one-process counts."""
+    rank0, rank1 = (r["verification"][case] for r in sharded_results)
+    assert_identical(rank0["sharded"], rank0["single"])
+    assert_identical(rank1["sharded"], rank0["single"])
+    assert_identical(rank0["sharded"].counts, rank0["single"].counts)
+    assert 0 < rank0["single"].roc_auc < 1 and rank0["single"].n_negative_pairs > 0

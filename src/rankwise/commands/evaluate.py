@@ -33,7 +33,7 @@ from .._validation import resolve_device
 from ..reporting import report_rows
 from .common import cli_errors
 
-__all__ = ["evaluate", "load_array", "load_labels", "parse_ks"]
+__all__ = ["evaluate", "load_array", "load_labels", "parse_fprs", "parse_ks"]
 
 _EXTENSIONS = (".npy", ".npz", ".pt", ".pth")
 # text tables of labels (load_labels): one label per line, or a column of a table
@@ -48,6 +48,7 @@ FLAGS = {
     "similarity": "--similarity",
     "ties": "--ties",
     "device": "--device",
+    "fpr": "--fpr",
 }
 
 
@@ -311,6 +312,34 @@ def parse_ks(text: str) -> tuple[int, ...]:
     return ks
 
 
+def parse_fprs(text: str | None) -> tuple[float, ...]:
+    """``"1e-3,1e-4"`` -> (0.0001, 0.001); ``None`` -> (); raises ValueError naming --fpr.
+
+    Example:
+        >>> parse_fprs("1e-3,1e-4")
+        (0.0001, 0.001)
+    """
+    if text is None:
+        return ()
+    message = (
+        "--fpr must be comma-separated false positive rates strictly between 0 and 1, e.g. "
+        f"--fpr 1e-3,1e-4; got {text!r}"
+    )
+    parts = [part.strip() for part in text.split(",")]
+    if not parts or any(not part for part in parts):
+        raise ValueError(message + " (an empty value).")
+    values = []
+    for part in parts:
+        try:
+            value = float(part)
+        except ValueError:
+            raise ValueError(message + f" ({part!r} is not a number).") from None
+        if not 0.0 < value < 1.0:  # NaN fails this too
+            raise ValueError(message + f" ({part} is outside (0, 1)).")
+        values.append(value)
+    return tuple(sorted(set(values)))
+
+
 def _check_device(device: str | None) -> torch.device | None:
     if device is None:
         return None
@@ -460,14 +489,23 @@ def evaluate(
         None, "--plot-pr", help="Write the mean precision-recall curve as a PNG."
     ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ..."),
+    fpr: str | None = typer.Option(
+        None,
+        "--fpr",
+        metavar="FPRS",
+        help="Also the verification metrics of the query-gallery pairs: ROC AUC and TPR "
+        "(1 - FNMR) at each false positive rate (FMR), e.g. 1e-3,1e-4; exact, streamed.",
+    ),
 ) -> None:
     """Exact tie-aware retrieval metrics (mAP, recall@k, MAP@R) of saved embeddings."""
     from ..metrics.retrieval import pr_curve, retrieval_metrics
+    from ..metrics.verification import verification_metrics
 
     # `--json -`: stdout carries the JSON alone; people read the table on stderr
     console = Console(stderr=json_out is not None and str(json_out) == "-")
     with cli_errors("evaluation", FLAGS, bad_input=(ValueError, FileNotFoundError)):
         ks_tuple = parse_ks(ks)
+        fprs = parse_fprs(fpr)
         dev = _check_device(device)
         if (gallery is None) != (gallery_labels is None):
             raise ValueError("pass both --gallery and --gallery-labels, or neither.")
@@ -487,6 +525,9 @@ def evaluate(
         arrays = (query, query_labels, gallery_t, gallery_labels_t)
         options: dict[str, Any] = {"similarity": similarity, "ties": ties, "device": dev}
         report = retrieval_metrics(*arrays, ks=ks_tuple, **options)
+        if fprs:  # the pair view of the same pairs, under the same similarity
+            pairs = verification_metrics(*arrays, fpr=fprs, similarity=similarity, device=dev)
+            report = report.with_verification(pairs)
         curve = pr_curve(*arrays, **options) if plot_pr is not None else None
 
     mode = "leave-one-out" if gallery is None else f"gallery {gallery}"
@@ -503,5 +544,12 @@ def evaluate(
     )
     for k, used in report.clamped_ks.items():
         console.print(f"k={k} exceeds the ranked list; evaluated at k={used}.", soft_wrap=True)
+    if report.verification is not None:
+        view = report.verification
+        console.print(
+            f"verification pairs: {view.n_positive_pairs} positive, {view.n_negative_pairs} "
+            f"negative, {view.n_excluded_pairs} excluded ({view.pairs}); FNMR = 1 - TPR",
+            soft_wrap=True,
+        )
     with cli_errors("evaluation", bad_input=(ValueError,)):  # a write that fails after all
         _write_outputs(report, curve, json_out, plot_pr, embeddings, mode, console)

@@ -321,12 +321,37 @@ def operating_point(
     s, y = _check_binary_scores(scores, is_positive)
     weights = _check_sample_weight(sample_weight, y)
     distinct, true_pos, false_pos = _cumulative_rates(s, y, weights)
-    n_pos, n_neg = true_pos[-1].item(), false_pos[-1].item()
+    n_neg = false_pos[-1].item()
     if weights is None or not weights.is_floating_point():
         # FP / n_neg <= alpha  <=>  FP <= floor(alpha * n_neg), alpha taken as the exact binary value
         budget = math.floor(Fraction(alpha) * n_neg)
     else:
         budget = alpha * n_neg + s.shape[0] * np.finfo(np.float64).eps * n_neg
+    return point_from_cumulative(distinct, true_pos, false_pos, budget, true_pos[-1].item(), n_neg)
+
+
+def point_from_cumulative(
+    distinct: Any,
+    true_pos: np.ndarray,
+    false_pos: np.ndarray,
+    budget: Any,
+    n_pos: Any,
+    n_neg: Any,
+) -> OperatingPoint:
+    """:func:`operating_point`'s rule on cumulative counts at descending thresholds.
+
+    Args:
+        distinct: the thresholds, in decreasing order.
+        true_pos: positives scored ``>=`` each threshold (non-decreasing; the last is ``n_pos``).
+        false_pos: negatives scored ``>=`` each threshold (the last is ``n_neg``).
+        budget: the largest admissible number (or weight) of false positives.
+        n_pos: all positives (the TPR's denominator).
+        n_neg: all negatives (the FPR's denominator).
+
+    Returns:
+        The :class:`OperatingPoint` (shared with the streamed pair counts of
+        :mod:`rankwise.metrics.verification`).
+    """
     n_admissible = int(np.searchsorted(false_pos, budget, side="right"))  # FP is non-decreasing
     best = true_pos[n_admissible - 1].item() if n_admissible else 0
     if best == 0:

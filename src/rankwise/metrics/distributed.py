@@ -20,6 +20,7 @@ evaluation").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -44,6 +45,15 @@ from .retrieval import (
     retrieval_metrics,
     weighted_mean,
 )
+from .verification import (
+    PairCounts,
+    VerificationReport,
+    check_fprs,
+    pair_counts,
+    pairs_description,
+    positive_pair_keys,
+    verification_metrics,
+)
 
 __all__ = [
     "distributed_pr_curve",
@@ -53,6 +63,7 @@ __all__ = [
     "query_share",
     "sharded_curve",
     "sharded_metric",
+    "sharded_verification",
 ]
 
 
@@ -108,9 +119,10 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
         for k, k_used in report.clamped_ks.items():
             clamped[k] = min(k_used, clamped.get(k, k_used))
     clamped = {k: clamped[k] for k in ks if k in clamped}
+    verification = _merged_verification(reports)
     exact = _exact_merge(reports, clamped)
     if exact is not None:
-        return exact
+        return exact.with_verification(verification)
     ap = torch.cat([r.per_query_ap.to(torch.float64).cpu() for r in reports]).numpy()
     valid = ~np.isnan(ap)
     if not valid.any():
@@ -132,7 +144,35 @@ def merge_retrieval_reports(reports: Sequence[RetrievalReport]) -> RetrievalRepo
         similarity=reports[0].similarity,
         ks=ks,
         clamped_ks=clamped,
+        verification=verification,
     )
+
+
+def _merged_verification(reports: list[RetrievalReport]) -> VerificationReport | None:
+    """The pair view of the merged report: the shards' pair counts added (exact), or None.
+
+    ROC AUC and TPR at an FPR are pair-level, not means over queries: only the counts merge.
+    """
+    views = [r.verification for r in reports]
+    if all(v is None for v in views):
+        return None
+    if any(v is None or v.counts is None for v in views):
+        raise ValueError(
+            "only some of `reports` carry their verification pair counts, so the merged ROC AUC "
+            "would leave pairs out; count every shard against the same positive keys "
+            "(rankwise.metrics.pair_counts with positive_keys=...), or drop the verification "
+            "from every report (report.with_verification(None))."
+        )
+    present = [v for v in views if v is not None]
+    fprs = present[0].fprs
+    if any(v.fprs != fprs for v in present):
+        raise ValueError(
+            "`reports` carry verification metrics at different FPRs "
+            f"({[list(v.fprs) for v in present]}); evaluate every shard with the same `fpr`."
+        )
+    counts = [v.counts for v in present if v.counts is not None]
+    merged = functools.reduce(PairCounts.merge, counts)
+    return merged.report(fprs, pairs=present[0].pairs)
 
 
 def _check_same_setting(reports: list[RetrievalReport]) -> None:
@@ -557,6 +597,7 @@ def _empty_report(like: RetrievalReport, n: int) -> RetrievalReport:
         n_queries_without_relevant=n,
         clamped_ks={},
         per_query={name: nan() for name in like.per_query},
+        verification=None,
     )
 
 
@@ -806,3 +847,72 @@ def sharded_curve(
         [r if isinstance(r, PRCurve) else _empty_curve(like, r[1]) for r in results]
     )
     return merged if keep else dataclasses.replace(merged, per_query_precision=None)
+
+
+def sharded_verification(
+    query: Any,
+    query_labels: Any,
+    gallery: Any = None,
+    gallery_labels: Any = None,
+    *,
+    fpr: Any = (),
+    group: Any = None,
+    **kwargs: Any,
+) -> VerificationReport:
+    """:func:`~rankwise.metrics.verification_metrics` of the whole split, counted in shares.
+
+    A collective like :func:`sharded_metric`: every rank passes the same whole split and gets the
+    same report, equal bit for bit to the one-process call. Each rank finds the keys of every
+    positive pair (:func:`~rankwise.metrics.positive_pair_keys`, cheap: the relevant pairs
+    only), counts the pairs of its :func:`query_share` of the queries against them
+    (:func:`~rankwise.metrics.pair_counts`) and the integer counts are all-gathered and added:
+    the pair counts merge, never per-shard AUCs. Without an initialized multi-rank group it is
+    the plain call.
+
+    Args:
+        query: ``(n_q, d)`` embeddings of the whole split, the same on every rank.
+        query_labels: their labels.
+        gallery: ``(n_g, d)`` gallery embeddings, or ``None`` for leave-one-out.
+        gallery_labels: the gallery's labels.
+        fpr: the FPR budgets, each in (0, 1).
+        group: the process group (``None``: the default one).
+        **kwargs: ``similarity``, ``exclude_self``, ``chunk_size``, ``device`` as for
+            :func:`~rankwise.metrics.verification_metrics`.
+
+    Returns:
+        The :class:`~rankwise.metrics.VerificationReport` (on every rank).
+
+    Example:
+        >>> import torch
+        >>> from rankwise.metrics import sharded_verification
+        >>> emb = torch.tensor([[1.0, 0.0], [0.9, 0.4], [0.0, 1.0], [0.6, 0.8]])
+        >>> sharded_verification(emb, torch.tensor([0, 0, 1, 1]), fpr=[0.25]).roc_auc
+        0.875
+    """
+    fprs = check_fprs(fpr)
+    data = (query, query_labels, gallery, gallery_labels)
+    if not is_distributed(group):
+        return verification_metrics(*data, fpr=fprs, **kwargs)
+    rank, world = rank_and_world_size(group)
+    lo, hi = query_share(len(query), rank, world)
+    exclude_self = kwargs.pop("exclude_self", None)
+    leave_one_out = gallery is None
+
+    def local() -> Any:
+        try:
+            keys = positive_pair_keys(*data, exclude_self=exclude_self, **kwargs)
+            g, gl = (query, query_labels) if leave_one_out else (gallery, gallery_labels)
+            rows = _block_rows(exclude_self, leave_one_out, lo, hi, len(query), len(g))
+            if hi == lo:
+                return None
+            block = (query[lo:hi], query_labels[lo:hi], g, gl)
+            return pair_counts(*block, exclude_self=rows, positive_keys=keys, **kwargs)
+        except Exception as exc:  # every rank must hear of it, or the others wait in the gather
+            return exc
+
+    results = [r for r in _merged(local(), group) if isinstance(r, PairCounts)]
+    if not results:
+        raise ValueError("`query` is empty: there is no pair to count.")
+    counts = functools.reduce(PairCounts.merge, results)
+    excluded = exclude_self is not False and (leave_one_out or exclude_self is not None)
+    return counts.report(fprs, pairs=pairs_description(leave_one_out, excluded))

@@ -48,6 +48,7 @@ from .ranking import (
     rank_metrics_from_sums,
     relevant_above,
 )
+from .verification import VerificationReport
 
 __all__ = [
     "RetrievalReport",
@@ -223,6 +224,11 @@ class RetrievalReport:
             float64}`` (the keys of :attr:`FIELDS` but ``"ap"``; a subclass adds its own), so
             that :func:`~rankwise.metrics.merge_retrieval_reports` of query blocks recomputes
             every mean exactly as one call does. Not in :meth:`to_dict`, the repr or ``==``.
+        verification: the pair view of the same evaluation, when asked for (``None`` by default):
+            ROC AUC and TPR at each requested FPR of the query-gallery pairs
+            (:func:`~rankwise.metrics.verification_metrics`); in :meth:`to_dict` as
+            ``"verification"``, in :meth:`rows` and :meth:`scalars` (``roc_auc``,
+            ``tpr@fpr=0.001``).
 
     The metrics are declared once, in :attr:`FIELDS` (:class:`ReportField`): building the report
     from per-query values (:meth:`from_per_query`), the exact merge of query shards,
@@ -259,6 +265,11 @@ class RetrievalReport:
     per_query: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
     ndcg_at: dict[int, float] = field(default_factory=dict)
     mrr: float = math.nan
+    verification: VerificationReport | None = None
+
+    def with_verification(self: _Report, verification: VerificationReport | None) -> _Report:
+        """This report with the pair view ``verification`` (a copy; ``None`` removes it)."""
+        return replace(self, verification=verification)
 
     def settings(self) -> dict[str, Any]:
         """The fields every report of one evaluation shares (gallery size, ties, ks, ...)."""
@@ -349,6 +360,8 @@ class RetrievalReport:
             ks=list(self.ks),
             clamped_ks={str(k): v for k, v in self.clamped_ks.items()},
         )
+        if self.verification is not None:  # absent otherwise: the file of before, unchanged
+            out["verification"] = self.verification.to_dict()
         return out
 
     @classmethod
@@ -373,6 +386,8 @@ class RetrievalReport:
         )
         values["ks"] = tuple(int(k) for k in data["ks"])
         values["clamped_ks"] = {int(k): int(v) for k, v in (data.get("clamped_ks") or {}).items()}
+        if data.get("verification") is not None:
+            values["verification"] = VerificationReport.from_dict(data["verification"])
         names = {f.name for f in fields(cls)}
         rest = {k: v for k, v in data.items() if k in names and k not in values}
         return cls(**rest, **values)
@@ -389,11 +404,14 @@ class RetrievalReport:
             >>> list(retrieval_metrics(emb, torch.tensor([0, 0, 1, 1]), ks=(1,)).scalars())[:3]
             ['map', 'recall@1', 'precision@1']
         """
-        return {
+        out = {
             name: float(value)
             for f in self.FIELDS
             for name, value in f.named(getattr(self, f.attribute), f.scalar)
         }
+        if self.verification is not None:
+            out.update(self.verification.scalars())
+        return out
 
     def rows(self) -> list[tuple[str, float]]:
         """The ``(printed name, value)`` rows of the report's table, in :attr:`FIELDS` order.
@@ -401,11 +419,14 @@ class RetrievalReport:
         The names of ``rankwise evaluate`` / ``rankwise train`` (mAP, not MAP, which reads as
         MAP@R's abbreviation; recall@k, not R@k).
         """
-        return [
+        rows = [
             (name, float(value))
             for f in self.FIELDS
             for name, value in f.named(getattr(self, f.attribute), f.label)
         ]
+        if self.verification is not None:
+            rows += self.verification.rows()
+        return rows
 
     def _title(self) -> str:
         return (

@@ -287,6 +287,7 @@ def _build(
             loss_name=config.loss.name,
         ),
         eval_ks=config.eval_ks,
+        eval_fpr=config.eval_fpr,
         eval_batch_size=config.eval_batch_size,
         **{k: v for k, v in evaluation.items() if v is not None},  # else the class default
     )

@@ -352,6 +352,8 @@ class Config(_Strict):
     budget: BudgetConfig
     eval_every: int = Field(100, gt=0)  # steps between validation evaluations (and checkpoints)
     eval_ks: list[int] = Field(default_factory=lambda: [1, 10, 100])
+    # FPR budgets of the verification metrics (ROC AUC, TPR@FPR) in every report; none by default
+    eval_fpr: list[float] = Field(default_factory=list)
     eval_batch_size: int = Field(256, gt=0)
     log_every: int = Field(10, gt=0)  # steps between loss / lr / throughput records
     seed: int = 0
@@ -379,14 +381,24 @@ class Config(_Strict):
             )
         return sorted(set(value))
 
+    @field_validator("eval_fpr")
+    @classmethod
+    def _fprs(cls, value: list[float]) -> list[float]:
+        from ..metrics.verification import check_fprs
+
+        return list(check_fprs(value, "eval_fpr"))
+
     @model_validator(mode="after")
     def _monitored_cutoffs(self) -> Config:
         """A monitored ``recall@k`` / ``precision@k`` needs ``k`` in ``eval_ks``."""
         from .monitor import check_monitor
 
-        check_monitor(self.selection.monitor, self.eval_ks, "selection.monitor")
+        fprs = self.eval_fpr
+        check_monitor(self.selection.monitor, self.eval_ks, "selection.monitor", fprs=fprs)
         if self.early_stopping is not None and self.early_stopping.monitor is not None:
-            check_monitor(self.early_stopping.monitor, self.eval_ks, "early_stopping.monitor")
+            check_monitor(
+                self.early_stopping.monitor, self.eval_ks, "early_stopping.monitor", fprs=fprs
+            )
         return self
 
     @property

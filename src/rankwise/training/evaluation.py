@@ -28,8 +28,11 @@ from ..metrics import (
     retrieval_metrics,
     sharded_curve,
     sharded_metric,
+    sharded_verification,
 )
 from ..metrics._inputs import check_ks
+from ..metrics.verification import check_fprs
+from ..similarity import SIMILARITIES
 from .arguments import positive_int
 from .loader import worker_init
 from .strategy import SingleProcess
@@ -140,6 +143,10 @@ class Evaluator:
         curve_fn: the test curve, called like ``metric_fn`` without ``ks``; default
             :func:`rankwise.metrics.pr_curve`.
         ks: cut-offs of recall@k / precision@k in the reports.
+        fpr: FPR budgets of the verification metrics (each in (0, 1)); when given, every report
+            also carries its pair view (:attr:`RetrievalReport.verification`: ROC AUC and TPR at
+            each FPR of the same query-gallery pairs, under the report's similarity; counted in
+            shares and merged exactly under data parallelism). Default none.
         batch_size: batch size when embedding.
         strategy: the processes of the run (default: one process).
         num_workers: DataLoader worker processes.
@@ -161,6 +168,7 @@ class Evaluator:
         curve_fn: Callable[..., PRCurve] | None = None,
         *,
         ks: Sequence[int] = (1, 10, 100),
+        fpr: Sequence[float] = (),
         batch_size: int = 256,
         strategy: SingleProcess | None = None,
         num_workers: int = 0,
@@ -174,6 +182,7 @@ class Evaluator:
         )
         self.curve_fn: Callable[..., Any] = curve_fn if curve_fn is not None else pr_curve
         self.ks = tuple(sorted(check_ks(ks, "ks")))
+        self.fpr = check_fprs(fpr, "fpr")
         self.batch_size = positive_int(batch_size, "batch_size")
         self.strategy = strategy if strategy is not None else SingleProcess()
         self.num_workers = positive_int(num_workers, "num_workers", 0)
@@ -259,7 +268,7 @@ class Evaluator:
         if self.strategy.world_size == 1:
             report = self.metric_fn(query, query_labels, *others, ks=self.ks)
             curve = self.curve_fn(query, query_labels, *others) if with_curve else None
-            return report, curve
+            return self._verified(report, query, query_labels, others), curve
         group = self.strategy.group
         report = sharded_metric(
             self.metric_fn, query, query_labels, *others, ks=self.ks, group=group
@@ -269,4 +278,26 @@ class Evaluator:
             if with_curve
             else None
         )
-        return report, curve
+        return self._verified(report, query, query_labels, others), curve
+
+    def _verified(
+        self,
+        report: Any,
+        query: torch.Tensor,
+        query_labels: np.ndarray,
+        others: tuple[torch.Tensor, np.ndarray] | tuple[None, None],
+    ) -> Any:
+        """The report with its pair view at the FPRs ``fpr`` (unchanged when none is asked for)."""
+        if not self.fpr:
+            return report
+        similarity = getattr(report, "similarity", None)
+        if similarity not in SIMILARITIES or not hasattr(report, "with_verification"):
+            raise ValueError(
+                f"`fpr`: the verification metrics score pairs by a similarity of {SIMILARITIES}, "
+                f"but this metric_fn's report ranks by {similarity!r}; evaluate without `fpr`."
+            )
+        group = self.strategy.group if self.strategy.world_size > 1 else None
+        verification = sharded_verification(
+            query, query_labels, *others, fpr=self.fpr, similarity=similarity, group=group
+        )
+        return report.with_verification(verification)

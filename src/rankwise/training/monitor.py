@@ -5,7 +5,8 @@ name (``"map"``, the tie-aware mAUPRC selection of Wen et al., NeurIPS 2022, Sec
 ``"map_at_r"``, ``"r_precision"``, ``"mrr"``, ...) and every per-cutoff field ``<name>_at`` as
 ``"<name>@<k>"`` for an evaluated cutoff ``k`` (``"recall@1"``, ``"precision@10"``, ...). The names
 are read from the report's fields, so a metric added to the report is a monitor without a change
-here. A value is read from the report itself or from its summary dict (``best_val``,
+here. The verification metrics of a run evaluated at FPR budgets (``eval_fpr``) are monitors too:
+``"roc_auc"`` and ``"tpr@fpr=<fpr>"`` for an evaluated budget (``"tpr@fpr=1e-3"``). A value is read from the report itself or from its summary dict (``best_val``,
 ``metrics.jsonl``'s ``val`` records, ``report.json``'s ``test``).
 """
 
@@ -20,7 +21,38 @@ __all__ = ["DEFAULT_MONITOR", "check_monitor", "monitor_label", "monitor_names",
 DEFAULT_MONITOR = "map"
 
 # how the progress line and the tables write a monitor (the others are written as named)
-_LABELS = {"map": "mAP", "map_at_r": "MAP@R", "r_precision": "R-precision"}
+_LABELS = {"map": "mAP", "map_at_r": "MAP@R", "r_precision": "R-precision", "roc_auc": "ROC AUC"}
+# the verification scalars (RetrievalReport.verification, evaluated at FPR budgets: eval_fpr)
+_AUC = "roc_auc"
+_TPR = "tpr@fpr="
+
+
+def _tpr_budget(name: str) -> float | None:
+    """The FPR of a ``"tpr@fpr=<fpr>"`` name (``None`` for any other name or a bad number)."""
+    if not name.startswith(_TPR):
+        return None
+    try:
+        value = float(name[len(_TPR) :])
+    except ValueError:
+        return None
+    return value if 0.0 < value < 1.0 else None
+
+
+def _check_verification(name: str, fprs: Iterable[float] | None, argument: str) -> str | None:
+    """``name`` when it is a verification monitor the evaluation reports, else ``None``."""
+    budget = _tpr_budget(name)
+    if name != _AUC and budget is None:
+        return None
+    if fprs is None:
+        return name
+    evaluated = sorted({float(f) for f in fprs})
+    if not evaluated or (budget is not None and budget not in evaluated):
+        wanted = "a budget" if budget is None else f"{budget!r}"
+        raise ValueError(
+            f"`{argument}`: {name!r} is a verification metric, reported only at the FPR budgets "
+            f"the evaluation is given (eval_fpr={evaluated}); add {wanted} to eval_fpr."
+        )
+    return name
 
 
 def _report_fields() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -56,13 +88,21 @@ def monitor_names(ks: Iterable[int]) -> tuple[str, ...]:
     return scalars + tuple(f"{family}@{k}" for family in families for k in ks)
 
 
-def check_monitor(name: Any, ks: Iterable[int] | None = None, argument: str = "monitor") -> str:
+def check_monitor(
+    name: Any,
+    ks: Iterable[int] | None = None,
+    argument: str = "monitor",
+    *,
+    fprs: Iterable[float] | None = None,
+) -> str:
     """Validate a monitor name; with ``ks``, its cutoff must be evaluated.
 
     Args:
-        name: the name, e.g. ``"map"`` or ``"recall@1"``.
+        name: the name, e.g. ``"map"``, ``"recall@1"``, ``"roc_auc"`` or ``"tpr@fpr=1e-3"``.
         ks: the evaluated cutoffs (``None``: any cutoff ``k >= 1``).
         argument: the argument or config key the error names.
+        fprs: the evaluated FPR budgets (``eval_fpr``; ``None``: any budget in (0, 1)); a
+            verification monitor needs one (``tpr@fpr=<fpr>``: that one).
 
     Returns:
         ``name``.
@@ -76,6 +116,8 @@ def check_monitor(name: Any, ks: Iterable[int] | None = None, argument: str = "m
     """
     scalars, families = _report_fields()
     if isinstance(name, str):
+        if _check_verification(name, fprs, argument) is not None:
+            return name
         if name in scalars:
             return name
         family, at, k = name.partition("@")
@@ -87,6 +129,7 @@ def check_monitor(name: Any, ks: Iterable[int] | None = None, argument: str = "m
         if ks is not None
         else ", ".join(scalars + tuple(f"{f}@<k>" for f in families))
     )
+    valid += f", {_AUC}, {_TPR}<fpr> (with eval_fpr)"
     cutoffs = "" if ks is None else f" (the cutoffs evaluated: eval_ks={sorted(ks)})"
     raise ValueError(
         f"`{argument}`: unknown validation metric {name!r}; choose one of {valid}{cutoffs}."
@@ -112,6 +155,9 @@ def monitor_value(report: Any, name: str) -> float:
         >>> monitor_value({"map": 0.5, "recall_at": {"1": 0.75}}, "recall@1")
         0.75
     """
+    verification = _verification_value(report, name)
+    if verification is not None:
+        return verification
     family, at, k = name.partition("@")
     try:
         if at:
@@ -135,6 +181,31 @@ def monitor_value(report: Any, name: str) -> float:
         f"the validation report has no {name!r} (the monitored metric); it has: "
         f"{', '.join(have) or 'nothing monitorable'}. Monitor one of those, or add the cutoff "
         "to eval_ks."
+    )
+
+
+def _verification_value(report: Any, name: str) -> float | None:
+    """The value of a verification monitor (``None`` for another name).
+
+    Raises:
+        ValueError: the report has no verification metrics, or not at that budget.
+    """
+    budget = _tpr_budget(name)
+    if name != _AUC and budget is None:
+        return None
+    view = report.get("verification") if isinstance(report, Mapping) else None
+    if not isinstance(report, Mapping) and getattr(report, "verification", None) is not None:
+        view = report.verification.to_dict()
+    if view is not None:
+        if budget is None:
+            return float(view["roc_auc"])
+        by_fpr = {float(k): v for k, v in (view.get("tpr_at_fpr") or {}).items()}
+        if budget in by_fpr:
+            return float(by_fpr[budget])
+    have = "none" if view is None else ", ".join(view.get("tpr_at_fpr") or {}) or "none"
+    raise ValueError(
+        f"the validation report has no {name!r} (the monitored metric): its verification "
+        f"metrics were evaluated at the FPR budgets: {have}. Add the budget to eval_fpr."
     )
 
 

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from .._signals import signal_label, signal_number_of
 from .._validation import check_bool
 from ..metrics._inputs import check_ks
+from ..metrics.verification import check_fprs
 from .arguments import (
     LRSchedule,
     check_dataset,
@@ -85,7 +86,7 @@ __all__ = [
     "train",
 ]
 
-_EVALUATION = ("metric_fn", "curve_fn", "eval_ks", "eval_batch_size")
+_EVALUATION = ("metric_fn", "curve_fn", "eval_ks", "eval_batch_size", "eval_fpr")
 _RUN_FOLDER = ("resume", "resume_from", "overwrite", "run_dir_key", "record", "config")
 _SEAMS = ("batch_source", "end_policy", "resume_hint", "activity")
 
@@ -138,6 +139,7 @@ class TrainerOptions(TypedDict, total=False):
     curve_fn: Callable[..., PRCurve] | None
     eval_ks: Sequence[int]
     eval_batch_size: int
+    eval_fpr: Sequence[float]
     resume: bool
     resume_from: str | Path | None
     overwrite: bool
@@ -226,7 +228,8 @@ class Trainer:
             ``None`` for leave-one-out; default :func:`rankwise.metrics.retrieval_metrics`; its
             report needs ``map`` and ``to_dict()``), ``curve_fn`` (the test curve, called like
             ``metric_fn`` without ``ks``; default :func:`rankwise.metrics.pr_curve`),
-            ``eval_ks`` (default ``(1, 10, 100)``), ``eval_batch_size`` (default 256); a
+            ``eval_ks`` (default ``(1, 10, 100)``), ``eval_batch_size`` (default 256),
+            ``eval_fpr`` (FPR budgets: every report adds ROC AUC and TPR at each; default none); a
             ``run_dir`` path's ``resume`` (continue from ``checkpoints/last.pt``; build the same
             objects first), ``resume_from`` (with ``resume``: that checkpoint instead, e.g.
             ``checkpoints/previous.pt``), ``overwrite`` (start afresh in a folder holding a
@@ -332,6 +335,7 @@ class Trainer:
             evaluation.get("metric_fn"),
             evaluation.get("curve_fn"),
             ks=self.eval_ks,
+            fpr=check_fprs(evaluation.get("eval_fpr", ()), "eval_fpr"),
             batch_size=self.eval_batch_size,
             strategy=self.strategy,
             num_workers=self.runtime.num_workers,

@@ -135,6 +135,14 @@ def _mean_std(reports: Sequence[Any]) -> dict[str, float]:
         out[f"{key}_mean"] = float(np.mean(values))
         # sample standard deviation over seeds (0 for a single seed)
         out[f"{key}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    # runs evaluated at FPR budgets (eval_fpr): ROC AUC and TPR@FPR, the table's extra columns
+    views = [getattr(r, "verification", None) for r in reports]
+    present = [v for v in views if v is not None]
+    if present and len(present) == len(views):
+        for name in present[0].scalars():
+            values = [float(v.scalars()[name]) for v in present]
+            out[f"{name}_mean"] = float(np.mean(values))
+            out[f"{name}_std"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     return out
 
 
