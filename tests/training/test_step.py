@@ -237,3 +237,14 @@ def test_bench_table_names_the_precision():
     assert "Trained in precision bf16, embedded in sub-batches of 64." in bench_table_markdown(
         summary
     )
+
+
+def test_two_ranks_in_sub_batches_take_the_one_pass_steps(distributed_results):
+    # 2 gloo ranks, DDP, float64 SOPRC: local batches of 8 in chunks of 3, 3 and 2
+    for rank in (0, 1):
+        result = distributed_results("sub_batch", rank)
+        assert max_difference(result["one_pass"], result["sub_batch"]) <= PARAM_ATOL
+        assert max_difference(result["one_pass_loss"], result["sub_batch_loss"]) <= PARAM_ATOL
+        assert (
+            max_difference(result["one_pass"], distributed_results("sub_batch", 0)["one_pass"]) == 0
+        )
