@@ -299,10 +299,8 @@ def case_sub_batch(rank: int, world: int, out_dir: Path) -> dict:
 
     out: dict = {}
     for name, sub_batch_size in (("one_pass", None), ("sub_batch", 3)):
-        trainer = trainer_objects(
-            DistributedTrainer, None, sub_batch_size=sub_batch_size, iterations=4
-        )
-        trainer.fit(test=False)
+        trainer = trainer_objects(DistributedTrainer, None, sub_batch_size=sub_batch_size)
+        trainer.fit(max_steps=4, test=False)
         out[name] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
         out[name + "_loss"] = {k: v.clone() for k, v in trainer.loss_fn.state_dict().items()}
     return out
