@@ -7,10 +7,10 @@ respect to the embeddings computed once, then each chunk re-run with gradients (
 Gao et al., RepL4NLP 2021, as the Recall@k surrogate's code of Patel et al., CVPR 2022 does):
 the backbone's activations are those of one chunk, at the cost of a second forward pass.
 
-Each setting runs in a fresh subprocess: a one-pass warm-up step on 4 rows (lazy allocations, the
-loss's compilation; fewer rows than any sub-batch), then, on the CPU, the resident high-water mark is reset to the current
-resident size (``/proc/self/clear_refs``) so its growth during the measured step is that step's
-own peak (activations, autograd's saved tensors, gradients); on CUDA,
+Each setting runs in a fresh subprocess: a one-pass warm-up step on 4 rows (lazy allocations,
+the loss's compilation; fewer rows than any sub-batch), then, on the CPU, the resident high-water
+mark is reset to the current resident size (``/proc/self/clear_refs``) so its growth during the
+measured step is that step's own peak (activations, autograd's saved tensors, gradients); on CUDA,
 ``torch.cuda.max_memory_allocated`` above the memory allocated before the step. The step time
 is the median of ``--repeats`` further steps. Results are ratios to the one-pass step of the
 same run (float32), so they compare across machines.
@@ -20,8 +20,9 @@ Usage::
     python benchmarks/bench_sub_batch.py                 # CPU: small_cnn, batch 128, 48 x 48;
                                                          # rewrites its docs/benchmarks.md section
     python benchmarks/bench_sub_batch.py --quick         # smoke run, prints the table only
-    python benchmarks/bench_sub_batch.py --device cuda --backbone resnet50 --image-size 224 \\
-        --batch 128 --sub-batches 64 32 16 --precisions 32 bf16 16   # the GPU tables
+    # the GPU tables: the ResNet-50 recipe's step, sub-batches and precisions
+    python benchmarks/bench_sub_batch.py --device cuda --backbone resnet50 --image-size 224
+        --batch 128 --sub-batches 64 32 16 --precisions 32 bf16 16   # (one command line)
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ def table(args: argparse.Namespace) -> str:
 
 
 def main() -> None:
+    """Measure every setting; print the section and, unless ``--quick``, write it to the docs."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backbone", default="small_cnn")
