@@ -305,7 +305,7 @@ class OptimizerStep:
         no_sync = getattr(module, "no_sync", None)
         if last or no_sync is None:
             return contextlib.nullcontext()
-        return no_sync()  # type: ignore[no-any-return]
+        return no_sync()
 
     def _apply(self, optimizer: torch.optim.Optimizer) -> None:
         """``optimizer.step()``, through the scaler for ``"16"`` (which skips an overflow)."""
