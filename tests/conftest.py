@@ -50,6 +50,7 @@ DISTRIBUTED_CASES = (
     "metrics",
     "custom_metric",
     "sharded_evaluation",
+    "sub_batch",
     "digits",  # last: `rankwise train` leaves the process group itself
 )
 

@@ -300,6 +300,20 @@ def case_trainer(rank: int, world: int, out_dir: Path) -> dict:
     return out
 
 
+def case_sub_batch(rank: int, world: int, out_dir: Path) -> dict:
+    """Issue 38 item 3: 2 ranks embedding their batches in sub-batches (DDP ``no_sync`` for every
+    chunk but the last) take the steps of 2 ranks embedding them in one pass."""
+    from rankwise.training.distributed import DistributedTrainer
+
+    out: dict = {}
+    for name, sub_batch_size in (("one_pass", None), ("sub_batch", 3)):
+        trainer = trainer_objects(DistributedTrainer, None, sub_batch_size=sub_batch_size)
+        trainer.fit(max_steps=2, test=False)  # before the first validation (step 3)
+        out[name] = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        out[name + "_loss"] = {k: v.clone() for k, v in trainer.loss_fn.state_dict().items()}
+    return out
+
+
 class CountingEvaluation:
     """A custom ``metric_fn`` / ``curve_fn`` (dot-product ranking) that counts its calls."""
 
@@ -578,6 +592,7 @@ CASES = {
     "digits": case_digits,
     "custom_metric": case_custom_metric,
     "sharded_evaluation": case_sharded_evaluation,
+    "sub_batch": case_sub_batch,
 }
 
 
@@ -644,7 +659,7 @@ def main() -> None:
         for case in cases:
             started = time.perf_counter()
             run = CASES[case]
-            if case in ("trainer", "digits", "custom_metric", "sharded_evaluation"):
+            if case in ("trainer", "digits", "custom_metric", "sharded_evaluation", "sub_batch"):
                 result = run(context.rank, context.world_size, out_dir)
             else:
                 result = run(context.rank, context.world_size)

@@ -125,9 +125,12 @@ def test_bench_quick_writes_bench_json_with_the_exact_schema(tmp_path):
         "runs_finished",
         "runs_planned",
         "warm_up_seconds",
+        "precision",
+        "sub_batch_size",
         "rows",
         "reference_rows",
     }
+    assert summary["precision"] == "32" and summary["sub_batch_size"] is None
     assert summary["complete"] is True and summary["runs_finished"] == 4
     assert summary["dataset"] == "digits" and summary["protocol"] == "open-set"
     assert summary["seeds"] == [0, 1]

@@ -301,7 +301,7 @@ TRAINING_TIERS: list[set[str]] = [
     # the processes of a run and the run on disk
     {"strategy", "launch", "store"},
     # the parts the Trainer holds, and the config reader it calls with its own class
-    {"evaluation", "stop", "assembly"},
+    {"evaluation", "stop", "assembly", "step"},
     # the fit loop: the steps, their progress and their end (given the parts it uses)
     {"loop"},
     {"trainer"},

@@ -152,6 +152,12 @@ def _status_note(summary: Mapping[str, Any]) -> str:
             f"PARTIAL: {summary.get('runs_finished', '?')} of {summary.get('runs_planned', '?')} "
             "runs finished"
         )
+    if "precision" in summary:  # a bench.json of before it: float32, one pass
+        sub = summary.get("sub_batch_size")
+        notes.append(
+            f"trained in precision {summary['precision']}"
+            + ("" if sub is None else f", embedded in sub-batches of {sub}")
+        )
     if summary.get("warm_up_seconds") is not None:
         notes.append(
             f"s / run excludes the {summary['warm_up_seconds']:.1f} s of numba compilation "

@@ -45,6 +45,12 @@ def _print_result(console: Any, result: Any) -> None:
     from ..reporting import report_table
 
     run_dir = result.run_dir
+    overflow = getattr(result, "overflow_steps", None)
+    if overflow is not None:  # precision "16": the steps the loss scaler skipped
+        console.print(
+            f"precision 16: {overflow} of {result.steps} steps skipped (float16 gradient overflow)",
+            soft_wrap=True,
+        )
     if result.status == "stopped":
         console.print(
             f"stopped after step {result.steps} (--max-steps) with a checkpoint; continue with: "

@@ -278,6 +278,8 @@ def _build(
             seed=config.seed,
             num_workers=config.num_workers,
             deterministic=config.deterministic,
+            precision=config.precision,
+            sub_batch_size=config.sub_batch_size,
         ),
         logging=Logging(
             log_every=config.log_every,

@@ -362,12 +362,22 @@ class Config(_Strict):
     num_workers: int = Field(0, ge=0)
     deterministic: bool = True
     threads: int | None = Field(None, gt=0)  # torch intra-op threads; None keeps the default
+    # autocast of the forward pass: "32" (none), "bf16", "16" (with loss scaling); training/step.py
+    precision: Literal["32", "bf16", "16"] = "32"
+    # embed each batch in chunks of this many rows (gradient caching); None: one pass
+    sub_batch_size: int | None = Field(None, gt=0)
     progress: bool | None = None  # progress bar; None = only when stdout is a terminal
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     selection: SelectionConfig = Field(default_factory=SelectionConfig)
     early_stopping: EarlyStoppingConfig | None = None  # None: no early stopping
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_text(cls, value: Any) -> Any:
+        # YAML reads `precision: 16` as an integer
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @field_validator("eval_ks")
     @classmethod

@@ -80,6 +80,8 @@ class RunResult:
         stop_reason: why a ``"stopped_early"`` run ended (``None`` otherwise).
         test_per_category: the test mAP of each query category (:func:`per_category_map`), for
             test data with ``categories`` (a table's ``category`` column); ``None`` otherwise.
+        overflow_steps: with precision ``"16"``, the steps skipped because the float16
+            gradients overflowed (``None``: no loss scaling).
     """
 
     run_dir: Path | None
@@ -93,6 +95,7 @@ class RunResult:
     config: dict[str, Any] = field(default_factory=dict)
     test_per_category: dict[str, dict[str, Any]] | None = None
     stop_reason: str | None = None
+    overflow_steps: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -114,6 +117,7 @@ class RunResult:
             "run_dir": None if self.run_dir is None else str(self.run_dir),
             # only for an early end: the reports of complete runs keep their fields
             **({} if self.stop_reason is None else {"stop_reason": self.stop_reason}),
+            **({} if self.overflow_steps is None else {"overflow_steps": self.overflow_steps}),
             **extra,
         }
 
@@ -174,4 +178,5 @@ class RunResult:
             config=read_config_file(paths.config) if paths.config.is_file() else {},
             stop_reason=report.get("stop_reason"),
             test_per_category=report.get("test_per_category"),
+            overflow_steps=report.get("overflow_steps"),
         )

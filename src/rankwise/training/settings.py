@@ -16,13 +16,17 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from .._validation import check_bool
+from .._validation import check_bool, check_choice
 from .arguments import LRSchedule, check_schedule, positive_int
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["Logging", "Runtime", "Schedule", "group_options"]
+__all__ = ["PRECISIONS", "Logging", "Runtime", "Schedule", "group_options"]
+
+#: the precisions of the forward pass (:mod:`rankwise.training.step`): float32, bfloat16
+#: autocast, float16 autocast with loss scaling
+PRECISIONS = ("32", "bf16", "16")
 
 
 def _set(group: object, name: str, value: Any) -> None:
@@ -93,6 +97,10 @@ class Runtime:
         deterministic: deterministic algorithms (warn-only) and cuDNN during training.
         detect_collapse: stop when every score ties
             (:class:`~rankwise.training.callbacks.CollapseDetector`).
+        precision: ``"32"``, ``"bf16"`` or ``"16"``: autocast of the forward pass, loss scaling
+            for ``"16"`` (:class:`~rankwise.training.step.OptimizerStep`).
+        sub_batch_size: embed each batch in chunks of this many rows, then back-propagate the
+            loss's gradient chunk by chunk (``None``: one pass; the same step up to rounding).
     """
 
     device: str | torch.device | None = None
@@ -100,8 +108,16 @@ class Runtime:
     num_workers: int = 0
     deterministic: bool = True
     detect_collapse: bool = True
+    precision: str = "32"
+    sub_batch_size: int | None = None
 
     def __post_init__(self) -> None:
+        precision = self.precision
+        if isinstance(precision, int) and not isinstance(precision, bool):
+            precision = str(precision)  # 16 / 32 as YAML reads them
+        _set(self, "precision", check_choice(precision, "precision", PRECISIONS))
+        if self.sub_batch_size is not None:
+            _set(self, "sub_batch_size", positive_int(self.sub_batch_size, "sub_batch_size"))
         _set(self, "seed", positive_int(self.seed, "seed", 0))
         _set(self, "num_workers", positive_int(self.num_workers, "num_workers", 0))
         _set(self, "deterministic", check_bool(self.deterministic, "deterministic"))

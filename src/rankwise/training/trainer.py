@@ -59,6 +59,7 @@ from .loop import FitLoop, LoopEnd
 from .monitor import DEFAULT_MONITOR
 from .result import RunResult, per_category_map
 from .settings import Logging, Runtime, Schedule, group_options
+from .step import OptimizerStep
 from .stop import StopControl
 from .store import RunStore
 from .strategy import SingleProcess
@@ -155,6 +156,8 @@ class TrainerOptions(TypedDict, total=False):
     num_workers: int
     deterministic: bool
     detect_collapse: bool
+    precision: str
+    sub_batch_size: int | None
     log_every: int
     progress: bool | None
     console: Console | None
@@ -354,6 +357,10 @@ class Trainer:
         self.model.to(self.device)
         self.loss_fn.to(self.device)
         self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
+        # the step itself: precision, loss scaling, sub-batches (its state is checkpointed)
+        self.optimizer_step = OptimizerStep(
+            self.runtime.precision, self.runtime.sub_batch_size, device=self.device, model=model
+        )
         # a config's error names its keys
         from_config = self.store.record is not None and sampler is not None
         if sampler is None:
@@ -696,6 +703,7 @@ class Trainer:
             if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
             else None,
             "sampler": {"epoch": self.next_epoch, "position": self.next_position},
+            "optimizer_step": self.optimizer_step.state_dict(),  # precision, loss scaler
             "validation_pending": self._validation_pending,
             "rng": capture_rng_state(),
             "callbacks": {
@@ -734,6 +742,7 @@ class Trainer:
                 )
             self.lr_schedule.load_state_dict(state["lr_scheduler"])
         self.loop.load_state_dict(state)
+        self.optimizer_step.load_state_dict(state.get("optimizer_step"))
         self._stopped_early = state.get("stopped_early")
         self._validation_pending = bool(state.get("validation_pending", False))
         self.strategy.restore_rng(state)
@@ -860,30 +869,27 @@ class Trainer:
             lr = self._lr_function(self.step)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_mult", 1.0)  # build_optimizer's backbone group
-        embeddings, labels = self._forward(x, y)
-        if not bool(torch.isfinite(embeddings).all()):
-            # a diverged model: stop like a non-finite loss (the loss would only reject its
-            # input), keeping the last good checkpoint
-            self._raise_non_finite(None)
-        self._emit("on_train_batch", embeddings, labels)
-        loss = self.loss_fn(embeddings, labels)
-        if not torch.isfinite(loss):
-            self._raise_non_finite(loss)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        loss = self._forward(x, y)
         if isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
             self.lr_schedule.step()
-        return loss.detach()
+        return loss
 
-    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The embeddings and labels the loss sees (on many processes: the gathered batch)."""
-        embeddings = self._training_module(x.to(self.device, non_blocking=True))
-        if not getattr(self.loss_fn, "takes_host_labels", False):
-            y = y.to(self.device, non_blocking=True)
-        # else the labels stay on the host, where the data loader gives them: the loss takes the
-        # batch's label structure there without waiting for the device (docs/losses.md)
-        return self.strategy.gather_batch(embeddings, y)
+    def _forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The step of the batch, by :attr:`optimizer_step` (precision, sub-batches); its loss.
+
+        The loss sees the gathered batch on many processes; the ``on_train_batch`` callbacks
+        see it before the loss.
+        """
+        return self.optimizer_step.run(
+            x,
+            y,
+            self._training_module,
+            self.loss_fn,
+            self.optimizer,
+            gather=self.strategy.gather_batch,
+            inspect=lambda embeddings, labels: self._emit("on_train_batch", embeddings, labels),
+            non_finite=self._raise_non_finite,
+        )
 
     def _training_batches(self) -> Iterator[Any]:
         """The ``(x, y, meta)`` batches of :meth:`fit` from the trainer's position on.
@@ -1020,6 +1026,7 @@ class Trainer:
             pr_curve=curve,
             config={} if self.store.record is None else dict(self.store.record),
             test_per_category=_per_category(test, self.test_data),
+            overflow_steps=self.optimizer_step.record().get("overflow_steps"),
         )
 
     def _mark_completed(self) -> None:

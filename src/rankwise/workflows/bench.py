@@ -524,6 +524,9 @@ class _BenchSweep:
             "runs_finished": len(results),
             "runs_planned": len(self.runs),
             "warm_up_seconds": self.warm_up,
+            # the forward pass's precision and chunking: what `seconds` and the memory depend on
+            "precision": self.runs[0].config.precision,
+            "sub_batch_size": self.runs[0].config.sub_batch_size,
             "rows": [row.to_dict() for row in rows],
             "reference_rows": self.references,
         }

@@ -42,6 +42,13 @@ class ModelStore(Protocol):
         """This process's copy of the selected weights."""
 
 
+class StepRecord(Protocol):
+    """What a callback reads of the trainer's optimizer step (:mod:`rankwise.training.step`)."""
+
+    def record(self) -> dict[str, Any]:
+        """The fields a training record adds (loss scaling: ``overflow_steps``, ``loss_scale``)."""
+
+
 class TrainerView(Protocol):
     """What the built-in callbacks read of :class:`rankwise.training.Trainer` (and may call)."""
 
@@ -100,6 +107,10 @@ class TrainerView(Protocol):
     @property
     def device(self) -> torch.device:
         """Where the model is."""
+
+    @property
+    def optimizer_step(self) -> StepRecord:
+        """The optimizer step: precision, loss scaling, sub-batches."""
 
     @property
     def store(self) -> ModelStore:

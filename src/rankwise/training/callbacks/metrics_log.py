@@ -28,7 +28,8 @@ class MetricsLogger(Callback):
     One JSON record per line: ``{"kind": "train", "step", "epoch", "loss", "lr",
     "samples_per_s", "loss_stats"}`` every ``log_every`` steps and at the last step (``loss`` is
     the mean over the steps since the previous record, ``loss_stats`` the numeric
-    ``loss_fn.last_stats``), ``{"kind": "val", "step", ...report}`` at every evaluation, the final
+    ``loss_fn.last_stats``; with precision ``"16"`` also ``overflow_steps``, the steps skipped
+    so far, and ``loss_scale``), ``{"kind": "val", "step", ...report}`` at every evaluation, the final
     ``{"kind": "test", ...}`` and ``{"kind": "error", ...}`` when the run fails.
 
     The loss window is checkpointed (a resumed run logs the same means). On resume the file is
@@ -137,6 +138,7 @@ class MetricsLogger(Callback):
                 "lr": output.lr,
                 "samples_per_s": rate,
                 "loss_stats": stats,
+                **trainer.optimizer_step.record(),  # precision "16": overflow steps, loss scale
             }
         )
         self._window_start, self._window_steps, self._window_losses = now, 0, []
