@@ -17,7 +17,8 @@ import pytest
 
 from rankwise.training import ConfigError, NonFiniteLossError, TrainingInterrupted
 from rankwise.training.lock import LOCK_FILE
-from rankwise.training.rundir import RunPaths, SweepPaths
+from rankwise.training.rundir import RunPaths
+from rankwise.workflows.sweepdir import SweepPaths
 from rankwise.workflows.sweep import (
     FinishedRun,
     SweepPlan,

@@ -35,7 +35,7 @@ from ..training.config import (
     config_from_dict,
 )
 from ..training.monitor import DEFAULT_MONITOR, monitor_of, monitor_value
-from ..training.rundir import SweepPaths
+from .sweepdir import SweepPaths
 from ..training.trainer import RunResult, Trainer
 from .sweep import (
     FinishedRun,
