@@ -83,12 +83,12 @@ def test_the_check_finds_an_override_and_a_call(tmp_path):
     bad.write_text(
         "class Pre(Trainer):\n"
         "    def _finish(self, test):\n"
-        "        return self._result('completed')\n"
+        "        return self._end(None, test, False)\n"
         "def f(trainer):\n"
         "    trainer._emit('on_fit_start')\n"
     )
     assert sorted(private_uses(bad, trainer_private_names())) == [
         (2, "_finish"),
-        (3, "_result"),
+        (3, "_end"),
         (5, "_emit"),
     ]

@@ -18,7 +18,6 @@ import pytest
 from rankwise.training import ConfigError, NonFiniteLossError, TrainingInterrupted
 from rankwise.training.lock import LOCK_FILE
 from rankwise.training.rundir import RunPaths
-from rankwise.workflows.sweepdir import SweepPaths
 from rankwise.workflows.sweep import (
     FinishedRun,
     SweepPlan,
@@ -27,6 +26,7 @@ from rankwise.workflows.sweep import (
     json_text,
     run_sweep,
 )
+from rankwise.workflows.sweepdir import SweepPaths
 
 
 class FakeSweep:

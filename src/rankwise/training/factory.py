@@ -10,6 +10,7 @@ itself is :mod:`rankwise.training.assembly` (below the Trainer, which ``Trainer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,8 +23,18 @@ if TYPE_CHECKING:
     from rich.console import Console
     from typing_extensions import Unpack
 
+    from ..data import RetrievalSplits
+    from .callbacks.host import CallbackLike
+    from .result import RunResult
 
-__all__ = ["ModelLike", "build_trainer", "strategy_from_config", "trainer_from_run_dir"]
+
+__all__ = [
+    "ModelLike",
+    "build_trainer",
+    "strategy_from_config",
+    "train",
+    "trainer_from_run_dir",
+]
 
 
 def strategy_from_config(config: Config, trainer_cls: type[Trainer] | None = None) -> SingleProcess:
@@ -120,3 +131,29 @@ def trainer_from_run_dir(
         console=console,
         checkpoint=checkpoint,
     )
+
+
+def train(
+    config: Config,
+    *,
+    splits: RetrievalSplits | None = None,
+    overwrite: bool = False,
+    max_steps: int | None = None,
+    callbacks: Sequence[CallbackLike] = (),
+    console: Console | None = None,
+) -> RunResult:
+    """Build a :class:`~rankwise.training.Trainer` from ``config`` and run its ``fit``.
+
+    Args:
+        config: the validated run configuration.
+        splits: pre-loaded dataset splits (default: loaded from ``config.dataset``).
+        overwrite: start afresh in an output directory that already holds a run.
+        max_steps: stop early (see :meth:`Trainer.fit <rankwise.training.Trainer.fit>`).
+        callbacks: extra callbacks.
+        console: rich console for messages.
+
+    Returns:
+        The :class:`~rankwise.training.result.RunResult`.
+    """
+    trainer = Trainer.from_config(config, splits=splits, overwrite=overwrite, console=console)
+    return trainer.fit(max_steps=max_steps, callbacks=callbacks)

@@ -5,11 +5,15 @@ selection by validation tie-aware mAP, test report of the selected model. Resuma
 checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
 batches depend neither on interruptions nor on ``num_workers`` (:mod:`rankwise.training.loader`).
 
-The :class:`Trainer` keeps the loop and its counters; it holds the parts it asks for the rest:
-its run store (:class:`~rankwise.training.store.RunStore`: the folder's lock, checkpoints, resume,
-result), its evaluator (:class:`~rankwise.training.evaluation.Evaluator`), its stop control
-(:class:`~rankwise.training.stop.StopControl`: signals and the processes' agreement) and its
-strategy (:mod:`rankwise.training.strategy`: how many processes train).
+The :class:`Trainer` keeps the assembly of its parts, the public API and the end-of-run policy
+(test the selected model and write the report, or the given ``end_policy``). It holds the parts
+it asks for the rest: its fit loop (:class:`~rankwise.training.loop.FitLoop`: the steps and their
+progress), its run store (:class:`~rankwise.training.store.RunStore`: the folder's lock,
+checkpoints, resume, result), its evaluator (:class:`~rankwise.training.evaluation.Evaluator`),
+its stop control (:class:`~rankwise.training.stop.StopControl`: signals and the processes'
+agreement), its ending (:class:`~rankwise.training.ending.RunEnding`: the result, the
+interruption, data-error and non-finite ends) and its strategy (:mod:`rankwise.training.strategy`:
+how many processes train). Its keywords are sorted in :mod:`rankwise.training.options`.
 """
 
 from __future__ import annotations
@@ -17,55 +21,47 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.console import Console
 from torch import nn
 from torch.utils.data import Dataset
 
-from .._signals import signal_label, signal_number_of
-from .._validation import check_bool
-from ..metrics._inputs import check_ks
 from .arguments import (
     LRSchedule,
-    check_dataset,
+    check_datasets,
     check_modules,
-    check_run_options,
     determinism,
     device_of,
     positive_int,
+    resolved_device,
 )
-from .assembly import BuildOptions, build_from_config, resume_from_run_dir
+from .assembly import BuildOptions, ResumeOptions, build_from_config, resume_from_run_dir
 from .build import build_optimizer, learning_rate_at, load_splits, preflight
 from .callbacks import BestCheckpoint, Callback, MetricsLogger
 from .callbacks.base import TrainerView
 from .callbacks.host import CallbackLike, add_callback, as_callback, default_callbacks, emit, find
 from .checkpoint import capture_rng_state
 from .config import Config, config_from_dict
-from .errors import (
-    DataError,
-    NonFiniteLossError,
-    ReplicaDivergenceError,
-    TrainingDataError,
-    TrainingInterrupted,
-)
+from .ending import RunEnding
+from .errors import DataError, ReplicaDivergenceError
 from .evaluation import Evaluator
-from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
+from .loader import BatchSampler, LoaderBatches, dataset_labels, default_sampler
 from .loop import FitLoop, LoopEnd
 from .monitor import DEFAULT_MONITOR
-from .result import RunResult, per_category_map
-from .settings import Logging, Runtime, Schedule, group_options
+from .options import BatchSource, EndPolicy, TrainerOptions, split_options
+from .result import RunResult
+from .settings import Logging, Runtime, Schedule
 from .stop import StopControl
-from .store import RunStore
+from .store import RunStore, run_store
 from .strategy import SingleProcess
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from ..data import RetrievalSplits
     from ..metrics import PRCurve, RetrievalReport
 
 __all__ = [
@@ -82,91 +78,7 @@ __all__ = [
     "learning_rate_at",
     "load_splits",
     "preflight",
-    "train",
 ]
-
-_EVALUATION = ("metric_fn", "curve_fn", "eval_ks", "eval_batch_size")
-_RUN_FOLDER = ("resume", "resume_from", "overwrite", "run_dir_key", "record", "config")
-_SEAMS = ("batch_source", "end_policy", "resume_hint", "activity")
-
-
-class BatchSource(Protocol):
-    """Where the training batches come from, instead of the loader of ``sampler``.
-
-    A source that draws its batches itself keeps what its position depends on in a callback's
-    checkpointed state, so a resumed run draws the batches of an uninterrupted one (the
-    pretraining's ``SourceBatches``, :mod:`rankwise.workflows.pretrain`).
-    """
-
-    def batches(self, step: int, epoch: int, position: int) -> Iterator[Any]:
-        """The ``(x, y, meta)`` batches from ``step`` on (``meta[0]``: ``(epoch, position)``)."""
-
-
-class EndPolicy(Protocol):
-    """What a run does once its budget is reached, instead of testing and writing the report.
-
-    Called with the trainer; a ``KeyboardInterrupt`` inside it is its own to report (the
-    trainer's :attr:`~Trainer.resume_hint` says how to continue).
-    """
-
-    def __call__(self, trainer: Trainer) -> None:
-        """Write the run's outcome."""
-
-
-def _per_category(test: RetrievalReport | None, data: Any) -> dict[str, Any] | None:
-    """The test mAP per query category, for test data with ``categories`` (a table's column)."""
-    categories = getattr(data, "categories", None)
-    if test is None or categories is None:
-        return None
-    return per_category_map(test.per_query_ap, categories)
-
-
-class TrainerOptions(TypedDict, total=False):
-    """The keywords of :class:`Trainer` besides its named parameters.
-
-    The evaluation (``metric_fn``, ``curve_fn``, ``eval_ks``, ``eval_batch_size``); how a
-    ``run_dir`` path is opened (``resume``, ``resume_from``, ``overwrite``, ``run_dir_key``,
-    ``record``; ``config``: a Config's ``to_dict()`` as the record); the seams of a loop that
-    is not the retrieval one (``batch_source``: a :class:`BatchSource`; ``end_policy``: an
-    :class:`EndPolicy` instead of the test and report; ``resume_hint``: how messages say to
-    continue; ``activity``: what they call the run, e.g. ``"pretraining"``); and, as in earlier
-    versions, each field of the :class:`Schedule`, :class:`Runtime` and :class:`Logging` groups
-    on its own.
-    """
-
-    metric_fn: Callable[..., RetrievalReport] | None
-    curve_fn: Callable[..., PRCurve] | None
-    eval_ks: Sequence[int]
-    eval_batch_size: int
-    resume: bool
-    resume_from: str | Path | None
-    overwrite: bool
-    run_dir_key: str
-    record: Mapping[str, Any] | None
-    config: Config | None
-    iterations: int | None
-    epochs: int | None
-    lr_schedule: LRSchedule | None
-    eval_every: int | None
-    device: str | torch.device | None
-    seed: int
-    num_workers: int
-    deterministic: bool
-    detect_collapse: bool
-    log_every: int
-    progress: bool | None
-    console: Console | None
-    name: str | None
-    loss_name: str | None
-    batch_source: BatchSource | None
-    end_policy: EndPolicy | None
-    resume_hint: str | None
-    activity: str
-
-
-def _split_options(options: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """The entries of ``names`` in ``options`` (removed from it)."""
-    return {name: options.pop(name) for name in names if name in options}
 
 
 class Trainer:
@@ -207,33 +119,19 @@ class Trainer:
         run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go (``None``:
             no file; everything stays in memory, no resume), or an open
             :class:`~rankwise.training.store.RunStore` (the factory's). A path is opened here
-            (``resume`` / ``overwrite`` / ``resume_from`` below) and locked against other
-            processes (:mod:`rankwise.training.lock`) from construction to the end of
-            :meth:`fit`; a second :meth:`fit` refuses it if another process wrote a checkpoint
-            there meanwhile.
+            and locked (:mod:`rankwise.training.lock`) from construction to the end of
+            :meth:`fit`; a second :meth:`fit` refuses it if another process wrote there.
         strategy: how many processes train: :class:`~rankwise.training.strategy.SingleProcess`
             (default) or a ``DataParallelStrategy`` (docs/distributed.md).
         schedule: the budget, learning-rate schedule and evaluation cadence
-            (:class:`~rankwise.training.settings.Schedule`: ``iterations``, ``epochs``,
-            ``lr_schedule``, ``eval_every``).
+            (:class:`~rankwise.training.settings.Schedule`).
         runtime: where and how reproducibly it trains
-            (:class:`~rankwise.training.settings.Runtime`: ``device``, ``seed``,
-            ``num_workers``, ``deterministic``, ``detect_collapse``).
-        logging: what it records and shows (:class:`~rankwise.training.settings.Logging`:
-            ``log_every``, ``progress``, ``console``, ``name``, ``loss_name``).
-        **options: (:class:`TrainerOptions`) the evaluation: ``metric_fn`` (called as
-            ``metric_fn(query, query_labels, gallery, gallery_labels, ks=eval_ks)``, ``gallery``
-            ``None`` for leave-one-out; default :func:`rankwise.metrics.retrieval_metrics`; its
-            report needs ``map`` and ``to_dict()``), ``curve_fn`` (the test curve, called like
-            ``metric_fn`` without ``ks``; default :func:`rankwise.metrics.pr_curve`),
-            ``eval_ks`` (default ``(1, 10, 100)``), ``eval_batch_size`` (default 256); a
-            ``run_dir`` path's ``resume`` (continue from ``checkpoints/last.pt``; build the same
-            objects first), ``resume_from`` (with ``resume``: that checkpoint instead, e.g.
-            ``checkpoints/previous.pt``), ``overwrite`` (start afresh in a folder holding a
-            run: its results are deleted when :meth:`fit` starts), ``run_dir_key`` (the name
-            messages give ``run_dir``) and ``record`` (what ``config.yaml`` and the
-            checkpoints hold as the run's config; ``config``: a Config's); and each field of
-            ``schedule`` / ``runtime`` / ``logging`` on its own.
+            (:class:`~rankwise.training.settings.Runtime`).
+        logging: what it records and shows (:class:`~rankwise.training.settings.Logging`).
+        **options: (:class:`~rankwise.training.options.TrainerOptions`) the evaluation
+            (``metric_fn``, ``curve_fn``, ``eval_ks``, ``eval_batch_size``), how a ``run_dir``
+            path is opened (``resume``, ``resume_from``, ``overwrite``, ...), the seams
+            (``batch_source``, ``end_policy``, ...) and each field of the three groups.
 
     Raises:
         ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
@@ -261,7 +159,6 @@ class Trainer:
     """
 
     strategy_class: type[SingleProcess] = SingleProcess  # DistributedTrainer: data-parallel
-    CHECKPOINT_FORMAT = RunStore.FORMAT
 
     def __init__(
         self,
@@ -288,56 +185,26 @@ class Trainer:
                 "the loss and the training data."
             )
         check_modules(model, loss_fn)
-        rest: dict[str, Any] = dict(options)
-        self.schedule = group_options(schedule, Schedule, rest, "schedule")
-        self.runtime = group_options(runtime, Runtime, rest, "runtime")
-        self.logging = group_options(logging, Logging, rest, "logging")
-        evaluation = _split_options(rest, _EVALUATION)
-        folder = _split_options(rest, _RUN_FOLDER)
-        seams = _split_options(rest, _SEAMS)
-        if rest:
-            raise TypeError(f"Trainer() got an unexpected keyword argument {next(iter(rest))!r}.")
+        args = split_options(options, schedule, runtime, logging)
+        self.schedule, self.runtime, self.logging = args.schedule, args.runtime, args.logging
         self.strategy = strategy if strategy is not None else SingleProcess()
         console, progress = self.strategy.console(self.logging.console, self.logging.progress)
-        device = self.runtime.device
-        given = (  # resolved by the factory: the one resolution of the run
-            device
-            if isinstance(device, torch.device)
-            and (device.type != "cuda" or device.index is not None)
-            else None
-        )
-        wanted = given if given is not None else self.strategy.device(device)
+        given = resolved_device(self.runtime.device)  # the factory's: the one resolution
+        wanted = given if given is not None else self.strategy.device(self.runtime.device)
         model = self.strategy.prepare_model(model, wanted)  # type: ignore[arg-type]
-        check_dataset(train_data, "train_data", required=True)
-        for data, data_name in ((val_data, "val_data"), (test_data, "test_data")):
-            check_dataset(data, data_name)
-        check_dataset(gallery_data, "gallery_data")
-        if gallery_data is not None and test_data is None:
-            raise ValueError("`gallery_data` is the gallery of a test: pass `test_data` too.")
-        self.model = model
-        self.loss_fn = loss_fn
-        self.batch_source: BatchSource | None = seams.get("batch_source")
-        self.end_policy: EndPolicy | None = seams.get("end_policy")
-        self.activity = str(seams.get("activity", "training"))
-        self._resume_hint: str | None = seams.get("resume_hint")
-        self.train_data = train_data
-        self.val_data = val_data
-        self.test_data = test_data
-        self.gallery_data = gallery_data
-        self.eval_batch_size = positive_int(
-            evaluation.get("eval_batch_size", 256), "eval_batch_size"
-        )
-        self.eval_ks = tuple(sorted(check_ks(evaluation.get("eval_ks", (1, 10, 100)), "eval_ks")))
+        check_datasets(train_data, val_data, test_data, gallery_data)
+        self.model, self.loss_fn = model, loss_fn
+        self.batch_source: BatchSource | None = args.seams.batch_source
+        self.end_policy: EndPolicy | None = args.seams.end_policy
+        self.train_data, self.val_data = train_data, val_data
+        self.test_data, self.gallery_data = test_data, gallery_data
         self.evaluator = Evaluator(
-            evaluation.get("metric_fn"),
-            evaluation.get("curve_fn"),
-            ks=self.eval_ks,
-            batch_size=self.eval_batch_size,
+            **args.evaluation,
             strategy=self.strategy,
             num_workers=self.runtime.num_workers,
             seed=self.runtime.seed,
         )
-        self.store, opening = self._store(run_dir, folder)
+        self.store, opening = run_store(run_dir, self.strategy, args.folder)
         self.console = console if console is not None else Console(stderr=True)
         self.stop_control = StopControl(
             self.strategy, self.console, saving=self.store.root is not None
@@ -353,18 +220,26 @@ class Trainer:
         # a config's error names its keys
         from_config = self.store.record is not None and sampler is not None
         if sampler is None:
-            sampler = default_sampler(dataset_labels(train_data, "train_data"), self.seed)
+            sampler = default_sampler(dataset_labels(train_data, "train_data"), self.runtime.seed)
         self.sampler = self.strategy.shard_sampler(sampler, from_config=from_config)
         self.steps_per_epoch = len(self.sampler)
         if self.steps_per_epoch <= 0:
             raise ValueError("`sampler` yields no batch per epoch.")
         self.total_steps = self.schedule.total_steps(self.steps_per_epoch)
         self.eval_every = self.schedule.eval_every or self.steps_per_epoch
+        self._batches: BatchSource = self.batch_source or LoaderBatches(
+            train_data,
+            self.sampler,
+            seed=self.runtime.seed,
+            num_workers=self.runtime.num_workers,
+            pin_memory=self.device.type == "cuda",
+        )
+        self.lr_schedule: LRSchedule | None = self.schedule.lr_schedule
         self._lr_function = self.schedule.lr_function
         self.loss_name = self.logging.loss_name or type(loss_fn).__name__
         self.name = self.logging.name or self.loss_name
 
-        # the steps and their progress state (checkpointed)
+        # the steps and their progress state (checkpointed), and how the run ends
         self.loop = FitLoop(
             self.steps_per_epoch,
             self.total_steps,
@@ -375,8 +250,16 @@ class Trainer:
             self._validate_and_checkpoint,
             self.stop_control,
         )
-        self._completed = False
-        self._stopped_early: str | None = None  # the reason of a normal early end (checkpointed)
+        self.ending = RunEnding(
+            self.loop,
+            self.store,
+            self.stop_control,
+            self.save_checkpoint,
+            world_size=self.strategy.world_size,
+            loss_name=self.loss_name,
+            activity=args.seams.activity,
+            resume_hint=args.seams.resume_hint,
+        )
         # the evaluation of self.step was cut short by a data error: it runs first on resume
         self._validation_pending = False
         self.callbacks = default_callbacks(
@@ -397,47 +280,13 @@ class Trainer:
 
     # -- construction -----------------------------------------------------------------------
 
-    def _store(
-        self, run_dir: str | Path | RunStore | None, folder: dict[str, Any]
-    ) -> tuple[RunStore, dict[str, Any] | None]:
-        """The run's store, and how to open it (``None``: opened by whoever made it)."""
-        if isinstance(run_dir, RunStore):
-            if folder:
-                raise ValueError(
-                    f"{', '.join(f'`{k}`' for k in folder)}: the given RunStore was opened "
-                    "with its own; pass them to RunStore(...) / RunStore.open(...) instead."
-                )
-            if run_dir.strategy.world_size != self.strategy.world_size:
-                raise ValueError(
-                    "`run_dir`: the RunStore was made for "
-                    f"{run_dir.strategy.world_size} process(es) and the trainer's `strategy` "
-                    f"has {self.strategy.world_size}; give both the same strategy."
-                )
-            if not run_dir.is_open:
-                run_dir.open()
-            return run_dir, None
-        record = folder.get("record")
-        config = folder.get("config")
-        if config is not None and record is None:
-            record = config.to_dict()
-        resume = check_bool(folder.get("resume", False), "resume")
-        overwrite = check_bool(folder.get("overwrite", False), "overwrite")
-        resume_from = folder.get("resume_from")
-        root = None if run_dir is None else Path(run_dir)
-        check_run_options(root, resume, overwrite, resume_from)
-        opening = {"resume": resume, "overwrite": overwrite, "resume_from": resume_from}
-        store = RunStore(
-            root, strategy=self.strategy, key=folder.get("run_dir_key", "run_dir"), record=record
-        )
-        return store, opening
-
     def _join_processes(self, resume: bool) -> None:
         """The training module (DDP on many processes); agree with the other processes."""
         self._training_module = self.strategy.training_module(self.model, self.device)
         self.strategy.join(
             steps_per_epoch=self.steps_per_epoch,
             total_steps=self.total_steps,
-            seed=self.seed,
+            seed=self.runtime.seed,
             resume=resume,
         )
         for callback in self.strategy.callbacks():
@@ -473,37 +322,20 @@ class Trainer:
         return build_from_config(cls, config, **options)
 
     @classmethod
-    def from_run_dir(
-        cls,
-        run_dir: str | Path,
-        *,
-        num_workers: int | None = None,
-        device: str | None = None,
-        console: Console | None = None,
-        checkpoint: str | Path | None = None,
-        data_dir: str | Path | None = None,
-        max_steps: int | None = None,
-    ) -> Trainer:
+    def from_run_dir(cls, run_dir: str | Path, **options: Unpack[ResumeOptions]) -> Trainer:
         """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls`` (also
-        for ``data_dir``, moved data, and ``max_steps``, a budget extended to it).
+        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``; the
+        keywords (``num_workers``, ``device``, ``console``, ``checkpoint``, ``data_dir``: moved
+        data, ``max_steps``: a budget extended to it) as
+        :func:`~rankwise.training.assembly.resume_from_run_dir` names them.
 
         Returns:
             The trainer, at the step of the checkpoint.
         """
-        return resume_from_run_dir(
-            cls,
-            run_dir,
-            num_workers=num_workers,
-            device=device,
-            console=console,
-            checkpoint=checkpoint,
-            data_dir=data_dir,
-            max_steps=max_steps,
-        )
+        return resume_from_run_dir(cls, run_dir, **options)
 
-    # -- what the parts hold ----------------------------------------------------------------
+    # -- what the callbacks read (TrainerView); the rest is asked of the parts ---------------
 
     @property
     def run_dir(self) -> Path | None:
@@ -516,18 +348,8 @@ class Trainer:
         return self.store.paths
 
     @property
-    def checkpoint_dir(self) -> Path:
-        """``run_dir/checkpoints``."""
-        return self.store.paths.checkpoints
-
-    @property
-    def record(self) -> dict[str, Any] | None:
-        """The run's config as ``config.yaml`` holds it (``None``: built from objects)."""
-        return self.store.record
-
-    @property
     def config(self) -> Config | None:
-        """The config the run was built from (``None``: built from objects): :attr:`record` read.
+        """The config the run was built from (``None``: built from objects), read from the record.
 
         The trainer itself never reads it; :meth:`from_config` gives it the record only.
         """
@@ -548,36 +370,6 @@ class Trainer:
         return self.store.kept_message()
 
     @property
-    def metric_fn(self) -> Callable[..., Any]:
-        """The evaluation's metric (see :class:`~rankwise.training.evaluation.Evaluator`)."""
-        return self.evaluator.metric_fn
-
-    @property
-    def curve_fn(self) -> Callable[..., Any]:
-        """The test curve (see :class:`~rankwise.training.evaluation.Evaluator`)."""
-        return self.evaluator.curve_fn
-
-    @property
-    def seed(self) -> int:
-        """The run's seed (``runtime.seed``)."""
-        return self.runtime.seed
-
-    @property
-    def num_workers(self) -> int:
-        """DataLoader worker processes (``runtime.num_workers``)."""
-        return self.runtime.num_workers
-
-    @property
-    def deterministic(self) -> bool:
-        """Deterministic algorithms during training (``runtime.deterministic``)."""
-        return self.runtime.deterministic
-
-    @property
-    def lr_schedule(self) -> LRSchedule | None:
-        """The learning-rate schedule (``schedule.lr_schedule``)."""
-        return self.schedule.lr_schedule
-
-    @property
     def training_module(self) -> nn.Module:
         """What the training forward pass calls (the model, or its DDP wrapper)."""
         return self._training_module
@@ -586,16 +378,6 @@ class Trainer:
     def is_main_process(self) -> bool:
         """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
         return self.strategy.is_main_process
-
-    @property
-    def world_size(self) -> int:
-        """The number of data-parallel processes training the model."""
-        return self.strategy.world_size
-
-    @property
-    def rank(self) -> int:
-        """This process's rank (0 for one process)."""
-        return self.strategy.rank
 
     @property
     def stop_requested(self) -> bool:
@@ -615,17 +397,22 @@ class Trainer:
     @property
     def stopped_early(self) -> str | None:
         """The reason the run ended early and normally (``None``: it did not), also once resumed."""
-        return self._stopped_early
+        return self.ending.stopped_early
 
     @property
-    def completed(self) -> bool:
-        """Whether the last :meth:`fit` completed the run (its report is written or being written).
+    def resume_hint(self) -> str:
+        """How to resume in Python (the interruption's ``resume_hint``)."""
+        return self.ending.resume_hint
 
-        From then on an interruption loses nothing: ``report.json`` says ``"completed"``.
-        """
-        return self._completed
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed (the :class:`~rankwise.training.loop.FitLoop`'s)."""
+        return self.loop.step
 
-    # -- callbacks --------------------------------------------------------------------------
+    @property
+    def next_epoch(self) -> int:
+        """The sampler epoch of the next batch (the loop's)."""
+        return self.loop.next_epoch
 
     def _emit(self, hook: str, *args: Any) -> None:
         trainer: TrainerView = self  # what the callbacks may read of the trainer
@@ -657,33 +444,13 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    @property
-    def step(self) -> int:
-        """Optimizer steps completed (the :class:`~rankwise.training.loop.FitLoop`'s)."""
-        return self.loop.step
-
-    @property
-    def next_epoch(self) -> int:
-        """The sampler epoch of the next batch."""
-        return self.loop.next_epoch
-
-    @property
-    def next_position(self) -> int:
-        """The next batch's index within :attr:`next_epoch`."""
-        return self.loop.next_position
-
-    @property
-    def seconds(self) -> float:
-        """Wall-clock seconds spent in this run, summed over resumptions."""
-        return self.loop.seconds
-
     def state_dict(self) -> dict[str, Any]:
         """The complete state after ``self.step`` (what ``checkpoints/last.pt`` holds)."""
         scheduler = self.lr_schedule
         return {
             "format": self.store.FORMAT,
             "config": self.store.record,
-            "world_size": self.world_size,
+            "world_size": self.strategy.world_size,
             **self.loop.state_dict(),  # step, next_epoch, next_position, seconds
             "model": self.model.state_dict(),
             "loss": self.loss_fn.state_dict(),
@@ -691,15 +458,14 @@ class Trainer:
             "lr_scheduler": scheduler.state_dict()
             if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
             else None,
-            "sampler": {"epoch": self.next_epoch, "position": self.next_position},
+            "sampler": {"epoch": self.loop.next_epoch, "position": self.loop.next_position},
             "validation_pending": self._validation_pending,
             "rng": capture_rng_state(),
             "callbacks": {
                 c.state_key: c.state_dict() for c in self._active if c.state_key is not None
             },
             **self.strategy.rng_state(),
-            # only in the checkpoint of an early end: a resumed run knows it is finished
-            **({} if self._stopped_early is None else {"stopped_early": self._stopped_early}),
+            **self.ending.state_dict(),  # an early end's reason: a resumed run is finished
         }
 
     def save_checkpoint(self) -> Path:
@@ -730,7 +496,7 @@ class Trainer:
                 )
             self.lr_schedule.load_state_dict(state["lr_scheduler"])
         self.loop.load_state_dict(state)
-        self._stopped_early = state.get("stopped_early")
+        self.ending.load_state_dict(state)
         self._validation_pending = bool(state.get("validation_pending", False))
         self.strategy.restore_rng(state)
         states = state.get("callbacks", {})
@@ -766,21 +532,16 @@ class Trainer:
         """
         return self.evaluator.embed(self.model, dataset, self.device)
 
-    def _data(self, split: str) -> Dataset:
-        data = {"val": self.val_data, "test": self.test_data}.get(split)
-        if split not in ("val", "test"):
-            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
-        if data is None:
-            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
-        return data
-
     def _rank(
         self, split: str, with_curve: bool = False
     ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
+        if split not in ("val", "test"):
+            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
+        data = self.val_data if split == "val" else self.test_data
+        if data is None:
+            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
         gallery = self.gallery_data if split == "test" else None
-        ranking = self.evaluator.rank(
-            self.model, self.device, self._data(split), gallery, with_curve=with_curve
-        )
+        ranking = self.evaluator.rank(self.model, self.device, data, gallery, with_curve=with_curve)
         return ranking.report, ranking.embeddings, ranking.curve
 
     def evaluate(self, split: str = "val") -> RetrievalReport:
@@ -881,25 +642,17 @@ class Trainer:
         # batch's label structure there without waiting for the device (docs/losses.md)
         return self.strategy.gather_batch(embeddings, y)
 
+    def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
+        """Stop before applying a step whose loss (``None``: embeddings) is NaN/inf."""
+        raise self.ending.non_finite(loss)
+
     def _training_batches(self) -> Iterator[Any]:
         """The ``(x, y, meta)`` batches of :meth:`fit` from the trainer's position on.
 
         ``meta[0]`` holds the batch's ``(epoch, position)``: the ``batch_source``'s, else the
         loader of ``sampler`` (:func:`~rankwise.training.loader.training_loader`).
         """
-        if self.batch_source is not None:
-            return self.batch_source.batches(self.step, self.next_epoch, self.next_position)
-        return iter(
-            training_loader(
-                self.train_data,
-                self.sampler,
-                seed=self.seed,
-                epoch=self.next_epoch,
-                position=self.next_position,
-                num_workers=self.num_workers,
-                pin_memory=self.device.type == "cuda",
-            )
-        )
+        return self._batches.batches(self.step, self.loop.next_epoch, self.loop.next_position)
 
     def fit(
         self,
@@ -945,88 +698,53 @@ class Trainer:
             self.store.release()
 
     def _fit(self, max_steps: int | None, test: bool) -> RunResult:
-        self._completed = False
-        finished = self._stopped_early is not None  # resumed after an early end: nothing to train
+        end = self.ending.resumed_end()  # resumed after an early end: nothing to train
+        finished = end is not None
         self.store.prepare(self.step)
         self.stop_control.start()
         self.loop.start_clock()
         self._emit("on_fit_start")
-        end = LoopEnd("stopped_early", reason=self._stopped_early) if finished else None
-        with determinism(self.deterministic), self.stop_control.during_steps():
+        with determinism(self.runtime.deterministic), self.stop_control.during_steps():
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = self._training_batches()
             try:
-                if end is None:
-                    if self._validation_pending:  # a data error cut it short: run it first
-                        self._validate_and_checkpoint()
-                    end = self.loop.run(batches, max_steps)
-            except KeyboardInterrupt as exc:  # a second signal, or a callback's raise
-                signum = signal_number_of(exc, self.stop_control.signal or signal.SIGINT)
-                raise self._interrupted(signum) from None
-            except DataError as exc:
-                raise self._data_failed(exc) from None
-            except NonFiniteLossError as exc:
-                self._emit("on_failure", exc)
-                raise
-            else:
+                with self.ending.failures(self._failed, self._during):
+                    if end is None:
+                        if self._validation_pending:  # a data error cut it short: run it first
+                            self._validate_and_checkpoint()
+                        end = self.loop.run(batches, max_steps)
                 if end.kind == "signal":  # the interruption the caller sees, after the step
-                    raise self._interrupted(end.signal or signal.SIGINT)
+                    raise self.ending.interrupted(end.signal or signal.SIGINT)
             finally:
                 self.loop.account_time()
                 del batches  # shuts DataLoader workers down
                 self._emit("on_train_end")
         return self._end(end, test, finished)
 
+    def _failed(self, error: Exception) -> None:
+        self._emit("on_failure", error)
+
+    def _during(self) -> str:
+        return "validation" if self._validation_pending else "training"
+
     def _end(self, end: LoopEnd, test: bool, finished: bool) -> RunResult:
         """The run's outcome after the loop's ``end``: finished, or stopped to resume later."""
         if end.kind == "max_steps":
-            if self.store.root is not None and self.last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            result = self._result("stopped")
-            if self.store.root is not None:
-                self.stop_control.saved("stopped", self.store.root, self.step)
+            result = self.ending.stopped(best_step=self.best_step, best_val=self.best_val)
         else:  # the budget, or a normal early end: finished like a complete run
             if end.kind == "stopped_early" and not finished:
-                self._stopped_early = end.reason
-                if self.store.root is not None:
-                    self.save_checkpoint()  # it holds the end: a resumed run is finished
+                self.ending.stop_early(end.reason)
             try:
-                with determinism(self.deterministic):
+                with determinism(self.runtime.deterministic):
                     result = self._finish(test)
             except DataError as exc:
-                raise self._data_failed(exc, "test") from None
+                raise self.ending.data_failed(exc, "test") from None
         self._emit("on_fit_end", result)
         return result
 
-    def _result(
-        self, status: str, test: RetrievalReport | None = None, curve: PRCurve | None = None
-    ) -> RunResult:
-        if status == "completed" and self._stopped_early is not None:
-            status = "stopped_early"
-        return RunResult(
-            run_dir=self.run_dir,
-            status=status,
-            stop_reason=self._stopped_early,
-            steps=self.step,
-            seconds=self.seconds,
-            best_step=self.best_step,
-            best_val=self.best_val,
-            test=test,
-            pr_curve=curve,
-            config={} if self.store.record is None else dict(self.store.record),
-            test_per_category=_per_category(test, self.test_data),
-        )
-
-    def _mark_completed(self) -> None:
-        """The run is complete (its outcome saved or being saved): a signal now loses nothing."""
-        self._completed = True
-        if self.store.root is not None:
-            outcome = "completed" if self._stopped_early is None else "stopped_early"
-            self.stop_control.saved(outcome, self.store.root, self.step)
-
     def _finish(self, test: bool) -> RunResult:
-        """The end of a run: its ``end_policy``, else the test of the selected model and the report."""
+        """The end-of-run policy: the ``end_policy``, else the test of the selected model and the report."""
         start = time.perf_counter()
         report, curve = None, None
         if self.end_policy is not None:
@@ -1034,118 +752,16 @@ class Trainer:
         elif test and self.test_data is not None:
             report, curve = self._test_selected()
             self._emit("on_test_end", report, curve)
-        self.loop.seconds += time.perf_counter() - start
-        result = self._result("completed", report, curve)
-        self._mark_completed()
+        self.loop.add_seconds(time.perf_counter() - start)
+        result = self.ending.result(
+            "completed",
+            best_step=self.best_step,
+            best_val=self.best_val,
+            test=report,
+            curve=curve,
+            test_data=self.test_data,
+        )
+        self.ending.completed()
         if self.end_policy is None:
             self.store.save_result(result)
         return result
-
-    # -- failures ---------------------------------------------------------------------------
-
-    @property
-    def resume_hint(self) -> str:
-        """How to resume in Python (the interruption's ``resume_hint``)."""
-        if self._resume_hint is not None:
-            return self._resume_hint
-        if self.store.record is not None:
-            return f"Trainer.from_run_dir({str(self.run_dir)!r})"
-        return "Trainer(<the same objects>, run_dir=..., resume=True)"
-
-    def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:
-        if self.run_dir is None:
-            detail = "nothing was saved (the trainer has no run_dir)"
-        elif not self.loop.in_step:
-            if self.last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            detail = f"checkpoint saved at step {self.step}"
-        elif self.last_checkpoint_step is not None:
-            detail = (
-                f"step {self.step + 1} was cut short, so the checkpoint of step "
-                f"{self.last_checkpoint_step} is kept"
-            )
-        else:
-            detail = "no checkpoint had been written yet; start the run again"
-        by = signal_label(signal_number)
-        where = f"at step {self.step}/{self.total_steps}: {detail}"
-        return TrainingInterrupted(
-            f"{self.activity} interrupted ({by}) {where}",
-            self.step,
-            self.run_dir,
-            self.last_checkpoint_step,
-            self.resume_hint,
-            signal_number=signal_number,
-            detail=where,
-        )
-
-    def _data_failed(self, exc: DataError, during: str | None = None) -> TrainingDataError:
-        """A data file could not be read: stop like an interruption, with the state saved.
-
-        Nothing of the step being loaded was applied, and an evaluation cut short is marked to
-        run again on resume, so the state of ``self.step`` is complete: it is checkpointed (in one
-        process; with several, the other ranks are not at this point, so the last checkpoint is
-        kept and torchrun ends the job).
-        """
-        if during is None:
-            during = "validation" if self._validation_pending else "training"
-        self.loop.in_step = False  # nothing of the step being loaded was applied
-        if (
-            self.store.root is not None
-            and self.world_size == 1
-            and self.last_checkpoint_step != self.step
-        ):
-            self.save_checkpoint()
-        return TrainingDataError(
-            DataError.one_line(exc),
-            step=self.step,
-            total_steps=self.total_steps,
-            run_dir=self.run_dir,
-            checkpoint_step=self.last_checkpoint_step,
-            resume_hint=self.resume_hint,
-            during=during,
-        )
-
-    def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
-        what = (
-            f"the loss is {float(loss.detach())}"
-            if loss is not None
-            else "the model's embeddings contain NaN/inf"
-        )
-        fix = "optimizer.lr" if self.store.record is not None else "the learning rate"
-        message = (
-            f"{what} at step {self.step + 1} (epoch {self.next_epoch}, loss {self.loss_name}); "
-            f"training stopped without applying that step and {self.kept_checkpoint_message()}. "
-            f"Lower {fix} or check the loss parameters."
-        )
-        record = {
-            "kind": "error",
-            "step": self.step + 1,
-            "error": "non-finite loss" if loss is not None else "non-finite embeddings",
-        }
-        raise NonFiniteLossError(message, self.step + 1, self.last_good_checkpoint, record)
-
-
-def train(
-    config: Config,
-    *,
-    splits: RetrievalSplits | None = None,
-    overwrite: bool = False,
-    max_steps: int | None = None,
-    callbacks: Sequence[CallbackLike] = (),
-    console: Console | None = None,
-) -> RunResult:
-    """Build a :class:`Trainer` from ``config`` and run :meth:`Trainer.fit`.
-
-    Args:
-        config: the validated run configuration.
-        splits: pre-loaded dataset splits (default: loaded from ``config.dataset``).
-        overwrite: start afresh in an output directory that already holds a run.
-        max_steps: stop early (see :meth:`Trainer.fit`).
-        callbacks: extra callbacks.
-        console: rich console for messages.
-
-    Returns:
-        The :class:`RunResult`.
-    """
-    trainer = Trainer.from_config(config, splits=splits, overwrite=overwrite, console=console)
-    return trainer.fit(max_steps=max_steps, callbacks=callbacks)

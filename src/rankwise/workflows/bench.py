@@ -35,7 +35,6 @@ from ..training.config import (
     config_from_dict,
 )
 from ..training.monitor import DEFAULT_MONITOR, monitor_of, monitor_value
-from .sweepdir import SweepPaths
 from ..training.trainer import RunResult, Trainer
 from .sweep import (
     FinishedRun,
@@ -48,6 +47,7 @@ from .sweep import (
     run_sweep,
     sweep_settings,
 )
+from .sweepdir import SweepPaths
 
 if TYPE_CHECKING:
     from ..data import RetrievalSplits

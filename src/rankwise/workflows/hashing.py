@@ -54,8 +54,8 @@ from ..training.config import (
 from ..training.evaluation import embed_labelled
 from ..training.factory import build_trainer
 from ..training.rundir import RunPaths
-from .sweepdir import SweepPaths
 from .sweep import FinishedRun, SweepPlan, SweepRun, SweepSummary, json_text, run_sweep, write_json
+from .sweepdir import SweepPaths
 
 if TYPE_CHECKING:
     from rich.console import Console
