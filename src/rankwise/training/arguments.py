@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .._validation import Interval, check_scalar, resolve_device
+from .config import Config
 
 __all__ = [
     "check_dataset",
@@ -100,7 +101,12 @@ def positive_int(value: Any, name: str, low: int = 1) -> int:
 
 
 def check_modules(model: Any, loss_fn: Any) -> None:
-    """The model and the loss are modules."""
+    """The model and the loss are modules (a config as the model: ``Trainer.from_config``)."""
+    if isinstance(model, Config):
+        raise TypeError(
+            "Trainer(config) became Trainer.from_config(config); Trainer() takes the model, "
+            "the loss and the training data."
+        )
     if not isinstance(model, nn.Module):
         raise ValueError(f"`model` must be a torch.nn.Module, got {type(model).__name__}.")
     if not isinstance(loss_fn, nn.Module):

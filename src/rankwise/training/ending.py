@@ -111,15 +111,14 @@ class RunEnding:
     def result(
         self,
         status: str,
-        *,
-        best_step: int | None = None,
-        best_val: dict[str, Any] | None = None,
+        selection: Any = None,
         test: RetrievalReport | None = None,
         curve: PRCurve | None = None,
         test_data: Any = None,
     ) -> RunResult:
         """The :class:`RunResult` of the steps done (``"completed"`` after an early end: ``"stopped_early"``).
 
+        ``selection`` is the model selection (its ``best_step`` / ``best_val``; ``None``: none);
         ``test_data`` with ``categories`` (a table's column) adds the test mAP per category.
         """
         if status == "completed" and self.stopped_early is not None:
@@ -136,8 +135,8 @@ class RunEnding:
             stop_reason=self.stopped_early,
             steps=self.loop.step,
             seconds=self.loop.seconds,
-            best_step=best_step,
-            best_val=best_val,
+            best_step=None if selection is None else selection.best_step,
+            best_val=None if selection is None else selection.best_val,
             test=test,
             pr_curve=curve,
             config={} if self.store.record is None else dict(self.store.record),
@@ -150,18 +149,18 @@ class RunEnding:
         if self.store.root is not None:
             self._save_checkpoint()
 
-    def stopped(self, **selection: Any) -> RunResult:
+    def stopped(self, selection: Any = None) -> RunResult:
         """The ``max_steps`` of a ``fit`` were reached: checkpoint, ``status="stopped"``.
 
         Args:
-            **selection: ``best_step``, ``best_val`` of the result.
+            selection: the model selection (see :meth:`result`).
 
         Returns:
             The result.
         """
         if self.store.root is not None and self.store.last_step != self.loop.step:
             self._save_checkpoint()
-        result = self.result("stopped", **selection)
+        result = self.result("stopped", selection)
         if self.store.root is not None:
             self.stop_control.saved("stopped", self.store.root, self.loop.step)
         return result

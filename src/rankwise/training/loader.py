@@ -280,23 +280,22 @@ class LoaderBatches:
         sampler: the batch sampler.
         seed: the trainer's seed.
         num_workers: DataLoader worker processes (batches do not depend on it).
-        pin_memory: pin host memory (for CUDA).
+        device: where the batches go (host memory is pinned for CUDA).
     """
 
     def __init__(
         self,
         dataset: Dataset,
         sampler: Iterable[list[int]],
-        *,
         seed: int,
         num_workers: int,
-        pin_memory: bool,
+        device: torch.device,
     ) -> None:
         self.dataset = dataset
         self.sampler = sampler
         self.seed = seed
         self.num_workers = num_workers
-        self.pin_memory = pin_memory
+        self.pin_memory = device.type == "cuda"
 
     def batches(self, step: int, epoch: int, position: int) -> Iterator[Any]:
         """The ``(x, y, meta)`` batches from batch ``position`` of ``epoch`` on (``step`` unused)."""

@@ -135,7 +135,8 @@ class TrainerArguments:
         runtime: the :class:`Runtime` group.
         logging: the :class:`Logging` group.
         evaluation: the :class:`~rankwise.training.evaluation.Evaluator`'s keywords
-            (``metric_fn``, ``curve_fn``, ``ks``, ``batch_size``), checked.
+            (``metric_fn``, ``curve_fn``, ``ks``, ``batch_size``, checked; ``num_workers``,
+            ``seed`` of the runtime).
         folder: how a ``run_dir`` path is opened (``resume``, ``overwrite``, ...), as given.
         seams: the :class:`Seams`.
     """
@@ -200,6 +201,8 @@ def split_options(
             "curve_fn": evaluation.get("curve_fn"),
             "ks": ks,
             "batch_size": batch_size,
+            "num_workers": groups[1].num_workers,
+            "seed": groups[1].seed,
         },
         folder=folder,
         seams=Seams(

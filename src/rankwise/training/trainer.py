@@ -1,19 +1,16 @@
 """The training loop: a Trainer for your own model, loss and data.
 
 The loop of Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P x K batches, model
-selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit: a
-checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
-batches depend neither on interruptions nor on ``num_workers`` (:mod:`rankwise.training.loader`).
+selection on validation, test report of the selected model; resumable bit for bit (a checkpoint
+holds every state, e.g. SOPRC's ``v`` of Eq. (10), the sampler position, the RNG streams).
 
 The :class:`Trainer` keeps the assembly of its parts, the public API and the end-of-run policy
-(test the selected model and write the report, or the given ``end_policy``). It holds the parts
-it asks for the rest: its fit loop (:class:`~rankwise.training.loop.FitLoop`: the steps and their
-progress), its run store (:class:`~rankwise.training.store.RunStore`: the folder's lock,
-checkpoints, resume, result), its evaluator (:class:`~rankwise.training.evaluation.Evaluator`),
-its stop control (:class:`~rankwise.training.stop.StopControl`: signals and the processes'
-agreement), its ending (:class:`~rankwise.training.ending.RunEnding`: the result, the
-interruption, data-error and non-finite ends) and its strategy (:mod:`rankwise.training.strategy`:
-how many processes train). Its keywords are sorted in :mod:`rankwise.training.options`.
+(test the selected model and write the report, or the given ``end_policy``), and asks its parts
+for the rest: the fit loop (:mod:`~rankwise.training.loop`), the run store
+(:mod:`~rankwise.training.store`), the evaluator (:mod:`~rankwise.training.evaluation`), the stop
+control (:mod:`~rankwise.training.stop`), the ending (:mod:`~rankwise.training.ending`), the
+callbacks (:class:`~rankwise.training.callbacks.host.CallbackHost`) and the strategy
+(:mod:`~rankwise.training.strategy`). docs/architecture.md draws them.
 """
 
 from __future__ import annotations
@@ -35,15 +32,13 @@ from .arguments import (
     check_datasets,
     check_modules,
     determinism,
-    device_of,
     positive_int,
-    resolved_device,
 )
 from .assembly import BuildOptions, ResumeOptions, build_from_config, resume_from_run_dir
-from .build import build_optimizer, learning_rate_at, load_splits, preflight
-from .callbacks import BestCheckpoint, Callback, MetricsLogger
+from .build import default_optimizer
+from .callbacks import Callback
 from .callbacks.base import TrainerView
-from .callbacks.host import CallbackLike, add_callback, as_callback, default_callbacks, emit, find
+from .callbacks.host import CallbackHost, CallbackLike
 from .checkpoint import capture_rng_state
 from .config import Config, config_from_dict
 from .ending import RunEnding
@@ -51,7 +46,6 @@ from .errors import DataError, ReplicaDivergenceError
 from .evaluation import Evaluator
 from .loader import BatchSampler, LoaderBatches, dataset_labels, default_sampler
 from .loop import FitLoop, LoopEnd
-from .monitor import DEFAULT_MONITOR
 from .options import BatchSource, EndPolicy, TrainerOptions, split_options
 from .result import RunResult
 from .settings import Logging, Runtime, Schedule
@@ -64,39 +58,21 @@ if TYPE_CHECKING:
 
     from ..metrics import PRCurve, RetrievalReport
 
-__all__ = [
-    "LRSchedule",
-    "Logging",
-    "RunResult",
-    "Runtime",
-    "Schedule",
-    "BatchSource",
-    "EndPolicy",
-    "Trainer",
-    "TrainerOptions",
-    "build_optimizer",
-    "learning_rate_at",
-    "load_splits",
-    "preflight",
-]
+__all__ = ["BatchSource", "EndPolicy", "Trainer", "TrainerOptions"]
 
 
 class Trainer:
     """Train an embedding model with a ranking loss; select it on validation, test it.
 
-    The loop of :meth:`fit`: P x K batches from ``sampler``; per step ``model(x)`` ->
-    ``loss_fn(embeddings, labels)`` -> ``optimizer.step()`` (:meth:`train_step`); every
-    ``eval_every`` steps (and at the end) the validation data is ranked leave-one-out with the
-    exact tie-aware metrics of :func:`rankwise.metrics.retrieval_metrics`, the best model by
-    validation mAP is kept, and a checkpoint is written; at the end the selected model is tested.
-
-    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id (what the
-    default sampler reads: :func:`~rankwise.training.loader.dataset_labels`, docs/training.md).
-
-    Settings come in three frozen groups, each also accepted field by field as a keyword (the
-    keywords of earlier versions: ``Trainer(..., iterations=300, eval_every=75, progress=False)``
-    is ``Trainer(..., schedule=Schedule(iterations=300, eval_every=75),
-    logging=Logging(progress=False))``).
+    The loop of :meth:`fit` (its :class:`~rankwise.training.loop.FitLoop`): P x K batches from
+    ``sampler``; per step ``model(x)`` -> ``loss_fn(embeddings, labels)`` -> ``optimizer.step()``
+    (:meth:`train_step`); every ``eval_every`` steps (and at the end) the validation data is
+    ranked leave-one-out with the exact tie-aware metrics, the best model on the monitored
+    metric is kept, and a checkpoint is written; at the end the selected model is tested.
+    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id
+    (docs/training.md). Settings come in three frozen groups, each also accepted field by field
+    as a keyword: ``Trainer(..., iterations=300, progress=False)`` is ``Trainer(...,
+    schedule=Schedule(iterations=300), logging=Logging(progress=False))``.
 
     Args:
         model: the embedding network, ``(B, ...) -> (B, d)``; moved to the device.
@@ -111,33 +87,25 @@ class Trainer:
         optimizer: default ``torch.optim.Adam(lr=1e-3)`` over the trainable parameters of
             ``model`` and ``loss_fn``.
         sampler: a batch sampler (an iterable of index lists with a length; ``set_epoch`` makes
-            resumption exact). Default: :func:`~rankwise.training.loader.default_sampler`.
-            With a ``batch_source`` it only gives the epoch length.
-        callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
+            resumption exact); default :func:`~rankwise.training.loader.default_sampler`.
+        callbacks: :class:`~rankwise.training.callbacks.Callback` objects or functions
             ``fn(trainer)`` (called after every complete step); one of the type of a default
-            callback replaces that default (the defaults: docs/training.md).
+            callback replaces that default.
         run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go (``None``:
-            no file; everything stays in memory, no resume), or an open
-            :class:`~rankwise.training.store.RunStore` (the factory's). A path is opened here
-            and locked (:mod:`rankwise.training.lock`) from construction to the end of
-            :meth:`fit`; a second :meth:`fit` refuses it if another process wrote there.
-        strategy: how many processes train: :class:`~rankwise.training.strategy.SingleProcess`
-            (default) or a ``DataParallelStrategy`` (docs/distributed.md).
-        schedule: the budget, learning-rate schedule and evaluation cadence
-            (:class:`~rankwise.training.settings.Schedule`).
-        runtime: where and how reproducibly it trains
-            (:class:`~rankwise.training.settings.Runtime`).
-        logging: what it records and shows (:class:`~rankwise.training.settings.Logging`).
-        **options: (:class:`~rankwise.training.options.TrainerOptions`) the evaluation
-            (``metric_fn``, ``curve_fn``, ``eval_ks``, ``eval_batch_size``), how a ``run_dir``
-            path is opened (``resume``, ``resume_from``, ``overwrite``, ...), the seams
+            no file, no resume), or an open :class:`~rankwise.training.store.RunStore`. A path
+            is locked from construction to the end of :meth:`fit`.
+        strategy: how many processes train (default one; docs/distributed.md).
+        schedule: a :class:`~rankwise.training.settings.Schedule`.
+        runtime: a :class:`~rankwise.training.settings.Runtime`.
+        logging: a :class:`~rankwise.training.settings.Logging`.
+        **options: (:class:`~rankwise.training.options.TrainerOptions`) the evaluation, how a
+            ``run_dir`` path is opened (``resume``, ``overwrite``, ...), the seams
             (``batch_source``, ``end_policy``, ...) and each field of the three groups.
 
     Raises:
-        ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
-            already holds a run, or a checkpoint that cannot be resumed; a
-            :class:`~rankwise.training.lock.RunDirInUseError` for one another process is
-            writing).
+        ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that holds
+            a run, or a checkpoint that cannot be resumed; a ``RunDirInUseError`` for one
+            another process is writing).
         TypeError: an unknown keyword, or a group passed with some of its fields.
 
     Example:
@@ -179,19 +147,12 @@ class Trainer:
         logging: Logging | None = None,
         **options: Unpack[TrainerOptions],
     ) -> None:
-        if isinstance(model, Config):
-            raise TypeError(
-                "Trainer(config) became Trainer.from_config(config); Trainer() takes the model, "
-                "the loss and the training data."
-            )
         check_modules(model, loss_fn)
         args = split_options(options, schedule, runtime, logging)
         self.schedule, self.runtime, self.logging = args.schedule, args.runtime, args.logging
         self.strategy = strategy if strategy is not None else SingleProcess()
         console, progress = self.strategy.console(self.logging.console, self.logging.progress)
-        given = resolved_device(self.runtime.device)  # the factory's: the one resolution
-        wanted = given if given is not None else self.strategy.device(self.runtime.device)
-        model = self.strategy.prepare_model(model, wanted)  # type: ignore[arg-type]
+        model, self.device = self.strategy.place(model, self.runtime.device)
         check_datasets(train_data, val_data, test_data, gallery_data)
         self.model, self.loss_fn = model, loss_fn
         self.batch_source: BatchSource | None = args.seams.batch_source
@@ -201,22 +162,21 @@ class Trainer:
         self.evaluator = Evaluator(
             **args.evaluation,
             strategy=self.strategy,
-            num_workers=self.runtime.num_workers,
-            seed=self.runtime.seed,
+            val_data=val_data,
+            test_data=test_data,
+            gallery_data=gallery_data,
         )
         self.store, opening = run_store(run_dir, self.strategy, args.folder)
         self.console = console if console is not None else Console(stderr=True)
         self.stop_control = StopControl(
             self.strategy, self.console, saving=self.store.root is not None
         )
-
-        self.device: torch.device = given if given is not None else device_of(model, wanted)
         if self.device.type == "cuda" and self.runtime.deterministic:
             # cuBLAS reads this once, at its first use: it must be set before any CUDA matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.model.to(self.device)
         self.loss_fn.to(self.device)
-        self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
+        self.optimizer = optimizer if optimizer is not None else default_optimizer(model, loss_fn)
         # a config's error names its keys
         from_config = self.store.record is not None and sampler is not None
         if sampler is None:
@@ -227,12 +187,8 @@ class Trainer:
             raise ValueError("`sampler` yields no batch per epoch.")
         self.total_steps = self.schedule.total_steps(self.steps_per_epoch)
         self.eval_every = self.schedule.eval_every or self.steps_per_epoch
-        self._batches: BatchSource = self.batch_source or LoaderBatches(
-            train_data,
-            self.sampler,
-            seed=self.runtime.seed,
-            num_workers=self.runtime.num_workers,
-            pin_memory=self.device.type == "cuda",
+        self._batches = self.batch_source or LoaderBatches(
+            train_data, self.sampler, self.runtime.seed, self.runtime.num_workers, self.device
         )
         self.lr_schedule: LRSchedule | None = self.schedule.lr_schedule
         self._lr_function = self.schedule.lr_function
@@ -262,12 +218,9 @@ class Trainer:
         )
         # the evaluation of self.step was cut short by a data error: it runs first on resume
         self._validation_pending = False
-        self.callbacks = default_callbacks(
-            self.logging.log_every, progress, self.runtime.detect_collapse
+        self.hooks = CallbackHost(
+            self.logging.log_every, progress, self.runtime.detect_collapse, callbacks
         )
-        for callback in callbacks:
-            add_callback(self.callbacks, as_callback(callback))
-        self._active: list[Callback] = list(self.callbacks)
         try:
             if opening is not None:
                 self.store.open(**opening)
@@ -277,8 +230,6 @@ class Trainer:
         except BaseException:
             self.store.release()  # the main process took the run directory's lock
             raise
-
-    # -- construction -----------------------------------------------------------------------
 
     def _join_processes(self, resume: bool) -> None:
         """The training module (DDP on many processes); agree with the other processes."""
@@ -290,31 +241,17 @@ class Trainer:
             resume=resume,
         )
         for callback in self.strategy.callbacks():
-            add_callback(self.callbacks, callback)
-        self._active = list(self.callbacks)
+            self.hooks.add(callback)
         self.check_replicas()
-
-    def _default_optimizer(self) -> torch.optim.Optimizer:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        params += [p for p in self.loss_fn.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError("`model` has no trainable parameter (requires_grad) to optimize.")
-        return torch.optim.Adam(params, lr=1e-3)
 
     @classmethod
     def from_config(cls, config: Config, **options: Unpack[BuildOptions]) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
-        The one door from a config to a trainer (:func:`rankwise.training.factory.build_trainer`
-        is this with ``trainer_cls``): the keywords (``splits``, ``resume``, ``overwrite``,
-        ``console``, ``callbacks``, ``resume_from``, ``model``, ``metric_fn``, ``curve_fn``,
-        ``name``, ``plots``) as :func:`~rankwise.training.assembly.build_from_config` names
-        them; the strategy is chosen from the environment and the output directory locked
-        before the data is loaded (see also :meth:`from_run_dir`).
-
-        Args:
-            config: the validated run configuration.
-            **options: (:class:`~rankwise.training.assembly.BuildOptions`) see above.
+        The one door from a config to a trainer (``factory.build_trainer`` is this call): the
+        keywords as :func:`~rankwise.training.assembly.build_from_config` names them; the
+        strategy is chosen from the environment and the output directory locked before the
+        data is loaded.
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
@@ -325,13 +262,8 @@ class Trainer:
     def from_run_dir(cls, run_dir: str | Path, **options: Unpack[ResumeOptions]) -> Trainer:
         """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls``; the
-        keywords (``num_workers``, ``device``, ``console``, ``checkpoint``, ``data_dir``: moved
-        data, ``max_steps``: a budget extended to it) as
-        :func:`~rankwise.training.assembly.resume_from_run_dir` names them.
-
-        Returns:
-            The trainer, at the step of the checkpoint.
+        The keywords (``num_workers``, ``device``, ``console``, ``checkpoint``, ``data_dir``,
+        ``max_steps``) as :func:`~rankwise.training.assembly.resume_from_run_dir` names them.
         """
         return resume_from_run_dir(cls, run_dir, **options)
 
@@ -349,25 +281,8 @@ class Trainer:
 
     @property
     def config(self) -> Config | None:
-        """The config the run was built from (``None``: built from objects), read from the record.
-
-        The trainer itself never reads it; :meth:`from_config` gives it the record only.
-        """
+        """The config the run was built from (``None``: from objects); the trainer never reads it."""
         return None if self.store.record is None else config_from_dict(self.store.record)
-
-    @property
-    def last_checkpoint_step(self) -> int | None:
-        """The step of ``checkpoints/last.pt`` (``None``: none written or read yet)."""
-        return self.store.last_step
-
-    @property
-    def last_good_checkpoint(self) -> Path | None:
-        """``checkpoints/last.pt`` once a checkpoint was written in this run, else ``None``."""
-        return self.store.last_good_checkpoint
-
-    def kept_checkpoint_message(self) -> str:
-        """A clause for error messages: ``"the last good checkpoint (...) is kept"`` or why not."""
-        return self.store.kept_message()
 
     @property
     def training_module(self) -> nn.Module:
@@ -379,18 +294,11 @@ class Trainer:
         """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
         return self.strategy.is_main_process
 
-    @property
-    def stop_requested(self) -> bool:
-        """Whether the run stops after the current step (a signal, or another rank's)."""
-        return self.stop_control.requested
-
     def request_stop(self, reason: str | None = None) -> None:
         """Stop after the current step, with a checkpoint.
 
-        Args:
-            reason: why, e.g. early stopping's: the run ends normally (``status
-                "stopped_early"``: the selected model is tested and the report written);
-                ``None``: an interruption, as Ctrl-C (:class:`TrainingInterrupted`).
+        With a ``reason`` (early stopping's) the run ends normally, ``"stopped_early"``;
+        without, it is an interruption, as Ctrl-C (:class:`TrainingInterrupted`).
         """
         self.stop_control.request(reason)
 
@@ -416,37 +324,37 @@ class Trainer:
 
     def _emit(self, hook: str, *args: Any) -> None:
         trainer: TrainerView = self  # what the callbacks may read of the trainer
-        emit(self._active, hook, trainer, *args)
+        self.hooks.emit(hook, trainer, *args)
+
+    @property
+    def callbacks(self) -> list[Callback]:
+        """The run's callbacks (the defaults and the given ones; :class:`CallbackHost`)."""
+        return self.hooks.callbacks
 
     @property
     def history(self) -> list[dict[str, Any]]:
         """The records of the run so far (train, val, test, error), as in ``metrics.jsonl``."""
-        logger = find(self._active, MetricsLogger)
-        return logger.records if logger is not None else []
+        return self.hooks.history
 
     @property
     def monitor(self) -> str:
         """The validation scalar that selects the model (its :class:`BestCheckpoint`'s monitor)."""
-        best = find(self._active, BestCheckpoint)
-        return DEFAULT_MONITOR if best is None else best.monitor
+        return self.hooks.monitor
 
     @property
     def best_step(self) -> int | None:
         """Step of the best validation score so far."""
-        best = find(self._active, BestCheckpoint)
-        return None if best is None else best.best_step
+        return self.hooks.best_step
 
     @property
     def best_val(self) -> dict[str, Any] | None:
         """Validation report summary of the best step so far."""
-        best = find(self._active, BestCheckpoint)
-        return None if best is None else best.best_val
+        return self.hooks.best_val
 
     # -- checkpoints ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The complete state after ``self.step`` (what ``checkpoints/last.pt`` holds)."""
-        scheduler = self.lr_schedule
         return {
             "format": self.store.FORMAT,
             "config": self.store.record,
@@ -455,15 +363,11 @@ class Trainer:
             "model": self.model.state_dict(),
             "loss": self.loss_fn.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": scheduler.state_dict()
-            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
-            else None,
+            "lr_scheduler": self.schedule.scheduler_state(),
             "sampler": {"epoch": self.loop.next_epoch, "position": self.loop.next_position},
             "validation_pending": self._validation_pending,
             "rng": capture_rng_state(),
-            "callbacks": {
-                c.state_key: c.state_dict() for c in self._active if c.state_key is not None
-            },
+            "callbacks": self.hooks.state_dict(),
             **self.strategy.rng_state(),
             **self.ending.state_dict(),  # an early end's reason: a resumed run is finished
         }
@@ -471,11 +375,7 @@ class Trainer:
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/last.pt`` atomically with the complete state after ``self.step``.
 
-        Returns:
-            The checkpoint's path.
-
-        Raises:
-            DiskFullError: no space left for it; the earlier checkpoints are intact.
+        Returns its path; a ``DiskFullError`` (no space left) keeps the earlier checkpoints.
         """
         if self.store.root is None:
             raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
@@ -489,104 +389,50 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.loss_fn.load_state_dict(state["loss"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("lr_scheduler") is not None:
-            if not isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
-                raise ValueError(
-                    "the checkpoint holds a learning-rate scheduler: pass the same `lr_schedule`."
-                )
-            self.lr_schedule.load_state_dict(state["lr_scheduler"])
+        self.schedule.load_scheduler_state(state.get("lr_scheduler"))
         self.loop.load_state_dict(state)
         self.ending.load_state_dict(state)
         self._validation_pending = bool(state.get("validation_pending", False))
         self.strategy.restore_rng(state)
-        states = state.get("callbacks", {})
-        for callback in self.callbacks:
-            if callback.state_key is not None and callback.state_key in states:
-                callback.load_state_dict(states[callback.state_key])
+        self.hooks.load_state_dict(state.get("callbacks", {}))
         self.store.check_best(self.best_step)
 
     def check_replicas(self) -> None:
-        """Raise :class:`ReplicaDivergenceError` unless every process holds the same state.
-
-        A collective (:func:`~rankwise.training.replicas.check_replicas_in_sync`); a no-op for one.
-        """
+        """Raise :class:`ReplicaDivergenceError` unless every process holds the same state (a collective)."""
         try:
             self.strategy.check_replicas(self.model, self.loss_fn, self.optimizer, self.step)
         except ReplicaDivergenceError as exc:
-            exc.last_good_checkpoint = self.last_good_checkpoint
-            exc.args = (f"{exc.args[0]} Training stopped and {self.kept_checkpoint_message()}.",)
+            exc.last_good_checkpoint = self.store.last_good_checkpoint
+            exc.args = (f"{exc.args[0]} Training stopped and {self.store.kept_message()}.",)
             raise
 
-    # -- evaluation -------------------------------------------------------------------------
-
     def embed(self, dataset: Dataset) -> tuple[torch.Tensor, Any]:
-        """Embeddings ``(N, d)`` (on the trainer's device) and ``(N,)`` int64 labels of a dataset.
+        """``(embeddings, labels)``: ``(N, d)`` on the trainer's device and ``(N,)`` int64 labels.
 
-        Batches of ``eval_batch_size``, as in :func:`~rankwise.training.evaluation.embed_batches`.
-
-        Args:
-            dataset: a map-style dataset of ``(x, label)`` items.
-
-        Returns:
-            ``(embeddings, labels)``.
+        ``dataset`` is map-style, of ``(x, label)`` items, embedded in batches of
+        ``eval_batch_size`` (:func:`~rankwise.training.evaluation.embed_batches`).
         """
         return self.evaluator.embed(self.model, dataset, self.device)
-
-    def _rank(
-        self, split: str, with_curve: bool = False
-    ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
-        if split not in ("val", "test"):
-            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
-        data = self.val_data if split == "val" else self.test_data
-        if data is None:
-            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
-        gallery = self.gallery_data if split == "test" else None
-        ranking = self.evaluator.rank(self.model, self.device, data, gallery, with_curve=with_curve)
-        return ranking.report, ranking.embeddings, ranking.curve
 
     def evaluate(self, split: str = "val") -> RetrievalReport:
         """The exact retrieval report of the current model on the ``"val"`` or ``"test"`` data.
 
         Leave-one-out, or test queries against ``gallery_data`` when there is one.
-
-        Args:
-            split: ``"val"`` or ``"test"``.
-
-        Returns:
-            A :class:`~rankwise.metrics.RetrievalReport`.
         """
-        return self._rank(split)[0]
+        return self.evaluator.rank_split(self.model, self.device, split).report
 
     def test(self) -> tuple[RetrievalReport, PRCurve]:
         """``(report, curve)``: the current model's test report and mean PR curve (one pass)."""
-        report, _, curve = self._rank("test", with_curve=True)
-        assert curve is not None
-        return report, curve
+        return self.evaluator.test_weights(self.model, self.device, None)
 
     def _validate_and_checkpoint(self) -> None:
         if self.val_data is not None:
             self._validation_pending = True  # until the validation data is read
-            report, embeddings, _ = self._rank("val")
+            ranking = self.evaluator.rank_split(self.model, self.device, "val")
             self._validation_pending = False
-            self._emit("on_validation_end", report, embeddings)
+            self._emit("on_validation_end", ranking.report, ranking.embeddings)
         if self.store.root is not None:
             self.save_checkpoint()
-
-    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
-        weights = (
-            None
-            if find(self._active, BestCheckpoint) is None
-            else self.store.selected_weights(self.device)
-        )
-        final = None
-        if weights is not None:
-            final = {k: v.clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(weights)
-        try:
-            return self.test()
-        finally:
-            if final is not None:
-                self.model.load_state_dict(final)
 
     # -- training ---------------------------------------------------------------------------
 
@@ -647,11 +493,7 @@ class Trainer:
         raise self.ending.non_finite(loss)
 
     def _training_batches(self) -> Iterator[Any]:
-        """The ``(x, y, meta)`` batches of :meth:`fit` from the trainer's position on.
-
-        ``meta[0]`` holds the batch's ``(epoch, position)``: the ``batch_source``'s, else the
-        loader of ``sampler`` (:func:`~rankwise.training.loader.training_loader`).
-        """
+        """The ``(x, y, meta)`` batches from the loop's position (``meta[0]``: epoch, position)."""
         return self._batches.batches(self.step, self.loop.next_epoch, self.loop.next_position)
 
     def fit(
@@ -668,10 +510,9 @@ class Trainer:
         (:class:`~rankwise.training.stop.StopControl`).
 
         Args:
-            max_steps: stop after this many total steps (with a checkpoint when there is a
-                ``run_dir``; ``status="stopped"``); resuming later continues exactly there.
-                A callback's :meth:`request_stop` with a reason (:class:`EarlyStopping
-                <rankwise.training.callbacks.EarlyStopping>`) ends the run normally:
+            max_steps: stop after this many total steps, with a checkpoint
+                (``status="stopped"``); resuming continues exactly there. A callback's
+                :meth:`request_stop` with a reason (``EarlyStopping``) ends the run normally:
                 ``status="stopped_early"``, the selected model tested, the report written.
             callbacks: extra callbacks for this call only (see :class:`Trainer`).
             test: test the selected model at the end (``False``: no test report; tuning on
@@ -681,15 +522,13 @@ class Trainer:
             The :class:`RunResult`.
 
         Raises:
-            TrainingInterrupted: Ctrl-C or SIGTERM; ``last.pt`` holds the state after the last
-                full step.
-            NonFiniteLossError: the loss or the model became NaN/inf, or the model collapsed
-                (:class:`~rankwise.training.errors.CollapsedEmbeddingsError`); the last good
-                checkpoint is kept.
+            TrainingInterrupted: Ctrl-C or SIGTERM; ``last.pt`` holds the last full step's state.
+            NonFiniteLossError: the loss or the model became NaN/inf, or it collapsed; the last
+                good checkpoint is kept (:class:`~rankwise.training.ending.RunEnding`).
         """
         if max_steps is not None:
             max_steps = positive_int(max_steps, "max_steps", 0)
-        self._active = self.callbacks + [as_callback(c) for c in callbacks]
+        self.hooks.start_fit(callbacks)
         self.store.reopen()  # a second fit: the folder was released at the end of the first
         try:
             with self.stop_control.handling():
@@ -709,7 +548,10 @@ class Trainer:
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = self._training_batches()
             try:
-                with self.ending.failures(self._failed, self._during):
+                with self.ending.failures(
+                    lambda error: self._emit("on_failure", error),
+                    lambda: "validation" if self._validation_pending else "training",
+                ):
                     if end is None:
                         if self._validation_pending:  # a data error cut it short: run it first
                             self._validate_and_checkpoint()
@@ -722,16 +564,10 @@ class Trainer:
                 self._emit("on_train_end")
         return self._end(end, test, finished)
 
-    def _failed(self, error: Exception) -> None:
-        self._emit("on_failure", error)
-
-    def _during(self) -> str:
-        return "validation" if self._validation_pending else "training"
-
     def _end(self, end: LoopEnd, test: bool, finished: bool) -> RunResult:
         """The run's outcome after the loop's ``end``: finished, or stopped to resume later."""
         if end.kind == "max_steps":
-            result = self.ending.stopped(best_step=self.best_step, best_val=self.best_val)
+            result = self.ending.stopped(self.hooks.selection)
         else:  # the budget, or a normal early end: finished like a complete run
             if end.kind == "stopped_early" and not finished:
                 self.ending.stop_early(end.reason)
@@ -750,16 +586,13 @@ class Trainer:
         if self.end_policy is not None:
             self.end_policy(self)
         elif test and self.test_data is not None:
-            report, curve = self._test_selected()
+            selecting = self.hooks.selection is not None
+            weights = self.store.selected_weights(self.device) if selecting else None
+            report, curve = self.evaluator.test_weights(self.model, self.device, weights)
             self._emit("on_test_end", report, curve)
         self.loop.add_seconds(time.perf_counter() - start)
         result = self.ending.result(
-            "completed",
-            best_step=self.best_step,
-            best_val=self.best_val,
-            test=report,
-            curve=curve,
-            test_data=self.test_data,
+            "completed", self.hooks.selection, report, curve, self.test_data
         )
         self.ending.completed()
         if self.end_policy is None:

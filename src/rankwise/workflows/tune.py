@@ -33,7 +33,7 @@ from ..training.config import (
 )
 from ..training.errors import NonFiniteLossError
 from ..training.monitor import monitor_of, monitor_value
-from ..training.trainer import RunResult
+from ..training.result import RunResult
 from .bench import (
     BenchRun,
     plan_bench,

@@ -41,6 +41,17 @@ class ModelStore(Protocol):
     def best_weights(self, device: str | torch.device) -> dict[str, torch.Tensor] | None:
         """This process's copy of the selected weights."""
 
+    @property
+    def last_step(self) -> int | None:
+        """The step of ``checkpoints/last.pt`` (``None``: none written or read yet)."""
+
+    @property
+    def last_good_checkpoint(self) -> Path | None:
+        """``checkpoints/last.pt`` once written in this run."""
+
+    def kept_message(self) -> str:
+        """A clause for error messages naming the checkpoint that is kept."""
+
 
 class TrainerView(Protocol):
     """What the built-in callbacks read of :class:`rankwise.training.Trainer` (and may call)."""
@@ -99,7 +110,7 @@ class TrainerView(Protocol):
 
     @property
     def store(self) -> ModelStore:
-        """The run's store."""
+        """The run's store (its checkpoints: ``last_step``, ``last_good_checkpoint``, ...)."""
 
     @property
     def strategy(self) -> Any:
@@ -121,23 +132,8 @@ class TrainerView(Protocol):
     def best_val(self) -> dict[str, Any] | None:
         """Validation report summary of the best step so far."""
 
-    @property
-    def last_checkpoint_step(self) -> int | None:
-        """The step of the last checkpoint."""
-
-    @property
-    def last_good_checkpoint(self) -> Path | None:
-        """``checkpoints/last.pt`` once written."""
-
-    @property
-    def stop_requested(self) -> bool:
-        """Whether the run stops after the current step."""
-
     def request_stop(self, reason: str | None = None) -> None:
         """Stop after the current step (with a ``reason``: a normal end, ``"stopped_early"``)."""
-
-    def kept_checkpoint_message(self) -> str:
-        """A clause naming the checkpoint that is kept."""
 
     def check_replicas(self) -> None:
         """Raise unless every process holds the same state."""
