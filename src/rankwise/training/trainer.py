@@ -402,9 +402,8 @@ class Trainer:
         try:
             self.strategy.check_replicas(self.model, self.loss_fn, self.optimizer, self.step)
         except ReplicaDivergenceError as exc:
-            exc.last_good_checkpoint = self.store.last_good_checkpoint
-            exc.args = (f"{exc.args[0]} Training stopped and {self.store.kept_message()}.",)
-            raise
+            store = self.store
+            raise exc.keeping(store.last_good_checkpoint, store.kept_message()) from None
 
     def embed(self, dataset: Dataset) -> tuple[torch.Tensor, Any]:
         """``(embeddings, labels)``: ``(N, d)`` on the trainer's device and ``(N,)`` int64 labels.
