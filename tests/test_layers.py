@@ -279,6 +279,7 @@ TRAINING_TIERS: list[set[str]] = [
         "curves",
         "build",
         "settings",
+        "options",
         "result",
         "monitor",
     },
@@ -304,6 +305,8 @@ TRAINING_TIERS: list[set[str]] = [
     {"evaluation", "stop", "assembly", "step"},
     # the fit loop: the steps, their progress and their end (given the parts it uses)
     {"loop"},
+    # how a run ends (its result, the interruption, data-error and non-finite ends)
+    {"ending"},
     {"trainer"},
     {"factory", "distributed", "inference"},
     # the package and the old import paths

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rankwise.training import Trainer, load_config
-from rankwise.training.trainer import train
+from rankwise.training.factory import train
 
 pytestmark = pytest.mark.slow
 

@@ -83,12 +83,19 @@ def test_the_check_finds_an_override_and_a_call(tmp_path):
     bad.write_text(
         "class Pre(Trainer):\n"
         "    def _finish(self, test):\n"
-        "        return self._result('completed')\n"
+        "        return self._end(None, test, False)\n"
         "def f(trainer):\n"
         "    trainer._emit('on_fit_start')\n"
     )
     assert sorted(private_uses(bad, trainer_private_names())) == [
         (2, "_finish"),
-        (3, "_result"),
+        (3, "_end"),
         (5, "_emit"),
     ]
+
+
+def test_the_trainer_stays_small_and_no_training_module_grows_past_700_lines():
+    """Issue 37 item 2: the Trainer keeps assembly, API and end policy; its parts own the rest."""
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (SOURCE / "training").glob("*.py")}
+    assert sizes["trainer.py"] <= 600, sizes["trainer.py"]
+    assert {name: n for name, n in sizes.items() if n > 700} == {}

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from rankwise.cli import app
-from rankwise.training import ConfigError, NonFiniteLossError, RunResult, Trainer
+from rankwise.training import ConfigError, Evaluator, NonFiniteLossError, RunResult, Trainer
 from rankwise.training.bench import plan_bench
 from rankwise.training.config import config_from_dict
 from rankwise.training.tune import parse_grid_values, tune
@@ -47,21 +47,21 @@ class ReadTestReportError(AssertionError):
     pass
 
 
-real_rank = Trainer._rank
+real_rank = Evaluator.rank_split
 
 
-def rank_without_test(self, split, *args, **kwargs):
-    """Trainer._rank, failing the test the moment the test data is ranked."""
+def rank_without_test(self, model, device, split, **kwargs):
+    """Evaluator.rank_split (every ranking of a run's split), failing the test on the test data."""
     if split == "test":
         raise ReadTestReportError("tuning evaluated the test data")
-    return real_rank(self, split, *args, **kwargs)
+    return real_rank(self, model, device, split, **kwargs)
 
 
 @pytest.fixture(scope="module")
 def tuned_sweep(tmp_path_factory, base):
     out = tmp_path_factory.mktemp("tune") / "sweep"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Trainer, "_rank", rank_without_test)
+        mp.setattr(Evaluator, "rank_split", rank_without_test)
         summary = tune(base, losses=["triplet", "auc"], grid=GRID, seeds=(0, 1), output=out)
     return out, summary
 

@@ -127,11 +127,12 @@ def test_every_result_file_is_written_atomically(tmp_path, monkeypatch):
 
 
 def test_the_report_leaves_matplotlibs_backend_alone(done):
-    from rankwise.hashing.workflow import load_results, write_report
+    from rankwise.hashing.workflow import MethodResult, write_report
 
+    results = [MethodResult.from_dict(r) for r in json.loads((done / "results.json").read_text())]
     matplotlib.use("svg")
     try:
-        write_report(load_results(done), done, prefix="again")
+        write_report(results, done, prefix="again")
         assert matplotlib.get_backend().lower() == "svg"
     finally:
         matplotlib.use("agg")

@@ -17,7 +17,7 @@ import pytest
 
 from rankwise.training import ConfigError, NonFiniteLossError, TrainingInterrupted
 from rankwise.training.lock import LOCK_FILE
-from rankwise.training.rundir import RunPaths, SweepPaths
+from rankwise.training.rundir import RunPaths
 from rankwise.workflows.sweep import (
     FinishedRun,
     SweepPlan,
@@ -26,6 +26,7 @@ from rankwise.workflows.sweep import (
     json_text,
     run_sweep,
 )
+from rankwise.workflows.sweepdir import SweepPaths
 
 
 class FakeSweep:

@@ -174,8 +174,8 @@ def bench(
         from ..reporting import print_bench_table
         from ..training import TrainingInterrupted
         from ..training.config import apply_overrides, parse_overrides
-        from ..training.rundir import SweepPaths, read_sweep
         from ..workflows.bench import resume_bench, run_bench
+        from ..workflows.sweepdir import SweepPaths, read_sweep
 
         if resume is not None:
             given = {

@@ -148,8 +148,8 @@ def train_command(
     with cli_errors("training", {**FLAGS, "output": "--output"}) as err:
         from ..training import TrainingInterrupted
         from ..training.lock import lock_run_dir
-        from ..training.rundir import SweepPaths
         from ..workflows.hashing import load_hash_config, run_hash_experiment, write_report
+        from ..workflows.sweepdir import SweepPaths
 
         cfg, settings = load_hash_config(config, extra)
 

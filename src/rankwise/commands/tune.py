@@ -141,7 +141,7 @@ def tune(
     with cli_errors("tune", FLAGS):
         from ..reporting import print_tune_table
         from ..training import TrainingInterrupted
-        from ..training.rundir import SweepPaths
+        from ..workflows.sweepdir import SweepPaths
         from ..workflows.tune import resume_tune
         from ..workflows.tune import tune as run_tune
 

@@ -12,6 +12,7 @@ from .._extras import require
 
 require(("rich", "pydantic", "yaml", "matplotlib"), "train", "rankwise.training")
 
+from .build import learning_rate_at  # noqa: E402
 from .callbacks import (  # noqa: E402 - after the dependency check
     BestCheckpoint,
     Callback,
@@ -33,11 +34,13 @@ from .errors import (  # noqa: E402
     TrainingInterrupted,
 )
 from .evaluation import Evaluator  # noqa: E402
+from .factory import train  # noqa: E402
 from .inference import LoadedRun, load_run  # noqa: E402
+from .result import RunResult  # noqa: E402
 from .settings import Logging, Runtime, Schedule  # noqa: E402
 from .stop import StopControl  # noqa: E402
 from .store import RunStore  # noqa: E402
-from .trainer import RunResult, Trainer, learning_rate_at, train  # noqa: E402
+from .trainer import Trainer  # noqa: E402
 
 __all__ = [
     "BestCheckpoint",

@@ -15,15 +15,18 @@ import torch
 from torch import nn
 
 from .._validation import Interval, check_scalar, resolve_device
+from .config import Config
 
 __all__ = [
     "check_dataset",
+    "check_datasets",
     "check_modules",
     "check_run_options",
     "check_schedule",
     "determinism",
     "device_of",
     "positive_int",
+    "resolved_device",
 ]
 
 LRSchedule = Callable[[int], float] | torch.optim.lr_scheduler.LRScheduler
@@ -75,13 +78,35 @@ def check_dataset(data: Any, name: str, required: bool = False) -> None:
         )
 
 
+def check_datasets(train_data: Any, val_data: Any, test_data: Any, gallery_data: Any) -> None:
+    """The Trainer's datasets: each map-style (:func:`check_dataset`), a gallery with its test."""
+    check_dataset(train_data, "train_data", required=True)
+    for data, data_name in ((val_data, "val_data"), (test_data, "test_data")):
+        check_dataset(data, data_name)
+    check_dataset(gallery_data, "gallery_data")
+    if gallery_data is not None and test_data is None:
+        raise ValueError("`gallery_data` is the gallery of a test: pass `test_data` too.")
+
+
+def resolved_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` when it is already resolved (a ``torch.device``, a CUDA one with its index)."""
+    if isinstance(device, torch.device) and (device.type != "cuda" or device.index is not None):
+        return device
+    return None
+
+
 def positive_int(value: Any, name: str, low: int = 1) -> int:
     """``value`` as an integer ``>= low``, or a ValueError naming ``name``."""
     return check_scalar(value, name, Interval("integer", low, None))
 
 
 def check_modules(model: Any, loss_fn: Any) -> None:
-    """The model and the loss are modules."""
+    """The model and the loss are modules (a config as the model: ``Trainer.from_config``)."""
+    if isinstance(model, Config):
+        raise TypeError(
+            "Trainer(config) became Trainer.from_config(config); Trainer() takes the model, "
+            "the loss and the training data."
+        )
     if not isinstance(model, nn.Module):
         raise ValueError(f"`model` must be a torch.nn.Module, got {type(model).__name__}.")
     if not isinstance(loss_fn, nn.Module):

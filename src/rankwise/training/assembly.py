@@ -61,7 +61,14 @@ if TYPE_CHECKING:
     from ..data import RetrievalSplits
     from ..metrics import PRCurve, RetrievalReport
 
-__all__ = ["BuildOptions", "ModelLike", "build_from_config", "resume_from_run_dir", "strategy_of"]
+__all__ = [
+    "BuildOptions",
+    "ModelLike",
+    "ResumeOptions",
+    "build_from_config",
+    "resume_from_run_dir",
+    "strategy_of",
+]
 
 ModelLike = nn.Module | Callable[[tuple[int, ...]], nn.Module]
 _T = TypeVar("_T")
@@ -115,6 +122,20 @@ class BuildOptions(TypedDict, total=False):
     resume_from: str | Path | None
     name: str | None
     plots: PlotCurves | None
+
+
+class ResumeOptions(TypedDict, total=False):
+    """The keywords of a trainer resumed from its run folder (:func:`resume_from_run_dir`).
+
+    ``Trainer.from_run_dir`` takes exactly these.
+    """
+
+    num_workers: int | None
+    device: str | None
+    console: Console | None
+    checkpoint: str | Path | None
+    data_dir: str | Path | None
+    max_steps: int | None
 
 
 def build_from_config(

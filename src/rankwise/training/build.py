@@ -39,6 +39,7 @@ __all__ = [
     "build_optimizer",
     "build_sampler_from_config",
     "check_batch_classes",
+    "default_optimizer",
     "check_data_files",
     "learning_rate_at",
     "load_splits",
@@ -349,6 +350,19 @@ def _pretrained_state(config: Config, input_shape: tuple[int, ...]) -> dict[str,
                 f"this run has {key}={value!r}; pretrain again with this run's settings."
             )
     return state
+
+
+def default_optimizer(model: nn.Module, loss_fn: nn.Module) -> torch.optim.Optimizer:
+    """The Trainer's default: ``Adam(lr=1e-3)`` over the trainable parameters of both modules.
+
+    Raises:
+        ValueError: neither has a trainable parameter.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    params += [p for p in loss_fn.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("`model` has no trainable parameter (requires_grad) to optimize.")
+    return torch.optim.Adam(params, lr=1e-3)
 
 
 def build_optimizer(

@@ -104,6 +104,13 @@ class ReplicaDivergenceError(NonFiniteLossError):
         self.names = list(names)
         self.ranks = list(ranks)
 
+    def keeping(self, last_good_checkpoint: Path | None, kept: str) -> ReplicaDivergenceError:
+        """This error once training stopped, naming the checkpoint that is kept (``kept``)."""
+        message = f"{self.args[0]} Training stopped and {kept}."
+        return ReplicaDivergenceError(
+            message, self.step, last_good_checkpoint, self.names, self.ranks, self.record
+        )
+
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint file cannot be read: empty, truncated, junk or not a rankwise checkpoint.

@@ -10,7 +10,7 @@ the hash codes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -151,6 +151,9 @@ class Evaluator:
         strategy: the processes of the run (default: one process).
         num_workers: DataLoader worker processes.
         seed: seeds the loaders' generator.
+        val_data: the run's validation data (:meth:`rank_split` ``"val"``).
+        test_data: the run's test queries (:meth:`rank_split` ``"test"``).
+        gallery_data: the gallery of a closed-set test.
 
     Example:
         >>> import torch
@@ -173,6 +176,9 @@ class Evaluator:
         strategy: SingleProcess | None = None,
         num_workers: int = 0,
         seed: int = 0,
+        val_data: Dataset | None = None,
+        test_data: Dataset | None = None,
+        gallery_data: Dataset | None = None,
     ) -> None:
         for fn, fn_name in ((metric_fn, "metric_fn"), (curve_fn, "curve_fn")):
             if fn is not None and not callable(fn):
@@ -187,6 +193,7 @@ class Evaluator:
         self.strategy = strategy if strategy is not None else SingleProcess()
         self.num_workers = positive_int(num_workers, "num_workers", 0)
         self.seed = positive_int(seed, "seed", 0)
+        self.val_data, self.test_data, self.gallery_data = val_data, test_data, gallery_data
 
     def embed(
         self, model: nn.Module, dataset: Dataset, device: torch.device
@@ -249,6 +256,44 @@ class Evaluator:
                 others = self.embed_split(model, gallery, device)
             report, curve = self._ranked(query, query_labels, others, with_curve)
         return Ranking(report, query, curve)
+
+    def rank_split(
+        self, model: nn.Module, device: torch.device, split: str, *, with_curve: bool = False
+    ) -> Ranking:
+        """Rank the run's ``"val"`` data leave-one-out, or its ``"test"`` queries (with the gallery).
+
+        Raises:
+            ValueError: an unknown ``split``, or one the evaluator has no data for.
+        """
+        if split not in ("val", "test"):
+            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
+        data = self.val_data if split == "val" else self.test_data
+        if data is None:
+            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
+        gallery = self.gallery_data if split == "test" else None
+        return self.rank(model, device, data, gallery, with_curve=with_curve)
+
+    def test_weights(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        weights: Mapping[str, torch.Tensor] | None,
+    ) -> tuple[RetrievalReport, PRCurve]:
+        """The test report and curve of ``model`` with ``weights`` loaded (``None``: its own).
+
+        The model's own weights are back in it afterwards.
+        """
+        final = None
+        if weights is not None:
+            final = {k: v.clone() for k, v in model.state_dict().items()}
+            model.load_state_dict(weights)
+        try:
+            ranking = self.rank_split(model, device, "test", with_curve=True)
+        finally:
+            if final is not None:
+                model.load_state_dict(final)
+        assert ranking.curve is not None
+        return ranking.report, ranking.curve
 
     def _ranked(
         self,

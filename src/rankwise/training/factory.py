@@ -10,38 +10,27 @@ itself is :mod:`rankwise.training.assembly` (below the Trainer, which ``Trainer.
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .assembly import BuildOptions, ModelLike, resume_from_run_dir, strategy_of
+from .assembly import BuildOptions, ModelLike
 from .config import Config
-from .strategy import SingleProcess
 from .trainer import Trainer
 
 if TYPE_CHECKING:
     from rich.console import Console
     from typing_extensions import Unpack
 
+    from ..data import RetrievalSplits
+    from .callbacks.host import CallbackLike
+    from .result import RunResult
 
-__all__ = ["ModelLike", "build_trainer", "strategy_from_config", "trainer_from_run_dir"]
 
-
-def strategy_from_config(config: Config, trainer_cls: type[Trainer] | None = None) -> SingleProcess:
-    """The strategy of a run of ``config`` in this environment.
-
-    Under torchrun (or in a process group of several processes, or for ``trainer_cls`` =
-    ``DistributedTrainer``) this process joins the process group with the ``distributed``
-    settings of ``config`` and gets a ``DataParallelStrategy``; otherwise ``SingleProcess()``.
-
-    Args:
-        config: the run's config.
-        trainer_cls: the trainer class (its ``strategy_class`` may ask for data parallelism).
-
-    Returns:
-        The strategy.
-    """
-    cls = Trainer if trainer_cls is None else trainer_cls
-    return strategy_of(config, cls.strategy_class is not SingleProcess)[0]
+__all__ = [
+    "ModelLike",
+    "build_trainer",
+    "train",
+]
 
 
 def build_trainer(
@@ -78,45 +67,27 @@ def build_trainer(
     return (Trainer if trainer_cls is None else trainer_cls).from_config(config, **options)
 
 
-def trainer_from_run_dir(
-    run_dir: str | Path,
+def train(
+    config: Config,
     *,
-    trainer_cls: type[Trainer] | None = None,
-    num_workers: int | None = None,
-    device: str | None = None,
-    console: Console | None = None,
-    checkpoint: str | Path | None = None,
-    data_dir: str | Path | None = None,
+    splits: RetrievalSplits | None = None,
+    overwrite: bool = False,
     max_steps: int | None = None,
-) -> Trainer:
-    """The trainer that resumes the config run in ``run_dir`` (see :meth:`Trainer.from_run_dir`).
-
-    The folder is locked before its ``config.yaml`` is read (under torchrun the process group is
-    joined first, with the saved ``distributed`` settings). A run that stopped before its first
-    checkpoint trains again from step 0 with its config.
+    callbacks: Sequence[CallbackLike] = (),
+    console: Console | None = None,
+) -> RunResult:
+    """Build a :class:`~rankwise.training.Trainer` from ``config`` and run its ``fit``.
 
     Args:
-        run_dir: a run directory, or a folder holding exactly one.
-        trainer_cls: the trainer class (default :class:`~rankwise.training.Trainer`).
-        num_workers: may change freely (batches do not depend on it).
-        device: may change too (results are then no longer bit-identical).
+        config: the validated run configuration.
+        splits: pre-loaded dataset splits (default: loaded from ``config.dataset``).
+        overwrite: start afresh in an output directory that already holds a run.
+        max_steps: stop early (see :meth:`Trainer.fit <rankwise.training.Trainer.fit>`).
+        callbacks: extra callbacks.
         console: rich console for messages.
-        checkpoint: the checkpoint file to continue from instead of ``last.pt``.
-        data_dir: the run's data moved here: accepted when it holds the data recorded in the
-            run's ``data.json`` (the same file list and sizes), else a ConfigError naming both
-            folders; the run's ``config.yaml`` then names the new folder.
-        max_steps: train on to this many steps: a budget below it is extended to
-            ``budget.iterations=max_steps`` (the learning rate then follows the schedule of
-            the new budget from the checkpoint's step on; docs/training.md).
 
     Returns:
-        The trainer, at the step of the checkpoint.
+        The :class:`~rankwise.training.result.RunResult`.
     """
-    return resume_from_run_dir(
-        Trainer if trainer_cls is None else trainer_cls,
-        run_dir,
-        num_workers=num_workers,
-        device=device,
-        console=console,
-        checkpoint=checkpoint,
-    )
+    trainer = Trainer.from_config(config, splits=splits, overwrite=overwrite, console=console)
+    return trainer.fit(max_steps=max_steps, callbacks=callbacks)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BatchSampler",
+    "LoaderBatches",
     "PositionedBatches",
     "SeededItems",
     "dataset_labels",
@@ -269,3 +270,46 @@ def training_loader(
         generator=torch.Generator().manual_seed(mix_seed(seed, epoch, position)),
         pin_memory=pin_memory,
     )
+
+
+class LoaderBatches:
+    """A Trainer's batches when it is given no ``batch_source``: the loader of its sampler.
+
+    A :class:`~rankwise.training.options.BatchSource`; each call starts a
+    :func:`training_loader` at the given position.
+
+    Args:
+        dataset: the training data.
+        sampler: the batch sampler.
+        seed: the trainer's seed.
+        num_workers: DataLoader worker processes (batches do not depend on it).
+        device: where the batches go (host memory is pinned for CUDA).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        sampler: Iterable[list[int]],
+        seed: int,
+        num_workers: int,
+        device: torch.device,
+    ) -> None:
+        self.dataset = dataset
+        self.sampler = sampler
+        self.seed = seed
+        self.num_workers = num_workers
+        self.pin_memory = device.type == "cuda"
+
+    def batches(self, step: int, epoch: int, position: int) -> Iterator[Any]:
+        """The ``(x, y, meta)`` batches from batch ``position`` of ``epoch`` on (``step`` unused)."""
+        del step  # the sampler's position says where the batches continue
+        loader = training_loader(
+            self.dataset,
+            self.sampler,
+            seed=self.seed,
+            epoch=epoch,
+            position=position,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+        )
+        return iter(loader)

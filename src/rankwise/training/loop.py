@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .callbacks import StepOutput
+from .errors import DataError
 from .stop import StopControl
 
 __all__ = ["LoopEnd", "FitLoop"]
@@ -114,6 +115,10 @@ class FitLoop:
         self.seconds += now - self._tick
         self._tick = now
 
+    def add_seconds(self, seconds: float) -> None:
+        """Count ``seconds`` spent outside the steps (the end of the run) as the run's time."""
+        self.seconds += seconds
+
     def state_dict(self) -> dict[str, Any]:
         """The progress after :attr:`step` (keys of the checkpoint, in its order)."""
         return {
@@ -142,15 +147,24 @@ class FitLoop:
 
         Returns:
             The :class:`LoopEnd`.
+
+        Raises:
+            DataError: a data file could not be read; the state of :attr:`step` is complete
+                (nothing of the step being loaded was applied; a validation cut short runs
+                again on resume), so :attr:`in_step` is ``False``.
         """
-        while True:
-            if self.step >= self.total_steps:
-                return LoopEnd("budget")
-            if max_steps is not None and self.step >= max_steps:
-                return LoopEnd("max_steps")
-            end = self.run_step(batches)
-            if end is not None:
-                return end
+        try:
+            while True:
+                if self.step >= self.total_steps:
+                    return LoopEnd("budget")
+                if max_steps is not None and self.step >= max_steps:
+                    return LoopEnd("max_steps")
+                end = self.run_step(batches)
+                if end is not None:
+                    return end
+        except DataError:
+            self.in_step = False
+            raise
 
     def run_step(self, batches: Iterator[Any]) -> LoopEnd | None:
         """One complete step: the batch, its records, its validation; the end it asked for.

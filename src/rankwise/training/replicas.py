@@ -289,5 +289,5 @@ class ReplicaSync(Callback):
         if trainer.strategy.world_size == 1:
             return
         due = self.check_every is not None and trainer.step % self.check_every == 0
-        if due and trainer.last_checkpoint_step != trainer.step:
+        if due and trainer.store.last_step != trainer.step:
             trainer.check_replicas()

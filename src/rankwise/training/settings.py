@@ -83,6 +83,27 @@ class Schedule:
         """The per-step learning-rate function (``None``: a torch scheduler, or none)."""
         return check_schedule(self.lr_schedule)
 
+    def scheduler_state(self) -> dict[str, Any] | None:
+        """The torch scheduler's state, for a checkpoint (``None``: a function, or none)."""
+        scheduler = self.lr_schedule
+        if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+            return scheduler.state_dict()
+        return None
+
+    def load_scheduler_state(self, state: Mapping[str, Any] | None) -> None:
+        """Continue the torch scheduler from :meth:`scheduler_state`'s output (``None``: none).
+
+        Raises:
+            ValueError: a scheduler's state, and no torch scheduler to continue.
+        """
+        if state is None:
+            return
+        if not isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
+            raise ValueError(
+                "the checkpoint holds a learning-rate scheduler: pass the same `lr_schedule`."
+            )
+        self.lr_schedule.load_state_dict(dict(state))
+
 
 @dataclass(frozen=True)
 class Runtime:

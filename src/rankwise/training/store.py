@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import yaml
 
+from .._validation import check_bool
 from .arguments import check_run_options
 from .checkpoint import atomic_save, atomic_write_text, keep_previous, load_checkpoint
 from .errors import ConfigError, CorruptCheckpointError, DiskFullError
@@ -34,7 +35,14 @@ from .rundir import (
 )
 from .strategy import SingleProcess
 
-__all__ = ["RunPaths", "RunResult", "RunStore", "fallback_checkpoint", "refuse_results"]
+__all__ = [
+    "RunPaths",
+    "RunResult",
+    "RunStore",
+    "fallback_checkpoint",
+    "refuse_results",
+    "run_store",
+]
 
 
 def refuse_results(run_dir: Path, key: str) -> None:
@@ -528,3 +536,53 @@ class RunStore:
                 f"final test evaluates; no other copy exists. Train the run again {retrain}."
             ),
         )
+
+
+def run_store(
+    run_dir: str | Path | RunStore | None, strategy: SingleProcess, folder: Mapping[str, Any]
+) -> tuple[RunStore, dict[str, Any] | None]:
+    """The store of a Trainer's ``run_dir``, and how to open it (``None``: opened already).
+
+    Args:
+        run_dir: a folder path (``None``: no file), or a :class:`RunStore` (the factory's,
+            opened here if it was not).
+        strategy: the trainer's processes.
+        folder: how a path is opened: ``resume``, ``overwrite``, ``resume_from``,
+            ``run_dir_key``, ``record`` (``config``: a Config whose ``to_dict()`` is the record).
+
+    Returns:
+        ``(store, opening)``: the keywords of :meth:`RunStore.open` for a path.
+
+    Raises:
+        ValueError: ``folder`` options with a given store, a store of another world size, or
+            options that do not fit together (named).
+    """
+    if isinstance(run_dir, RunStore):
+        if folder:
+            raise ValueError(
+                f"{', '.join(f'`{k}`' for k in folder)}: the given RunStore was opened "
+                "with its own; pass them to RunStore(...) / RunStore.open(...) instead."
+            )
+        if run_dir.strategy.world_size != strategy.world_size:
+            raise ValueError(
+                "`run_dir`: the RunStore was made for "
+                f"{run_dir.strategy.world_size} process(es) and the trainer's `strategy` "
+                f"has {strategy.world_size}; give both the same strategy."
+            )
+        if not run_dir.is_open:
+            run_dir.open()
+        return run_dir, None
+    record = folder.get("record")
+    config = folder.get("config")
+    if config is not None and record is None:
+        record = config.to_dict()
+    resume = check_bool(folder.get("resume", False), "resume")
+    overwrite = check_bool(folder.get("overwrite", False), "overwrite")
+    resume_from = folder.get("resume_from")
+    root = None if run_dir is None else Path(run_dir)
+    check_run_options(root, resume, overwrite, resume_from)
+    opening = {"resume": resume, "overwrite": overwrite, "resume_from": resume_from}
+    store = RunStore(
+        root, strategy=strategy, key=folder.get("run_dir_key", "run_dir"), record=record
+    )
+    return store, opening

@@ -24,6 +24,7 @@ from torch.utils.data import Dataset, Subset
 from .._distributed import all_gather_rows, all_gather_small, comm_device, rank_and_world_size
 from .._validation import resolve_device
 from ..sampling import DistributedMPerClassBatchSampler, MPerClassBatchSampler
+from .arguments import device_of, resolved_device
 from .build import seed_everything
 from .callbacks import Callback
 from .checkpoint import capture_rng_state, restore_rng_state
@@ -63,6 +64,19 @@ class SingleProcess:
     def prepare_model(self, model: nn.Module, device: torch.device | None) -> nn.Module:
         """The model to train (before it is moved to its device)."""
         return model
+
+    def place(
+        self, model: nn.Module, device: str | torch.device | None
+    ) -> tuple[nn.Module, torch.device]:
+        """The model to train (:meth:`prepare_model`) and this process's device.
+
+        A ``torch.device`` already resolved (the factory's, with its CUDA index) is the one
+        resolution of the run; else :meth:`device`, ``None`` meaning where the model is.
+        """
+        given = resolved_device(device)
+        wanted = given if given is not None else self.device(device)
+        model = self.prepare_model(model, wanted)  # type: ignore[arg-type]
+        return model, given if given is not None else device_of(model, wanted)
 
     def training_module(self, model: nn.Module, device: torch.device) -> nn.Module:
         """The module the training forward pass calls (e.g. a DDP wrapper); ``model`` here."""

@@ -1,15 +1,16 @@
 """The training loop: a Trainer for your own model, loss and data.
 
 The loop of Wen et al. (NeurIPS 2022), Sec. 5.1 and App. D.1: ranking loss on P x K batches, model
-selection by validation tie-aware mAP, test report of the selected model. Resumable bit for bit: a
-checkpoint holds every state (e.g. SOPRC's ``v`` of Eq. (10), sampler position, RNG streams);
-batches depend neither on interruptions nor on ``num_workers`` (:mod:`rankwise.training.loader`).
+selection on validation, test report of the selected model; resumable bit for bit (a checkpoint
+holds every state, e.g. SOPRC's ``v`` of Eq. (10), the sampler position, the RNG streams).
 
-The :class:`Trainer` keeps the loop and its counters; it holds the parts it asks for the rest:
-its run store (:class:`~rankwise.training.store.RunStore`: the folder's lock, checkpoints, resume,
-result), its evaluator (:class:`~rankwise.training.evaluation.Evaluator`), its stop control
-(:class:`~rankwise.training.stop.StopControl`: signals and the processes' agreement) and its
-strategy (:mod:`rankwise.training.strategy`: how many processes train).
+The :class:`Trainer` keeps the assembly of its parts, the public API and the end-of-run policy
+(test the selected model and write the report, or the given ``end_policy``), and asks its parts
+for the rest: the fit loop (:mod:`~rankwise.training.loop`), the run store
+(:mod:`~rankwise.training.store`), the evaluator (:mod:`~rankwise.training.evaluation`), the stop
+control (:mod:`~rankwise.training.stop`), the ending (:mod:`~rankwise.training.ending`), the
+callbacks (:class:`~rankwise.training.callbacks.host.CallbackHost`) and the strategy
+(:mod:`~rankwise.training.strategy`). docs/architecture.md draws them.
 """
 
 from __future__ import annotations
@@ -17,179 +18,56 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.console import Console
 from torch import nn
 from torch.utils.data import Dataset
 
-from .._signals import signal_label, signal_number_of
-from .._validation import check_bool
-from ..metrics._inputs import check_ks
-from ..metrics.verification import check_fprs
-from .arguments import (
-    LRSchedule,
-    check_dataset,
-    check_modules,
-    check_run_options,
-    determinism,
-    device_of,
-    positive_int,
-)
-from .assembly import BuildOptions, build_from_config, resume_from_run_dir
-from .build import build_optimizer, learning_rate_at, load_splits, preflight
-from .callbacks import BestCheckpoint, Callback, MetricsLogger
+from .arguments import LRSchedule, check_datasets, check_modules, determinism, positive_int
+from .assembly import BuildOptions, ResumeOptions, build_from_config, resume_from_run_dir
+from .build import default_optimizer
+from .callbacks import Callback
 from .callbacks.base import TrainerView
-from .callbacks.host import CallbackLike, add_callback, as_callback, default_callbacks, emit, find
+from .callbacks.host import CallbackHost, CallbackLike
 from .checkpoint import capture_rng_state
 from .config import Config, config_from_dict
-from .errors import (
-    DataError,
-    NonFiniteLossError,
-    ReplicaDivergenceError,
-    TrainingDataError,
-    TrainingInterrupted,
-)
+from .ending import RunEnding
+from .errors import DataError, ReplicaDivergenceError
 from .evaluation import Evaluator
-from .loader import BatchSampler, dataset_labels, default_sampler, training_loader
+from .loader import BatchSampler, LoaderBatches, dataset_labels, default_sampler
 from .loop import FitLoop, LoopEnd
-from .monitor import DEFAULT_MONITOR
-from .result import RunResult, per_category_map
-from .settings import Logging, Runtime, Schedule, group_options
+from .options import BatchSource, EndPolicy, TrainerOptions, split_options
+from .result import RunResult
+from .settings import Logging, Runtime, Schedule
 from .step import OptimizerStep
 from .stop import StopControl
-from .store import RunStore
+from .store import RunStore, run_store
 from .strategy import SingleProcess
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from ..data import RetrievalSplits
     from ..metrics import PRCurve, RetrievalReport
 
-__all__ = [
-    "LRSchedule",
-    "Logging",
-    "RunResult",
-    "Runtime",
-    "Schedule",
-    "BatchSource",
-    "EndPolicy",
-    "Trainer",
-    "TrainerOptions",
-    "build_optimizer",
-    "learning_rate_at",
-    "load_splits",
-    "preflight",
-    "train",
-]
-
-_EVALUATION = ("metric_fn", "curve_fn", "eval_ks", "eval_batch_size", "eval_fpr")
-_RUN_FOLDER = ("resume", "resume_from", "overwrite", "run_dir_key", "record", "config")
-_SEAMS = ("batch_source", "end_policy", "resume_hint", "activity")
-
-
-class BatchSource(Protocol):
-    """Where the training batches come from, instead of the loader of ``sampler``.
-
-    A source that draws its batches itself keeps what its position depends on in a callback's
-    checkpointed state, so a resumed run draws the batches of an uninterrupted one (the
-    pretraining's ``SourceBatches``, :mod:`rankwise.workflows.pretrain`).
-    """
-
-    def batches(self, step: int, epoch: int, position: int) -> Iterator[Any]:
-        """The ``(x, y, meta)`` batches from ``step`` on (``meta[0]``: ``(epoch, position)``)."""
-
-
-class EndPolicy(Protocol):
-    """What a run does once its budget is reached, instead of testing and writing the report.
-
-    Called with the trainer; a ``KeyboardInterrupt`` inside it is its own to report (the
-    trainer's :attr:`~Trainer.resume_hint` says how to continue).
-    """
-
-    def __call__(self, trainer: Trainer) -> None:
-        """Write the run's outcome."""
-
-
-def _per_category(test: RetrievalReport | None, data: Any) -> dict[str, Any] | None:
-    """The test mAP per query category, for test data with ``categories`` (a table's column)."""
-    categories = getattr(data, "categories", None)
-    if test is None or categories is None:
-        return None
-    return per_category_map(test.per_query_ap, categories)
-
-
-class TrainerOptions(TypedDict, total=False):
-    """The keywords of :class:`Trainer` besides its named parameters.
-
-    The evaluation (``metric_fn``, ``curve_fn``, ``eval_ks``, ``eval_batch_size``); how a
-    ``run_dir`` path is opened (``resume``, ``resume_from``, ``overwrite``, ``run_dir_key``,
-    ``record``; ``config``: a Config's ``to_dict()`` as the record); the seams of a loop that
-    is not the retrieval one (``batch_source``: a :class:`BatchSource`; ``end_policy``: an
-    :class:`EndPolicy` instead of the test and report; ``resume_hint``: how messages say to
-    continue; ``activity``: what they call the run, e.g. ``"pretraining"``); and, as in earlier
-    versions, each field of the :class:`Schedule`, :class:`Runtime` and :class:`Logging` groups
-    on its own.
-    """
-
-    metric_fn: Callable[..., RetrievalReport] | None
-    curve_fn: Callable[..., PRCurve] | None
-    eval_ks: Sequence[int]
-    eval_batch_size: int
-    eval_fpr: Sequence[float]
-    resume: bool
-    resume_from: str | Path | None
-    overwrite: bool
-    run_dir_key: str
-    record: Mapping[str, Any] | None
-    config: Config | None
-    iterations: int | None
-    epochs: int | None
-    lr_schedule: LRSchedule | None
-    eval_every: int | None
-    device: str | torch.device | None
-    seed: int
-    num_workers: int
-    deterministic: bool
-    detect_collapse: bool
-    precision: str
-    sub_batch_size: int | None
-    log_every: int
-    progress: bool | None
-    console: Console | None
-    name: str | None
-    loss_name: str | None
-    batch_source: BatchSource | None
-    end_policy: EndPolicy | None
-    resume_hint: str | None
-    activity: str
-
-
-def _split_options(options: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """The entries of ``names`` in ``options`` (removed from it)."""
-    return {name: options.pop(name) for name in names if name in options}
+__all__ = ["BatchSource", "EndPolicy", "Trainer", "TrainerOptions"]
 
 
 class Trainer:
     """Train an embedding model with a ranking loss; select it on validation, test it.
 
-    The loop of :meth:`fit`: P x K batches from ``sampler``; per step ``model(x)`` ->
-    ``loss_fn(embeddings, labels)`` -> ``optimizer.step()`` (:meth:`train_step`); every
-    ``eval_every`` steps (and at the end) the validation data is ranked leave-one-out with the
-    exact tie-aware metrics of :func:`rankwise.metrics.retrieval_metrics`, the best model by
-    validation mAP is kept, and a checkpoint is written; at the end the selected model is tested.
-
-    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id (what the
-    default sampler reads: :func:`~rankwise.training.loader.dataset_labels`, docs/training.md).
-
-    Settings come in three frozen groups, each also accepted field by field as a keyword (the
-    keywords of earlier versions: ``Trainer(..., iterations=300, eval_every=75, progress=False)``
-    is ``Trainer(..., schedule=Schedule(iterations=300, eval_every=75),
-    logging=Logging(progress=False))``).
+    The loop of :meth:`fit` (its :class:`~rankwise.training.loop.FitLoop`): P x K batches from
+    ``sampler``; per step ``model(x)`` -> ``loss_fn(embeddings, labels)`` -> ``optimizer.step()``
+    (:meth:`train_step`); every ``eval_every`` steps (and at the end) the validation data is
+    ranked leave-one-out with the exact tie-aware metrics, the best model on the monitored
+    metric is kept, and a checkpoint is written; at the end the selected model is tested.
+    Every dataset is map-style, ``dataset[i] -> (x, label)`` with an integer class id
+    (docs/training.md). Settings come in three frozen groups, each also accepted field by field
+    as a keyword: ``Trainer(..., iterations=300, progress=False)`` is ``Trainer(...,
+    schedule=Schedule(iterations=300), logging=Logging(progress=False))``.
 
     Args:
         model: the embedding network, ``(B, ...) -> (B, d)``; moved to the device.
@@ -204,48 +82,25 @@ class Trainer:
         optimizer: default ``torch.optim.Adam(lr=1e-3)`` over the trainable parameters of
             ``model`` and ``loss_fn``.
         sampler: a batch sampler (an iterable of index lists with a length; ``set_epoch`` makes
-            resumption exact). Default: :func:`~rankwise.training.loader.default_sampler`.
-            With a ``batch_source`` it only gives the epoch length.
-        callbacks: :class:`~rankwise.training.callbacks.Callback` objects or plain functions
+            resumption exact); default :func:`~rankwise.training.loader.default_sampler`.
+        callbacks: :class:`~rankwise.training.callbacks.Callback` objects or functions
             ``fn(trainer)`` (called after every complete step); one of the type of a default
-            callback replaces that default (the defaults: docs/training.md).
+            callback replaces that default.
         run_dir: where checkpoints, ``metrics.jsonl``, ``report.json`` and plots go (``None``:
-            no file; everything stays in memory, no resume), or an open
-            :class:`~rankwise.training.store.RunStore` (the factory's). A path is opened here
-            (``resume`` / ``overwrite`` / ``resume_from`` below) and locked against other
-            processes (:mod:`rankwise.training.lock`) from construction to the end of
-            :meth:`fit`; a second :meth:`fit` refuses it if another process wrote a checkpoint
-            there meanwhile.
-        strategy: how many processes train: :class:`~rankwise.training.strategy.SingleProcess`
-            (default) or a ``DataParallelStrategy`` (docs/distributed.md).
-        schedule: the budget, learning-rate schedule and evaluation cadence
-            (:class:`~rankwise.training.settings.Schedule`: ``iterations``, ``epochs``,
-            ``lr_schedule``, ``eval_every``).
-        runtime: where and how reproducibly it trains
-            (:class:`~rankwise.training.settings.Runtime`: ``device``, ``seed``,
-            ``num_workers``, ``deterministic``, ``detect_collapse``).
-        logging: what it records and shows (:class:`~rankwise.training.settings.Logging`:
-            ``log_every``, ``progress``, ``console``, ``name``, ``loss_name``).
-        **options: (:class:`TrainerOptions`) the evaluation: ``metric_fn`` (called as
-            ``metric_fn(query, query_labels, gallery, gallery_labels, ks=eval_ks)``, ``gallery``
-            ``None`` for leave-one-out; default :func:`rankwise.metrics.retrieval_metrics`; its
-            report needs ``map`` and ``to_dict()``), ``curve_fn`` (the test curve, called like
-            ``metric_fn`` without ``ks``; default :func:`rankwise.metrics.pr_curve`),
-            ``eval_ks`` (default ``(1, 10, 100)``), ``eval_batch_size`` (default 256),
-            ``eval_fpr`` (FPR budgets: every report adds ROC AUC and TPR at each; default none); a
-            ``run_dir`` path's ``resume`` (continue from ``checkpoints/last.pt``; build the same
-            objects first), ``resume_from`` (with ``resume``: that checkpoint instead, e.g.
-            ``checkpoints/previous.pt``), ``overwrite`` (start afresh in a folder holding a
-            run: its results are deleted when :meth:`fit` starts), ``run_dir_key`` (the name
-            messages give ``run_dir``) and ``record`` (what ``config.yaml`` and the
-            checkpoints hold as the run's config; ``config``: a Config's); and each field of
-            ``schedule`` / ``runtime`` / ``logging`` on its own.
+            no file, no resume), or an open :class:`~rankwise.training.store.RunStore`. A path
+            is locked from construction to the end of :meth:`fit`.
+        strategy: how many processes train (default one; docs/distributed.md).
+        schedule: a :class:`~rankwise.training.settings.Schedule`.
+        runtime: a :class:`~rankwise.training.settings.Runtime`.
+        logging: a :class:`~rankwise.training.settings.Logging`.
+        **options: (:class:`~rankwise.training.options.TrainerOptions`) the evaluation, how a
+            ``run_dir`` path is opened (``resume``, ``overwrite``, ...), the seams
+            (``batch_source``, ``end_policy``, ...) and each field of the three groups.
 
     Raises:
-        ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that
-            already holds a run, or a checkpoint that cannot be resumed; a
-            :class:`~rankwise.training.lock.RunDirInUseError` for one another process is
-            writing).
+        ValueError: a bad argument, named (a :class:`ConfigError` for a ``run_dir`` that holds
+            a run, or a checkpoint that cannot be resumed; a ``RunDirInUseError`` for one
+            another process is writing).
         TypeError: an unknown keyword, or a group passed with some of its fields.
 
     Example:
@@ -267,7 +122,6 @@ class Trainer:
     """
 
     strategy_class: type[SingleProcess] = SingleProcess  # DistributedTrainer: data-parallel
-    CHECKPOINT_FORMAT = RunStore.FORMAT
 
     def __init__(
         self,
@@ -288,75 +142,36 @@ class Trainer:
         logging: Logging | None = None,
         **options: Unpack[TrainerOptions],
     ) -> None:
-        if isinstance(model, Config):
-            raise TypeError(
-                "Trainer(config) became Trainer.from_config(config); Trainer() takes the model, "
-                "the loss and the training data."
-            )
         check_modules(model, loss_fn)
-        rest: dict[str, Any] = dict(options)
-        self.schedule = group_options(schedule, Schedule, rest, "schedule")
-        self.runtime = group_options(runtime, Runtime, rest, "runtime")
-        self.logging = group_options(logging, Logging, rest, "logging")
-        evaluation = _split_options(rest, _EVALUATION)
-        folder = _split_options(rest, _RUN_FOLDER)
-        seams = _split_options(rest, _SEAMS)
-        if rest:
-            raise TypeError(f"Trainer() got an unexpected keyword argument {next(iter(rest))!r}.")
+        args = split_options(options, schedule, runtime, logging)
+        self.schedule, self.runtime, self.logging = args.schedule, args.runtime, args.logging
         self.strategy = strategy if strategy is not None else SingleProcess()
         console, progress = self.strategy.console(self.logging.console, self.logging.progress)
-        device = self.runtime.device
-        given = (  # resolved by the factory: the one resolution of the run
-            device
-            if isinstance(device, torch.device)
-            and (device.type != "cuda" or device.index is not None)
-            else None
-        )
-        wanted = given if given is not None else self.strategy.device(device)
-        model = self.strategy.prepare_model(model, wanted)  # type: ignore[arg-type]
-        check_dataset(train_data, "train_data", required=True)
-        for data, data_name in ((val_data, "val_data"), (test_data, "test_data")):
-            check_dataset(data, data_name)
-        check_dataset(gallery_data, "gallery_data")
-        if gallery_data is not None and test_data is None:
-            raise ValueError("`gallery_data` is the gallery of a test: pass `test_data` too.")
-        self.model = model
-        self.loss_fn = loss_fn
-        self.batch_source: BatchSource | None = seams.get("batch_source")
-        self.end_policy: EndPolicy | None = seams.get("end_policy")
-        self.activity = str(seams.get("activity", "training"))
-        self._resume_hint: str | None = seams.get("resume_hint")
-        self.train_data = train_data
-        self.val_data = val_data
-        self.test_data = test_data
-        self.gallery_data = gallery_data
-        self.eval_batch_size = positive_int(
-            evaluation.get("eval_batch_size", 256), "eval_batch_size"
-        )
-        self.eval_ks = tuple(sorted(check_ks(evaluation.get("eval_ks", (1, 10, 100)), "eval_ks")))
+        model, self.device = self.strategy.place(model, self.runtime.device)
+        check_datasets(train_data, val_data, test_data, gallery_data)
+        self.model, self.loss_fn = model, loss_fn
+        self.batch_source: BatchSource | None = args.seams.batch_source
+        self.end_policy: EndPolicy | None = args.seams.end_policy
+        self.train_data, self.val_data = train_data, val_data
+        self.test_data, self.gallery_data = test_data, gallery_data
         self.evaluator = Evaluator(
-            evaluation.get("metric_fn"),
-            evaluation.get("curve_fn"),
-            ks=self.eval_ks,
-            fpr=check_fprs(evaluation.get("eval_fpr", ()), "eval_fpr"),
-            batch_size=self.eval_batch_size,
+            **args.evaluation,
             strategy=self.strategy,
-            num_workers=self.runtime.num_workers,
-            seed=self.runtime.seed,
+            val_data=val_data,
+            test_data=test_data,
+            gallery_data=gallery_data,
         )
-        self.store, opening = self._store(run_dir, folder)
+        self.store, opening = run_store(run_dir, self.strategy, args.folder)
         self.console = console if console is not None else Console(stderr=True)
         self.stop_control = StopControl(
             self.strategy, self.console, saving=self.store.root is not None
         )
-
-        self.device: torch.device = given if given is not None else device_of(model, wanted)
         if self.device.type == "cuda" and self.runtime.deterministic:
             # cuBLAS reads this once, at its first use: it must be set before any CUDA matmul
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         self.model.to(self.device)
         self.loss_fn.to(self.device)
-        self.optimizer = optimizer if optimizer is not None else self._default_optimizer()
+        self.optimizer = optimizer if optimizer is not None else default_optimizer(model, loss_fn)
         # the step itself: precision, loss scaling, sub-batches (its state is checkpointed)
         self.optimizer_step = OptimizerStep(
             self.runtime.precision, self.runtime.sub_batch_size, device=self.device, model=model
@@ -364,18 +179,22 @@ class Trainer:
         # a config's error names its keys
         from_config = self.store.record is not None and sampler is not None
         if sampler is None:
-            sampler = default_sampler(dataset_labels(train_data, "train_data"), self.seed)
+            sampler = default_sampler(dataset_labels(train_data, "train_data"), self.runtime.seed)
         self.sampler = self.strategy.shard_sampler(sampler, from_config=from_config)
         self.steps_per_epoch = len(self.sampler)
         if self.steps_per_epoch <= 0:
             raise ValueError("`sampler` yields no batch per epoch.")
         self.total_steps = self.schedule.total_steps(self.steps_per_epoch)
         self.eval_every = self.schedule.eval_every or self.steps_per_epoch
+        self._batches = self.batch_source or LoaderBatches(
+            train_data, self.sampler, self.runtime.seed, self.runtime.num_workers, self.device
+        )
+        self.lr_schedule: LRSchedule | None = self.schedule.lr_schedule
         self._lr_function = self.schedule.lr_function
         self.loss_name = self.logging.loss_name or type(loss_fn).__name__
         self.name = self.logging.name or self.loss_name
 
-        # the steps and their progress state (checkpointed)
+        # the steps and their progress state (checkpointed), and how the run ends
         self.loop = FitLoop(
             self.steps_per_epoch,
             self.total_steps,
@@ -386,16 +205,22 @@ class Trainer:
             self._validate_and_checkpoint,
             self.stop_control,
         )
-        self._completed = False
-        self._stopped_early: str | None = None  # the reason of a normal early end (checkpointed)
+        self.ending = RunEnding(
+            self.loop,
+            self.store,
+            self.stop_control,
+            self.save_checkpoint,
+            world_size=self.strategy.world_size,
+            loss_name=self.loss_name,
+            activity=args.seams.activity,
+            resume_hint=args.seams.resume_hint,
+            step_record=self.optimizer_step.record,
+        )
         # the evaluation of self.step was cut short by a data error: it runs first on resume
         self._validation_pending = False
-        self.callbacks = default_callbacks(
-            self.logging.log_every, progress, self.runtime.detect_collapse
+        self.hooks = CallbackHost(
+            self.logging.log_every, progress, self.runtime.detect_collapse, callbacks
         )
-        for callback in callbacks:
-            add_callback(self.callbacks, as_callback(callback))
-        self._active: list[Callback] = list(self.callbacks)
         try:
             if opening is not None:
                 self.store.open(**opening)
@@ -406,77 +231,27 @@ class Trainer:
             self.store.release()  # the main process took the run directory's lock
             raise
 
-    # -- construction -----------------------------------------------------------------------
-
-    def _store(
-        self, run_dir: str | Path | RunStore | None, folder: dict[str, Any]
-    ) -> tuple[RunStore, dict[str, Any] | None]:
-        """The run's store, and how to open it (``None``: opened by whoever made it)."""
-        if isinstance(run_dir, RunStore):
-            if folder:
-                raise ValueError(
-                    f"{', '.join(f'`{k}`' for k in folder)}: the given RunStore was opened "
-                    "with its own; pass them to RunStore(...) / RunStore.open(...) instead."
-                )
-            if run_dir.strategy.world_size != self.strategy.world_size:
-                raise ValueError(
-                    "`run_dir`: the RunStore was made for "
-                    f"{run_dir.strategy.world_size} process(es) and the trainer's `strategy` "
-                    f"has {self.strategy.world_size}; give both the same strategy."
-                )
-            if not run_dir.is_open:
-                run_dir.open()
-            return run_dir, None
-        record = folder.get("record")
-        config = folder.get("config")
-        if config is not None and record is None:
-            record = config.to_dict()
-        resume = check_bool(folder.get("resume", False), "resume")
-        overwrite = check_bool(folder.get("overwrite", False), "overwrite")
-        resume_from = folder.get("resume_from")
-        root = None if run_dir is None else Path(run_dir)
-        check_run_options(root, resume, overwrite, resume_from)
-        opening = {"resume": resume, "overwrite": overwrite, "resume_from": resume_from}
-        store = RunStore(
-            root, strategy=self.strategy, key=folder.get("run_dir_key", "run_dir"), record=record
-        )
-        return store, opening
-
     def _join_processes(self, resume: bool) -> None:
         """The training module (DDP on many processes); agree with the other processes."""
         self._training_module = self.strategy.training_module(self.model, self.device)
         self.strategy.join(
             steps_per_epoch=self.steps_per_epoch,
             total_steps=self.total_steps,
-            seed=self.seed,
+            seed=self.runtime.seed,
             resume=resume,
         )
         for callback in self.strategy.callbacks():
-            add_callback(self.callbacks, callback)
-        self._active = list(self.callbacks)
+            self.hooks.add(callback)
         self.check_replicas()
-
-    def _default_optimizer(self) -> torch.optim.Optimizer:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        params += [p for p in self.loss_fn.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError("`model` has no trainable parameter (requires_grad) to optimize.")
-        return torch.optim.Adam(params, lr=1e-3)
 
     @classmethod
     def from_config(cls, config: Config, **options: Unpack[BuildOptions]) -> Trainer:
         """Build the data, model, loss, sampler, optimizer and schedule of ``config``.
 
-        The one door from a config to a trainer (:func:`rankwise.training.factory.build_trainer`
-        is this with ``trainer_cls``): the keywords (``splits``, ``resume``, ``overwrite``,
-        ``console``, ``callbacks``, ``resume_from``, ``model``, ``metric_fn``, ``curve_fn``,
-        ``name``, ``plots``) as :func:`~rankwise.training.assembly.build_from_config` names
-        them; the strategy is chosen from the environment and the output directory locked
-        before the data is loaded (see also :meth:`from_run_dir`).
-
-        Args:
-            config: the validated run configuration.
-            **options: (:class:`~rankwise.training.assembly.BuildOptions`) see above.
+        The one door from a config to a trainer (``factory.build_trainer`` is this call): the
+        keywords as :func:`~rankwise.training.assembly.build_from_config` names them; the
+        strategy is chosen from the environment and the output directory locked before the
+        data is loaded.
 
         Returns:
             The trainer, its ``run_dir`` the config's output directory.
@@ -484,37 +259,15 @@ class Trainer:
         return build_from_config(cls, config, **options)
 
     @classmethod
-    def from_run_dir(
-        cls,
-        run_dir: str | Path,
-        *,
-        num_workers: int | None = None,
-        device: str | None = None,
-        console: Console | None = None,
-        checkpoint: str | Path | None = None,
-        data_dir: str | Path | None = None,
-        max_steps: int | None = None,
-    ) -> Trainer:
+    def from_run_dir(cls, run_dir: str | Path, **options: Unpack[ResumeOptions]) -> Trainer:
         """Trainer that resumes the config run in ``run_dir`` (its ``config.yaml`` and ``last.pt``).
 
-        :func:`rankwise.training.factory.trainer_from_run_dir` with ``trainer_cls=cls`` (also
-        for ``data_dir``, moved data, and ``max_steps``, a budget extended to it).
-
-        Returns:
-            The trainer, at the step of the checkpoint.
+        The keywords (``num_workers``, ``device``, ``console``, ``checkpoint``, ``data_dir``,
+        ``max_steps``) as :func:`~rankwise.training.assembly.resume_from_run_dir` names them.
         """
-        return resume_from_run_dir(
-            cls,
-            run_dir,
-            num_workers=num_workers,
-            device=device,
-            console=console,
-            checkpoint=checkpoint,
-            data_dir=data_dir,
-            max_steps=max_steps,
-        )
+        return resume_from_run_dir(cls, run_dir, **options)
 
-    # -- what the parts hold ----------------------------------------------------------------
+    # -- what the callbacks read (TrainerView); the rest is asked of the parts ---------------
 
     @property
     def run_dir(self) -> Path | None:
@@ -527,66 +280,9 @@ class Trainer:
         return self.store.paths
 
     @property
-    def checkpoint_dir(self) -> Path:
-        """``run_dir/checkpoints``."""
-        return self.store.paths.checkpoints
-
-    @property
-    def record(self) -> dict[str, Any] | None:
-        """The run's config as ``config.yaml`` holds it (``None``: built from objects)."""
-        return self.store.record
-
-    @property
     def config(self) -> Config | None:
-        """The config the run was built from (``None``: built from objects): :attr:`record` read.
-
-        The trainer itself never reads it; :meth:`from_config` gives it the record only.
-        """
+        """The config the run was built from (``None``: from objects); the trainer never reads it."""
         return None if self.store.record is None else config_from_dict(self.store.record)
-
-    @property
-    def last_checkpoint_step(self) -> int | None:
-        """The step of ``checkpoints/last.pt`` (``None``: none written or read yet)."""
-        return self.store.last_step
-
-    @property
-    def last_good_checkpoint(self) -> Path | None:
-        """``checkpoints/last.pt`` once a checkpoint was written in this run, else ``None``."""
-        return self.store.last_good_checkpoint
-
-    def kept_checkpoint_message(self) -> str:
-        """A clause for error messages: ``"the last good checkpoint (...) is kept"`` or why not."""
-        return self.store.kept_message()
-
-    @property
-    def metric_fn(self) -> Callable[..., Any]:
-        """The evaluation's metric (see :class:`~rankwise.training.evaluation.Evaluator`)."""
-        return self.evaluator.metric_fn
-
-    @property
-    def curve_fn(self) -> Callable[..., Any]:
-        """The test curve (see :class:`~rankwise.training.evaluation.Evaluator`)."""
-        return self.evaluator.curve_fn
-
-    @property
-    def seed(self) -> int:
-        """The run's seed (``runtime.seed``)."""
-        return self.runtime.seed
-
-    @property
-    def num_workers(self) -> int:
-        """DataLoader worker processes (``runtime.num_workers``)."""
-        return self.runtime.num_workers
-
-    @property
-    def deterministic(self) -> bool:
-        """Deterministic algorithms during training (``runtime.deterministic``)."""
-        return self.runtime.deterministic
-
-    @property
-    def lr_schedule(self) -> LRSchedule | None:
-        """The learning-rate schedule (``schedule.lr_schedule``)."""
-        return self.schedule.lr_schedule
 
     @property
     def training_module(self) -> nn.Module:
@@ -598,75 +294,23 @@ class Trainer:
         """Whether this process writes the run directory and prints (rank 0 of a data-parallel run)."""
         return self.strategy.is_main_process
 
-    @property
-    def world_size(self) -> int:
-        """The number of data-parallel processes training the model."""
-        return self.strategy.world_size
-
-    @property
-    def rank(self) -> int:
-        """This process's rank (0 for one process)."""
-        return self.strategy.rank
-
-    @property
-    def stop_requested(self) -> bool:
-        """Whether the run stops after the current step (a signal, or another rank's)."""
-        return self.stop_control.requested
-
     def request_stop(self, reason: str | None = None) -> None:
         """Stop after the current step, with a checkpoint.
 
-        Args:
-            reason: why, e.g. early stopping's: the run ends normally (``status
-                "stopped_early"``: the selected model is tested and the report written);
-                ``None``: an interruption, as Ctrl-C (:class:`TrainingInterrupted`).
+        With a ``reason`` (early stopping's) the run ends normally, ``"stopped_early"``;
+        without, it is an interruption, as Ctrl-C (:class:`TrainingInterrupted`).
         """
         self.stop_control.request(reason)
 
     @property
     def stopped_early(self) -> str | None:
         """The reason the run ended early and normally (``None``: it did not), also once resumed."""
-        return self._stopped_early
+        return self.ending.stopped_early
 
     @property
-    def completed(self) -> bool:
-        """Whether the last :meth:`fit` completed the run (its report is written or being written).
-
-        From then on an interruption loses nothing: ``report.json`` says ``"completed"``.
-        """
-        return self._completed
-
-    # -- callbacks --------------------------------------------------------------------------
-
-    def _emit(self, hook: str, *args: Any) -> None:
-        trainer: TrainerView = self  # what the callbacks may read of the trainer
-        emit(self._active, hook, trainer, *args)
-
-    @property
-    def history(self) -> list[dict[str, Any]]:
-        """The records of the run so far (train, val, test, error), as in ``metrics.jsonl``."""
-        logger = find(self._active, MetricsLogger)
-        return logger.records if logger is not None else []
-
-    @property
-    def monitor(self) -> str:
-        """The validation scalar that selects the model (its :class:`BestCheckpoint`'s monitor)."""
-        best = find(self._active, BestCheckpoint)
-        return DEFAULT_MONITOR if best is None else best.monitor
-
-    @property
-    def best_step(self) -> int | None:
-        """Step of the best validation score so far."""
-        best = find(self._active, BestCheckpoint)
-        return None if best is None else best.best_step
-
-    @property
-    def best_val(self) -> dict[str, Any] | None:
-        """Validation report summary of the best step so far."""
-        best = find(self._active, BestCheckpoint)
-        return None if best is None else best.best_val
-
-    # -- checkpoints ------------------------------------------------------------------------
+    def resume_hint(self) -> str:
+        """How to resume in Python (the interruption's ``resume_hint``)."""
+        return self.ending.resume_hint
 
     @property
     def step(self) -> int:
@@ -675,53 +319,64 @@ class Trainer:
 
     @property
     def next_epoch(self) -> int:
-        """The sampler epoch of the next batch."""
+        """The sampler epoch of the next batch (the loop's)."""
         return self.loop.next_epoch
 
-    @property
-    def next_position(self) -> int:
-        """The next batch's index within :attr:`next_epoch`."""
-        return self.loop.next_position
+    def _emit(self, hook: str, *args: Any) -> None:
+        trainer: TrainerView = self  # what the callbacks may read of the trainer
+        self.hooks.emit(hook, trainer, *args)
 
     @property
-    def seconds(self) -> float:
-        """Wall-clock seconds spent in this run, summed over resumptions."""
-        return self.loop.seconds
+    def callbacks(self) -> list[Callback]:
+        """The run's callbacks (the defaults and the given ones; :class:`CallbackHost`)."""
+        return self.hooks.callbacks
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        """The records of the run so far (train, val, test, error), as in ``metrics.jsonl``."""
+        return self.hooks.history
+
+    @property
+    def monitor(self) -> str:
+        """The validation scalar that selects the model (its :class:`BestCheckpoint`'s monitor)."""
+        return self.hooks.monitor
+
+    @property
+    def best_step(self) -> int | None:
+        """Step of the best validation score so far."""
+        return self.hooks.best_step
+
+    @property
+    def best_val(self) -> dict[str, Any] | None:
+        """Validation report summary of the best step so far."""
+        return self.hooks.best_val
+
+    # -- checkpoints ------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The complete state after ``self.step`` (what ``checkpoints/last.pt`` holds)."""
-        scheduler = self.lr_schedule
         return {
             "format": self.store.FORMAT,
             "config": self.store.record,
-            "world_size": self.world_size,
+            "world_size": self.strategy.world_size,
             **self.loop.state_dict(),  # step, next_epoch, next_position, seconds
             "model": self.model.state_dict(),
             "loss": self.loss_fn.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": scheduler.state_dict()
-            if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler)
-            else None,
-            "sampler": {"epoch": self.next_epoch, "position": self.next_position},
             "optimizer_step": self.optimizer_step.state_dict(),  # precision, loss scaler
+            "lr_scheduler": self.schedule.scheduler_state(),
+            "sampler": {"epoch": self.loop.next_epoch, "position": self.loop.next_position},
             "validation_pending": self._validation_pending,
             "rng": capture_rng_state(),
-            "callbacks": {
-                c.state_key: c.state_dict() for c in self._active if c.state_key is not None
-            },
+            "callbacks": self.hooks.state_dict(),
             **self.strategy.rng_state(),
-            # only in the checkpoint of an early end: a resumed run knows it is finished
-            **({} if self._stopped_early is None else {"stopped_early": self._stopped_early}),
+            **self.ending.state_dict(),  # an early end's reason: a resumed run is finished
         }
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/last.pt`` atomically with the complete state after ``self.step``.
 
-        Returns:
-            The checkpoint's path.
-
-        Raises:
-            DiskFullError: no space left for it; the earlier checkpoints are intact.
+        Returns its path; a ``DiskFullError`` (no space left) keeps the earlier checkpoints.
         """
         if self.store.root is None:
             raise ValueError("the trainer has no `run_dir` to write a checkpoint to.")
@@ -735,110 +390,50 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.loss_fn.load_state_dict(state["loss"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("lr_scheduler") is not None:
-            if not isinstance(self.lr_schedule, torch.optim.lr_scheduler.LRScheduler):
-                raise ValueError(
-                    "the checkpoint holds a learning-rate scheduler: pass the same `lr_schedule`."
-                )
-            self.lr_schedule.load_state_dict(state["lr_scheduler"])
-        self.loop.load_state_dict(state)
         self.optimizer_step.load_state_dict(state.get("optimizer_step"))
-        self._stopped_early = state.get("stopped_early")
+        self.schedule.load_scheduler_state(state.get("lr_scheduler"))
+        self.loop.load_state_dict(state)
+        self.ending.load_state_dict(state)
         self._validation_pending = bool(state.get("validation_pending", False))
         self.strategy.restore_rng(state)
-        states = state.get("callbacks", {})
-        for callback in self.callbacks:
-            if callback.state_key is not None and callback.state_key in states:
-                callback.load_state_dict(states[callback.state_key])
+        self.hooks.load_state_dict(state.get("callbacks", {}))
         self.store.check_best(self.best_step)
 
     def check_replicas(self) -> None:
-        """Raise :class:`ReplicaDivergenceError` unless every process holds the same state.
-
-        A collective (:func:`~rankwise.training.replicas.check_replicas_in_sync`); a no-op for one.
-        """
+        """Raise :class:`ReplicaDivergenceError` unless every process holds the same state (a collective)."""
         try:
             self.strategy.check_replicas(self.model, self.loss_fn, self.optimizer, self.step)
         except ReplicaDivergenceError as exc:
-            exc.last_good_checkpoint = self.last_good_checkpoint
-            exc.args = (f"{exc.args[0]} Training stopped and {self.kept_checkpoint_message()}.",)
-            raise
-
-    # -- evaluation -------------------------------------------------------------------------
+            store = self.store
+            raise exc.keeping(store.last_good_checkpoint, store.kept_message()) from None
 
     def embed(self, dataset: Dataset) -> tuple[torch.Tensor, Any]:
-        """Embeddings ``(N, d)`` (on the trainer's device) and ``(N,)`` int64 labels of a dataset.
+        """``(embeddings, labels)``: ``(N, d)`` on the trainer's device and ``(N,)`` int64 labels.
 
-        Batches of ``eval_batch_size``, as in :func:`~rankwise.training.evaluation.embed_batches`.
-
-        Args:
-            dataset: a map-style dataset of ``(x, label)`` items.
-
-        Returns:
-            ``(embeddings, labels)``.
+        ``dataset`` is map-style, of ``(x, label)`` items, embedded in batches of
+        ``eval_batch_size`` (:func:`~rankwise.training.evaluation.embed_batches`).
         """
         return self.evaluator.embed(self.model, dataset, self.device)
-
-    def _data(self, split: str) -> Dataset:
-        data = {"val": self.val_data, "test": self.test_data}.get(split)
-        if split not in ("val", "test"):
-            raise ValueError(f"`split` must be 'val' or 'test', got {split!r}.")
-        if data is None:
-            raise ValueError(f"the trainer has no {split!r} data (pass `{split}_data`).")
-        return data
-
-    def _rank(
-        self, split: str, with_curve: bool = False
-    ) -> tuple[RetrievalReport, torch.Tensor, PRCurve | None]:
-        gallery = self.gallery_data if split == "test" else None
-        ranking = self.evaluator.rank(
-            self.model, self.device, self._data(split), gallery, with_curve=with_curve
-        )
-        return ranking.report, ranking.embeddings, ranking.curve
 
     def evaluate(self, split: str = "val") -> RetrievalReport:
         """The exact retrieval report of the current model on the ``"val"`` or ``"test"`` data.
 
         Leave-one-out, or test queries against ``gallery_data`` when there is one.
-
-        Args:
-            split: ``"val"`` or ``"test"``.
-
-        Returns:
-            A :class:`~rankwise.metrics.RetrievalReport`.
         """
-        return self._rank(split)[0]
+        return self.evaluator.rank_split(self.model, self.device, split).report
 
     def test(self) -> tuple[RetrievalReport, PRCurve]:
         """``(report, curve)``: the current model's test report and mean PR curve (one pass)."""
-        report, _, curve = self._rank("test", with_curve=True)
-        assert curve is not None
-        return report, curve
+        return self.evaluator.test_weights(self.model, self.device, None)
 
     def _validate_and_checkpoint(self) -> None:
         if self.val_data is not None:
             self._validation_pending = True  # until the validation data is read
-            report, embeddings, _ = self._rank("val")
+            ranking = self.evaluator.rank_split(self.model, self.device, "val")
             self._validation_pending = False
-            self._emit("on_validation_end", report, embeddings)
+            self._emit("on_validation_end", ranking.report, ranking.embeddings)
         if self.store.root is not None:
             self.save_checkpoint()
-
-    def _test_selected(self) -> tuple[RetrievalReport, PRCurve]:
-        weights = (
-            None
-            if find(self._active, BestCheckpoint) is None
-            else self.store.selected_weights(self.device)
-        )
-        final = None
-        if weights is not None:
-            final = {k: v.clone() for k, v in self.model.state_dict().items()}
-            self.model.load_state_dict(weights)
-        try:
-            return self.test()
-        finally:
-            if final is not None:
-                self.model.load_state_dict(final)
 
     # -- training ---------------------------------------------------------------------------
 
@@ -891,25 +486,13 @@ class Trainer:
             non_finite=self._raise_non_finite,
         )
 
-    def _training_batches(self) -> Iterator[Any]:
-        """The ``(x, y, meta)`` batches of :meth:`fit` from the trainer's position on.
+    def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
+        """Stop before applying a step whose loss (``None``: embeddings) is NaN/inf."""
+        raise self.ending.non_finite(loss)
 
-        ``meta[0]`` holds the batch's ``(epoch, position)``: the ``batch_source``'s, else the
-        loader of ``sampler`` (:func:`~rankwise.training.loader.training_loader`).
-        """
-        if self.batch_source is not None:
-            return self.batch_source.batches(self.step, self.next_epoch, self.next_position)
-        return iter(
-            training_loader(
-                self.train_data,
-                self.sampler,
-                seed=self.seed,
-                epoch=self.next_epoch,
-                position=self.next_position,
-                num_workers=self.num_workers,
-                pin_memory=self.device.type == "cuda",
-            )
-        )
+    def _training_batches(self) -> Iterator[Any]:
+        """The ``(x, y, meta)`` batches from the loop's position (``meta[0]``: epoch, position)."""
+        return self._batches.batches(self.step, self.loop.next_epoch, self.loop.next_position)
 
     def fit(
         self,
@@ -925,10 +508,9 @@ class Trainer:
         (:class:`~rankwise.training.stop.StopControl`).
 
         Args:
-            max_steps: stop after this many total steps (with a checkpoint when there is a
-                ``run_dir``; ``status="stopped"``); resuming later continues exactly there.
-                A callback's :meth:`request_stop` with a reason (:class:`EarlyStopping
-                <rankwise.training.callbacks.EarlyStopping>`) ends the run normally:
+            max_steps: stop after this many total steps, with a checkpoint
+                (``status="stopped"``); resuming continues exactly there. A callback's
+                :meth:`request_stop` with a reason (``EarlyStopping``) ends the run normally:
                 ``status="stopped_early"``, the selected model tested, the report written.
             callbacks: extra callbacks for this call only (see :class:`Trainer`).
             test: test the selected model at the end (``False``: no test report; tuning on
@@ -938,15 +520,13 @@ class Trainer:
             The :class:`RunResult`.
 
         Raises:
-            TrainingInterrupted: Ctrl-C or SIGTERM; ``last.pt`` holds the state after the last
-                full step.
-            NonFiniteLossError: the loss or the model became NaN/inf, or the model collapsed
-                (:class:`~rankwise.training.errors.CollapsedEmbeddingsError`); the last good
-                checkpoint is kept.
+            TrainingInterrupted: Ctrl-C or SIGTERM; ``last.pt`` holds the last full step's state.
+            NonFiniteLossError: the loss or the model became NaN/inf, or it collapsed; the last
+                good checkpoint is kept (:class:`~rankwise.training.ending.RunEnding`).
         """
         if max_steps is not None:
             max_steps = positive_int(max_steps, "max_steps", 0)
-        self._active = self.callbacks + [as_callback(c) for c in callbacks]
+        self.hooks.start_fit(callbacks)
         self.store.reopen()  # a second fit: the folder was released at the end of the first
         try:
             with self.stop_control.handling():
@@ -955,33 +535,27 @@ class Trainer:
             self.store.release()
 
     def _fit(self, max_steps: int | None, test: bool) -> RunResult:
-        self._completed = False
-        finished = self._stopped_early is not None  # resumed after an early end: nothing to train
+        end = self.ending.resumed_end()  # resumed after an early end: nothing to train
+        finished = end is not None
         self.store.prepare(self.step)
         self.stop_control.start()
         self.loop.start_clock()
         self._emit("on_fit_start")
-        end = LoopEnd("stopped_early", reason=self._stopped_early) if finished else None
-        with determinism(self.deterministic), self.stop_control.during_steps():
+        with determinism(self.runtime.deterministic), self.stop_control.during_steps():
             self.model.train()
             self.loss_fn.train()  # a stateful loss (SOPRC's v, XBM's memory) updates in training
             batches = self._training_batches()
             try:
-                if end is None:
-                    if self._validation_pending:  # a data error cut it short: run it first
-                        self._validate_and_checkpoint()
-                    end = self.loop.run(batches, max_steps)
-            except KeyboardInterrupt as exc:  # a second signal, or a callback's raise
-                signum = signal_number_of(exc, self.stop_control.signal or signal.SIGINT)
-                raise self._interrupted(signum) from None
-            except DataError as exc:
-                raise self._data_failed(exc) from None
-            except NonFiniteLossError as exc:
-                self._emit("on_failure", exc)
-                raise
-            else:
+                with self.ending.failures(
+                    lambda error: self._emit("on_failure", error),
+                    lambda: "validation" if self._validation_pending else "training",
+                ):
+                    if end is None:
+                        if self._validation_pending:  # a data error cut it short: run it first
+                            self._validate_and_checkpoint()
+                        end = self.loop.run(batches, max_steps)
                 if end.kind == "signal":  # the interruption the caller sees, after the step
-                    raise self._interrupted(end.signal or signal.SIGINT)
+                    raise self.ending.interrupted(end.signal or signal.SIGINT)
             finally:
                 self.loop.account_time()
                 del batches  # shuts DataLoader workers down
@@ -991,172 +565,34 @@ class Trainer:
     def _end(self, end: LoopEnd, test: bool, finished: bool) -> RunResult:
         """The run's outcome after the loop's ``end``: finished, or stopped to resume later."""
         if end.kind == "max_steps":
-            if self.store.root is not None and self.last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            result = self._result("stopped")
-            if self.store.root is not None:
-                self.stop_control.saved("stopped", self.store.root, self.step)
+            result = self.ending.stopped(self.hooks.selection)
         else:  # the budget, or a normal early end: finished like a complete run
             if end.kind == "stopped_early" and not finished:
-                self._stopped_early = end.reason
-                if self.store.root is not None:
-                    self.save_checkpoint()  # it holds the end: a resumed run is finished
+                self.ending.stop_early(end.reason)
             try:
-                with determinism(self.deterministic):
+                with determinism(self.runtime.deterministic):
                     result = self._finish(test)
             except DataError as exc:
-                raise self._data_failed(exc, "test") from None
+                raise self.ending.data_failed(exc, "test") from None
         self._emit("on_fit_end", result)
         return result
 
-    def _result(
-        self, status: str, test: RetrievalReport | None = None, curve: PRCurve | None = None
-    ) -> RunResult:
-        if status == "completed" and self._stopped_early is not None:
-            status = "stopped_early"
-        return RunResult(
-            run_dir=self.run_dir,
-            status=status,
-            stop_reason=self._stopped_early,
-            steps=self.step,
-            seconds=self.seconds,
-            best_step=self.best_step,
-            best_val=self.best_val,
-            test=test,
-            pr_curve=curve,
-            config={} if self.store.record is None else dict(self.store.record),
-            test_per_category=_per_category(test, self.test_data),
-            overflow_steps=self.optimizer_step.record().get("overflow_steps"),
-        )
-
-    def _mark_completed(self) -> None:
-        """The run is complete (its outcome saved or being saved): a signal now loses nothing."""
-        self._completed = True
-        if self.store.root is not None:
-            outcome = "completed" if self._stopped_early is None else "stopped_early"
-            self.stop_control.saved(outcome, self.store.root, self.step)
-
     def _finish(self, test: bool) -> RunResult:
-        """The end of a run: its ``end_policy``, else the test of the selected model and the report."""
+        """The end-of-run policy: the ``end_policy``, else the test of the selected model and the report."""
         start = time.perf_counter()
         report, curve = None, None
         if self.end_policy is not None:
             self.end_policy(self)
         elif test and self.test_data is not None:
-            report, curve = self._test_selected()
+            selecting = self.hooks.selection is not None
+            weights = self.store.selected_weights(self.device) if selecting else None
+            report, curve = self.evaluator.test_weights(self.model, self.device, weights)
             self._emit("on_test_end", report, curve)
-        self.loop.seconds += time.perf_counter() - start
-        result = self._result("completed", report, curve)
-        self._mark_completed()
+        self.loop.add_seconds(time.perf_counter() - start)
+        result = self.ending.result(
+            "completed", self.hooks.selection, report, curve, self.test_data
+        )
+        self.ending.completed()
         if self.end_policy is None:
             self.store.save_result(result)
         return result
-
-    # -- failures ---------------------------------------------------------------------------
-
-    @property
-    def resume_hint(self) -> str:
-        """How to resume in Python (the interruption's ``resume_hint``)."""
-        if self._resume_hint is not None:
-            return self._resume_hint
-        if self.store.record is not None:
-            return f"Trainer.from_run_dir({str(self.run_dir)!r})"
-        return "Trainer(<the same objects>, run_dir=..., resume=True)"
-
-    def _interrupted(self, signal_number: int = signal.SIGINT) -> TrainingInterrupted:
-        if self.run_dir is None:
-            detail = "nothing was saved (the trainer has no run_dir)"
-        elif not self.loop.in_step:
-            if self.last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            detail = f"checkpoint saved at step {self.step}"
-        elif self.last_checkpoint_step is not None:
-            detail = (
-                f"step {self.step + 1} was cut short, so the checkpoint of step "
-                f"{self.last_checkpoint_step} is kept"
-            )
-        else:
-            detail = "no checkpoint had been written yet; start the run again"
-        by = signal_label(signal_number)
-        where = f"at step {self.step}/{self.total_steps}: {detail}"
-        return TrainingInterrupted(
-            f"{self.activity} interrupted ({by}) {where}",
-            self.step,
-            self.run_dir,
-            self.last_checkpoint_step,
-            self.resume_hint,
-            signal_number=signal_number,
-            detail=where,
-        )
-
-    def _data_failed(self, exc: DataError, during: str | None = None) -> TrainingDataError:
-        """A data file could not be read: stop like an interruption, with the state saved.
-
-        Nothing of the step being loaded was applied, and an evaluation cut short is marked to
-        run again on resume, so the state of ``self.step`` is complete: it is checkpointed (in one
-        process; with several, the other ranks are not at this point, so the last checkpoint is
-        kept and torchrun ends the job).
-        """
-        if during is None:
-            during = "validation" if self._validation_pending else "training"
-        self.loop.in_step = False  # nothing of the step being loaded was applied
-        if (
-            self.store.root is not None
-            and self.world_size == 1
-            and self.last_checkpoint_step != self.step
-        ):
-            self.save_checkpoint()
-        return TrainingDataError(
-            DataError.one_line(exc),
-            step=self.step,
-            total_steps=self.total_steps,
-            run_dir=self.run_dir,
-            checkpoint_step=self.last_checkpoint_step,
-            resume_hint=self.resume_hint,
-            during=during,
-        )
-
-    def _raise_non_finite(self, loss: torch.Tensor | None) -> None:
-        what = (
-            f"the loss is {float(loss.detach())}"
-            if loss is not None
-            else "the model's embeddings contain NaN/inf"
-        )
-        fix = "optimizer.lr" if self.store.record is not None else "the learning rate"
-        message = (
-            f"{what} at step {self.step + 1} (epoch {self.next_epoch}, loss {self.loss_name}); "
-            f"training stopped without applying that step and {self.kept_checkpoint_message()}. "
-            f"Lower {fix} or check the loss parameters."
-        )
-        record = {
-            "kind": "error",
-            "step": self.step + 1,
-            "error": "non-finite loss" if loss is not None else "non-finite embeddings",
-        }
-        raise NonFiniteLossError(message, self.step + 1, self.last_good_checkpoint, record)
-
-
-def train(
-    config: Config,
-    *,
-    splits: RetrievalSplits | None = None,
-    overwrite: bool = False,
-    max_steps: int | None = None,
-    callbacks: Sequence[CallbackLike] = (),
-    console: Console | None = None,
-) -> RunResult:
-    """Build a :class:`Trainer` from ``config`` and run :meth:`Trainer.fit`.
-
-    Args:
-        config: the validated run configuration.
-        splits: pre-loaded dataset splits (default: loaded from ``config.dataset``).
-        overwrite: start afresh in an output directory that already holds a run.
-        max_steps: stop early (see :meth:`Trainer.fit`).
-        callbacks: extra callbacks.
-        console: rich console for messages.
-
-    Returns:
-        The :class:`RunResult`.
-    """
-    trainer = Trainer.from_config(config, splits=splits, overwrite=overwrite, console=console)
-    return trainer.fit(max_steps=max_steps, callbacks=callbacks)

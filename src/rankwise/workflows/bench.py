@@ -35,8 +35,8 @@ from ..training.config import (
     config_from_dict,
 )
 from ..training.monitor import DEFAULT_MONITOR, monitor_of, monitor_value
-from ..training.rundir import SweepPaths
-from ..training.trainer import RunResult, Trainer
+from ..training.result import RunResult
+from ..training.trainer import Trainer
 from .sweep import (
     FinishedRun,
     SweepPlan,
@@ -48,6 +48,7 @@ from .sweep import (
     run_sweep,
     sweep_settings,
 )
+from .sweepdir import SweepPaths
 
 if TYPE_CHECKING:
     from ..data import RetrievalSplits
@@ -270,7 +271,7 @@ def prepare_splits(
 
     Raises:
         ConfigError: runs that disagree on the dataset, or the first run that fails
-            :func:`~rankwise.training.trainer.preflight`, named by ``describe``.
+            :func:`~rankwise.training.build.preflight`, named by ``describe``.
     """
     if (
         len({json.dumps(r.config.dataset.model_dump(mode="json"), sort_keys=True) for r in runs})

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .._registry import Registry
-from ..hashing.head import HashingHead, HashingModel, binarize, build_hashing_model
+from ..hashing.head import binarize, build_hashing_model
 from ..metrics import (
     HammingRetrievalReport,
     PRCurve,
@@ -53,8 +53,9 @@ from ..training.config import (
 )
 from ..training.evaluation import embed_labelled
 from ..training.factory import build_trainer
-from ..training.rundir import RunPaths, SweepPaths
+from ..training.rundir import RunPaths
 from .sweep import FinishedRun, SweepPlan, SweepRun, SweepSummary, json_text, run_sweep, write_json
+from .sweepdir import SweepPaths
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -74,9 +75,7 @@ __all__ = [
     "evaluate_sweep",
     "hamming_curve_fn",
     "hamming_metric_fn",
-    "head_of",
     "load_hash_config",
-    "load_results",
     "method_config",
     "plot_tie_ranges",
     "results_table",
@@ -320,7 +319,7 @@ def method_config(
     data["loss"] = {"name": loss or _OBJECTIVE_LOSS[settings.objective], "params": params}
     data["model"]["embedding_dim"] = bits
     if output is not None:
-        data["output_dir"] = str(output / method / f"{bits}bits")
+        data["output_dir"] = str(SweepPaths(output).hash_run(method, bits))
     data = apply_overrides(data, settings.overrides.get(method, {}))
     return config_from_dict(data)
 
@@ -698,14 +697,6 @@ def _failed(method: str, bits: int, run_dir: Path, error: str) -> MethodResult:
     return MethodResult(method, bits, nan, (nan, nan), nan, {}, str(run_dir), error=error)
 
 
-def load_results(output: str | Path) -> list[MethodResult]:
-    """The :class:`MethodResult` list of a sweep directory (its ``results.json``)."""
-    path = SweepPaths(Path(output)).hash_results
-    if not path.is_file():
-        raise FileNotFoundError(f"{str(path)!r} does not exist; run {_make_sweep(output)} first.")
-    return [MethodResult.from_dict(r) for r in json.loads(path.read_text())]
-
-
 def results_table(results: Sequence[MethodResult], metric: str = "map") -> str:
     """Markdown table: one row per method, one column per code length (tie-aware values)."""
     bits = sorted({r.bits for r in results})
@@ -720,13 +711,6 @@ def results_table(results: Sequence[MethodResult], metric: str = "map") -> str:
     for m in methods:
         rows.append(f"| {m} | " + " | ".join(cell(by_key.get((m, b))) for b in bits) + " |")
     return "\n".join(rows)
-
-
-def head_of(model: nn.Module) -> HashingHead | None:
-    """The :class:`HashingHead` of a model, if it has one."""
-    if isinstance(model, HashingModel):
-        return model.head
-    return next((m for m in model.modules() if isinstance(m, HashingHead)), None)
 
 
 def _make_sweep(output: str | Path) -> str:

@@ -207,13 +207,13 @@ def _not_written(trainer: Trainer, exc: KeyboardInterrupt) -> TrainingInterrupte
     number = signal_number_of(exc)
     where = (
         f"after step {trainer.step}/{trainer.total_steps}, before {PRETRAINED_FILE} was "
-        f"written: the checkpoint of step {trainer.last_checkpoint_step} is kept"
+        f"written: the checkpoint of step {trainer.store.last_step} is kept"
     )
     return TrainingInterrupted(
         f"pretraining interrupted ({signal_label(number)}) {where}",
         trainer.step,
         trainer.run_dir,
-        trainer.last_checkpoint_step,
+        trainer.store.last_step,
         trainer.resume_hint,
         signal_number=number,
         detail=where,

@@ -34,13 +34,8 @@ from ..training.config import (
 )
 from ..training.errors import NonFiniteLossError, TrainingInterrupted
 from ..training.lock import lock_run_dir
-from ..training.rundir import (
-    RunPaths,
-    check_sweep_dir,
-    existing_results,
-    read_sweep,
-    record_sweep,
-)
+from ..training.rundir import RunPaths, existing_results
+from .sweepdir import check_sweep_dir, read_sweep, record_sweep
 
 __all__ = [
     "MAY_CHANGE",
@@ -345,7 +340,7 @@ def run_sweep(
     """Run every run of ``plan``; rewrite the summary after each; return the complete one.
 
     Under the lock of ``plan.output``, in order: ``plan.prepare()``; the results rule (with
-    ``plan.settings``: :func:`~rankwise.training.rundir.check_sweep_dir`); when the sweep
+    ``plan.settings``: :func:`~rankwise.workflows.sweepdir.check_sweep_dir`); when the sweep
     continues, the stored config of every planned run that holds results is checked
     (:func:`check_planned_configs`: all refused runs named at once); nothing is written before
     these checks pass. Then ``sweep.json`` and ``plan.records`` are written, ``plan.start()``

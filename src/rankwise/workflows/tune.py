@@ -33,8 +33,7 @@ from ..training.config import (
 )
 from ..training.errors import NonFiniteLossError
 from ..training.monitor import monitor_of, monitor_value
-from ..training.rundir import SweepPaths
-from ..training.trainer import RunResult
+from ..training.result import RunResult
 from .bench import (
     BenchRun,
     plan_bench,
@@ -53,6 +52,7 @@ from .sweep import (
     run_sweep,
     sweep_settings,
 )
+from .sweepdir import SweepPaths
 
 if TYPE_CHECKING:
     from ..data import RetrievalSplits

@@ -29,6 +29,10 @@ __all__ = ["Callback", "StepCallback", "StepOutput", "TrainerView", "report_summ
 class ModelStore(Protocol):
     """What a callback asks of the run's store (:class:`~rankwise.training.store.RunStore`)."""
 
+    @property
+    def record(self) -> Mapping[str, Any] | None:
+        """The run's config as ``config.yaml`` holds it (``None``: built from objects)."""
+
     def save_best(
         self,
         step: int,
@@ -40,6 +44,17 @@ class ModelStore(Protocol):
 
     def best_weights(self, device: str | torch.device) -> dict[str, torch.Tensor] | None:
         """This process's copy of the selected weights."""
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of ``checkpoints/last.pt`` (``None``: none written or read yet)."""
+
+    @property
+    def last_good_checkpoint(self) -> Path | None:
+        """``checkpoints/last.pt`` once written in this run."""
+
+    def kept_message(self) -> str:
+        """A clause for error messages naming the checkpoint that is kept."""
 
 
 class StepRecord(Protocol):
@@ -85,10 +100,6 @@ class TrainerView(Protocol):
         """Its file names."""
 
     @property
-    def record(self) -> dict[str, Any] | None:
-        """The run's config as ``config.yaml`` holds it (``None``: built from objects)."""
-
-    @property
     def is_main_process(self) -> bool:
         """Whether this process writes and prints."""
 
@@ -114,7 +125,7 @@ class TrainerView(Protocol):
 
     @property
     def store(self) -> ModelStore:
-        """The run's store."""
+        """The run's store (its checkpoints: ``last_step``, ``last_good_checkpoint``, ...)."""
 
     @property
     def strategy(self) -> Any:
@@ -136,23 +147,8 @@ class TrainerView(Protocol):
     def best_val(self) -> dict[str, Any] | None:
         """Validation report summary of the best step so far."""
 
-    @property
-    def last_checkpoint_step(self) -> int | None:
-        """The step of the last checkpoint."""
-
-    @property
-    def last_good_checkpoint(self) -> Path | None:
-        """``checkpoints/last.pt`` once written."""
-
-    @property
-    def stop_requested(self) -> bool:
-        """Whether the run stops after the current step."""
-
     def request_stop(self, reason: str | None = None) -> None:
         """Stop after the current step (with a ``reason``: a normal end, ``"stopped_early"``)."""
-
-    def kept_checkpoint_message(self) -> str:
-        """A clause naming the checkpoint that is kept."""
 
     def check_replicas(self) -> None:
         """Raise unless every process holds the same state."""

@@ -143,7 +143,7 @@ class CollapseDetector(Callback):
             f"{trainer.loss_name}): the {embeddings.shape[0]} embeddings of the {where} all "
             f"point in the same direction (spread {spread:.2e} <= {self.threshold:g}), so the "
             f"model has collapsed and cannot rank; training stopped and "
-            f"{trainer.kept_checkpoint_message()}. " + self._advice(trainer)
+            f"{trainer.store.kept_message()}. " + self._advice(trainer)
         )
         record = {
             "kind": "error",
@@ -153,7 +153,7 @@ class CollapseDetector(Callback):
             "spread": spread,
         }
         raise CollapsedEmbeddingsError(
-            message, step, trainer.last_good_checkpoint, spread, where, record
+            message, step, trainer.store.last_good_checkpoint, spread, where, record
         )
 
     def on_train_batch(

@@ -55,13 +55,6 @@ class BestCheckpoint(Callback):
             trainer.step, metrics, trainer.model.state_dict(), trainer.loss_fn.state_dict()
         )
 
-    def best_model_state(self, trainer: TrainerView) -> dict[str, torch.Tensor] | None:
-        """The selected model's ``state_dict`` on ``trainer``'s device (``None``: none selected).
-
-        This process's copy, from the run's store.
-        """
-        return trainer.store.best_weights(trainer.device)
-
     def state_dict(self) -> dict[str, Any]:
         """The best score, its step and its validation report."""
         return {

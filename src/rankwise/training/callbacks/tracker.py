@@ -141,7 +141,7 @@ class Tracker(Callback):
     cannot, MLflow, skips the steps it holds).
 
     Args:
-        params: the parameters to log (default: the run's config, ``trainer.record``, flattened by
+        params: the parameters to log (default: the run's config, ``trainer.store.record``, flattened by
             :func:`config_params`; none for a trainer built from objects).
 
     Raises:
@@ -205,7 +205,7 @@ class Tracker(Callback):
         if not self.active:
             return
         self.start_step, self._next = trainer.step, None
-        self.open(trainer, self.params if self.params is not None else trainer.record)
+        self.open(trainer, self.params if self.params is not None else trainer.store.record)
 
     def on_train_step_end(self, trainer: TrainerView, output: StepOutput) -> None:
         """Log the step's training record."""
