@@ -195,7 +195,7 @@ def test_bench_loss_param_override_reaches_every_run(tmp_path):
     )
     assert result.exit_code == 0, result.output
     resolved = yaml.safe_load((out / "auc" / "seed0" / "config.yaml").read_text())
-    assert resolved["loss"] == {"name": "auc", "params": {"delta_s": 0.1}}
+    assert resolved["loss"] == {"name": "auc", "params": {"delta_s": 0.1}, "memory": None}
     # a parameter the loss does not take is a config error naming it, before training
     bad = runner.invoke(
         app,
