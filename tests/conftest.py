@@ -297,6 +297,46 @@ def write_image_classes(root, n_classes=6, per_class=6, size=12, seed=0, names=N
 
 
 @pytest.fixture
+def ctrl_c_and_resume(tmp_path):
+    """``check(config)``: a run interrupted by Ctrl-C at step 3 and resumed from the command line
+    equals the uninterrupted one (report and weights); ``config(run_dir)`` builds the 6-step run.
+
+    Returns the uninterrupted run's :class:`RunResult`; the runs are in ``tmp_path / "ref"`` and
+    ``tmp_path / "cut"``.
+    """
+    import json
+
+    from typer.testing import CliRunner
+
+    from rankwise.cli import app
+    from rankwise.training import Trainer, TrainingInterrupted, load_checkpoint
+
+    def check(config, reference_trainer=None):
+        trainer = reference_trainer or Trainer.from_config(config(tmp_path / "ref"))
+        reference = trainer.fit()
+
+        def ctrl_c(trainer):
+            if trainer.step == 3:
+                raise KeyboardInterrupt
+
+        with pytest.raises(TrainingInterrupted):
+            Trainer.from_config(config(tmp_path / "cut")).fit(callbacks=[ctrl_c])
+        assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["step"] == 3
+        # resumed as a user would, from the command line
+        result = CliRunner().invoke(app, ["train", "--resume", str(tmp_path / "cut")])
+        assert result.exit_code == 0, result.output
+        report = json.loads((tmp_path / "cut" / "report.json").read_text())
+        assert report["status"] == "completed" and report["steps"] == 6
+        assert report["test"] == reference.test.to_dict()
+        a = load_checkpoint(tmp_path / "ref" / "checkpoints" / "last.pt")["model"]
+        b = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["model"]
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        return reference
+
+    return check
+
+
+@pytest.fixture
 def image_classes(tmp_path):
     """A folder of generated class sub-folders (:func:`write_image_classes`) under ``tmp_path``."""
     return write_image_classes(tmp_path / "images")

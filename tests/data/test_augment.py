@@ -6,7 +6,6 @@ torchvision's, checked against crops computed by hand; bad settings are one erro
 
 from __future__ import annotations
 
-import json
 import sys
 import types
 
@@ -14,9 +13,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from typer.testing import CliRunner
 
-from rankwise.cli import app
 from rankwise.data import load_dataset
 from rankwise.data.augment import (
     ImageAugmentation,
@@ -30,8 +27,6 @@ from rankwise.data.augment import (
 from rankwise.data.base import IMAGENET_MEAN, IMAGENET_STD, open_image
 from rankwise.training import ConfigError, config_from_dict
 from rankwise.training.loader import mix_seed, training_loader
-
-runner = CliRunner()
 
 AUGMENT = {
     "resize": 10,
@@ -150,9 +145,9 @@ FOLDER_RUN = {
 
 
 def test_an_augmented_run_resumed_after_ctrl_c_matches_an_uninterrupted_one(
-    image_classes, tiny_config, tmp_path
+    image_classes, tiny_config, tmp_path, ctrl_c_and_resume
 ):
-    from rankwise.training import Trainer, TrainingInterrupted, load_checkpoint, load_run
+    from rankwise.training import Trainer, load_run
 
     def config(run_dir):
         data = tiny_config.data(run_dir, **FOLDER_RUN)
@@ -162,23 +157,7 @@ def test_an_augmented_run_resumed_after_ctrl_c_matches_an_uninterrupted_one(
     trainer = Trainer.from_config(config(tmp_path / "ref"))
     # the run trains on the random views and validates on resize + centre crop
     assert trainer.train_data.transform.train and not trainer.val_data.transform.train
-    reference = trainer.fit()
-
-    def ctrl_c(trainer):
-        if trainer.step == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(TrainingInterrupted):
-        Trainer.from_config(config(tmp_path / "cut")).fit(callbacks=[ctrl_c])
-    assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["step"] == 3
-    result = runner.invoke(app, ["train", "--resume", str(tmp_path / "cut")])
-    assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "cut" / "report.json").read_text())
-    assert report["status"] == "completed" and report["steps"] == 6
-    assert report["test"] == reference.test.to_dict()
-    a = load_checkpoint(tmp_path / "ref" / "checkpoints" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    ctrl_c_and_resume(config, reference_trainer=trainer)
     # a trained run embeds new images with its evaluation transform (resize + centre crop)
     run = load_run(tmp_path / "ref")
     path = str(next(image_classes.rglob("*.png")))

@@ -297,35 +297,16 @@ FOLDER_RUN = {
 
 
 def test_a_folder_run_resumed_after_ctrl_c_matches_an_uninterrupted_one(
-    image_classes, tiny_config, tmp_path
+    image_classes, tiny_config, ctrl_c_and_resume
 ):
-    from rankwise.training import Trainer, TrainingInterrupted, load_checkpoint
+    from rankwise.training import config_from_dict
 
     def config(run_dir):
         data = tiny_config.data(run_dir, **FOLDER_RUN)
         data["dataset"]["data_dir"] = str(image_classes)
-        from rankwise.training import config_from_dict
-
         return config_from_dict(data)
 
-    reference = Trainer.from_config(config(tmp_path / "ref")).fit()
-
-    def ctrl_c(trainer):
-        if trainer.step == 3:
-            raise KeyboardInterrupt
-
-    with pytest.raises(TrainingInterrupted):
-        Trainer.from_config(config(tmp_path / "cut")).fit(callbacks=[ctrl_c])
-    assert load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["step"] == 3
-    # resumed as a user would, from the command line
-    result = runner.invoke(app, ["train", "--resume", str(tmp_path / "cut")])
-    assert result.exit_code == 0, result.output
-    report = json.loads((tmp_path / "cut" / "report.json").read_text())
-    assert report["status"] == "completed" and report["steps"] == 6
-    assert report["test"] == reference.test.to_dict()
-    a = load_checkpoint(tmp_path / "ref" / "checkpoints" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "cut" / "checkpoints" / "last.pt")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    ctrl_c_and_resume(config)
 
 
 def test_an_arrays_run_embeds_its_float_inputs(tiny_config, tmp_path):
